@@ -1,0 +1,38 @@
+"""Shared fixtures. Tests that need the real benchmark files are marked `shared_data`.
+
+Where ../shared/data is absent they skip with a reason, so a fresh clone's pytest passes; CI sets
+CRU_HARNESS_REQUIRE_DATA=1, which turns that skip into a failure so CI always runs them.
+"""
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+
+
+def _shared_data_dir() -> Path:
+    return Path(os.environ.get("CRU_HARNESS_SHARED_DATA", DEFAULT_SHARED_DATA))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """Root holding tofu/ and rwku/ (the real files)."""
+    root = _shared_data_dir()
+    if not (root / "tofu").is_dir() or not (root / "rwku").is_dir():
+        reason = f"real TOFU/RWKU files not found at {root} (set CRU_HARNESS_SHARED_DATA)"
+        if os.environ.get("CRU_HARNESS_REQUIRE_DATA") == "1":
+            pytest.fail(reason + "; CRU_HARNESS_REQUIRE_DATA=1 demands them")
+        pytest.skip(reason)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tofu_dir(shared_data: Path) -> Path:
+    return shared_data / "tofu"
+
+
+@pytest.fixture(scope="session")
+def rwku_dir(shared_data: Path) -> Path:
+    return shared_data / "rwku"
