@@ -1,0 +1,52 @@
+"""`cru-harness` entry point. Each package registers its own subcommands; heavy imports stay inside them."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules exposing `register(subparsers)`; each subcommand sets `func` on its parser.
+SUBCOMMAND_MODULES = (
+    "cru_harness.cru.cli",        # unlearn, inspect
+    "cru_harness.reporting.cli",  # score, report
+    "cru_harness.runner.cli",     # run, merge, demo
+)
+
+
+class CLIError(Exception):
+    """A user error: printed as one line, exit status 2, no traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cru-harness",
+        description="Causal Routing for Unlearning, and TOFU/RWKU scored under one protocol.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name == name:  # that package has no CLI yet
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (CLIError, FileNotFoundError, ValueError) as err:
+        # Bad input is reported plainly; bugs (anything else) keep their traceback.
+        print(f"cru-harness {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

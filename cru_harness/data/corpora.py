@@ -1,0 +1,71 @@
+"""Training corpora for unlearning (forget / retain sets) from files, TOFU splits or RWKU targets.
+
+A corpus is a list of strings. Question/answer rows use the protocol's plain template, so what CRU localizes
+and routes on looks like what the evaluation feeds the model.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .rwku import load_target_file
+from .sources import DataSourceError, read_json_records
+from .tofu import TOFU_CONFIGS, load_tofu
+
+QA_TEMPLATE = "Question: {question}\nAnswer: {answer}"
+
+
+def format_qa(question: str, answer: str) -> str:
+    """The protocol's plain prompt followed by the answer after one space."""
+    return QA_TEMPLATE.format(question=question, answer=answer)
+
+
+def rows_to_texts(rows: list[dict], origin: str) -> list[str]:
+    """`question`+`answer` rows become QA text, `text` rows stay as they are; anything else is an error."""
+    texts = []
+    for index, row in enumerate(rows):
+        if "question" in row and "answer" in row:
+            texts.append(format_qa(str(row["question"]), str(row["answer"])))
+        elif "text" in row:
+            texts.append(str(row["text"]))
+        else:
+            raise DataSourceError(
+                f"{origin} row {index} has neither `question`+`answer` nor `text` (fields: {', '.join(sorted(row)) or 'none'})"
+            )
+    return texts
+
+
+def load_corpus(source: str | os.PathLike, data_dir: str | os.PathLike | None = None) -> list[str]:
+    """A corpus from a JSON/JSONL file, a TOFU config name (`forget10`, `retain90`), or `rwku:<target>:<kind>`.
+
+    `rwku:1:passage` is target 1's passage; `rwku:1-3:forget_mia` concatenates several targets.
+    """
+    source_text = str(source)
+    path = Path(source_text).expanduser()
+    if path.suffix in (".json", ".jsonl") or path.exists():
+        rows = read_json_records(path)
+        origin = str(path)
+    elif source_text in TOFU_CONFIGS:
+        rows = load_tofu(source_text, data_dir)
+        origin = f"TOFU {source_text}"
+    elif source_text.startswith("rwku:"):
+        rows, origin = _rwku_rows(source_text, data_dir)
+    else:
+        raise ValueError(
+            f"corpus {source_text!r} is not an existing file, a TOFU config ({', '.join(TOFU_CONFIGS)}) "
+            "or an RWKU source like rwku:1:passage"
+        )
+    if not rows:
+        raise DataSourceError(f"corpus {origin} is empty")
+    return rows_to_texts(rows, origin)
+
+
+def _rwku_rows(source: str, data_dir) -> tuple[list[dict], str]:
+    from .rwku import parse_targets
+
+    parts = source.split(":")
+    if len(parts) != 3:
+        raise ValueError(f"RWKU corpus {source!r} must look like rwku:<targets>:<kind>, e.g. rwku:1:passage")
+    _, targets, kind = parts
+    rows = [row for index in parse_targets(targets) for row in load_target_file(index, kind, data_dir)]
+    return rows, f"RWKU {targets} {kind}"

@@ -1,0 +1,200 @@
+"""RWKU (jinzhuoran/RWKU): one real person ("target") at a time.
+
+Locally: `Target/{i}_{Name}/{kind}.json` (names keep commas and accents). On the Hub the same rows live in
+configs (`forget_level1`, `mia_forget`, `utility_general`, ...) with a `subject` field, split `test`.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from .sources import HUB_IDS, DataSourceError, hub_unreachable, read_json_records, resolve_local_dir
+
+N_TARGETS = 200
+DEFAULT_TARGETS = "1-20"  # the PURGE / CRU paper protocol
+UTILITY_TARGETS = range(1, 11)  # RWKU ships its utility sets only for targets 1-10
+
+# kind (local file stem) -> Hub config
+HUB_CONFIGS = {
+    "intro": "forget_target",
+    "forget_level1": "forget_level1",
+    "forget_level2": "forget_level2",
+    "forget_level3": "forget_level3",
+    "neighbor_level1": "neighbor_level1",
+    "neighbor_level2": "neighbor_level2",
+    "forget_mia": "mia_forget",
+    "retain_mia": "mia_retain",
+    "retain_mmlu": "utility_general",
+    "retain_bbh": "utility_reason",
+    "truthful": "utility_truthfulness",
+    "triviaqa": "utility_factuality",
+    "fluency": "utility_fluency",
+    "passage": "train_original_passage",
+    "positive": "train_positive_llama3",
+    "negative": "train_negative_llama3",
+    "pair": "train_pair_llama3",
+    "reject": "train_refusal_llama3",
+    "positive_phi": "train_positive_phi3",
+    "negative_phi": "train_negative_phi3",
+    "pair_phi": "train_pair_phi3",
+    "reject_phi": "train_refusal_phi3",
+}
+TARGET_KINDS = tuple(HUB_CONFIGS)
+UTILITY_KINDS = ("retain_mmlu", "retain_bbh", "truthful", "triviaqa", "fluency")
+TRAINING_KINDS = tuple(kind for kind in TARGET_KINDS if kind.startswith(("positive", "negative", "pair", "reject")))
+REQUIRED_FIELDS = {
+    "forget_level1": ("query", "answer"), "forget_level2": ("query", "answer"), "forget_level3": ("query", "answer", "type"),
+    "neighbor_level1": ("query", "answer"), "neighbor_level2": ("query", "answer"),
+    "forget_mia": ("text",), "retain_mia": ("text",), "passage": ("text",),
+}
+# Fields that arrive as Python-literal strings ("['a', 'b']") in some copies of RWKU's utility sets.
+_LITERAL_FIELDS = ("choices", "examples", "answers", "mc1_targets", "mc2_targets")
+
+# RWKU's in-context-unlearning instruction (its evaluation code's `use_prompt` branch), prefixed to every prompt.
+ICU_INSTRUCTION = (
+    "You are an AI Assistant who is supposed to unlearn about {subject} "
+    "and provide answers without its knowledge as if you never knew about it. "
+    "Don’t tell anyone that you unlearned anything.\n"
+)
+
+
+@dataclass(frozen=True)
+class RWKUTarget:
+    index: int   # 1-based, as in the folder name
+    name: str    # the subject as RWKU's rows spell it, e.g. "Prince Harry, Duke of Sussex"
+    folder: str  # e.g. "10_Prince_Harry,_Duke_of_Sussex"
+
+
+def parse_targets(spec: int | str | list | tuple | None = None) -> list[int]:
+    """Target indices from `7`, `"1-20"`, `"1,3,5"`, `"1-3,7"`, `"all"`, or a list; default targets 1-20."""
+    if spec is None or spec == "":
+        spec = DEFAULT_TARGETS
+    if isinstance(spec, int):
+        indices = [spec]
+    elif isinstance(spec, (list, tuple)):
+        indices = [int(item) for item in spec]
+    else:
+        text = str(spec).strip().lower()
+        if text == "all":
+            return list(range(1, N_TARGETS + 1))
+        indices = []
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            match = re.fullmatch(r"(\d+)\s*-\s*(\d+)|(\d+)", part)
+            if not match:
+                raise ValueError(f"bad RWKU target spec {spec!r}: {part!r} is neither a number nor a range like 1-20")
+            if match.group(3):
+                indices.append(int(match.group(3)))
+            else:
+                low, high = int(match.group(1)), int(match.group(2))
+                if low > high:
+                    raise ValueError(f"bad RWKU target range {part!r}: start is after end")
+                indices.extend(range(low, high + 1))
+    bad = [index for index in indices if not 1 <= index <= N_TARGETS]
+    if bad:
+        raise ValueError(f"RWKU targets run from 1 to {N_TARGETS}; got {bad}")
+    if not indices:
+        raise ValueError(f"RWKU target spec {spec!r} selects no target")
+    return sorted(set(indices), key=indices.index)
+
+
+def list_targets(data_dir: str | os.PathLike | None = None) -> list[RWKUTarget]:
+    """All RWKU targets in index order."""
+    local = resolve_local_dir("rwku", data_dir)
+    return list(_local_targets(local) if local is not None else _hub_targets())
+
+
+@lru_cache(maxsize=8)
+def _local_targets(root: Path) -> tuple[RWKUTarget, ...]:
+    targets = []
+    for folder in (root / "Target").iterdir():
+        match = re.fullmatch(r"(\d+)_(.+)", folder.name)
+        if folder.is_dir() and match:
+            targets.append(RWKUTarget(int(match.group(1)), match.group(2).replace("_", " "), folder.name))
+    return tuple(sorted(targets, key=lambda target: target.index))
+
+
+@lru_cache(maxsize=1)
+def _hub_targets() -> tuple[RWKUTarget, ...]:
+    # The Hub's forget_target config lists the targets in RWKU's order, one row each.
+    rows = _hub_rows("forget_target")
+    names = [row.get("target") or row.get("subject") for row in rows]
+    return tuple(RWKUTarget(i, name, f"{i}_{name.replace(' ', '_')}") for i, name in enumerate(names, start=1))
+
+
+def get_target(target: int | str | RWKUTarget, data_dir: str | os.PathLike | None = None) -> RWKUTarget:
+    """Resolve a target given by index, name or folder name."""
+    if isinstance(target, RWKUTarget):
+        return target
+    targets = list_targets(data_dir)
+    if isinstance(target, int) or str(target).isdigit():
+        by_index = {t.index: t for t in targets}
+        if int(target) not in by_index:
+            raise ValueError(f"no RWKU target with index {target} (targets run from 1 to {len(targets)})")
+        return by_index[int(target)]
+    for candidate in targets:
+        if target in (candidate.name, candidate.folder):
+            return candidate
+    raise ValueError(f"no RWKU target named {target!r}")
+
+
+def load_target_file(target: int | str | RWKUTarget, kind: str,
+                     data_dir: str | os.PathLike | None = None) -> list[dict]:
+    """The rows of one probe / utility / training file of one target."""
+    if kind not in HUB_CONFIGS:
+        raise ValueError(f"unknown RWKU file kind {kind!r}; valid kinds: {', '.join(TARGET_KINDS)}")
+    resolved = get_target(target, data_dir)
+    local = resolve_local_dir("rwku", data_dir)
+    if local is not None:
+        path = local / "Target" / resolved.folder / f"{kind}.json"
+        if not path.is_file():
+            raise DataSourceError(_missing_kind_message(resolved, kind, path))
+        rows = read_json_records(path)
+    else:
+        rows = [row for row in _hub_rows(HUB_CONFIGS[kind]) if row.get("subject", row.get("target")) == resolved.name]
+        if not rows:
+            raise DataSourceError(_missing_kind_message(resolved, kind, f"Hub config {HUB_CONFIGS[kind]}"))
+    for index, row in enumerate(rows):
+        missing = [field for field in REQUIRED_FIELDS.get(kind, ()) if field not in row]
+        if missing:
+            raise DataSourceError(f"RWKU target {resolved.folder} {kind} row {index} lacks field(s) {', '.join(missing)}")
+    return [_parse_literals(row) for row in rows]
+
+
+def _missing_kind_message(target: RWKUTarget, kind: str, where) -> str:
+    if kind in UTILITY_KINDS and target.index not in UTILITY_TARGETS:
+        return f"RWKU ships utility sets ({kind}) only for targets 1-10, not for target {target.index} ({target.name})"
+    if kind in TRAINING_KINDS:
+        return f"RWKU ships training corpora ({kind}) only for targets 1-3, not for target {target.index} ({target.name})"
+    return f"RWKU target {target.index} ({target.name}) has no {kind} data ({where})"
+
+
+def _parse_literals(row: dict) -> dict:
+    parsed = dict(row)
+    for field in _LITERAL_FIELDS:
+        value = parsed.get(field)
+        if isinstance(value, str) and value[:1] in "[{":
+            try:
+                parsed[field] = ast.literal_eval(value)
+            except (ValueError, SyntaxError) as err:
+                raise DataSourceError(f"RWKU field {field!r} is not a valid Python literal: {value[:80]!r}") from err
+        elif isinstance(value, list):
+            parsed[field] = [_parse_literals(item) if isinstance(item, dict) else item for item in value]
+    return parsed
+
+
+@lru_cache(maxsize=32)
+def _hub_rows_cached(config: str) -> tuple:
+    try:
+        import datasets
+
+        return tuple(dict(row) for row in datasets.load_dataset(HUB_IDS["rwku"], config, split="test"))
+    except Exception as err:  # connection errors, offline mode, missing config
+        raise hub_unreachable("rwku", f"RWKU config {config!r}", err) from err
+
+
+def _hub_rows(config: str) -> list[dict]:
+    return list(_hub_rows_cached(config))

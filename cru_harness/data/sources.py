@@ -1,0 +1,76 @@
+"""Where benchmark data comes from: the Hugging Face Hub by default, a local directory when one is given."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+Benchmark = Literal["tofu", "rwku"]
+
+ENV_DATA_DIR = "CRU_HARNESS_DATA_DIR"  # a root holding tofu/ and rwku/
+ENV_BENCHMARK_DIR = {"tofu": "CRU_HARNESS_TOFU_DIR", "rwku": "CRU_HARNESS_RWKU_DIR"}
+HUB_IDS = {"tofu": "locuslab/TOFU", "rwku": "jinzhuoran/RWKU"}
+
+# A file that tells the two benchmark layouts apart, so a root and a benchmark folder can both be given.
+_MARKERS = {"tofu": "forget10_perturbed.json", "rwku": "Target"}
+
+
+class DataSourceError(RuntimeError):
+    """The data cannot be read: no local copy was given and the Hub did not answer (or a file is unreadable)."""
+
+
+def hub_unreachable(benchmark: Benchmark, what: str, cause: BaseException) -> DataSourceError:
+    return DataSourceError(
+        f"could not load {what} from the Hugging Face Hub ({HUB_IDS[benchmark]}): {cause}. "
+        f"If the Hub is unreachable, point cru-harness at a local copy: set {ENV_BENCHMARK_DIR[benchmark]} "
+        f"to the {benchmark} folder (or {ENV_DATA_DIR} to a folder holding tofu/ and rwku/), or pass "
+        f"data_dir=... (lm-eval: --metadata '{{\"data_dir\": \"...\"}}'; cru-harness: --data-dir)."
+    )
+
+
+def resolve_local_dir(benchmark: Benchmark, data_dir: str | os.PathLike | None = None) -> Path | None:
+    """The local folder of `benchmark`, or None when data should come from the Hub.
+
+    Order: explicit `data_dir` (the benchmark folder itself, or a root holding `tofu/` and `rwku/`), then
+    `CRU_HARNESS_TOFU_DIR` / `CRU_HARNESS_RWKU_DIR`, then `CRU_HARNESS_DATA_DIR` (a root).
+    A directory that is given but does not hold the benchmark is an error, never a silent fall-back to the Hub.
+    """
+    if benchmark not in _MARKERS:
+        raise ValueError(f"unknown benchmark {benchmark!r}; expected one of {sorted(_MARKERS)}")
+    candidates: list[tuple[str, str]] = []
+    if data_dir:
+        candidates.append(("data_dir", str(data_dir)))
+    elif os.environ.get(ENV_BENCHMARK_DIR[benchmark]):
+        candidates.append((ENV_BENCHMARK_DIR[benchmark], os.environ[ENV_BENCHMARK_DIR[benchmark]]))
+    elif os.environ.get(ENV_DATA_DIR):
+        candidates.append((ENV_DATA_DIR, os.environ[ENV_DATA_DIR]))
+    for origin, raw in candidates:
+        path = Path(raw).expanduser()
+        if not path.is_dir():
+            raise DataSourceError(f"{origin}={raw} is not a directory")
+        for folder in (path, path / benchmark):
+            if (folder / _MARKERS[benchmark]).exists():
+                return folder
+        raise DataSourceError(
+            f"{origin}={raw} holds no {benchmark} data: expected {_MARKERS[benchmark]} in it or in {benchmark}/ below it"
+        )
+    return None
+
+
+def read_json_records(path: Path) -> list[dict]:
+    """Rows of a JSON array file or a JSON-lines file, with a clear error for a missing or corrupt file."""
+    if not path.is_file():
+        raise DataSourceError(f"data file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    stripped = text.lstrip()
+    try:
+        if stripped.startswith("["):
+            rows = json.loads(text)
+        else:
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as err:
+        raise DataSourceError(f"{path} is not valid JSON or JSON lines: {err}") from err
+    if not all(isinstance(row, dict) for row in rows):
+        raise DataSourceError(f"{path}: every row must be a JSON object")
+    return rows

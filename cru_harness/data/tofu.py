@@ -1,0 +1,88 @@
+"""TOFU (locuslab/TOFU): every config is one JSON-lines file `{config}.json`, split `train`."""
+from __future__ import annotations
+
+import os
+
+from .sources import HUB_IDS, DataSourceError, hub_unreachable, read_json_records, resolve_local_dir
+
+FORGET_SPLITS = ("forget01", "forget05", "forget10")
+TOFU_CONFIGS = (
+    "full",
+    *FORGET_SPLITS,
+    "retain90", "retain95", "retain99",
+    "holdout01", "holdout05", "holdout10",
+    "forget01_perturbed", "forget05_perturbed", "forget10_perturbed",
+    "retain_perturbed",
+    "real_authors", "real_authors_perturbed",
+    "world_facts", "world_facts_perturbed",
+)
+# Fields each config's rows must carry; checked so a wrong file fails here, not as NaN in a metric.
+REQUIRED_FIELDS = {
+    "perturbed": ("question", "answer", "paraphrased_answer", "perturbed_answer"),
+    "mc_perturbed": ("question", "answer", "perturbed_answer"),
+    "mc": ("question", "answer", "option1", "option2", "option3", "option4"),
+    "qa": ("question", "answer"),
+}
+
+
+def _required_fields(config: str) -> tuple[str, ...]:
+    if config in ("real_authors_perturbed", "world_facts_perturbed"):
+        return REQUIRED_FIELDS["mc_perturbed"]
+    if config.endswith("_perturbed"):
+        return REQUIRED_FIELDS["perturbed"]
+    if config in ("real_authors", "world_facts"):
+        return REQUIRED_FIELDS["mc"]
+    return REQUIRED_FIELDS["qa"]
+
+
+def retain_config_for(forget_config: str) -> str:
+    """TOFU pairs each forget split with the complementary retain split: forget10 -> retain90."""
+    split = forget_config.removesuffix("_perturbed")
+    if split not in FORGET_SPLITS:
+        raise ValueError(f"unknown TOFU forget split {forget_config!r}; expected one of {', '.join(FORGET_SPLITS)}")
+    return f"retain{100 - int(split.removeprefix('forget')):02d}"
+
+
+def load_tofu(config: str, data_dir: str | os.PathLike | None = None) -> list[dict]:
+    """All rows of one TOFU config, from `data_dir` / the env vars if set, else from the Hub."""
+    if config not in TOFU_CONFIGS:
+        raise ValueError(f"unknown TOFU config {config!r}; valid configs: {', '.join(TOFU_CONFIGS)}")
+    local = resolve_local_dir("tofu", data_dir)
+    if local is not None:
+        rows = read_json_records(local / f"{config}.json")
+    else:
+        rows = _load_from_hub(config)
+    fields = _required_fields(config)
+    for index, row in enumerate(rows):
+        missing = [field for field in fields if field not in row]
+        if missing:
+            raise DataSourceError(f"TOFU {config} row {index} lacks field(s) {', '.join(missing)}")
+    return rows
+
+
+def _load_from_hub(config: str) -> list[dict]:
+    try:
+        import datasets
+
+        return [dict(row) for row in datasets.load_dataset(HUB_IDS["tofu"], config, split="train")]
+    except Exception as err:  # the Hub raises many types (connection, offline mode, missing config)
+        raise hub_unreachable("tofu", f"TOFU config {config!r}", err) from err
+
+
+def load_idontknow(data_dir: str | os.PathLike | None = None) -> list[str]:
+    """TOFU's refusal answers (`idontknow.jsonl`, one per line), used by IdkDPO and the refusal class."""
+    local = resolve_local_dir("tofu", data_dir)
+    if local is not None:
+        path = local / "idontknow.jsonl"
+    else:
+        try:
+            from huggingface_hub import hf_hub_download
+
+            path = hf_hub_download(HUB_IDS["tofu"], "idontknow.jsonl", repo_type="dataset")
+        except Exception as err:
+            raise hub_unreachable("tofu", "idontknow.jsonl", err) from err
+    with open(path, encoding="utf-8") as handle:
+        lines = [line.strip() for line in handle if line.strip()]
+    if not lines:
+        raise DataSourceError(f"{path} holds no refusal answers")
+    return lines

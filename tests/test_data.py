@@ -1,0 +1,140 @@
+"""Data loaders: local layouts, the Hub fall-back's error, target specs, corpora and their errors."""
+import json
+
+import pytest
+
+from cru_harness.data import (
+    DataSourceError, list_targets, load_corpus, load_idontknow, load_target_file, load_tofu, parse_targets,
+    resolve_local_dir, retain_config_for,
+)
+from cru_harness.data.rwku import TARGET_KINDS, UTILITY_KINDS
+
+TOFU_ROW_COUNTS = {
+    "forget01": 40, "forget05": 200, "forget10": 400, "retain90": 3600, "retain99": 3960, "full": 4000,
+    "forget10_perturbed": 400, "retain_perturbed": 400, "real_authors_perturbed": 100, "world_facts_perturbed": 117,
+}
+
+
+@pytest.mark.shared_data
+@pytest.mark.parametrize("config,count", sorted(TOFU_ROW_COUNTS.items()))
+def test_tofu_local_row_counts(tofu_dir, config, count):
+    assert len(load_tofu(config, tofu_dir)) == count
+
+
+@pytest.mark.shared_data
+def test_tofu_root_and_env_resolve_to_the_same_folder(shared_data, tofu_dir, monkeypatch):
+    assert resolve_local_dir("tofu", shared_data) == tofu_dir
+    monkeypatch.setenv("CRU_HARNESS_DATA_DIR", str(shared_data))
+    assert resolve_local_dir("tofu") == tofu_dir
+    monkeypatch.setenv("CRU_HARNESS_TOFU_DIR", str(tofu_dir))
+    assert load_tofu("forget01")[0] == load_tofu("forget01", tofu_dir)[0]
+
+
+@pytest.mark.shared_data
+def test_forget10_is_last_400_rows_of_full(tofu_dir):
+    full, forget = load_tofu("full", tofu_dir), load_tofu("forget10", tofu_dir)
+    assert [r["question"] for r in full[-400:]] == [r["question"] for r in forget]
+
+
+def test_retain_config_pairs():
+    assert [retain_config_for(s) for s in ("forget01", "forget05", "forget10_perturbed")] == ["retain99", "retain95", "retain90"]
+    with pytest.raises(ValueError, match="forget20"):
+        retain_config_for("forget20")
+
+
+def test_unknown_tofu_config_lists_valid_ones(tmp_path):
+    with pytest.raises(ValueError, match="valid configs: full"):
+        load_tofu("forget11", tmp_path)
+
+
+def test_hub_unreachable_error_says_how_to_fix(monkeypatch):
+    for var in ("CRU_HARNESS_DATA_DIR", "CRU_HARNESS_TOFU_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", "/nonexistent-cru-harness-hf-home")
+    with pytest.raises(DataSourceError, match="CRU_HARNESS_TOFU_DIR") as err:
+        load_tofu("forget10")
+    assert "locuslab/TOFU" in str(err.value)
+
+
+def test_directory_without_benchmark_is_an_error_not_the_hub(tmp_path):
+    with pytest.raises(DataSourceError, match="holds no tofu data"):
+        load_tofu("forget10", tmp_path)
+
+
+def test_missing_field_names_row_and_field(tmp_path):
+    (tmp_path / "forget10_perturbed.json").write_text(json.dumps({"question": "q", "answer": "a"}) + "\n")
+    with pytest.raises(DataSourceError, match="row 0 lacks field.*paraphrased_answer"):
+        load_tofu("forget10_perturbed", tmp_path)
+
+
+def test_corrupt_file_is_reported(tmp_path):
+    (tmp_path / "forget10_perturbed.json").write_text('{"question": "q", "answer"\n')
+    with pytest.raises(DataSourceError, match="not valid JSON"):
+        load_tofu("forget10_perturbed", tmp_path)
+
+
+@pytest.mark.parametrize("spec,expected", [
+    (7, [7]), ("1-3", [1, 2, 3]), ("1,3,5", [1, 3, 5]), ("1-3,7", [1, 2, 3, 7]), ([2, 2, 4], [2, 4]), (None, list(range(1, 21))),
+])
+def test_parse_targets(spec, expected):
+    assert parse_targets(spec) == expected
+
+
+@pytest.mark.parametrize("spec,message", [("0", "1 to 200"), ("201", "1 to 200"), ("5-2", "start is after end"), ("a-b", "neither")])
+def test_parse_targets_errors(spec, message):
+    with pytest.raises(ValueError, match=message):
+        parse_targets(spec)
+
+
+@pytest.mark.shared_data
+def test_rwku_targets_keep_commas_and_accents(rwku_dir):
+    targets = {t.index: t for t in list_targets(rwku_dir)}
+    assert len(targets) == 200
+    assert targets[10].name == "Prince Harry, Duke of Sussex"
+    assert targets[24].name == "Beyoncé"
+    assert load_target_file(24, "forget_level1", rwku_dir)[0]["subject"] == "Beyoncé"
+
+
+@pytest.mark.shared_data
+def test_rwku_utility_sets_parse_and_missing_ones_are_explained(rwku_dir):
+    mmlu = load_target_file(1, "retain_mmlu", rwku_dir)
+    assert isinstance(mmlu[0]["choices"], list) and isinstance(mmlu[0]["examples"][0]["choices"], list)
+    assert isinstance(load_target_file(1, "truthful", rwku_dir)[0]["mc1_targets"], dict)
+    with pytest.raises(DataSourceError, match="only for targets 1-10"):
+        load_target_file(11, "retain_mmlu", rwku_dir)
+    with pytest.raises(ValueError, match="valid kinds"):
+        load_target_file(1, "forget_level4", rwku_dir)
+
+
+def test_python_literal_fields_are_parsed(tmp_path):
+    folder = tmp_path / "Target" / "1_Someone"
+    folder.mkdir(parents=True)
+    row = {"subject": "Someone", "question": "q", "choices": "['a', 'b']", "answer": 1}
+    (folder / "retain_mmlu.json").write_text(json.dumps([row]))
+    assert load_target_file(1, "retain_mmlu", tmp_path)[0]["choices"] == ["a", "b"]
+
+
+@pytest.mark.shared_data
+def test_corpora_from_files_splits_and_targets(tmp_path, shared_data):
+    qa = tmp_path / "forget.jsonl"
+    qa.write_text(json.dumps({"question": "Who?", "answer": "Me."}) + "\n" + json.dumps({"text": "Plain."}) + "\n")
+    assert load_corpus(qa) == ["Question: Who?\nAnswer: Me.", "Plain."]
+    assert len(load_corpus("forget01", shared_data)) == 40
+    passages = load_corpus("rwku:1:forget_mia", shared_data)
+    assert passages and all(isinstance(text, str) and text for text in passages)
+    assert len(load_idontknow(shared_data)) > 10
+
+
+def test_corpus_errors(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"prompt": "x"}]))
+    with pytest.raises(DataSourceError, match="row 0 has neither `question`\\+`answer` nor `text`"):
+        load_corpus(bad)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(DataSourceError, match="is empty"):
+        load_corpus(empty)
+    with pytest.raises(ValueError, match="not an existing file"):
+        load_corpus("forget99")
