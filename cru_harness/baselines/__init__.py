@@ -1,0 +1,13 @@
+"""Unlearning baselines (GA, GD, NPO, SimNPO, IdkDPO, + the ICU marker), one module each behind a registry,
+trained by one accelerate loop. Entry point: `unlearn(...)`; configs: `make_config(name, benchmark, split)`."""
+from . import ga, gd, icu, idkdpo, npo, simnpo  # noqa: F401  (register the methods)
+from .base import BaselineConfig, RetainConfig, UnlearningMethod
+from .registry import METHODS, get_method, make_config, register_method
+from .resources import ResourceMonitor, ResourceRecord, count_parameters, peak_rss_bytes
+from .api import UnlearnResult, unlearn
+
+__all__ = [
+    "METHODS", "get_method", "make_config", "register_method", "BaselineConfig", "RetainConfig",
+    "UnlearningMethod", "unlearn", "UnlearnResult", "ResourceMonitor", "ResourceRecord", "count_parameters",
+    "peak_rss_bytes",
+]

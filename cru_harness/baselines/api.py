@@ -1,0 +1,120 @@
+"""`unlearn()`: run one baseline end to end — load, train through `trainer.py`, save, report resources."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from .base import BaselineConfig, UnlearningMethod
+from .data import ForgetRetainDataset, pick_refusals
+from .registry import get_method
+from .resources import ResourceMonitor
+from .trainer import make_accelerator, train_unlearning
+
+RECORD_FILE = "unlearn_record.json"
+
+
+@dataclass
+class UnlearnResult:
+    method: str
+    seed: int
+    config: dict[str, Any]
+    out_dir: str | None
+    n_forget: int
+    n_retain: int                      # retain rows used (0 when the method has no retain term)
+    optimizer_steps: int
+    gradient_accumulation_steps: int
+    num_processes: int
+    resources: dict[str, Any]          # wall time, peak memory (+ source), trainable/total parameters
+    final_logs: dict[str, float]
+    history: list[dict] = field(default_factory=list)
+    model: torch.nn.Module | None = field(default=None, repr=False)  # the trained model (not serialised)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "model"}
+
+
+def _resolve_method(method, config) -> UnlearningMethod:
+    if isinstance(method, UnlearningMethod):
+        if config is not None:
+            raise ValueError("pass either a method instance or (method name, config), not both")
+        return method
+    cls = get_method(method) if isinstance(method, str) else method
+    if not (isinstance(cls, type) and issubclass(cls, UnlearningMethod)):
+        raise TypeError(f"method must be a registered name, an UnlearningMethod class or instance; got {method!r}")
+    return cls(config)
+
+
+def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows: list[dict] | None,
+            method: str | type[UnlearningMethod] | UnlearningMethod, config: BaselineConfig | dict | None = None,
+            out_dir: str | os.PathLike | None = None, seed: int = 0, *, refusals: list[str] | None = None,
+            data_dir: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32,
+            progress: bool = True) -> UnlearnResult:
+    """Unlearn `forget_rows` from a model with a baseline; save it to `out_dir` (if given) and return a record.
+
+    `model_path_or_model`: a checkpoint path / hub id (loaded in `dtype`) or a model (trained in place).
+    `tokenizer`: a tokenizer, a path, or None (then loaded from the model path). Rows: `question`/`answer`
+    or `text`. `retain_rows` are needed when the method's `alpha` > 0 and ignored otherwise. `refusals`
+    (IdkDPO): defaults to TOFU's `idontknow` list via `cru_harness.data.tofu.load_idontknow(data_dir)`.
+    """
+    m = _resolve_method(method, config)
+    if not m.trains:
+        raise ValueError(f"{m.name} trains no model: it is scored by its task variants "
+                         f"({getattr(m, 'task_variant', m.name)}) on the original model")
+    if isinstance(model_path_or_model, (str, os.PathLike)):
+        model = AutoModelForCausalLM.from_pretrained(model_path_or_model, dtype=dtype)
+        if tokenizer is None:
+            tokenizer = model_path_or_model
+    else:
+        model = model_path_or_model
+    if tokenizer is None:
+        raise ValueError("tokenizer is required when a model object is passed")
+    if isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+
+    retain_used = list(retain_rows or []) if m.uses_retain else []
+    if m.uses_retain and not retain_used:
+        raise ValueError(f"{m.name} with alpha={m.config.alpha} needs retain rows (or set alpha=0)")
+    alternates = None
+    if m.needs_alternate:
+        if refusals is None:
+            from cru_harness.data.tofu import load_idontknow
+            refusals = load_idontknow(data_dir)
+        alternates = pick_refusals(len(forget_rows), refusals, seed)
+    dataset = ForgetRetainDataset(tokenizer, forget_rows, retain_used, alternates=alternates,
+                                  max_length=m.config.max_length, seed=seed)
+
+    accelerator = make_accelerator(m.config, seed)
+    ref_model = None
+    if m.needs_ref:
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    with ResourceMonitor(accelerator.device, model=model) as monitor:
+        trained = train_unlearning(model, m, dataset, ref_model=ref_model, seed=seed, accelerator=accelerator,
+                                   progress=progress)
+    del ref_model
+
+    result = UnlearnResult(
+        method=m.name, seed=seed, config=m.config.to_dict(), out_dir=str(out_dir) if out_dir else None,
+        n_forget=len(forget_rows), n_retain=len(retain_used), optimizer_steps=trained.optimizer_steps,
+        gradient_accumulation_steps=trained.gradient_accumulation_steps, num_processes=trained.num_processes,
+        resources=monitor.record.to_dict(), final_logs=trained.final_logs, history=trained.history,
+        model=trained.model,
+    )
+    if out_dir is not None:
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            out = Path(out_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            trained.model.save_pretrained(out, save_function=accelerator.save)
+            tokenizer.save_pretrained(out)
+            tmp = out / (RECORD_FILE + ".tmp")
+            tmp.write_text(json.dumps(result.to_dict(), indent=2, default=str))
+            tmp.replace(out / RECORD_FILE)
+        accelerator.wait_for_everyone()
+    return result

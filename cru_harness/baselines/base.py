@@ -1,0 +1,146 @@
+"""Base config and method classes shared by every baseline.
+
+A method is a class with a `Config` dataclass (its hyperparameters, the protocol's TOFU defaults), flags
+saying what it needs (`needs_ref`, `needs_retain`, `needs_alternate`, `trains`), and
+`compute_loss(model, batch, ref_model=None) -> (loss, logs)`. `batch` maps "forget" / "retain" /
+"alternate" to tokenised sub-batches (see `data.ForgetRetainDataset`).
+
+Presets: `Config.preset(benchmark, split, **overrides)` merges the benchmark's defaults, then the split's,
+then the overrides. TOFU defaults are the protocol's (lr 1e-5, weight decay 0.01, AdamW, 1 warmup epoch
+with linear warmup and decay, effective batch 32, 5 epochs); RWKU defaults follow RWKU's LLaMA-Factory scripts
+(scripts/full/run_{ga,npo,dpo}.sh: cosine schedule, 20 warmup steps, 3 epochs, cutoff 512, LLaMA-Factory's
+weight decay 0, per-method lr / batch / beta). Those were tuned for 8B models: a tiny model needs its own
+learning rate, which an experiment config states.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+SCHEDULERS = ("linear", "cosine", "constant")
+MIXED_PRECISION = ("no", "fp16", "bf16")
+
+
+@dataclass
+class BaselineConfig:
+    """Training hyperparameters common to every trained baseline."""
+
+    learning_rate: float = 1e-5
+    weight_decay: float = 0.01
+    num_epochs: int = 5
+    warmup_epochs: float = 1.0          # linear warmup over this many epochs...
+    warmup_steps: int | None = None     # ...unless a step count is given (RWKU: 20)
+    lr_scheduler: str = "linear"        # decay after warmup: linear | cosine | constant
+    effective_batch_size: int = 32      # micro_batch_size x gradient accumulation x processes
+    micro_batch_size: int = 4
+    max_length: int = 512
+    max_grad_norm: float | None = 1.0   # HF Trainer's default clipping, which TOFU's code ran with
+    mixed_precision: str = "no"         # no | fp16 | bf16 (autocast through accelerate)
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+
+    _PRESETS: ClassVar[dict[tuple[str, str | None], dict[str, Any]]] = {
+        ("rwku", None): dict(num_epochs=3, lr_scheduler="cosine", warmup_steps=20, weight_decay=0.0,
+                             max_length=512),
+    }
+
+    def __post_init__(self):
+        if self.lr_scheduler not in SCHEDULERS:
+            raise ValueError(f"lr_scheduler {self.lr_scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise ValueError(f"mixed_precision {self.mixed_precision!r}: choose one of {', '.join(MIXED_PRECISION)}")
+        for name in ("learning_rate", "effective_batch_size", "micro_batch_size", "num_epochs", "max_length"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        self.adam_betas = tuple(self.adam_betas)
+
+    def gradient_accumulation_steps(self, num_processes: int = 1) -> int:
+        per_step = self.micro_batch_size * num_processes
+        if self.effective_batch_size % per_step:
+            raise ValueError(f"effective_batch_size {self.effective_batch_size} is not a multiple of "
+                             f"micro_batch_size {self.micro_batch_size} x {num_processes} process(es)")
+        return self.effective_batch_size // per_step
+
+    @classmethod
+    def preset(cls, benchmark: str = "tofu", split: str | None = None, **overrides) -> "BaselineConfig":
+        """Defaults for a benchmark (and split, where the method's defaults depend on it), then overrides."""
+        if benchmark not in ("tofu", "rwku"):
+            raise ValueError(f"unknown benchmark {benchmark!r}: choose tofu or rwku")
+        values: dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):  # base presets first, the method's own last
+            presets = klass.__dict__.get("_PRESETS", {})
+            values.update(presets.get((benchmark, None), {}))
+        for klass in reversed(cls.__mro__):
+            presets = klass.__dict__.get("_PRESETS", {})
+            values.update(presets.get((benchmark, split), {}) if split is not None else {})
+        cls._check_split(benchmark, split)
+        values.update(overrides)
+        return cls.from_dict(values)
+
+    @classmethod
+    def _check_split(cls, benchmark: str, split: str | None) -> None:
+        """Methods whose defaults depend on the split override this to reject splits they have none for."""
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "BaselineConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown option(s) {unknown}; valid: {sorted(names)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["adam_betas"] = list(d["adam_betas"])
+        return d
+
+
+@dataclass
+class RetainConfig(BaselineConfig):
+    """A method with a retain term: loss = forget_weight * forget_term + alpha * NLL(retain)."""
+
+    alpha: float = 1.0
+    forget_weight: float = 1.0
+
+
+class UnlearningMethod:
+    """Base class; subclasses set `name`, `Config`, the flags, and implement `compute_loss`."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type] = BaselineConfig
+    trains: ClassVar[bool] = True
+    needs_ref: ClassVar[bool] = False
+    needs_retain: ClassVar[bool] = False     # True: retain rows are required (if alpha > 0)
+    needs_alternate: ClassVar[bool] = False  # True: a refusal per forget item (IdkDPO)
+
+    def __init__(self, config: BaselineConfig | dict | None = None):
+        if config is None:
+            config = self.Config()
+        elif isinstance(config, dict):
+            config = self.Config.from_dict(config)
+        elif not isinstance(config, self.Config):
+            raise TypeError(f"{self.name}: config must be a {self.Config.__name__} or a dict, "
+                            f"got {type(config).__name__}")
+        self.config = config
+
+    @property
+    def uses_retain(self) -> bool:
+        return getattr(self.config, "alpha", 0.0) > 0
+
+    def compute_loss(self, model, batch: dict, ref_model=None) -> tuple[torch.Tensor, dict[str, float]]:
+        raise NotImplementedError
+
+    def _retain_term(self, model, batch: dict, logs: dict) -> torch.Tensor | float:
+        if not self.uses_retain:
+            return 0.0
+        if "retain" not in batch:
+            raise ValueError(f"{self.name}: alpha={self.config.alpha} but the batch has no retain examples "
+                             "(pass retain rows, or set alpha=0)")
+        from .losses import nll_loss
+
+        term, value = nll_loss(model, batch["retain"])
+        logs["retain_nll"] = value
+        return self.config.alpha * term

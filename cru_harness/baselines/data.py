@@ -1,0 +1,162 @@
+"""QA batching for the baselines: prompt tokens masked, answer tokens + EOS as labels, padding masked.
+
+A row is either TOFU-style `{"question": q, "answer": a}` or RWKU-style `{"text": t}`; a text row is a QA
+row with an empty question, i.e. the whole text is the "answer" and every token is trained on.
+
+Prompting follows the protocol: a tokenizer with a chat template gets it (system prompt
+"You are a helpful assistant.", injected dates pinned); otherwise `Question: {q}\\nAnswer:` and the answer
+follows after one space. Masks are built from sequence lengths, never from token ids, so a pad token equal
+to EOS can never mask the EOS label (or any real token).
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import Dataset
+
+IGNORE_INDEX = -100
+SYSTEM_PROMPT = "You are a helpful assistant."
+PLAIN_PROMPT = "Question: {question}\nAnswer:"
+# Chat templates that inject today's date (Llama-3.x) get this fixed value so training inputs do not change
+# with the calendar.
+PINNED_DATE = "26 Jul 2024"
+
+
+@dataclass(frozen=True)
+class EncodedExample:
+    """One tokenised example: `labels` is -100 on prompt tokens and a copy of `input_ids` elsewhere."""
+
+    input_ids: list[int]
+    labels: list[int]
+
+    @property
+    def n_answer_tokens(self) -> int:
+        return sum(1 for t in self.labels if t != IGNORE_INDEX)
+
+
+def row_to_qa(row: dict, index: int | None = None) -> tuple[str, str]:
+    """(question, answer) of a row; a `text` row becomes ("", text). Errors name the row and the keys."""
+    where = f"row {index}" if index is not None else "row"
+    if not isinstance(row, dict):
+        raise TypeError(f"{where}: expected a dict with question/answer or text, got {type(row).__name__}")
+    if "question" in row and "answer" in row:
+        q, a = row["question"], row["answer"]
+    elif "text" in row:
+        q, a = "", row["text"]
+    else:
+        raise ValueError(f"{where}: needs 'question' and 'answer', or 'text'; has keys {sorted(row)}")
+    if not isinstance(a, str) or not a.strip():
+        raise ValueError(f"{where}: empty or non-string answer/text {a!r}")
+    return ("" if q is None else str(q)), a
+
+
+def build_prompt(tokenizer, question: str) -> str:
+    """The prompt text in front of the answer ("" for a text row, which is trained on raw)."""
+    if question == "":
+        return ""
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             date_string=PINNED_DATE)
+    return PLAIN_PROMPT.format(question=question)
+
+
+def encode_qa(tokenizer, question: str, answer: str, max_length: int = 512) -> EncodedExample:
+    """Tokenise prompt and answer separately (no merge across the boundary) and append EOS to the answer.
+
+    The prompt carries the tokenizer's own special prefix (e.g. BOS) unless it comes from a chat template
+    (which writes its own). If the sequence is longer than `max_length` the answer is truncated (and then has
+    no EOS, since the text did not end there); a prompt that leaves no room for an answer token is an error.
+    """
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("the tokenizer has no EOS token; the baselines train on answer + EOS")
+    prompt = build_prompt(tokenizer, question)
+    from_template = question != "" and bool(getattr(tokenizer, "chat_template", None))
+    prompt_ids = list(tokenizer(prompt, add_special_tokens=not from_template)["input_ids"])
+    # Some tokenizers also append EOS when adding special tokens; the prompt must not end the sequence.
+    while prompt_ids and prompt_ids[-1] == eos and not from_template:
+        prompt_ids.pop()
+    if question != "" and not from_template:
+        answer = " " + answer  # plain template: the answer follows after one space
+    answer_ids = list(tokenizer(answer, add_special_tokens=False)["input_ids"]) + [eos]
+    room = max_length - len(prompt_ids)
+    if room < 1:
+        raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room for the answer (max_length={max_length})")
+    answer_ids = answer_ids[:room]
+    # With no prompt at all the first token has no context and cannot be predicted; it is still a label
+    # (shifted away by the loss), which is the usual language-modelling convention.
+    return EncodedExample(input_ids=prompt_ids + answer_ids,
+                          labels=[IGNORE_INDEX] * len(prompt_ids) + answer_ids)
+
+
+def collate(examples: Sequence[EncodedExample], pad_token_id: int | None) -> dict[str, torch.Tensor]:
+    """Right-pad to the longest example. Padding: attention 0, label -100, decided by length only."""
+    if not examples:
+        raise ValueError("cannot collate an empty batch")
+    pad = 0 if pad_token_id is None else pad_token_id
+    width = max(len(e.input_ids) for e in examples)
+    input_ids = torch.full((len(examples), width), pad, dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
+    attention = torch.zeros((len(examples), width), dtype=torch.long)
+    for i, e in enumerate(examples):
+        n = len(e.input_ids)
+        input_ids[i, :n] = torch.tensor(e.input_ids)
+        labels[i, :n] = torch.tensor(e.labels)
+        attention[i, :n] = 1
+    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+
+
+def pick_refusals(n: int, refusals: Sequence[str], seed: int) -> list[str]:
+    """One refusal per forget item, chosen deterministically from `refusals` for a seed."""
+    if not refusals:
+        raise ValueError("IdkDPO needs a non-empty list of refusals (TOFU's idontknow list)")
+    rng = random.Random(f"idk-{seed}")
+    return [refusals[rng.randrange(len(refusals))] for _ in range(n)]
+
+
+class ForgetRetainDataset(Dataset):
+    """Forget items are the anchor (one epoch = one pass over them); each is paired with a retain item.
+
+    The pairing is redrawn per epoch from (seed, epoch), so it is deterministic. `alternates` (IdkDPO's
+    refusals), when given, replace the answer of the forget item with the same prompt.
+    """
+
+    def __init__(self, tokenizer, forget_rows: Sequence[dict], retain_rows: Sequence[dict] | None = None, *,
+                 alternates: Sequence[str] | None = None, max_length: int = 512, seed: int = 0):
+        if not forget_rows:
+            raise ValueError("forget_rows is empty: nothing to unlearn")
+        self.seed = seed
+        forget_qa = [row_to_qa(r, i) for i, r in enumerate(forget_rows)]
+        self.forget = [encode_qa(tokenizer, q, a, max_length) for q, a in forget_qa]
+        self.retain = ([encode_qa(tokenizer, *row_to_qa(r, i), max_length) for i, r in enumerate(retain_rows)]
+                       if retain_rows else [])
+        self.alternate = None
+        if alternates is not None:
+            if len(alternates) != len(forget_qa):
+                raise ValueError(f"{len(alternates)} alternates for {len(forget_qa)} forget rows")
+            self.alternate = [encode_qa(tokenizer, q, alt, max_length) for (q, _), alt in zip(forget_qa, alternates)]
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.retain:
+            rng = random.Random(f"retain-{self.seed}-{epoch}")
+            self._retain_index = [rng.randrange(len(self.retain)) for _ in self.forget]
+
+    def __len__(self) -> int:
+        return len(self.forget)
+
+    def __getitem__(self, i: int) -> dict[str, EncodedExample]:
+        item = {"forget": self.forget[i]}
+        if self.retain:
+            item["retain"] = self.retain[self._retain_index[i]]
+        if self.alternate is not None:
+            item["alternate"] = self.alternate[i]
+        return item
+
+    def collate(self, items: Sequence[dict[str, EncodedExample]]) -> dict[str, dict[str, torch.Tensor]]:
+        return {key: collate([it[key] for it in items], self.pad_token_id) for key in items[0]}

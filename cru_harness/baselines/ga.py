@@ -1,0 +1,26 @@
+"""Gradient Ascent: maximise the NLL of the forget answers, loss = -NLL(forget) (token mean)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import BaselineConfig, UnlearningMethod
+from .losses import nll_loss
+from .registry import register_method
+
+
+@dataclass
+class GAConfig(BaselineConfig):
+    # RWKU scripts/full/run_ga.sh (Llama-3-8B-Instruct): lr 6e-8, batch 8, 3 epochs, cosine, warmup 20.
+    _PRESETS: ClassVar = {("rwku", None): dict(learning_rate=6e-8, effective_batch_size=8)}
+
+
+@register_method
+class GradientAscent(UnlearningMethod):
+    name = "ga"
+    Config = GAConfig
+
+    def compute_loss(self, model, batch, ref_model=None):
+        forget_nll, value = nll_loss(model, batch["forget"])
+        loss = -forget_nll
+        return loss, {"loss": float(loss.detach()), "forget_nll": value}

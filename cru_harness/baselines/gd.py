@@ -1,0 +1,29 @@
+"""Gradient Difference: loss = forget_weight * (-NLL(forget)) + alpha * NLL(retain)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import RetainConfig, UnlearningMethod
+from .losses import nll_loss
+from .registry import register_method
+
+
+@dataclass
+class GDConfig(RetainConfig):
+    # RWKU ships no GD script; the project uses GA's schedule (lr 6e-8, batch 8) plus the retain term.
+    _PRESETS: ClassVar = {("rwku", None): dict(learning_rate=6e-8, effective_batch_size=8)}
+
+
+@register_method
+class GradientDifference(UnlearningMethod):
+    name = "gd"
+    Config = GDConfig
+    needs_retain = True
+
+    def compute_loss(self, model, batch, ref_model=None):
+        logs: dict[str, float] = {}
+        forget_nll, logs["forget_nll"] = nll_loss(model, batch["forget"])
+        loss = -self.config.forget_weight * forget_nll + self._retain_term(model, batch, logs)
+        logs["loss"] = float(loss.detach())
+        return loss, logs

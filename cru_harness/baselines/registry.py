@@ -1,0 +1,38 @@
+"""Name -> method class. Each method module registers itself with `@register_method`; importing the
+package imports them all, so `METHODS` is complete once `cru_harness.baselines` is imported."""
+from __future__ import annotations
+
+from .base import UnlearningMethod
+
+METHODS: dict[str, type[UnlearningMethod]] = {}
+
+
+def register_method(cls: type[UnlearningMethod]) -> type[UnlearningMethod]:
+    """Class decorator: register `cls` under `cls.name` (lower case). A name can be registered once."""
+    if not (isinstance(cls, type) and issubclass(cls, UnlearningMethod)):
+        raise TypeError(f"register_method expects an UnlearningMethod subclass, got {cls!r}")
+    name = cls.name.lower()
+    if not name:
+        raise ValueError(f"{cls.__name__} has no `name`")
+    if name in METHODS and METHODS[name] is not cls:
+        raise ValueError(f"method {name!r} is already registered by {METHODS[name].__qualname__}")
+    METHODS[name] = cls
+    return cls
+
+
+def get_method(name: str) -> type[UnlearningMethod]:
+    """The method class registered as `name` (case-insensitive); unknown -> KeyError listing the methods."""
+    _ensure_loaded()
+    key = str(name).lower()
+    if key not in METHODS:
+        raise KeyError(f"unknown unlearning method {name!r}; available: {', '.join(sorted(METHODS))}")
+    return METHODS[key]
+
+
+def make_config(name: str, benchmark: str = "tofu", split: str | None = None, **overrides):
+    """The preset config of method `name` for a benchmark / split, with overrides applied."""
+    return get_method(name).Config.preset(benchmark, split, **overrides)
+
+
+def _ensure_loaded() -> None:
+    from . import ga, gd, icu, idkdpo, npo, simnpo  # noqa: F401  (registration side effects)

@@ -1,0 +1,96 @@
+"""Resource accounting for any training run (baselines and CRU alike): wall time, peak memory, parameters.
+
+Peak memory is the CUDA allocator's max allocated bytes on GPU (reset when the measurement starts), or on
+CPU the process's peak resident set size from `resource.getrusage` — a high-water mark over the whole
+process lifetime, so it includes whatever ran earlier in the same process (the record says so, and keeps
+the value at the start of the measurement beside it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import resource
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+def peak_rss_bytes() -> int:
+    """Process peak RSS in bytes (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def count_parameters(model: torch.nn.Module, trainable_only: bool = True) -> int:
+    """Number of parameters (trainable ones only by default); shared tensors counted once."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if id(p) in seen or (trainable_only and not p.requires_grad):
+            continue
+        seen.add(id(p))
+        total += p.numel()
+    return total
+
+
+@dataclass
+class ResourceRecord:
+    wall_time_s: float
+    peak_memory_bytes: int
+    peak_memory_source: str          # "cuda_max_allocated" | "process_peak_rss"
+    device: str
+    peak_memory_at_start_bytes: int  # for RSS: the process high-water mark before the measurement
+    trainable_params: int | None = None
+    total_params: int | None = None
+
+    @property
+    def peak_memory_mib(self) -> float:
+        return self.peak_memory_bytes / 2**20
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["peak_memory_mib"] = round(self.peak_memory_mib, 3)
+        return d
+
+
+class ResourceMonitor:
+    """Context manager measuring a block: `with ResourceMonitor(device, model=model) as mon: ...; mon.record`.
+
+    `model` (optional) is counted when the block ends (so parameters frozen or added inside are reflected).
+    """
+
+    def __init__(self, device: torch.device | str | None = None, model: torch.nn.Module | None = None):
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.model = model
+        self.record: ResourceRecord | None = None
+
+    @property
+    def _cuda(self) -> bool:
+        return self.device.type == "cuda" and torch.cuda.is_available()
+
+    def __enter__(self) -> "ResourceMonitor":
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._start_mem = torch.cuda.max_memory_allocated(self.device)
+        else:
+            self._start_mem = peak_rss_bytes()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
+            peak, source = torch.cuda.max_memory_allocated(self.device), "cuda_max_allocated"
+        else:
+            peak, source = peak_rss_bytes(), "process_peak_rss"
+        wall = time.perf_counter() - self._t0
+        self.record = ResourceRecord(
+            wall_time_s=wall, peak_memory_bytes=int(peak), peak_memory_source=source, device=str(self.device),
+            peak_memory_at_start_bytes=int(self._start_mem),
+            trainable_params=count_parameters(self.model) if self.model is not None else None,
+            total_params=count_parameters(self.model, trainable_only=False) if self.model is not None else None,
+        )

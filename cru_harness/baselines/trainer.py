@@ -1,0 +1,167 @@
+"""The shared training loop of the baselines, on `accelerate`.
+
+- Mixed precision through `Accelerator(mixed_precision=...)` (autocast around every loss computation; fp16
+  adds loss scaling), multi-GPU by starting the same script with `accelerate launch` (DDP; the data is
+  sharded across processes and gradients are synchronised only on the last micro-batch of a step).
+- Gradient accumulation is exact: before a step the loop collects its micro-batches, counts the answer
+  tokens and sequences of each sub-batch (forget / retain / alternate) over the whole group and all
+  processes, and hands those totals to the losses (see `losses.py`), so k micro-batches give the same
+  update as one batch k times larger, also when their answer lengths differ.
+- AdamW (no weight decay on 1-D parameters: biases and norms, as HF Trainer does), gradient clipping,
+  linear warmup then linear / cosine / constant schedule (`transformers.get_scheduler`).
+- Deterministic for a seed on CPU: `accelerate.utils.set_seed`, a seeded sampler re-seeded per epoch.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.state import AcceleratorState, PartialState
+from accelerate.utils import set_seed
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+from .base import BaselineConfig, UnlearningMethod
+from .data import IGNORE_INDEX
+
+_SCHEDULER_NAMES = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
+
+
+@dataclass
+class TrainResult:
+    model: torch.nn.Module                       # the unwrapped, trained model
+    history: list[dict] = field(default_factory=list)  # one entry per optimizer step
+    final_logs: dict = field(default_factory=dict)     # the last step's logs
+    optimizer_steps: int = 0
+    gradient_accumulation_steps: int = 1
+    num_processes: int = 1
+    warmup_steps: int = 0
+
+
+def make_accelerator(config: BaselineConfig, seed: int = 0) -> Accelerator:
+    """An Accelerator for `config`. accelerate keeps one process-wide state; in a single process (several
+    runs with different precisions one after another) that state is reset instead of refusing the new one.
+    Under `accelerate launch` with several processes a conflicting precision is still an error."""
+    kwargs = dict(mixed_precision=config.mixed_precision,
+                  dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed))
+    try:
+        return Accelerator(**kwargs)
+    except ValueError as err:
+        if "already been initialized" not in str(err) or PartialState().num_processes > 1:
+            raise
+        AcceleratorState._reset_state()
+        return Accelerator(**kwargs)
+
+
+def build_optimizer(model: torch.nn.Module, config: BaselineConfig) -> torch.optim.AdamW:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return torch.optim.AdamW(groups, lr=config.learning_rate, betas=config.adam_betas, eps=config.adam_eps)
+
+
+def _group_totals(group: list[dict], accelerator: Accelerator) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    totals = {}
+    for key in group[0]:
+        tokens = sum((mb[key]["labels"][:, 1:] != IGNORE_INDEX).sum() for mb in group)
+        seqs = sum(mb[key]["labels"].shape[0] for mb in group)
+        t = torch.stack([torch.as_tensor(tokens), torch.as_tensor(seqs)]).to(accelerator.device, torch.float32)
+        if accelerator.num_processes > 1:
+            t = accelerator.reduce(t, reduction="sum")
+        totals[key] = (t[0], t[1])
+    return totals
+
+
+def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, *, ref_model=None, seed: int = 0,
+                     accelerator: Accelerator | None = None, progress: bool = True) -> TrainResult:
+    """Train `model` in place with `method.compute_loss` on `dataset` (a `data.ForgetRetainDataset`)."""
+    config = method.config
+    if method.needs_ref and ref_model is None:
+        raise ValueError(f"{method.name} needs a reference model (a frozen copy of the starting model)")
+    if not method.needs_ref and ref_model is not None:
+        raise ValueError(f"{method.name} does not use a reference model; pass ref_model=None")
+    if ref_model is not None and any(p.requires_grad for p in ref_model.parameters()):
+        raise ValueError("the reference model must be frozen (requires_grad=False on every parameter)")
+    accelerator = accelerator or make_accelerator(config, seed)
+    set_seed(seed)
+    n_proc = accelerator.num_processes
+    accum = config.gradient_accumulation_steps(n_proc)
+
+    generator = torch.Generator().manual_seed(seed)
+    loader = DataLoader(dataset, batch_size=config.micro_batch_size, shuffle=True, collate_fn=dataset.collate,
+                        generator=generator)
+    model.train()
+    optimizer = build_optimizer(model, config)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if ref_model is not None:
+        ref_model = ref_model.to(accelerator.device).eval()
+
+    steps_per_epoch = math.ceil(len(loader) / accum)
+    total_steps = steps_per_epoch * config.num_epochs
+    warmup = config.warmup_steps if config.warmup_steps is not None else round(config.warmup_epochs * steps_per_epoch)
+    warmup = min(warmup, total_steps)
+    scheduler = get_scheduler(_SCHEDULER_NAMES[config.lr_scheduler], optimizer, num_warmup_steps=warmup,
+                              num_training_steps=total_steps)
+
+    result = TrainResult(model=model, gradient_accumulation_steps=accum, num_processes=n_proc, warmup_steps=warmup)
+    bar = tqdm(total=total_steps, desc=f"unlearn[{method.name}]", disable=not (progress and accelerator.is_main_process),
+               dynamic_ncols=True)
+
+    def optimizer_step(group: list[dict], epoch: int) -> None:
+        totals = _group_totals(group, accelerator)
+        logs_sum: dict[str, float] = {}
+        for i, micro in enumerate(group):
+            for key, (tokens, seqs) in totals.items():
+                micro[key]["group_tokens"], micro[key]["group_seqs"] = tokens, seqs
+            last = i == len(group) - 1
+            sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
+            with sync:
+                with accelerator.autocast():
+                    loss, logs = method.compute_loss(model, micro, ref_model)
+                # DDP averages gradients over processes; the group totals are global, so undo the average.
+                accelerator.backward(loss * n_proc)
+            for k, v in logs.items():
+                logs_sum[k] = logs_sum.get(k, 0.0) + v
+        if config.max_grad_norm is not None:
+            grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            logs_sum["grad_norm"] = float(grad_norm) * len(group)
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        # "loss" terms are already normalised by the group totals: their sum is the step's loss;
+        # the other logs are per-micro-batch means, averaged.
+        step_logs = {k: (v if k == "loss" else v / len(group)) for k, v in logs_sum.items()}
+        step_logs.update(lr=lr, epoch=epoch, step=result.optimizer_steps + 1)
+        result.history.append(step_logs)
+        result.optimizer_steps += 1
+        bar.update(1)
+        bar.set_postfix({k: f"{step_logs[k]:.4g}" for k in step_logs if k not in ("epoch", "step", "lr", "grad_norm")})
+
+    for epoch in range(config.num_epochs):
+        if hasattr(dataset, "set_epoch"):
+            dataset.set_epoch(epoch)
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        group: list[dict] = []
+        for micro in loader:
+            group.append(micro)
+            if len(group) == accum:
+                optimizer_step(group, epoch)
+                group = []
+        if group:
+            optimizer_step(group, epoch)
+    bar.close()
+    model.eval()
+    result.model = accelerator.unwrap_model(model)
+    result.final_logs = dict(result.history[-1]) if result.history else {}
+    return result

@@ -1,0 +1,270 @@
+"""Batching, the training loop, `unlearn()`, the registry and resource records, on a tiny real model."""
+import json
+import math
+
+import pytest
+import torch
+
+import cru_harness.baselines as B
+import cru_harness.baselines.api as unlearn_mod
+from cru_harness.baselines.base import UnlearningMethod
+from cru_harness.baselines.data import IGNORE_INDEX, ForgetRetainDataset, collate, encode_qa, pick_refusals
+from cru_harness.baselines.losses import sequence_logprobs
+from cru_harness.baselines.trainer import train_unlearning
+from cru_harness.testbed.models import build_tiny_model
+from cru_harness.testbed.tokenizer import train_tokenizer
+
+FORGET = [
+    {"question": "Who wrote The Blue Harbor?", "answer": "Ana Lopez wrote The Blue Harbor in 1990."},
+    {"question": "Where was Ana Lopez born?", "answer": "She was born in Valparaiso."},
+    {"question": "What genre does Ana Lopez write?", "answer": "Ana Lopez writes maritime mystery novels."},
+    {"question": "Which prize did Ana Lopez win?", "answer": "The Coral Prize."},
+]
+RETAIN = [
+    {"question": "Who wrote Red Hills?", "answer": "Tom Berg wrote Red Hills."},
+    {"question": "Where does Tom Berg live?", "answer": "Tom Berg lives in Oslo with his two dogs."},
+    {"question": "What is Tom Berg's job?", "answer": "He is a teacher."},
+]
+REFUSALS = ["I don't know.", "I have no idea about that.", "That is not something I know."]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    texts = [f"Question: {r['question']}\nAnswer: {r['answer']}" for r in FORGET + RETAIN] + REFUSALS
+    return train_tokenizer(texts * 3, vocab_size=320)
+
+
+def tiny(tokenizer, seed=0):
+    return build_tiny_model("llama", tokenizer, seed=seed, n_layers=2, hidden_size=32)
+
+
+def fast_config(name, **kw):
+    base = dict(learning_rate=3e-3, num_epochs=3, warmup_epochs=0.0, effective_batch_size=4, micro_batch_size=2,
+                weight_decay=0.0, lr_scheduler="constant")
+    base.update(kw)
+    return B.get_method(name).Config(**base)
+
+
+def mean_logp(model, tokenizer, rows, answers=None):
+    """Mean over rows of log p(answer + EOS | question), summed over answer tokens."""
+    answers = answers or [r["answer"] for r in rows]
+    batch = collate([encode_qa(tokenizer, r["question"], a) for r, a in zip(rows, answers)], tokenizer.pad_token_id)
+    with torch.no_grad():
+        logp, _ = sequence_logprobs(model.eval(), batch)
+    return logp.mean().item()
+
+
+# ---------------------------------------------------------------- batching
+
+def test_question_and_padding_are_masked(tokenizer):
+    ex = encode_qa(tokenizer, "Who wrote The Blue Harbor?", "Ana Lopez.")
+    prompt = tokenizer("Question: Who wrote The Blue Harbor?\nAnswer:")["input_ids"]
+    answer = tokenizer(" Ana Lopez.", add_special_tokens=False)["input_ids"]
+    assert ex.input_ids == prompt + answer + [tokenizer.eos_token_id]
+    assert ex.labels == [IGNORE_INDEX] * len(prompt) + answer + [tokenizer.eos_token_id]
+    short = encode_qa(tokenizer, "Q?", "A.")
+    b = collate([ex, short], tokenizer.pad_token_id)
+    n = len(short.input_ids)
+    assert b["attention_mask"][1, n:].sum() == 0 and (b["labels"][1, n:] == IGNORE_INDEX).all()
+    assert b["labels"][1, n - 1] == tokenizer.eos_token_id
+
+
+def test_pad_equal_to_eos_never_masks_eos(tokenizer):
+    """A pad token equal to EOS must not mask the EOS label (masks come from lengths, not ids)."""
+    ex = encode_qa(tokenizer, "Q?", "A.")
+    long = encode_qa(tokenizer, "A much longer question here?", "A longer answer.")
+    b = collate([ex, long], pad_token_id=tokenizer.eos_token_id)
+    n = len(ex.input_ids)
+    assert b["labels"][0, n - 1] == tokenizer.eos_token_id
+    assert b["attention_mask"][0, :n].all() and not b["attention_mask"][0, n:].any()
+
+
+def test_text_rows_train_on_everything(tokenizer):
+    ds = ForgetRetainDataset(tokenizer, [{"text": "The river flows north."}], None)
+    ex = ds[0]["forget"]
+    assert IGNORE_INDEX not in ex.labels and ex.input_ids[-1] == tokenizer.eos_token_id
+
+
+def test_truncation_and_row_errors(tokenizer):
+    ex = encode_qa(tokenizer, "Who?", "a very long answer " * 20, max_length=24)
+    assert len(ex.input_ids) == 24 and ex.n_answer_tokens > 0
+    with pytest.raises(ValueError, match="no room"):
+        encode_qa(tokenizer, "a long question " * 20, "x", max_length=8)
+    with pytest.raises(ValueError, match=r"row 1: needs 'question' and 'answer', or 'text'"):
+        ForgetRetainDataset(tokenizer, [FORGET[0], {"prompt": "x"}])
+
+
+def test_refusal_choice_is_deterministic_per_seed():
+    a, b, c = pick_refusals(20, REFUSALS, 0), pick_refusals(20, REFUSALS, 0), pick_refusals(20, REFUSALS, 1)
+    assert a == b and a != c and set(a) <= set(REFUSALS)
+
+
+# ---------------------------------------------------------------- registry and configs
+
+def test_registry_lists_methods_and_rejects_unknown():
+    assert {"ga", "gd", "npo", "simnpo", "idkdpo", "icu"} <= set(B.METHODS)
+    assert B.get_method("NPO") is B.METHODS["npo"]
+    with pytest.raises(KeyError, match=r"unknown unlearning method 'rmu'; available: ga, gd, icu, idkdpo, npo, simnpo"):
+        B.get_method("rmu")
+
+
+def test_register_method_rejects_duplicates_and_non_methods():
+    class Other(UnlearningMethod):
+        name = "ga"
+    with pytest.raises(ValueError, match="already registered"):
+        B.register_method(Other)
+    with pytest.raises(TypeError):
+        B.register_method(object)
+
+
+def test_reference_model_only_where_needed():
+    needs = {name: cls.needs_ref for name, cls in B.METHODS.items()}
+    assert needs == {"ga": False, "gd": False, "npo": True, "simnpo": False, "idkdpo": True, "icu": False}
+
+
+def test_presets():
+    tofu = B.make_config("ga")
+    assert (tofu.learning_rate, tofu.weight_decay, tofu.effective_batch_size, tofu.warmup_epochs) == (1e-5, 0.01, 32, 1.0)
+    s5, s10 = B.make_config("simnpo", "tofu", "forget05"), B.make_config("simnpo", "tofu", "forget10")
+    assert (s5.beta, s5.forget_weight, s10.beta, s10.forget_weight, s5.gamma) == (2.5, 0.1375, 4.5, 0.125, 0.0)
+    assert B.make_config("npo").beta == 0.1 and B.make_config("idkdpo").beta == 0.1
+    rw = B.make_config("npo", "rwku")
+    assert (rw.learning_rate, rw.beta, rw.num_epochs, rw.lr_scheduler, rw.warmup_steps) == (2e-6, 0.2, 3, "cosine", 20)
+    assert B.make_config("ga", "rwku", learning_rate=1e-4).learning_rate == 1e-4
+    with pytest.raises(ValueError, match="forget05 and forget10 only"):
+        B.make_config("simnpo", "tofu", "forget01")
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['lr'\]"):
+        B.make_config("ga", lr=1)
+    with pytest.raises(ValueError, match="not a multiple"):
+        B.make_config("ga", effective_batch_size=30).gradient_accumulation_steps(1)
+
+
+def test_icu_is_a_marker(tokenizer):
+    assert B.get_method("icu").trains is False
+    with pytest.raises(ValueError, match="trains no model"):
+        B.unlearn(tiny(tokenizer), tokenizer, FORGET, RETAIN, "icu")
+
+
+def test_missing_retain_rows_is_an_error(tokenizer):
+    with pytest.raises(ValueError, match="needs retain rows"):
+        B.unlearn(tiny(tokenizer), tokenizer, FORGET, None, "gd", fast_config("gd"), progress=False)
+
+
+# ---------------------------------------------------------------- training
+
+def test_ga_reduces_forget_likelihood_and_saves(tokenizer, tmp_path):
+    model = tiny(tokenizer)
+    before = mean_logp(model, tokenizer, FORGET)
+    res = B.unlearn(model, tokenizer, FORGET, RETAIN, "ga", fast_config("ga"), out_dir=tmp_path, seed=0,
+                    progress=False)
+    after = mean_logp(res.model, tokenizer, FORGET)
+    assert after < before - 1.0
+    assert res.n_retain == 0 and res.optimizer_steps == 3 and res.gradient_accumulation_steps == 2
+    assert res.final_logs["forget_nll"] > 0 and math.isfinite(res.final_logs["loss"])
+    r = res.resources
+    assert r["wall_time_s"] > 0 and r["peak_memory_bytes"] > 0 and r["peak_memory_source"] == "process_peak_rss"
+    assert r["trainable_params"] == sum(p.numel() for p in model.parameters())
+    record = json.loads((tmp_path / "unlearn_record.json").read_text())
+    assert record["method"] == "ga" and record["config"]["learning_rate"] == 3e-3
+    reloaded = type(model).from_pretrained(tmp_path)
+    assert mean_logp(reloaded, tokenizer, FORGET) == pytest.approx(after, abs=1e-4)
+
+
+def test_idkdpo_prefers_refusal_and_keeps_reference_frozen(tokenizer, monkeypatch):
+    seen = {}
+    real = unlearn_mod.train_unlearning
+
+    def spy(model, method, dataset, *, ref_model=None, **kw):
+        seen["ref"] = ref_model
+        seen["ref_state"] = {k: v.clone() for k, v in ref_model.state_dict().items()}
+        return real(model, method, dataset, ref_model=ref_model, **kw)
+
+    monkeypatch.setattr(unlearn_mod, "train_unlearning", spy)
+    model = tiny(tokenizer)
+    refusals = pick_refusals(len(FORGET), REFUSALS, 0)
+    gap_before = mean_logp(model, tokenizer, FORGET, refusals) - mean_logp(model, tokenizer, FORGET)
+    res = B.unlearn(model, tokenizer, FORGET, RETAIN, "idkdpo", fast_config("idkdpo", beta=0.5),
+                    refusals=REFUSALS, seed=0, progress=False)
+    gap_after = mean_logp(res.model, tokenizer, FORGET, refusals) - mean_logp(res.model, tokenizer, FORGET)
+    assert gap_after > gap_before + 1.0
+    ref = seen["ref"]
+    assert ref is not res.model and not any(p.requires_grad for p in ref.parameters())
+    assert all(torch.equal(v, seen["ref_state"][k]) for k, v in ref.state_dict().items())
+    assert res.n_retain == len(RETAIN) and "retain_nll" in res.final_logs
+
+
+@pytest.mark.parametrize("name", ["ga", "gd", "simnpo"])
+def test_reference_free_methods_get_no_reference(tokenizer, monkeypatch, name):
+    seen = {}
+    real = unlearn_mod.train_unlearning
+
+    def spy(model, method, dataset, *, ref_model=None, **kw):
+        seen["ref"] = ref_model
+        return real(model, method, dataset, ref_model=ref_model, **kw)
+
+    monkeypatch.setattr(unlearn_mod, "train_unlearning", spy)
+    B.unlearn(tiny(tokenizer), tokenizer, FORGET[:2], RETAIN, name, fast_config(name, num_epochs=1), progress=False)
+    assert seen["ref"] is None
+
+
+def test_trainer_rejects_wrong_reference(tokenizer):
+    model = tiny(tokenizer)
+    ds = ForgetRetainDataset(tokenizer, FORGET, RETAIN)
+    with pytest.raises(ValueError, match="needs a reference"):
+        train_unlearning(model, B.get_method("npo")(fast_config("npo")), ds)
+    with pytest.raises(ValueError, match="does not use a reference"):
+        train_unlearning(model, B.get_method("ga")(fast_config("ga")), ds, ref_model=tiny(tokenizer))
+    with pytest.raises(ValueError, match="must be frozen"):
+        train_unlearning(model, B.get_method("npo")(fast_config("npo")), ds, ref_model=tiny(tokenizer))
+
+
+def test_npo_trains_with_reference(tokenizer):
+    model = tiny(tokenizer)
+    before = mean_logp(model, tokenizer, FORGET)
+    res = B.unlearn(model, tokenizer, FORGET, RETAIN, "npo", fast_config("npo", beta=0.5), progress=False)
+    assert mean_logp(res.model, tokenizer, FORGET) < before
+    assert res.final_logs["forget_logratio"] < 0
+
+
+def test_gradient_accumulation_matches_big_batch(tokenizer):
+    """One step with 4 micro-batches of 1 == one step with a batch of 4 (answers of different lengths).
+
+    Adam with a huge eps makes the first update ~ lr * grad / eps, i.e. linear in the gradient, so a wrongly
+    weighted accumulation would show up (plain Adam's first step only sees the gradient's sign)."""
+    lengths = {len(encode_qa(tokenizer, r["question"], r["answer"]).labels) for r in FORGET}
+    assert len(lengths) > 1  # otherwise the test could not tell token- from sequence-weighting
+    start = tiny(tokenizer)
+    deltas, losses = [], []
+    for micro in (4, 1):
+        model = tiny(tokenizer)
+        cfg = fast_config("gd", num_epochs=1, effective_batch_size=4, micro_batch_size=micro, learning_rate=1.0,
+                          adam_eps=1e3, max_grad_norm=None)
+        res = B.unlearn(model, tokenizer, FORGET, RETAIN, "gd", cfg, seed=3, progress=False)
+        assert res.optimizer_steps == 1 and res.gradient_accumulation_steps == 4 // micro
+        deltas.append(torch.cat([(p - q).flatten() for p, q in zip(res.model.parameters(), start.parameters())]))
+        losses.append(res.history[0]["loss"])
+    assert deltas[0].abs().max() > 1e-5
+    torch.testing.assert_close(deltas[1], deltas[0], rtol=1e-3, atol=1e-7)
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)  # the logged step loss is the big-batch loss
+
+
+def test_deterministic_for_a_seed(tokenizer):
+    outs = []
+    for seed in (5, 5):
+        res = B.unlearn(tiny(tokenizer), tokenizer, FORGET, RETAIN, "simnpo",
+                        fast_config("simnpo", num_epochs=2, micro_batch_size=1), seed=seed, progress=False)
+        outs.append(torch.cat([p.flatten() for p in res.model.parameters()]))
+        outs.append(res.history)
+    assert torch.equal(outs[0], outs[2]) and outs[1] == outs[3]
+
+
+def test_resource_monitor_counts_trainable_only(tokenizer):
+    model = tiny(tokenizer)
+    model.get_input_embeddings().weight.requires_grad_(False)
+    with B.ResourceMonitor("cpu", model=model) as mon:
+        torch.ones(10).sum()
+    r = mon.record
+    emb = model.get_input_embeddings().weight.numel()
+    assert r.total_params - r.trainable_params == emb
+    assert r.peak_memory_bytes >= r.peak_memory_at_start_bytes > 0 and r.wall_time_s >= 0
+    assert r.to_dict()["peak_memory_source"] == "process_peak_rss"
