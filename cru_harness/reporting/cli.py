@@ -1,0 +1,136 @@
+"""`cru-harness report DIR...` (tables, plots, statistics of one or more run directories) and `score`."""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from . import stats, tables
+
+
+def register(subparsers) -> None:
+    try:
+        from .score import add_score_parser  # another package's `score` subcommand, when present
+    except ImportError:
+        add_score_parser = None
+    if add_score_parser is not None:
+        add_score_parser(subparsers)
+    report = subparsers.add_parser("report", help="leaderboards (md/csv/tex), plots and statistics of run dirs",
+                                   description="Read the cells of one or more run directories and write "
+                                               "leaderboard tables, plots and the method-comparison tests.")
+    report.add_argument("dirs", nargs="+", help="run directories (each holding cells/)")
+    report.add_argument("--out", help="output directory (default: DIR/report for one DIR, else ./report)")
+    report.add_argument("--formats", default="md,csv,tex", help="comma-separated subset of md,csv,tex")
+    report.add_argument("--no-plots", action="store_true")
+    report.set_defaults(func=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    out = Path(args.out) if args.out else (Path(args.dirs[0]) / "report" if len(args.dirs) == 1 else Path("report"))
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    bad = [f for f in formats if f not in ("md", "csv", "tex")]
+    if bad:
+        raise ValueError(f"--formats: unknown format(s) {bad}; choose from md, csv, tex")
+    write_report([Path(d) for d in args.dirs], out, formats=formats, plots=not args.no_plots)
+    return 0
+
+
+def block_scores(results: list[dict], benchmark: str) -> dict[tuple, dict[str, float]]:
+    """Trade-off score per (model, split/target) block and method label, averaged over seeds."""
+    collected: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for result in results:
+        if result.get("benchmark") != benchmark or result.get("kind") != "method" or result.get("status") != "ok":
+            continue
+        score = tables.derived_metrics(result)["tradeoff"]
+        if score is not None:
+            unit = result.get("split") if benchmark == "tofu" else f"target{result.get('target')}"
+            collected[(result["model"], unit)][result["label"]].append(score)
+    return {block: {m: sum(v) / len(v) for m, v in methods.items()} for block, methods in collected.items()}
+
+
+def compare_methods(results: list[dict], benchmark: str) -> dict:
+    scores = block_scores(results, benchmark)
+    return {"benchmark": benchmark, "friedman": stats.friedman(scores), "wilcoxon": stats.wilcoxon_posthoc(scores)}
+
+
+def stats_markdown(comparison: dict) -> str:
+    f, w = comparison["friedman"], comparison["wilcoxon"]
+    lines = [f"### {comparison['benchmark'].upper()}: method comparison (trade-off = hmean(Forgetting, Utility))", ""]
+    lines.append(f"- {f['message']}")
+    if f.get("dropped_blocks"):
+        lines.append(f"- {len(f['dropped_blocks'])} block(s) left out: not every method has a score there")
+    if f.get("mean_ranks"):
+        ranks = ", ".join(f"{m} {r:.2f}" for m, r in sorted(f["mean_ranks"].items(), key=lambda kv: kv[1]))
+        lines.append(f"- mean ranks (1 = best): {ranks}")
+    if w.get("message"):
+        lines.append(f"- {w['message']}")
+    for entry in w.get("comparisons", []):
+        lines.append(f"- {entry['message']}")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, stats=True, log=print) -> dict:
+    """Write the whole report for the cells under `dirs`. Returns {name: path}."""
+    from ..runner.cache import atomic_write_json, atomic_write_text, load_results
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = tables.fill_forget_quality(load_results(*dirs))
+    written: dict[str, str] = {}
+    summary = [f"# Report ({len(results)} cells from {', '.join(str(d) for d in dirs)})", ""]
+    statuses = defaultdict(int)
+    for r in results:
+        statuses[r.get("status")] += 1
+    summary.append("Cells by status: " + ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items())) + "\n")
+    comparisons = {}
+    for benchmark in ("tofu", "rwku"):
+        rows = tables.aggregate(results, benchmark)
+        if not rows:
+            continue
+        renderers = {"md": tables.to_markdown, "csv": tables.to_csv, "tex": tables.to_latex}
+        for fmt in formats:
+            path = out_dir / f"leaderboard_{benchmark}.{fmt}"
+            atomic_write_text(path, renderers[fmt](rows, benchmark))
+            written[f"leaderboard_{benchmark}.{fmt}"] = str(path)
+        summary += [f"## {benchmark.upper()}", "", tables.to_markdown(rows, benchmark)]
+        unavailable = [r for r in results if r.get("benchmark") == benchmark and r.get("status") == "unavailable"]
+        for r in unavailable:
+            summary.append(f"- unavailable: {r['model']} {r.get('unit')} {r['label']}: {r.get('reason')}")
+        failed = [r for r in results if r.get("benchmark") == benchmark and r.get("status") == "failed"]
+        for r in failed:
+            summary.append(f"- failed: {r['model']} {r.get('unit')} {r['label']}: {r.get('reason')}")
+        summary.append("")
+        if stats:
+            comparisons[benchmark] = compare_methods(results, benchmark)
+            summary.append(stats_markdown(comparisons[benchmark]))
+        if plots:
+            from . import plots as plotting
+
+            plot_dir = out_dir / "plots"
+            for path in plotting.tradeoff_plots(rows, benchmark, plot_dir):
+                written[path.name] = str(path)
+            if benchmark == "rwku":
+                path = plotting.rwku_level_plot(rows, plot_dir)
+                if path:
+                    written[path.name] = str(path)
+            path = plotting.gate_plot(rows, plot_dir)
+            if path:
+                written[f"gates_{benchmark}.png"] = str(path.rename(path.with_name(f"gates_{benchmark}.png")))
+    if plots:
+        from . import plots as plotting
+
+        (out_dir / "plots").mkdir(exist_ok=True)
+        path = plotting.resources_plot(results, out_dir / "plots")
+        if path:
+            written[path.name] = str(path)
+    resources = tables.resources_table(results)
+    atomic_write_text(out_dir / "resources.md", resources)
+    summary += ["## Resources", "", resources]
+    if stats:
+        atomic_write_json(out_dir / "stats.json", comparisons)
+        written["stats.json"] = str(out_dir / "stats.json")
+    atomic_write_text(out_dir / "report.md", "\n".join(summary))
+    written["report.md"] = str(out_dir / "report.md")
+    log(f"report written to {out_dir} ({len(written)} files)")
+    return written

@@ -1,0 +1,140 @@
+"""Report figures (PNG, matplotlib's Agg backend; no display needed).
+
+- tradeoff_<benchmark>_<model>_<unit>.png: Utility vs Forgetting per (model, split) with the Pareto front; the
+  original model as an open circle.
+- gates.png: CRU's mean gate on forget vs retain inputs, per cell group.
+- rwku_levels.png: RWKU forget ROUGE-L per probe level (FB, QA, AA) per method.
+- resources.png: wall time and peak memory per method.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from . import stats  # noqa: E402
+
+
+def _ok(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text)).strip("_")
+
+
+def tradeoff_plots(rows: list[dict], benchmark: str, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    blocks: dict[tuple, list[dict]] = {}
+    for row in rows:
+        blocks.setdefault((row["model"], row["unit"]), []).append(row)
+    for (model, unit), block in blocks.items():
+        points = [(r, r["metrics"].get("forgetting"), r["metrics"].get("utility")) for r in block]
+        points = [(r, x, y) for r, x, y in points if _ok(x) and _ok(y)]
+        if not points:
+            continue
+        fig, ax = plt.subplots(figsize=(5, 4))
+        competitors = {r["label"]: (x, y) for r, x, y in points if not r["reference"]}
+        flags = stats.pareto_dominated(competitors)
+        for r, x, y in points:
+            if r["reference"]:
+                ax.scatter([x], [y], facecolors="none", edgecolors="black", s=70, label=f"{r['label']} (reference)")
+            else:
+                ax.scatter([x], [y], s=50, marker="o" if not flags[r["label"]] else "x", label=r["label"])
+            ax.annotate(r["label"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        front = sorted((xy for label, xy in competitors.items() if not flags[label]), key=lambda p: p[0])
+        if len(front) > 1:
+            ax.step([p[0] for p in front], [p[1] for p in front], where="post", linestyle="--", color="grey",
+                    label="Pareto front")
+        ax.set_xlabel("Forgetting (1 - forget ROUGE-L)" if benchmark == "tofu" else "Forgetting (1 - mean forget ROUGE-L)")
+        ax.set_ylabel("Model Utility" if benchmark == "tofu" else "Utility (mean)")
+        ax.set_title(f"{benchmark.upper()} {model} {unit}")
+        ax.legend(fontsize=7, loc="best")
+        fig.tight_layout()
+        path = out_dir / f"tradeoff_{benchmark}_{_slug(model)}_{_slug(unit)}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def gate_plot(rows: list[dict], out_dir: Path) -> Path | None:
+    items = [(f"{r['model']} {r['unit']} {r['label']}", r["gate_means"]) for r in rows if r.get("gate_means")]
+    items = [(name, g) for name, g in items if _ok(g.get("forget")) or _ok(g.get("retain"))]
+    if not items:
+        return None
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(items)), 3.5))
+    xs = range(len(items))
+    ax.bar([x - 0.2 for x in xs], [g.get("forget") or 0 for _, g in items], width=0.4, label="forget inputs")
+    ax.bar([x + 0.2 for x in xs], [g.get("retain") or 0 for _, g in items], width=0.4, label="retain inputs")
+    ax.set_xticks(list(xs), [name for name, _ in items], rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("mean gate")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("CRU gates: forget vs retain")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out_dir / "gates.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def rwku_level_plot(rows: list[dict], out_dir: Path) -> Path | None:
+    levels = [("forget_fb", "FB"), ("forget_qa", "QA"), ("forget_aa", "AA")]
+    rows = [r for r in rows if any(_ok(r["metrics"].get(k)) for k, _ in levels)]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for r in rows:
+        ys = [r["metrics"].get(k) for k, _ in levels]
+        ax.plot([name for _, name in levels], [y if _ok(y) else float("nan") for y in ys], marker="o",
+                linestyle=":" if r["reference"] else "-", label=f"{r['model']} {r['label']}")
+    ax.set_ylabel("forget ROUGE-L recall (lower = more forgotten)")
+    ax.set_xlabel("probe level")
+    ax.set_title("RWKU forget score per probe level")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out_dir / "rwku_levels.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def resources_plot(results: list[dict], out_dir: Path) -> Path | None:
+    groups: dict[str, list[dict]] = {}
+    for r in results:
+        if r.get("kind") == "method" and r.get("status") == "ok":
+            groups.setdefault(f"{r['benchmark']} {r['label']}", []).append(r.get("resources") or {})
+    if not groups:
+        return None
+
+    def mean(items, *keys):
+        values = []
+        for item in items:
+            value = next((item.get(k) for k in keys if _ok(item.get(k))), None)
+            if value is not None:
+                values.append(value)
+        return sum(values) / len(values) if values else 0.0
+
+    labels = sorted(groups)
+    times = [mean(groups[l], "train_wall_time_s", "cell_wall_time_s") for l in labels]
+    memory = [mean(groups[l], "train_peak_memory_bytes", "cell_peak_rss_bytes") / 2**20 for l in labels]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(max(6, 0.9 * len(labels) * 2), 3.5))
+    a.bar(labels, times)
+    a.set_ylabel("wall time (s)")
+    b.bar(labels, memory, color="tab:orange")
+    b.set_ylabel("peak memory (MiB)")
+    for axis in (a, b):
+        axis.tick_params(axis="x", rotation=40, labelsize=7)
+    fig.suptitle("Resources per method (training where it trains, else the whole cell)")
+    fig.tight_layout()
+    path = out_dir / "resources.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

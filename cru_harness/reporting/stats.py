@@ -1,0 +1,135 @@
+"""Comparing methods (protocol.md, "Comparing methods"): Pareto dominance, Friedman test, Wilcoxon post-hoc.
+
+- Pareto, per (model, split): points (Forgetting, Utility), both to maximise. A method is dominated if another
+  is at least as good on both and strictly better on one. The reference row (Original) is not a competitor.
+- Trade-off score of a cell, for the rank tests: the harmonic mean of Forgetting and Utility (0 when either
+  is 0, so a broken model that "forgets" everything with no utility left ranks last, as it should).
+  TOFU: Forgetting = 1 - forget ROUGE-L recall, Utility = Model Utility.
+  RWKU: Forgetting = 1 - mean(forget FB, QA, AA), Utility = mean of the accuracy-type utility scores present
+  (MMLU, BBH, TruthfulQA, TriviaQA; fluency is an entropy, not in [0, 1], and is left out).
+- Friedman (`scipy.stats.friedmanchisquare`) over blocks = (model, split) on TOFU and (model, target) on RWKU,
+  using only blocks where every compared method has a score; mean ranks with 1 = best.
+- Wilcoxon signed-rank (`scipy.stats.wilcoxon`, two-sided) of the best-ranked method against each other.
+When there are too few methods or blocks the result says so (`status: "too_few"` and a message), no number.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+FRIEDMAN_MIN_METHODS = 3   # scipy's friedmanchisquare needs at least 3 samples
+FRIEDMAN_MIN_BLOCKS = 4    # below this the chi-square approximation of the statistic is not meaningful
+# With n non-zero paired differences the smallest two-sided exact p-value is 2 / 2**n: n = 5 gives 0.0625, so
+# fewer than 6 pairs can never reach 0.05 -- printing such a p-value would only look like evidence.
+WILCOXON_MIN_PAIRS = 6
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def pareto_dominated(points: Mapping[str, tuple[float, float]]) -> dict[str, bool]:
+    """label -> True if some other point is >= on both coordinates and > on one (both maximised).
+
+    Points with a missing coordinate are not compared (reported as not dominated = unknown -> False)."""
+    flags = {}
+    for label, (x, y) in points.items():
+        if not (_finite(x) and _finite(y)):
+            flags[label] = False
+            continue
+        flags[label] = any(
+            _finite(ox) and _finite(oy) and ox >= x and oy >= y and (ox > x or oy > y)
+            for other, (ox, oy) in points.items() if other != label)
+    return flags
+
+
+def tradeoff_score(forgetting: float | None, utility: float | None) -> float | None:
+    if not (_finite(forgetting) and _finite(utility)):
+        return None
+    if forgetting <= 0 or utility <= 0:
+        return 0.0
+    return 2 * forgetting * utility / (forgetting + utility)
+
+
+def rank_within_blocks(scores: np.ndarray) -> np.ndarray:
+    """scores[block, method] (higher better) -> ranks with 1 = best, ties averaged."""
+    from scipy.stats import rankdata
+
+    return np.vstack([rankdata(-row, method="average") for row in scores])
+
+
+def complete_blocks(scores: Mapping[Any, Mapping[str, float]], methods: list[str] | None = None
+                    ) -> tuple[list[str], list[Any], np.ndarray, list[Any]]:
+    """Keep the blocks where every method has a finite score. Returns (methods, blocks, matrix, dropped)."""
+    if methods is None:
+        methods = sorted({m for block in scores.values() for m in block})
+    kept, dropped, rows = [], [], []
+    for block, values in scores.items():
+        if all(_finite(values.get(m)) for m in methods):
+            kept.append(block)
+            rows.append([float(values[m]) for m in methods])
+        else:
+            dropped.append(block)
+    matrix = np.array(rows, dtype=float).reshape(len(rows), len(methods))
+    return methods, kept, matrix, dropped
+
+
+def friedman(scores: Mapping[Any, Mapping[str, float]], methods: list[str] | None = None) -> dict[str, Any]:
+    """Friedman test over blocks. `scores[block][method]`, higher = better."""
+    from scipy.stats import friedmanchisquare
+
+    methods, blocks, matrix, dropped = complete_blocks(scores, methods)
+    out: dict[str, Any] = {"test": "friedman", "methods": methods, "n_blocks": len(blocks), "blocks": blocks,
+                           "dropped_blocks": dropped, "statistic": None, "pvalue": None, "mean_ranks": None}
+    if len(blocks):
+        ranks = rank_within_blocks(matrix)
+        out["mean_ranks"] = dict(zip(methods, ranks.mean(axis=0).round(6).tolist()))
+    if len(methods) < FRIEDMAN_MIN_METHODS:
+        out.update(status="too_few", message=f"Friedman test not computed: {len(methods)} method(s) compared, "
+                   f"it needs at least {FRIEDMAN_MIN_METHODS}")
+        return out
+    if len(blocks) < FRIEDMAN_MIN_BLOCKS:
+        out.update(status="too_few", message=f"Friedman test not computed: too few blocks ({len(blocks)} complete "
+                   f"block(s); at least {FRIEDMAN_MIN_BLOCKS} needed)")
+        return out
+    if np.all(matrix == matrix[:, :1]):
+        out.update(status="too_few", message="Friedman test not computed: all methods tie in every block")
+        return out
+    result = friedmanchisquare(*matrix.T)
+    out.update(status="ok", statistic=float(result.statistic), pvalue=float(result.pvalue),
+               message=f"Friedman chi2 = {result.statistic:.3f}, p = {result.pvalue:.3g} over {len(blocks)} blocks")
+    return out
+
+
+def wilcoxon_posthoc(scores: Mapping[Any, Mapping[str, float]], methods: list[str] | None = None,
+                     best: str | None = None) -> dict[str, Any]:
+    """Wilcoxon signed-rank tests of the best method (lowest mean rank, unless given) against each other."""
+    from scipy.stats import wilcoxon
+
+    methods, blocks, matrix, _ = complete_blocks(scores, methods)
+    out: dict[str, Any] = {"test": "wilcoxon", "best": None, "comparisons": []}
+    if not len(blocks) or len(methods) < 2:
+        out["message"] = "Wilcoxon post-hoc not computed: fewer than 2 methods with complete blocks"
+        return out
+    mean_ranks = rank_within_blocks(matrix).mean(axis=0)
+    best = best or methods[int(np.argmin(mean_ranks))]
+    out["best"] = best
+    b = methods.index(best)
+    for j, other in enumerate(methods):
+        if j == b:
+            continue
+        diff = matrix[:, b] - matrix[:, j]
+        nonzero = int(np.count_nonzero(diff))
+        entry = {"method": other, "n_pairs": len(diff), "n_nonzero": nonzero, "statistic": None, "pvalue": None,
+                 "median_difference": float(np.median(diff))}
+        if nonzero < WILCOXON_MIN_PAIRS:
+            entry.update(status="too_few", message=f"{best} vs {other}: too few pairs for a Wilcoxon test "
+                         f"({nonzero} non-zero difference(s); at least {WILCOXON_MIN_PAIRS} needed)")
+        else:
+            result = wilcoxon(matrix[:, b], matrix[:, j])
+            entry.update(status="ok", statistic=float(result.statistic), pvalue=float(result.pvalue),
+                         message=f"{best} vs {other}: W = {result.statistic:.3g}, p = {result.pvalue:.3g}")
+        out["comparisons"].append(entry)
+    return out

@@ -1,0 +1,356 @@
+"""Leaderboard tables (Markdown, CSV, LaTeX) laid out like the paper's: methods as rows, one block per
+(model, split) on TOFU and per model on RWKU (means over targets), the original model as an unranked reference
+row, the best method per column in bold (each column has its direction), failure classes beside ROUGE.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from . import stats
+
+FAILURE_CLASSES = ("correct", "refusal", "degenerate", "wrong")
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    header: str          # plain text (Markdown / CSV)
+    latex: str
+    direction: str | None  # "up", "down", "half" (closer to 0.5 is better), None = not ranked
+    group: str = ""
+
+
+def _fc_columns(where: str) -> list[Column]:
+    return [Column(f"fc_{where}_{name}", f"{where} {name[:3]}.", f"{name[:3].capitalize()}.", None,
+                   f"{where.capitalize()} failure classes") for name in FAILURE_CLASSES]
+
+
+TOFU_COLUMNS = [
+    Column("forget_1_rouge_l", "1-ROUGE-L ↑", "(1-Rouge-L)$\\uparrow$", "up", "Forget"),
+    Column("forget_1_prob", "1-Prob. ↑", "(1-Prob.)$\\uparrow$", "up", "Forget"),
+    Column("forget_truth_ratio", "Truth ratio ↓", "Truth ratio$\\downarrow$", "down", "Forget"),
+    Column("forget_quality", "FQ ↑", "FQ$\\uparrow$", "up", "Forget"),
+    *_fc_columns("forget"),
+    *[Column(f"{s}_{m}", f"{name} {mh} ↑", f"{ml}$\\uparrow$", "up", name)
+      for s, name in (("ra", "Real Authors"), ("wf", "World Facts"), ("retain", "Retain Set"))
+      for m, mh, ml in (("rouge_l", "ROUGE-L", "Rouge-L"), ("prob", "Prob.", "Prob."),
+                        ("truth_ratio", "TR", "Truth ratio"))],
+    Column("model_utility", "MU ↑", "MU$\\uparrow$", "up", ""),
+]
+RWKU_COLUMNS = [
+    Column("forget_fb", "Forget FB ↓", "FB$\\downarrow$", "down", "Forget"),
+    Column("forget_qa", "Forget QA ↓", "QA$\\downarrow$", "down", "Forget"),
+    Column("forget_aa", "Forget AA ↓", "AA$\\downarrow$", "down", "Forget"),
+    Column("forget_all", "Forget All ↓", "All$\\downarrow$", "down", "Forget"),
+    *_fc_columns("forget"),
+    Column("neighbor_fb", "Neighbor FB ↑", "FB$\\uparrow$", "up", "Neighbor"),
+    Column("neighbor_qa", "Neighbor QA ↑", "QA$\\uparrow$", "up", "Neighbor"),
+    Column("mia_fm", "MIA FM ↑", "FM$\\uparrow$", "up", "MIA"),
+    Column("mia_rm", "MIA RM", "RM", None, "MIA"),
+    Column("mia_auc", "MIA AUC →0.5", "AUC$\\to$0.5", "half", "MIA"),
+    Column("utility_mmlu", "MMLU ↑", "Gen.$\\uparrow$", "up", "Utility"),
+    Column("utility_bbh", "BBH ↑", "Rea.$\\uparrow$", "up", "Utility"),
+    Column("utility_truthfulqa", "TruthfulQA ↑", "Tru.$\\uparrow$", "up", "Utility"),
+    Column("utility_triviaqa", "TriviaQA ↑", "Fac.$\\uparrow$", "up", "Utility"),
+    Column("utility_fluency", "Fluency ↑", "Flu.$\\uparrow$", "up", "Utility"),
+]
+COLUMNS = {"tofu": TOFU_COLUMNS, "rwku": RWKU_COLUMNS}
+RESOURCE_KEYS = ("train_wall_time_s", "train_peak_memory_bytes", "cell_wall_time_s", "cell_peak_rss_bytes",
+                 "trainable_params")
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _mean(values: Iterable) -> float | None:
+    values = [v for v in values if _finite(v)]
+    return sum(values) / len(values) if values else None
+
+
+# ------------------------------------------------------------------------------------------------ derived values
+def derived_metrics(result: dict) -> dict[str, float | None]:
+    """The metrics of one cell plus the derived columns (1 - x, forget_all, failure-class fractions)."""
+    metrics = dict(result.get("metrics") or {})
+    if result.get("benchmark") == "tofu":
+        for key in ("rouge_l", "prob"):
+            value = metrics.get(f"forget_{key}")
+            metrics[f"forget_1_{key}"] = 1 - value if _finite(value) else None
+    else:
+        metrics["forget_all"] = _mean(metrics.get(k) for k in ("forget_fb", "forget_qa", "forget_aa"))
+        if metrics.get("mia_auc") is None:
+            metrics["mia_auc"] = metrics.get("mia_auc_loss")
+        if metrics.get("mia_fm") is None:
+            metrics["mia_fm"] = metrics.get("mia_fm_loss")
+        if metrics.get("mia_rm") is None:
+            metrics["mia_rm"] = metrics.get("mia_rm_loss")
+    for where, fractions in (result.get("failure_classes") or {}).items():
+        for name in FAILURE_CLASSES:
+            metrics[f"fc_{where}_{name}"] = (fractions or {}).get(name)
+    metrics["forgetting"], metrics["utility"] = forgetting_utility(result.get("benchmark"), metrics)
+    metrics["tradeoff"] = stats.tradeoff_score(metrics["forgetting"], metrics["utility"])
+    return metrics
+
+
+def forgetting_utility(benchmark: str | None, metrics: dict) -> tuple[float | None, float | None]:
+    """The trade-off axes (see stats.py): TOFU (1 - forget ROUGE-L, MU); RWKU (1 - mean forget, mean utility)."""
+    if benchmark == "tofu":
+        rouge = metrics.get("forget_rouge_l")
+        return (1 - rouge if _finite(rouge) else None), metrics.get("model_utility")
+    forget = _mean(metrics.get(k) for k in ("forget_fb", "forget_qa", "forget_aa"))
+    utility = _mean(metrics.get(k) for k in ("utility_mmlu", "utility_bbh", "utility_truthfulqa", "utility_triviaqa"))
+    return (1 - forget if forget is not None else None), utility
+
+
+def fill_forget_quality(results: list[dict]) -> list[dict]:
+    """TOFU Forget Quality = KS-test p-value between a cell's per-item forget truth ratios and the retain
+    model's (same model, same split). Filled where missing and both per-item arrays are present."""
+    from scipy.stats import ks_2samp
+
+    oracle = {}
+    for result in results:
+        if result.get("kind") == "retain" and result.get("status") == "ok":
+            values = (result.get("per_item") or {}).get("forget_truth_ratio")
+            if values:
+                oracle[(result["model"], result["split"])] = values
+    for result in results:
+        if result.get("benchmark") != "tofu" or result.get("status") != "ok" or result.get("kind") == "retain":
+            continue
+        metrics = result.setdefault("metrics", {})
+        if _finite(metrics.get("forget_quality")):
+            continue
+        mine = (result.get("per_item") or {}).get("forget_truth_ratio")
+        reference = oracle.get((result["model"], result["split"]))
+        if mine and reference:
+            metrics["forget_quality"] = float(ks_2samp(mine, reference).pvalue)
+    return results
+
+
+# ------------------------------------------------------------------------------------------------ aggregation
+def aggregate(results: list[dict], benchmark: str) -> list[dict]:
+    """One row per (model, split-or-'targets', method label): means over seeds (and RWKU targets)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for result in results:
+        if result.get("benchmark") != benchmark or result.get("kind") == "retain":
+            continue
+        unit = result.get("split") if benchmark == "tofu" else "all targets"
+        groups[(result["model"], unit, result["label"])].append(result)
+    rows = []
+    for (model, unit, label), members in groups.items():
+        ok = [m for m in members if m.get("status") == "ok"]
+        derived = [derived_metrics(m) for m in ok]
+        keys = {k for d in derived for k in d}
+        row = {"model": model, "unit": unit, "label": label, "method": members[0]["method"],
+               "reference": members[0].get("kind") == "original", "n_cells": len(members), "n_ok": len(ok),
+               "n_unavailable": sum(m.get("status") == "unavailable" for m in members),
+               "n_failed": sum(m.get("status") == "failed" for m in members),
+               "seeds": sorted({m.get("seed") for m in ok if m.get("seed") is not None}),
+               "targets": sorted({m.get("target") for m in ok if m.get("target") is not None}),
+               "metrics": {k: _mean(d.get(k) for d in derived) for k in keys},
+               "resources": {k: _mean((m.get("resources") or {}).get(k) for m in ok) for k in RESOURCE_KEYS},
+               "gate_means": _gate_means(ok),
+               "reasons": sorted({m.get("reason") for m in members if m.get("reason")})}
+        rows.append(row)
+    order = _method_order(results)
+    rows.sort(key=lambda r: (r["model"], str(r["unit"]), not r["reference"], order.get(r["label"], 99), r["label"]))
+    _mark_best(rows, COLUMNS[benchmark])
+    _mark_pareto(rows)
+    return rows
+
+
+def _gate_means(results: list[dict]) -> dict | None:
+    forget = _mean((r.get("gate_means") or {}).get("forget") for r in results)
+    retain = _mean((r.get("gate_means") or {}).get("retain") for r in results)
+    return {"forget": forget, "retain": retain} if forget is not None or retain is not None else None
+
+
+def _method_order(results: list[dict]) -> dict[str, int]:
+    order = {}
+    for result in results:
+        order.setdefault(result.get("label"), len(order))
+    return order
+
+
+def _block(rows: list[dict]) -> dict[tuple, list[dict]]:
+    blocks = defaultdict(list)
+    for row in rows:
+        blocks[(row["model"], row["unit"])].append(row)
+    return blocks
+
+
+def _mark_best(rows: list[dict], columns: list[Column]) -> None:
+    """row["best"] = set of column keys where the row is best in its block (ties: all bold); reference rows never."""
+    for row in rows:
+        row["best"] = set()
+    for block in _block(rows).values():
+        competitors = [r for r in block if not r["reference"]]
+        for col in columns:
+            if col.direction is None:
+                continue
+            values = [(r, r["metrics"].get(col.key)) for r in competitors]
+            values = [(r, v) for r, v in values if _finite(v)]
+            if len(values) < 2:
+                continue
+            def goodness(v):
+                return v if col.direction == "up" else (-v if col.direction == "down" else -abs(v - 0.5))
+            best = max(goodness(v) for _, v in values)
+            for r, v in values:
+                if math.isclose(goodness(v), best, rel_tol=0, abs_tol=1e-12):
+                    r["best"].add(col.key)
+
+
+def _mark_pareto(rows: list[dict]) -> None:
+    for block in _block(rows).values():
+        competitors = [r for r in block if not r["reference"]]
+        flags = stats.pareto_dominated({r["label"]: (r["metrics"].get("forgetting"), r["metrics"].get("utility"))
+                                        for r in competitors})
+        for r in block:
+            r["pareto"] = None if r["reference"] else (
+                None if not (_finite(r["metrics"].get("forgetting")) and _finite(r["metrics"].get("utility")))
+                else not flags[r["label"]])
+
+
+# ------------------------------------------------------------------------------------------------ rendering
+def fmt(value, key: str = "") -> str:
+    if not _finite(value):
+        return "--"
+    if key == "forget_quality" and 0 < value < 0.01:
+        return f"{value:.1e}"
+    return f"{value:.2f}"
+
+
+def _present_columns(rows: list[dict], columns: list[Column]) -> list[Column]:
+    """Columns with at least one value (a run without failure classes does not print four empty columns)."""
+    return [c for c in columns if any(_finite(r["metrics"].get(c.key)) for r in rows)] or columns[:1]
+
+
+def _unit_label(row: dict) -> str:
+    if row["unit"] == "all targets":
+        return f"{len(row['targets'])} targets" if row["targets"] else "targets"
+    return str(row["unit"])
+
+
+def _row_note(row: dict) -> str:
+    notes = []
+    if row["n_unavailable"]:
+        notes.append(f"{row['n_unavailable']} unavailable")
+    if row["n_failed"]:
+        notes.append(f"{row['n_failed']} failed")
+    return "; ".join(notes)
+
+
+def to_markdown(rows: list[dict], benchmark: str) -> str:
+    columns = _present_columns(rows, COLUMNS[benchmark])
+    header = ["Model", "Split" if benchmark == "tofu" else "Targets", "Method", *[c.header for c in columns],
+              "Pareto", "n", "Note"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * len(columns) + ["---"] * 3) + "|"]
+    for row in rows:
+        cells = []
+        for c in columns:
+            text = fmt(row["metrics"].get(c.key), c.key)
+            cells.append(f"**{text}**" if c.key in row["best"] else text)
+        label = f"{row['label']} (reference)" if row["reference"] else row["label"]
+        pareto = "" if row["pareto"] is None else ("front" if row["pareto"] else "dominated")
+        lines.append("| " + " | ".join([row["model"], _unit_label(row), label, *cells, pareto,
+                                          str(row["n_ok"]), _row_note(row)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(rows: list[dict], benchmark: str) -> str:
+    columns = COLUMNS[benchmark]
+    extra = ["forgetting", "utility", "tradeoff"]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["model", "unit", "method", "label", "reference", *[c.key for c in columns], *extra, "pareto_front",
+                     "best_in", "n_ok", "n_unavailable", "n_failed", *RESOURCE_KEYS])
+    for row in rows:
+        values = [row["metrics"].get(c.key) for c in columns] + [row["metrics"].get(k) for k in extra]
+        writer.writerow([row["model"], row["unit"], row["method"], row["label"], int(row["reference"]),
+                         *["" if not _finite(v) else repr(float(v)) for v in values],
+                         "" if row["pareto"] is None else int(row["pareto"]), ";".join(sorted(row["best"])),
+                         row["n_ok"], row["n_unavailable"], row["n_failed"],
+                         *["" if not _finite(row["resources"].get(k)) else row["resources"][k] for k in RESOURCE_KEYS]])
+    return buffer.getvalue()
+
+
+def _latex_escape(text: str) -> str:
+    return str(text).replace("\\", "\\textbackslash{}").replace("_", "\\_").replace("%", "\\%").replace("&", "\\&")
+
+
+def to_latex(rows: list[dict], benchmark: str, caption: str | None = None) -> str:
+    columns = _present_columns(rows, COLUMNS[benchmark])
+    groups: list[tuple[str, int]] = []
+    for c in columns:
+        if groups and groups[-1][0] == c.group:
+            groups[-1] = (c.group, groups[-1][1] + 1)
+        else:
+            groups.append((c.group, 1))
+    spec = "lll" + "c" * len(columns)
+    out = ["\\begin{table}[t]", "\\centering", "\\small"]
+    out.append(f"\\caption{{{caption or _default_caption(benchmark)}}}")
+    out += ["\\resizebox{\\textwidth}{!}{%", f"\\begin{{tabular}}{{{spec}}}", "\\toprule"]
+    head, rules, start = [" & & "], [], 4
+    for name, width in groups:
+        head.append(f"\\multicolumn{{{width}}}{{c}}{{{_latex_escape(name)}}}" if name else "")
+        if name:
+            rules.append(f"\\cmidrule(lr){{{start}-{start + width - 1}}}")
+        start += width
+    out.append(" & ".join(head).replace(" &  & ", " & & ", 1) + " \\\\")
+    if rules:
+        out.append("".join(rules))
+    unit = "Split" if benchmark == "tofu" else "Targets"
+    out.append(" & ".join(["Model", unit, "Method", *[c.latex for c in columns]]) + " \\\\")
+    out.append("\\midrule")
+    previous = None
+    for row in rows:
+        block = (row["model"], row["unit"])
+        if previous is not None and block != previous:
+            out.append("\\midrule")
+        first = block != previous
+        cells = []
+        for c in columns:
+            text = fmt(row["metrics"].get(c.key), c.key)
+            cells.append(f"\\textbf{{{text}}}" if c.key in row["best"] else text)
+        out.append(" & ".join([_latex_escape(row["model"]) if first else "",
+                               _latex_escape(_unit_label(row)) if first else "",
+                               _latex_escape(row["label"]), *cells]) + " \\\\")
+        previous = block
+    out += ["\\bottomrule", "\\end{tabular}}", "\\end{table}"]
+    return "\n".join(out) + "\n"
+
+
+def _default_caption(benchmark: str) -> str:
+    if benchmark == "tofu":
+        return ("\\texttt{TOFU}: forgetting on the forget set, Forget Quality, utility on Real Authors, World Facts "
+                "and the Retain set, Model Utility. ``Original'' is the model before unlearning (not ranked). "
+                "Best method per column, within each model and split, in bold.")
+    return ("\\texttt{RWKU}, means over targets: forget and neighbor ROUGE-L recall, MIA, utility. ``Original'' is "
+            "the model before unlearning (not ranked). Best method per column, within each model, in bold.")
+
+
+def resources_table(results: list[dict]) -> str:
+    """Markdown: wall time, peak memory and trainable parameters per (benchmark, model, method)."""
+    groups = defaultdict(list)
+    for r in results:
+        if r.get("kind") == "method" and r.get("status") == "ok":
+            groups[(r["benchmark"], r["model"], r["label"])].append(r.get("resources") or {})
+    lines = ["| Benchmark | Model | Method | Train time (s) | Cell time (s) | Peak memory (MiB) | Trainable params | n |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for (bench, model, label), items in sorted(groups.items()):
+        train = _mean(i.get("train_wall_time_s") for i in items)
+        cell = _mean(i.get("cell_wall_time_s") for i in items)
+        peak = _mean(i.get("train_peak_memory_bytes") or i.get("cell_peak_rss_bytes") for i in items)
+        params = _mean(i.get("trainable_params") for i in items)
+        lines.append(f"| {bench} | {model} | {label} | {fmt1(train)} | {fmt1(cell)} | "
+                     f"{fmt1(peak / 2**20 if peak is not None else None)} | "
+                     f"{'--' if params is None else f'{int(params):,}'} | {len(items)} |")
+    return "\n".join(lines) + "\n"
+
+
+def fmt1(value) -> str:
+    return "--" if not _finite(value) else f"{value:.1f}"

@@ -1,0 +1,171 @@
+"""`cru-harness run CONFIG`, `cru-harness merge DIR...`, `cru-harness demo`."""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+
+
+def register(subparsers) -> None:
+    run = subparsers.add_parser("run", help="run an experiment config (cells cached; resumes; --dry-run plans)",
+                                description="Run every cell of an experiment config. Finished cells are skipped, "
+                                            "an interrupted run resumes, and a report is written at the end.")
+    run.add_argument("config", help="experiment YAML (see configs/ and docs/results_schema.md)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="validate the config and print the cells (what is trained, downloaded, evaluated); "
+                          "touches no model")
+    run.add_argument("--shard", metavar="I/N", help="run only shard I of N (1-based; cells split by hash)")
+    run.add_argument("--output-dir", help="override the config's output_dir")
+    run.add_argument("--force", action="store_true", help="recompute cells even when finished")
+    run.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    run.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
+    run.set_defaults(func=cmd_run)
+
+    merge = subparsers.add_parser("merge", help="collect the cells of several run/shard directories into one",
+                                  description="Copy the cells of several run or shard directories into OUT "
+                                              "(a cell present twice keeps its 'ok' copy) and write the report.")
+    merge.add_argument("dirs", nargs="+", help="run or shard directories (each holding cells/)")
+    merge.add_argument("--out", required=True, help="merged run directory")
+    merge.add_argument("--no-report", action="store_true")
+    merge.set_defaults(func=cmd_merge)
+
+    demo = subparsers.add_parser("demo", help="the offline demo (configs/demo.yaml): tiny TOFU world + SmolLM2 RWKU")
+    demo.add_argument("--config", default=str(DEMO_CONFIG), help="demo config (default: configs/demo.yaml)")
+    demo.add_argument("--output-dir", help="override the demo's output_dir")
+    demo.add_argument("--dry-run", action="store_true")
+    demo.set_defaults(func=cmd_demo)
+
+
+def _load(path: str, output_dir: str | None):
+    from .config import load_config
+
+    overrides = {"output_dir": output_dir} if output_dir else None
+    return load_config(path, overrides)
+
+
+def plan_summary(config, cells) -> dict:
+    from .plan import describe_cell
+
+    described = [describe_cell(cell) for cell in cells]
+    downloads = sorted({d for item in described for d in item["downloads"]})
+    data = {bench: (spec["data_dir"] or "Hub / CRU_HARNESS_* env (see data.sources)")
+            for bench, spec in config.benchmarks.items()}
+    return {"name": config.name, "output_dir": str(config.output_dir), "n_cells": len(cells),
+            "n_trained": sum(1 for item in described if item["trains"] and not item["trains"].startswith("nothing")),
+            "n_evaluated": sum(1 for item in described if item["evaluates"]), "downloads": downloads,
+            "data": data, "cells": described}
+
+
+def print_plan(summary: dict, out=sys.stdout) -> None:
+    print(f"experiment {summary['name']}: {summary['n_cells']} cells -> {summary['output_dir']}", file=out)
+    print(f"  trains {summary['n_trained']} cells, evaluates {summary['n_evaluated']}", file=out)
+    for bench, where in summary["data"].items():
+        print(f"  data {bench}: {where}", file=out)
+    if summary["downloads"]:
+        print("  downloads:", file=out)
+        for item in summary["downloads"]:
+            print(f"    - {item}", file=out)
+    for item in summary["cells"]:
+        print(f"  {item['hash']}  {item['cell']}", file=out)
+        if item["trains"]:
+            print(f"      trains: {item['trains']}", file=out)
+        for download in item["downloads"]:
+            print(f"      downloads: {download}", file=out)
+        if item["evaluates"]:
+            limit = f" (limit {item['limit']})" if item["limit"] else ""
+            print(f"      evaluates: {', '.join(item['evaluates'])}{limit}", file=out)
+
+
+def run_config(config, *, dry_run=False, shard=None, force=False, report=True, executor=None, as_json=False,
+               log=print) -> int:
+    """Plan (and unless dry_run, run) a validated config. `executor` defaults to the real one."""
+    from .cache import CellStore, atomic_write_json
+    from .plan import build_plan
+    from .shard import parse_shard, select_shard
+
+    cells = build_plan(config)
+    if shard:
+        index, count = parse_shard(shard)
+        cells = select_shard(cells, index, count)
+    summary = plan_summary(config, cells)
+    if dry_run:
+        if as_json:
+            print(json.dumps(summary, indent=1))
+        else:
+            print_plan(summary)
+        return 0
+    if executor is None:
+        from .execute import execute_cell as executor
+    from .execute import run_cells
+
+    store = CellStore(config.output_dir)
+    store.root.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(store.root / ("plan.json" if not shard else f"plan.shard{shard.replace('/', 'of')}.json"),
+                      {"config": config.raw, "source": config.source, "shard": shard,
+                       "cells": [{"hash": c.hash, "cell": c.describe()} for c in cells]})
+    counts = run_cells(cells, store, executor, log=log, force=force)
+    log(f"done: {counts}")
+    if report:
+        from ..reporting.cli import write_report
+
+        write_report([store.root], store.root / "report", formats=config.report["formats"],
+                     plots=config.report["plots"], stats=config.report["stats"], log=log)
+    return 0 if counts["failed"] == 0 else 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = _load(args.config, args.output_dir)
+    return run_config(config, dry_run=args.dry_run, shard=args.shard, force=args.force,
+                      report=not args.no_report, as_json=args.json)
+
+
+def merge_dirs(dirs, out) -> dict[str, int]:
+    """Copy cells from several run directories into `out`; a duplicate keeps its 'ok' copy."""
+    from .cache import CELLS_DIR, RESULT_FILE, CellStore
+
+    out_store = CellStore(out)
+    out_store.cells_dir.mkdir(parents=True, exist_ok=True)
+    counts = {"copied": 0, "duplicates": 0}
+    for directory in dirs:
+        directory = Path(directory)
+        store = CellStore(directory.parent if directory.name == CELLS_DIR else directory)
+        if not store.cells_dir.is_dir():
+            raise FileNotFoundError(f"{directory} holds no cells/ directory (not a cru-harness run)")
+        for cell_hash, result in store.iter_results():
+            target = out_store.cell_dir(cell_hash)
+            existing = out_store.load_result(cell_hash)
+            if existing is not None:
+                counts["duplicates"] += 1
+                if existing.get("status") == "ok" or result.get("status") != "ok":
+                    continue
+            if target.resolve() == store.cell_dir(cell_hash).resolve():
+                continue
+            tmp = target.with_name(target.name + ".merging")
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            shutil.copytree(store.cell_dir(cell_hash), tmp, ignore=shutil.ignore_patterns("work"))
+            if (tmp / RESULT_FILE).is_file():
+                if target.exists():
+                    shutil.rmtree(target)
+                tmp.rename(target)
+                counts["copied"] += 1
+    return counts
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    counts = merge_dirs(args.dirs, args.out)
+    print(f"merged {len(args.dirs)} directories into {args.out}: {counts}")
+    if not args.no_report:
+        from ..reporting.cli import write_report
+
+        write_report([Path(args.out)], Path(args.out) / "report")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    config = _load(args.config, args.output_dir)
+    return run_config(config, dry_run=args.dry_run)

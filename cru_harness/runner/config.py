@@ -1,0 +1,581 @@
+"""Experiment configs: the YAML schema, its validation, and the resolved form the planner reads.
+
+An experiment is a config (open-unlearning style). Every error names the offending key as a path
+(`methods[2].lr`, `benchmarks.rwku.targets`), so a typo never silently becomes a default.
+The schema is documented key by key in `SCHEMA` below and in `docs/results_schema.md`.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BENCHMARKS = ("tofu", "rwku")
+TOFU_SPLITS = ("forget01", "forget05", "forget10")
+RWKU_N_TARGETS = 200
+PURGE_TARGETS = range(1, 21)  # PURGE released checkpoints for RWKU targets 1-20 only
+PURGE_BASE_MODEL = "Phi-3-mini-4k-instruct"
+
+# Evaluation tasks (lm-eval task names, from tasks/) run by default per benchmark; `{split}` / `{target}` are
+# filled per cell.
+DEFAULT_TASKS = {
+    "tofu": ["tofu_{split}", "tofu_retain", "tofu_real_authors", "tofu_world_facts"],
+    "rwku": ["rwku_forget", "rwku_neighbor", "rwku_mia", "rwku_utility"],
+}
+# Training corpora per benchmark ({split}, {retain_split}, {target} are filled per cell); `load_corpus` sources.
+DEFAULT_CORPORA = {
+    "tofu": {"forget_corpus": "{split}", "retain_corpus": "{retain_split}"},
+    # RWKU has no retain set of its own: by default the passages of a held-out target (21, 50 Cent) play
+    # the retain role. A config should state its choice; results record it.
+    "rwku": {"forget_corpus": "rwku:{target}:passage", "retain_corpus": "rwku:21:passage"},
+}
+
+# Hyperparameters each method accepts: the fields of the baselines' `Config` dataclasses
+# (cru_harness.baselines.*) and of `cru.train.RouterTrainingConfig`, minus what the runner sets itself (seed,
+# descriptions, progress). Kept static so validating a config imports no torch; a test checks them against the
+# dataclasses. Anything else is an error naming the key.
+_TRAINING = ("learning_rate", "weight_decay", "num_epochs", "warmup_epochs", "warmup_steps", "lr_scheduler",
+             "effective_batch_size", "micro_batch_size", "max_length", "max_grad_norm", "mixed_precision",
+             "adam_betas", "adam_eps")
+_RETAIN_TERM = ("alpha", "forget_weight")
+METHOD_HPARAMS: dict[str, tuple[str, ...]] = {
+    "GA": _TRAINING,                                       # -NLL(forget) only: no retain term
+    "GD": _TRAINING + _RETAIN_TERM,
+    "NPO": _TRAINING + _RETAIN_TERM + ("beta",),
+    "SimNPO": _TRAINING + _RETAIN_TERM + ("beta", "gamma"),
+    "IdkDPO": _TRAINING + _RETAIN_TERM + ("beta",),
+    "CRU": ("last_k", "blocks", "percentile", "selection", "d_r", "lam", "epochs", "lr", "batch_size",
+            "max_length", "input_norm"),
+    "ICU": (),                                             # prompt-only: no training at all
+    "PURGE": (),                                           # published checkpoints: nothing to tune
+}
+# Aliases accepted in configs (the paper writes lambda and lr); results record the canonical names.
+_BASELINE_ALIASES = {"lr": "learning_rate", "epochs": "num_epochs"}
+HPARAM_ALIASES = {"CRU": {"lambda": "lam"}, **{m: _BASELINE_ALIASES for m in ("GA", "GD", "NPO", "SimNPO", "IdkDPO")}}
+METHOD_BENCHMARKS = {"GA": BENCHMARKS, "GD": BENCHMARKS, "NPO": BENCHMARKS, "SimNPO": BENCHMARKS,
+                     "IdkDPO": BENCHMARKS, "CRU": BENCHMARKS, "ICU": ("rwku",), "PURGE": ("rwku",)}
+TRAINED_METHODS = ("GA", "GD", "NPO", "SimNPO", "IdkDPO", "CRU")
+_METHOD_CANON = {name.lower(): name for name in METHOD_HPARAMS}
+
+_METHOD_ENTRY_KEYS = ("method", "label", "benchmarks", "overrides", "forget_corpus", "retain_corpus")
+_TOP_KEYS = ("name", "output_dir", "data_dir", "seeds", "device", "include_original", "models", "benchmarks",
+             "methods", "purge_checkpoints", "evaluation", "report", "description")
+_MODEL_KEYS = ("name", "path", "dtype", "benchmarks", "retain", "chat_template", "trust_remote_code")
+_RETAIN_KINDS = ("checkpoint", "per_item", "train")
+_RETAIN_TRAIN_KEYS = ("from", "epochs", "lr", "batch_size", "max_length", "weight_decay")
+_BENCH_KEYS = {
+    "tofu": ("splits", "tasks", "limit", "forget_corpus", "retain_corpus", "data_dir"),
+    "rwku": ("targets", "tasks", "limit", "forget_corpus", "retain_corpus", "data_dir"),
+}
+_EVAL_KEYS = ("batch_size", "limit", "max_gen_toks", "failure_classes", "apply_chat_template")
+_REPORT_KEYS = ("formats", "plots", "stats")
+_DTYPES = ("float32", "bfloat16", "float16", "auto")
+_DEVICES = ("cpu", "cuda", "mps", "auto")
+_REPORT_FORMATS = ("md", "csv", "tex")
+
+
+class ConfigError(ValueError):
+    """An invalid experiment config. `key` is the path of the offending key, e.g. `methods[2].lr`."""
+
+    def __init__(self, key: str, message: str, source: str | None = None):
+        self.key = key
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{key}: {message}")
+
+
+@dataclass(frozen=True)
+class RetainSpec:
+    """How the TOFU retain (oracle) model of one (model, split) is obtained."""
+    kind: str                      # checkpoint | per_item | train
+    value: Any                     # path/id, per-item file, or the training dict
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "value": self.value}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    path: str
+    dtype: str = "auto"
+    benchmarks: tuple[str, ...] = BENCHMARKS
+    retain: dict[str, RetainSpec] = field(default_factory=dict)  # split -> spec
+    chat_template: bool | None = None
+    trust_remote_code: bool = False
+
+    def identity(self) -> dict:
+        """What makes two model specs the same model (used in cell hashes)."""
+        return {"name": self.name, "path": self.path, "dtype": self.dtype, "chat_template": self.chat_template,
+                "trust_remote_code": self.trust_remote_code}
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    method: str                    # canonical name: GA, GD, NPO, SimNPO, IdkDPO, CRU, ICU, PURGE
+    label: str                     # row name in tables (unique per benchmark)
+    hparams: dict[str, Any]
+    benchmarks: tuple[str, ...]
+    overrides: dict[str, dict[str, Any]]  # benchmark or split name -> hparams
+    corpora: dict[str, str]        # forget_corpus / retain_corpus overrides
+    index: int                     # position in `methods` (for error messages)
+
+    def hparams_for(self, benchmark: str, split: str | None) -> dict[str, Any]:
+        resolved = dict(self.hparams)
+        for selector in (benchmark, split):
+            if selector and selector in self.overrides:
+                resolved.update(self.overrides[selector])
+        return resolved
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    name: str
+    output_dir: Path
+    data_dir: str | None
+    seeds: tuple[int, ...]
+    device: str
+    include_original: bool
+    models: tuple[ModelSpec, ...]
+    benchmarks: dict[str, dict[str, Any]]   # resolved: tofu.splits list, rwku.targets list of ints, tasks, ...
+    methods: tuple[MethodSpec, ...]
+    purge_checkpoints: dict[int, str]
+    evaluation: dict[str, Any]
+    report: dict[str, Any]
+    raw: dict[str, Any]
+    source: str | None = None
+
+
+def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Read and validate a YAML config. Relative `output_dir`/`data_dir` are relative to the working directory."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError("<file>", f"not valid YAML: {err}", str(path)) from err
+    if overrides:
+        raw = {**(raw or {}), **overrides}
+    return validate_config(raw, source=str(path))
+
+
+def _fail(key: str, message: str, source: str | None):
+    raise ConfigError(key, message, source)
+
+
+def _check_keys(mapping: Any, allowed: tuple[str, ...], where: str, source: str | None) -> dict:
+    if not isinstance(mapping, dict):
+        _fail(where, f"expected a mapping, got {type(mapping).__name__}", source)
+    for key in mapping:
+        if key not in allowed:
+            path = f"{where}.{key}" if where else str(key)
+            hint = _suggest(str(key), allowed)
+            _fail(path, f"unknown key{hint}; allowed here: {', '.join(allowed)}", source)
+    return mapping
+
+
+def _suggest(key: str, allowed) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, list(allowed), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+_PLACEHOLDERS = {"tofu": ("split", "retain_split"), "rwku": ("target",)}
+
+
+def _check_placeholders(text: str, bench: str, key: str, source: str | None) -> None:
+    for name in re.findall(r"\{([^{}]*)\}", text):
+        if name not in _PLACEHOLDERS[bench]:
+            _fail(key, f"placeholder {{{name}}} is not filled on {bench}; available: "
+                  f"{', '.join('{' + p + '}' for p in _PLACEHOLDERS[bench])}", source)
+
+
+def _str_list(value: Any, key: str, source: str | None) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        _fail(key, f"expected a string or a list of strings, got {value!r}", source)
+    return list(value)
+
+
+def _parse_targets(spec: Any, key: str, source: str | None) -> list[int]:
+    """RWKU targets: 7, "1-20", "1,3,5", "all", or a list; each must be in 1..200."""
+    if isinstance(spec, bool):
+        _fail(key, f"expected target indices, got {spec!r}", source)
+    if isinstance(spec, int):
+        indices = [spec]
+    elif isinstance(spec, list):
+        indices = []
+        for i, item in enumerate(spec):
+            if isinstance(item, bool) or not isinstance(item, int):
+                _fail(f"{key}[{i}]", f"expected an integer target index, got {item!r}", source)
+            indices.append(item)
+    elif isinstance(spec, str):
+        text = spec.strip().lower()
+        if text == "all":
+            return list(range(1, RWKU_N_TARGETS + 1))
+        indices = []
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            match = re.fullmatch(r"(\d+)\s*-\s*(\d+)|(\d+)", part)
+            if not match:
+                _fail(key, f"{part!r} is neither a number nor a range like 1-20", source)
+            if match.group(3):
+                indices.append(int(match.group(3)))
+            else:
+                low, high = int(match.group(1)), int(match.group(2))
+                if low > high:
+                    _fail(key, f"range {part!r} starts after it ends", source)
+                indices.extend(range(low, high + 1))
+    else:
+        _fail(key, f"expected targets like 7, '1-20', '1,3,5', 'all' or a list, got {spec!r}", source)
+    bad = [i for i in indices if not 1 <= i <= RWKU_N_TARGETS]
+    if bad:
+        _fail(key, f"RWKU targets run from 1 to {RWKU_N_TARGETS}; out of range: {bad}", source)
+    if not indices:
+        _fail(key, "selects no target", source)
+    return sorted(set(indices))
+
+
+def _number(value: Any, key: str, source: str | None, *, low=None, high=None, integer=False):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        # YAML reads 1e-5 (no dot) as a string: accept numeric strings.
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                _fail(key, f"expected a number, got {value!r}", source)
+        else:
+            _fail(key, f"expected a number, got {value!r}", source)
+    if integer and float(value) != int(value):
+        _fail(key, f"expected an integer, got {value!r}", source)
+    if low is not None and value < low:
+        _fail(key, f"must be >= {low}, got {value!r}", source)
+    if high is not None and value > high:
+        _fail(key, f"must be <= {high}, got {value!r}", source)
+    return int(value) if integer else value
+
+
+_NUMERIC_HPARAMS = {
+    "learning_rate": dict(low=0), "lr": dict(low=0), "weight_decay": dict(low=0), "num_epochs": dict(low=0),
+    "epochs": dict(low=1, integer=True), "warmup_epochs": dict(low=0), "warmup_steps": dict(low=0, integer=True),
+    "effective_batch_size": dict(low=1, integer=True), "micro_batch_size": dict(low=1, integer=True),
+    "batch_size": dict(low=1, integer=True), "max_length": dict(low=8, integer=True), "max_grad_norm": dict(low=0),
+    "adam_eps": dict(low=0), "alpha": dict(low=0), "forget_weight": dict(low=0), "beta": dict(low=0),
+    "gamma": dict(), "lam": dict(low=0), "percentile": dict(low=0, high=100), "d_r": dict(low=1, integer=True),
+    "last_k": dict(low=1, integer=True),
+}
+_CHOICES = {"selection": ("variance", "random"), "input_norm": ("none", "rms"),
+            "lr_scheduler": ("linear", "cosine", "constant"), "mixed_precision": ("no", "fp16", "bf16")}
+
+
+def _validate_hparams(method: str, hparams: dict, where: str, source: str | None) -> dict:
+    allowed = METHOD_HPARAMS[method]
+    aliases = HPARAM_ALIASES.get(method, {})
+    resolved = {}
+    for key, value in hparams.items():
+        canon = aliases.get(key, key)
+        path = f"{where}.{key}"
+        if canon not in allowed:
+            if method == "ICU":
+                _fail(path, "ICU is prompt-only (RWKU's in-context unlearning instruction): it trains nothing, "
+                      "so training hyperparameters are meaningless", source)
+            if method == "PURGE":
+                _fail(path, "PURGE uses the published checkpoints: it has no hyperparameters", source)
+            if method == "GA" and canon in _RETAIN_TERM:
+                _fail(path, "GA has no retain term (use GD for -NLL(forget) + NLL(retain))", source)
+            hint = _suggest(canon, allowed + tuple(aliases))
+            _fail(path, f"not a hyperparameter of {method}{hint}; {method} accepts: "
+                  f"{', '.join(allowed) or 'nothing'}", source)
+        if canon in resolved:
+            _fail(path, f"given twice (as {canon!r} and an alias)", source)
+        if canon in _NUMERIC_HPARAMS:
+            value = _number(value, path, source, **_NUMERIC_HPARAMS[canon])
+        if canon in _CHOICES and value not in _CHOICES[canon]:
+            _fail(path, f"expected one of {', '.join(_CHOICES[canon])}, got {value!r}", source)
+        resolved[canon] = value
+    return resolved
+
+
+def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
+    """Validate a parsed config and resolve its defaults. Raises `ConfigError` naming the key."""
+    if raw is None:
+        _fail("<root>", "the config is empty", source)
+    raw = copy.deepcopy(raw)
+    _check_keys(raw, _TOP_KEYS, "", source)
+    for required in ("name", "models", "benchmarks", "methods"):
+        if required not in raw:
+            _fail(required, "is required", source)
+    name = raw["name"]
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        _fail("name", f"expected a simple name (letters, digits, _ . -), got {name!r}", source)
+    output_dir = Path(raw.get("output_dir") or Path("results") / name)
+    data_dir = raw.get("data_dir")
+    if data_dir is not None and not isinstance(data_dir, str):
+        _fail("data_dir", f"expected a path, got {data_dir!r}", source)
+
+    seeds = raw.get("seeds", [0])
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        seeds = [seeds]
+    if not isinstance(seeds, list) or not seeds:
+        _fail("seeds", f"expected a non-empty list of integers, got {seeds!r}", source)
+    for i, seed in enumerate(seeds):
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            _fail(f"seeds[{i}]", f"expected an integer, got {seed!r}", source)
+    if len(set(seeds)) != len(seeds):
+        _fail("seeds", f"repeats a seed: {seeds}", source)
+
+    device = raw.get("device", "auto")
+    if device not in _DEVICES:
+        _fail("device", f"expected one of {', '.join(_DEVICES)}, got {device!r}", source)
+    include_original = raw.get("include_original", True)
+    if not isinstance(include_original, bool):
+        _fail("include_original", f"expected true or false, got {include_original!r}", source)
+
+    # -- benchmarks
+    benches_raw = _check_keys(raw["benchmarks"], BENCHMARKS, "benchmarks", source)
+    if not benches_raw:
+        _fail("benchmarks", "names no benchmark (tofu and/or rwku)", source)
+    benchmarks: dict[str, dict[str, Any]] = {}
+    for bench, spec in benches_raw.items():
+        where = f"benchmarks.{bench}"
+        spec = _check_keys(spec or {}, _BENCH_KEYS[bench], where, source)
+        resolved: dict[str, Any] = {}
+        if bench == "tofu":
+            splits = _str_list(spec.get("splits", ["forget10"]), f"{where}.splits", source)
+            for i, split in enumerate(splits):
+                if split not in TOFU_SPLITS:
+                    _fail(f"{where}.splits[{i}]", f"TOFU has no forget split {split!r}; valid: "
+                          f"{', '.join(TOFU_SPLITS)}", source)
+            if len(set(splits)) != len(splits):
+                _fail(f"{where}.splits", f"repeats a split: {splits}", source)
+            resolved["splits"] = splits
+        else:
+            resolved["targets"] = _parse_targets(spec.get("targets", "1-20"), f"{where}.targets", source)
+        tasks = _str_list(spec.get("tasks", DEFAULT_TASKS[bench]), f"{where}.tasks", source)
+        if not tasks:
+            _fail(f"{where}.tasks", "is empty", source)
+        for i, task in enumerate(tasks):
+            _check_placeholders(task, bench, f"{where}.tasks[{i}]", source)
+        resolved["tasks"] = tasks
+        limit = spec.get("limit")
+        if limit is not None:
+            limit = _number(limit, f"{where}.limit", source, low=1, integer=True)
+        resolved["limit"] = limit
+        for corpus_key in ("forget_corpus", "retain_corpus"):
+            value = spec.get(corpus_key, DEFAULT_CORPORA[bench][corpus_key])
+            if not isinstance(value, str):
+                _fail(f"{where}.{corpus_key}", f"expected a corpus source string, got {value!r}", source)
+            _check_placeholders(value, bench, f"{where}.{corpus_key}", source)
+            resolved[corpus_key] = value
+        bench_data = spec.get("data_dir", data_dir)
+        if bench_data is not None and not isinstance(bench_data, str):
+            _fail(f"{where}.data_dir", f"expected a path or testbed:world, got {bench_data!r}", source)
+        if bench_data == "testbed:world" and bench != "tofu":
+            _fail(f"{where}.data_dir", "testbed:world is a fictitious TOFU-schema world: TOFU only", source)
+        resolved["data_dir"] = bench_data
+        benchmarks[bench] = resolved
+
+    # -- models
+    models_raw = raw["models"]
+    if not isinstance(models_raw, list) or not models_raw:
+        _fail("models", "expected a non-empty list of models", source)
+    models = []
+    for i, entry in enumerate(models_raw):
+        where = f"models[{i}]"
+        if isinstance(entry, str):
+            entry = {"path": entry}
+        _check_keys(entry, _MODEL_KEYS, where, source)
+        if "path" not in entry or not isinstance(entry["path"], str) or not entry["path"]:
+            _fail(f"{where}.path", "is required: a Hub id, a local directory, zoo:<arch>[:<variant>] or smollm2",
+                  source)
+        path = entry["path"]
+        model_name = entry.get("name") or path.rstrip("/").split("/")[-1]
+        if not isinstance(model_name, str) or not re.fullmatch(r"[A-Za-z0-9_.+-]+", model_name):
+            _fail(f"{where}.name", f"expected a simple name, got {model_name!r}", source)
+        if model_name in {m.name for m in models}:
+            _fail(f"{where}.name", f"model name {model_name!r} is used twice", source)
+        dtype = entry.get("dtype", "auto")
+        if dtype not in _DTYPES:
+            _fail(f"{where}.dtype", f"expected one of {', '.join(_DTYPES)}, got {dtype!r}", source)
+        model_benches = tuple(_str_list(entry.get("benchmarks", list(benchmarks)), f"{where}.benchmarks", source))
+        for j, bench in enumerate(model_benches):
+            if bench not in benchmarks:
+                _fail(f"{where}.benchmarks[{j}]", f"benchmark {bench!r} is not configured under `benchmarks`",
+                      source)
+        retain = _validate_retain(entry.get("retain"), f"{where}.retain", benchmarks, model_benches, source)
+        chat_template = entry.get("chat_template")
+        if chat_template is not None and not isinstance(chat_template, bool):
+            _fail(f"{where}.chat_template", f"expected true, false or null, got {chat_template!r}", source)
+        models.append(ModelSpec(model_name, path, dtype, model_benches, retain, chat_template,
+                                bool(entry.get("trust_remote_code", False))))
+
+    # -- PURGE local checkpoints
+    purge_raw = raw.get("purge_checkpoints") or {}
+    if not isinstance(purge_raw, dict):
+        _fail("purge_checkpoints", "expected a mapping {target index: local path}", source)
+    purge_checkpoints: dict[int, str] = {}
+    for key, value in purge_raw.items():
+        try:
+            index = int(key)
+        except (TypeError, ValueError):
+            _fail(f"purge_checkpoints.{key}", "keys are RWKU target indices (1-20)", source)
+        if index not in PURGE_TARGETS:
+            _fail(f"purge_checkpoints.{key}", "PURGE checkpoints exist for RWKU targets 1-20 only", source)
+        if not isinstance(value, str):
+            _fail(f"purge_checkpoints.{key}", f"expected a local path, got {value!r}", source)
+        purge_checkpoints[index] = value
+
+    # -- methods
+    methods_raw = raw["methods"]
+    if not isinstance(methods_raw, list) or not methods_raw:
+        _fail("methods", "expected a non-empty list of methods", source)
+    methods: list[MethodSpec] = []
+    for i, entry in enumerate(methods_raw):
+        where = f"methods[{i}]"
+        if isinstance(entry, str):
+            entry = {"method": entry}
+        if not isinstance(entry, dict):
+            _fail(where, f"expected a mapping with at least `method`, got {entry!r}", source)
+        if "method" not in entry:
+            _fail(f"{where}.method", f"is required (one of {', '.join(METHOD_HPARAMS)})", source)
+        method = _METHOD_CANON.get(str(entry["method"]).lower())
+        if method is None:
+            _fail(f"{where}.method", f"unknown method {entry['method']!r}; known: {', '.join(METHOD_HPARAMS)}",
+                  source)
+        label = entry.get("label", method)
+        if not isinstance(label, str) or not label or label.lower() in ("original", "retain"):
+            _fail(f"{where}.label", f"expected a row name other than Original/Retain, got {label!r}", source)
+        allowed_benches = METHOD_BENCHMARKS[method]
+        default_benches = [b for b in benchmarks if b in allowed_benches]
+        method_benches = _str_list(entry.get("benchmarks", default_benches), f"{where}.benchmarks", source)
+        for j, bench in enumerate(method_benches):
+            if bench not in benchmarks:
+                _fail(f"{where}.benchmarks[{j}]", f"benchmark {bench!r} is not configured under `benchmarks`",
+                      source)
+            if bench not in allowed_benches:
+                _fail(f"{where}.benchmarks[{j}]" if "benchmarks" in entry else f"{where}.method",
+                      _impossible_benchmark(method, bench), source)
+        if not method_benches:
+            _fail(f"{where}.method", _impossible_benchmark(method, next(iter(benchmarks))), source)
+        hparam_items = {k: v for k, v in entry.items() if k not in _METHOD_ENTRY_KEYS}
+        hparams = _validate_hparams(method, hparam_items, where, source)
+        overrides_raw = entry.get("overrides") or {}
+        if not isinstance(overrides_raw, dict):
+            _fail(f"{where}.overrides", "expected a mapping {benchmark or split: {hyperparameter: value}}", source)
+        overrides = {}
+        selectors = set(method_benches) | set(benchmarks.get("tofu", {}).get("splits", []))
+        for selector, values in overrides_raw.items():
+            if selector not in selectors:
+                _fail(f"{where}.overrides.{selector}", f"selects nothing: expected one of {sorted(selectors)}",
+                      source)
+            if not isinstance(values, dict):
+                _fail(f"{where}.overrides.{selector}", "expected a mapping of hyperparameters", source)
+            overrides[selector] = _validate_hparams(method, values, f"{where}.overrides.{selector}", source)
+        corpora = {}
+        for corpus_key in ("forget_corpus", "retain_corpus"):
+            if corpus_key in entry:
+                if method in ("ICU", "PURGE"):
+                    _fail(f"{where}.{corpus_key}", f"{method} trains nothing, so it reads no corpus", source)
+                if not isinstance(entry[corpus_key], str):
+                    _fail(f"{where}.{corpus_key}", "expected a corpus source string", source)
+                for bench in method_benches:
+                    _check_placeholders(entry[corpus_key], bench, f"{where}.{corpus_key}", source)
+                corpora[corpus_key] = entry[corpus_key]
+        for other in methods:
+            if other.label == label and set(other.benchmarks) & set(method_benches):
+                _fail(f"{where}.label", f"label {label!r} is already used by methods[{other.index}] on "
+                      f"{sorted(set(other.benchmarks) & set(method_benches))}; give one a distinct `label`", source)
+        if method == "PURGE":
+            _check_purge(where, benchmarks, models, purge_checkpoints, source)
+        methods.append(MethodSpec(method, label, hparams, tuple(method_benches), overrides, corpora, i))
+
+    evaluation = _check_keys(raw.get("evaluation") or {}, _EVAL_KEYS, "evaluation", source)
+    evaluation = {"batch_size": 8, "limit": None, "max_gen_toks": None, "failure_classes": True,
+                  "apply_chat_template": None, **evaluation}
+    _number(evaluation["batch_size"], "evaluation.batch_size", source, low=1, integer=True)
+    if evaluation["limit"] is not None:
+        _number(evaluation["limit"], "evaluation.limit", source, low=1, integer=True)
+    report = _check_keys(raw.get("report") or {}, _REPORT_KEYS, "report", source)
+    report = {"formats": list(_REPORT_FORMATS), "plots": True, "stats": True, **report}
+    formats = _str_list(report["formats"], "report.formats", source)
+    for i, fmt in enumerate(formats):
+        if fmt not in _REPORT_FORMATS:
+            _fail(f"report.formats[{i}]", f"expected one of {', '.join(_REPORT_FORMATS)}, got {fmt!r}", source)
+    report["formats"] = formats
+
+    return ExperimentConfig(name=name, output_dir=output_dir, data_dir=data_dir, seeds=tuple(seeds),
+                            device=device, include_original=include_original, models=tuple(models),
+                            benchmarks=benchmarks, methods=tuple(methods), purge_checkpoints=purge_checkpoints,
+                            evaluation=evaluation, report=report, raw=raw, source=source)
+
+
+def _impossible_benchmark(method: str, bench: str) -> str:
+    if method == "PURGE":
+        return (f"PURGE cannot run on {bench}: its published checkpoints are RWKU-only "
+                f"(Phi-3-mini-4k-instruct, one per target 1-20)")
+    if method == "ICU":
+        return f"ICU cannot run on {bench}: it is RWKU's prompt-only in-context unlearning baseline"
+    return f"{method} does not support {bench}"
+
+
+def _check_purge(where: str, benchmarks: dict, models: list[ModelSpec], local: dict[int, str],
+                 source: str | None) -> None:
+    if "rwku" not in benchmarks:
+        _fail(f"{where}.method", _impossible_benchmark("PURGE", "tofu"), source)
+    targets = benchmarks["rwku"]["targets"]
+    beyond = [t for t in targets if t not in PURGE_TARGETS]
+    if beyond:
+        _fail("benchmarks.rwku.targets", f"PURGE (methods) has checkpoints for targets 1-20 only; "
+              f"targets {beyond} have none (restrict targets or drop PURGE)", source)
+    for j, model in enumerate(models):
+        if "rwku" not in model.benchmarks:
+            continue
+        if PURGE_BASE_MODEL.lower() not in model.path.lower() and not all(t in local for t in targets):
+            _fail(f"models[{j}].path", f"PURGE's checkpoints are {PURGE_BASE_MODEL} fine-tunes; model "
+                  f"{model.name!r} ({model.path}) is not, so PURGE cannot be compared on it "
+                  "(give `purge_checkpoints` for every target, or restrict the model to tofu)", source)
+
+
+def _validate_retain(value: Any, where: str, benchmarks: dict, model_benches: tuple[str, ...],
+                     source: str | None) -> dict[str, RetainSpec]:
+    """`retain:` is one spec for every split, or a mapping split -> spec; a spec has exactly one of
+    checkpoint (path or Hub id), per_item (a saved per-item file from `cru-harness score`), train (a dict)."""
+    if value is None:
+        return {}
+    if "tofu" not in benchmarks or "tofu" not in model_benches:
+        _fail(where, "a retain model is TOFU's Forget Quality oracle, but this model runs no TOFU", source)
+    splits = benchmarks["tofu"]["splits"]
+    if not isinstance(value, dict):
+        _fail(where, "expected {checkpoint: ...}, {per_item: ...}, {train: {...}} or a mapping per split", source)
+    if set(value) & set(_RETAIN_KINDS):
+        per_split = {split: value for split in splits}
+        wheres = {split: where for split in splits}
+    else:
+        for key in value:
+            if key not in splits:
+                _fail(f"{where}.{key}", f"expected a retain spec kind ({', '.join(_RETAIN_KINDS)}) or a configured "
+                      f"TOFU split ({', '.join(splits)})", source)
+        per_split = value
+        wheres = {split: f"{where}.{split}" for split in value}
+    resolved = {}
+    for split, spec in per_split.items():
+        w = wheres[split]
+        _check_keys(spec, _RETAIN_KINDS, w, source)
+        if len(spec) != 1:
+            _fail(w, f"give exactly one of {', '.join(_RETAIN_KINDS)}", source)
+        (kind, val), = spec.items()
+        if kind == "train":
+            val = dict(_check_keys(val or {}, _RETAIN_TRAIN_KEYS, f"{w}.train", source))
+            for key in ("epochs", "lr", "batch_size", "max_length", "weight_decay"):
+                if key in val:
+                    val[key] = _number(val[key], f"{w}.train.{key}", source, low=0)
+        elif not isinstance(val, str) or not val:
+            _fail(f"{w}.{kind}", "expected a path", source)
+        resolved[split] = RetainSpec(kind, val)
+    return resolved

@@ -1,0 +1,190 @@
+"""Cells: one (model x benchmark x split/target x method x seed) unit of work, keyed by a hash of its resolved config.
+
+Besides the method cells, a plan holds reference cells:
+- `original`: the model before unlearning, one per (model, benchmark, split/target): the reference row.
+- `retain`: TOFU's oracle for Forget Quality, one per (model, split) whose model has a `retain:` spec.
+Prompt-only / downloaded methods (ICU, PURGE) and reference cells do not depend on a seed: their `seed` is None.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .config import ExperimentConfig, MethodSpec, ModelSpec
+
+HASH_SCHEMA = 1          # bump when the meaning of a resolved cell changes (invalidates caches)
+HASH_LENGTH = 16
+SEEDLESS_METHODS = ("ICU", "PURGE")
+_LOCAL_PREFIXES = ("/", "./", "../", "~")
+
+
+@dataclass(frozen=True)
+class Cell:
+    kind: str                      # method | original | retain
+    model: ModelSpec
+    benchmark: str                 # tofu | rwku
+    split: str | None              # TOFU forget split
+    target: int | None             # RWKU target index
+    method: str                    # canonical method (GA, ..., CRU, ICU, PURGE) or Original / Retain
+    label: str                     # table row name
+    seed: int | None
+    hparams: dict[str, Any]
+    corpora: dict[str, str]
+    tasks: tuple[str, ...]
+    limit: int | None
+    evaluation: dict[str, Any]
+    data_dir: str | None
+    device: str
+    extra: dict[str, Any] = field(default_factory=dict)   # retain spec, PURGE local checkpoint
+
+    @property
+    def unit(self) -> str:
+        """The split or target this cell evaluates on, as shown in tables."""
+        return self.split if self.benchmark == "tofu" else f"target{self.target}"
+
+    def resolved(self) -> dict[str, Any]:
+        """Everything that determines this cell's result; its hash is the cache key."""
+        return {
+            "hash_schema": HASH_SCHEMA, "kind": self.kind, "model": self.model.identity(),
+            "benchmark": self.benchmark, "split": self.split, "target": self.target, "method": self.method,
+            "label": self.label, "seed": self.seed, "hparams": self.hparams, "corpora": self.corpora,
+            "tasks": list(self.tasks), "limit": self.limit, "evaluation": self.evaluation,
+            "data_dir": self.data_dir, "extra": self.extra,
+        }
+
+    @property
+    def hash(self) -> str:
+        return cell_hash(self.resolved())
+
+    def describe(self) -> str:
+        seed = "" if self.seed is None else f" seed={self.seed}"
+        return f"{self.model.name} | {self.benchmark} {self.unit} | {self.label}{seed}"
+
+    def group_key(self) -> tuple:
+        """Cells of one (model, benchmark, split/target): a table block."""
+        return (self.model.name, self.benchmark, self.unit)
+
+
+def cell_hash(resolved: dict[str, Any]) -> str:
+    canonical = json.dumps(resolved, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:HASH_LENGTH]
+
+
+def _fill(template: str, split: str | None, target: int | None) -> str:
+    values = {"split": split or "", "target": target if target is not None else ""}
+    if split:
+        from_split = 100 - int(split.removeprefix("forget"))
+        values["retain_split"] = f"retain{from_split:02d}"
+    else:
+        values["retain_split"] = ""
+    return template.format(**values)
+
+
+def build_plan(config: ExperimentConfig) -> list[Cell]:
+    """All cells of an experiment, in a stable order (reference cells first within each block)."""
+    cells: list[Cell] = []
+    for model in config.models:
+        for bench in model.benchmarks:
+            spec = config.benchmarks[bench]
+            units = ([(split, None) for split in spec["splits"]] if bench == "tofu"
+                     else [(None, target) for target in spec["targets"]])
+            limit = spec["limit"] if spec["limit"] is not None else config.evaluation.get("limit")
+            evaluation = {k: v for k, v in config.evaluation.items() if k != "limit"}
+            for split, target in units:
+                tasks = tuple(_fill(task, split, target) for task in spec["tasks"])
+                common = dict(model=model, benchmark=bench, tasks=tasks, limit=limit, evaluation=evaluation,
+                              data_dir=spec["data_dir"], device=config.device)
+                if config.include_original:
+                    cells.append(Cell(kind="original", split=split, target=target, method="Original",
+                                      label="Original", seed=None, hparams={}, corpora={}, **common))
+                if bench == "tofu" and split in model.retain:
+                    retain = model.retain[split]
+                    corpora = {"retain_corpus": _fill("{retain_split}", split, None)} if retain.kind == "train" else {}
+                    cells.append(Cell(kind="retain", split=split, target=None, method="Retain", label="Retain",
+                                      seed=config.seeds[0] if retain.kind == "train" else None, hparams={},
+                                      corpora=corpora, extra={"retain": retain.to_dict()}, **common))
+                for method in config.methods:
+                    if bench not in method.benchmarks:
+                        continue
+                    cells.extend(_method_cells(config, method, common, split, target))
+    return cells
+
+
+def _method_cells(config: ExperimentConfig, method: MethodSpec, common: dict, split, target) -> Iterable[Cell]:
+    bench = common["benchmark"]
+    hparams = method.hparams_for(bench, split)
+    corpora = {}
+    if method.method not in SEEDLESS_METHODS:
+        for key in ("forget_corpus", "retain_corpus"):
+            template = method.corpora.get(key, config.benchmarks[bench][key])
+            corpora[key] = _fill(template, split, target)
+    extra = {}
+    if method.method == "PURGE" and target in config.purge_checkpoints:
+        extra["purge_local_checkpoint"] = config.purge_checkpoints[target]
+    if method.method == "ICU":  # RWKU's ICU task variants prefix the instruction to every prompt
+        common = dict(common, tasks=tuple(t.replace("rwku_", "rwku_icu_", 1)
+                                          if t.startswith("rwku_") and not t.startswith("rwku_icu_") else t
+                                          for t in common["tasks"]))
+    seeds = [None] if method.method in SEEDLESS_METHODS else list(config.seeds)
+    for seed in seeds:
+        yield Cell(kind="method", split=split, target=target, method=method.method, label=method.label,
+                   seed=seed, hparams=hparams, corpora=corpora, extra=extra, **common)
+
+
+def retain_cell_for(cell: Cell, cells: Iterable[Cell]) -> Cell | None:
+    """The retain (oracle) cell whose per-item truth ratios give this TOFU cell's Forget Quality."""
+    if cell.benchmark != "tofu":
+        return None
+    for other in cells:
+        if other.kind == "retain" and other.model.name == cell.model.name and other.split == cell.split:
+            return other
+    return None
+
+
+def is_hub_id(path: str) -> bool:
+    """A model path that will be fetched from the Hub (not local, not a built-in testbed model)."""
+    if path.startswith(_LOCAL_PREFIXES) or path.startswith("zoo:") or path == "smollm2":
+        return False
+    from pathlib import Path
+
+    if Path(path).expanduser().exists():
+        return False
+    return path.count("/") == 1
+
+
+def describe_cell(cell: Cell) -> dict[str, Any]:
+    """What running this cell does: trains, downloads, evaluates (for `--dry-run`). Touches no model."""
+    downloads, trains = [], None
+    if is_hub_id(cell.model.path):
+        downloads.append(f"model {cell.model.path} (Hub)")
+    if cell.kind == "retain":
+        retain = cell.extra["retain"]
+        if retain["kind"] == "train":
+            source = retain["value"].get("from", cell.model.path)
+            trains = f"retain model: fine-tune {source} on {cell.corpora['retain_corpus']}"
+            if is_hub_id(source):
+                downloads.append(f"model {source} (Hub)")
+        elif retain["kind"] == "checkpoint":
+            if is_hub_id(retain["value"]):
+                downloads.append(f"retain model {retain['value']} (Hub)")
+        else:
+            trains = None
+    elif cell.kind == "method":
+        if cell.method == "PURGE":
+            from .purge import purge_candidates
+
+            local = cell.extra.get("purge_local_checkpoint")
+            downloads = [f"PURGE checkpoint (local) {local}"] if local else [
+                "PURGE checkpoint, first found of: " + ", ".join(purge_candidates(cell.target))]
+        elif cell.method == "ICU":
+            trains = "nothing (prompt-only: RWKU's ICU instruction prefixed to every prompt)"
+        else:
+            hp = ", ".join(f"{k}={v}" for k, v in sorted(cell.hparams.items())) or "defaults"
+            what = "routers (base frozen)" if cell.method == "CRU" else "all weights"
+            trains = (f"{cell.method} {what} on forget={cell.corpora.get('forget_corpus')} "
+                      f"retain={cell.corpora.get('retain_corpus')} [{hp}]")
+    evaluates = None if (cell.kind == "retain" and cell.extra["retain"]["kind"] == "per_item") else list(cell.tasks)
+    return {"hash": cell.hash, "cell": cell.describe(), "kind": cell.kind, "trains": trains,
+            "downloads": downloads, "evaluates": evaluates, "limit": cell.limit}

@@ -1,0 +1,163 @@
+"""Reporting on a synthetic results set: Pareto flags, Friedman statistic, 'too few' messages, tables, plots."""
+import json
+import math
+
+import pytest
+
+from cru_harness.reporting import stats, tables
+from cru_harness.reporting.cli import compare_methods, write_report
+from cru_harness.runner.cache import CellStore
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def tofu_result(model, split, label, forgetting, mu, kind="method", seed=0, **metrics):
+    """A cell result (schema of docs/results_schema.md) with forget ROUGE-L = 1 - forgetting."""
+    return {"hash": f"{model}-{split}-{label}-{seed}", "kind": kind, "method": label if kind == "method" else label,
+            "label": label, "model": model, "benchmark": "tofu", "split": split, "target": None, "unit": split,
+            "seed": None if kind != "method" else seed, "status": "ok",
+            "metrics": {"forget_rouge_l": 1 - forgetting, "model_utility": mu, **metrics},
+            "failure_classes": {"forget": {"correct": 0.1, "refusal": 0.2, "degenerate": 0.3, "wrong": 0.4}},
+            "gate_means": {"forget": 0.2, "retain": 0.9} if label == "CRU" else None,
+            "resources": {"train_wall_time_s": 10.0, "train_peak_memory_bytes": 2**30, "trainable_params": 5},
+            "per_item": {}}
+
+
+def test_pareto_flags_hand_computed():
+    # A=(0.9,0.5) and D=(0.9,0.5) tie: equal points do not dominate each other. B=(0.5,0.9) and E=(0.4,0.95)
+    # trade off. C=(0.5,0.5) is beaten by A (more forgetting, same utility) -> dominated. F=(0.4,0.9) is beaten
+    # by B (0.5 >= 0.4, 0.9 >= 0.9, one strict) -> dominated.
+    points = {"A": (0.9, 0.5), "B": (0.5, 0.9), "C": (0.5, 0.5), "D": (0.9, 0.5), "E": (0.4, 0.95), "F": (0.4, 0.9)}
+    assert stats.pareto_dominated(points) == {"A": False, "B": False, "C": True, "D": False, "E": False, "F": True}
+
+
+def synthetic_blocks():
+    """4 blocks (2 models x 2 splits), 3 methods. Trade-off = hmean(forgetting, MU) = x when both equal x.
+    X: 0.9 everywhere (rank 1 in every block); Y: 0.6, 0.6, 0.3, 0.3; Z: 0.3, 0.3, 0.6, 0.6."""
+    results = []
+    blocks = [("M1", "forget01"), ("M1", "forget10"), ("M2", "forget01"), ("M2", "forget10")]
+    y = [0.6, 0.6, 0.3, 0.3]
+    for i, (model, split) in enumerate(blocks):
+        results.append(tofu_result(model, split, "Original", 0.05, 0.99, kind="original"))
+        results.append(tofu_result(model, split, "CRU", 0.9, 0.9))
+        results.append(tofu_result(model, split, "GA", y[i], y[i]))
+        results.append(tofu_result(model, split, "NPO", 0.9 - y[i], 0.9 - y[i]))
+    return results
+
+
+def test_friedman_statistic_hand_computed():
+    # Ranks (1 = best) per block: CRU 1,1,1,1 (R=4); GA 2,2,3,3 (R=10); NPO 3,3,2,2 (R=10).
+    # n = 4 blocks, k = 3 methods, no ties:
+    #   chi2 = 12 / (n k (k+1)) * sum R_j^2 - 3 n (k+1) = 12/48 * (16 + 100 + 100) - 48 = 54 - 48 = 6.0
+    # p = P(chi2_2 > 6) = exp(-6/2) = 0.049787
+    comparison = compare_methods(synthetic_blocks(), "tofu")
+    f = comparison["friedman"]
+    assert f["status"] == "ok" and f["n_blocks"] == 4
+    assert f["statistic"] == pytest.approx(6.0)
+    assert f["pvalue"] == pytest.approx(math.exp(-3.0))
+    assert f["mean_ranks"] == {"CRU": 1.0, "GA": 2.5, "NPO": 2.5}
+    # Wilcoxon: only 4 pairs per comparison -> too few (min exact two-sided p with 4 pairs is 0.125)
+    w = comparison["wilcoxon"]
+    assert w["best"] == "CRU"
+    assert all(c["status"] == "too_few" and c["pvalue"] is None and "too few pairs" in c["message"]
+               for c in w["comparisons"])
+
+
+def test_too_few_blocks_says_so():
+    two_blocks = [r for r in synthetic_blocks() if r["model"] == "M1"]
+    f = compare_methods(two_blocks, "tofu")["friedman"]
+    assert f["status"] == "too_few" and f["statistic"] is None and f["pvalue"] is None
+    assert "too few blocks" in f["message"]
+    two_methods = [r for r in synthetic_blocks() if r["label"] != "NPO"]
+    f = compare_methods(two_methods, "tofu")["friedman"]
+    assert f["status"] == "too_few" and "at least 3" in f["message"]
+
+
+def test_wilcoxon_runs_with_enough_pairs():
+    scores = {b: {"A": 0.9 + 0.001 * b, "B": 0.5 + 0.002 * b, "C": 0.4} for b in range(8)}
+    w = stats.wilcoxon_posthoc(scores)
+    assert w["best"] == "A"
+    # A beats B in all 8 blocks: exact two-sided p = 2 / 2**8
+    b = next(c for c in w["comparisons"] if c["method"] == "B")
+    assert b["status"] == "ok" and b["pvalue"] == pytest.approx(2 / 2**8)
+
+
+def test_tables_bold_best_and_reference_row():
+    results = synthetic_blocks()
+    rows = tables.aggregate(results, "tofu")
+    md = tables.to_markdown(rows, "tofu")
+    m1 = [line for line in md.splitlines() if line.startswith("| M1 | forget01")]
+    original = next(line for line in m1 if "Original (reference)" in line)
+    cru = next(line for line in m1 if "| CRU |" in line)
+    ga = next(line for line in m1 if "| GA |" in line)
+    # Original has the highest MU (0.99) but is a reference: never bold; CRU's 0.90 MU is the block's best
+    assert "**" not in original and "0.99" in original
+    assert "**0.90**" in cru and "front" in cru and "dominated" in ga
+    # direction: forget_truth_ratio is 'down' -> the smallest is bold
+    results[1]["metrics"]["forget_truth_ratio"] = 0.2
+    results[2]["metrics"]["forget_truth_ratio"] = 0.1
+    results[3]["metrics"]["forget_truth_ratio"] = 0.3
+    rows = tables.aggregate(results, "tofu")
+    ga_row = next(r for r in rows if r["model"] == "M1" and r["unit"] == "forget01" and r["label"] == "GA")
+    assert "forget_truth_ratio" in ga_row["best"]
+    tex = tables.to_latex(rows, "tofu")
+    assert "\\textbf{0.10}" in tex and "Original" in tex and "\\toprule" in tex and "Real Authors" in tex
+    csv_text = tables.to_csv(rows, "tofu")
+    assert csv_text.splitlines()[0].startswith("model,unit,method,label,reference")
+    assert "fc_forget_refusal" in md or "forget ref." in md
+
+
+def test_forget_quality_from_retain_cell():
+    results = synthetic_blocks()[:2]
+    retain = tofu_result("M1", "forget01", "Retain", 0.0, 0.5, kind="retain")
+    retain["per_item"] = {"forget_truth_ratio": [0.1, 0.2, 0.3, 0.4, 0.5]}
+    results[1]["per_item"] = {"forget_truth_ratio": [0.1, 0.2, 0.3, 0.4, 0.5]}
+    tables.fill_forget_quality(results + [retain])
+    assert results[1]["metrics"]["forget_quality"] == pytest.approx(1.0)   # identical samples: KS p = 1
+
+
+def write_cells(root, results):
+    store = CellStore(root)
+    for r in results:
+        store.write(r["hash"], r, {"hash": r["hash"]})
+
+
+def test_report_writes_tables_stats_and_pngs(tmp_path):
+    results = synthetic_blocks()
+    rwku = []
+    for target in (1, 2):
+        for label, fb in (("Original", 0.5), ("CRU", 0.05), ("GA", 0.2)):
+            rwku.append({"hash": f"r{target}{label}", "kind": "original" if label == "Original" else "method",
+                         "method": label, "label": label, "model": "Smol", "benchmark": "rwku", "split": None,
+                         "target": target, "unit": f"target{target}", "seed": 0, "status": "ok",
+                         "metrics": {"forget_fb": fb, "forget_qa": fb, "forget_aa": fb, "neighbor_fb": 0.4,
+                                     "neighbor_qa": 0.4, "mia_auc": 0.5 + fb, "utility_mmlu": 0.3},
+                         "failure_classes": {}, "gate_means": None, "resources": {"cell_wall_time_s": 3.0}})
+    rwku.append({**rwku[-1], "hash": "purge1", "method": "PURGE", "label": "PURGE", "status": "unavailable",
+                 "reason": "Hugging Face Hub unreachable", "metrics": {}})
+    write_cells(tmp_path / "run", results + rwku)
+    written = write_report([tmp_path / "run"], tmp_path / "out", log=lambda *_: None)
+    for name in ("leaderboard_tofu.md", "leaderboard_tofu.csv", "leaderboard_tofu.tex", "leaderboard_rwku.md",
+                 "stats.json", "report.md", "resources.png", "gates_tofu.png", "rwku_levels.png"):
+        assert name in written, name
+    pngs = list((tmp_path / "out" / "plots").glob("*.png"))
+    assert len(pngs) >= 6
+    for png in pngs:
+        assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 1000
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "Friedman chi2 = 6.000" in report
+    assert "unavailable: Smol target2 PURGE: Hugging Face Hub unreachable" in report
+    assert "Friedman test not computed" in report        # RWKU: 2 blocks, 2 methods
+    rwku_md = (tmp_path / "out" / "leaderboard_rwku.md").read_text()
+    assert "2 targets" in rwku_md and "1 unavailable" in rwku_md
+    stats_json = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats_json["tofu"]["friedman"]["statistic"] == pytest.approx(6.0)
+
+
+def test_report_cli(tmp_path, capsys):
+    from cru_harness.cli import main
+
+    write_cells(tmp_path / "run", synthetic_blocks())
+    assert main(["report", str(tmp_path / "run"), "--no-plots", "--formats", "md"]) == 0
+    assert (tmp_path / "run" / "report" / "leaderboard_tofu.md").is_file()
+    assert main(["report", str(tmp_path / "nothing")]) == 2

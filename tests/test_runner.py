@@ -1,0 +1,339 @@
+"""Runner machinery: config validation, plan/hashing, cache + resume, shards, PURGE resolution, dry runs.
+
+Fake executors below are test doubles (no model is loaded); the real executor is `runner.execute.execute_cell`.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cru_harness.runner import config as cfg
+from cru_harness.runner.cache import CellStore, load_results
+from cru_harness.runner.execute import CellUnavailable, run_cells
+from cru_harness.runner.plan import build_plan
+from cru_harness.runner.purge import purge_candidates, resolve_purge_checkpoint
+from cru_harness.runner.shard import parse_shard, select_shard
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+
+
+def base_config(tmp_path, **extra):
+    raw = {
+        "name": "t", "output_dir": str(tmp_path / "run"), "seeds": [0, 1],
+        "models": [{"name": "m", "path": "zoo:llama", "retain": {"checkpoint": "zoo:llama:retain"}}],
+        "benchmarks": {"tofu": {"splits": ["forget01", "forget10"]}},
+        "methods": [{"method": "GA", "lr": 1e-4}, {"method": "CRU", "lambda": 1, "percentile": 95}],
+    }
+    raw.update(extra)
+    return raw
+
+
+# ------------------------------------------------------------------------------------------- validation
+@pytest.mark.parametrize("mutate, key, words", [
+    (lambda r: r["methods"].append({"method": "CRU", "label": "CRU2", "lrr": 1}), "methods[2].lrr", "did you mean"),
+    (lambda r: r.update(benchmarks={"rwku": {"targets": [1]}}, models=[{"path": "smollm2"}],
+                        methods=[{"method": "GA"}, {"method": "NPO"},
+                                                                       {"method": "ICU", "lr": 1e-5}]),
+     "methods[2].lr", "prompt-only"),
+    (lambda r: r["methods"].append({"method": "PURGE"}), "methods[2].method", "RWKU-only"),
+    (lambda r: r["benchmarks"]["tofu"].update(splits=["forget02"]), "benchmarks.tofu.splits[0]", "forget01"),
+    (lambda r: r["benchmarks"].update(rwku={"targets": "1-201"}), "benchmarks.rwku.targets", "1 to 200"),
+    (lambda r: r["benchmarks"].update(rwku={"targets": [0, 5]}), "benchmarks.rwku.targets", "out of range"),
+    (lambda r: r.update(colour="red"), "colour", "unknown key"),
+    (lambda r: r["models"][0].update(revison="x"), "models[0].revison", "unknown key"),
+    (lambda r: r["methods"][0].update(alpha=1.0), "methods[0].alpha", "no retain term"),
+    (lambda r: r["methods"][1].update(percentile=120), "methods[1].percentile", "<= 100"),
+    (lambda r: r["methods"].append({"method": "GA"}), "methods[2].label", "already used"),
+    (lambda r: r["methods"].append({"method": "FOO"}), "methods[2].method", "unknown method"),
+    (lambda r: r["models"][0].update(retain={"forget05": {"checkpoint": "x"}}), "models[0].retain.forget05",
+     "configured TOFU split"),
+    (lambda r: r["benchmarks"]["tofu"].update(tasks=["tofu_{target}"]), "benchmarks.tofu.tasks[0]", "placeholder"),
+])
+def test_config_errors_name_the_key(tmp_path, mutate, key, words):
+    raw = base_config(tmp_path)
+    mutate(raw)
+    with pytest.raises(cfg.ConfigError) as info:
+        cfg.validate_config(raw)
+    assert info.value.key == key, str(info.value)
+    assert str(info.value).startswith(key + ":")
+    assert words in str(info.value)
+
+
+def test_purge_needs_phi_and_targets_1_to_20(tmp_path):
+    raw = base_config(tmp_path, benchmarks={"rwku": {"targets": "1-21"}},
+                      models=[{"name": "phi", "path": "microsoft/Phi-3-mini-4k-instruct"}],
+                      methods=[{"method": "PURGE"}])
+    with pytest.raises(cfg.ConfigError, match=r"benchmarks.rwku.targets: .*\[21\]"):
+        cfg.validate_config(raw)
+    raw["benchmarks"]["rwku"]["targets"] = "1-2"
+    raw["models"] = [{"name": "smol", "path": "smollm2"}]
+    with pytest.raises(cfg.ConfigError, match=r"models\[0\].path: PURGE"):
+        cfg.validate_config(raw)
+    raw["purge_checkpoints"] = {1: "/x", 2: "/y"}  # local stand-ins for every target make it comparable
+    config = cfg.validate_config(raw)
+    purge = [c for c in build_plan(config) if c.method == "PURGE"]
+    assert [c.extra["purge_local_checkpoint"] for c in purge] == ["/x", "/y"]
+
+
+def test_static_hparams_match_the_dataclasses():
+    """The config's hyperparameter lists mirror the baselines' and CRU's config dataclasses (no drift)."""
+    import dataclasses
+
+    pytest.importorskip("torch")
+    from cru_harness.baselines.registry import get_method
+    from cru_harness.cru.train import RouterTrainingConfig
+
+    for name in ("GA", "GD", "NPO", "SimNPO", "IdkDPO"):
+        fields = {f.name for f in dataclasses.fields(get_method(name).Config)}
+        assert set(cfg.METHOD_HPARAMS[name]) == fields, name
+    runner_set = {"seed", "forget_description", "retain_description", "progress"}
+    fields = {f.name for f in dataclasses.fields(RouterTrainingConfig)} - runner_set
+    assert set(cfg.METHOD_HPARAMS["CRU"]) == fields
+
+
+# ------------------------------------------------------------------------------------------- plan + hashing
+def test_plan_cells_and_hashes(tmp_path):
+    config = cfg.validate_config(base_config(tmp_path))
+    cells = build_plan(config)
+    # per split: Original + Retain + GA x 2 seeds + CRU x 2 seeds
+    assert len(cells) == 2 * (2 + 2 + 2)
+    hashes = [c.hash for c in cells]
+    assert len(set(hashes)) == len(hashes)
+    assert cells[2].tasks == ("tofu_forget01", "tofu_retain", "tofu_real_authors", "tofu_world_facts")
+    assert cells[2].corpora == {"forget_corpus": "forget01", "retain_corpus": "retain99"}
+    # same config -> same hashes; a changed hyperparameter changes only that method's cells
+    again = [c.hash for c in build_plan(cfg.validate_config(base_config(tmp_path)))]
+    assert again == hashes
+    raw = base_config(tmp_path)
+    raw["methods"][1]["percentile"] = 90
+    changed = {c.hash for c in build_plan(cfg.validate_config(raw))}
+    assert {c.hash for c in cells if c.method != "CRU"} <= changed
+    assert not {c.hash for c in cells if c.method == "CRU"} & changed
+
+
+# ------------------------------------------------------------------------------------------- cache + resume
+class Killed(BaseException):
+    """Simulates the process being killed (not an Exception: the runner must not record it as a result)."""
+
+
+def fake_executor(calls, kill_at=None):
+    def executor(cell, workdir):  # test double: no model
+        calls.append(cell.hash)
+        (workdir / "partial.txt").write_text("half")
+        if kill_at is not None and len(calls) == kill_at:
+            raise Killed()
+        return {"metrics": {"forget_rouge_l": 0.5, "model_utility": 0.4}, "resources": {"trainable_params": 7}}
+    return executor
+
+
+def test_resume_after_kill_recomputes_nothing_finished(tmp_path):
+    config = cfg.validate_config(base_config(tmp_path))
+    cells = build_plan(config)
+    store = CellStore(config.output_dir)
+    calls = []
+    with pytest.raises(Killed):
+        run_cells(cells, store, fake_executor(calls, kill_at=2), log=lambda *_: None)
+    first, second = cells[0].hash, cells[1].hash
+    assert store.is_finished(first) and not store.is_finished(second)
+    assert store.was_interrupted(second)
+    saved = (store.cell_dir(first) / "result.json").read_bytes()
+    record = json.loads((store.cell_dir(first) / "run_record.json").read_text())
+    assert record["resolved_config"]["model"]["path"] == "zoo:llama"
+    assert "torch" in record["libraries"] and "commit" in record["git"]
+
+    calls2 = []
+    counts = run_cells(cells, store, fake_executor(calls2), log=lambda *_: None)
+    assert first not in calls2 and calls2[0] == second       # finished cell not recomputed, killed one redone
+    assert calls2 == [c.hash for c in cells[1:]]
+    assert counts == {"skipped": 1, "ok": len(cells) - 1, "failed": 0, "unavailable": 0}
+    assert (store.cell_dir(first) / "result.json").read_bytes() == saved   # nothing lost or rewritten
+    assert len(load_results(config.output_dir)) == len(cells)
+    assert not list(store.cells_dir.glob("*/RUNNING"))
+    assert not list(store.cells_dir.glob("*/.*.tmp"))
+    # a third run does nothing
+    calls3 = []
+    assert run_cells(cells, store, fake_executor(calls3), log=lambda *_: None)["skipped"] == len(cells)
+    assert calls3 == []
+
+
+def test_failed_and_unavailable_cells_are_recorded_not_raised(tmp_path):
+    config = cfg.validate_config(base_config(tmp_path))
+    cells = build_plan(config)[:3]
+    store = CellStore(config.output_dir)
+
+    def executor(cell, workdir):  # test double
+        if cell.kind == "original":
+            raise CellUnavailable("checkpoint not published", {"tried": ["a/b"]})
+        if cell.kind == "retain":
+            raise RuntimeError("boom")
+        return {"metrics": {}}
+
+    counts = run_cells(cells, store, executor, log=lambda *_: None)
+    assert counts == {"skipped": 0, "ok": 1, "failed": 1, "unavailable": 1}
+    results = {r["kind"]: r for r in load_results(config.output_dir)}
+    assert results["original"]["status"] == "unavailable" and results["original"]["reason"] == "checkpoint not published"
+    assert results["retain"]["status"] == "failed" and "boom" in results["retain"]["error"]
+    for r in results.values():
+        assert {"wall_time_s", "cell_wall_time_s"} & set(r["resources"]) and "cell_peak_rss_bytes" in r["resources"]
+    # on a re-run, only the ok cell is skipped
+    assert run_cells(cells, store, executor, log=lambda *_: None)["skipped"] == 1
+
+
+# ------------------------------------------------------------------------------------------- shards + merge
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_shards_partition_the_cells(tmp_path, n):
+    raw = base_config(tmp_path, seeds=[0, 1, 2])
+    cells = build_plan(cfg.validate_config(raw))
+    parts = [select_shard(cells, i, n) for i in range(1, n + 1)]
+    hashes = [{c.hash for c in part} for part in parts]
+    assert set().union(*hashes) == {c.hash for c in cells}
+    for i in range(n):
+        for j in range(i + 1, n):
+            assert not hashes[i] & hashes[j]
+    # deterministic whatever the order
+    assert [c.hash for c in select_shard(list(reversed(cells)), 1, n)] == [c.hash for c in reversed(parts[0])]
+
+
+def test_parse_shard_errors():
+    assert parse_shard("2/3") == (2, 3)
+    for bad in ("0/3", "4/3", "x", "1/0"):
+        with pytest.raises(ValueError, match="--shard"):
+            parse_shard(bad)
+
+
+def test_sharded_runs_merge_into_one_report(tmp_path):
+    from cru_harness.runner.cli import merge_dirs
+
+    raw = base_config(tmp_path)
+    config = cfg.validate_config(raw)
+    cells = build_plan(config)
+    dirs = []
+    for i in (1, 2):
+        store = CellStore(tmp_path / f"shard{i}")
+        run_cells(select_shard(cells, i, 2), store, fake_executor([]), log=lambda *_: None)
+        dirs.append(store.root)
+    counts = merge_dirs(dirs, tmp_path / "merged")
+    assert counts["copied"] == len(cells)
+    assert {r["hash"] for r in load_results(tmp_path / "merged")} == {c.hash for c in cells}
+
+
+# ------------------------------------------------------------------------------------------- PURGE
+class RepositoryNotFoundError(Exception):
+    """Named like huggingface_hub's: the resolver classifies errors by class name."""
+
+
+def test_purge_candidates_for_a_comma_name():
+    candidates = purge_candidates(10, "10_Prince_Harry,_Duke_of_Sussex")
+    assert candidates[0] == "strzara/Phi-3-mini-4k-instruct-10_Prince_Harry,_Duke_of_Sussex_PURGE"
+    assert "strzara/Phi-3-mini-4k-instruct-10_Prince_Harry_Duke_of_Sussex_PURGE" in candidates
+    assert "strzara/Phi-3-mini-4k-instruct-10_Prince_Harry_PURGE" in candidates
+    assert purge_candidates(1, "1_Stephen_King") == ["strzara/Phi-3-mini-4k-instruct-1_Stephen_King_PURGE"]
+    with pytest.raises(ValueError):
+        purge_candidates(3, "1_Stephen_King")
+
+
+def test_purge_resolution_tries_candidates_then_lists(tmp_path):
+    tried = []
+
+    def fake_download(repo_id, cache_dir=None):  # test double for huggingface_hub.snapshot_download
+        tried.append(repo_id)
+        if repo_id.endswith("10_Prince_Harry_PURGE"):
+            return str(tmp_path / "snap")
+        raise RepositoryNotFoundError(repo_id)
+
+    found = resolve_purge_checkpoint(10, snapshot_download=fake_download)
+    assert found.status == "ok" and found.repo_id.endswith("10_Prince_Harry_PURGE")
+    assert found.tried[0].endswith("Prince_Harry,_Duke_of_Sussex_PURGE")
+
+    renamed = "strzara/Phi-3-mini-4k-instruct-7_Marie_Osmond_v2_PURGE"
+    def download2(repo_id, cache_dir=None):
+        if repo_id == renamed:
+            return "/snap"
+        raise RepositoryNotFoundError(repo_id)
+    found = resolve_purge_checkpoint(7, snapshot_download=download2, list_repos=lambda: [renamed, "x/y"])
+    assert found.status == "ok" and found.repo_id == renamed
+
+    missing = resolve_purge_checkpoint(7, snapshot_download=download2, list_repos=lambda: [])
+    assert missing.status == "unavailable" and "no PURGE checkpoint published for target 7" in missing.reason
+
+
+def test_purge_local_stand_in(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    assert resolve_purge_checkpoint(3, local_path=tmp_path / "ckpt").status == "ok"
+    bad = resolve_purge_checkpoint(3, local_path=tmp_path / "nothing")
+    assert bad.status == "unavailable" and "not a model directory" in bad.reason
+
+
+OFFLINE_SCRIPT = r"""
+import json, sys
+from pathlib import Path
+from cru_harness.runner.purge import resolve_purge_checkpoint
+from cru_harness.runner import config as cfg
+from cru_harness.runner.plan import build_plan
+from cru_harness.runner.execute import run_one, execute_cell
+res = resolve_purge_checkpoint(10, cache_dir=sys.argv[1])
+raw = {"name": "p", "output_dir": sys.argv[1] + "/run", "models": [{"name": "phi", "path": "microsoft/Phi-3-mini-4k-instruct"}],
+       "benchmarks": {"rwku": {"targets": [1]}}, "methods": [{"method": "PURGE"}], "include_original": False}
+cell = build_plan(cfg.validate_config(raw))[0]
+work = Path(sys.argv[1]) / "work"; work.mkdir()
+result, record = run_one(cell, work, execute_cell)
+print(json.dumps({"resolution": res.to_dict(), "status": result["status"], "reason": result["reason"]}))
+"""
+
+
+def test_purge_offline_is_reported_per_target_not_raised(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    proc = subprocess.run([sys.executable, "-c", OFFLINE_SCRIPT, str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    resolution = out["resolution"]
+    assert resolution["status"] == "unavailable"
+    assert "unreachable" in resolution["reason"] and "HF_HUB_OFFLINE" in resolution["reason"]
+    assert len(resolution["tried"]) >= 3 and "purge_checkpoints" in resolution["reason"]
+    assert out["status"] == "unavailable" and "unreachable" in out["reason"]
+
+
+# ------------------------------------------------------------------------------------------- dry runs
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_dry_run_on_every_shipped_config(path, capsys):
+    from cru_harness.cli import main
+
+    assert main(["run", str(path), "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["n_cells"] > 0 and len(plan["cells"]) == plan["n_cells"]
+    assert all(c["evaluates"] for c in plan["cells"])
+
+
+def test_shipped_configs_follow_the_paper():
+    names = {p.name for p in CONFIGS}
+    assert {"paper_tofu.yaml", "paper_rwku.yaml", "demo.yaml", "ci_minimal.yaml"} <= names
+    tofu = cfg.load_config(REPO / "configs" / "paper_tofu.yaml")
+    assert tofu.benchmarks["tofu"]["splits"] == ["forget01", "forget10"] and len(tofu.models) == 4
+    assert {m.method for m in tofu.methods} == {"GA", "GD", "NPO", "SimNPO", "IdkDPO", "CRU"}
+    cru = next(m for m in tofu.methods if m.method == "CRU")
+    assert (cru.hparams["lam"], cru.hparams["percentile"], cru.hparams["d_r"]) == (1, 95, 32)
+    rwku = cfg.load_config(REPO / "configs" / "paper_rwku.yaml")
+    assert rwku.benchmarks["rwku"]["targets"] == list(range(1, 21))
+    assert {m.method for m in rwku.methods} == {"GA", "GD", "NPO", "SimNPO", "ICU", "PURGE", "CRU"}
+    cru = next(m for m in rwku.methods if m.method == "CRU")
+    assert (cru.hparams["lam"], cru.hparams["percentile"], cru.hparams["d_r"]) == (50, 90, 256)
+    cells = build_plan(rwku)
+    assert sum(c.method == "PURGE" for c in cells) == 20 and all(c.seed is None for c in cells if c.method == "ICU")
+
+
+def test_dry_run_cli_error_names_key(tmp_path, capsys):
+    from cru_harness.cli import main
+
+    raw = base_config(tmp_path)
+    raw["methods"][0]["lrr"] = 1
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["run", str(path), "--dry-run"]) == 2
+    assert "methods[0].lrr" in capsys.readouterr().err
