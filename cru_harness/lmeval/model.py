@@ -1,0 +1,377 @@
+"""The `cru` lm-eval model: a Hugging Face causal LM with CRU router bundles attached, and extended results.
+
+Use::
+
+    lm_eval --model cru --model_args base=<HF id or dir>,routers=<bundle dir>[+<bundle dir>...] --tasks ...
+
+- `base=` is an alias of HFLM's `pretrained=`; every other HFLM argument passes through unchanged (`dtype`,
+  `batch_size` incl. `auto`, `max_batch_size`, `parallelize`/device maps, `trust_remote_code`, `revision`,
+  `peft`, `chat_template_args`, ...; use `--device`, not `device=` inside `--model_args`). The class *is*
+  lm-eval's `HFLM`, so batching, dtypes, chat templates and `accelerate launch` data parallelism behave as for
+  `--model hf`.
+- `routers=` names one or more router bundle directories (`RouterBundle.save_pretrained` output) joined by
+  `+`, e.g. `routers=runs/a/routers+runs/b/routers` (gates of several bundles on one coordinate multiply). The
+  routers are attached after the model is loaded, each on the device of the block it reads. A directory
+  whose own name contains `+` cannot be given this way: pass a list (`routers=[dirA, dirB]`) through the
+  Python API. Without `routers` the model is exactly the base model.
+- A bundle that does not fit the base (other architecture, hidden size, block count) fails with the bundle's
+  own `BundleError`, naming the mismatch.
+
+What `cru` reports beyond `--model hf` (see `protocol.py` and docs/lm_eval.md):
+
+- `loglikelihood` -> `LoglikelihoodResult`: the same `(logprob_sum, is_greedy)` as HFLM, plus
+  `n_tokens`, `token_logprobs`, `token_mu`, `token_sigma` (Min-K%++'s mean and std of log p(v) under the
+  model's next-token distribution at each continuation position).
+- A continuation ending in `EOS_MARKER` is scored with the tokenizer's EOS token appended (the marker text is
+  never tokenized); `--model hf` would score the marker as literal text, so tasks that use it report NaN
+  for the EOS-dependent numbers under `hf`.
+- `loglikelihood_rolling` -> `RollingResult` (a float, plus the same per-token arrays).
+- Chat templates see a pinned date (`protocol.PINNED_DATE`): `date_string` is passed as a template variable
+  (Llama 3.x reads it) and transformers' `strftime_now` global reads a pinned clock while rendering
+  (`pinned_clock`; transformers 5 blanks callables passed as template variables, so shadowing it with a
+  variable is not possible).
+
+`_loglikelihood_tokens` re-implements HFLM's causal scoring loop (same `Collator` ordering, batch sizes,
+truncation and padding, so sums and greedy flags equal HFLM's) because HFLM's loop discards the full
+distribution before returning. One deliberate difference: for a one-token-continuation cache group whose
+continuations differ in length, HFLM gathers the leading positions of the shared logits; this class takes the
+trailing ones (the positions the continuation actually occupies). Task sets in this project never form such
+groups; with equal-length continuations both agree.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from lm_eval import utils as lm_utils
+# The helpers HFLM's own loop uses, taken from its module so they stay the ones HFLM uses.
+from lm_eval.models.huggingface import HFLM, Collator, pad_and_concat
+
+from cru_harness.lmeval.protocol import (
+    EOS_MARKER,
+    PINNED_DATE,
+    ROUTER_SEPARATOR,
+    LoglikelihoodResult,
+    RollingResult,
+    pinned_template_kwargs,
+    split_eos_marker,
+)
+
+__all__ = ["CRULM", "parse_router_spec", "EOS_MARKER", "LoglikelihoodResult", "RollingResult"]
+
+eval_logger = logging.getLogger(__name__)
+
+
+def parse_router_spec(routers) -> list:
+    """`routers=` as given (None, `"a+b"`, a path, a RouterBundle, or a list of those) -> a list of entries."""
+    if routers is None or routers == "" or routers is False:
+        return []
+    if isinstance(routers, (str, Path)):
+        entries = [part.strip() for part in str(routers).split(ROUTER_SEPARATOR)]
+        if any(not part for part in entries):
+            raise ValueError(
+                f"routers={routers!r}: empty bundle directory between '{ROUTER_SEPARATOR}' separators; "
+                f"write routers=<dir>[{ROUTER_SEPARATOR}<dir>...]"
+            )
+        return entries
+    if isinstance(routers, (list, tuple)):
+        out = []
+        for item in routers:
+            out.extend([item] if not isinstance(item, (str, Path)) else [str(item)])
+        return out
+    return [routers]  # a single RouterBundle object
+
+
+def _load_bundle(entry):
+    from cru_harness.cru.bundle import RouterBundle
+
+    if isinstance(entry, RouterBundle):
+        return entry
+    # A missing or malformed directory raises the bundle's own BundleFileError naming the path.
+    return RouterBundle.from_pretrained(Path(entry).expanduser())
+
+
+@contextlib.contextmanager
+def pinned_clock():
+    """While rendering, transformers' `strftime_now` template global reads `PINNED_DATE` instead of the clock.
+
+    transformers (4.4x and 5.x) defines `strftime_now(fmt)` as `datetime.now().strftime(fmt)` with `datetime`
+    imported into `transformers.utils.chat_template_utils`; that name is swapped for a subclass whose `now()`
+    is pinned, and restored afterwards. If a transformers release renders dates differently, the date-pinning
+    test fails (rather than this silently doing nothing): see tests/test_lmeval_model.py.
+    """
+    import transformers.utils.chat_template_utils as ctu
+
+    original = getattr(ctu, "datetime", None)
+    if not (isinstance(original, type) and issubclass(original, _dt.datetime)):
+        raise RuntimeError(
+            "cannot pin the chat-template date: transformers.utils.chat_template_utils.datetime is "
+            f"{original!r}, not the datetime class this transformers version was expected to use"
+        )
+
+    class _PinnedDatetime(original):
+        @classmethod
+        def now(cls, tz=None):
+            return PINNED_DATE if tz is None else PINNED_DATE.replace(tzinfo=tz)
+
+    ctu.datetime = _PinnedDatetime
+    try:
+        yield
+    finally:
+        ctu.datetime = original
+
+
+def _token_stats(logp: torch.Tensor, tokens: torch.Tensor):
+    """Per position of `logp` [n, V] (log-probs) and `tokens` [n]: (log p(token), mu, sigma) as float32 lists."""
+    logp32 = logp.float()
+    token_lp = torch.gather(logp32, -1, tokens.unsqueeze(-1)).squeeze(-1)
+    finite = torch.isfinite(logp32)
+    safe = torch.where(finite, logp32, torch.zeros((), dtype=logp32.dtype, device=logp32.device))
+    probs = logp32.exp()  # exp(-inf) = 0, so -inf entries contribute nothing
+    mu = (probs * safe).sum(-1)
+    second = (probs * safe * safe).sum(-1)
+    sigma = (second - mu * mu).clamp_min(0.0).sqrt()
+    return token_lp.tolist(), mu.tolist(), sigma.tolist()
+
+
+class CRULM(HFLM):
+    """HFLM + CRU router bundles + extended loglikelihood results. Registered in lm-eval as `cru`."""
+
+    def __init__(self, pretrained=None, *, base=None, routers=None, **kwargs) -> None:
+        if base is not None and pretrained is not None and base != pretrained:
+            raise ValueError(f"give the base model once: base={base!r} and pretrained={pretrained!r} differ")
+        pretrained = base if base is not None else pretrained
+        if pretrained is None:
+            raise ValueError("the cru model needs base=<HF model id or local directory> (alias: pretrained=)")
+        super().__init__(pretrained=pretrained, **kwargs)
+        if self.backend != "causal":
+            raise ValueError(
+                f"the cru model supports decoder-only (causal) models; {pretrained!r} loaded as {self.backend}. "
+                f"Use --model hf for encoder-decoder models."
+            )
+        self.router_sources: list[str] = []
+        self.bundles: list = []
+        self._router_handle = None
+        entries = parse_router_spec(routers)
+        if entries:
+            self.bundles = [_load_bundle(e) for e in entries]
+            self.router_sources = [str(e) if isinstance(e, (str, Path)) else repr(e) for e in entries]
+            self._attach()
+
+    # ------------------------------------------------------------------ routers
+    def _attach(self) -> None:
+        from cru_harness.cru.attach import attach_bundles
+
+        # attach_bundles runs bundle.check_compatible(model) first: a mismatch raises the bundle's own
+        # IncompatibleBaseError (hidden size / layer count / fingerprint) before any hook is installed.
+        self._router_handle = attach_bundles(self.model, self.bundles)
+
+    @property
+    def has_routers(self) -> bool:
+        return self._router_handle is not None
+
+    @contextlib.contextmanager
+    def without_routers(self):
+        """Temporarily score with the base model (e.g. the NLL of answers under the original model)."""
+        if self._router_handle is None:
+            yield self
+            return
+        self._router_handle.remove()
+        self._router_handle = None
+        try:
+            yield self
+        finally:
+            self._attach()
+
+    # ---------------------------------------------------------- loglikelihood
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[LoglikelihoodResult]:
+        if self.enable_thinking:
+            task_names = sorted({req.task_name for req in requests if req.task_name})
+            raise ValueError(
+                "enable_thinking=True is not compatible with loglikelihood tasks. "
+                f"Triggered by task(s): {', '.join(task_names)}"
+            )
+        new_reqs = []
+        for context, continuation in tqdm([req.args for req in requests], desc="Tokenizing inputs",
+                                          disable=disable_tqdm):
+            text, add_eos = split_eos_marker(continuation)
+            if context == "":
+                cont_enc = self.tok_encode(text, add_special_tokens=False) if text else []
+                if cont_enc and cont_enc[0] == self.prefix_token_id:
+                    ctx_enc, cont_enc = cont_enc[:1], cont_enc[1:]
+                else:
+                    ctx_enc = [self.prefix_token_id]
+            else:
+                ctx_enc, cont_enc = self._encode_pair(context, text)
+            if add_eos:
+                eos = self.tokenizer.eos_token_id
+                if eos is None:
+                    raise ValueError(
+                        f"continuation ends with {EOS_MARKER!r} but the tokenizer of {self.pretrained!r} has no "
+                        f"EOS token"
+                    )
+                cont_enc = list(cont_enc) + [eos]
+            if not cont_enc:
+                raise ValueError(f"empty continuation for context {context[-80:]!r}: nothing to score")
+            new_reqs.append(((context, continuation), ctx_enc, cont_enc))
+        return self._loglikelihood_tokens(new_reqs, disable_tqdm=disable_tqdm)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs: int | None = None):
+        """HFLM's causal loop (same ordering/batching), returning `LoglikelihoodResult`s."""
+        res: list[LoglikelihoodResult] = []
+
+        def _collate(req):
+            toks = req[1] + req[2]
+            return -len(toks), tuple(toks)
+
+        def _lookup_one_token_cont(req):
+            return req[-2] + req[-1][:-1]
+
+        re_ord = Collator(
+            requests,
+            sort_fn=_collate,
+            group_by="contexts" if self.logits_cache else None,
+            group_fn=_lookup_one_token_cont,
+        )
+        n_reordered = len(re_ord)
+        batch_size = (self.batch_size if self.batch_size != "auto"
+                      else override_bs if override_bs is not None else 0)
+        batch_fn = (self._batch_scheduler
+                    if self.batch_size == "auto" and n_reordered > 0 and not override_bs else None)
+        if batch_fn is not None:
+            self.batch_sizes = {}
+        chunks = re_ord.get_batched(n=batch_size, batch_fn=batch_fn)
+        pbar = tqdm(total=len(requests), disable=(disable_tqdm or (self.rank != 0)),
+                    desc="Running loglikelihood requests")
+        for chunk in chunks:
+            inps, inplens, cont_toks_list = [], [], []
+            padding_len_inp = None
+            for _, context_enc, continuation_enc in chunk:
+                assert len(context_enc) > 0
+                assert len(continuation_enc) > 0
+                assert len(continuation_enc) <= self.max_length
+                total_length = len(context_enc) + len(continuation_enc)
+                if total_length > self.max_length + 1:
+                    eval_logger.warning(
+                        f"Combined length of context ({len(context_enc)}) and continuation "
+                        f"({len(continuation_enc)}) exceeds model's maximum length ({self.max_length}). "
+                        f"Truncating {total_length - self.max_length + 1} tokens from the left."
+                    )
+                inp = torch.tensor((context_enc + continuation_enc)[-(self.max_length + 1):][:-1],
+                                   dtype=torch.long, device=self.device)
+                (inplen,) = inp.shape
+                padding_len_inp = max(padding_len_inp or 0, inplen)
+                inps.append(inp)
+                cont_toks_list.append(continuation_enc)
+                inplens.append(inplen)
+
+            batched_inps = pad_and_concat(padding_len_inp, inps, padding_side="right")
+            multi_logits = F.log_softmax(self._model_call(batched_inps), dim=-1, dtype=self.softmax_dtype)
+
+            for (request_str, ctx_tokens, _), logits, inplen, cont_toks in zip(
+                chunk, multi_logits, inplens, cont_toks_list, strict=True
+            ):
+                contlen = len(cont_toks)
+                ctx_len = inplen + (logits.shape[0] - padding_len_inp)
+                logits = self._select_cont_toks(logits, contlen=contlen, inplen=ctx_len)  # [contlen, V]
+                greedy_tokens = logits.argmax(dim=-1)
+                for request_str, cont_toks, cached in re_ord.get_cache(
+                    req_str=request_str, cxt_toks=ctx_tokens, cont_toks=cont_toks, logits=logits.unsqueeze(0)
+                ):
+                    n = len(cont_toks)
+                    cont = torch.tensor(cont_toks, dtype=torch.long, device=self.device)
+                    rows = cached[0, -n:]  # [n, V]
+                    is_greedy = bool((greedy_tokens[-n:] == cont).all())
+                    picked = torch.gather(rows, 1, cont.unsqueeze(-1)).squeeze(-1)
+                    token_lp, mu, sigma = _token_stats(rows, cont)
+                    answer = LoglikelihoodResult(float(picked.sum()), is_greedy, token_lp, mu, sigma)
+                    res.append(answer)
+                    if request_str is not None:
+                        self.cache_hook.add_partial("loglikelihood", request_str, answer)
+                    pbar.update(1)
+        pbar.close()
+        return re_ord.get_original(res)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[RollingResult]:
+        """HFLM's rolling windows, summed the same way, keeping the per-token arrays of every window."""
+        adaptive_batch_size = None
+        if self.batch_size == "auto":
+            adaptive_batch_size = self._detect_batch_size()
+
+        all_windows: list[tuple] = []
+        window_counts: list[int] = []
+        for (string,) in tqdm([req.args for req in requests], disable=(disable_tqdm or (self.rank != 0))):
+            windows = list(map(
+                lm_utils.make_disjoint_window,
+                lm_utils.get_rolling_token_windows(token_list=self.tok_encode(string),
+                                                   prefix_token=self.prefix_token_id,
+                                                   max_seq_len=self.max_length, context_len=1),
+            ))
+            all_windows.extend((None,) + w for w in windows)
+            window_counts.append(len(windows))
+
+        pad_amnt = 0
+        if self.world_size > 1:
+            mytensor = torch.tensor(len(all_windows), device=self.device)
+            gathered = self.all_gather(mytensor).cpu().detach().numpy().tolist()
+            pad_amnt = max(gathered) - gathered[self.rank]
+            if pad_amnt > 0:
+                all_windows += pad_amnt * [all_windows[0]]
+
+        window_results: list[LoglikelihoodResult] = []
+        batch_size = adaptive_batch_size or self.batch_size
+        for i in range(0, len(all_windows), batch_size):
+            batch = all_windows[i:i + batch_size]
+            window_results.extend(self._loglikelihood_tokens(batch, disable_tqdm=True, override_bs=len(batch)))
+        if pad_amnt > 0:
+            window_results = window_results[:-pad_amnt]
+
+        out: list[RollingResult] = []
+        pos = 0
+        for req, count in zip(requests, window_counts, strict=True):
+            parts = window_results[pos:pos + count]
+            pos += count
+            total = sum(part[0] for part in parts)  # same summation as HFLM
+            result = RollingResult(
+                total,
+                [x for part in parts for x in part.token_logprobs],
+                [x for part in parts for x in part.token_mu],
+                [x for part in parts for x in part.token_sigma],
+            )
+            out.append(result)
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, result)
+        return out
+
+    # ------------------------------------------------------------ chat template
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """HFLM's template application with the date pinned (explicit `chat_template_args` still win)."""
+        saved = self.chat_template_args
+        self.chat_template_args = {**pinned_template_kwargs(), **(saved or {})}
+        try:
+            with pinned_clock():
+                return super().apply_chat_template(chat_history, add_generation_prompt=add_generation_prompt)
+        finally:
+            self.chat_template_args = saved
+
+    # --------------------------------------------------------------- provenance
+    def get_model_info(self) -> dict[str, Any]:
+        info = super().get_model_info()
+        info["cru_routers"] = list(self.router_sources)
+        info["cru_pinned_date"] = pinned_template_kwargs()["date_string"]
+        return info
+
+
+def _register() -> None:
+    from cru_harness.lmeval.registration import register
+
+    register()
+
+
+_register()

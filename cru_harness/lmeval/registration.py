@@ -1,0 +1,92 @@
+"""Make lm-eval 0.4.13 see the `cru` model and the project's tasks.
+
+lm-eval 0.4.13 has no plugin discovery (it ignores the `lm_eval.models` / `lm_eval.tasks` entry points this
+package declares for later versions), so two things are patched in, both idempotent:
+
+- `register()`: registers `cru` in lm-eval's model registry as a lazy placeholder
+  (`cru_harness.lmeval.model:CRULM`, imported only when `cru` is asked for). It imports `lm_eval.models` first:
+  registering into a still-empty registry would stop `get_model` from filling in the built-ins (`hf`, ...).
+- `patch_task_manager()`: every `TaskManager(...)` that includes lm-eval's built-in tasks (the default,
+  `include_defaults=True`) also indexes `tasks_dir()`, so `--tasks tofu_forget10,rwku_aa` resolve without
+  `--include_path`. Names the user passes with `--include_path` are indexed after ours and win on a clash.
+
+Who calls them: the `.pth` import hook (`_hook.py`, installed into site-packages) when lm-eval's modules are
+imported; `cru-eval` (`cli.py`) explicitly; importing `cru_harness.lmeval.model` calls `register()` too.
+Set `CRU_HARNESS_NO_LMEVAL_HOOK=1` to switch the `.pth` hook off (then use `cru-eval` or call these yourself).
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+MODEL_NAME = "cru"
+MODEL_TARGET = "cru_harness.lmeval.model:CRULM"
+
+
+def tasks_dir() -> str:
+    """The installed task directory (`cru_harness/tasks`; the repository's `tasks/` in an editable install)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("cru_harness.tasks")
+    if spec is not None and spec.submodule_search_locations:
+        return str(Path(list(spec.submodule_search_locations)[0]).resolve())
+    # Source checkout without installation: tasks/ sits beside the package.
+    return str((Path(__file__).resolve().parents[2] / "tasks"))
+
+
+def register() -> None:
+    """Register `cru` (lazily) without hiding lm-eval's built-in models. Safe to call any number of times."""
+    import lm_eval.models  # noqa: F401  (fills the registry with the built-ins first)
+    from lm_eval.api.registry import model_registry
+
+    if MODEL_NAME in model_registry:
+        return
+    try:
+        model_registry.register(MODEL_NAME, target=MODEL_TARGET)
+    except TypeError as exc:  # a frozen registry (freeze_all) is a MappingProxy
+        raise RuntimeError(
+            f"cannot register the '{MODEL_NAME}' model: lm-eval's model registry is frozen. Import "
+            f"cru_harness.lmeval.registration and call register() before lm_eval.api.registry.freeze_all()."
+        ) from exc
+
+
+_PATCH_FLAG = "_cru_harness_patched"
+
+
+def patch_task_manager(task_manager_cls=None) -> None:
+    """Make `TaskManager(include_defaults=True, ...)` also index `tasks_dir()`. Idempotent."""
+    if task_manager_cls is None:
+        from lm_eval.tasks.manager import TaskManager as task_manager_cls
+    if getattr(task_manager_cls.__init__, _PATCH_FLAG, False):
+        return
+    original = task_manager_cls.__init__
+
+    @functools.wraps(original)
+    def __init__(self, verbosity=None, include_path=None, include_defaults=True, metadata=None, *args, **kwargs):
+        if include_defaults:
+            include_path = with_project_tasks(include_path)
+        original(self, verbosity, include_path, include_defaults, metadata, *args, **kwargs)
+
+    setattr(__init__, _PATCH_FLAG, True)
+    task_manager_cls.__init__ = __init__
+
+
+def with_project_tasks(include_path):
+    """`include_path` (None, a path or a list) with the project's task directory put first."""
+    ours = tasks_dir()
+    if include_path is None:
+        paths = []
+    elif isinstance(include_path, (list, tuple)):
+        paths = list(include_path)
+    else:
+        paths = [include_path]
+    resolved = {str(Path(p).resolve()) for p in paths}
+    if ours in resolved:
+        return include_path
+    return [ours, *paths]
+
+
+def is_registered() -> bool:
+    from lm_eval.api.registry import model_registry
+
+    return MODEL_NAME in model_registry

@@ -1,0 +1,77 @@
+"""A built wheel puts the `.pth` hook into site-packages and the routes work from that install alone.
+
+Builds the wheel from a copy of the source tree (no build isolation: offline), installs it with `--no-deps`
+into a throwaway venv that sees the system site-packages (torch, lm-eval), and checks in that venv that the
+hook, the `cru` model and the packaged tasks all come from the wheel, not from the development checkout.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from test_lmeval_support import run
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("src")
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(REPO / name, src / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO / "cru_harness", src / "cru_harness", ignore=ignore)
+    shutil.copytree(REPO / "tasks", src / "tasks", ignore=ignore)
+    out = tmp_path_factory.mktemp("wheel")
+    run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
+        cwd=src)
+    (whl,) = out.glob("cru_harness-*.whl")
+    return whl
+
+
+def test_wheel_has_pth_at_root_and_tasks(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "cru_harness_lmeval.pth" in names  # root of purelib = site-packages
+    assert "cru_harness/lmeval/_hook.py" in names
+    assert any(n.startswith("cru_harness/tasks/tofu/") and n.endswith(".yaml") for n in names)
+    record = next(n for n in names if n.endswith(".dist-info/RECORD"))
+    assert "cru_harness_lmeval.pth," in zipfile.ZipFile(wheel).read(record).decode()  # pip uninstall removes it
+
+
+def test_wheel_install_in_venv_registers_model_and_tasks(wheel, tmp_path):
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], cwd=tmp_path)
+    py = venv / "bin" / "python"
+    run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel)], cwd=tmp_path)
+    code = textwrap.dedent(f"""
+        import sys, sysconfig, inspect
+        from pathlib import Path
+        venv = Path({str(venv)!r}).resolve()
+        site = Path(sysconfig.get_paths()["purelib"]).resolve()
+        assert venv in site.parents, site
+        assert (site / "cru_harness_lmeval.pth").exists()
+        hook = sys.modules["_cru_harness_lmeval_hook"]
+        assert Path(hook.__file__).resolve().is_relative_to(site), hook.__file__
+        from lm_eval.api.registry import get_model
+        assert get_model("hf").__name__ == "HFLM"
+        cls = get_model("cru")
+        assert Path(inspect.getfile(cls)).resolve().is_relative_to(site), inspect.getfile(cls)
+        from cru_harness.lmeval.registration import tasks_dir
+        tdir = Path(tasks_dir())
+        assert tdir.is_relative_to(site) and (tdir / "tofu" / "tofu_forget10.yaml").exists(), tdir
+        from lm_eval.tasks import TaskManager
+        tm = TaskManager()
+        missing = [n for n in ("tofu_forget10", "rwku_aa", "hellaswag") if n not in tm.all_tasks]
+        assert not missing, (missing, tm.include_path)
+        assert Path(tm.task_index["tofu_forget10"].yaml_path).resolve().is_relative_to(site)
+        print("wheel-ok")
+    """)
+    proc = run([str(py), "-c", code], cwd=tmp_path)
+    assert "wheel-ok" in proc.stdout

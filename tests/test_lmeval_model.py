@@ -1,0 +1,228 @@
+"""The `cru` lm-eval model in-process: equality with HFLM, extended results, EOS marker, caching, date pinning."""
+from __future__ import annotations
+
+import datetime as dt
+import math
+import pickle
+
+import pytest
+import torch
+
+pytest.importorskip("lm_eval")
+
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.models.huggingface import HFLM  # noqa: E402
+from test_lmeval_support import shared_tiny_dir  # noqa: E402
+
+from cru_harness.lmeval.model import CRULM, parse_router_spec  # noqa: E402
+from cru_harness.lmeval.protocol import (  # noqa: E402
+    EOS_MARKER,
+    PINNED_DATE,
+    LoglikelihoodResult,
+    RollingResult,
+    has_token_stats,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return shared_tiny_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_dir):
+    return HFLM(pretrained=str(tiny_dir), device="cpu", batch_size=3)
+
+
+@pytest.fixture(scope="module")
+def cru(tiny_dir):
+    return CRULM(base=str(tiny_dir), device="cpu", batch_size=3)
+
+
+def _ll(pairs):
+    return [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+
+
+def _greedy_continuation(lm, context: str, n: int = 3) -> str:
+    ids = torch.tensor([lm.tok_encode(context)])
+    with torch.no_grad():
+        out = lm.model.generate(ids, max_new_tokens=n, do_sample=False, min_new_tokens=n,
+                                pad_token_id=lm.tokenizer.pad_token_id)
+    return lm.tokenizer.decode(out[0, ids.shape[1]:])
+
+
+def _reference(lm, ctx_ids, cont_ids):
+    """log p, mu, sigma per continuation token, straight from one unbatched forward pass."""
+    ids = torch.tensor([ctx_ids + cont_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(lm.model(ids).logits[0].float(), -1)
+    rows = logp[len(ctx_ids) - 1: len(ctx_ids) + len(cont_ids) - 1]
+    lp = rows.gather(1, torch.tensor(cont_ids)[:, None])[:, 0]
+    p = rows.exp()
+    mu = (p * rows).sum(-1)
+    sigma = ((p * rows * rows).sum(-1) - mu ** 2).sqrt()
+    return lp.tolist(), mu.tolist(), sigma.tolist()
+
+
+PAIRS = [
+    ("Question: What colour is the sky?\nAnswer:", " blue"),
+    ("Question: What colour is the sky?\nAnswer:", " green"),   # same context: one-token cache group
+    ("Question: What colour is the sky?\nAnswer:", " red"),
+    ("Question: How many legs has a cat?\nAnswer:", " four legs and a long tail"),
+    ("", "Fish live in water."),                               # empty context -> prefix token
+    ("Bees make honey from", " the nectar of flowers"),
+]
+
+
+def test_loglikelihood_equals_hflm_and_carries_token_stats(hf, cru):
+    greedy = _greedy_continuation(cru, "Question: Where do fish live?\nAnswer:")
+    pairs = PAIRS + [("Question: Where do fish live?\nAnswer:", greedy)]
+    ours, theirs = cru.loglikelihood(_ll(pairs)), hf.loglikelihood(_ll(pairs))
+    assert [tuple(r) for r in ours] == [tuple(r) for r in theirs]  # exact: same batches, same arithmetic
+    assert ours[-1][1] is True and ours[0][1] is False  # is_greedy is exercised both ways
+    for (ctx, cont), res in zip(pairs, ours):
+        assert isinstance(res, LoglikelihoodResult) and has_token_stats(res)
+        ctx_ids, cont_ids = cru._encode_pair(ctx, cont) if ctx else ([cru.prefix_token_id],
+                                                                      cru.tok_encode(cont, add_special_tokens=False))
+        assert res.n_tokens == len(cont_ids)
+        lp, mu, sigma = _reference(cru, ctx_ids, cont_ids)
+        assert res.token_logprobs == pytest.approx(lp, abs=1e-4)
+        assert res.token_mu == pytest.approx(mu, abs=1e-4)
+        assert res.token_sigma == pytest.approx(sigma, abs=1e-4)
+        assert math.fsum(res.token_logprobs) == pytest.approx(res[0], abs=1e-4)
+        assert all(s > 0 for s in res.token_sigma) and all(m < 0 for m in res.token_mu)
+
+
+def test_loglikelihood_equals_hflm_without_logits_cache_and_auto_batch(tiny_dir, hf):
+    lm = CRULM(base=str(tiny_dir), device="cpu", batch_size="auto", max_batch_size=4, logits_cache=False)
+    assert [tuple(r) for r in lm.loglikelihood(_ll(PAIRS))] == [tuple(r) for r in hf.loglikelihood(_ll(PAIRS))]
+
+
+def test_eos_marker_appends_the_eos_token(hf, cru):
+    ctx = "Question: What colour is the sky?\nAnswer:"
+    res, = cru.loglikelihood(_ll([(ctx, " blue" + EOS_MARKER)]))
+    plain, = cru.loglikelihood(_ll([(ctx, " blue")]))
+    eos = cru.tokenizer.eos_token_id
+    ctx_ids, cont_ids = cru._encode_pair(ctx, " blue")
+    assert res.n_tokens == plain.n_tokens + 1
+    assert res.token_logprobs[:-1] == pytest.approx(plain.token_logprobs, abs=1e-5)
+    ref_lp, _, _ = _reference(cru, ctx_ids, cont_ids + [eos])
+    assert res.token_logprobs[-1] == pytest.approx(ref_lp[-1], abs=1e-4)
+    # HFLM scoring the same token ids agrees on the sum
+    (hf_sum, hf_greedy), = hf._loglikelihood_tokens([((ctx, " blue"), ctx_ids, cont_ids + [eos])])
+    assert res[0] == pytest.approx(hf_sum, abs=1e-5) and res[1] == hf_greedy
+    # only EOS (empty answer), and EOS after an empty context
+    only, = cru.loglikelihood(_ll([(ctx, EOS_MARKER)]))
+    assert only.n_tokens == 1
+    empty_ctx, = cru.loglikelihood(_ll([("", "Fish live in water." + EOS_MARKER)]))
+    assert empty_ctx.n_tokens == len(cru.tok_encode("Fish live in water.", add_special_tokens=False)) + 1
+
+
+def test_rolling_equals_hflm_and_carries_token_stats(hf, cru):
+    texts = ["The sky is blue and the grass is green.", "Bees make honey from the nectar of flowers. " * 3]
+    reqs = [Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)]
+    ours, theirs = cru.loglikelihood_rolling(reqs), hf.loglikelihood_rolling(reqs)
+    assert [float(x) for x in ours] == theirs
+    for text, res in zip(texts, ours):
+        assert isinstance(res, RollingResult) and has_token_stats(res)
+        assert res.n_tokens == len(cru.tok_encode(text))
+        assert math.fsum(res.token_logprobs) == pytest.approx(float(res), abs=1e-4)
+        lp, mu, sigma = _reference(cru, [cru.prefix_token_id], cru.tok_encode(text))
+        assert res.token_mu == pytest.approx(mu, abs=1e-4)
+        assert res.token_sigma == pytest.approx(sigma, abs=1e-4)
+
+
+def test_rolling_across_several_windows(tiny_dir):
+    lm = CRULM(base=str(tiny_dir), device="cpu", batch_size=2, max_length=16)
+    ref = HFLM(pretrained=str(tiny_dir), device="cpu", batch_size=2, max_length=16)
+    text = "Fish live in water, birds fly in the sky. Bees make honey from the nectar of flowers. " * 2
+    req = [Instance("loglikelihood_rolling", {}, (text,), 0)]
+    res, = lm.loglikelihood_rolling(req)
+    assert res.n_tokens == len(lm.tok_encode(text)) > 16  # several windows, concatenated in order
+    assert float(res) == ref.loglikelihood_rolling(req)[0]
+
+
+def test_results_survive_pickle_and_caching_lm(tmp_path, cru):
+    from lm_eval.api.model import CachingLM
+
+    ctx = "Question: What colour is the sky?\nAnswer:"
+    res, = cru.loglikelihood(_ll([(ctx, " blue" + EOS_MARKER)]))
+    back = pickle.loads(pickle.dumps(res))
+    assert back == res and back.token_sigma == res.token_sigma and isinstance(back, LoglikelihoodResult)
+
+    cached = CachingLM(cru, str(tmp_path / "cache.db"))
+    first = cached.loglikelihood(_ll([(ctx, " blue" + EOS_MARKER), (ctx, " red")]))
+    calls = []
+    original = cru._loglikelihood_tokens
+    cru._loglikelihood_tokens = lambda *a, **k: calls.append(a) or original(*a, **k)
+    try:
+        second = cached.loglikelihood(_ll([(ctx, " blue" + EOS_MARKER), (ctx, " red")]))
+    finally:
+        del cru._loglikelihood_tokens
+    assert not calls, "second call should come from the cache"
+    for a, b in zip(first, second):
+        assert isinstance(b, LoglikelihoodResult) and tuple(a) == tuple(b)
+        assert a.token_logprobs == b.token_logprobs and a.token_mu == b.token_mu
+
+    rolled = cached.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("Bees make honey.",), 0)])
+    again = cached.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("Bees make honey.",), 0)])
+    assert isinstance(again[0], RollingResult) and again[0].token_mu == rolled[0].token_mu
+
+
+DATE_TEMPLATE = (
+    "{{ 'Today: ' + strftime_now('%Y-%m-%d') + ' | ' + (date_string if date_string is defined else 'none') }}"
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_chat_template_date_is_pinned(cru, hf, monkeypatch):
+    chat = [{"role": "user", "content": "hi"}]
+    for lm in (cru, hf):
+        monkeypatch.setattr(lm.tokenizer, "chat_template", DATE_TEMPLATE)
+    today = dt.datetime.now().strftime("%Y-%m-%d")
+    unpinned = hf.apply_chat_template(chat)
+    assert unpinned.startswith(f"Today: {today} | none")  # the template really injects today's date
+
+    pinned = cru.apply_chat_template(chat)
+    assert pinned.startswith(f"Today: {PINNED_DATE:%Y-%m-%d} | {PINNED_DATE:%d %b %Y}<|user|>hi<|assistant|>")
+    # not a coincidence of today's date: shift the clock transformers' strftime_now reads
+    import transformers.utils.chat_template_utils as ctu
+
+    class _Future(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return dt.datetime(2031, 1, 2, 3, 4, 5)
+
+    monkeypatch.setattr(ctu, "datetime", _Future, raising=False)
+    assert cru.apply_chat_template(chat) == pinned
+    assert cru.chat_template_args == {}  # the pinning does not leak into the instance
+
+
+def test_router_spec_parsing():
+    assert parse_router_spec(None) == [] and parse_router_spec("") == []
+    assert parse_router_spec("runs/a") == ["runs/a"]
+    assert parse_router_spec("runs/a + runs/b") == ["runs/a", "runs/b"]
+    assert parse_router_spec(["x+y", "z"]) == ["x+y", "z"]  # a list is taken literally
+    with pytest.raises(ValueError, match="empty bundle directory"):
+        parse_router_spec("runs/a++runs/b")
+
+
+def test_base_alias_and_errors(tiny_dir):
+    with pytest.raises(ValueError, match="needs base="):
+        CRULM(device="cpu")
+    with pytest.raises(ValueError, match="give the base model once"):
+        CRULM(base=str(tiny_dir), pretrained="other", device="cpu")
+
+
+def test_constructed_instance_in_simple_evaluate(cru):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from test_lmeval_support import TASKS_DIR
+
+    tm = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
+    out = lm_eval.simple_evaluate(model=cru, tasks=["cru_lmeval_test_eos"], task_manager=tm, limit=2)
+    res = out["results"]["cru_lmeval_test_eos"]
+    assert res["has_stats,none"] == 1.0 and res["sigma_positive,none"] == 1.0
+    assert res["n_tokens,none"] >= 2.0  # answer tokens + EOS

@@ -1,0 +1,120 @@
+"""Registration pieces in-process: the start-up finder, `register()`, the TaskManager patch, `tasks_dir()`."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from cru_harness.lmeval import registration
+
+HOOK_FILE = Path(registration.__file__).with_name("_hook.py")
+
+
+def _load_hook_copy():
+    spec = importlib.util.spec_from_file_location("_cru_hook_under_test", HOOK_FILE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_hook_is_stdlib_only():
+    source = HOOK_FILE.read_text()
+    top_imports = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
+    assert top_imports == ["from __future__ import annotations", "import os", "import sys"]
+
+
+def test_finder_runs_action_after_the_watched_module_executes(tmp_path, monkeypatch):
+    pkg = tmp_path / "cru_fake_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "watched.py").write_text("VALUE = 41\n")
+    (pkg / "other.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    hook = _load_hook_copy()
+    seen = []
+    monkeypatch.setattr(hook, "_ACTIONS", {"cru_fake_pkg.watched": lambda: seen.append(
+        sys.modules["cru_fake_pkg.watched"].VALUE + 1)})
+    finder = hook.LmEvalFinder()
+    monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
+    import cru_fake_pkg.other  # noqa: F401  (not watched: no action)
+    assert seen == []
+    import cru_fake_pkg.watched  # noqa: F401
+    assert seen == [42]  # ran once, after the module body
+    assert cru_fake_pkg.watched.__spec__.loader.get_source("cru_fake_pkg.watched") == "VALUE = 41\n"
+    for name in ("cru_fake_pkg", "cru_fake_pkg.watched", "cru_fake_pkg.other"):
+        sys.modules.pop(name, None)
+
+
+def test_finder_failure_is_reported_not_raised(tmp_path, monkeypatch, capsys):
+    pkg = tmp_path / "cru_fake_pkg2"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    hook = _load_hook_copy()
+
+    def boom():
+        raise RuntimeError("simulated")
+
+    monkeypatch.setattr(hook, "_ACTIONS", {"cru_fake_pkg2": boom})
+    monkeypatch.setattr(sys, "meta_path", [hook.LmEvalFinder(), *sys.meta_path])
+    import cru_fake_pkg2  # noqa: F401
+    err = capsys.readouterr().err
+    assert "simulated" in err and "cru-eval" in err
+    sys.modules.pop("cru_fake_pkg2", None)
+
+
+def test_install_respects_the_off_switch(monkeypatch):
+    hook = _load_hook_copy()
+    monkeypatch.setenv("CRU_HARNESS_NO_LMEVAL_HOOK", "1")
+    before = list(sys.meta_path)
+    hook.install()
+    assert sys.meta_path == before
+
+
+def test_register_is_idempotent_and_keeps_builtins():
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.registry import get_model, model_registry
+
+    registration.register()
+    registration.register()
+    assert registration.is_registered()
+    assert get_model("hf").__name__ == "HFLM"
+    assert get_model("cru").__name__ == "CRULM"
+    assert len([k for k in model_registry.keys() if k == "cru"]) == 1
+
+
+def test_tasks_dir_is_the_packaged_task_folder():
+    tdir = Path(registration.tasks_dir())
+    assert (tdir / "tofu").is_dir() and (tdir / "rwku").is_dir()
+
+
+def test_task_manager_patch_adds_project_tasks_only_with_defaults():
+    calls = []
+
+    class FakeTaskManager:
+        def __init__(self, verbosity=None, include_path=None, include_defaults=True, metadata=None):
+            calls.append((include_path, include_defaults, metadata))
+
+    registration.patch_task_manager(FakeTaskManager)
+    registration.patch_task_manager(FakeTaskManager)  # idempotent: not wrapped twice
+    ours = registration.tasks_dir()
+    FakeTaskManager()
+    FakeTaskManager(include_path="/x", metadata={"a": 1})
+    FakeTaskManager(include_path=["/x", ours])
+    FakeTaskManager(include_path="/x", include_defaults=False)
+    assert calls == [
+        ([ours], True, None),
+        ([ours, "/x"], True, {"a": 1}),  # user paths come later, so they win a name clash
+        (["/x", ours], True, None),
+        ("/x", False, None),
+    ]
+
+
+def test_real_task_manager_is_patched_when_lm_eval_is_imported():
+    pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    assert getattr(TaskManager.__init__, "_cru_harness_patched", False), (
+        "the .pth hook did not patch TaskManager: is cru_harness_lmeval.pth installed in site-packages?")

@@ -1,0 +1,80 @@
+"""`cru` with router bundles attached: scores change, `+` joins bundles, mismatches raise the bundle's error."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("lm_eval")
+
+from lm_eval.api.instance import Instance  # noqa: E402
+from test_lmeval_support import CORPUS, shared_tiny_dir  # noqa: E402
+
+from cru_harness.lmeval.model import CRULM  # noqa: E402
+
+FORGET = [t for t in CORPUS if "cat" in t or "bees" in t.lower()]
+RETAIN = [t for t in CORPUS if t not in FORGET]
+PAIRS = [("Question: How many legs has a cat?\nAnswer:", " four"),
+         ("Question: What colour is the sky?\nAnswer:", " blue")]
+
+
+def _train_bundle(model_dir, out_dir, seed):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cru_harness.cru.train import RouterTrainingConfig, train_routers
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    cfg = RouterTrainingConfig(last_k=2, percentile=75.0, d_r=4, epochs=1, lr=5e-2, batch_size=8,
+                               max_length=64, seed=seed, progress=False)
+    bundle = train_routers(model, tok, FORGET, RETAIN, cfg)
+    bundle.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    pytest.importorskip("cru_harness.cru.train")
+    model_dir = shared_tiny_dir(tmp_path_factory)
+    other_dir = shared_tiny_dir(tmp_path_factory, name="tiny_qwen2", arch="qwen2")
+    root = tmp_path_factory.mktemp("bundles")
+    a = _train_bundle(model_dir, root / "a", seed=0)
+    b = _train_bundle(model_dir, root / "b", seed=1)
+    foreign = _train_bundle(other_dir, root / "foreign", seed=0)
+    return model_dir, a, b, foreign
+
+
+def _scores(lm):
+    return [tuple(r) for r in lm.loglikelihood([Instance("loglikelihood", {}, p, i) for i, p in enumerate(PAIRS)])]
+
+
+def test_routers_change_scores_and_detach_cleanly(setup):
+    model_dir, a, b, _ = setup
+    base = _scores(CRULM(base=str(model_dir), device="cpu", batch_size=2))
+    routed = CRULM(base=str(model_dir), routers=str(a), device="cpu", batch_size=2)
+    assert routed.has_routers and routed.get_model_info()["cru_routers"] == [str(a)]
+    with_routers = _scores(routed)
+    assert with_routers != base
+    with routed.without_routers():
+        assert _scores(routed) == base
+    assert _scores(routed) == with_routers  # re-attached
+
+    both = CRULM(base=str(model_dir), routers=f"{a}+{b}", device="cpu", batch_size=2)
+    assert len(both.bundles) == 2
+    two = _scores(both)
+    assert two != with_routers and two != base
+
+
+def test_bundle_for_another_base_raises_the_bundle_error(setup):
+    from cru_harness.cru.bundle import BundleError
+
+    model_dir, _, _, foreign = setup
+    with pytest.raises(BundleError, match="bundle"):
+        CRULM(base=str(model_dir), routers=str(foreign), device="cpu")
+
+
+def test_missing_bundle_directory_is_named(setup, tmp_path):
+    from cru_harness.cru.bundle import BundleError
+
+    model_dir = setup[0]
+    with pytest.raises(BundleError, match="nope"):
+        CRULM(base=str(model_dir), routers=str(tmp_path / "nope"), device="cpu")
