@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib.resources
 import json
 import shutil
 import sys
 from pathlib import Path
 
-DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+# configs/ ships inside the package as cru_harness.configs, so the demo also runs from a wheel install.
+DEMO_CONFIG = Path(importlib.resources.files("cru_harness.configs") / "demo.yaml")
 
 
 def register(subparsers) -> None:
