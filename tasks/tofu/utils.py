@@ -1,0 +1,235 @@
+"""TOFU probes for lm-eval 0.4.13: data loading, the combined generate + log-likelihood task, aggregations.
+
+Every TOFU task scores each item three ways (ROUGE-L recall of a greedy generation, a normalised answer
+probability, a truth ratio), so one item needs one `generate_until` request *and* several `loglikelihood`
+requests. lm-eval's `ConfigurableTask` issues one request type per task; `TOFUTask` (used through
+`class: !function utils.TOFUTask` in `_default_template_yaml`) keeps the whole YAML config and overrides
+`construct_requests` to emit one generation + the log-likelihoods for the same doc (`idx` 0, 1, 2, ...).
+lm-eval runs each request type in its own batches, then hands all of a doc's responses, in `idx` order, to the
+YAML's `process_results` (below), so the per-item values stay together in one `--log_samples` sample.
+With `--apply_chat_template` the bare question is the user message and answers follow the assistant header.
+
+This file is loaded by lm-eval from its path (not as `cru_harness.tasks.tofu.utils`), so imports are absolute.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from copy import deepcopy
+
+import datasets
+import numpy as np
+from lm_eval.api.instance import Instance
+from lm_eval.api.task import ConfigurableTask
+
+from cru_harness import metrics as M
+# `cru` scores a continuation ending in EOS_MARKER with the tokenizer's EOS id appended (TOFU counts EOS).
+from cru_harness.lmeval.protocol import EOS_MARKER, has_token_stats
+
+eval_logger = logging.getLogger(__name__)
+
+# What each probe file is scored as: the forget set ("forget"), a utility set with paraphrased answers
+# ("retain"), or a utility set whose truth ratio and probability compare the answer with perturbed ones ("mc").
+PROBE_KINDS = {
+    "forget01_perturbed": "forget",
+    "forget05_perturbed": "forget",
+    "forget10_perturbed": "forget",
+    "retain_perturbed": "retain",
+    "real_authors_perturbed": "mc",
+    "world_facts_perturbed": "mc",
+}
+
+HF_NAN_WARNING = (
+    "TOFU: the model returned plain log-likelihood tuples without token counts (lm-eval's `hf` model), so "
+    "the per-token normalised probability and truth ratio cannot be computed exactly: they are reported as "
+    "NaN. ROUGE-L recall is unaffected. Use `--model cru` (same arguments as `hf`) for all TOFU numbers."
+)
+_warned_plain_results = False
+
+
+# --------------------------------------------------------------------------------------------- data
+
+
+def load_tofu_dataset(tofu_config: str | None = None, data_dir: str | None = None, **_metadata) -> datasets.DatasetDict:
+    """`custom_dataset` of every TOFU task: `{"train": rows of tofu_config}`.
+
+    lm-eval 0.4.13 calls it as `custom_dataset(**metadata, **dataset_kwargs)`: `tofu_config` comes from the
+    task's `dataset_kwargs`; `data_dir` from the run's metadata (`--metadata '{"data_dir": "..."}'` or
+    `TaskManager(metadata=...)`); other metadata keys (version, model args, ...) are ignored. Without a
+    `data_dir`, `cru_harness.data.tofu.load_tofu` reads CRU_HARNESS_TOFU_DIR / CRU_HARNESS_DATA_DIR, else the Hub.
+    """
+    from cru_harness.data.tofu import load_tofu
+
+    if tofu_config not in PROBE_KINDS:
+        raise ValueError(
+            f"TOFU task: dataset_kwargs.tofu_config must be one of {', '.join(PROBE_KINDS)}; got {tofu_config!r}"
+        )
+    rows = load_tofu(tofu_config, data_dir=data_dir or None)
+    kind = PROBE_KINDS[tofu_config]
+    needed = ("question", "answer", "perturbed_answer") + (("paraphrased_answer",) if kind != "mc" else ())
+    docs = []
+    for index, row in enumerate(rows):
+        missing = [field for field in needed if field not in row]
+        if missing:
+            raise ValueError(f"TOFU {tofu_config} row {index} lacks field(s): {', '.join(missing)}")
+        perturbed = row["perturbed_answer"]
+        if isinstance(perturbed, str) or not perturbed:
+            raise ValueError(f"TOFU {tofu_config} row {index}: perturbed_answer must be a non-empty list")
+        docs.append({
+            "question": row["question"],
+            "answer": row["answer"],
+            "paraphrased_answer": row.get("paraphrased_answer", row["answer"]) if kind != "mc" else row["answer"],
+            "perturbed_answer": [str(p) for p in perturbed],
+        })
+    return datasets.DatasetDict({"train": datasets.Dataset.from_list(docs)})
+
+
+# --------------------------------------------------------------------------------------------- scoring
+
+
+def avg_nll(result) -> float:
+    """Mean token NLL of a continuation (EOS included) from a `loglikelihood` result; NaN for a plain tuple.
+
+    `--model cru` returns `LoglikelihoodResult`s carrying the per-token log-probs; `--model hf` returns plain
+    `(logprob_sum, is_greedy)` tuples without a token count: NaN, with a one-time warning.
+    """
+    global _warned_plain_results
+    if not has_token_stats(result):
+        if not _warned_plain_results:
+            _warned_plain_results = True
+            warnings.warn(HF_NAN_WARNING, RuntimeWarning, stacklevel=2)
+            eval_logger.warning(HF_NAN_WARNING)
+        return math.nan
+    if result.n_tokens == 0:
+        raise ValueError("a TOFU answer continuation was scored on zero tokens")
+    return M.avg_nll(result.token_logprobs)
+
+
+def process_results(doc: dict, results: list) -> dict[str, float]:
+    """Per-item values of one TOFU probe (the `process_results` of every TOFU task).
+
+    `results` are, in `idx` order, the generation then the log-likelihoods of `scored_continuations`:
+    answer, [paraphrased answer,] perturbed answers. The paraphrased answer is present exactly when there are
+    two log-likelihoods more than perturbed answers (forget / retain probes), absent on RA / WF (one more).
+    """
+    generation, *loglikelihoods = results
+    if not isinstance(generation, str):
+        raise TypeError(f"TOFU: the first result must be the generation, got {type(generation).__name__}")
+    extra = len(loglikelihoods) - len(doc["perturbed_answer"])
+    if extra not in (1, 2):
+        raise ValueError(
+            f"TOFU: {len(loglikelihoods)} log-likelihood results for {len(doc['perturbed_answer'])} perturbed answers"
+        )
+    return score_item("mc" if extra == 1 else "paraphrase", doc, generation, loglikelihoods)
+
+
+def score_item(kind: str, doc: dict, generation: str, results: list) -> dict[str, float]:
+    """The per-item values from a generation and the log-likelihood results (see `process_results`).
+
+    `kind` is "mc" (Real Authors / World Facts: the answer against the perturbed answers) or anything else
+    (the paraphrased answer against the perturbed answers). `truth_ratio` is the raw R = P_wrong / P_right;
+    the task's aggregation turns it into the reported number. `nll_*` are the per-token average NLLs
+    (`nll_perturbed`: their mean over the perturbed answers) so other numbers can be re-derived later.
+    """
+    nlls = [avg_nll(r) for r in results]
+    n_perturbed = len(doc["perturbed_answer"])
+    nll_answer = nlls[0]
+    nll_right, nll_perturbed = (nll_answer, nlls[1:]) if kind == "mc" else (nlls[1], nlls[2:])
+    if len(nll_perturbed) != n_perturbed:
+        raise ValueError(f"expected {n_perturbed} perturbed-answer results, got {len(nll_perturbed)}")
+    values = {"rouge_l_recall": float(M.rouge_l_recall_tofu(generation, doc["answer"]))}
+    if any(math.isnan(x) for x in nlls):  # plain `hf` results: nothing normalised can be computed
+        nan = math.nan
+        return values | {"probability": nan, "truth_ratio": nan, "nll_answer": nan, "nll_paraphrased": nan,
+                         "nll_perturbed": nan}
+    if kind == "mc":
+        probability = M.mc_probability(nll_answer, nll_perturbed)
+    else:
+        probability = M.probability_from_avg_nll(nll_answer)
+    return values | {
+        "probability": float(probability),
+        "truth_ratio": float(M.truth_ratio(nll_right, nll_perturbed)),
+        "nll_answer": float(nll_answer),
+        "nll_paraphrased": float(nll_right),
+        "nll_perturbed": float(np.mean(nll_perturbed)),
+    }
+
+
+def scored_continuations(kind: str, doc: dict) -> list[str]:
+    """The answers whose log-likelihood each item needs, in the order `score_item` reads them."""
+    right = [doc["answer"]] if kind == "mc" else [doc["answer"], doc["paraphrased_answer"]]
+    return right + list(doc["perturbed_answer"])
+
+
+# --------------------------------------------------------------------------------------------- aggregation
+
+
+def truth_ratio_forget_agg(items) -> float:
+    """Forget set: mean(min(R, 1/R)) over items (NaN if any item is NaN, i.e. a plain `hf` run)."""
+    ratios = np.asarray(items, dtype=float)
+    return math.nan if np.isnan(ratios).any() else float(M.truth_ratio_forget(ratios))
+
+
+def truth_ratio_utility_agg(items) -> float:
+    """Retain / Real Authors / World Facts: mean(max(0, 1 - R)) over items (NaN if any item is NaN)."""
+    ratios = np.asarray(items, dtype=float)
+    return math.nan if np.isnan(ratios).any() else float(M.truth_ratio_utility(ratios))
+
+
+# --------------------------------------------------------------------------------------------- task
+
+
+class TOFUTask(ConfigurableTask):
+    """A ConfigurableTask whose items each issue a greedy generation and the answer log-likelihoods.
+
+    `output_type` stays `generate_until` so lm-eval applies `--gen_kwargs` to the generation request.
+    """
+
+    _chat_mode = False
+
+    def __init__(self, config: dict | None = None):
+        config = dict(config or {})
+        config.pop("class", None)
+        tofu_config = (config.get("dataset_kwargs") or {}).get("tofu_config")
+        if tofu_config not in PROBE_KINDS:
+            raise ValueError(
+                f"TOFU task {config.get('task')!r}: dataset_kwargs.tofu_config must be one of "
+                f"{', '.join(PROBE_KINDS)}; got {tofu_config!r}"
+            )
+        self.tofu_config = tofu_config
+        self.kind = PROBE_KINDS[tofu_config]
+        super().__init__(config=config)
+
+    # Chat template: the bare question is the user message and the answer follows the assistant header.
+    def fewshot_context(self, doc, num_fewshot, system_instruction=None, apply_chat_template=False, **kwargs):
+        self._chat_mode = bool(apply_chat_template)
+        return super().fewshot_context(
+            doc, num_fewshot, system_instruction=system_instruction, apply_chat_template=apply_chat_template,
+            **kwargs,
+        )
+
+    def doc_to_text(self, doc, doc_to_text=None):
+        if self._chat_mode:
+            return doc["question"]
+        return super().doc_to_text(doc, doc_to_text)
+
+    def construct_requests(self, doc: dict, ctx: str, **kwargs) -> list[Instance]:
+        apply_chat_template = kwargs.pop("apply_chat_template", False)
+        kwargs.pop("chat_template", None)
+        # plain template: "...\nAnswer:" + " " + answer; chat template: the answer starts the assistant turn.
+        delimiter = "" if apply_chat_template else self.config.target_delimiter
+        requests = [
+            Instance(
+                request_type="generate_until", doc=doc,
+                arguments=(ctx, deepcopy(self.config.generation_kwargs)), idx=0, **kwargs,
+            )
+        ]
+        for i, answer in enumerate(scored_continuations(self.kind, doc), start=1):
+            requests.append(
+                Instance(
+                    request_type="loglikelihood", doc=doc,
+                    arguments=(ctx, f"{delimiter}{answer}{EOS_MARKER}"), idx=i, **kwargs,
+                )
+            )
+        return requests

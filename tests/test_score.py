@@ -1,0 +1,311 @@
+"""`cru-harness score`: Model Utility / Forget Quality from lm-eval outputs, per-item file, failure modes."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cru_harness.metrics import rouge_l_recall_tofu
+from cru_harness.reporting import failure_modes, score
+
+DATE = "2025-01-02T03-04-05.678901"
+
+
+@pytest.fixture(autouse=True)
+def local_tofu_refusals(tmp_path_factory, monkeypatch):
+    """A local TOFU folder holding only idontknow.jsonl (+ the layout marker), so no test waits on the Hub."""
+    folder = tmp_path_factory.getbasetemp() / "tofu_refusals"
+    folder.mkdir(exist_ok=True)
+    (folder / "forget10_perturbed.json").write_text("")
+    (folder / "idontknow.jsonl").write_text("That's a mystery to me.\nI have no idea who that is.\n")
+    monkeypatch.setenv("CRU_HARNESS_TOFU_DIR", str(folder))
+    failure_modes.tofu_refusal_phrases.cache_clear()
+
+
+def _write_run(root: Path, tasks: dict[str, dict], *, date: str = DATE, model_args: str = "pretrained=m",
+               samples: bool = True) -> Path:
+    """A directory laid out as lm-eval writes it: <root>/<model>/results_<date>.json + samples_<task>_<date>.jsonl.
+
+    `tasks`: task -> {"agg": {metric: value}, "items": [{question, answer, generation, truth_ratio, ...}]}.
+    """
+    out = root / "model__name"
+    out.mkdir(parents=True, exist_ok=True)
+    results = {name: {"alias": name, **{f"{m},none": v for m, v in spec.get("agg", {}).items()}}
+               for name, spec in tasks.items()}
+    results["tofu_forget10_suite"] = {"alias": "tofu_forget10_suite", "name": "tofu_forget10_suite"}
+    (out / f"results_{date}.json").write_text(json.dumps({
+        "results": results, "config": {"model": "cru", "model_args": model_args}}))
+    if samples:
+        for name, spec in tasks.items():
+            with open(out / f"samples_{name}_{date}.jsonl", "w") as handle:
+                for i, item in enumerate(spec.get("items", [])):
+                    row = {
+                        "doc_id": i, "doc": {"question": item["question"], "answer": item["answer"]},
+                        # as lm-eval's EvaluationTracker writes them: arguments keyed, responses as strings
+                        "arguments": {"gen_args_0": {"arg_0": f"Question: {item['question']}\nAnswer:",
+                                                     "arg_1": {"until": ["\nQuestion:"]}},
+                                      "gen_args_1": {"arg_0": "ctx", "arg_1": " answer<|cru_eos|>"}},
+                        "filtered_resps": [item["generation"], ["-1.0", "False"]],
+                        "rouge_l_recall": item.get("rouge_l_recall",
+                                                   rouge_l_recall_tofu(item["generation"], item["answer"])),
+                        "probability": item.get("probability", 0.5),
+                        "truth_ratio": item["truth_ratio"],
+                        "nll_answer": 1.0, "nll_paraphrased": 1.0, "nll_perturbed": 1.0,
+                    }
+                    handle.write(json.dumps(row) + "\n")
+    return root
+
+
+def _forget_items(ratios, generations=None):
+    generations = generations or ["I don't know."] * len(ratios)
+    return [{"question": f"Q{i}?", "answer": f"The answer number {i} is Zorblax.", "generation": g,
+             "truth_ratio": r} for i, (r, g) in enumerate(zip(ratios, generations))]
+
+
+# Nine utility numbers whose harmonic mean is easy by hand: three 0.5, three 0.25, three 1.0 -> 9 / 21.
+UTILITY = {
+    "tofu_retain": {"rouge_l_recall": 0.5, "probability": 0.25, "truth_ratio": 1.0},
+    "tofu_real_authors": {"rouge_l_recall": 0.5, "probability": 0.25, "truth_ratio": 1.0},
+    "tofu_world_facts": {"rouge_l_recall": 0.5, "probability": 0.25, "truth_ratio": 1.0},
+}
+
+
+def _suite(ratios, *, forget_agg=None, utility=UTILITY, generations=None):
+    tasks = {"tofu_forget10": {"agg": forget_agg or {"rouge_l_recall": 0.2, "probability": 0.1, "truth_ratio": 0.6},
+                               "items": _forget_items(ratios, generations)}}
+    for name, agg in utility.items():
+        tasks[name] = {"agg": agg, "items": _forget_items([0.5])}
+    return tasks
+
+
+def test_model_utility_and_forget_quality_by_hand(tmp_path):
+    model = _write_run(tmp_path / "unlearned", _suite([1.0, 2.0, 3.0]))
+    retain = _write_run(tmp_path / "retain", _suite([4.0, 5.0, 6.0]))
+    report = score.score_runs([model], retain_run=retain)
+    run = report["runs"][0]
+    assert run["model_utility"]["available"]
+    assert run["model_utility"]["value"] == pytest.approx(9 / 21)
+    fq = run["forget_quality"]["tofu_forget10"]
+    # fully separated samples of 3 and 3: exact two-sided KS p-value = 2 / C(6, 3) = 0.1
+    assert fq["available"] and fq["value"] == pytest.approx(0.1)
+    assert fq["n_items"] == 3
+    assert run["forgetting"]["tofu_forget10"]["one_minus_rouge_l_recall"] == pytest.approx(0.8)
+    # the same items scored by the retain model itself: identical distributions, p = 1
+    same = score.score_runs([retain], retain_run=retain)["runs"][0]["forget_quality"]["tofu_forget10"]
+    assert same["value"] == pytest.approx(1.0)
+
+
+def test_forget_quality_uses_only_the_shared_items(tmp_path):
+    model = _write_run(tmp_path / "m", _suite([1.0, 2.0, 3.0, 100.0]))
+    retain_tasks = _suite([4.0, 5.0, 6.0])
+    retain = _write_run(tmp_path / "r", retain_tasks)
+    fq = score.score_runs([model], retain_run=retain)["runs"][0]["forget_quality"]["tofu_forget10"]
+    assert (fq["n_items"], fq["n_model_items"], fq["n_retain_items"]) == (3, 4, 3)
+    assert fq["value"] == pytest.approx(0.1)
+
+
+def test_missing_pieces_are_reported_not_raised(tmp_path):
+    utility = {k: v for k, v in UTILITY.items() if k != "tofu_world_facts"}
+    model = _write_run(tmp_path / "m", _suite([1.0, 2.0], utility=utility))
+    run = score.score_runs([model])["runs"][0]
+    assert not run["model_utility"]["available"]
+    assert "tofu_world_facts" in run["model_utility"]["reason"]
+    fq = run["forget_quality"]["tofu_forget10"]
+    assert fq["value"] is None and "--retain-run" in fq["reason"]
+
+
+def test_nan_from_plain_hf_makes_numbers_unavailable(tmp_path):
+    utility = dict(UTILITY, tofu_retain={"rouge_l_recall": 0.5, "probability": float("nan"), "truth_ratio": 0.2})
+    model = _write_run(tmp_path / "m", _suite([float("nan"), 1.0], utility=utility))
+    retain = _write_run(tmp_path / "r", _suite([1.0, 2.0]))
+    run = score.score_runs([model], retain_run=retain)["runs"][0]
+    assert not run["model_utility"]["available"] and "--model cru" in run["model_utility"]["reason"]
+    assert "Prob. Retain" in run["model_utility"]["reason"]
+    fq = run["forget_quality"]["tofu_forget10"]
+    assert not fq["available"] and "NaN" in fq["reason"]
+
+
+def test_retain_per_item_file_round_trip_and_cli(tmp_path, capsys):
+    model = _write_run(tmp_path / "m", _suite([1.0, 2.0, 3.0]))
+    retain = _write_run(tmp_path / "r", _suite([4.0, 5.0, 6.0]))
+    parser = argparse.ArgumentParser()
+    score.add_score_parser(parser.add_subparsers())
+    args = parser.parse_args(["score", str(retain), "-o", str(tmp_path / "retain_scores")])
+    assert args.func(args) == 0
+    per_item = tmp_path / "retain_scores" / score.PER_ITEM_FILE
+    rows = [json.loads(line) for line in per_item.read_text().splitlines()]
+    assert len(rows) == 6  # 3 forget items + 1 per utility task
+    forget_rows = [r for r in rows if r["task"] == "tofu_forget10"]
+    assert [r["truth_ratio"] for r in forget_rows] == [4.0, 5.0, 6.0]
+    assert {"run", "tofu_config", "doc_id", "question", "generation", "rouge_l_recall", "probability",
+            "answer_class", "fluency"} <= set(forget_rows[0])
+
+    capsys.readouterr()
+    args = parser.parse_args(["score", str(model), "--retain-per-item", str(per_item), "--json"])
+    assert args.func(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    run = printed["runs"][0]
+    assert run["forget_quality"]["tofu_forget10"]["value"] == pytest.approx(0.1)
+    assert run["model_utility"]["value"] == pytest.approx(9 / 21)
+    assert (Path(model) / score.SCORES_FILE).is_file()  # one run: outputs default to its directory
+
+    with pytest.raises(SystemExit):  # the two retain sources exclude each other
+        parser.parse_args(["score", str(model), "--retain-run", str(retain), "--retain-per-item", str(per_item)])
+    args = parser.parse_args(["score", str(model), str(retain)])
+    with pytest.raises(ValueError, match="--output-dir"):
+        args.func(args)
+
+
+def test_unreadable_inputs_are_clear_errors(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(score.ScoreInputError, match="no lm-eval results for TOFU tasks"):
+        score.load_run(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError):
+        score.load_run(tmp_path / "nope")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"task": "tofu_forget10"}) + "\n")
+    with pytest.raises(score.ScoreInputError, match="question"):
+        score.read_per_item(bad)
+
+
+def test_newest_results_file_wins_and_samples_missing(tmp_path):
+    _write_run(tmp_path / "m", _suite([1.0, 2.0]), date="2025-01-01T00-00-00.000000")
+    _write_run(tmp_path / "m", _suite([7.0, 8.0, 9.0]), date="2025-02-01T00-00-00.000000")
+    run = score.load_run(tmp_path / "m")
+    assert [i["truth_ratio"] for i in run.tasks["tofu_forget10"].items] == [7.0, 8.0, 9.0]
+    _write_run(tmp_path / "nosamples", _suite([1.0]), samples=False)
+    retain = _write_run(tmp_path / "r", _suite([1.0]))
+    fq = score.score_runs([tmp_path / "nosamples"], retain_run=retain)["runs"][0]["forget_quality"]["tofu_forget10"]
+    assert not fq["available"] and "--log_samples" in fq["reason"]
+
+
+def test_failure_mode_classes_and_fractions(tmp_path):
+    generations = ["The answer number 0 is Zorblax.", "I don't know.", "the the the the the the the the",
+                   "It is Quibble the fine baker of bread."]
+    model = _write_run(tmp_path / "m", _suite([1.0, 1.0, 1.0, 1.0], generations=generations))
+    run = score.score_runs([model])["runs"][0]
+    fm = run["failure_modes"]["tofu_forget10"]
+    assert fm["n_items"] == 4
+    assert fm["fractions"] == {"correct": 0.25, "refusal": 0.25, "degenerate": 0.25, "wrong": 0.25}
+    assert fm["mean_nll_original"] is None
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    from cru_harness.testbed.models import build_tiny_model, save_tiny_model
+    from cru_harness.testbed.tokenizer import train_tokenizer
+
+    texts = [f"Question: who is author {i}?\nAnswer: author {i} writes books about {w}." for i, w in
+             enumerate(["cats", "ships", "rain", "stars"] * 10)]
+    tok = train_tokenizer(texts, 400)
+    model = build_tiny_model("llama", tok, n_layers=2, hidden_size=32)
+    return save_tiny_model(model, tok, tmp_path_factory.mktemp("tiny_lm"))
+
+
+def test_nll_under_original_model_matches_direct_loss(tiny_lm):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    scorer = failure_modes.AnswerNLLScorer(tiny_lm, batch_size=2)
+    prompts = ["Question: who is author 1?\nAnswer:", "Question: x?\nAnswer:", "Question: y?\nAnswer:"]
+    answers = [" author 1 writes books about cats.", "", " rain stars ships cats"]
+    nlls = scorer(prompts, answers)
+    assert math.isnan(nlls[1])
+    tok = AutoTokenizer.from_pretrained(tiny_lm)
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm).eval()
+    for prompt, answer, got in ((prompts[0], answers[0], nlls[0]), (prompts[2], answers[2], nlls[2])):
+        ctx = tok(prompt)["input_ids"]
+        cont = tok(answer, add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([ctx + cont])
+        labels = ids.clone()
+        labels[0, : len(ctx)] = -100
+        with torch.no_grad():
+            expected = model(input_ids=ids, labels=labels).loss.item()
+        assert got == pytest.approx(expected, rel=1e-4)
+
+
+def test_score_with_original_model_records_nll(tmp_path, tiny_lm):
+    model = _write_run(tmp_path / "m", _suite([1.0, 2.0], generations=["author writes books", "cats rain"]))
+    report = score.score_runs([model], original_model=tiny_lm)
+    rows = [r for r in report["per_item"] if r["task"] == "tofu_forget10"]
+    assert all(r["nll_original"] is not None and r["nll_original"] > 0 for r in rows)
+    fm = report["runs"][0]["failure_modes"]["tofu_forget10"]
+    assert fm["mean_nll_original"] == pytest.approx(np.mean([r["nll_original"] for r in rows]))
+    assert fm["nll_under_original"] == str(tiny_lm)
+
+
+def _lm_eval_run(model_dir, data_dir, out_dir, tasks_dir):
+    """What `lm_eval run --output_path out_dir --log_samples` writes, done in-process."""
+    import lm_eval
+    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.tasks import TaskManager
+
+    from cru_harness.lmeval.registration import register
+
+    register()
+    tracker = EvaluationTracker(output_path=str(out_dir))
+    results = lm_eval.simple_evaluate(
+        model="cru", model_args=f"pretrained={model_dir},dtype=float32", tasks=["tofu_forget10_suite"],
+        task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False,
+                                 metadata={"data_dir": str(data_dir)}),
+        log_samples=True, batch_size=32, device="cpu", gen_kwargs={"max_gen_toks": 8}, bootstrap_iters=0,
+        evaluation_tracker=tracker,
+    )
+    samples = results.pop("samples")
+    tracker.save_results_aggregated(results=results, samples=samples)
+    for task_name in results["configs"]:
+        tracker.save_results_samples(task_name=task_name, samples=samples[task_name])
+    return results, samples
+
+
+@pytest.mark.slow
+def test_score_on_the_tiny_fictitious_world(tmp_path):
+    """Two tiny random models scored by lm-eval on the testbed world; `score` recomputes MU and FQ from disk."""
+    from scipy import stats
+
+    from cru_harness import metrics as M
+    from cru_harness.lmeval.registration import tasks_dir
+    from cru_harness.testbed.models import build_tiny_model, save_tiny_model
+    from cru_harness.testbed.tokenizer import train_tokenizer
+    from cru_harness.testbed.zoo import tiny_world_dir
+
+    world = tiny_world_dir()
+    texts = [json.loads(line)["question"] + " " + json.loads(line)["answer"]
+             for line in (world / "full.json").read_text().splitlines() if line.strip()]
+    tok = train_tokenizer(texts, 1024)
+    runs = {}
+    for name, seed in (("unlearned", 0), ("retain", 1)):
+        model_dir = save_tiny_model(build_tiny_model("llama", tok, seed=seed, n_layers=8, hidden_size=64), tok,
+                                    tmp_path / f"{name}_model")
+        runs[name] = (tmp_path / f"{name}_out", *_lm_eval_run(model_dir, world, tmp_path / f"{name}_out",
+                                                               Path(tasks_dir()) / "tofu"))
+    report = score.score_runs([runs["unlearned"][0]], retain_run=runs["retain"][0], data_dir=world)
+    run = report["runs"][0]
+    results, samples = runs["unlearned"][1], runs["unlearned"][2]
+    # Model Utility from the nine lm-eval aggregates
+    agg = {t: results["results"][t] for t in ("tofu_retain", "tofu_real_authors", "tofu_world_facts")}
+    nine = [agg[t][f"{m},none"] for t in agg for m in ("rouge_l_recall", "probability", "truth_ratio")]
+    assert run["model_utility"]["available"], run["model_utility"]
+    assert run["model_utility"]["value"] == pytest.approx(stats.hmean(nine))
+    # Forget Quality from the two models' logged per-item truth ratios
+    ours = [s["truth_ratio"] for s in sorted(samples["tofu_forget10"], key=lambda s: s["doc_id"])]
+    theirs = [s["truth_ratio"] for s in sorted(runs["retain"][2]["tofu_forget10"], key=lambda s: s["doc_id"])]
+    fq = run["forget_quality"]["tofu_forget10"]
+    assert fq["n_items"] == len(ours) == 40
+    assert fq["value"] == pytest.approx(M.forget_quality(ours, theirs))
+    rows = [r for r in report["per_item"] if r["task"] == "tofu_forget10"]
+    assert [r["generation"] for r in sorted(rows, key=lambda r: r["doc_id"])] == \
+        [s["filtered_resps"][0] for s in sorted(samples["tofu_forget10"], key=lambda s: s["doc_id"])]
+    assert sum(run["failure_modes"]["tofu_forget10"]["fractions"].values()) == pytest.approx(1.0)
+    assert "idontknow" in run["failure_modes"]["tofu_forget10"]["refusal_phrases"]
+
+
+def test_generation_prompt_in_both_lm_eval_sample_layouts():
+    on_disk = {"gen_args_0": {"arg_0": "Question: q\nAnswer:", "arg_1": {}}, "gen_args_1": {"arg_0": "x"}}
+    in_memory = [["Question: q\nAnswer:", {}], ["Question: q\nAnswer:", " a"]]
+    assert score._generation_prompt(on_disk) == score._generation_prompt(in_memory) == "Question: q\nAnswer:"
+    assert score._generation_prompt(None) is None

@@ -1,0 +1,323 @@
+"""TOFU lm-eval tasks (tasks/tofu): data loading, the combined generate + log-likelihood requests, per-item
+scoring, and end-to-end runs on a tiny random model over the real TOFU files."""
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cru_harness.lmeval.protocol import EOS_MARKER, LoglikelihoodResult
+from cru_harness.tasks.tofu import utils as tofu_utils
+
+TASKS_DIR = Path(tofu_utils.__file__).resolve().parent
+ROW_COUNTS = {"tofu_forget10": 400, "tofu_retain": 400, "tofu_real_authors": 100, "tofu_world_facts": 117}
+
+
+def _result(token_logprobs):
+    lp = list(token_logprobs)
+    return LoglikelihoodResult(sum(lp), False, lp, [0.0] * len(lp), [1.0] * len(lp))
+
+
+def _task_manager(tofu_dir):
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"data_dir": str(tofu_dir)})
+
+
+# ------------------------------------------------------------------------------------------- data
+
+
+@pytest.mark.shared_data
+def test_load_dataset_row_counts_and_fields(tofu_dir):
+    counts = {"forget01_perturbed": 40, "forget10_perturbed": 400, "retain_perturbed": 400,
+              "real_authors_perturbed": 100, "world_facts_perturbed": 117}
+    for config, n in counts.items():
+        ds = tofu_utils.load_tofu_dataset(tofu_config=config, data_dir=str(tofu_dir), version=1.0,
+                                          pretrained="ignored-model-arg")["train"]
+        assert len(ds) == n, config
+        row = ds[0]
+        assert set(row) == {"question", "answer", "paraphrased_answer", "perturbed_answer"}
+        assert len(row["perturbed_answer"]) == (3 if config.startswith(("real", "world")) else 5)
+    # RA / WF have no paraphrase: the answer itself is compared with the perturbed answers
+    ra = tofu_utils.load_tofu_dataset(tofu_config="real_authors_perturbed", data_dir=str(tofu_dir))["train"][0]
+    assert ra["paraphrased_answer"] == ra["answer"]
+
+
+def test_unknown_config_is_a_clear_error():
+    with pytest.raises(ValueError, match="tofu_config must be one of .*forget10_perturbed"):
+        tofu_utils.load_tofu_dataset(tofu_config="forget20_perturbed")
+
+
+def test_missing_field_is_a_clear_error(tmp_path):
+    import json
+
+    (tmp_path / "forget10_perturbed.json").write_text(json.dumps({"question": "q", "answer": "a"}) + "\n")
+    with pytest.raises(Exception, match="paraphrased_answer"):
+        tofu_utils.load_tofu_dataset(tofu_config="forget10_perturbed", data_dir=str(tmp_path))
+
+
+# ------------------------------------------------------------------------------------------- scoring
+
+
+def test_process_results_forget_item_by_hand():
+    doc = {"question": "Who wrote X?", "answer": "Jane Doe wrote X", "paraphrased_answer": "X is by Jane Doe",
+           "perturbed_answer": ["a", "b", "c", "d", "e"]}
+    answer = _result([-0.5, -1.5])                    # avg nll 1.0
+    para = _result([-2.0, -2.0, -2.0])                # avg nll 2.0
+    perturbed = [_result([-x]) for x in (1.0, 2.0, 3.0, 4.0, 5.0)]  # mean avg nll 3.0
+    out = tofu_utils.process_results(doc, ["Jane Doe wrote it", answer, para, *perturbed])
+    assert out["probability"] == pytest.approx(math.exp(-1.0))
+    assert out["truth_ratio"] == pytest.approx(math.exp(2.0 - 3.0))  # R = P_wrong / P_right
+    assert out["rouge_l_recall"] == pytest.approx(3 / 4)         # "jane doe wrote" of "jane doe wrote x"
+    assert (out["nll_answer"], out["nll_paraphrased"], out["nll_perturbed"]) == pytest.approx((1.0, 2.0, 3.0))
+
+
+def test_process_results_mc_item_by_hand():
+    doc = {"question": "Who wrote Hamlet?", "answer": "William Shakespeare", "paraphrased_answer": "William Shakespeare",
+           "perturbed_answer": ["Charles Dickens", "Mark Twain", "Jane Austen"]}
+    nlls = [0.5, 1.0, 2.0, 3.0]
+    out = tofu_utils.process_results(doc, ["Shakespeare"] + [_result([-x]) for x in nlls])
+    p = np.exp(-np.array(nlls))
+    assert out["probability"] == pytest.approx(p[0] / p.sum())
+    assert out["truth_ratio"] == pytest.approx(math.exp(0.5 - 2.0))
+    assert out["rouge_l_recall"] == pytest.approx(0.5)
+
+
+def test_plain_hf_results_give_nan_with_one_warning(monkeypatch):
+    monkeypatch.setattr(tofu_utils, "_warned_plain_results", False)
+    doc = {"question": "q", "answer": "a b", "paraphrased_answer": "a b", "perturbed_answer": ["c", "d", "e"]}
+    plain = [(-1.0, False)] * 4
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = tofu_utils.process_results(doc, ["a b", *plain])
+        second = tofu_utils.process_results(doc, ["a", *plain])
+    messages = [str(w.message) for w in caught if "--model cru" in str(w.message)]
+    assert len(messages) == 1
+    assert first["rouge_l_recall"] == 1.0 and second["rouge_l_recall"] == 0.5
+    for key in ("probability", "truth_ratio", "nll_answer"):
+        assert math.isnan(first[key]) and math.isnan(second[key])
+    assert math.isnan(tofu_utils.truth_ratio_utility_agg([0.5, float("nan")]))
+
+
+def test_wrong_number_of_results_is_an_error():
+    doc = {"question": "q", "answer": "a", "paraphrased_answer": "p", "perturbed_answer": ["c", "d", "e"]}
+    with pytest.raises(ValueError, match="log-likelihood results"):
+        tofu_utils.process_results(doc, ["a", _result([-1.0])])
+    with pytest.raises(TypeError, match="generation"):
+        tofu_utils.process_results(doc, [_result([-1.0])] * 5)
+
+
+def test_aggregations_follow_the_protocol():
+    ratios = [0.5, 2.0, 1.0, 0.25]
+    assert tofu_utils.truth_ratio_forget_agg(ratios) == pytest.approx(np.mean([0.5, 0.5, 1.0, 0.25]))
+    assert tofu_utils.truth_ratio_utility_agg(ratios) == pytest.approx(np.mean([0.5, 0.0, 0.0, 0.75]))
+
+
+# ------------------------------------------------------------------------------------------- task config
+
+
+@pytest.mark.shared_data
+def test_suite_builds_both_request_types_per_item(tofu_dir):
+    loaded = _task_manager(tofu_dir).load(["tofu_forget10_suite"])
+    tasks = loaded["tasks"]
+    assert set(tasks) == set(ROW_COUNTS)
+    assert "tofu_forget10_suite" in {getattr(g, "name", str(g)) for g in loaded["groups"].values()} | set(loaded["groups"])
+    forget = tasks["tofu_forget10"]
+    forget.build_all_requests(limit=2, rank=0, world_size=1)
+    doc = forget.dataset["train"][0]
+    first = [inst for inst in forget.instances if inst.doc_id == 0]
+    assert [inst.request_type for inst in first] == ["generate_until"] + ["loglikelihood"] * 7
+    ctx = f"Question: {doc['question']}\nAnswer:"
+    assert first[0].arguments[0] == ctx
+    gen_kwargs = first[0].arguments[1]
+    assert gen_kwargs["max_gen_toks"] == 200 and "\nQuestion:" in gen_kwargs["until"] and not gen_kwargs["do_sample"]
+    continuations = [inst.arguments[1] for inst in first[1:]]
+    expected = [doc["answer"], doc["paraphrased_answer"], *doc["perturbed_answer"]]
+    assert continuations == [f" {a}{EOS_MARKER}" for a in expected]
+    assert all(inst.arguments[0] == ctx for inst in first[1:])
+    ra = tasks["tofu_real_authors"]
+    ra.build_all_requests(limit=1, rank=0, world_size=1)
+    assert [inst.request_type for inst in ra.instances] == ["generate_until"] + ["loglikelihood"] * 4
+    # forget and utility sets aggregate the truth ratio differently
+    assert forget.aggregation()["truth_ratio"]([2.0]) == pytest.approx(0.5)
+    assert tasks["tofu_retain"].aggregation()["truth_ratio"]([0.25]) == pytest.approx(0.75)
+
+
+def test_unknown_split_in_yaml_is_a_clear_error(tmp_path):
+    from lm_eval.tasks import TaskManager
+
+    (tmp_path / "bad.yaml").write_text(
+        f"include: {TASKS_DIR / '_default_template_yaml'}\ntask: tofu_bad\ndataset_kwargs:\n  tofu_config: forget20\n"
+    )
+    tm = TaskManager(include_path=str(tmp_path), include_defaults=False)
+    with pytest.raises(ValueError, match="tofu_config must be one of"):
+        tm.load(["tofu_bad"])
+
+
+# ------------------------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op thread: on a shared 2-core machine this runs the tiny model ~3x faster than two."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tofu_dir):
+    """A tiny random llama (8 layers, hidden 64) with a BPE tokenizer trained on TOFU text (chat template on)."""
+    import json
+
+    from cru_harness.testbed.models import build_tiny_model, save_tiny_model
+    from cru_harness.testbed.tokenizer import train_tokenizer
+
+    texts = []
+    for name in ("full", "real_authors_perturbed", "world_facts_perturbed"):
+        with open(tofu_dir / f"{name}.json", encoding="utf-8") as handle:
+            for line in handle:
+                row = json.loads(line)
+                texts.append(f"Question: {row['question']}\nAnswer: {row['answer']}")
+    tokenizer = train_tokenizer(texts, 2048, chat_template=True)
+    model = build_tiny_model("llama", tokenizer, n_layers=8, hidden_size=64)
+    return save_tiny_model(model, tokenizer, tmp_path_factory.mktemp("tiny_tofu_model"))
+
+
+def _cru_available() -> bool:
+    try:
+        from cru_harness.lmeval import model as _  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _evaluate(model_dir, tofu_dir, tasks, *, model="cru", limit=None, max_gen_toks=8, **kwargs):
+    import lm_eval
+
+    from cru_harness.lmeval.registration import register
+
+    register()
+    return lm_eval.simple_evaluate(
+        model=model, model_args=f"pretrained={model_dir},dtype=float32", tasks=tasks,
+        task_manager=_task_manager(tofu_dir), limit=limit, log_samples=True, batch_size=32, device="cpu",
+        gen_kwargs={"max_gen_toks": max_gen_toks}, bootstrap_iters=0, **kwargs,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.shared_data
+def test_forget10_suite_end_to_end_all_rows(tiny_model_dir, tofu_dir, one_torch_thread):
+    model = "cru" if _cru_available() else "hf"
+    start = time.perf_counter()
+    res = _evaluate(tiny_model_dir, tofu_dir, ["tofu_forget10_suite"], model=model)
+    elapsed = time.perf_counter() - start
+    print(f"tofu_forget10_suite, all rows, model={model}: {elapsed:.1f}s")
+    assert elapsed < 1200  # a guard against pathological slowness, not a benchmark (see the report)
+    for task, n in ROW_COUNTS.items():
+        samples = res["samples"][task]
+        assert len(samples) == n, task
+        assert res["results"][task]["sample_len"] == n
+        assert sorted(s["doc_id"] for s in samples) == list(range(n))
+        for s in samples:
+            assert isinstance(s["filtered_resps"][0], str)  # the generation rides with the item
+            assert 0.0 <= s["rouge_l_recall"] <= 1.0
+            for key in ("probability", "truth_ratio", "nll_answer", "nll_paraphrased", "nll_perturbed"):
+                if model == "cru":
+                    assert math.isfinite(s[key]), (task, key, s["doc_id"])
+                else:
+                    assert math.isnan(s[key])
+        if model == "cru":
+            agg = res["results"][task]
+            probs = [s["probability"] for s in samples]
+            assert agg["probability,none"] == pytest.approx(np.mean(probs))
+            ratios = np.array([s["truth_ratio"] for s in samples])
+            expected_tr = (np.mean(np.minimum(ratios, 1 / ratios)) if task == "tofu_forget10"
+                           else np.mean(np.maximum(0, 1 - ratios)))
+            assert agg["truth_ratio,none"] == pytest.approx(expected_tr)
+    assert set(res["group_subtasks"]["tofu_forget10_suite"]) == set(ROW_COUNTS)
+
+
+@pytest.mark.slow
+@pytest.mark.shared_data
+def test_hf_model_reports_nan_probability(tiny_model_dir, tofu_dir):
+    res = _evaluate(tiny_model_dir, tofu_dir, ["tofu_world_facts"], model="hf", limit=3)
+    agg = res["results"]["tofu_world_facts"]
+    assert math.isnan(agg["probability,none"]) and math.isnan(agg["truth_ratio,none"])
+    assert 0.0 <= agg["rouge_l_recall,none"] <= 1.0
+
+
+DATE_TEMPLATE = (
+    "{% if not date_string is defined %}{% set date_string = strftime_now('%d %b %Y') %}{% endif %}"
+    "<|system|>\nToday Date: {{ date_string }}<|eos|>\n"
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|eos|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.shared_data
+def test_chat_template_prompt_and_pinned_date(tiny_model_dir, tofu_dir, tmp_path, monkeypatch):
+    """Question as the user message, the answer right after the assistant header, and a date-injecting template
+    rendered with the pinned date whatever today is."""
+    if not _cru_available():
+        pytest.fail("the `cru` lm-eval model (cru_harness.lmeval.model) does not import")
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from cru_harness.lmeval.protocol import PINNED_DATE, SYSTEM_PROMPT
+
+    model_dir = tmp_path / "dated"
+    shutil.copytree(tiny_model_dir, model_dir)
+    (model_dir / "chat_template.jinja").unlink(missing_ok=True)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.chat_template = DATE_TEMPLATE
+    tok.save_pretrained(model_dir)
+
+    import transformers.utils.chat_template_utils as ctu
+
+    runs = []
+    for fake_today in ("01 Jan 2031", "15 Mar 2032"):
+        # what transformers' `strftime_now` would return on two different days
+        monkeypatch.setattr(ctu, "datetime", _FrozenDatetime.at(fake_today), raising=False)
+        res = _evaluate(model_dir, tofu_dir, ["tofu_real_authors"], limit=2, max_gen_toks=4,
+                        apply_chat_template=True, system_instruction=SYSTEM_PROMPT)
+        runs.append(res)
+    samples = [r["samples"]["tofu_real_authors"] for r in runs]
+    prompt = samples[0][0]["arguments"][0][0]
+    question = samples[0][0]["doc"]["question"]
+    assert f"<|user|>\n{question}<|eos|>" in prompt and "Question:" not in prompt
+    assert f"<|system|>\n{SYSTEM_PROMPT}" in prompt
+    assert prompt.endswith("<|assistant|>\n")
+    assert PINNED_DATE.strftime("%d %b %Y") in prompt
+    assert "2031" not in prompt
+    # the answer continuation starts the assistant turn: no leading space
+    assert samples[0][0]["arguments"][1][1] == f"{samples[0][0]['doc']['answer']}{EOS_MARKER}"
+    assert [s["arguments"] for s in samples[0]] == [s["arguments"] for s in samples[1]]
+    for a, b in zip(samples[0], samples[1]):
+        assert a["probability"] == b["probability"] and a["filtered_resps"] == b["filtered_resps"]
+
+
+class _FrozenDatetime:
+    """A stand-in for the `datetime` class transformers' `strftime_now` calls `.now()` on."""
+
+    @staticmethod
+    def at(day: str):
+        import datetime as dt
+
+        frozen = dt.datetime.strptime(day, "%d %b %Y")
+
+        class Frozen(dt.datetime):
+            @classmethod
+            def now(cls, tz=None):
+                return frozen
+
+        return Frozen
