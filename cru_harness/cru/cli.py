@@ -1,0 +1,156 @@
+"""`cru-harness unlearn` (train a router bundle) and `cru-harness inspect` (show one without loading the base)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def register(subparsers) -> None:
+    unlearn = subparsers.add_parser(
+        "unlearn", help="train CRU routers for a forget set and save them as a router bundle",
+        description="Localize the forget set's neurons in a frozen base model, train routers that close them on "
+                    "forget inputs and keep them open on retain inputs, and save the bundle to --out.")
+    unlearn.add_argument("--base", required=True, help="HF model id or local checkpoint directory")
+    unlearn.add_argument("--forget", required=True,
+                         help="forget corpus: JSON/JSONL file (question+answer or text rows), TOFU config "
+                              "(forget10) or rwku:<target>:<kind>")
+    unlearn.add_argument("--retain", required=True, help="retain corpus (same forms as --forget)")
+    unlearn.add_argument("--out", required=True, help="directory to write the router bundle to")
+    unlearn.add_argument("--data-dir", default=None, help="local TOFU/RWKU data root (default: env or the Hub)")
+    unlearn.add_argument("--blocks", default=None,
+                         help="comma-separated block indices to gate (negative = from the end); overrides --last-k")
+    unlearn.add_argument("--last-k", type=int, default=4, help="gate the last K decoder blocks (default 4)")
+    unlearn.add_argument("--percentile", type=float, default=95.0, help="variance percentile p (default 95)")
+    unlearn.add_argument("--selection", choices=("variance", "random"), default="variance")
+    unlearn.add_argument("--d-r", type=int, default=32, help="router bottleneck width (default 32)")
+    unlearn.add_argument("--lambda", dest="lam", type=float, default=1.0, help="retain weight λ (default 1)")
+    unlearn.add_argument("--epochs", type=int, default=5)
+    unlearn.add_argument("--lr", type=float, default=1e-3)
+    unlearn.add_argument("--batch-size", type=int, default=8)
+    unlearn.add_argument("--max-length", type=int, default=256)
+    unlearn.add_argument("--seed", type=int, default=0)
+    unlearn.add_argument("--input-norm", choices=("none", "rms"), default="none",
+                         help="router input normalisation (default none, as in the paper)")
+    unlearn.add_argument("--dtype", choices=DTYPES, default="float32",
+                         help="dtype to run the frozen base in (routers are always float32)")
+    unlearn.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    unlearn.set_defaults(func=run_unlearn)
+
+    inspect = subparsers.add_parser("inspect", help="print a router bundle's manifest and sizes",
+                                    description="Print a router bundle's manifest, file sizes and parameter "
+                                                "counts; the base model is not loaded.")
+    inspect.add_argument("bundle", help="router bundle directory")
+    inspect.add_argument("--json", action="store_true", help="print the raw manifest JSON")
+    inspect.set_defaults(func=run_inspect)
+
+
+def _parse_blocks(spec: str | None) -> list[int] | None:
+    if spec is None:
+        return None
+    try:
+        return [int(part) for part in spec.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--blocks must be comma-separated integers, got {spec!r}") from None
+
+
+def _load_corpus(source: str, data_dir, what: str) -> list[str]:
+    from cru_harness.cli import CLIError
+    from cru_harness.data.corpora import load_corpus
+    from cru_harness.data.sources import DataSourceError
+
+    try:
+        texts = load_corpus(source, data_dir)
+    except DataSourceError as err:
+        raise CLIError(f"{what} corpus: {err}") from None
+    if not texts:
+        raise CLIError(f"{what} corpus {source} is empty")
+    return texts
+
+
+def run_unlearn(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .train import RouterTrainingConfig, train_routers
+
+    config = RouterTrainingConfig(
+        last_k=args.last_k, blocks=_parse_blocks(args.blocks), percentile=args.percentile,
+        selection=args.selection, d_r=args.d_r, lam=args.lam, epochs=args.epochs, lr=args.lr,
+        batch_size=args.batch_size, max_length=args.max_length, seed=args.seed, input_norm=args.input_norm,
+        forget_description=str(args.forget), retain_description=str(args.retain), progress=not args.no_progress)
+    forget = _load_corpus(args.forget, args.data_dir, "forget")
+    retain = _load_corpus(args.retain, args.data_dir, "retain")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.base)
+        model = AutoModelForCausalLM.from_pretrained(args.base, dtype=getattr(torch, args.dtype))
+    except OSError as err:
+        from cru_harness.cli import CLIError
+        raise CLIError(f"cannot load base model {args.base!r}: {err}") from None
+    model.eval()
+    bundle = train_routers(model, tokenizer, forget, retain, config)
+    bundle.config.base_model = str(args.base)
+    out = bundle.save_pretrained(args.out)
+    metrics = bundle.config.metrics
+    print(f"saved router bundle to {out}: blocks {bundle.block_indices}, "
+          f"{bundle.config.router_parameters:,} router parameters; "
+          f"gate mean forget {metrics['forget_gate_mean']:.3f}, retain {metrics['retain_gate_mean']:.3f}")
+    return 0
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    from .bundle import MANIFEST_NAME, WEIGHTS_NAME, read_manifest
+
+    directory = Path(args.bundle)
+    manifest = read_manifest(directory)
+    if args.json:
+        print(json.dumps(manifest, indent=2, sort_keys=True))
+        return 0
+    fingerprint = manifest.get("fingerprint", {})
+    metrics = manifest.get("metrics", {})
+    router_params = int(manifest.get("router_parameters", 0))
+    base_params = int(manifest.get("base_parameters", 0))
+    weights = directory / manifest.get("weights_file", WEIGHTS_NAME)
+    neurons = manifest.get("neurons", {})
+    lines = [
+        f"router bundle: {directory}",
+        f"  format version : {manifest.get('format_version')}",
+        f"  base model     : {manifest.get('base_model')}",
+        f"  fingerprint    : {fingerprint.get('architecture')}, hidden {fingerprint.get('hidden_size')}, "
+        f"{fingerprint.get('num_layers')} layers, vocab {fingerprint.get('vocab_size')} "
+        f"(hash {fingerprint.get('hash')})",
+        f"  blocks         : {manifest.get('block_indices')}",
+        "  neurons/block  : " + ", ".join(f"{b}: {len(idx)}" for b, idx in sorted(neurons.items(),
+                                                                                key=lambda kv: int(kv[0]))),
+        f"  selection      : {manifest.get('selection')} (percentile {manifest.get('percentile')})",
+        f"  d_r            : {manifest.get('d_r')}   lambda: {manifest.get('lam')}   seed: {manifest.get('seed')}"
+        f"   input_norm: {manifest.get('input_norm')}",
+        f"  router params  : {router_params:,}"
+        + (f" ({100.0 * router_params / base_params:.4f}% of the base's {base_params:,})" if base_params else ""),
+    ]
+    if metrics:
+        lines.append(f"  gate means     : forget {metrics.get('forget_gate_mean', float('nan')):.4f}, "
+                     f"retain {metrics.get('retain_gate_mean', float('nan')):.4f} "
+                     f"(after {metrics.get('steps')} steps)")
+    data = manifest.get("training_data", {})
+    for side in ("forget", "retain"):
+        if side in data:
+            lines.append(f"  {side:<6} data    : {data[side].get('description') or '?'} "
+                         f"({data[side].get('n_examples')} examples)")
+    lines.append(f"  files          : {MANIFEST_NAME} {_human_bytes((directory / MANIFEST_NAME).stat().st_size)}, "
+                 f"{weights.name} "
+                 + (_human_bytes(weights.stat().st_size) if weights.is_file() else "MISSING"))
+    lines.append(f"  libraries      : " + ", ".join(f"{k} {v}" for k, v in
+                                                     sorted(manifest.get("library_versions", {}).items())))
+    print("\n".join(lines))
+    return 0

@@ -1,0 +1,227 @@
+"""Phase 1 of CRU: find, per selected decoder block, the coordinates whose pooled activation varies most over
+the forget set (`cru_method.md`, "Phase 1"). One forward pass, no backward, no LM head."""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from scipy import stats
+from torch import nn
+
+from .blocks import block_output_tensor, find_decoder_blocks, num_layers, resolve_block_indices, run_until
+
+SELECTIONS = ("variance", "random")
+
+
+@dataclass
+class Batch:
+    """Right-padded token ids and their attention mask (1 = real token)."""
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+
+    def to(self, device) -> "Batch":
+        return Batch(self.input_ids.to(device), self.attention_mask.to(device))
+
+
+def tokenize_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[list[int]]:
+    """Token ids of each text, truncated to `max_length`; an error if a text yields no tokens."""
+    if max_length < 1:
+        raise ValueError(f"max_length must be positive, got {max_length}")
+    ids = tokenizer(list(texts), truncation=True, max_length=max_length, add_special_tokens=True)["input_ids"]
+    for row, tokens in enumerate(ids):
+        if not tokens:
+            raise ValueError(f"text #{row} tokenizes to nothing: {texts[row][:60]!r}")
+    return ids
+
+
+def collate(token_lists: Sequence[Sequence[int]], pad_id: int, pad_to: int | None = None) -> Batch:
+    """Right-pad token lists to the longest (or to `pad_to`). Right padding leaves real positions' causal
+    context untouched, and the mask removes the padded ones from every statistic."""
+    length = max(len(t) for t in token_lists)
+    if pad_to is not None:
+        if pad_to < length:
+            raise ValueError(f"pad_to={pad_to} is shorter than the longest sequence ({length})")
+        length = pad_to
+    input_ids = torch.full((len(token_lists), length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(token_lists), length), dtype=torch.long)
+    for row, tokens in enumerate(token_lists):
+        input_ids[row, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        attention_mask[row, :len(tokens)] = 1
+    return Batch(input_ids, attention_mask)
+
+
+def pad_token_id(tokenizer) -> int:
+    """The tokenizer's pad id, falling back to EOS (padded positions are masked out anyway)."""
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+        if candidate is not None:
+            return int(candidate)
+    return 0
+
+
+def iter_batches(tokenizer, texts: Sequence[str], batch_size: int, max_length: int) -> Iterator[Batch]:
+    """Batches of `texts` in their order, right-padded to each batch's longest sequence."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    ids = tokenize_texts(tokenizer, texts, max_length)
+    pad = pad_token_id(tokenizer)
+    for start in range(0, len(ids), batch_size):
+        yield collate(ids[start:start + batch_size], pad)
+
+
+@dataclass
+class Localization:
+    """Result of Phase 1: selected coordinates `neurons[l]` (sorted LongTensor) and the per-coordinate
+    variances `variances[l]` (float32) of every block in `block_indices`."""
+    block_indices: list[int]
+    neurons: dict[int, torch.Tensor]
+    variances: dict[int, torch.Tensor]
+    percentile: float
+    selection: str
+    seed: int = 0
+    n_examples: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def sizes(self) -> dict[int, int]:
+        return {block: int(idx.numel()) for block, idx in self.neurons.items()}
+
+
+def validate_percentile(percentile: float) -> float:
+    try:
+        value = float(percentile)
+    except (TypeError, ValueError):
+        raise ValueError(f"percentile must be a number in (0, 100), got {percentile!r}") from None
+    if not 0.0 < value < 100.0:
+        raise ValueError(f"percentile must be strictly between 0 and 100, got {percentile!r}")
+    return value
+
+
+@torch.no_grad()
+def pooled_block_outputs(model: nn.Module, batches: Iterable[Batch], block_indices: Sequence[int]
+                         ) -> dict[int, torch.Tensor]:
+    """Mean of each block's output over non-padding positions, per example, in float32: `{l: (N, d)}`.
+
+    Forward hooks capture the block outputs; the forward stops after the last needed block.
+    """
+    _, blocks = find_decoder_blocks(model)
+    pooled: dict[int, list[torch.Tensor]] = {l: [] for l in block_indices}
+    current_mask: list[torch.Tensor] = []
+
+    def make_hook(index: int):
+        def hook(_module, _args, output):
+            hidden = block_output_tensor(output).float()
+            mask = current_mask[0].to(hidden.device, torch.float32).unsqueeze(-1)
+            summed = (hidden * mask).sum(dim=1)
+            pooled[index].append((summed / mask.sum(dim=1).clamp_min(1.0)).cpu())
+        return hook
+
+    handles = [blocks[l].register_forward_hook(make_hook(l)) for l in block_indices]
+    was_training = model.training
+    model.eval()
+    try:
+        device = _input_device(model)
+        for batch in batches:
+            batch = batch.to(device)
+            current_mask[:] = [batch.attention_mask]
+            run_until(model, blocks, max(block_indices),
+                      input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    return {l: torch.cat(chunks) if chunks else torch.empty(0) for l, chunks in pooled.items()}
+
+
+def _input_device(model: nn.Module) -> torch.device:
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embeddings is not None:
+        for param in embeddings.parameters():
+            if param.device.type != "meta":
+                return param.device
+    return next(model.parameters()).device
+
+
+def select_neurons(variances: dict[int, torch.Tensor], percentile: float, selection: str = "variance",
+                   seed: int = 0) -> dict[int, torch.Tensor]:
+    """`C_l = {j : var_j > quantile_p(var)}` per block; with `selection="random"`, the same number of
+    coordinates per block drawn uniformly (seeded) instead."""
+    percentile = validate_percentile(percentile)
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
+    generator = torch.Generator().manual_seed(int(seed))
+    neurons = {}
+    for block in sorted(variances):
+        var = variances[block].double()
+        threshold = torch.quantile(var, percentile / 100.0)
+        chosen = torch.nonzero(var > threshold).flatten()
+        if chosen.numel() == 0:
+            raise ValueError(f"block {block}: no coordinate has variance above the {percentile}th percentile "
+                             "(all variances equal?); use more or more varied forget examples or a lower "
+                             "percentile")
+        if selection == "random":
+            chosen = torch.randperm(var.numel(), generator=generator)[:chosen.numel()]
+        neurons[block] = torch.sort(chosen).values.long()
+    return neurons
+
+
+def localize_batches(model: nn.Module, batches: Iterable[Batch], *, block_indices: Sequence[int],
+                     percentile: float = 95.0, selection: str = "variance", seed: int = 0) -> Localization:
+    """`localize` on pre-built batches (lets callers control padding)."""
+    percentile = validate_percentile(percentile)
+    pooled = pooled_block_outputs(model, batches, block_indices)
+    n_examples = int(next(iter(pooled.values())).shape[0]) if pooled else 0
+    if n_examples < 2:
+        raise ValueError(f"localization needs at least 2 examples to compute a variance, got {n_examples}")
+    variances = {l: pooled[l].var(dim=0, unbiased=True) for l in block_indices}
+    neurons = select_neurons(variances, percentile, selection, seed)
+    return Localization(list(block_indices), neurons, variances, percentile, selection, seed, n_examples)
+
+
+def localize(model: nn.Module, tokenizer, texts: Sequence[str], *, blocks: Sequence[int] | None = None,
+             last_k: int = 4, percentile: float = 95.0, selection: str = "variance", seed: int = 0,
+             batch_size: int = 8, max_length: int = 256) -> Localization:
+    """Phase 1: select, in each of the chosen blocks (`blocks`, else the last `last_k`), the coordinates whose
+    mask-aware mean-pooled activation has variance above the `percentile`-th percentile across `texts`.
+
+    Run it on forget texts for CRU, or on retain texts for the overlap control (`compare_localizations`).
+    """
+    texts = list(texts)
+    if not texts:
+        raise ValueError("localization got an empty text set (the forget set must not be empty)")
+    percentile = validate_percentile(percentile)
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
+    block_indices = resolve_block_indices(num_layers(model), blocks, last_k)
+    batches = iter_batches(tokenizer, texts, batch_size, max_length)
+    return localize_batches(model, batches, block_indices=block_indices, percentile=percentile,
+                            selection=selection, seed=seed)
+
+
+@dataclass
+class BlockComparison:
+    overlap: float          # |C^f ∩ C^r| / |C^f|
+    spearman_rho: float     # rank correlation of the two variance vectors
+    spearman_pvalue: float
+    n_forget: int
+    n_retain: int
+    n_shared: int
+
+
+def compare_localizations(forget: Localization, retain: Localization) -> dict[int, BlockComparison]:
+    """Per shared block: overlap coefficient |C^f ∩ C^r| / |C^f| and Spearman rho of the variance vectors."""
+    shared = [b for b in forget.block_indices if b in retain.block_indices]
+    if not shared:
+        raise ValueError(f"the localizations share no block (forget {forget.block_indices}, "
+                         f"retain {retain.block_indices})")
+    result = {}
+    for block in shared:
+        f_set = set(forget.neurons[block].tolist())
+        r_set = set(retain.neurons[block].tolist())
+        rho, pvalue = stats.spearmanr(np.asarray(forget.variances[block], dtype=np.float64),
+                                      np.asarray(retain.variances[block], dtype=np.float64))
+        result[block] = BlockComparison(
+            overlap=len(f_set & r_set) / len(f_set) if f_set else float("nan"),
+            spearman_rho=float(rho), spearman_pvalue=float(pvalue),
+            n_forget=len(f_set), n_retain=len(r_set), n_shared=len(f_set & r_set))
+    return result

@@ -1,0 +1,36 @@
+"""The CRU routing MLP: `R_l(h) = sigmoid(W2 relu(W1 h + b1) + b2)`, one gate per selected coordinate."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+INPUT_NORMS = ("none", "rms")
+
+
+class Router(nn.Module):
+    """Maps a hidden state `h` (..., d) to gates in [0, 1] of shape (..., n_selected), per position.
+
+    `input_norm="rms"` feeds the router `h / rms(h)` (parameter-free): the residual stream of real models has
+    huge outlier coordinates, and normalising made training insensitive to the learning rate in our
+    observations. `"none"` is the paper's formulation. Math is always float32, whatever the model's dtype.
+    """
+
+    def __init__(self, hidden_size: int, n_selected: int, d_r: int, *, input_norm: str = "none"):
+        super().__init__()
+        if hidden_size < 1 or n_selected < 1 or d_r < 1:
+            raise ValueError(f"Router needs positive sizes, got hidden_size={hidden_size}, "
+                             f"n_selected={n_selected}, d_r={d_r}")
+        if input_norm not in INPUT_NORMS:
+            raise ValueError(f"input_norm must be one of {', '.join(INPUT_NORMS)}, got {input_norm!r}")
+        self.hidden_size, self.n_selected, self.d_r, self.input_norm = hidden_size, n_selected, d_r, input_norm
+        self.w1 = nn.Linear(hidden_size, d_r, dtype=torch.float32)   # W1: d_r x d, b1
+        self.w2 = nn.Linear(d_r, n_selected, dtype=torch.float32)    # W2: |C_l| x d_r, b2
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        hidden = hidden.float()
+        if self.input_norm == "rms":
+            hidden = hidden * torch.rsqrt(hidden.pow(2).mean(dim=-1, keepdim=True) + 1e-6)
+        return torch.sigmoid(self.w2(torch.relu(self.w1(hidden))))
+
+    def extra_repr(self) -> str:
+        return f"d={self.hidden_size}, d_r={self.d_r}, n_selected={self.n_selected}, input_norm={self.input_norm}"

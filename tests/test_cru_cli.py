@@ -1,0 +1,84 @@
+"""`cru-harness unlearn` and `cru-harness inspect`, run in-process through `cru_harness.cli.main`."""
+import json
+
+import pytest
+import torch
+
+from cru_harness.cli import main
+from cru_harness.cru import RouterBundle
+from cru_harness.cru.bundle import MANIFEST_NAME
+from cru_harness.testbed.models import build_tiny_model, save_tiny_model
+from cru_harness.testbed.tokenizer import train_tokenizer
+
+torch.set_num_threads(1)
+
+FORGET_ROWS = [{"question": f"Who is Zorbo {i}?", "answer": f"Zorbo {i} paints ships in Quell {i % 3}."}
+               for i in range(10)]
+RETAIN_ROWS = [{"text": f"The capital of land {i} is city number {i * 3}."} for i in range(10)]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    texts = [f"Question: {r['question']}\nAnswer: {r['answer']}" for r in FORGET_ROWS] + \
+            [r["text"] for r in RETAIN_ROWS]
+    tokenizer = train_tokenizer(texts, 400)
+    base = save_tiny_model(build_tiny_model("llama", tokenizer), tokenizer, root / "base")
+    forget = root / "forget.jsonl"
+    forget.write_text("\n".join(json.dumps(r) for r in FORGET_ROWS) + "\n")
+    retain = root / "retain.json"
+    retain.write_text(json.dumps(RETAIN_ROWS))
+    return root, base, forget, retain
+
+
+def _unlearn_args(base, forget, retain, out, *extra):
+    return ["unlearn", "--base", str(base), "--forget", str(forget), "--retain", str(retain), "--out", str(out),
+            "--epochs", "2", "--batch-size", "5", "--percentile", "80", "--lr", "1e-2", "--no-progress", *extra]
+
+
+def test_unlearn_then_inspect(setup, capsys):
+    root, base, forget, retain = setup
+    out = root / "bundle"
+    assert main(_unlearn_args(base, forget, retain, out, "--last-k", "3", "--d-r", "8", "--lambda", "2")) == 0
+    assert "saved router bundle" in capsys.readouterr().out
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    assert manifest["block_indices"] == [5, 6, 7]
+    assert manifest["d_r"] == 8 and manifest["lam"] == 2.0
+    assert manifest["base_model"] == str(base)
+    assert manifest["training_data"]["forget"]["n_examples"] == len(FORGET_ROWS)
+    assert manifest["training_data"]["forget"]["description"] == str(forget)
+    bundle = RouterBundle.from_pretrained(out)
+    assert bundle.config.metrics["forget_gate_mean"] == manifest["metrics"]["forget_gate_mean"]
+
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "blocks         : [5, 6, 7]" in text
+    params = manifest["router_parameters"]
+    assert f"router params  : {params:,}" in text
+    ratio = 100.0 * params / manifest["base_parameters"]
+    assert f"{ratio:.4f}% of the base's" in text
+    assert "routers.safetensors" in text and "gate means" in text
+
+    assert main(["inspect", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["d_r"] == 8
+
+
+def test_unlearn_bad_inputs_are_plain_errors(setup, capsys):
+    root, base, forget, retain = setup
+    bad_rows = root / "bad.jsonl"
+    bad_rows.write_text(json.dumps({"prompt": "no question or text here"}) + "\n")
+    empty = root / "empty.jsonl"
+    empty.write_text("")
+    cases = [
+        (_unlearn_args(base, bad_rows, retain, root / "x"), "neither"),
+        (_unlearn_args(base, empty, retain, root / "x"), "empty"),
+        (_unlearn_args(base, forget, retain, root / "x") + ["--percentile", "100"], "percentile"),
+        (_unlearn_args(root / "no-such-model", forget, retain, root / "x"), "no-such-model"),
+        (["inspect", str(root)], "cru_bundle.json is missing"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "error:" in err and message in err, err
+        assert "Traceback" not in err
+    assert not (root / "x").exists()
