@@ -5,6 +5,8 @@ import argparse
 import importlib
 import sys
 
+from cru_harness.data.sources import DataSourceError  # stdlib-only module: cheap at start-up
+
 # Modules exposing `register(subparsers)`; each subcommand sets `func` on its parser.
 SUBCOMMAND_MODULES = (
     "cru_harness.cru.cli",        # unlearn, inspect
@@ -42,11 +44,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (CLIError, FileNotFoundError, ValueError) as err:
-        # Bad input is reported plainly; bugs (anything else) keep their traceback.
+    except (CLIError, DataSourceError, FileNotFoundError, ValueError) as err:
+        # Bad input (bundle, config and data errors all land here) is reported plainly; bugs keep their traceback.
         print(f"cru-harness {args.command}: error: {err}", file=sys.stderr)
         return 2
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the imported module so its CLIError is the one subcommands raise.
+    from cru_harness.cli import main as _main
+
+    sys.exit(_main())
