@@ -277,9 +277,13 @@ def test_finetuned_tiny_model_knows_the_world(tiny_world):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", [a for a in TINY_ARCHITECTURES if a != "llama"])
-def test_every_tiny_family_memorizes_the_world(arch, tiny_world):
-    """The same recipe works for every family (each build takes ~2-3 min on one CPU thread, then is cached)."""
+@pytest.mark.parametrize("arch", ["qwen2"])
+def test_another_family_memorizes_the_world(arch, tiny_world):
+    """The recipe is not tuned to Llama: a second family learns the world too.
+
+    Every family was checked once by hand (see the testbed note); CI builds one more (~2 min cold) to keep its
+    budget, while test_cru_* runs CRU on all five families.
+    """
     checkpoint = zoo.tiny_checkpoint(arch, "finetuned")
     assert _greedy_rouge(checkpoint, tiny_world.configs["forget10"]) >= 0.8
     assert _greedy_rouge(checkpoint, tiny_world.utility_rows) >= 0.7
