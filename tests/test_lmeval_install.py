@@ -29,6 +29,7 @@ def wheel(tmp_path_factory) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(REPO / "cru_harness", src / "cru_harness", ignore=ignore)
     shutil.copytree(REPO / "tasks", src / "tasks", ignore=ignore)
+    shutil.copytree(REPO / "configs", src / "configs", ignore=ignore)
     out = tmp_path_factory.mktemp("wheel")
     run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
         cwd=src)
@@ -41,6 +42,8 @@ def test_wheel_has_pth_at_root_and_tasks(wheel):
     assert "cru_harness_lmeval.pth" in names  # root of purelib = site-packages
     assert "cru_harness/lmeval/_hook.py" in names
     assert any(n.startswith("cru_harness/tasks/tofu/") and n.endswith(".yaml") for n in names)
+    # templates named *_yaml (not .yaml) and the demo config must ship too, or a wheel install breaks
+    assert {"cru_harness/tasks/tofu/_forget_template_yaml", "cru_harness/configs/demo.yaml"} <= set(names)
     record = next(n for n in names if n.endswith(".dist-info/RECORD"))
     assert "cru_harness_lmeval.pth," in zipfile.ZipFile(wheel).read(record).decode()  # pip uninstall removes it
 
