@@ -17,12 +17,10 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Dataset
 
+from cru_harness.data.corpora import format_qa_prompt
+from cru_harness.lmeval.protocol import SYSTEM_PROMPT, pinned_template_kwargs
+
 IGNORE_INDEX = -100
-SYSTEM_PROMPT = "You are a helpful assistant."
-PLAIN_PROMPT = "Question: {question}\nAnswer:"
-# Chat templates that inject today's date (Llama-3.x) get this fixed value so training inputs do not change
-# with the calendar.
-PINNED_DATE = "26 Jul 2024"
 
 
 @dataclass(frozen=True)
@@ -59,9 +57,10 @@ def build_prompt(tokenizer, question: str) -> str:
         return ""
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+        # Dates a template injects are pinned as in evaluation, so training inputs do not change with the calendar.
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             date_string=PINNED_DATE)
-    return PLAIN_PROMPT.format(question=question)
+                                             **pinned_template_kwargs())
+    return format_qa_prompt(question)
 
 
 def encode_qa(tokenizer, question: str, answer: str, max_length: int = 512) -> EncodedExample:

@@ -12,12 +12,17 @@ from .rwku import load_target_file
 from .sources import DataSourceError, read_json_records
 from .tofu import TOFU_CONFIGS, load_tofu
 
-QA_TEMPLATE = "Question: {question}\nAnswer: {answer}"
+PLAIN_PROMPT = "Question: {question}\nAnswer:"  # protocol.md, "Prompting": models without a chat template
+
+
+def format_qa_prompt(question: str) -> str:
+    """The plain prompt a model completes with ` {answer}`."""
+    return PLAIN_PROMPT.format(question=question)
 
 
 def format_qa(question: str, answer: str) -> str:
     """The protocol's plain prompt followed by the answer after one space."""
-    return QA_TEMPLATE.format(question=question, answer=answer)
+    return f"{format_qa_prompt(question)} {answer}"
 
 
 def rows_to_texts(rows: list[dict], origin: str) -> list[str]:

@@ -14,18 +14,10 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-ANSWER_MARKER = "\nAnswer:"
+from cru_harness.data.corpora import format_qa, format_qa_prompt  # noqa: F401  (re-exported: the plain template)
+
+ANSWER_MARKER = "\nAnswer:"  # where the answer starts in format_qa's text (answer_only_loss)
 IGNORE_INDEX = -100
-
-
-def format_qa(question: str, answer: str) -> str:
-    """The protocol's plain QA template (without EOS; `finetune_causal_lm` appends it)."""
-    return f"Question: {question}{ANSWER_MARKER} {answer}"
-
-
-def format_qa_prompt(question: str) -> str:
-    """The prompt a model completes with ` {answer}`."""
-    return f"Question: {question}{ANSWER_MARKER}"
 
 
 @dataclass
