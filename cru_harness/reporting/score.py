@@ -283,22 +283,28 @@ def score_runs(
     *,
     retain_run: str | Path | None = None,
     retain_per_item: str | Path | None = None,
+    retain_items: list[dict] | None = None,
     original_model: str | Path | None = None,
     data_dir: str | Path | None = None,
     device: str = "cpu",
     batch_size: int = 8,
+    labels: list[str] | None = None,
 ) -> dict:
     """Score runs: `{"runs": [{label, model, tasks, model_utility, forget_quality, forgetting, failure_modes}],
     "per_item": [rows]}`. `original_model` (a HF checkpoint; for CRU the base without routers) adds each forget
-    answer's NLL under it to the failure-mode classes."""
-    if retain_run is not None and retain_per_item is not None:
-        raise ValueError("give either --retain-run or --retain-per-item, not both")
-    runs = [load_run(d) for d in run_dirs]
+    answer's NLL under it to the failure-mode classes. The retain model's per-item truth ratios (Forget
+    Quality) come from `retain_run` (an lm-eval output directory), `retain_per_item` (a `per_item.jsonl`) or
+    `retain_items` (the same rows in memory: `task`, `question`, `truth_ratio`, `run`; the runner's retain cell)."""
+    if sum(x is not None for x in (retain_run, retain_per_item, retain_items)) > 1:
+        raise ValueError("give only one of --retain-run, --retain-per-item (or retain_items)")
+    if labels is not None and len(labels) != len(run_dirs):
+        raise ValueError(f"{len(labels)} labels for {len(run_dirs)} runs")
+    runs = [load_run(d, label=None if labels is None else labels[i]) for i, d in enumerate(run_dirs)]
     labels = [r.label for r in runs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"the same run directory was given twice: {labels}")
     retain = load_run(retain_run, label=str(retain_run)) if retain_run is not None else None
-    retain_rows = read_per_item(retain_per_item) if retain_per_item is not None else None
+    retain_rows = read_per_item(retain_per_item) if retain_per_item is not None else retain_items
 
     from cru_harness.reporting import failure_modes
 

@@ -89,7 +89,7 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
     from .plan import build_plan
     from .shard import parse_shard, select_shard
 
-    cells = build_plan(config)
+    cells = all_cells = build_plan(config)
     if shard:
         index, count = parse_shard(shard)
         cells = select_shard(cells, index, count)
@@ -100,11 +100,11 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
         else:
             print_plan(summary)
         return 0
-    if executor is None:
-        from .execute import execute_cell as executor
-    from .execute import run_cells
+    from .execute import PlanExecutor, run_cells
 
     store = CellStore(config.output_dir)
+    if executor is None:  # the real one; it reads the retain cell (of the whole plan) for Forget Quality
+        executor = PlanExecutor(store, all_cells)
     store.root.mkdir(parents=True, exist_ok=True)
     atomic_write_json(store.root / ("plan.json" if not shard else f"plan.shard{shard.replace('/', 'of')}.json"),
                       {"config": config.raw, "source": config.source, "shard": shard,

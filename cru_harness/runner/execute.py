@@ -12,7 +12,6 @@ then score. Tests inject fake executors to exercise the machinery without models
 """
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
@@ -176,18 +175,47 @@ def _load(path: str, cell: Cell):
     return model.to(_device(cell)), tokenizer
 
 
-def execute_cell(cell: Cell, workdir: Path) -> dict:
-    """Train (if the cell's method trains), evaluate with lm-eval + the `cru` model, score. See module doc."""
+class PlanExecutor:
+    """The real executor for one plan: `execute_cell` with what a cell needs from other cells of the run.
+
+    A TOFU method/original cell's Forget Quality compares its per-item forget truth ratios with those of the
+    retain cell of the same model and split (`plan.retain_cell_for`); the plan runs that cell first, and its
+    finished result is read from the store. When it is missing or failed, Forget Quality stays null here and
+    the report fills it once the retain cell exists (`reporting.tables.fill_forget_quality`).
+    """
+
+    def __init__(self, store: CellStore, cells: Iterable[Cell]):
+        self.store = store
+        self.cells = list(cells)
+
+    def __call__(self, cell: Cell, workdir: Path) -> dict:
+        from .plan import retain_cell_for
+
+        retain_result = None
+        if cell.benchmark == "tofu" and cell.kind != "retain":
+            retain = retain_cell_for(cell, self.cells)
+            if retain is not None:
+                loaded = self.store.load_result(retain.hash)
+                if loaded and loaded.get("status") == "ok":
+                    retain_result = loaded
+        return execute_cell(cell, workdir, retain_result=retain_result)
+
+
+def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None) -> dict:
+    """Train (if the cell's method trains), evaluate with lm-eval + the `cru` model, score. See module doc.
+
+    `retain_result`: the finished retain cell of a TOFU cell (its per-item truth ratios give Forget Quality).
+    """
     data_dir = resolve_data_dir(cell.data_dir)
     outcome: dict[str, Any] = {"resources": {}, "details": {}, "artifacts": {}}
-    model_path = resolve_model_path(cell.model.path)
+    base_path = resolve_model_path(cell.model.path)
+    model_path = base_path
     routers = None
-    system_instruction = None  # (ICU uses its own task variants, not lm-eval's system instruction)
 
     if cell.kind == "retain":
         retain = cell.extra["retain"]
         if retain["kind"] == "per_item":
-            return retain_from_per_item(retain["value"])
+            return retain_from_per_item(retain["value"], f"tofu_{cell.split}")
         if retain["kind"] == "checkpoint":
             model_path = resolve_model_path(retain["value"])
         else:
@@ -208,12 +236,22 @@ def execute_cell(cell: Cell, workdir: Path) -> dict:
             routers = _train_cru(cell, model_path, workdir, data_dir, outcome)
         else:
             model_path = _train_baseline(cell, model_path, workdir, data_dir, outcome)
-    evaluation = evaluate_cell(cell, model_path, routers, workdir, data_dir, system_instruction)
+    chat = use_chat_template(cell, model_path)
+    outcome["details"]["prompting"] = {"apply_chat_template": chat,
+                                       "system_instruction": SYSTEM_INSTRUCTION if chat else None}
+    evaluation = evaluate_cell(cell, model_path, routers, workdir, data_dir, chat)
     outcome["artifacts"].update(evaluation["artifacts"])
     outcome["resources"]["eval_wall_time_s"] = evaluation["wall_time_s"]
-    scored = score_cell(cell, evaluation)
-    outcome.update(metrics=scored.get("metrics", {}), per_item=scored.get("per_item", {}),
+    # Failure classes: each answer's NLL under the original model = the cell's base model (for CRU the same
+    # checkpoint with its routers detached, i.e. loaded without them).
+    t0 = time.perf_counter()
+    scored = score_cell(cell, evaluation["output_dir"], data_dir=data_dir, original_model=base_path,
+                        retain_result=retain_result)
+    outcome["resources"]["score_wall_time_s"] = time.perf_counter() - t0
+    outcome.update(metrics=scored["metrics"], per_item=scored.get("per_item", {}),
                    failure_classes=scored.get("failure_classes", {}))
+    outcome["artifacts"].update(scored.get("artifacts", {}))
+    outcome["details"]["scoring"] = {**scored.get("details", {}), "nll_original_model": base_path}
     return outcome
 
 
@@ -236,6 +274,8 @@ def _train_cru(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: di
     outcome["resources"].update({f"train_{k}" if k in ("wall_time_s", "peak_memory_bytes") else k: v
                                  for k, v in record.items()})
     outcome["resources"]["trainable_params"] = sum(p.numel() for p in bundle.parameters())
+    outcome["resources"]["total_params"] = sum(p.numel() for p in model.parameters()) + \
+        outcome["resources"]["trainable_params"]
     metrics = dict(getattr(bundle.config, "metrics", {}) or {})
     outcome["gate_means"] = {"forget": metrics.get("forget_gate_mean"), "retain": metrics.get("retain_gate_mean"),
                              "raw": metrics}
@@ -297,124 +337,138 @@ def _train_retain_model(cell: Cell, spec: dict, workdir: Path, data_dir, outcome
     return str(out)
 
 
-def retain_from_per_item(path: str) -> dict:
-    """A retain model given as a saved per-item file: its forget truth ratios feed Forget Quality."""
+def retain_from_per_item(path: str, forget_task: str | None = None) -> dict:
+    """A retain model given as a saved per-item file: its forget truth ratios (and questions, to match items)
+    feed Forget Quality. `.json`: a cell result (or its `per_item`); else a `per_item.jsonl` written by `score`."""
     import json
 
-    values = []
+    values, questions = [], []
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"retain per-item file not found: {path}")
     if file.suffix == ".json":
         data = read_json(file)
-        values = data.get("per_item", data).get("forget_truth_ratio", [])
+        per_item = data.get("per_item", data)
+        values = per_item.get("forget_truth_ratio", [])
+        questions = per_item.get("forget_question") or []
     else:
-        for line in file.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                if row.get("task", "").startswith("tofu_forget") and row.get("truth_ratio") is not None:
-                    values.append(row["truth_ratio"])
+        for line_no, line in enumerate(file.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            task = row.get("task", "")
+            if (task == forget_task if forget_task else task.startswith("tofu_forget")) and \
+                    row.get("truth_ratio") is not None:
+                if "question" not in row:
+                    raise ValueError(f"{path}:{line_no}: a forget row without its question")
+                values.append(row["truth_ratio"])
+                questions.append(row["question"])
     if not values:
-        raise ValueError(f"{path} holds no forget-set truth ratios (field forget_truth_ratio / truth_ratio)")
-    return {"per_item": {"forget_truth_ratio": values}, "details": {"retain_source": str(path)}}
+        raise ValueError(f"{path} holds no forget-set truth ratios for {forget_task or 'tofu_forget*'} "
+                         f"(field forget_truth_ratio / truth_ratio)")
+    per_item = {"forget_truth_ratio": values}
+    if questions and len(questions) == len(values):
+        per_item["forget_question"] = questions
+    return {"per_item": per_item, "details": {"retain_source": str(path)}}
+
+
+SYSTEM_INSTRUCTION = "You are a helpful assistant."  # protocol.md, "Prompting"
+
+
+def use_chat_template(cell: Cell, model_path: str) -> bool:
+    """Whether the cell's prompts go through the model's chat template (protocol: a model with one gets it).
+
+    Order: the model's `chat_template` setting, then `evaluation.apply_chat_template`, then automatic: testbed
+    checkpoints (`zoo:`) are fine-tuned on the plain `Question: ...\nAnswer:` template (their tokenizer's chat
+    template exists to exercise chat code paths), so they are evaluated plain; any other model uses its chat
+    template when its tokenizer has one.
+    """
+    if cell.model.chat_template is not None:
+        return bool(cell.model.chat_template)
+    if cell.evaluation.get("apply_chat_template") is not None:
+        return bool(cell.evaluation["apply_chat_template"])
+    if cell.model.path.startswith("zoo:"):
+        return False
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=cell.model.trust_remote_code)
+    return bool(getattr(tokenizer, "chat_template", None))
 
 
 def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Path, data_dir,
-                  system_instruction: str | None) -> dict:
-    """lm-eval `simple_evaluate` with the `cru` model on the cell's tasks; outputs saved under workdir/lmeval."""
-    import json
-
+                  chat_template: bool) -> dict:
+    """lm-eval `simple_evaluate` with the `cru` model on the cell's tasks; its outputs are saved under
+    workdir/lmeval exactly as `lm_eval --output_path ... --log_samples` saves them (what the scorers read)."""
     import lm_eval
+    from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
 
     from ..lmeval.registration import register, tasks_dir
 
     register()
-    if data_dir:
-        os.environ[f"CRU_HARNESS_{cell.benchmark.upper()}_DIR"] = str(data_dir)
-    metadata = {}
-    if cell.target is not None:  # the RWKU tasks select targets and data through lm-eval's metadata
+    # The tasks read their data and targets from lm-eval's metadata; it must go to the TaskManager (simple_evaluate's
+    # own `metadata=` is only used when it builds the TaskManager itself).
+    metadata: dict[str, Any] = {}
+    if cell.target is not None:
         metadata["rwku_targets"] = str(cell.target)
     if data_dir:
         metadata["data_dir"] = str(data_dir)
-    model_args = {"pretrained": model_path, "dtype": cell.model.dtype}
+    limit = cell.limit
+    if cell.benchmark == "rwku" and limit is not None:
+        # RWKU: the first N rows of each file kind of the target (MIA: N members + N non-members); lm-eval's
+        # `limit` would keep the first N docs only, i.e. MIA members without any non-member (no AUC).
+        metadata["rwku_items_per_target"] = int(limit)
+        limit = None
+    model_args: dict[str, Any] = {"pretrained": model_path, "dtype": cell.model.dtype}
     if routers:
         model_args["routers"] = routers
     if cell.model.trust_remote_code:
         model_args["trust_remote_code"] = True
+    gen_kwargs = None
+    if cell.evaluation.get("max_gen_toks"):
+        gen_kwargs = {"max_gen_toks": int(cell.evaluation["max_gen_toks"])}
+    out = workdir / "lmeval"
+    tracker = EvaluationTracker(output_path=str(out))
     t0 = time.perf_counter()
     results = lm_eval.simple_evaluate(
-        model="cru", model_args=model_args, tasks=list(cell.tasks), limit=cell.limit,
+        model="cru", model_args=model_args, tasks=list(cell.tasks), limit=limit,
         batch_size=cell.evaluation.get("batch_size", 8), device=_device(cell), log_samples=True,
-        task_manager=TaskManager(include_path=tasks_dir(), include_defaults=False),
-        system_instruction=system_instruction,
-        apply_chat_template=bool(cell.evaluation.get("apply_chat_template") or False),
-        metadata=metadata or None,
+        task_manager=TaskManager(include_path=tasks_dir(), include_defaults=False, metadata=metadata or None),
+        system_instruction=SYSTEM_INSTRUCTION if chat_template else None,
+        apply_chat_template=chat_template, gen_kwargs=gen_kwargs, evaluation_tracker=tracker,
+        bootstrap_iters=0,
     )
     wall = time.perf_counter() - t0
-    out = workdir / "lmeval"
-    out.mkdir(parents=True, exist_ok=True)
+    if results is None:
+        raise RuntimeError(f"lm-eval returned no results for tasks {list(cell.tasks)}")
     samples = results.pop("samples", {}) or {}
-    (out / "results.json").write_text(json.dumps(results, default=str, indent=1))
-    with open(out / "samples.jsonl", "w") as handle:
-        for task, rows in samples.items():
-            for row in rows:
-                handle.write(json.dumps({"task": task, **row}, default=str) + "\n")
-    return {"results": results, "samples": samples, "wall_time_s": wall,
-            "artifacts": {"lmeval_results": str(out / "results.json"), "lmeval_samples": str(out / "samples.jsonl")}}
+    tracker.save_results_aggregated(results=results, samples=samples)
+    for task in results.get("configs", {}):
+        if task in samples:
+            tracker.save_results_samples(task_name=task, samples=samples[task])
+    return {"output_dir": out, "wall_time_s": wall, "artifacts": {"lmeval": str(out)}}
 
 
 # --------------------------------------------------------------------------------------------------- scoring
-TOFU_TASK_PREFIX = {"retain": "tofu_retain", "ra": "tofu_real_authors", "wf": "tofu_world_facts"}
+def score_cell(cell: Cell, lmeval_dir: Path, *, data_dir=None, original_model: str | None = None,
+               retain_result: dict | None = None) -> dict:
+    """Per-cell numbers in the result schema (docs/results_schema.md) from the cell's saved lm-eval outputs,
+    through the project scorers (`reporting.cell_scores`: `reporting.score` for TOFU, the RWKU tasks'
+    `per_target_results` for RWKU, `reporting.failure_modes` for answer classes)."""
+    from ..reporting import cell_scores
 
-
-def _metric(task_results: dict, name: str) -> float | None:
-    for key, value in task_results.items():
-        if key.split(",")[0] == name and isinstance(value, (int, float)):
-            return float(value)
-    return None
-
-
-def score_cell(cell: Cell, evaluation: dict) -> dict:
-    """Per-cell numbers in the result schema (docs/results_schema.md) from lm-eval's outputs.
-
-    Uses `cru_harness.reporting.score.score_results` when available (the project's scorer); otherwise reads
-    the task metrics directly. Forget Quality needs the retain cell and is filled in by the report.
-    """
-    try:
-        from ..reporting.score import score_results  # the project's scorer, when present
-    except ImportError:
-        score_results = None
-    if score_results is not None:
-        return score_results(evaluation["results"], evaluation["samples"], benchmark=cell.benchmark,
-                             split=cell.split)
-    results = evaluation["results"].get("results", {})
-    metrics: dict[str, float | None] = {}
-    per_item: dict[str, list] = {}
+    failure = bool(cell.evaluation.get("failure_classes", True))
+    original = original_model if failure else None
+    batch_size = int(cell.evaluation.get("batch_size", 8))
     if cell.benchmark == "tofu":
         forget_task = f"tofu_{cell.split}"
-        sets = {"forget": forget_task, **TOFU_TASK_PREFIX}
-        for short, task in sets.items():
-            task_results = results.get(task, {})
-            for name, key in (("rouge_l_recall", "rouge_l"), ("probability", "prob"), ("truth_ratio", "truth_ratio")):
-                metrics[f"{short}_{key}"] = _metric(task_results, name)
-        utility = [metrics.get(f"{s}_{k}") for s in ("retain", "ra", "wf") for k in ("rouge_l", "prob", "truth_ratio")]
-        if all(v is not None and v > 0 for v in utility):
-            from scipy.stats import hmean
-
-            metrics["model_utility"] = float(hmean(utility))
-        tr = [row.get("truth_ratio") for row in evaluation["samples"].get(forget_task, [])]
-        per_item["forget_truth_ratio"] = [float(v) for v in tr if isinstance(v, (int, float)) and math.isfinite(v)]
+        retain_items = cell_scores.retain_items_from_result(retain_result, forget_task) if retain_result else None
+        scored = cell_scores.score_tofu_cell(lmeval_dir, split=cell.split, retain_items=retain_items,
+                                             original_model=original, data_dir=data_dir, device=_device(cell),
+                                             batch_size=batch_size)
     else:
-        prefix = "rwku_icu_" if cell.method == "ICU" else "rwku_"
-        mapping = {"forget_fb": ("fb", "rouge_l_recall"), "forget_qa": ("qa", "rouge_l_recall"),
-                   "forget_aa": ("aa", "rouge_l_recall"), "neighbor_fb": ("neighbor_fb", "rouge_l_recall"),
-                   "neighbor_qa": ("neighbor_qa", "rouge_l_recall"), "mia_fm_loss": ("mia", "fm_loss"),
-                   "mia_rm_loss": ("mia", "rm_loss"), "mia_auc_loss": ("mia", "auc_loss"),
-                   "mia_auc_minkpp": ("mia", "auc_minkpp"), "utility_mmlu": ("utility_mmlu", "acc"),
-                   "utility_bbh": ("utility_bbh", "exact_match"), "utility_truthfulqa": ("utility_truthfulqa", "mc1"),
-                   "utility_triviaqa": ("utility_triviaqa", "f1"),
-                   "utility_fluency": ("utility_fluency", "fluency_entropy")}
-        for key, (task, name) in mapping.items():
-            metrics[key] = _metric(results.get(prefix + task, {}), name)
-    return {"metrics": metrics, "per_item": per_item, "failure_classes": {}}
+        scored = cell_scores.score_rwku_cell(lmeval_dir, target=cell.target, original_model=original,
+                                             device=_device(cell), batch_size=batch_size)
+    if not failure:
+        scored["failure_classes"] = {}
+    return scored

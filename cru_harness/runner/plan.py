@@ -83,7 +83,8 @@ def _fill(template: str, split: str | None, target: int | None) -> str:
 
 
 def build_plan(config: ExperimentConfig) -> list[Cell]:
-    """All cells of an experiment, in a stable order (reference cells first within each block)."""
+    """All cells of an experiment, in a stable order: within each block the retain cell (TOFU oracle) first, so
+    every other cell of the block finds its per-item truth ratios for Forget Quality, then Original, then methods."""
     cells: list[Cell] = []
     for model in config.models:
         for bench in model.benchmarks:
@@ -96,15 +97,15 @@ def build_plan(config: ExperimentConfig) -> list[Cell]:
                 tasks = tuple(_fill(task, split, target) for task in spec["tasks"])
                 common = dict(model=model, benchmark=bench, tasks=tasks, limit=limit, evaluation=evaluation,
                               data_dir=spec["data_dir"], device=config.device)
-                if config.include_original:
-                    cells.append(Cell(kind="original", split=split, target=target, method="Original",
-                                      label="Original", seed=None, hparams={}, corpora={}, **common))
                 if bench == "tofu" and split in model.retain:
                     retain = model.retain[split]
                     corpora = {"retain_corpus": _fill("{retain_split}", split, None)} if retain.kind == "train" else {}
                     cells.append(Cell(kind="retain", split=split, target=None, method="Retain", label="Retain",
                                       seed=config.seeds[0] if retain.kind == "train" else None, hparams={},
                                       corpora=corpora, extra={"retain": retain.to_dict()}, **common))
+                if config.include_original:
+                    cells.append(Cell(kind="original", split=split, target=target, method="Original",
+                                      label="Original", seed=None, hparams={}, corpora={}, **common))
                 for method in config.methods:
                     if bench not in method.benchmarks:
                         continue

@@ -1,0 +1,100 @@
+"""`cru-harness run configs/ci_minimal.yaml` for real: tiny Llama on the testbed world, Retain + Original + GA + CRU.
+
+Everything is real (training, lm-eval through the `cru` model, the project scorers, the report); only the second
+run replaces the executor with a tripwire (a test double) to prove that finished cells are skipped. About 30 s
+with the tiny checkpoints cached (they are built on first use under CRU_HARNESS_CACHE: a few minutes more).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+torch.set_num_threads(1)  # 2 shared cores: one thread is ~10x faster than two under contention
+
+from cru_harness.cli import main  # noqa: E402
+from cru_harness.runner import execute  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG = REPO_ROOT / "configs" / "ci_minimal.yaml"
+TOFU_KEYS = [f"{s}_{m}" for s in ("forget", "retain", "ra", "wf") for m in ("rouge_l", "prob", "truth_ratio")]
+FAILURE_CLASSES = {"correct", "refusal", "degenerate", "wrong"}
+
+
+def _results(out: Path) -> dict[str, dict]:
+    results = {}
+    for path in sorted((out / "cells").glob("*/result.json")):
+        result = json.loads(path.read_text())
+        results[result["label"]] = result
+    return results
+
+
+@pytest.mark.slow
+def test_ci_minimal_end_to_end_then_resume(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    assert main(["run", str(CONFIG), "--output-dir", str(out)]) == 0
+
+    results = _results(out)
+    assert set(results) == {"Retain", "Original", "GA", "CRU"}
+    for label, result in results.items():
+        assert result["status"] == "ok", (label, result.get("reason"), result.get("error"))
+        metrics = result["metrics"]
+        for key in TOFU_KEYS + ["model_utility"]:
+            assert isinstance(metrics.get(key), float) and math.isfinite(metrics[key]), (label, key, metrics)
+        assert 0.0 < metrics["model_utility"] <= 1.0
+        # the evaluation went through lm-eval's own output files, which the scorer read
+        assert list(Path(result["artifacts"]["lmeval"]).rglob("results_*.json"))
+        assert Path(result["artifacts"]["per_item"]).is_file()
+        truth_ratios = result["per_item"]["forget_truth_ratio"]
+        assert len(truth_ratios) == 8 and len(result["per_item"]["forget_question"]) == 8  # limit 8
+        # failure classes of the forget answers, with the NLL under the original model
+        fractions = result["failure_classes"]["forget"]
+        assert set(fractions) == FAILURE_CLASSES and math.isclose(sum(fractions.values()), 1.0)
+        forget_fm = result["details"]["scoring"]["failure_modes"]["forget"]
+        assert forget_fm["mean_nll_original"] is not None and math.isfinite(forget_fm["mean_nll_original"])
+        # tiny testbed checkpoints are trained on the plain template: no chat template, no system prompt
+        assert result["details"]["prompting"] == {"apply_chat_template": False, "system_instruction": None}
+        resources = result["resources"]
+        assert resources["eval_wall_time_s"] > 0 and resources["cell_wall_time_s"] > 0
+        assert resources["cell_peak_rss_bytes"] > 0
+        record = json.loads((out / "cells" / result["hash"] / "run_record.json").read_text())
+        assert record["status"] == "ok" and record["libraries"]["lm_eval"]
+
+    # Forget Quality: KS test against the retain cell's per-item truth ratios (same items, by question)
+    retain = results["Retain"]
+    for label in ("Original", "GA", "CRU"):
+        fq = results[label]["details"]["scoring"]["forget_quality"]
+        assert fq["available"] and fq["retain_source"] == f"retain cell {retain['hash']}", fq
+        assert fq["n_items"] == 8
+        assert 0.0 < results[label]["metrics"]["forget_quality"] <= 1.0
+    assert results["Retain"]["metrics"]["forget_quality"] is None  # the oracle is not scored against itself
+
+    # training resources
+    for label in ("GA", "CRU"):
+        resources = results[label]["resources"]
+        assert resources["train_wall_time_s"] > 0 and resources["trainable_params"] > 0
+        assert resources["train_peak_memory_bytes"] > 0
+    assert results["CRU"]["resources"]["trainable_params"] < results["GA"]["resources"]["trainable_params"]
+    gates = results["CRU"]["gate_means"]
+    assert 0.0 <= gates["forget"] <= 1.0 and 0.0 <= gates["retain"] <= 1.0
+
+    # the report: a markdown leaderboard and plots
+    report = out / "report"
+    table = (report / "leaderboard_tofu.md").read_text()
+    assert table.startswith("| Model |") and "| CRU |" in table and "| GA |" in table
+    assert list((report / "plots").glob("*.png"))
+    assert (report / "report.md").is_file() and (report / "resources.md").is_file()
+
+    # re-running skips every finished cell: the executor is never called, no file is rewritten
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "cells").glob("*/*.json")}
+
+    def tripwire(*args, **kwargs):  # test double: a finished cell must not be recomputed
+        raise AssertionError("a finished cell was recomputed")
+
+    monkeypatch.setattr(execute, "execute_cell", tripwire)
+    assert main(["run", str(CONFIG), "--output-dir", str(out), "--no-report"]) == 0
+    assert {p: p.stat().st_mtime_ns for p in (out / "cells").glob("*/*.json")} == stamps
+    assert _results(out) == results
