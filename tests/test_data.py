@@ -138,3 +138,12 @@ def test_corpus_errors(tmp_path):
         load_corpus(empty)
     with pytest.raises(ValueError, match="not an existing file"):
         load_corpus("forget99")
+
+
+def test_corpus_cap_keeps_first_rows(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"text": f"t{i}"}) + "\n" for i in range(5)))
+    assert load_corpus(f"{rows}[:2]") == ["t0", "t1"]
+    assert load_corpus(f"{rows}[:99]") == [f"t{i}" for i in range(5)]
+    with pytest.raises(ValueError, match="N >= 1"):
+        load_corpus(f"{rows}[:0]")

@@ -6,6 +6,7 @@ and routes on looks like what the evaluation feeds the model.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from .rwku import load_target_file
@@ -40,19 +41,25 @@ def rows_to_texts(rows: list[dict], origin: str) -> list[str]:
     return texts
 
 
-def load_corpus(source: str | os.PathLike, data_dir: str | os.PathLike | None = None) -> list[str]:
-    """A corpus from a JSON/JSONL file, a TOFU config name (`forget10`, `retain90`), or `rwku:<target>:<kind>`.
+def load_corpus_rows(source: str | os.PathLike, data_dir: str | os.PathLike | None = None) -> tuple[list[dict], str]:
+    """The rows of a corpus source and a description of where they came from.
 
-    `rwku:1:passage` is target 1's passage; `rwku:1-3:forget_mia` concatenates several targets.
+    Sources: a JSON/JSONL file, a TOFU config name (`forget10`, `retain90`), or `rwku:<targets>:<kind>`
+    (`rwku:1:passage`, `rwku:1-3:forget_mia`). A trailing `[:N]` keeps the first N rows (`rwku:1:passage[:32]`),
+    so a capped corpus is visible in the source string that results record.
     """
     source_text = str(source)
+    limit = None
+    cap = re.fullmatch(r"(.+)\[:(\d+)\]", source_text)
+    if cap:
+        source_text, limit = cap.group(1), int(cap.group(2))
+        if limit < 1:
+            raise ValueError(f"corpus {source!r}: [:N] needs N >= 1")
     path = Path(source_text).expanduser()
     if path.suffix in (".json", ".jsonl") or path.exists():
-        rows = read_json_records(path)
-        origin = str(path)
+        rows, origin = read_json_records(path), str(path)
     elif source_text in TOFU_CONFIGS:
-        rows = load_tofu(source_text, data_dir)
-        origin = f"TOFU {source_text}"
+        rows, origin = load_tofu(source_text, data_dir), f"TOFU {source_text}"
     elif source_text.startswith("rwku:"):
         rows, origin = _rwku_rows(source_text, data_dir)
     else:
@@ -62,6 +69,12 @@ def load_corpus(source: str | os.PathLike, data_dir: str | os.PathLike | None = 
         )
     if not rows:
         raise DataSourceError(f"corpus {origin} is empty")
+    return rows[:limit], origin
+
+
+def load_corpus(source: str | os.PathLike, data_dir: str | os.PathLike | None = None) -> list[str]:
+    """A corpus as texts (question/answer rows in the plain template); sources as for `load_corpus_rows`."""
+    rows, origin = load_corpus_rows(source, data_dir)
     return rows_to_texts(rows, origin)
 
 

@@ -65,7 +65,7 @@ _METHOD_CANON = {name.lower(): name for name in METHOD_HPARAMS}
 _METHOD_ENTRY_KEYS = ("method", "label", "benchmarks", "overrides", "forget_corpus", "retain_corpus")
 _TOP_KEYS = ("name", "output_dir", "data_dir", "seeds", "device", "include_original", "models", "benchmarks",
              "methods", "purge_checkpoints", "evaluation", "report", "description")
-_MODEL_KEYS = ("name", "path", "dtype", "benchmarks", "retain", "chat_template", "trust_remote_code")
+_MODEL_KEYS = ("name", "path", "dtype", "eval_dtype", "benchmarks", "retain", "chat_template", "trust_remote_code")
 _RETAIN_KINDS = ("checkpoint", "per_item", "train")
 _RETAIN_TRAIN_KEYS = ("from", "epochs", "lr", "batch_size", "max_length", "weight_decay")
 _BENCH_KEYS = {
@@ -107,11 +107,13 @@ class ModelSpec:
     retain: dict[str, RetainSpec] = field(default_factory=dict)  # split -> spec
     chat_template: bool | None = None
     trust_remote_code: bool = False
+    # Evaluation may run in another dtype than training (e.g. fp32 AdamW, bf16 scoring on CPU); None = `dtype`.
+    eval_dtype: str | None = None
 
     def identity(self) -> dict:
         """What makes two model specs the same model (used in cell hashes)."""
         return {"name": self.name, "path": self.path, "dtype": self.dtype, "chat_template": self.chat_template,
-                "trust_remote_code": self.trust_remote_code}
+                "trust_remote_code": self.trust_remote_code, "eval_dtype": self.eval_dtype}
 
 
 @dataclass(frozen=True)
@@ -403,6 +405,9 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         dtype = entry.get("dtype", "auto")
         if dtype not in _DTYPES:
             _fail(f"{where}.dtype", f"expected one of {', '.join(_DTYPES)}, got {dtype!r}", source)
+        eval_dtype = entry.get("eval_dtype")
+        if eval_dtype is not None and eval_dtype not in _DTYPES:
+            _fail(f"{where}.eval_dtype", f"expected one of {', '.join(_DTYPES)}, got {eval_dtype!r}", source)
         model_benches = tuple(_str_list(entry.get("benchmarks", list(benchmarks)), f"{where}.benchmarks", source))
         for j, bench in enumerate(model_benches):
             if bench not in benchmarks:
@@ -413,7 +418,7 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         if chat_template is not None and not isinstance(chat_template, bool):
             _fail(f"{where}.chat_template", f"expected true, false or null, got {chat_template!r}", source)
         models.append(ModelSpec(model_name, path, dtype, model_benches, retain, chat_template,
-                                bool(entry.get("trust_remote_code", False))))
+                                bool(entry.get("trust_remote_code", False)), eval_dtype))
 
     # -- PURGE local checkpoints
     purge_raw = raw.get("purge_checkpoints") or {}

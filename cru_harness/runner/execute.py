@@ -284,19 +284,10 @@ def _train_cru(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: di
 
 
 def _corpus_rows(source: str, data_dir) -> list[dict]:
-    """Rows (question/answer or text) of a corpus source: a TOFU config, rwku:<target>:<kind>, or a JSON(L) file."""
-    from ..data.tofu import TOFU_CONFIGS, load_tofu
+    """Rows (question/answer or text) of a corpus source, as `cru_harness.data.load_corpus_rows` reads them."""
+    from ..data.corpora import load_corpus_rows
 
-    if source in TOFU_CONFIGS:
-        return load_tofu(source, data_dir)
-    if source.startswith("rwku:"):
-        from ..data.rwku import load_target_file, parse_targets
-
-        _, targets, kind = source.split(":", 2)
-        return [row for t in parse_targets(targets) for row in load_target_file(t, kind, data_dir)]
-    from ..data.sources import read_json_records
-
-    return read_json_records(Path(source))
+    return load_corpus_rows(source, data_dir)[0]
 
 
 def _train_baseline(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: dict) -> str:
@@ -419,7 +410,7 @@ def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Pat
         # `limit` would keep the first N docs only, i.e. MIA members without any non-member (no AUC).
         metadata["rwku_items_per_target"] = int(limit)
         limit = None
-    model_args: dict[str, Any] = {"pretrained": model_path, "dtype": cell.model.dtype}
+    model_args: dict[str, Any] = {"pretrained": model_path, "dtype": cell.model.eval_dtype or cell.model.dtype}
     if routers:
         model_args["routers"] = routers
     if cell.model.trust_remote_code:
