@@ -98,34 +98,39 @@ def _generation_prompt(arguments) -> str | None:
     return None
 
 
-def _sample_items(path: Path, task: str) -> list[dict]:
-    items = []
+def _jsonl_rows(path: Path):
+    """(line number, row) of a JSON-lines file, skipping blank lines; a bad line is a ScoreInputError naming it."""
     with open(path, encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                yield line_no, json.loads(line)
             except json.JSONDecodeError as err:
                 raise ScoreInputError(f"{path}:{line_no}: not valid JSON ({err})") from err
-            doc = row.get("doc") or {}
-            resps = row.get("filtered_resps") or []
-            generation = resps[0] if resps and isinstance(resps[0], str) else None
-            if generation is None:
-                raise ScoreInputError(f"{path}:{line_no}: the first response is not a generation; not a TOFU task?")
-            prompt = _generation_prompt(row.get("arguments"))
-            item = {
-                "task": task,
-                "doc_id": row.get("doc_id"),
-                "question": doc.get("question"),
-                "answer": doc.get("answer"),
-                "prompt": prompt,
-                "generation": generation,
-            }
-            for name in PER_ITEM_METRICS:
-                value = row.get(name)
-                item[name] = float("nan") if value is None else float(value)
-            items.append(item)
+
+
+def _sample_items(path: Path, task: str) -> list[dict]:
+    items = []
+    for line_no, row in _jsonl_rows(path):
+        doc = row.get("doc") or {}
+        resps = row.get("filtered_resps") or []
+        generation = resps[0] if resps and isinstance(resps[0], str) else None
+        if generation is None:
+            raise ScoreInputError(f"{path}:{line_no}: the first response is not a generation; not a TOFU task?")
+        prompt = _generation_prompt(row.get("arguments"))
+        item = {
+            "task": task,
+            "doc_id": row.get("doc_id"),
+            "question": doc.get("question"),
+            "answer": doc.get("answer"),
+            "prompt": prompt,
+            "generation": generation,
+        }
+        for name in PER_ITEM_METRICS:
+            value = row.get(name)
+            item[name] = float("nan") if value is None else float(value)
+        items.append(item)
     return items
 
 
@@ -175,19 +180,12 @@ def read_per_item(path: str | Path) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"per-item file not found: {path}")
     rows = []
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ScoreInputError(f"{path}:{line_no}: not valid JSON ({err})") from err
-            for key in ("task", "question", "truth_ratio"):
-                if key not in row:
-                    raise ScoreInputError(f"{path}:{line_no}: missing field {key!r}")
-            row["truth_ratio"] = float("nan") if row["truth_ratio"] is None else float(row["truth_ratio"])
-            rows.append(row)
+    for line_no, row in _jsonl_rows(path):
+        for key in ("task", "question", "truth_ratio"):
+            if key not in row:
+                raise ScoreInputError(f"{path}:{line_no}: missing field {key!r}")
+        row["truth_ratio"] = float("nan") if row["truth_ratio"] is None else float(row["truth_ratio"])
+        rows.append(row)
     return rows
 
 
