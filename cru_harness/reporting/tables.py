@@ -50,8 +50,9 @@ RWKU_COLUMNS = [
     *_fc_columns("forget"),
     Column("neighbor_fb", "Neighbor FB ↑", "FB$\\uparrow$", "up", "Neighbor"),
     Column("neighbor_qa", "Neighbor QA ↑", "QA$\\uparrow$", "up", "Neighbor"),
-    Column("mia_fm", "MIA FM ↑", "FM$\\uparrow$", "up", "MIA"),
-    Column("mia_rm", "MIA RM", "RM", None, "MIA"),
+    # LOSS score = mean token log-likelihood (metrics.mia.loss_score): forgetting pushes it *down* on FM texts.
+    Column("mia_fm", "MIA FM log-lik. ↓", "FM log-lik.$\\downarrow$", "down", "MIA"),
+    Column("mia_rm", "MIA RM log-lik.", "RM log-lik.", None, "MIA"),
     Column("mia_auc", "MIA AUC →0.5", "AUC$\\to$0.5", "half", "MIA"),
     Column("utility_mmlu", "MMLU ↑", "Gen.$\\uparrow$", "up", "Utility"),
     Column("utility_bbh", "BBH ↑", "Rea.$\\uparrow$", "up", "Utility"),
