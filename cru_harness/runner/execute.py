@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable
 
 from .cache import CellStore, environment_record, now_iso, read_json
 from .plan import Cell
+from ..lmeval.protocol import SYSTEM_PROMPT as SYSTEM_INSTRUCTION  # protocol.md, "Prompting"
 
 RESULT_SCHEMA_VERSION = 1
 Executor = Callable[[Cell, Path], dict]
@@ -363,7 +364,6 @@ def retain_from_per_item(path: str, forget_task: str | None = None) -> dict:
     return {"per_item": per_item, "details": {"retain_source": str(path)}}
 
 
-SYSTEM_INSTRUCTION = "You are a helpful assistant."  # protocol.md, "Prompting"
 
 
 def use_chat_template(cell: Cell, model_path: str) -> bool:
