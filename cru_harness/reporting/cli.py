@@ -70,6 +70,28 @@ def stats_markdown(comparison: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def target_selection_markdown(dirs) -> list[str]:
+    """Why the RWKU targets are these: the saved `select_known` choices (runner.targets) of the run dirs."""
+    lines: list[str] = []
+    for directory in dirs:
+        for path in sorted((Path(directory) / "target_selection").glob("*.json")):
+            record = json.loads(path.read_text())
+            ranked = sorted(record["scores"].items(), key=lambda item: (-item[1]["score"], int(item[0])))
+            lines += [f"### RWKU targets of {record['model']}: chosen by what the original model knows", "",
+                      f"Kept {record['chosen']}: the top {len(record['chosen'])} of {len(ranked)} candidates by "
+                      f"{record['metric']}. Every candidate, best known first:", "",
+                      "| Target | Name | Score | " + " | ".join(p for p in ranked[0][1] if p not in
+                                                                    ("score", "target_name")) + " |",
+                      "|---:|---|---:|" + "---:|" * (len(ranked[0][1]) - 2)]
+            for target, row in ranked:
+                probes = [f"{v:.3f}" for k, v in row.items() if k not in ("score", "target_name")]
+                mark = " (kept)" if int(target) in record["chosen"] else ""
+                lines.append(f"| {target}{mark} | {row.get('target_name', '')} | {row['score']:.3f} | "
+                             + " | ".join(probes) + " |")
+            lines.append("")
+    return lines
+
+
 def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, stats=True, log=print) -> dict:
     """Write the whole report for the cells under `dirs`. Returns {name: path}."""
     from ..runner.cache import atomic_write_json, atomic_write_text, load_results
@@ -83,6 +105,7 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
     for r in results:
         statuses[r.get("status")] += 1
     summary.append("Cells by status: " + ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items())) + "\n")
+    summary += target_selection_markdown(dirs)
     comparisons = {}
     for benchmark in ("tofu", "rwku"):
         rows = tables.aggregate(results, benchmark)

@@ -49,8 +49,8 @@ def _load(path: str, output_dir: str | None):
     return load_config(path, overrides)
 
 
-def plan_summary(config, cells) -> dict:
-    from .plan import describe_cell
+def plan_summary(config, cells, selected_targets=None) -> dict:
+    from .plan import describe_cell, pending_selections
 
     described = [describe_cell(cell) for cell in cells]
     downloads = sorted({d for item in described for d in item["downloads"]})
@@ -59,14 +59,34 @@ def plan_summary(config, cells) -> dict:
     return {"name": config.name, "output_dir": str(config.output_dir), "n_cells": len(cells),
             "n_trained": sum(1 for item in described if item["trains"] and not item["trains"].startswith("nothing")),
             "n_evaluated": sum(1 for item in described if item["evaluates"]), "downloads": downloads,
-            "data": data, "cells": described}
+            "data": data, "cells": described, "target_selection": _selection_summary(config, selected_targets),
+            "pending_selection": pending_selections(config, selected_targets)}
 
 
-def print_plan(summary: dict, out=sys.stdout) -> None:
+def _selection_summary(config, selected_targets) -> dict | None:
+    rwku = config.benchmarks.get("rwku")
+    if not rwku or not rwku.get("select_known"):
+        return None
+    select = rwku["select_known"]
+    rule = (f"top {select['top']} of targets {rwku['targets']} by the original model's mean ROUGE-L recall on "
+            f"{', '.join(select['probes'])} (first {select['rows'] or 'all'} rows)")
+    return {"rule": rule, "chosen": dict(selected_targets or {})}
+
+
+def print_plan(summary: dict, out=None) -> None:
+    out = out or sys.stdout  # looked up per call, so redirected/captured stdout is honoured
     print(f"experiment {summary['name']}: {summary['n_cells']} cells -> {summary['output_dir']}", file=out)
     print(f"  trains {summary['n_trained']} cells, evaluates {summary['n_evaluated']}", file=out)
     for bench, where in summary["data"].items():
         print(f"  data {bench}: {where}", file=out)
+    selection = summary.get("target_selection")
+    if selection:
+        print(f"  RWKU targets: {selection['rule']}", file=out)
+        for model, chosen in selection["chosen"].items():
+            print(f"    {model}: chosen earlier -> {chosen}", file=out)
+        for model in summary.get("pending_selection", []):
+            print(f"    {model}: chosen when the run starts (one lm-eval pass of the original model over the "
+                  "candidates); its RWKU cells are planned then and not listed below", file=out)
     if summary["downloads"]:
         print("  downloads:", file=out)
         for item in summary["downloads"]:
@@ -88,12 +108,16 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
     from .cache import CellStore, atomic_write_json
     from .plan import build_plan
     from .shard import parse_shard, select_shard
+    from .targets import resolve_selected_targets
 
-    cells = all_cells = build_plan(config)
+    # RWKU `select_known`: the targets are chosen (or a saved choice reused) before planning; a dry run only
+    # reads saved choices. Every shard makes the same deterministic choice, or reuses the saved one.
+    selected = resolve_selected_targets(config, run=not dry_run, log=log)
+    cells = all_cells = build_plan(config, selected)
     if shard:
         index, count = parse_shard(shard)
         cells = select_shard(cells, index, count)
-    summary = plan_summary(config, cells)
+    summary = plan_summary(config, cells, selected)
     if dry_run:
         if as_json:
             print(json.dumps(summary, indent=1))
@@ -127,7 +151,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def merge_dirs(dirs, out) -> dict[str, int]:
     """Copy cells from several run directories into `out`; a duplicate keeps its 'ok' copy."""
-    from .cache import CELLS_DIR, RESULT_FILE, CellStore
+    from .cache import CELLS_DIR, RESULT_FILE, CellStore, atomic_write_text
+    from .targets import SELECTION_DIR
 
     out_store = CellStore(out)
     out_store.cells_dir.mkdir(parents=True, exist_ok=True)
@@ -137,6 +162,13 @@ def merge_dirs(dirs, out) -> dict[str, int]:
         store = CellStore(directory.parent if directory.name == CELLS_DIR else directory)
         if not store.cells_dir.is_dir():
             raise FileNotFoundError(f"{directory} holds no cells/ directory (not a cru-harness run)")
+        selections = store.root / SELECTION_DIR
+        if selections.is_dir():  # why the RWKU targets are these (runner.targets); identical across shards
+            (out_store.root / SELECTION_DIR).mkdir(parents=True, exist_ok=True)
+            for path in selections.glob("*.json"):
+                destination = out_store.root / SELECTION_DIR / path.name
+                if destination.resolve() != path.resolve():
+                    atomic_write_text(destination, path.read_text())
         for cell_hash, result in store.iter_results():
             target = out_store.cell_dir(cell_hash)
             existing = out_store.load_result(cell_hash)

@@ -70,8 +70,11 @@ _RETAIN_KINDS = ("checkpoint", "per_item", "train")
 _RETAIN_TRAIN_KEYS = ("from", "epochs", "lr", "batch_size", "max_length", "weight_decay")
 _BENCH_KEYS = {
     "tofu": ("splits", "tasks", "limit", "forget_corpus", "retain_corpus", "data_dir"),
-    "rwku": ("targets", "tasks", "limit", "forget_corpus", "retain_corpus", "data_dir"),
+    "rwku": ("targets", "select_known", "tasks", "limit", "forget_corpus", "retain_corpus", "data_dir"),
 }
+_SELECT_KEYS = ("top", "probes", "rows")
+# Forget probes whose score on the original model says how well it knows a target (RWKU ROUGE-L recall).
+SELECT_PROBES = ("rwku_fb", "rwku_qa", "rwku_aa")
 _EVAL_KEYS = ("batch_size", "limit", "max_gen_toks", "failure_classes", "apply_chat_template")
 _REPORT_KEYS = ("formats", "plots", "stats")
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -359,6 +362,8 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
             resolved["splits"] = splits
         else:
             resolved["targets"] = _parse_targets(spec.get("targets", "1-20"), f"{where}.targets", source)
+            resolved["select_known"] = _validate_select_known(spec.get("select_known"), resolved["targets"],
+                                                              spec.get("limit"), f"{where}.select_known", source)
         tasks = _str_list(spec.get("tasks", DEFAULT_TASKS[bench]), f"{where}.tasks", source)
         if not tasks:
             _fail(f"{where}.tasks", "is empty", source)
@@ -545,6 +550,31 @@ def _check_purge(where: str, benchmarks: dict, models: list[ModelSpec], local: d
             _fail(f"models[{j}].path", f"PURGE's checkpoints are {PURGE_BASE_MODEL} fine-tunes; model "
                   f"{model.name!r} ({model.path}) is not, so PURGE cannot be compared on it "
                   "(give `purge_checkpoints` for every target, or restrict the model to tofu)", source)
+
+
+def _validate_select_known(value: Any, targets: list[int], limit: Any, where: str,
+                           source: str | None) -> dict[str, Any] | None:
+    """`select_known: {top: K, probes: [...], rows: N}`: of the configured targets (the candidates), keep the K
+    the original model knows best, by its mean RWKU ROUGE-L recall on `probes` over the first N rows per file.
+    The choice is made at run time per model (runner.targets) and saved with the results."""
+    if value is None:
+        return None
+    spec = _check_keys(value, _SELECT_KEYS, where, source)
+    if "top" not in spec:
+        _fail(f"{where}.top", "is required: how many of the candidate targets to keep", source)
+    top = _number(spec["top"], f"{where}.top", source, low=1, integer=True)
+    if top > len(targets):
+        _fail(f"{where}.top", f"keeps {top} targets but `targets` names only {len(targets)} candidates", source)
+    probes = _str_list(spec.get("probes", ["rwku_fb", "rwku_qa"]), f"{where}.probes", source)
+    if not probes:
+        _fail(f"{where}.probes", "is empty", source)
+    for i, probe in enumerate(probes):
+        if probe not in SELECT_PROBES:
+            _fail(f"{where}.probes[{i}]", f"expected one of {', '.join(SELECT_PROBES)}, got {probe!r}", source)
+    rows = spec.get("rows", limit)
+    if rows is not None:
+        rows = _number(rows, f"{where}.rows", source, low=1, integer=True)
+    return {"top": int(top), "probes": list(dict.fromkeys(probes)), "rows": rows}
 
 
 def _validate_retain(value: Any, where: str, benchmarks: dict, model_benches: tuple[str, ...],

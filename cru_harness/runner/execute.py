@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .cache import CellStore, environment_record, now_iso, read_json
+from .config import ModelSpec
 from .plan import Cell
 from ..lmeval.protocol import SYSTEM_PROMPT as SYSTEM_INSTRUCTION  # protocol.md, "Prompting"
 
@@ -367,22 +368,27 @@ def retain_from_per_item(path: str, forget_task: str | None = None) -> dict:
 
 
 def use_chat_template(cell: Cell, model_path: str) -> bool:
-    """Whether the cell's prompts go through the model's chat template (protocol: a model with one gets it).
+    """Whether the cell's prompts go through the model's chat template (see `model_uses_chat_template`)."""
+    return model_uses_chat_template(cell.model, cell.evaluation, model_path)
+
+
+def model_uses_chat_template(model: ModelSpec, evaluation: dict, model_path: str) -> bool:
+    """Whether a model's prompts go through its chat template (protocol: a model with one gets it).
 
     Order: the model's `chat_template` setting, then `evaluation.apply_chat_template`, then automatic: testbed
     checkpoints (`zoo:`) are fine-tuned on the plain `Question: ...\nAnswer:` template (their tokenizer's chat
     template exists to exercise chat code paths), so they are evaluated plain; any other model uses its chat
     template when its tokenizer has one.
     """
-    if cell.model.chat_template is not None:
-        return bool(cell.model.chat_template)
-    if cell.evaluation.get("apply_chat_template") is not None:
-        return bool(cell.evaluation["apply_chat_template"])
-    if cell.model.path.startswith("zoo:"):
+    if model.chat_template is not None:
+        return bool(model.chat_template)
+    if evaluation.get("apply_chat_template") is not None:
+        return bool(evaluation["apply_chat_template"])
+    if model.path.startswith("zoo:"):
         return False
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=cell.model.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=model.trust_remote_code)
     return bool(getattr(tokenizer, "chat_template", None))
 
 
@@ -390,6 +396,37 @@ def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Pat
                   chat_template: bool) -> dict:
     """lm-eval `simple_evaluate` with the `cru` model on the cell's tasks; its outputs are saved under
     workdir/lmeval exactly as `lm_eval --output_path ... --log_samples` saves them (what the scorers read)."""
+    gen_kwargs = None
+    if cell.evaluation.get("max_gen_toks"):
+        gen_kwargs = {"max_gen_toks": int(cell.evaluation["max_gen_toks"])}
+    out = workdir / "lmeval"
+    t0 = time.perf_counter()
+    run_lmeval(cell.model, model_path, list(cell.tasks), out, routers=routers, data_dir=data_dir,
+               targets=None if cell.target is None else str(cell.target), limit=cell.limit,
+               batch_size=cell.evaluation.get("batch_size", 8), device=_device(cell), chat_template=chat_template,
+               gen_kwargs=gen_kwargs)
+    return {"output_dir": out, "wall_time_s": time.perf_counter() - t0, "artifacts": {"lmeval": str(out)}}
+
+
+def eval_model_args(model: ModelSpec, model_path: str, routers: str | None = None) -> dict[str, Any]:
+    """`--model cru` arguments for a model spec. Scoring in bf16/fp16 keeps the log-softmax in float32:
+    lm-eval computes it in the model's dtype by default, which rounds log-probs to a few bits (-5.875)."""
+    dtype = model.eval_dtype or model.dtype
+    args: dict[str, Any] = {"pretrained": model_path, "dtype": dtype}
+    if dtype in ("bfloat16", "float16", "auto"):
+        args["softmax_dtype"] = "float32"
+    if routers:
+        args["routers"] = routers
+    if model.trust_remote_code:
+        args["trust_remote_code"] = True
+    return args
+
+
+def run_lmeval(model: ModelSpec, model_path: str, tasks: list[str], out: Path, *, routers: str | None = None,
+               data_dir=None, targets: str | None = None, limit: int | None = None, batch_size=8,
+               device: str = "cpu", chat_template: bool = False, gen_kwargs: dict | None = None) -> dict:
+    """One `simple_evaluate` on the project's tasks, saved under `out` as `lm_eval --log_samples` saves it.
+    `targets`: RWKU targets (lm-eval metadata `rwku_targets`); `limit` on RWKU = rows per file and target."""
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
@@ -400,44 +437,33 @@ def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Pat
     # The tasks read their data and targets from lm-eval's metadata; it must go to the TaskManager (simple_evaluate's
     # own `metadata=` is only used when it builds the TaskManager itself).
     metadata: dict[str, Any] = {}
-    if cell.target is not None:
-        metadata["rwku_targets"] = str(cell.target)
+    if targets is not None:
+        metadata["rwku_targets"] = targets
     if data_dir:
         metadata["data_dir"] = str(data_dir)
-    limit = cell.limit
-    if cell.benchmark == "rwku" and limit is not None:
+    if targets is not None and limit is not None:
         # RWKU: the first N rows of each file kind of the target (MIA: N members + N non-members); lm-eval's
         # `limit` would keep the first N docs only, i.e. MIA members without any non-member (no AUC).
         metadata["rwku_items_per_target"] = int(limit)
         limit = None
-    model_args: dict[str, Any] = {"pretrained": model_path, "dtype": cell.model.eval_dtype or cell.model.dtype}
-    if routers:
-        model_args["routers"] = routers
-    if cell.model.trust_remote_code:
-        model_args["trust_remote_code"] = True
-    gen_kwargs = None
-    if cell.evaluation.get("max_gen_toks"):
-        gen_kwargs = {"max_gen_toks": int(cell.evaluation["max_gen_toks"])}
-    out = workdir / "lmeval"
     tracker = EvaluationTracker(output_path=str(out))
-    t0 = time.perf_counter()
     results = lm_eval.simple_evaluate(
-        model="cru", model_args=model_args, tasks=list(cell.tasks), limit=limit,
-        batch_size=cell.evaluation.get("batch_size", 8), device=_device(cell), log_samples=True,
+        model="cru", model_args=eval_model_args(model, model_path, routers), tasks=tasks, limit=limit,
+        batch_size=batch_size, device=device, log_samples=True,
         task_manager=TaskManager(include_path=tasks_dir(), include_defaults=False, metadata=metadata or None),
         system_instruction=SYSTEM_INSTRUCTION if chat_template else None,
         apply_chat_template=chat_template, gen_kwargs=gen_kwargs, evaluation_tracker=tracker,
         bootstrap_iters=0,
     )
-    wall = time.perf_counter() - t0
     if results is None:
-        raise RuntimeError(f"lm-eval returned no results for tasks {list(cell.tasks)}")
+        raise RuntimeError(f"lm-eval returned no results for tasks {tasks}")
     samples = results.pop("samples", {}) or {}
     tracker.save_results_aggregated(results=results, samples=samples)
     for task in results.get("configs", {}):
         if task in samples:
             tracker.save_results_samples(task_name=task, samples=samples[task])
-    return {"output_dir": out, "wall_time_s": wall, "artifacts": {"lmeval": str(out)}}
+    results["samples"] = samples
+    return results
 
 
 # --------------------------------------------------------------------------------------------------- scoring

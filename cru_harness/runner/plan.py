@@ -82,15 +82,23 @@ def _fill(template: str, split: str | None, target: int | None) -> str:
     return template.format(**values)
 
 
-def build_plan(config: ExperimentConfig) -> list[Cell]:
+def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] | None = None) -> list[Cell]:
     """All cells of an experiment, in a stable order: within each block the retain cell (TOFU oracle) first, so
-    every other cell of the block finds its per-item truth ratios for Forget Quality, then Original, then methods."""
+    every other cell of the block finds its per-item truth ratios for Forget Quality, then Original, then methods.
+
+    With `benchmarks.rwku.select_known`, a model's RWKU targets are `selected_targets[model.name]`
+    (runner.targets); a model without a selection yet gets no RWKU cells (see `pending_selections`)."""
     cells: list[Cell] = []
     for model in config.models:
         for bench in model.benchmarks:
             spec = config.benchmarks[bench]
-            units = ([(split, None) for split in spec["splits"]] if bench == "tofu"
-                     else [(None, target) for target in spec["targets"]])
+            if bench == "tofu":
+                units = [(split, None) for split in spec["splits"]]
+            else:
+                targets = spec["targets"]
+                if spec.get("select_known"):
+                    targets = (selected_targets or {}).get(model.name, [])
+                units = [(None, target) for target in targets]
             limit = spec["limit"] if spec["limit"] is not None else config.evaluation.get("limit")
             evaluation = {k: v for k, v in config.evaluation.items() if k != "limit"}
             for split, target in units:
@@ -111,6 +119,14 @@ def build_plan(config: ExperimentConfig) -> list[Cell]:
                         continue
                     cells.extend(_method_cells(config, method, common, split, target))
     return cells
+
+
+def pending_selections(config: ExperimentConfig, selected_targets: dict[str, list[int]] | None) -> list[str]:
+    """Models whose RWKU targets are still to be chosen by `select_known` (their RWKU cells are not planned)."""
+    rwku = config.benchmarks.get("rwku")
+    if not rwku or not rwku.get("select_known"):
+        return []
+    return [m.name for m in config.models if "rwku" in m.benchmarks and m.name not in (selected_targets or {})]
 
 
 def _method_cells(config: ExperimentConfig, method: MethodSpec, common: dict, split, target) -> Iterable[Cell]:

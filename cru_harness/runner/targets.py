@@ -1,0 +1,145 @@
+"""RWKU targets the model knows: `benchmarks.rwku.select_known` picks them before any cell is planned.
+
+Unlearning a target the model never knew measures nothing (every method "forgets" it for free), so a config
+can name candidate targets and keep the `top` ones the *original* model knows best: its mean RWKU ROUGE-L
+recall on the forget `probes` (default FB and QA) over the first `rows` rows of each candidate. The score is
+the protocol's own metric, computed by the same lm-eval tasks the cells run, with the same prompting.
+
+The selection is made once per (model, selection spec, candidates, data) and saved atomically in the run
+directory (`target_selection/<model>.json`, with every candidate's score), so a resumed or re-run config
+reuses it and the report can show why these targets were chosen. Ties keep the lower target index.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from .config import ExperimentConfig, ModelSpec
+
+SELECTION_DIR = "target_selection"
+SELECTION_SCHEMA = 1
+KNOWLEDGE_METRIC = "rouge_l_recall"
+
+
+def selection_key(config: ExperimentConfig, model: ModelSpec) -> dict[str, Any]:
+    """Everything that determines the selection of one model (its hash invalidates a stale saved file)."""
+    spec = config.benchmarks["rwku"]
+    return {"schema": SELECTION_SCHEMA, "model": model.identity(), "candidates": spec["targets"],
+            "select_known": spec["select_known"], "data_dir": spec["data_dir"],
+            "batch_size": config.evaluation.get("batch_size", 8),
+            "apply_chat_template": config.evaluation.get("apply_chat_template")}
+
+
+def selection_path(config: ExperimentConfig, model: ModelSpec) -> Path:
+    return Path(config.output_dir) / SELECTION_DIR / f"{model.name}.json"
+
+
+def _key_hash(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def load_selection(config: ExperimentConfig, model: ModelSpec) -> dict | None:
+    """The saved selection of this model, if it was made with the same key; else None."""
+    path = selection_path(config, model)
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # a corrupt file is recomputed, never trusted
+    return saved if saved.get("key_hash") == _key_hash(selection_key(config, model)) else None
+
+
+def rank_targets(scores: dict[int, float], top: int) -> list[int]:
+    """The `top` targets by knowledge score, highest first; ties keep the lower target index."""
+    return [t for t, _ in sorted(scores.items(), key=lambda item: (-item[1], item[0]))][:top]
+
+
+def knowledge_scores(per_target: dict[str, dict[int, dict]], probes: list[str],
+                     candidates: list[int]) -> dict[int, dict[str, float]]:
+    """Per candidate: each probe's ROUGE-L recall and their mean (`score`). A candidate missing from a probe's
+    results is an error: it would silently rank last."""
+    out: dict[int, dict[str, float]] = {}
+    for target in candidates:
+        row: dict[str, float] = {}
+        for probe in probes:
+            values = per_target.get(probe, {}).get(target)
+            if values is None or values.get(KNOWLEDGE_METRIC) is None:
+                raise RuntimeError(f"target selection: {probe} returned no {KNOWLEDGE_METRIC} for target {target}")
+            row[probe] = float(values[KNOWLEDGE_METRIC])
+        row["score"] = sum(row[p] for p in probes) / len(probes)
+        out[target] = row
+    return out
+
+
+def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Callable[[str], None] = print,
+                         evaluate=None) -> dict:
+    """Choose (or reuse) the RWKU targets `model` knows best; returns the saved selection record.
+
+    `evaluate(model, model_path, tasks, out, targets=..., limit=..., ...)`: lm-eval run (default: the
+    runner's `run_lmeval`); tests inject a fake one.
+    """
+    saved = load_selection(config, model)
+    if saved is not None:
+        log(f"target selection for {model.name}: reusing {selection_path(config, model)} -> {saved['chosen']}")
+        return saved
+    from ..tasks.rwku.utils import per_target_results
+    from .cache import atomic_write_json, now_iso
+    from .execute import model_uses_chat_template, resolve_data_dir, resolve_model_path, run_lmeval
+
+    spec = config.benchmarks["rwku"]
+    select = spec["select_known"]
+    candidates = list(spec["targets"])
+    evaluate = evaluate or run_lmeval
+    model_path = resolve_model_path(model.path)
+    chat = model_uses_chat_template(model, config.evaluation, model_path)
+    device = config.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    log(f"target selection for {model.name}: scoring the original model on {', '.join(select['probes'])} for "
+        f"{len(candidates)} candidate targets ({select['rows'] or 'all'} rows each), keeping the top {select['top']}")
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="cru_target_selection_") as tmp:
+        results = evaluate(model, model_path, list(select["probes"]), Path(tmp) / "lmeval",
+                           data_dir=resolve_data_dir(spec["data_dir"]),
+                           targets=",".join(str(t) for t in candidates), limit=select["rows"],
+                           batch_size=config.evaluation.get("batch_size", 8), device=device, chat_template=chat)
+    per_target = per_target_results(results.get("samples") or {})
+    scores = knowledge_scores(per_target, select["probes"], candidates)
+    chosen = rank_targets({t: row["score"] for t, row in scores.items()}, select["top"])
+    names = {t: row.get("target_name", "") for probe in select["probes"]
+             for t, row in per_target.get(probe, {}).items()}
+    key = selection_key(config, model)
+    record = {"schema": SELECTION_SCHEMA, "key_hash": _key_hash(key), "key": key, "model": model.name,
+              "chosen": chosen, "metric": f"mean {KNOWLEDGE_METRIC} of {', '.join(select['probes'])} "
+                                          f"(original model, first {select['rows'] or 'all'} rows per file)",
+              "scores": {str(t): {**row, "target_name": names.get(t, "")} for t, row in scores.items()},
+              "wall_time_s": time.perf_counter() - t0, "created": now_iso()}
+    atomic_write_json(selection_path(config, model), record)
+    log(f"target selection for {model.name}: chose {chosen} in {record['wall_time_s']:.0f}s "
+        "(" + ", ".join(f"{t} {names.get(t, '')}: {scores[t]['score']:.3f}" for t in chosen) + ")")
+    return record
+
+
+def resolve_selected_targets(config: ExperimentConfig, *, run: bool, log: Callable[[str], None] = print,
+                             evaluate=None) -> dict[str, list[int]]:
+    """Model name -> chosen RWKU targets, for every model whose RWKU targets come from `select_known`.
+    `run=False` (dry run): only saved selections are used; models without one are left out (planned later)."""
+    rwku = config.benchmarks.get("rwku")
+    if not rwku or not rwku.get("select_known"):
+        return {}
+    chosen: dict[str, list[int]] = {}
+    for model in config.models:
+        if "rwku" not in model.benchmarks:
+            continue
+        record = (select_known_targets(config, model, log=log, evaluate=evaluate) if run
+                  else load_selection(config, model))
+        if record is not None:
+            chosen[model.name] = list(record["chosen"])
+    return chosen
