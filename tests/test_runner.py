@@ -337,3 +337,38 @@ def test_dry_run_cli_error_names_key(tmp_path, capsys):
     path.write_text(yaml.safe_dump(raw))
     assert main(["run", str(path), "--dry-run"]) == 2
     assert "methods[0].lrr" in capsys.readouterr().err
+
+
+def test_low_precision_scoring_keeps_log_softmax_in_float32():
+    from cru_harness.runner.config import ModelSpec
+    from cru_harness.runner.execute import eval_model_args
+
+    bf16 = eval_model_args(ModelSpec("m", "p", dtype="float32", eval_dtype="bfloat16"), "/m", routers="/r")
+    assert bf16 == {"pretrained": "/m", "dtype": "bfloat16", "softmax_dtype": "float32", "routers": "/r"}
+    fp32 = eval_model_args(ModelSpec("m", "p", dtype="float32"), "/m")
+    assert fp32 == {"pretrained": "/m", "dtype": "float32"}  # already exact: nothing added
+
+
+def test_rwku_cell_beyond_target_10_keeps_its_probes_and_records_utility_unavailable(tmp_path, rwku_dir):
+    """RWKU ships utility sets for targets 1-10 only: such a cell drops (and names) its utility tasks."""
+    from cru_harness.runner.execute import rwku_tasks_with_data
+    from cru_harness.reporting.tables import aggregate, to_markdown
+
+    raw = base_config(tmp_path, benchmarks={"rwku": {"targets": [2, 17], "tasks": [
+        "rwku_forget", "rwku_utility_mmlu", "rwku_icu_utility"]}}, models=[{"name": "m", "path": "smollm2"}],
+        methods=[{"method": "GA"}])
+    cells = {c.target: c for c in build_plan(cfg.validate_config(raw)) if c.kind == "original"}
+    kept, dropped = rwku_tasks_with_data(cells[2], str(rwku_dir))
+    assert kept == ["rwku_forget", "rwku_utility_mmlu", "rwku_icu_utility"] and dropped == {}
+    kept, dropped = rwku_tasks_with_data(cells[17], str(rwku_dir))
+    assert kept == ["rwku_forget"]
+    assert set(dropped) == {"rwku_utility_mmlu", "rwku_icu_utility"}
+    assert "retain_mmlu" in dropped["rwku_utility_mmlu"] and "targets 1-10" in dropped["rwku_utility_mmlu"]
+    assert "fluency" in dropped["rwku_icu_utility"]
+
+    # the report says which means cover fewer targets
+    results = [{"benchmark": "rwku", "kind": "method", "model": "m", "label": "GA", "method": "GA", "status": "ok",
+                "target": t, "metrics": {"forget_fb": 0.1, "utility_mmlu": 0.3} if t == 2 else {"forget_fb": 0.2},
+                "details": {"tasks_unavailable": dropped} if t == 17 else {}} for t in (2, 17)]
+    table = to_markdown(aggregate(results, "rwku"), "rwku")
+    assert "rwku_utility_mmlu: no data for target(s) 17, mean over 1 cell(s)" in table

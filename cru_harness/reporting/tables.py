@@ -155,13 +155,28 @@ def aggregate(results: list[dict], benchmark: str) -> list[dict]:
                "metrics": {k: _mean(d.get(k) for d in derived) for k in keys},
                "resources": {k: _mean((m.get("resources") or {}).get(k) for m in ok) for k in RESOURCE_KEYS},
                "gate_means": _gate_means(ok),
-               "reasons": sorted({m.get("reason") for m in members if m.get("reason")})}
+               "reasons": sorted({m.get("reason") for m in members if m.get("reason")}),
+               "partial": _partial_tasks(ok)}
         rows.append(row)
     order = _method_order(results)
     rows.sort(key=lambda r: (r["model"], str(r["unit"]), not r["reference"], order.get(r["label"], 99), r["label"]))
     _mark_best(rows, COLUMNS[benchmark])
     _mark_pareto(rows)
     return rows
+
+
+def _partial_tasks(results: list[dict]) -> list[str]:
+    """A note for tasks some cells of a row could not run (RWKU utility beyond target 10): their means cover fewer
+    targets than the row's other columns."""
+    def unavailable(result):
+        return (result.get("details") or {}).get("tasks_unavailable", {})
+
+    notes = []
+    for task in sorted({t for r in results for t in unavailable(r)}):
+        lacking = sorted({r.get("target") for r in results if task in unavailable(r)})
+        notes.append(f"{task}: no data for target(s) {', '.join(map(str, lacking))}, "
+                     f"mean over {sum(task not in unavailable(r) for r in results)} cell(s)")
+    return notes
 
 
 def _gate_means(results: list[dict]) -> dict | None:
@@ -242,6 +257,7 @@ def _row_note(row: dict) -> str:
         notes.append(f"{row['n_unavailable']} unavailable")
     if row["n_failed"]:
         notes.append(f"{row['n_failed']} failed")
+    notes.extend(row.get("partial", []))
     return "; ".join(notes)
 
 

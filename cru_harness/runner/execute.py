@@ -244,6 +244,8 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
     evaluation = evaluate_cell(cell, model_path, routers, workdir, data_dir, chat)
     outcome["artifacts"].update(evaluation["artifacts"])
     outcome["resources"]["eval_wall_time_s"] = evaluation["wall_time_s"]
+    if evaluation["tasks_unavailable"]:
+        outcome["details"]["tasks_unavailable"] = evaluation["tasks_unavailable"]
     # Failure classes: each answer's NLL under the original model = the cell's base model (for CRU the same
     # checkpoint with its routers detached, i.e. loaded without them).
     t0 = time.perf_counter()
@@ -400,12 +402,51 @@ def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Pat
     if cell.evaluation.get("max_gen_toks"):
         gen_kwargs = {"max_gen_toks": int(cell.evaluation["max_gen_toks"])}
     out = workdir / "lmeval"
+    tasks, unavailable = rwku_tasks_with_data(cell, data_dir)
     t0 = time.perf_counter()
-    run_lmeval(cell.model, model_path, list(cell.tasks), out, routers=routers, data_dir=data_dir,
+    run_lmeval(cell.model, model_path, tasks, out, routers=routers, data_dir=data_dir,
                targets=None if cell.target is None else str(cell.target), limit=cell.limit,
                batch_size=cell.evaluation.get("batch_size", 8), device=_device(cell), chat_template=chat_template,
                gen_kwargs=gen_kwargs)
-    return {"output_dir": out, "wall_time_s": time.perf_counter() - t0, "artifacts": {"lmeval": str(out)}}
+    return {"output_dir": out, "wall_time_s": time.perf_counter() - t0, "artifacts": {"lmeval": str(out)},
+            "tasks_unavailable": unavailable}
+
+
+def rwku_tasks_with_data(cell: Cell, data_dir) -> tuple[list[str], dict[str, str]]:
+    """The cell's tasks minus RWKU utility tasks its target has no data for, with the reason for each one left out.
+
+    RWKU ships its utility sets (MMLU, BBH, TruthfulQA, TriviaQA, fluency) for targets 1-10 only. A cell of
+    another target keeps its forget, neighbour and MIA probes and records utility as unavailable, instead of
+    failing as a whole. A utility file that does not load for a target that should have one (1-10, or a copy
+    that ships more) stays in: its error then surfaces in the evaluation, never hidden here.
+    """
+    if cell.benchmark != "rwku" or cell.target is None:
+        return list(cell.tasks), {}
+    from ..data.rwku import UTILITY_TARGETS, load_target_file
+    from ..tasks.rwku.utils import PROBE_KINDS, UTILITY_PROBES
+
+    kept, dropped = [], {}
+    for task in cell.tasks:
+        name = task.removeprefix("rwku_icu_").removeprefix("rwku_")
+        if not name.startswith("utility") or cell.target in UTILITY_TARGETS:
+            kept.append(task)
+            continue
+        probe = name.removeprefix("utility").lstrip("_")
+        kinds = [kind for p in ([probe] if probe else UTILITY_PROBES) for kind in PROBE_KINDS[p]]
+        missing = []
+        for kind in kinds:
+            try:
+                load_target_file(cell.target, kind, data_dir)
+            except Exception:  # noqa: BLE001 - any failure here means: no such set for this target
+                missing.append(kind)
+        if missing:
+            dropped[task] = (f"RWKU has no {', '.join(missing)} for target {cell.target} "
+                             "(its utility sets exist for targets 1-10 only)")
+        else:
+            kept.append(task)
+    if not kept:
+        raise ValueError(f"no task of {list(cell.tasks)} has data for RWKU target {cell.target}: {dropped}")
+    return kept, dropped
 
 
 def eval_model_args(model: ModelSpec, model_path: str, routers: str | None = None) -> dict[str, Any]:
