@@ -52,10 +52,10 @@ def _greedy_continuation(lm, context: str, n: int = 3) -> str:
 
 
 def _reference(lm, ctx_ids, cont_ids):
-    """log p, mu, sigma per continuation token, straight from one unbatched forward pass."""
+    """log p, mu, sigma per continuation token, straight from one unbatched forward pass (float64 statistics)."""
     ids = torch.tensor([ctx_ids + cont_ids])
     with torch.no_grad():
-        logp = torch.log_softmax(lm.model(ids).logits[0].float(), -1)
+        logp = torch.log_softmax(lm.model(ids).logits[0].double(), -1)
     rows = logp[len(ctx_ids) - 1: len(ctx_ids) + len(cont_ids) - 1]
     lp = rows.gather(1, torch.tensor(cont_ids)[:, None])[:, 0]
     p = rows.exp()
@@ -226,3 +226,32 @@ def test_constructed_instance_in_simple_evaluate(cru):
     res = out["results"]["cru_lmeval_test_eos"]
     assert res["has_stats,none"] == 1.0 and res["sigma_positive,none"] == 1.0
     assert res["n_tokens,none"] >= 2.0  # answer tokens + EOS
+
+
+def test_token_stats_on_a_hand_made_distribution_with_an_impossible_token():
+    """mu / sigma of log p under p, by hand: p = (1/2, 1/4, 1/4, 0); the -inf entry contributes nothing."""
+    from cru_harness.lmeval.model import _token_stats
+
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.25, 0.0], [0.25, 0.25, 0.25, 0.25]]))
+    token_lp, mu, sigma = _token_stats(logp, torch.tensor([1, 3]))
+    l2, l4 = math.log(0.5), math.log(0.25)
+    mu0 = 0.5 * l2 + 0.5 * l4
+    assert token_lp == pytest.approx([l4, l4])
+    assert mu == pytest.approx([mu0, l4])
+    assert sigma == pytest.approx([math.sqrt(0.5 * l2 ** 2 + 0.5 * l4 ** 2 - mu0 ** 2), 0.0], abs=1e-6)
+    assert logp.isinf().sum() == 1  # the caller's tensor is not modified
+
+
+def test_bf16_scoring_with_float32_softmax_is_finer_than_bf16_softmax(tiny_dir):
+    """softmax_dtype=float32 (set by the runner for bf16/fp16 scoring) passes through `cru` to HFLM: per-token
+    log-probs are no longer rounded to bf16's grid."""
+    coarse = CRULM(base=str(tiny_dir), device="cpu", batch_size=3, dtype="bfloat16")
+    fine = CRULM(base=str(tiny_dir), device="cpu", batch_size=3, dtype="bfloat16", softmax_dtype="float32")
+    assert fine.softmax_dtype == torch.float32 and coarse.softmax_dtype is None
+
+    def off_grid(results):  # token log-probs a bf16 number cannot hold exactly
+        values = [v for r in results for v in r.token_logprobs]
+        return sum(torch.tensor(v, dtype=torch.float32).to(torch.bfloat16).float().item() != v for v in values)
+
+    assert off_grid(coarse.loglikelihood(_ll(PAIRS))) == 0
+    assert off_grid(fine.loglikelihood(_ll(PAIRS))) > 0

@@ -372,3 +372,14 @@ def test_rwku_cell_beyond_target_10_keeps_its_probes_and_records_utility_unavail
                 "details": {"tasks_unavailable": dropped} if t == 17 else {}} for t in (2, 17)]
     table = to_markdown(aggregate(results, "rwku"), "rwku")
     assert "rwku_utility_mmlu: no data for target(s) 17, mean over 1 cell(s)" in table
+
+
+def test_local_builds_lists_each_testbed_model_once(tmp_path):
+    from cru_harness.runner.execute import local_builds
+
+    raw = base_config(tmp_path, models=[
+        {"name": "a", "path": "zoo:llama", "retain": {"checkpoint": "zoo:llama:retain"}},
+        {"name": "b", "path": "zoo:llama", "retain": {"checkpoint": "zoo:llama:retain"}},
+        {"name": "c", "path": "smollm2", "benchmarks": ["tofu"]},
+        {"name": "d", "path": str(tmp_path / "local_model")}])
+    assert local_builds(cfg.validate_config(raw)) == ["zoo:llama", "zoo:llama:retain", "smollm2"]

@@ -112,6 +112,10 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
 
     # RWKU `select_known`: the targets are chosen (or a saved choice reused) before planning; a dry run only
     # reads saved choices. Every shard makes the same deterministic choice, or reuses the saved one.
+    if not dry_run and executor is None:  # a cold cache builds the testbed models side by side, before anything
+        from .execute import prebuild_local_models
+
+        prebuild_local_models(config, log=log)
     selected = resolve_selected_targets(config, run=not dry_run, log=log)
     cells = all_cells = build_plan(config, selected)
     if shard:

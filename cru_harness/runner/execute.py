@@ -145,6 +145,39 @@ def resolve_model_path(path: str) -> str:
     return path
 
 
+def local_builds(config) -> list[str]:
+    """The built-in models a config needs (`zoo:` checkpoints incl. retain oracles, `smollm2`), without duplicates."""
+    paths: list[str] = []
+    for model in config.models:
+        candidates = [model.path] + [spec.value for spec in model.retain.values() if spec.kind == "checkpoint"]
+        for path in candidates:
+            if (path.startswith("zoo:") or path == "smollm2") and path not in paths:
+                paths.append(path)
+    return paths
+
+
+def prebuild_local_models(config, *, workers: int = 2, log: Callable[[str], None] = print) -> None:
+    """Build the config's missing built-in models up front, `workers` processes at a time.
+
+    Each build is single-threaded by design (testbed.zoo._build_threads: deterministic, and fastest for tiny
+    models), so on a cold cache two builds side by side use both cores instead of one. Builds are cached and
+    locked per entry: a model already built is a no-op, and the cells later find it in the cache.
+    """
+    paths = local_builds(config)
+    if not paths:
+        return
+    import concurrent.futures
+    import multiprocessing
+
+    t0 = time.perf_counter()
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch state shared with this one
+    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, min(workers, len(paths))),
+                                                mp_context=context) as pool:
+        for path, built in zip(paths, pool.map(resolve_model_path, paths)):
+            log(f"model {path}: {built}")
+    log(f"built-in models ready in {time.perf_counter() - t0:.1f}s")
+
+
 def resolve_data_dir(data_dir: str | None) -> str | None:
     """`testbed:world` -> the fictitious TOFU-schema world of the testbed; else as given."""
     if data_dir == "testbed:world":
