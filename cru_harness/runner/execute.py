@@ -173,8 +173,12 @@ def prebuild_local_models(config, *, workers: int = 2, log: Callable[[str], None
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch state shared with this one
     with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, min(workers, len(paths))),
                                                 mp_context=context) as pool:
-        for path, built in zip(paths, pool.map(resolve_model_path, paths)):
-            log(f"model {path}: {built}")
+        futures = {path: pool.submit(resolve_model_path, path) for path in paths}
+        for path, future in futures.items():
+            try:
+                log(f"model {path}: {future.result()}")
+            except Exception as err:  # noqa: BLE001 - each cell of this model records the error itself
+                log(f"model {path} could not be built ({type(err).__name__}: {err}); its cells will fail with it")
     log(f"built-in models ready in {time.perf_counter() - t0:.1f}s")
 
 
