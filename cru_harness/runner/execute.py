@@ -191,12 +191,17 @@ def resolve_data_dir(data_dir: str | None) -> str | None:
     return data_dir
 
 
-def _device(cell: Cell) -> str:
-    if cell.device != "auto":
-        return cell.device
+def resolve_device(device: str) -> str:
+    """A config's `device`; `auto` = cuda when available, else cpu."""
+    if device != "auto":
+        return device
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _device(cell: Cell) -> str:
+    return resolve_device(cell.device)
 
 
 def _torch_dtype(name: str):

@@ -89,7 +89,8 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
         return saved
     from ..tasks.rwku.utils import per_target_results
     from .cache import atomic_write_json, now_iso
-    from .execute import model_uses_chat_template, resolve_data_dir, resolve_model_path, run_lmeval
+    from .execute import (model_uses_chat_template, resolve_data_dir, resolve_device, resolve_model_path,
+                          run_lmeval)
 
     spec = config.benchmarks["rwku"]
     select = spec["select_known"]
@@ -97,11 +98,6 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
     evaluate = evaluate or run_lmeval
     model_path = resolve_model_path(model.path)
     chat = model_uses_chat_template(model, config.evaluation, model_path)
-    device = config.device
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     log(f"target selection for {model.name}: scoring the original model on {', '.join(select['probes'])} for "
         f"{len(candidates)} candidate targets ({select['rows'] or 'all'} rows each), keeping the top {select['top']}")
     t0 = time.perf_counter()
@@ -109,7 +105,8 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
         results = evaluate(model, model_path, list(select["probes"]), Path(tmp) / "lmeval",
                            data_dir=resolve_data_dir(spec["data_dir"]),
                            targets=",".join(str(t) for t in candidates), limit=select["rows"],
-                           batch_size=config.evaluation.get("batch_size", 8), device=device, chat_template=chat)
+                           batch_size=config.evaluation.get("batch_size", 8), device=resolve_device(config.device),
+                           chat_template=chat)
     per_target = per_target_results(results.get("samples") or {})
     scores = knowledge_scores(per_target, select["probes"], candidates)
     chosen = rank_targets({t: row["score"] for t, row in scores.items()}, select["top"])
