@@ -72,22 +72,25 @@ def stats_markdown(comparison: dict) -> str:
 
 def target_selection_markdown(dirs) -> list[str]:
     """Why the RWKU targets are these: the saved `select_known` choices (runner.targets) of the run dirs."""
+    from ..runner.targets import SELECTION_DIR, rank_targets
+
     lines: list[str] = []
     for directory in dirs:
-        for path in sorted((Path(directory) / "target_selection").glob("*.json")):
+        for path in sorted((Path(directory) / SELECTION_DIR).glob("*.json")):
             record = json.loads(path.read_text())
-            ranked = sorted(record["scores"].items(), key=lambda item: (-item[1]["score"], int(item[0])))
+            probes = record["key"]["select_known"]["probes"]
+            scores = {int(target): row for target, row in record["scores"].items()}
+            ranked = rank_targets({target: row["score"] for target, row in scores.items()}, len(scores))
             lines += [f"### RWKU targets of {record['model']}: chosen by what the original model knows", "",
                       f"Kept {record['chosen']}: the top {len(record['chosen'])} of {len(ranked)} candidates by "
                       f"{record['metric']}. Every candidate, best known first:", "",
-                      "| Target | Name | Score | " + " | ".join(p for p in ranked[0][1] if p not in
-                                                                    ("score", "target_name")) + " |",
-                      "|---:|---|---:|" + "---:|" * (len(ranked[0][1]) - 2)]
-            for target, row in ranked:
-                probes = [f"{v:.3f}" for k, v in row.items() if k not in ("score", "target_name")]
-                mark = " (kept)" if int(target) in record["chosen"] else ""
+                      "| Target | Name | Score | " + " | ".join(probes) + " |",
+                      "|---:|---|---:|" + "---:|" * len(probes)]
+            for target in ranked:
+                row = scores[target]
+                mark = " (kept)" if target in record["chosen"] else ""
                 lines.append(f"| {target}{mark} | {row.get('target_name', '')} | {row['score']:.3f} | "
-                             + " | ".join(probes) + " |")
+                             + " | ".join(f"{row[probe]:.3f}" for probe in probes) + " |")
             lines.append("")
     return lines
 
