@@ -13,7 +13,7 @@ import yaml
 
 from cru_harness.runner import config as cfg
 from cru_harness.runner.cache import CellStore, load_results
-from cru_harness.runner.execute import CellUnavailable, run_cells
+from cru_harness.runner.loop import CellUnavailable, run_cells
 from cru_harness.runner.plan import build_plan
 from cru_harness.runner.purge import purge_candidates, resolve_purge_checkpoint
 from cru_harness.runner.shard import parse_shard, select_shard
@@ -276,7 +276,8 @@ from pathlib import Path
 from cru_harness.runner.purge import resolve_purge_checkpoint
 from cru_harness.runner import config as cfg
 from cru_harness.runner.plan import build_plan
-from cru_harness.runner.execute import run_one, execute_cell
+from cru_harness.runner.execute import execute_cell
+from cru_harness.runner.loop import run_one
 res = resolve_purge_checkpoint(10, cache_dir=sys.argv[1])
 raw = {"name": "p", "output_dir": sys.argv[1] + "/run", "models": [{"name": "phi", "path": "microsoft/Phi-3-mini-4k-instruct"}],
        "benchmarks": {"rwku": {"targets": [1]}}, "methods": [{"method": "PURGE"}], "include_original": False}
@@ -341,7 +342,7 @@ def test_dry_run_cli_error_names_key(tmp_path, capsys):
 
 def test_low_precision_scoring_keeps_log_softmax_in_float32():
     from cru_harness.runner.config import ModelSpec
-    from cru_harness.runner.execute import eval_model_args
+    from cru_harness.runner.evaluation import eval_model_args
 
     bf16 = eval_model_args(ModelSpec("m", "p", dtype="float32", eval_dtype="bfloat16"), "/m", routers="/r")
     assert bf16 == {"pretrained": "/m", "dtype": "bfloat16", "softmax_dtype": "float32", "routers": "/r"}
@@ -351,7 +352,7 @@ def test_low_precision_scoring_keeps_log_softmax_in_float32():
 
 def test_rwku_cell_beyond_target_10_keeps_its_probes_and_records_utility_unavailable(tmp_path, rwku_dir):
     """RWKU ships utility sets for targets 1-10 only: such a cell drops (and names) its utility tasks."""
-    from cru_harness.runner.execute import rwku_tasks_with_data
+    from cru_harness.runner.evaluation import rwku_tasks_with_data
     from cru_harness.reporting.tables import aggregate, to_markdown
 
     raw = base_config(tmp_path, benchmarks={"rwku": {"targets": [2, 17], "tasks": [
@@ -375,7 +376,7 @@ def test_rwku_cell_beyond_target_10_keeps_its_probes_and_records_utility_unavail
 
 
 def test_local_builds_lists_each_testbed_model_once(tmp_path):
-    from cru_harness.runner.execute import local_builds
+    from cru_harness.runner.models import local_builds
 
     raw = base_config(tmp_path, models=[
         {"name": "a", "path": "zoo:llama", "retain": {"checkpoint": "zoo:llama:retain"}},

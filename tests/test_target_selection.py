@@ -32,7 +32,7 @@ def raw_config(tmp_path, **select):
 
 
 class FakeEvaluate:
-    """Stands in for runner.execute.run_lmeval: two rows per target, whose mean is KNOWLEDGE."""
+    """Stands in for runner.evaluation.run_lmeval: two rows per target, whose mean is KNOWLEDGE."""
 
     def __init__(self):
         self.calls = []

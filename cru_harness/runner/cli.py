@@ -113,7 +113,7 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
     # RWKU `select_known`: the targets are chosen (or a saved choice reused) before planning; a dry run only
     # reads saved choices. Every shard makes the same deterministic choice, or reuses the saved one.
     if not dry_run and executor is None:  # a cold cache builds the testbed models side by side, before anything
-        from .execute import prebuild_local_models
+        from .models import prebuild_local_models
 
         prebuild_local_models(config, log=log)
     try:
@@ -132,7 +132,8 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
         else:
             print_plan(summary)
         return 0
-    from .execute import PlanExecutor, run_cells
+    from .execute import PlanExecutor
+    from .loop import run_cells
 
     store = CellStore(config.output_dir)
     if executor is None:  # the real one; it reads the retain cell (of the whole plan) for Forget Quality

@@ -89,8 +89,8 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
         return saved
     from ..tasks.rwku.utils import per_target_results
     from .cache import atomic_write_json, now_iso
-    from .execute import (model_uses_chat_template, resolve_data_dir, resolve_device, resolve_model_path,
-                          run_lmeval)
+    from .evaluation import model_uses_chat_template, run_lmeval
+    from .models import resolve_data_dir, resolve_device, resolve_model_path
 
     spec = config.benchmarks["rwku"]
     select = spec["select_known"]

@@ -1,0 +1,210 @@
+"""The evaluation phase of a cell: lm-eval's `simple_evaluate` with the `cru` model on the project's tasks, saved
+as `lm_eval --log_samples` saves it, then scored through the project scorers (`reporting.cell_scores`)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from .cache import read_json
+from .config import ModelSpec
+from .models import cell_device
+from .plan import Cell
+from ..lmeval.protocol import SYSTEM_PROMPT as SYSTEM_INSTRUCTION  # protocol.md, "Prompting"
+
+
+def use_chat_template(cell: Cell, model_path: str) -> bool:
+    """Whether the cell's prompts go through the model's chat template (see `model_uses_chat_template`)."""
+    return model_uses_chat_template(cell.model, cell.evaluation, model_path)
+
+
+def model_uses_chat_template(model: ModelSpec, evaluation: dict, model_path: str) -> bool:
+    """Whether a model's prompts go through its chat template (protocol: a model with one gets it).
+
+    Order: the model's `chat_template` setting, then `evaluation.apply_chat_template`, then automatic: testbed
+    checkpoints (`zoo:`) are fine-tuned on the plain `Question: ...\nAnswer:` template (their tokenizer's chat
+    template exists to exercise chat code paths), so they are evaluated plain; any other model uses its chat
+    template when its tokenizer has one.
+    """
+    if model.chat_template is not None:
+        return bool(model.chat_template)
+    if evaluation.get("apply_chat_template") is not None:
+        return bool(evaluation["apply_chat_template"])
+    if model.path.startswith("zoo:"):
+        return False
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=model.trust_remote_code)
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Path, data_dir,
+                  chat_template: bool) -> dict:
+    """lm-eval `simple_evaluate` with the `cru` model on the cell's tasks; its outputs are saved under
+    workdir/lmeval exactly as `lm_eval --output_path ... --log_samples` saves them (what the scorers read)."""
+    gen_kwargs = None
+    if cell.evaluation.get("max_gen_toks"):
+        gen_kwargs = {"max_gen_toks": int(cell.evaluation["max_gen_toks"])}
+    out = workdir / "lmeval"
+    tasks, unavailable = rwku_tasks_with_data(cell, data_dir)
+    t0 = time.perf_counter()
+    run_lmeval(cell.model, model_path, tasks, out, routers=routers, data_dir=data_dir,
+               targets=None if cell.target is None else str(cell.target), limit=cell.limit,
+               batch_size=cell.evaluation.get("batch_size", 8), device=cell_device(cell), chat_template=chat_template,
+               gen_kwargs=gen_kwargs)
+    return {"output_dir": out, "wall_time_s": time.perf_counter() - t0, "artifacts": {"lmeval": str(out)},
+            "tasks_unavailable": unavailable}
+
+
+def rwku_tasks_with_data(cell: Cell, data_dir) -> tuple[list[str], dict[str, str]]:
+    """The cell's tasks minus RWKU utility tasks its target has no data for, with the reason for each one left out.
+
+    RWKU ships its utility sets (MMLU, BBH, TruthfulQA, TriviaQA, fluency) for targets 1-10 only. A cell of
+    another target keeps its forget, neighbour and MIA probes and records utility as unavailable, instead of
+    failing as a whole. A utility file that does not load for a target that should have one (1-10, or a copy
+    that ships more) stays in: its error then surfaces in the evaluation, never hidden here.
+    """
+    if cell.benchmark != "rwku" or cell.target is None:
+        return list(cell.tasks), {}
+    from ..data.rwku import UTILITY_TARGETS, load_target_file
+    from ..tasks.rwku.utils import PROBE_KINDS, UTILITY_PROBES
+
+    kept, dropped = [], {}
+    for task in cell.tasks:
+        name = task.removeprefix("rwku_icu_").removeprefix("rwku_")
+        if not name.startswith("utility") or cell.target in UTILITY_TARGETS:
+            kept.append(task)
+            continue
+        probe = name.removeprefix("utility").lstrip("_")
+        kinds = [kind for p in ([probe] if probe else UTILITY_PROBES) for kind in PROBE_KINDS[p]]
+        missing = []
+        for kind in kinds:
+            try:
+                load_target_file(cell.target, kind, data_dir)
+            except Exception:  # noqa: BLE001 - any failure here means: no such set for this target
+                missing.append(kind)
+        if missing:
+            dropped[task] = (f"RWKU has no {', '.join(missing)} for target {cell.target} "
+                             "(its utility sets exist for targets 1-10 only)")
+        else:
+            kept.append(task)
+    if not kept:
+        raise ValueError(f"no task of {list(cell.tasks)} has data for RWKU target {cell.target}: {dropped}")
+    return kept, dropped
+
+
+def eval_model_args(model: ModelSpec, model_path: str, routers: str | None = None) -> dict[str, Any]:
+    """`--model cru` arguments for a model spec. Scoring in bf16/fp16 keeps the log-softmax in float32:
+    lm-eval computes it in the model's dtype by default, which rounds log-probs to a few bits (-5.875)."""
+    dtype = model.eval_dtype or model.dtype
+    args: dict[str, Any] = {"pretrained": model_path, "dtype": dtype}
+    if dtype in ("bfloat16", "float16", "auto"):
+        args["softmax_dtype"] = "float32"
+    if routers:
+        args["routers"] = routers
+    if model.trust_remote_code:
+        args["trust_remote_code"] = True
+    return args
+
+
+def run_lmeval(model: ModelSpec, model_path: str, tasks: list[str], out: Path, *, routers: str | None = None,
+               data_dir=None, targets: str | None = None, limit: int | None = None, batch_size=8,
+               device: str = "cpu", chat_template: bool = False, gen_kwargs: dict | None = None) -> dict:
+    """One `simple_evaluate` on the project's tasks, saved under `out` as `lm_eval --log_samples` saves it.
+    `targets`: RWKU targets (lm-eval metadata `rwku_targets`); `limit` on RWKU = rows per file and target."""
+    import lm_eval
+    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.tasks import TaskManager
+
+    from ..lmeval.registration import register, tasks_dir
+
+    register()
+    # The tasks read their data and targets from lm-eval's metadata; it must go to the TaskManager (simple_evaluate's
+    # own `metadata=` is only used when it builds the TaskManager itself).
+    metadata: dict[str, Any] = {}
+    if targets is not None:
+        metadata["rwku_targets"] = targets
+    if data_dir:
+        metadata["data_dir"] = str(data_dir)
+    if targets is not None and limit is not None:
+        # RWKU: the first N rows of each file kind of the target (MIA: N members + N non-members); lm-eval's
+        # `limit` would keep the first N docs only, i.e. MIA members without any non-member (no AUC).
+        metadata["rwku_items_per_target"] = int(limit)
+        limit = None
+    tracker = EvaluationTracker(output_path=str(out))
+    results = lm_eval.simple_evaluate(
+        model="cru", model_args=eval_model_args(model, model_path, routers), tasks=tasks, limit=limit,
+        batch_size=batch_size, device=device, log_samples=True,
+        task_manager=TaskManager(include_path=tasks_dir(), include_defaults=False, metadata=metadata or None),
+        system_instruction=SYSTEM_INSTRUCTION if chat_template else None,
+        apply_chat_template=chat_template, gen_kwargs=gen_kwargs, evaluation_tracker=tracker,
+        bootstrap_iters=0,
+    )
+    if results is None:
+        raise RuntimeError(f"lm-eval returned no results for tasks {tasks}")
+    samples = results.pop("samples", {}) or {}
+    tracker.save_results_aggregated(results=results, samples=samples)
+    for task in results.get("configs", {}):
+        if task in samples:
+            tracker.save_results_samples(task_name=task, samples=samples[task])
+    results["samples"] = samples
+    return results
+
+
+def score_cell(cell: Cell, lmeval_dir: Path, *, data_dir=None, original_model: str | None = None,
+               retain_result: dict | None = None) -> dict:
+    """Per-cell numbers in the result schema (docs/results_schema.md) from the cell's saved lm-eval outputs,
+    through the project scorers (`reporting.cell_scores`: `reporting.score` for TOFU, the RWKU tasks'
+    `per_target_results` for RWKU, `reporting.failure_modes` for answer classes)."""
+    from ..reporting import cell_scores
+
+    failure = bool(cell.evaluation.get("failure_classes", True))
+    original = original_model if failure else None
+    batch_size = int(cell.evaluation.get("batch_size", 8))
+    if cell.benchmark == "tofu":
+        forget_task = f"tofu_{cell.split}"
+        retain_items = cell_scores.retain_items_from_result(retain_result, forget_task) if retain_result else None
+        scored = cell_scores.score_tofu_cell(lmeval_dir, split=cell.split, retain_items=retain_items,
+                                             original_model=original, data_dir=data_dir, device=cell_device(cell),
+                                             batch_size=batch_size)
+    else:
+        scored = cell_scores.score_rwku_cell(lmeval_dir, target=cell.target, original_model=original,
+                                             device=cell_device(cell), batch_size=batch_size)
+    if not failure:
+        scored["failure_classes"] = {}
+    return scored
+
+
+def retain_from_per_item(path: str, forget_task: str | None = None) -> dict:
+    """A retain model given as a saved per-item file: its forget truth ratios (and questions, to match items)
+    feed Forget Quality. `.json`: a cell result (or its `per_item`); else a `per_item.jsonl` written by `score`."""
+    import json
+
+    values, questions = [], []
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"retain per-item file not found: {path}")
+    if file.suffix == ".json":
+        data = read_json(file)
+        per_item = data.get("per_item", data)
+        values = per_item.get("forget_truth_ratio", [])
+        questions = per_item.get("forget_question") or []
+    else:
+        for line_no, line in enumerate(file.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            task = row.get("task", "")
+            if (task == forget_task if forget_task else task.startswith("tofu_forget")) and \
+                    row.get("truth_ratio") is not None:
+                if "question" not in row:
+                    raise ValueError(f"{path}:{line_no}: a forget row without its question")
+                values.append(row["truth_ratio"])
+                questions.append(row["question"])
+    if not values:
+        raise ValueError(f"{path} holds no forget-set truth ratios for {forget_task or 'tofu_forget*'} "
+                         f"(field forget_truth_ratio / truth_ratio)")
+    per_item = {"forget_truth_ratio": values}
+    if questions and len(questions) == len(values):
+        per_item["forget_question"] = questions
+    return {"per_item": per_item, "details": {"retain_source": str(path)}}

@@ -1,0 +1,120 @@
+"""The run loop: skip finished cells, resume interrupted ones, record everything about each cell.
+
+An executor is any callable `executor(cell, workdir) -> dict` returning the executed part of a result:
+`metrics`, `per_item`, `failure_classes`, `gate_means`, `resources`, `artifacts`, `details` (all optional).
+It raises `CellUnavailable(reason)` when the cell cannot run for a reason outside the code (a PURGE checkpoint
+that is not published or not reachable): the cell is recorded with status "unavailable", never a crash.
+Any other exception is recorded as status "failed" with its traceback, and the run goes on.
+The real executor is `runner.execute.PlanExecutor`; tests inject fake executors to exercise the machinery.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from .cache import CellStore, environment_record, now_iso
+from .plan import Cell
+
+RESULT_SCHEMA_VERSION = 1
+Executor = Callable[[Cell, Path], dict]
+
+
+class CellUnavailable(RuntimeError):
+    """The cell cannot be computed for an external reason (e.g. a PURGE checkpoint not published / Hub down)."""
+
+    def __init__(self, reason: str, details: dict | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.details = details or {}
+
+
+class PeakRSSSampler:
+    """Peak resident memory of this process *during* a block (sampled), unlike ru_maxrss's lifetime maximum."""
+
+    def __init__(self, interval: float = 0.05):
+        self.interval = interval
+        self.peak = 0
+        self._stop = threading.Event()
+
+    def _rss(self) -> int:
+        try:
+            import psutil
+
+            return int(psutil.Process().memory_info().rss)
+        except Exception:
+            return 0
+
+    def _loop(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._rss())
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self.peak = self._rss()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._rss())
+
+
+def result_header(cell: Cell) -> dict[str, Any]:
+    return {"schema_version": RESULT_SCHEMA_VERSION, "hash": cell.hash, "kind": cell.kind,
+            "method": cell.method, "label": cell.label, "model": cell.model.name, "model_path": cell.model.path,
+            "benchmark": cell.benchmark, "split": cell.split, "target": cell.target, "unit": cell.unit,
+            "seed": cell.seed, "hparams": cell.hparams}
+
+
+def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, log: Callable[[str], None] = print,
+              force: bool = False) -> dict[str, int]:
+    """Run every unfinished cell, one at a time. Returns counts per outcome (skipped, ok, failed, unavailable)."""
+    cells = list(cells)
+    counts = {"skipped": 0, "ok": 0, "failed": 0, "unavailable": 0}
+    for position, cell in enumerate(cells, start=1):
+        tag = f"[{position}/{len(cells)}] {cell.hash} {cell.describe()}"
+        if not force and store.is_finished(cell.hash):
+            counts["skipped"] += 1
+            log(f"{tag}: finished earlier, skipped")
+            continue
+        if store.was_interrupted(cell.hash):
+            log(f"{tag}: interrupted earlier; recomputing from scratch")
+        workdir = store.work_dir(cell.hash, fresh=True)
+        store.mark_running(cell.hash)
+        log(f"{tag}: running")
+        result, record = run_one(cell, workdir, executor)
+        store.write(cell.hash, result, record)
+        counts[result["status"]] += 1
+        suffix = f" ({result.get('reason')})" if result.get("reason") else ""
+        log(f"{tag}: {result['status']}{suffix} in {result['resources'].get('cell_wall_time_s', 0):.1f}s")
+    return counts
+
+
+def run_one(cell: Cell, workdir: Path, executor: Executor) -> tuple[dict, dict]:
+    started_iso, t0 = now_iso(), time.perf_counter()
+    status, reason, error, outcome = "ok", None, None, {}
+    with PeakRSSSampler() as sampler:
+        try:
+            outcome = executor(cell, workdir) or {}
+        except CellUnavailable as err:
+            status, reason, outcome = "unavailable", err.reason, {"details": err.details}
+        except Exception as err:  # recorded, and the run goes on to the next cell
+            status, reason = "failed", f"{type(err).__name__}: {err}"
+            error = traceback.format_exc()
+    wall = time.perf_counter() - t0
+    resources = dict(outcome.get("resources") or {})
+    resources.setdefault("cell_wall_time_s", wall)
+    resources.setdefault("cell_peak_rss_bytes", sampler.peak)
+    result = {**result_header(cell), "status": status, "reason": reason,
+              "metrics": outcome.get("metrics", {}), "failure_classes": outcome.get("failure_classes", {}),
+              "gate_means": outcome.get("gate_means"), "resources": resources,
+              "per_item": outcome.get("per_item", {}), "artifacts": outcome.get("artifacts", {}),
+              "details": outcome.get("details", {}), "error": error}
+    record = {"hash": cell.hash, "resolved_config": cell.resolved(), "started": started_iso, "finished": now_iso(),
+              "wall_time_s": wall, "peak_rss_bytes": sampler.peak, "status": status, **environment_record()}
+    return result, record

@@ -1,0 +1,98 @@
+"""Models of a run: where a model path points (testbed zoo, offline SmolLM2, a directory or Hub id), which
+device and dtype a cell uses, and loading. The one place the runner turns a config's device/dtype into torch's."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from .plan import Cell
+
+
+def resolve_model_path(path: str) -> str:
+    """`zoo:<arch>[:<variant>]` -> a cached tiny checkpoint; `smollm2` -> the offline SmolLM2; else as given."""
+    if path.startswith("zoo:"):
+        from ..testbed.zoo import tiny_checkpoint
+
+        parts = path.split(":")
+        arch = parts[1] if len(parts) > 1 and parts[1] else "llama"
+        variant = parts[2] if len(parts) > 2 else "finetuned"
+        return str(tiny_checkpoint(arch, variant))
+    if path == "smollm2":
+        from ..testbed.smollm import materialize_smollm2
+
+        return str(materialize_smollm2())
+    return path
+
+
+def local_builds(config) -> list[str]:
+    """The built-in models a config needs (`zoo:` checkpoints incl. retain oracles, `smollm2`), without duplicates."""
+    paths: list[str] = []
+    for model in config.models:
+        candidates = [model.path] + [spec.value for spec in model.retain.values() if spec.kind == "checkpoint"]
+        for path in candidates:
+            if (path.startswith("zoo:") or path == "smollm2") and path not in paths:
+                paths.append(path)
+    return paths
+
+
+def prebuild_local_models(config, *, workers: int = 2, log: Callable[[str], None] = print) -> None:
+    """Build the config's missing built-in models up front, `workers` processes at a time.
+
+    Each build is single-threaded by design (testbed.zoo._build_threads: deterministic, and fastest for tiny
+    models), so on a cold cache two builds side by side use both cores instead of one. Builds are cached and
+    locked per entry: a model already built is a no-op, and the cells later find it in the cache.
+    """
+    paths = local_builds(config)
+    if not paths:
+        return
+    import concurrent.futures
+    import multiprocessing
+
+    t0 = time.perf_counter()
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch state shared with this one
+    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, min(workers, len(paths))),
+                                                mp_context=context) as pool:
+        futures = {path: pool.submit(resolve_model_path, path) for path in paths}
+        for path, future in futures.items():
+            try:
+                log(f"model {path}: {future.result()}")
+            except Exception as err:  # noqa: BLE001 - each cell of this model records the error itself
+                log(f"model {path} could not be built ({type(err).__name__}: {err}); its cells will fail with it")
+    log(f"built-in models ready in {time.perf_counter() - t0:.1f}s")
+
+
+def resolve_data_dir(data_dir: str | None) -> str | None:
+    """`testbed:world` -> the fictitious TOFU-schema world of the testbed; else as given."""
+    if data_dir == "testbed:world":
+        from ..testbed.zoo import tiny_world_dir
+
+        return str(tiny_world_dir())
+    return data_dir
+
+
+def resolve_device(device: str) -> str:
+    """A config's `device`; `auto` = cuda when available, else cpu."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def cell_device(cell: Cell) -> str:
+    return resolve_device(cell.device)
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, "auto")
+
+
+def load_model(path: str, cell: Cell):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cell.model.trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(cell.model.dtype),
+                                                 trust_remote_code=cell.model.trust_remote_code)
+    return model.to(cell_device(cell)), tokenizer

@@ -1,0 +1,82 @@
+"""The training phase of a cell: CRU routers, a baseline's unlearned model, or a retain oracle fine-tuned from
+the cell's base. Each trainer returns the path the evaluation loads and records its resources in `outcome`."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .models import cell_device, load_model, resolve_model_path, torch_dtype
+from .plan import Cell
+
+
+def train_cru(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: dict) -> str:
+    from ..baselines.resources import ResourceMonitor
+    from ..cru.train import RouterTrainingConfig, train_routers
+    from ..data.corpora import load_corpus
+
+    model, tokenizer = load_model(model_path, cell)
+    forget = load_corpus(cell.corpora["forget_corpus"], data_dir)
+    retain = load_corpus(cell.corpora["retain_corpus"], data_dir)
+    config = RouterTrainingConfig(**cell.hparams, seed=cell.seed or 0, progress=False,
+                                  forget_description=cell.corpora["forget_corpus"],
+                                  retain_description=cell.corpora["retain_corpus"])
+    with ResourceMonitor(cell_device(cell)) as monitor:
+        bundle = train_routers(model, tokenizer, forget, retain, config)
+    out = workdir / "routers"
+    bundle.save_pretrained(out)
+    record = monitor.record.to_dict()
+    outcome["resources"].update({f"train_{k}" if k in ("wall_time_s", "peak_memory_bytes") else k: v
+                                 for k, v in record.items()})
+    outcome["resources"]["trainable_params"] = sum(p.numel() for p in bundle.parameters())
+    outcome["resources"]["total_params"] = sum(p.numel() for p in model.parameters()) + \
+        outcome["resources"]["trainable_params"]
+    metrics = dict(getattr(bundle.config, "metrics", {}) or {})
+    outcome["gate_means"] = {"forget": metrics.get("forget_gate_mean"), "retain": metrics.get("retain_gate_mean"),
+                             "raw": metrics}
+    outcome["artifacts"]["routers"] = str(out)
+    return str(out)
+
+
+def corpus_rows(source: str, data_dir) -> list[dict]:
+    """Rows (question/answer or text) of a corpus source, as `cru_harness.data.load_corpus_rows` reads them."""
+    from ..data.corpora import load_corpus_rows
+
+    return load_corpus_rows(source, data_dir)[0]
+
+
+def train_baseline(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: dict) -> str:
+    """A baseline via `cru_harness.baselines.unlearn` with the method's preset for this benchmark/split."""
+    from ..baselines import unlearn
+    from ..baselines.registry import make_config
+
+    out = workdir / "model"
+    config = make_config(cell.method, cell.benchmark, cell.split, **cell.hparams)
+    forget = corpus_rows(cell.corpora["forget_corpus"], data_dir)
+    retain = corpus_rows(cell.corpora["retain_corpus"], data_dir)
+    trained = unlearn(model_path, None, forget, retain, cell.method, config, out_dir=out, seed=cell.seed or 0,
+                      data_dir=data_dir, dtype=torch_dtype(cell.model.dtype) if cell.model.dtype != "auto" else
+                      torch_dtype("float32"), progress=False)
+    resources = getattr(trained, "resources", None)
+    if resources is not None:
+        record = resources.to_dict() if hasattr(resources, "to_dict") else dict(resources)
+        outcome["resources"].update({f"train_{k}" if k in ("wall_time_s", "peak_memory_bytes") else k: v
+                                     for k, v in record.items()})
+    outcome["details"]["baseline_config"] = config.to_dict()
+    return str(out)
+
+
+def train_retain_model(cell: Cell, spec: dict, workdir: Path, data_dir, outcome: dict) -> str:
+    from ..data.corpora import load_corpus
+    from ..testbed.finetune import finetune_causal_lm
+
+    source = resolve_model_path(spec.get("from", cell.model.path))
+    model, tokenizer = load_model(source, cell)
+    texts = load_corpus(cell.corpora["retain_corpus"], data_dir)
+    t0 = time.perf_counter()
+    kwargs = {k: spec[k] for k in ("epochs", "lr", "batch_size", "max_length") if k in spec}
+    finetune_causal_lm(model, tokenizer, texts, seed=cell.seed or 0, **kwargs)
+    outcome["resources"]["train_wall_time_s"] = time.perf_counter() - t0
+    out = workdir / "retain_model"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
