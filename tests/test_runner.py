@@ -144,13 +144,14 @@ def test_resume_after_kill_recomputes_nothing_finished(tmp_path):
     saved = (store.cell_dir(first) / "result.json").read_bytes()
     record = json.loads((store.cell_dir(first) / "run_record.json").read_text())
     assert record["resolved_config"]["model"]["path"] == "zoo:llama"
-    assert "torch" in record["libraries"] and "commit" in record["git"]
+    assert "torch" in record["libraries"] and "commit" in record["git"] and record["code_version"]
+    assert record["inputs"] == {"code_version": record["code_version"]}
 
     calls2 = []
     counts = run_cells(cells, store, fake_executor(calls2), log=lambda *_: None)
     assert first not in calls2 and calls2[0] == second       # finished cell not recomputed, killed one redone
     assert calls2 == [c.hash for c in cells[1:]]
-    assert counts == {"skipped": 1, "ok": len(cells) - 1, "failed": 0, "unavailable": 0}
+    assert counts == {"skipped": 1, "stale": 0, "ok": len(cells) - 1, "failed": 0, "unavailable": 0}
     assert (store.cell_dir(first) / "result.json").read_bytes() == saved   # nothing lost or rewritten
     assert len(load_results(config.output_dir)) == len(cells)
     assert not list(store.cells_dir.glob("*/RUNNING"))
@@ -174,7 +175,7 @@ def test_failed_and_unavailable_cells_are_recorded_not_raised(tmp_path):
         return {"metrics": {}}
 
     counts = run_cells(cells, store, executor, log=lambda *_: None)
-    assert counts == {"skipped": 0, "ok": 1, "failed": 1, "unavailable": 1}
+    assert counts == {"skipped": 0, "stale": 0, "ok": 1, "failed": 1, "unavailable": 1}
     results = {r["kind"]: r for r in load_results(config.output_dir)}
     assert results["original"]["status"] == "unavailable" and results["original"]["reason"] == "checkpoint not published"
     assert results["retain"]["status"] == "failed" and "boom" in results["retain"]["error"]

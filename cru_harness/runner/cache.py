@@ -13,7 +13,6 @@ import os
 import platform
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 from datetime import datetime, timezone
@@ -84,28 +83,23 @@ def library_versions() -> dict[str, str | None]:
     return versions
 
 
-def git_commit(start: str | os.PathLike | None = None) -> dict[str, Any]:
-    """The commit of the repository holding the package (and whether the tree had local changes)."""
-    where = Path(start) if start else Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True,
-                                timeout=10)
-        if commit.returncode != 0:
-            return {"commit": None, "dirty": None}
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
-                               capture_output=True, text=True, timeout=10)
-        return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
-
-
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def environment_record() -> dict[str, Any]:
-    return {"libraries": library_versions(), "git": git_commit(), "host": socket.gethostname(),
-            "platform": platform.platform(), "python_executable": sys.executable, "pid": os.getpid()}
+    """Where and by what a cell was computed: `code_version` (content hash of the package's source) and the git
+    commit beside it, with `dirty` when the package's files differ from that commit (never commit such cells),
+    library versions, host, and torch's thread count and CPU instruction set when torch is loaded."""
+    from .provenance import code_record
+
+    record = {**code_record(), "libraries": library_versions(), "host": socket.gethostname(),
+              "platform": platform.platform(), "python_executable": sys.executable, "pid": os.getpid()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        record["torch_threads"] = torch.get_num_threads()
+        record["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    return record
 
 
 class CellStore:
@@ -133,6 +127,14 @@ class CellStore:
             return read_json(path)
         except (OSError, json.JSONDecodeError):
             return None  # unreadable = not finished (cannot happen with atomic writes, but be safe)
+
+    def load_record(self, cell_hash: str) -> dict | None:
+        """The cell's run record (what computed it), or None."""
+        path = self.cell_dir(cell_hash) / RECORD_FILE
+        try:
+            return read_json(path) if path.is_file() else None
+        except (OSError, json.JSONDecodeError):
+            return None
 
     def is_finished(self, cell_hash: str) -> bool:
         result = self.load_result(cell_hash)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 
 from .cache import CellStore, environment_record, now_iso
 from .plan import Cell
+from .provenance import code_version, stale_fields
 
 RESULT_SCHEMA_VERSION = 1
 Executor = Callable[[Cell, Path], dict]
@@ -71,23 +72,39 @@ def result_header(cell: Cell) -> dict[str, Any]:
             "seed": cell.seed, "hparams": cell.hparams}
 
 
+def code_inputs(cell: Cell) -> dict[str, Any]:
+    """The inputs checked when no others are given: the code version (see `runner.provenance`)."""
+    return {"code_version": code_version()}
+
+
 def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, log: Callable[[str], None] = print,
-              force: bool = False) -> dict[str, int]:
-    """Run every unfinished cell, one at a time. Returns counts per outcome (skipped, ok, failed, unavailable)."""
+              force: bool = False, inputs: Callable[[Cell], dict] = code_inputs) -> dict[str, int]:
+    """Run every unfinished cell, one at a time. Returns counts per outcome (skipped, ok, failed, unavailable,
+    and stale: finished cells recomputed because `inputs(cell)` differs from what their record saved).
+
+    A finished cell is reused only when its saved inputs (code version; with `provenance.cell_inputs` also model,
+    data and library fingerprints) equal the current ones: resuming one's own run skips it, a cell computed by
+    other code is recomputed."""
     cells = list(cells)
-    counts = {"skipped": 0, "ok": 0, "failed": 0, "unavailable": 0}
+    counts = {"skipped": 0, "stale": 0, "ok": 0, "failed": 0, "unavailable": 0}
     for position, cell in enumerate(cells, start=1):
         tag = f"[{position}/{len(cells)}] {cell.hash} {cell.describe()}"
+        current = inputs(cell)
         if not force and store.is_finished(cell.hash):
-            counts["skipped"] += 1
-            log(f"{tag}: finished earlier, skipped")
-            continue
+            stale = stale_fields(store.load_record(cell.hash), current)
+            if not stale:
+                counts["skipped"] += 1
+                log(f"{tag}: finished earlier, skipped")
+                continue
+            counts["stale"] += 1
+            log(f"{tag}: finished earlier with another {' / '.join(stale)}; recomputing")
         if store.was_interrupted(cell.hash):
             log(f"{tag}: interrupted earlier; recomputing from scratch")
         workdir = store.work_dir(cell.hash, fresh=True)
         store.mark_running(cell.hash)
         log(f"{tag}: running")
         result, record = run_one(cell, workdir, executor)
+        record["inputs"] = current
         store.write(cell.hash, result, record)
         counts[result["status"]] += 1
         suffix = f" ({result.get('reason')})" if result.get("reason") else ""

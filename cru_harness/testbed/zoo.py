@@ -9,15 +9,18 @@
 - "random":    the same architecture and tokenizer, untrained.
 
 Everything is built once and cached under `$CRU_HARNESS_CACHE` (default `~/.cache/cru_harness`) in a directory
-named by a hash of the recipe, so changing any recipe field (or `RECIPE_VERSION`) builds a new entry instead
-of reusing a stale one. Builds happen in a temporary directory renamed into place, under a file lock, so a
+named by a hash of the recipe and of the code that builds it (`builder_fingerprint`), so changing a recipe field
+or that code builds a new entry instead of reusing one an older version built. A build gives the same bytes at
+any torch thread count (tests/test_reproducibility.py); it runs at a fixed count anyway (`_build_threads`). Builds happen in a temporary directory renamed into place, under a file lock, so a
 killed build never leaves a half-written checkpoint and concurrent callers build it only once.
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -76,10 +79,27 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(os.environ.get("CRU_HARNESS_CACHE") or Path.home() / ".cache" / "cru_harness")
 
 
+@functools.lru_cache(maxsize=1)
+def builder_fingerprint() -> str:
+    """Content hash of the code a build runs (world, tokenizer, model, fine-tuning, the QA template, the build
+    itself), comments ignored: a cache entry built by other code is never reused, even without a version bump."""
+    from ..data import corpora
+    from ..runner.provenance import file_digest
+    from . import finetune, models, tokenizer, world
+
+    digest = hashlib.sha256()
+    for module in (world, tokenizer, models, finetune):
+        digest.update(file_digest(module.__name__ + ".py", Path(module.__file__)).encode())
+    for function in (corpora.format_qa, tiny_checkpoint, tiny_world_dir):
+        digest.update(hashlib.sha256(inspect.getsource(function).encode()).hexdigest().encode())
+    return digest.hexdigest()[:16]
+
+
 def recipe_hash(*parts) -> str:
-    """Short stable hash of the recipe dataclasses (plus `RECIPE_VERSION`): the cache entry's name."""
-    payload = json.dumps([RECIPE_VERSION, *[asdict(p) if hasattr(p, "__dataclass_fields__") else p for p in parts]],
-                         sort_keys=True)
+    """Short stable hash of the recipe dataclasses plus `RECIPE_VERSION` and `builder_fingerprint()`: the cache
+    entry's name."""
+    payload = json.dumps([RECIPE_VERSION, builder_fingerprint(),
+                          *[asdict(p) if hasattr(p, "__dataclass_fields__") else p for p in parts]], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -129,8 +149,9 @@ def _build_threads():
     """Build with `$CRU_HARNESS_TESTBED_THREADS` torch threads (default 1), restoring the count afterwards.
 
     Tiny models are dominated by per-op overhead: on a shared 2-core machine one thread trained the default
-    recipe ~7x faster (4.3 vs 0.6 steps/s) than two threads fighting for the cores, and a fixed count also
-    keeps float reductions identical across hosts.
+    recipe ~7x faster (4.3 vs 0.6 steps/s) than two threads fighting for the cores. The bytes do not depend on
+    the count (same checkpoint at 1 and 2 threads, tests/test_reproducibility.py); the count and the CPU's
+    vector instruction set are recorded in the recipe file.
     """
     previous = torch.get_num_threads()
     torch.set_num_threads(int(os.environ.get("CRU_HARNESS_TESTBED_THREADS", "1")))
@@ -153,7 +174,8 @@ def tiny_world_dir(*, world_seed: int = 0, cache_dir: str | os.PathLike | None =
 
     def build(tmp: Path) -> None:
         write_tofu_layout(make_world(**asdict(world)), tmp)
-        _write_recipe(tmp, {"recipe_version": RECIPE_VERSION, "world": asdict(world)})
+        _write_recipe(tmp, {"recipe_version": RECIPE_VERSION, "builder_fingerprint": builder_fingerprint(),
+                            "world": asdict(world)})
 
     return build_cached(final, build)
 
@@ -187,7 +209,8 @@ def tiny_checkpoint(arch: str = "llama", variant: str = "finetuned", *, world_se
                                  hidden_size=recipe.hidden_size, max_positions=max(512, recipe.max_length))
         record = {"recipe_version": RECIPE_VERSION, "world": asdict(world), "recipe": asdict(recipe),
                   "n_parameters": sum(p.numel() for p in model.parameters()), "torch": torch.__version__,
-                  "torch_threads": torch.get_num_threads()}
+                  "torch_threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                  "builder_fingerprint": builder_fingerprint()}
         if variant != "random":
             rows = world_obj.training_rows(variant)
             started = time.perf_counter()

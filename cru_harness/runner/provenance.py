@@ -1,0 +1,216 @@
+"""What decides a cell's numbers besides its resolved config: the code, the models, the data, the libraries.
+
+A cell's directory is named by the hash of its resolved config (`plan.Cell.hash`: *which* cell it is, the same
+in every run of the config, so runs can be compared cell by cell). Whether a finished cell may be reused is
+decided by its *inputs* (`cell_inputs`), saved in its run record:
+
+- `code_version`: a content hash of the package's own source (`cru_harness/**/*.py` and the lm-eval task
+  folder, comments and blank lines ignored; the shipped configs are left out, the resolved config is the cell
+  hash). It is the same from a git checkout and from a wheel, and README or results edits do not change it;
+- `models`: a content hash of every local model directory the cell reads (testbed builds, SmolLM2, local
+  checkpoints); Hub ids are recorded as ids;
+- `data`: a content hash of the local benchmark folder (or the testbed world), or "hub";
+- `libraries`: the versions of the libraries that compute the numbers.
+
+A finished cell whose saved inputs differ from the current ones was computed by other code (or models, data,
+libraries): the run recomputes it (`runner.loop.run_cells`) and `report` lists it as stale. Resuming one's
+own interrupted run keeps every finished cell: same code, same inputs.
+
+Beside the code version the record keeps the git commit and whether the package's files had uncommitted
+changes (`git_state`): such cells are marked dirty in reports, and must never be committed as results.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.resources
+import io
+import os
+import subprocess
+import tokenize
+from pathlib import Path
+from typing import Any
+
+CODE_SUFFIXES = (".py", ".yaml", ".yml", ".jinja", ".json", ".txt")
+# Files in a model directory that are not the model: build logs with timings.
+_NOT_MODEL_FILES = ("testbed_recipe.json",)
+# The libraries whose versions decide the numbers (the project's own version is its code_version).
+KEY_LIBRARIES = ("python", "torch", "transformers", "lm_eval", "accelerate", "datasets", "numpy", "scipy",
+                 "tokenizers", "safetensors", "rouge_score")
+INPUT_FIELDS = ("code_version", "models", "data", "libraries")
+
+
+def _package_dir() -> Path:
+    import cru_harness
+
+    return Path(cru_harness.__file__).resolve().parent
+
+
+def _tasks_dir() -> Path:
+    return Path(str(importlib.resources.files("cru_harness.tasks"))).resolve()
+
+
+def _configs_dir() -> Path | None:
+    try:
+        return Path(str(importlib.resources.files("cru_harness.configs"))).resolve()
+    except ModuleNotFoundError:
+        return None
+
+
+def code_files() -> dict[str, Path]:
+    """The package's source files, by their name inside the installed package (`cru_harness/...`).
+
+    In a git checkout `tasks/` sits beside the package and is installed as `cru_harness.tasks`; in a wheel it is
+    inside the package. Both give the same names, hence the same code version. `cru_harness.configs` is left out.
+    """
+    files: dict[str, Path] = {}
+    configs = _configs_dir()
+    for prefix, root in (("cru_harness", _package_dir()), ("cru_harness/tasks", _tasks_dir())):
+        for path in sorted(root.rglob("*")):
+            if not path.is_file() or path.suffix not in CODE_SUFFIXES or "__pycache__" in path.parts:
+                continue
+            if configs is not None and configs in path.resolve().parents:
+                continue
+            files[f"{prefix}/{path.relative_to(root).as_posix()}"] = path
+    return files
+
+
+def _python_tokens(source: bytes) -> bytes:
+    """A Python file without its comments and blank lines: a comment edit is not a code change."""
+    try:
+        tokens = [(tok.type, tok.string) for tok in tokenize.tokenize(io.BytesIO(source).readline)
+                  if tok.type not in (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING)]
+    except (tokenize.TokenError, SyntaxError):
+        return source
+    return repr(tokens).encode()
+
+
+def file_digest(name: str, path: Path) -> str:
+    data = path.read_bytes()
+    if name.endswith(".py"):
+        data = _python_tokens(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """Content hash of the package's own source (see module doc); computed once per process."""
+    digest = hashlib.sha256()
+    for name, path in code_files().items():
+        digest.update(f"{name}\0{file_digest(name, path)}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def _git(args: list[str], cwd: Path) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def git_state() -> dict[str, Any]:
+    """The commit of the checkout holding the package, and whether the package's own files (source, tasks,
+    configs) differ from it. Changes elsewhere (README, results/) do not make a tree dirty: they do not decide
+    numbers. Outside a git checkout (a wheel): commit and dirty are None."""
+    package = _package_dir()
+    top = _git(["rev-parse", "--show-toplevel"], package)
+    commit = _git(["rev-parse", "HEAD"], package)
+    if top is None or commit is None:
+        return {"commit": None, "dirty": None, "dirty_files": []}
+    top_path = Path(top.strip()).resolve()
+    paths = [p for p in (package, _tasks_dir(), _configs_dir()) if p is not None and top_path in (p, *p.parents)]
+    status = _git(["status", "--porcelain", "--untracked-files=all", "--",
+                   *[os.path.relpath(p, top_path) for p in paths]], top_path)
+    changed = [line[3:] for line in (status or "").splitlines()
+               if line[3:].rsplit(".", 1)[-1] in {s.lstrip(".") for s in CODE_SUFFIXES}]
+    return {"commit": commit.strip(), "dirty": bool(changed) if status is not None else None,
+            "dirty_files": changed[:20]}
+
+
+def code_record() -> dict[str, Any]:
+    """`code_version` plus the git state beside it (for run records and reproduction reports)."""
+    return {"code_version": code_version(), "git": git_state()}
+
+
+@functools.lru_cache(maxsize=64)
+def _directory_fingerprint(path: str, stamp: tuple) -> str:
+    digest = hashlib.sha256()
+    root = Path(path)
+    for file in sorted(root.rglob("*")):
+        if not file.is_file() or file.name in _NOT_MODEL_FILES or any(p.startswith(".") for p in
+                                                                          file.relative_to(root).parts):
+            continue
+        digest.update(file.relative_to(root).as_posix().encode() + b"\0")
+        with open(file, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def directory_fingerprint(path: str | os.PathLike) -> str:
+    """Content hash of the files of a directory (hidden files and build logs left out), cached per process
+    while the files' sizes and mtimes stay the same."""
+    root = Path(path).resolve()
+    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(root.rglob("*")) if f.is_file())
+    return _directory_fingerprint(str(root), stamp)
+
+
+def model_fingerprint(path: str) -> str:
+    """`sha:<content hash>` of the directory a model path resolves to, or `hub:<id>` for a Hub id (not
+    downloaded for this)."""
+    from .models import resolve_model_path
+
+    resolved = Path(resolve_model_path(path)).expanduser()
+    if resolved.is_dir():
+        return f"sha:{directory_fingerprint(resolved)}"
+    if resolved.is_file():  # a per-item file (retain oracle given as truth ratios)
+        return f"sha:{hashlib.sha256(resolved.read_bytes()).hexdigest()[:16]}"
+    return f"hub:{path}"
+
+
+def data_fingerprint(benchmark: str, data_dir: str | None) -> str:
+    """`sha:<content hash>` of the local benchmark folder the cell reads (the testbed world included), or
+    `hub` when the data comes from the Hub."""
+    from ..data.sources import resolve_local_dir
+    from .models import resolve_data_dir
+
+    folder = resolve_local_dir(benchmark, resolve_data_dir(data_dir))
+    return f"sha:{directory_fingerprint(folder)}" if folder is not None else "hub"
+
+
+def key_libraries() -> dict[str, str | None]:
+    from .cache import library_versions
+
+    versions = library_versions()
+    return {name: versions.get(name) for name in KEY_LIBRARIES}
+
+
+def cell_models(cell) -> dict[str, str]:
+    """The model paths a cell reads, by role."""
+    models = {"model": cell.model.path}
+    retain = cell.extra.get("retain") or {}
+    if retain.get("kind") == "checkpoint":
+        models["retain"] = retain["value"]
+    elif retain.get("kind") == "per_item":
+        models["retain_per_item"] = retain["value"]
+    elif retain.get("kind") == "train" and (retain.get("value") or {}).get("from"):
+        models["retain_from"] = retain["value"]["from"]
+    if cell.extra.get("purge_local_checkpoint"):
+        models["purge"] = cell.extra["purge_local_checkpoint"]
+    return models
+
+
+def cell_inputs(cell) -> dict[str, Any]:
+    """Everything besides the resolved config that decides a cell's numbers (see module doc)."""
+    models = {role: model_fingerprint(path) for role, path in cell_models(cell).items()}
+    return {"code_version": code_version(), "models": models, "data": data_fingerprint(cell.benchmark, cell.data_dir),
+            "libraries": key_libraries()}
+
+
+def stale_fields(record: dict | None, current: dict) -> list[str]:
+    """The input fields (`code_version`, `models`, ...) in which a cell's saved record differs from `current`;
+    every field of `current` counts as differing when the record has no inputs (computed before they existed)."""
+    saved = (record or {}).get("inputs") or {}
+    return [name for name in INPUT_FIELDS if name in current and saved.get(name) != current[name]]
