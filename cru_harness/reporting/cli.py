@@ -98,6 +98,7 @@ def target_selection_markdown(dirs) -> list[str]:
 def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, stats=True, log=print) -> dict:
     """Write the whole report for the cells under `dirs`. Returns {name: path}."""
     from ..runner.cache import atomic_write_json, atomic_write_text, load_results
+    from ..runner.provenance import provenance_lines
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -109,6 +110,7 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
         statuses[r.get("status")] += 1
     summary.append("Cells by status: " + ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items())) + "\n")
     summary += target_selection_markdown(dirs)
+    summary += provenance_lines(dirs)
     comparisons = {}
     for benchmark in ("tofu", "rwku"):
         rows = tables.aggregate(results, benchmark)

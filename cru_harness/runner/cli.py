@@ -10,6 +10,8 @@ from pathlib import Path
 
 # configs/ ships inside the package as cru_harness.configs, so the demo also runs from a wheel install.
 DEMO_CONFIG = Path(importlib.resources.files("cru_harness.configs") / "demo.yaml")
+# `cru-harness demo` computes here (never into the committed results/demo) and compares with results/demo.
+DEMO_RUN_DIR = "results/demo-run"
 
 
 def register(subparsers) -> None:
@@ -25,7 +27,18 @@ def register(subparsers) -> None:
     run.add_argument("--force", action="store_true", help="recompute cells even when finished")
     run.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     run.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
+    run.add_argument("--reproduce", metavar="DIR",
+                     help="after the run, compare every cell and number with the run in DIR (e.g. committed "
+                          "results) and write reproduction.md beside the run; exit status 1 when they differ")
     run.set_defaults(func=cmd_run)
+
+    compare = subparsers.add_parser("compare", help="compare two run directories cell by cell (reproduction.md)",
+                                    description="Compare every cell and number of RUN with REFERENCE (cells paired "
+                                                "by config hash; exact on CPU), print a one-line verdict and write "
+                                                "RUN/reproduction.md. Exit status 1 when they differ.")
+    compare.add_argument("run", help="run directory (holding cells/)")
+    compare.add_argument("reference", help="reference run directory, e.g. results/demo")
+    compare.set_defaults(func=cmd_compare)
 
     merge = subparsers.add_parser("merge", help="collect the cells of several run/shard directories into one",
                                   description="Copy the cells of several run or shard directories into OUT "
@@ -35,9 +48,16 @@ def register(subparsers) -> None:
     merge.add_argument("--no-report", action="store_true")
     merge.set_defaults(func=cmd_merge)
 
-    demo = subparsers.add_parser("demo", help="the offline demo (configs/demo.yaml): tiny TOFU world + SmolLM2 RWKU")
+    demo = subparsers.add_parser("demo", help="the offline demo (configs/demo.yaml): tiny TOFU world + SmolLM2 RWKU",
+                                 description="Compute the demo into a fresh directory (default "
+                                             f"{DEMO_RUN_DIR}; an interrupted demo resumes there) and compare it "
+                                             "with the committed results/demo: reproduction.md, one-line verdict, "
+                                             "exit status 1 when they differ.")
     demo.add_argument("--config", default=str(DEMO_CONFIG), help="demo config (default: configs/demo.yaml)")
-    demo.add_argument("--output-dir", help="override the demo's output_dir")
+    demo.add_argument("--output-dir", default=DEMO_RUN_DIR, help=f"where to compute (default: {DEMO_RUN_DIR})")
+    demo.add_argument("--reproduce", metavar="DIR",
+                      help="the results to compare with (default: the config's output_dir, results/demo, here or "
+                           "in the checkout holding the package)")
     demo.add_argument("--dry-run", action="store_true")
     demo.set_defaults(func=cmd_demo)
 
@@ -103,8 +123,16 @@ def print_plan(summary: dict, out=None) -> None:
 
 
 def run_config(config, *, dry_run=False, shard=None, force=False, report=True, executor=None, as_json=False,
-               log=print) -> int:
-    """Plan (and unless dry_run, run) a validated config. `executor` defaults to the real one."""
+               log=print, reproduce=None, inputs=None) -> int:
+    """Plan (and unless dry_run, run) a validated config. `executor` defaults to the real one, `inputs` (what a
+    finished cell's record must match to be reused) to `provenance.cell_inputs` with it (else the code version).
+    `reproduce`: a run directory to compare with at the end (`reproduce.write_reproduction`); exit status 1 when
+    the run does not reproduce it."""
+    if reproduce is not None:
+        reproduce = Path(reproduce)
+        if reproduce.resolve() == Path(config.output_dir).resolve():
+            raise ValueError(f"--reproduce {reproduce} is the run's own output directory; compute into another "
+                             "one (--output-dir) so the results to compare with are not overwritten")
     from .cache import CellStore, atomic_write_json
     from .plan import build_plan
     from .shard import parse_shard, select_shard
@@ -137,25 +165,45 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
 
     store = CellStore(config.output_dir)
     if executor is None:  # the real one; it reads the retain cell (of the whole plan) for Forget Quality
+        from .provenance import cell_inputs
+
         executor = PlanExecutor(store, all_cells)
+        inputs = inputs or cell_inputs
     store.root.mkdir(parents=True, exist_ok=True)
     atomic_write_json(store.root / ("plan.json" if not shard else f"plan.shard{shard.replace('/', 'of')}.json"),
                       {"config": config.raw, "source": config.source, "shard": shard,
                        "cells": [{"hash": c.hash, "cell": c.describe()} for c in cells]})
-    counts = run_cells(cells, store, executor, log=log, force=force)
+    counts = run_cells(cells, store, executor, log=log, force=force, **({"inputs": inputs} if inputs else {}))
     log(f"done: {counts}")
     if report:
         from ..reporting.cli import write_report
 
         write_report([store.root], store.root / "report", formats=config.report["formats"],
                      plots=config.report["plots"], stats=config.report["stats"], log=log)
-    return 0 if counts["failed"] == 0 else 1
+    status = 0 if counts["failed"] == 0 else 1
+    if reproduce is not None:
+        from .reproduce import write_reproduction
+
+        if not write_reproduction(store.root, reproduce, log=log).reproduced:
+            status = 1
+    return status
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args.config, args.output_dir)
+    if args.reproduce and not Path(args.reproduce).is_dir():
+        raise FileNotFoundError(f"--reproduce {args.reproduce}: no such run directory")
     return run_config(config, dry_run=args.dry_run, shard=args.shard, force=args.force,
-                      report=not args.no_report, as_json=args.json)
+                      report=not args.no_report, as_json=args.json, reproduce=args.reproduce)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .reproduce import write_reproduction
+
+    for directory in (args.run, args.reference):
+        if not Path(directory).is_dir():
+            raise FileNotFoundError(f"no such run directory: {directory}")
+    return 0 if write_reproduction(args.run, args.reference).reproduced else 1
 
 
 def merge_dirs(dirs, out) -> dict[str, int]:
@@ -209,6 +257,28 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def committed_results(config_output_dir: str | Path) -> Path | None:
+    """The committed results of a config: its `output_dir` as given (relative to the working directory), else
+    under the checkout that holds the package (an editable install run from elsewhere); None from a wheel."""
+    given = Path(config_output_dir)
+    candidates = [given]
+    if not given.is_absolute():
+        candidates.append(Path(__file__).resolve().parents[2] / given)
+    return next((c for c in candidates if (c / "cells").is_dir()), None)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    committed = _load(args.config, None).output_dir
     config = _load(args.config, args.output_dir)
-    return run_config(config, dry_run=args.dry_run)
+    reference = Path(args.reproduce) if args.reproduce else committed_results(committed)
+    if reference is not None and reference.resolve() == Path(config.output_dir).resolve():
+        raise ValueError(f"--output-dir {args.output_dir} holds the results to compare with; choose a fresh one")
+    if args.dry_run:
+        return run_config(config, dry_run=True)
+    if reference is None:
+        print(f"no committed results at {committed} (a wheel install has none): the demo runs without comparison")
+    elif not reference.is_dir():
+        raise FileNotFoundError(f"--reproduce {reference}: no such run directory")
+    else:
+        print(f"computing into {config.output_dir}; at the end every cell is compared with {reference}")
+    return run_config(config, reproduce=reference)

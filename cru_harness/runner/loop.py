@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 
 from .cache import CellStore, environment_record, now_iso
 from .plan import Cell
+from .models import resolve_device
 from .provenance import code_version, stale_fields
 
 RESULT_SCHEMA_VERSION = 1
@@ -105,6 +106,7 @@ def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, lo
         log(f"{tag}: running")
         result, record = run_one(cell, workdir, executor)
         record["inputs"] = current
+        record["device"] = resolve_device(cell.device)
         store.write(cell.hash, result, record)
         counts[result["status"]] += 1
         suffix = f" ({result.get('reason')})" if result.get("reason") else ""

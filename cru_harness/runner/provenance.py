@@ -214,3 +214,39 @@ def stale_fields(record: dict | None, current: dict) -> list[str]:
     every field of `current` counts as differing when the record has no inputs (computed before they existed)."""
     saved = (record or {}).get("inputs") or {}
     return [name for name in INPUT_FIELDS if name in current and saved.get(name) != current[name]]
+
+
+def provenance_lines(dirs) -> list[str]:
+    """Markdown lines for a report: which code computed the cells under `dirs`, which of them are stale (another
+    code version than this checkout's, or none recorded) and which come from a dirty tree."""
+    from .cache import CellStore
+
+    current = code_version()
+    stale, dirty, versions, total = [], [], {}, 0
+    for directory in dirs:
+        directory = Path(directory)
+        store = CellStore(directory.parent if directory.name == "cells" else directory)
+        for cell_hash, result in store.iter_results():
+            total += 1
+            record = store.load_record(cell_hash) or {}
+            version = record.get("code_version") or "not recorded"
+            git = record.get("git") or {}
+            versions.setdefault(version, set()).add(f"{(git.get('commit') or 'unknown')[:12]}"
+                                                    f"{' + local changes' if git.get('dirty') else ''}")
+            label = f"{result.get('model')} {result.get('unit')} {result.get('label')} ({cell_hash})"
+            if version != current:
+                stale.append(label)
+            if git.get("dirty"):
+                dirty.append(label)
+    if not total:
+        return []
+    lines = ["## Provenance", "", f"This checkout's code version: {current}."]
+    for version, commits in sorted(versions.items()):
+        lines.append(f"- code version {version}: commit {', '.join(sorted(commits))}")
+    if stale:
+        lines.append(f"- **{len(stale)} of {total} cells are stale**: computed by other code than this checkout "
+                     "(`cru-harness run` recomputes them): " + "; ".join(stale))
+    if dirty:
+        lines.append(f"- **{len(dirty)} cells come from a dirty tree** (uncommitted changes to the package): not "
+                     "reproducible from any commit; do not commit them: " + "; ".join(dirty))
+    return lines + [""]

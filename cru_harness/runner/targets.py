@@ -26,9 +26,12 @@ KNOWLEDGE_METRIC = "rouge_l_recall"
 
 
 def selection_key(config: ExperimentConfig, model: ModelSpec) -> dict[str, Any]:
-    """Everything that determines the selection of one model (its hash invalidates a stale saved file)."""
+    """Everything that determines the selection of one model (its hash invalidates a stale saved file), the
+    code version included: a selection made by other code is made again (as cells are recomputed)."""
+    from .provenance import code_version
+
     spec = config.benchmarks["rwku"]
-    return {"schema": SELECTION_SCHEMA, "model": model.identity(), "candidates": spec["targets"],
+    return {"schema": SELECTION_SCHEMA, "code_version": code_version(), "model": model.identity(), "candidates": spec["targets"],
             "select_known": spec["select_known"], "data_dir": spec["data_dir"],
             "batch_size": config.evaluation.get("batch_size", 8),
             "apply_chat_template": config.evaluation.get("apply_chat_template")}

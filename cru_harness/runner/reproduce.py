@@ -1,0 +1,290 @@
+"""Does a run reproduce a reference run? Every cell, every number, with the tolerance stated per metric.
+
+`compare_runs(run, reference)` pairs the cells of two run directories by cell hash (the hash of the resolved
+config: the same cell in every run of a config) and compares every number of each result: `metrics`,
+`failure_classes` and the CRU `gate_means`. `write_reproduction` writes `reproduction.md` (and
+`reproduction.json`) beside the run and returns the comparison, whose `verdict` is one line.
+
+Tolerances (`tolerance_for`): on CPU every number is compared exactly. The CPU computation is deterministic:
+float32, seeded initialisation, data order and lm-eval, testbed models that are the same bytes at any thread
+count (tests/test_reproducibility.py), deterministically trained tokenizers, the chat template's date pinned;
+and JSON keeps a float's every bit. So the same code, models, data and library versions give the same numbers,
+and any difference is a finding. On a GPU, cuBLAS reductions and atomic adds in backward passes are not
+bitwise reproducible and the differences grow through training, so GPU cells get a tolerance per metric
+(`GPU_TOLERANCES`; an estimate, not measured in this project: the CI and the demo run on CPU).
+
+Besides the numbers, each cell's saved inputs (code version, model and data fingerprints, library versions;
+`runner.provenance`) are compared, so a mismatch says whether the reference was computed by other code (a
+stale reference, to be regenerated) or from a dirty tree (never reproducible from a commit).
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .cache import CellStore, atomic_write_json, atomic_write_text
+from .provenance import INPUT_FIELDS, code_record
+
+REPORT_FILE = "reproduction.md"
+JSON_FILE = "reproduction.json"
+NUMBER_GROUPS = ("metrics", "failure_classes", "gate_means")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    absolute: float
+    why: str
+
+    def admits(self, reference: float, value: float) -> bool:
+        return abs(reference - value) <= self.absolute
+
+
+EXACT = Tolerance(0.0, "deterministic on CPU (seeded float32 training and evaluation, testbed models byte-identical "
+                       "at any thread count); JSON keeps every bit")
+# metric name pattern -> tolerance on a GPU (first match wins). Greedy-decoded text metrics move in steps of one
+# answer out of N, so they get the widest band; probabilities and truth ratios move continuously.
+GPU_TOLERANCES: tuple[tuple[str, Tolerance], ...] = (
+    ("*forget_quality", Tolerance(0.02, "KS p-value of ~40-400 truth ratios; nondeterministic GPU reductions "
+                                        "(estimate, unmeasured)")),
+    ("*_prob", Tolerance(0.01, "mean answer probability; GPU reductions are not bitwise reproducible "
+                               "(estimate, unmeasured)")),
+    ("*truth_ratio", Tolerance(0.01, "mean truth ratio; GPU reductions (estimate, unmeasured)")),
+    ("*mia_*_loss", Tolerance(0.05, "mean NLL; GPU reductions (estimate, unmeasured)")),
+    ("*", Tolerance(0.05, "greedy-decoded answers and accuracies: a flipped token changes one answer of N; GPU "
+                          "reductions (estimate, unmeasured)")),
+)
+
+
+def tolerance_for(metric: str, device: str | None) -> Tolerance:
+    """The tolerance of one number of a cell run on `device` (see module doc)."""
+    if not device or device == "cpu":
+        return EXACT
+    for pattern, tolerance in GPU_TOLERANCES:
+        if fnmatch.fnmatchcase(metric, pattern):
+            return tolerance
+    return EXACT
+
+
+def result_numbers(result: dict) -> dict[str, Any]:
+    """Every number of a cell result, flattened: `metrics.forget_rouge_l`, `failure_classes.forget.refusal`,
+    `gate_means.forget`, ... (None stays None: a metric that was not computed)."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key in sorted(value):
+                walk(f"{prefix}.{key}", value[key])
+        elif value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            flat[prefix] = value
+
+    for group in NUMBER_GROUPS:
+        if result.get(group) is not None:
+            walk(group, result[group])
+    return flat
+
+
+@dataclass
+class NumberDiff:
+    cell: str
+    name: str
+    reference: float | None
+    value: float | None
+    tolerance: float
+
+    @property
+    def delta(self) -> float | None:
+        if self.reference is None or self.value is None:
+            return None
+        return self.value - self.reference
+
+
+@dataclass
+class CellComparison:
+    hash: str
+    cell: str
+    status: str                     # match | differs | missing | status
+    n_numbers: int = 0
+    diffs: list[NumberDiff] = field(default_factory=list)
+    inputs_differ: list[str] = field(default_factory=list)   # code_version, models, data, libraries
+    reference_dirty: bool = False
+    device: str | None = None
+
+
+@dataclass
+class Comparison:
+    run: str
+    reference: str
+    cells: list[CellComparison]
+    extra: list[str]                # cells of the run the reference does not have
+    run_code: dict
+    reference_code_versions: list[str]
+    reference_commits: list[str]
+
+    @property
+    def reproduced(self) -> bool:
+        return bool(self.cells) and all(c.status == "match" for c in self.cells)
+
+    def count(self, status: str) -> int:
+        return sum(1 for c in self.cells if c.status == status)
+
+    @property
+    def stale_reference(self) -> int:
+        """Reference cells whose saved code version differs from the run's (or is not recorded)."""
+        return sum(1 for c in self.cells if "code_version" in c.inputs_differ)
+
+    @property
+    def verdict(self) -> str:
+        n = len(self.cells)
+        numbers = sum(c.n_numbers for c in self.cells)
+        if not n:
+            return f"NOT REPRODUCED: the reference {self.reference} holds no finished cells"
+        if self.reproduced:
+            line = f"REPRODUCED: all {n} cells of {self.reference}, {numbers} numbers within tolerance"
+            exact = all(c.device in (None, "cpu") for c in self.cells)
+            return line + (" (exact: CPU)" if exact else " (per-metric tolerances: GPU)")
+        parts = []
+        if self.count("differs"):
+            n_diffs = sum(len(c.diffs) for c in self.cells)
+            parts.append(f"{self.count('differs')} of {n} cells differ beyond tolerance ({n_diffs} numbers)")
+        if self.count("status"):
+            parts.append(f"{self.count('status')} cells finished with another status")
+        if self.count("missing"):
+            parts.append(f"{self.count('missing')} cells missing from the run")
+        why = []
+        if self.stale_reference:
+            why.append(f"{self.stale_reference} reference cells were computed by other code (stale reference)")
+        dirty = sum(1 for c in self.cells if c.reference_dirty)
+        if dirty:
+            why.append(f"{dirty} reference cells come from a dirty tree")
+        for name in ("models", "data", "libraries"):
+            k = sum(1 for c in self.cells if name in c.inputs_differ)
+            if k:
+                why.append(f"{k} with other {name}")
+        return "NOT REPRODUCED: " + "; ".join(parts) + (f" [{'; '.join(why)}]" if why else "")
+
+    def to_dict(self) -> dict:
+        return {"run": self.run, "reference": self.reference, "verdict": self.verdict,
+                "reproduced": self.reproduced, "run_code": self.run_code,
+                "reference_code_versions": self.reference_code_versions,
+                "reference_commits": self.reference_commits, "extra_cells": self.extra,
+                "cells": [{**asdict(c), "diffs": [{**asdict(d), "delta": d.delta} for d in c.diffs]}
+                          for c in self.cells]}
+
+
+def _describe(result: dict) -> str:
+    seed = "" if result.get("seed") is None else f" seed={result['seed']}"
+    unit = result.get("unit") or result.get("split") or f"target{result.get('target')}"
+    return f"{result.get('model')} | {result.get('benchmark')} {unit} | {result.get('label')}{seed}"
+
+
+def _device(record: dict | None) -> str | None:
+    resolved = (record or {}).get("resolved_config") or {}
+    return (record or {}).get("device") or resolved.get("device")
+
+
+def compare_cell(cell_hash: str, reference: dict, ref_record: dict | None, result: dict | None,
+                 record: dict | None) -> CellComparison:
+    device = _device(record) or _device(ref_record)
+    comparison = CellComparison(hash=cell_hash, cell=_describe(reference), status="match", device=device,
+                                reference_dirty=bool(((ref_record or {}).get("git") or {}).get("dirty")))
+    saved_ref = (ref_record or {}).get("inputs") or {}
+    saved_run = (record or {}).get("inputs") or {}
+    if ref_record is not None and "code_version" not in saved_ref and ref_record.get("code_version"):
+        saved_ref = {**saved_ref, "code_version": ref_record["code_version"]}
+    comparison.inputs_differ = [name for name in INPUT_FIELDS
+                                if name in saved_run and saved_ref.get(name) != saved_run.get(name)]
+    if result is None:
+        comparison.status = "missing"
+        return comparison
+    if result.get("status") != reference.get("status"):
+        comparison.status = "status"
+    ref_numbers, numbers = result_numbers(reference), result_numbers(result)
+    comparison.n_numbers = len(set(ref_numbers) | set(numbers))
+    for name in sorted(set(ref_numbers) | set(numbers)):
+        ref_value, value = ref_numbers.get(name, "absent"), numbers.get(name, "absent")
+        tolerance = tolerance_for(name.split(".", 1)[-1], device)
+        if ref_value == value:
+            continue
+        same = (isinstance(ref_value, (int, float)) and isinstance(value, (int, float))
+                and math.isfinite(ref_value) and math.isfinite(value) and tolerance.admits(ref_value, value))
+        if not same:
+            comparison.diffs.append(NumberDiff(cell=comparison.cell, name=name,
+                                               reference=ref_value if ref_value != "absent" else None,
+                                               value=value if value != "absent" else None,
+                                               tolerance=tolerance.absolute))
+    if comparison.diffs and comparison.status == "match":
+        comparison.status = "differs"
+    return comparison
+
+
+def compare_runs(run_dir: str | Path, reference_dir: str | Path) -> Comparison:
+    """Compare every finished cell of `reference_dir` with the same cell (by hash) of `run_dir`."""
+    run_store, ref_store = CellStore(run_dir), CellStore(reference_dir)
+    if not ref_store.cells_dir.is_dir():
+        raise FileNotFoundError(f"{reference_dir} holds no cells/ directory (not a cru-harness run)")
+    run_results = dict(run_store.iter_results())
+    cells, code_versions, commits = [], set(), set()
+    for cell_hash, reference in ref_store.iter_results():
+        ref_record = ref_store.load_record(cell_hash)
+        code_versions.add(str((ref_record or {}).get("code_version") or "not recorded"))
+        git = (ref_record or {}).get("git") or {}
+        commits.add(f"{git.get('commit') or 'unknown'}{' (dirty)' if git.get('dirty') else ''}")
+        cells.append(compare_cell(cell_hash, reference, ref_record, run_results.get(cell_hash),
+                                  run_store.load_record(cell_hash)))
+    reference_hashes = {c.hash for c in cells}
+    extra = [_describe(result) for cell_hash, result in run_results.items() if cell_hash not in reference_hashes]
+    return Comparison(run=str(run_dir), reference=str(reference_dir), cells=cells, extra=extra,
+                      run_code=code_record(), reference_code_versions=sorted(code_versions),
+                      reference_commits=sorted(commits))
+
+
+def _fmt(value: Any) -> str:
+    return "—" if value is None else (f"{value:.6g}" if isinstance(value, float) else str(value))
+
+
+def comparison_markdown(comparison: Comparison) -> str:
+    git = comparison.run_code.get("git") or {}
+    lines = [f"# Reproduction of `{comparison.reference}` by `{comparison.run}`", "", f"**{comparison.verdict}**", "",
+             f"- this run: code version {comparison.run_code.get('code_version')}, commit {git.get('commit')}"
+             + (" **(dirty tree: not reproducible from a commit; never commit these cells)**" if git.get("dirty")
+                else ""),
+             f"- reference: code version(s) {', '.join(comparison.reference_code_versions)}; "
+             f"commit(s) {', '.join(comparison.reference_commits)}", ""]
+    devices = sorted({c.device or "cpu" for c in comparison.cells})
+    lines += ["## Tolerances", "", "| numbers | device | tolerance (absolute) | why |", "|---|---|---|---|"]
+    for device in devices:
+        if device == "cpu":
+            lines.append(f"| every metric, failure class and gate mean | cpu | 0 (exact) | {EXACT.why} |")
+        else:
+            lines += [f"| `{pattern}` | {device} | {tol.absolute:g} | {tol.why} |" for pattern, tol in GPU_TOLERANCES]
+    lines += ["", "## Cells", "", "| cell | hash | result | numbers | beyond tolerance | inputs that differ |",
+              "|---|---|---|---|---|---|"]
+    for c in comparison.cells:
+        inputs = ", ".join(c.inputs_differ) or "none"
+        if c.reference_dirty:
+            inputs += " (reference from a dirty tree)"
+        lines.append(f"| {c.cell} | {c.hash} | {c.status} | {c.n_numbers} | {len(c.diffs)} | {inputs} |")
+    diffs = [d for c in comparison.cells for d in c.diffs]
+    if diffs:
+        lines += ["", "## Numbers beyond tolerance", "", "| cell | number | reference | this run | Δ | tolerance |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {d.cell} | {d.name} | {_fmt(d.reference)} | {_fmt(d.value)} | {_fmt(d.delta)} | "
+                  f"{d.tolerance:g} |" for d in diffs]
+    if comparison.extra:
+        lines += ["", "## Cells of this run the reference does not have", ""] + [f"- {e}" for e in comparison.extra]
+    lines += ["", "Cells are paired by the hash of their resolved config. \"inputs that differ\": the saved code "
+              "version, model/data fingerprints or library versions of the reference cell differ from this run's "
+              "(runner.provenance); a reference computed by other code is stale and should be regenerated.", ""]
+    return "\n".join(lines)
+
+
+def write_reproduction(run_dir: str | Path, reference_dir: str | Path, *, log=print) -> Comparison:
+    """Compare, write `reproduction.md` and `reproduction.json` into `run_dir`, log the verdict line."""
+    comparison = compare_runs(run_dir, reference_dir)
+    atomic_write_text(Path(run_dir) / REPORT_FILE, comparison_markdown(comparison))
+    atomic_write_json(Path(run_dir) / JSON_FILE, comparison.to_dict())
+    log(f"{comparison.verdict} (details: {Path(run_dir) / REPORT_FILE})")
+    return comparison
