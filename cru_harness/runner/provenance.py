@@ -229,7 +229,7 @@ def provenance_lines(dirs) -> list[str]:
         for cell_hash, result in store.iter_results():
             total += 1
             record = store.load_record(cell_hash) or {}
-            version = record.get("code_version") or "not recorded"
+            version = (record.get("inputs") or {}).get("code_version") or record.get("code_version") or "not recorded"
             git = record.get("git") or {}
             versions.setdefault(version, set()).add(f"{(git.get('commit') or 'unknown')[:12]}"
                                                     f"{' + local changes' if git.get('dirty') else ''}")

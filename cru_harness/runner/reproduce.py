@@ -185,15 +185,24 @@ def _device(record: dict | None) -> str | None:
     return (record or {}).get("device") or resolved.get("device")
 
 
+def saved_inputs(record: dict | None) -> dict:
+    """The inputs a cell's record saved (`runner.provenance`); the code version alone for older records."""
+    inputs = dict((record or {}).get("inputs") or {})
+    if "code_version" not in inputs and (record or {}).get("code_version"):
+        inputs["code_version"] = record["code_version"]
+    return inputs
+
+
 def compare_cell(cell_hash: str, reference: dict, ref_record: dict | None, result: dict | None,
-                 record: dict | None) -> CellComparison:
+                 record: dict | None, run_code_version: str | None = None) -> CellComparison:
+    """One reference cell against the run's cell of the same hash (`result` None: the run lacks it). Without a
+    run record, the reference's code version is compared with `run_code_version` (the run's code)."""
     device = _device(record) or _device(ref_record)
     comparison = CellComparison(hash=cell_hash, cell=_describe(reference), status="match", device=device,
                                 reference_dirty=bool(((ref_record or {}).get("git") or {}).get("dirty")))
-    saved_ref = (ref_record or {}).get("inputs") or {}
-    saved_run = (record or {}).get("inputs") or {}
-    if ref_record is not None and "code_version" not in saved_ref and ref_record.get("code_version"):
-        saved_ref = {**saved_ref, "code_version": ref_record["code_version"]}
+    saved_ref = saved_inputs(ref_record)
+    saved_run = saved_inputs(record) if record is not None else (
+        {"code_version": run_code_version} if run_code_version else {})
     comparison.inputs_differ = [name for name in INPUT_FIELDS
                                 if name in saved_run and saved_ref.get(name) != saved_run.get(name)]
     if result is None:
@@ -226,18 +235,19 @@ def compare_runs(run_dir: str | Path, reference_dir: str | Path) -> Comparison:
     if not ref_store.cells_dir.is_dir():
         raise FileNotFoundError(f"{reference_dir} holds no cells/ directory (not a cru-harness run)")
     run_results = dict(run_store.iter_results())
+    run_code = code_record()
     cells, code_versions, commits = [], set(), set()
     for cell_hash, reference in ref_store.iter_results():
         ref_record = ref_store.load_record(cell_hash)
-        code_versions.add(str((ref_record or {}).get("code_version") or "not recorded"))
+        code_versions.add(str(saved_inputs(ref_record).get("code_version") or "not recorded"))
         git = (ref_record or {}).get("git") or {}
         commits.add(f"{git.get('commit') or 'unknown'}{' (dirty)' if git.get('dirty') else ''}")
         cells.append(compare_cell(cell_hash, reference, ref_record, run_results.get(cell_hash),
-                                  run_store.load_record(cell_hash)))
+                                  run_store.load_record(cell_hash), run_code["code_version"]))
     reference_hashes = {c.hash for c in cells}
     extra = [_describe(result) for cell_hash, result in run_results.items() if cell_hash not in reference_hashes]
     return Comparison(run=str(run_dir), reference=str(reference_dir), cells=cells, extra=extra,
-                      run_code=code_record(), reference_code_versions=sorted(code_versions),
+                      run_code=run_code, reference_code_versions=sorted(code_versions),
                       reference_commits=sorted(commits))
 
 

@@ -1,0 +1,256 @@
+"""Reproducibility: testbed builds independent of the thread count, cells keyed on the code that computed them,
+and the comparison of a run with a reference (`runner.reproduce`).
+
+The comparison tests use fake results written with `CellStore.write`: no model runs.
+"""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cru_harness.cli import main
+from cru_harness.runner import config as cfg
+from cru_harness.runner import provenance
+from cru_harness.runner.cache import CellStore
+from cru_harness.runner.cli import run_config
+from cru_harness.runner.loop import run_cells
+from cru_harness.runner.plan import build_plan
+from cru_harness.runner.reproduce import EXACT, compare_runs, tolerance_for, write_reproduction
+
+# ------------------------------------------------------------------------------------------- testbed builds
+# The smallest recipe that still runs the real build path: world -> tokenizer training -> model init ->
+# fine-tuning -> save_pretrained. hidden_size 128 (the default) keeps the matmuls big enough to be split
+# across threads.
+BUILD_SCRIPT = """
+import hashlib, json, sys
+from pathlib import Path
+import torch
+from cru_harness.testbed.zoo import ModelRecipe, WorldRecipe, tiny_checkpoint, checkpoint_record
+path = tiny_checkpoint("llama", "finetuned", cache_dir=sys.argv[1],
+                       recipe=ModelRecipe(n_layers=2, epochs=2, batch_size=8, max_length=64),
+                       world=WorldRecipe(n_authors=4, qa_per_author=5, n_real_authors=4, n_world_facts=4))
+files = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(Path(path).iterdir())
+         if f.is_file() and f.name != "testbed_recipe.json"}
+print(json.dumps({"files": files, "threads": checkpoint_record(path)["torch_threads"],
+                  "name": Path(path).name}))
+"""
+
+
+@pytest.mark.slow
+def test_testbed_model_is_the_same_bytes_at_one_and_two_threads(tmp_path):
+    """Two builds of one recipe, each from an empty cache, at 1 and 2 torch/OpenMP threads (and different
+    Python hash seeds): every file of the checkpoint (weights, tokenizer, configs) is byte-identical."""
+    outputs = []
+    for threads in (1, 2):
+        env = dict(os.environ, CRU_HARNESS_TESTBED_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+                   MKL_NUM_THREADS=str(threads), PYTHONHASHSEED=str(threads), TOKENIZERS_PARALLELISM="true")
+        done = subprocess.run([sys.executable, "-c", BUILD_SCRIPT, str(tmp_path / f"cache{threads}")], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    one, two = outputs
+    assert (one["threads"], two["threads"]) == (1, 2)          # the builds really ran at different counts
+    assert {"model.safetensors", "tokenizer.json", "config.json"} <= set(one["files"])
+    assert one["files"] == two["files"]
+    assert one["name"] == two["name"]
+
+
+def test_testbed_cache_entry_is_keyed_on_the_code_that_builds_it(monkeypatch):
+    from cru_harness.testbed import zoo
+
+    recipe = zoo.ModelRecipe()
+    before = zoo.recipe_hash(zoo.WorldRecipe(), recipe)
+    monkeypatch.setattr(zoo, "builder_fingerprint", lambda: "other-builder-code")
+    assert zoo.recipe_hash(zoo.WorldRecipe(), recipe) != before
+
+
+# ------------------------------------------------------------------------------------------- code version
+def test_code_version_ignores_comments_but_not_code(tmp_path):
+    a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
+    a.write_text("def f(x):\n    return x + 1\n")
+    b.write_text("# why: a comment\ndef f(x):\n\n    return x + 1  # another\n")
+    c.write_text("def f(x):\n    return x + 2\n")
+    assert provenance.file_digest("a.py", a) == provenance.file_digest("b.py", b)
+    assert provenance.file_digest("a.py", a) != provenance.file_digest("c.py", c)
+
+
+def test_code_version_covers_package_source_and_tasks_not_configs():
+    names = set(provenance.code_files())
+    assert "cru_harness/runner/loop.py" in names
+    assert any(n.startswith("cru_harness/tasks/tofu/") and n.endswith(".yaml") for n in names)
+    assert not any(n.startswith("cru_harness/configs/") or n.endswith("demo.yaml") for n in names)
+    assert len(provenance.code_version()) == 16
+
+
+# ------------------------------------------------------------------------------------------- stale cells
+def small_config(tmp_path, out="run"):
+    return cfg.validate_config({
+        "name": "t", "output_dir": str(tmp_path / out), "seeds": [0],
+        "models": [{"name": "m", "path": "zoo:llama", "retain": {"checkpoint": "zoo:llama:retain"}}],
+        "benchmarks": {"tofu": {"splits": ["forget10"]}},
+        "methods": [{"method": "GA", "lr": 1e-4}],
+    })
+
+
+def executor_with(metrics_by_kind, calls=None):
+    def executor(cell, workdir):  # test double: no model
+        if calls is not None:
+            calls.append(cell.hash)
+        return {"metrics": dict(metrics_by_kind.get(cell.kind, {"forget_rouge_l": 0.5})),
+                "failure_classes": {"forget": {"degenerate": 0.25, "refusal": 0.0}}}
+    return executor
+
+
+def test_cell_computed_by_other_code_is_recomputed_own_run_resumes(tmp_path):
+    config = small_config(tmp_path)
+    cells = build_plan(config)
+    store = CellStore(config.output_dir)
+    run_cells(cells, store, executor_with({}), log=lambda *_: None)
+    calls = []
+    counts = run_cells(cells, store, executor_with({}, calls), log=lambda *_: None)
+    assert calls == [] and counts["skipped"] == len(cells)           # resuming one's own run: nothing redone
+    first = cells[0].hash
+    record_path = store.cell_dir(first) / "run_record.json"
+    record = json.loads(record_path.read_text())
+    record["inputs"]["code_version"] = "0123456789abcdef"             # as if computed by other code
+    record_path.write_text(json.dumps(record))
+    logs = []
+    counts = run_cells(cells, store, executor_with({}, calls), log=logs.append)
+    assert calls == [first] and counts["stale"] == 1 and counts["skipped"] == len(cells) - 1
+    assert any("another code_version; recomputing" in line for line in logs)
+    assert json.loads(record_path.read_text())["inputs"]["code_version"] == provenance.code_version()
+
+
+def test_other_model_fingerprint_makes_a_cell_stale(tmp_path):
+    config = small_config(tmp_path)
+    cells = build_plan(config)[:1]
+    store = CellStore(config.output_dir)
+    inputs = {"code_version": "c", "models": {"model": "sha:aaaa"}}
+    run_cells(cells, store, executor_with({}), inputs=lambda cell: inputs, log=lambda *_: None)
+    calls = []
+    run_cells(cells, store, executor_with({}, calls), inputs=lambda cell: {**inputs, "models": {"model": "sha:bbbb"}},
+              log=lambda *_: None)
+    assert calls == [cells[0].hash]
+
+
+def test_report_lists_stale_and_dirty_cells(tmp_path):
+    config = small_config(tmp_path)
+    cells = build_plan(config)
+    store = CellStore(config.output_dir)
+    run_cells(cells, store, executor_with({}), log=lambda *_: None)
+    for cell in cells:  # as computed from a clean checkout (this test may run in a dirty one)
+        path = store.cell_dir(cell.hash) / "run_record.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "git": {"commit": "abc", "dirty": False}}))
+    assert not any("stale" in line or "dirty" in line for line in provenance.provenance_lines([store.root]))
+    record_path = store.cell_dir(cells[0].hash) / "run_record.json"
+    record = json.loads(record_path.read_text())
+    record.update(code_version="0123456789abcdef", git={"commit": "abc", "dirty": True})
+    record["inputs"]["code_version"] = "0123456789abcdef"
+    record_path.write_text(json.dumps(record))
+    text = "\n".join(provenance.provenance_lines([store.root]))
+    assert f"1 of {len(cells)} cells are stale" in text and "1 cells come from a dirty tree" in text
+    assert cells[0].hash in text
+
+
+# ------------------------------------------------------------------------------------------- comparison
+def make_run(tmp_path, out, metrics_by_kind, *, device="cpu", code_version=None, drop=()):
+    """A finished run of `small_config` with the given metrics, written by the real loop and a fake executor."""
+    config = small_config(tmp_path, out)
+    cells = [c for c in build_plan(config) if c.kind not in drop]
+    store = CellStore(config.output_dir)
+    inputs = {"code_version": code_version or provenance.code_version()}
+    run_cells(cells, store, executor_with(metrics_by_kind), inputs=lambda cell: inputs, log=lambda *_: None)
+    if device != "cpu":
+        for cell in cells:
+            path = store.cell_dir(cell.hash) / "run_record.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), "device": device}))
+    return store.root
+
+
+METRICS = {"original": {"forget_rouge_l": 0.9, "forget_truth_ratio": 0.6, "forget_quality": 1e-5},
+           "retain": {"forget_rouge_l": 0.4, "forget_truth_ratio": 0.7, "forget_quality": None},
+           "method": {"forget_rouge_l": 0.3, "forget_truth_ratio": 0.65, "forget_quality": 0.014}}
+
+
+def test_identical_runs_reproduce_exactly(tmp_path):
+    reference = make_run(tmp_path, "ref", METRICS)
+    run = make_run(tmp_path, "run", METRICS)
+    comparison = write_reproduction(run, reference, log=lambda *_: None)
+    assert comparison.reproduced
+    assert comparison.verdict.startswith("REPRODUCED: all 3 cells") and "(exact: CPU)" in comparison.verdict
+    # every metric and failure class of every cell was compared
+    assert sum(c.n_numbers for c in comparison.cells) == 3 * (3 + 2)
+    text = (Path(run) / "reproduction.md").read_text()
+    assert comparison.verdict in text and "0 (exact)" in text
+    assert json.loads((Path(run) / "reproduction.json").read_text())["reproduced"] is True
+
+
+def test_a_difference_beyond_tolerance_is_named(tmp_path):
+    reference = make_run(tmp_path, "ref", METRICS)
+    changed = {**METRICS, "method": {**METRICS["method"], "forget_quality": 0.054}}
+    comparison = compare_runs(make_run(tmp_path, "run", changed), reference)
+    assert not comparison.reproduced
+    assert comparison.verdict.startswith("NOT REPRODUCED: 1 of 3 cells differ beyond tolerance (1 numbers)")
+    (diff,) = [d for c in comparison.cells for d in c.diffs]
+    assert (diff.name, diff.reference, diff.value, diff.tolerance) == ("metrics.forget_quality", 0.014, 0.054, 0.0)
+    assert "stale" not in comparison.verdict                       # same code: a real non-reproduction
+
+
+def test_exact_means_exact_on_cpu_and_a_stated_tolerance_on_gpu(tmp_path):
+    nudged = {k: {**v, "forget_truth_ratio": v["forget_truth_ratio"] + 1e-12} for k, v in METRICS.items()}
+    cpu = compare_runs(make_run(tmp_path, "run", nudged), make_run(tmp_path, "ref", METRICS))
+    assert cpu.count("differs") == 3
+    gpu = compare_runs(make_run(tmp_path, "gpu", nudged, device="cuda"),
+                       make_run(tmp_path, "gpu-ref", METRICS, device="cuda"))
+    assert gpu.reproduced and "per-metric tolerances: GPU" in gpu.verdict
+    assert tolerance_for("forget_truth_ratio", "cpu") is EXACT
+    assert 0 < tolerance_for("forget_truth_ratio", "cuda").absolute < tolerance_for("forget_rouge_l", "cuda").absolute
+
+
+def test_null_against_a_number_differs(tmp_path):
+    reference = make_run(tmp_path, "ref", METRICS)
+    changed = {**METRICS, "retain": {**METRICS["retain"], "forget_quality": 0.5}}
+    comparison = compare_runs(make_run(tmp_path, "run", changed), reference)
+    (diff,) = [d for c in comparison.cells for d in c.diffs]
+    assert diff.reference is None and diff.value == 0.5
+
+
+def test_missing_cells_and_a_stale_reference_are_reported(tmp_path):
+    reference = make_run(tmp_path, "ref", METRICS, code_version="0123456789abcdef")
+    run = make_run(tmp_path, "run", METRICS, drop=("retain",))
+    comparison = write_reproduction(run, reference, log=lambda *_: None)
+    assert not comparison.reproduced
+    assert "1 cells missing from the run" in comparison.verdict
+    assert "3 reference cells were computed by other code (stale reference)" in comparison.verdict
+    text = (Path(run) / "reproduction.md").read_text()
+    assert "| missing |" in text and "code_version" in text
+
+
+def test_run_reproduce_and_compare_cli(tmp_path, capsys):
+    reference = make_run(tmp_path, "ref", METRICS)
+    config = small_config(tmp_path, "again")
+    status = run_config(config, executor=executor_with(METRICS), report=False, reproduce=reference,
+                        log=lambda *_: None)
+    assert status == 0 and (config.output_dir / "reproduction.md").is_file()
+    other = make_run(tmp_path, "other", {**METRICS, "original": {**METRICS["original"], "forget_rouge_l": 0.8}})
+    assert main(["compare", str(other), str(reference)]) == 1
+    assert "NOT REPRODUCED: 1 of 3 cells differ" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="own output directory"):
+        run_config(small_config(tmp_path, "ref"), executor=executor_with(METRICS), reproduce=reference)
+
+
+def test_demo_never_computes_into_the_committed_results(tmp_path, monkeypatch, capsys):
+    """`cru-harness demo` plans into results/demo-run and refuses an output directory that holds the reference."""
+    monkeypatch.chdir(tmp_path)
+    reference = make_run(tmp_path, "results/demo", METRICS)
+    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in Path(reference).rglob("*") if p.is_file()}
+    assert main(["demo", "--dry-run"]) == 0
+    assert "-> results/demo-run" in capsys.readouterr().out
+    assert main(["demo", "--dry-run", "--output-dir", "results/demo"]) == 2
+    assert "holds the results to compare with" in capsys.readouterr().err
+    after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in Path(reference).rglob("*") if p.is_file()}
+    assert after == before
