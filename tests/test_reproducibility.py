@@ -137,6 +137,22 @@ def test_other_model_fingerprint_makes_a_cell_stale(tmp_path):
     assert calls == [cells[0].hash]
 
 
+def test_undeterminable_inputs_recompute_instead_of_crashing(tmp_path):
+    config = small_config(tmp_path)
+    cells = build_plan(config)[:1]
+    store = CellStore(config.output_dir)
+    run_cells(cells, store, executor_with({}), log=lambda *_: None)
+
+    def broken(cell):
+        raise OSError("model directory vanished")
+
+    calls = []
+    counts = run_cells(cells, store, executor_with({}, calls), inputs=broken, log=lambda *_: None)
+    assert calls == [cells[0].hash] and counts["stale"] == 1
+    record = json.loads((store.cell_dir(cells[0].hash) / "run_record.json").read_text())
+    assert "model directory vanished" in record["inputs"]["error"]
+
+
 def test_report_lists_stale_and_dirty_cells(tmp_path):
     config = small_config(tmp_path)
     cells = build_plan(config)

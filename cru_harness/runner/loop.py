@@ -90,9 +90,13 @@ def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, lo
     counts = {"skipped": 0, "stale": 0, "ok": 0, "failed": 0, "unavailable": 0}
     for position, cell in enumerate(cells, start=1):
         tag = f"[{position}/{len(cells)}] {cell.hash} {cell.describe()}"
-        current = inputs(cell)
+        try:
+            current = inputs(cell)
+        except Exception as err:  # noqa: BLE001 - e.g. a model that cannot be built: the cell records the error
+            current = {"error": f"inputs could not be determined: {type(err).__name__}: {err}"}
         if not force and store.is_finished(cell.hash):
-            stale = stale_fields(store.load_record(cell.hash), current)
+            stale = ["inputs (undeterminable)"] if "error" in current else \
+                stale_fields(store.load_record(cell.hash), current)
             if not stale:
                 counts["skipped"] += 1
                 log(f"{tag}: finished earlier, skipped")
