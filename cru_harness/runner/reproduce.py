@@ -255,6 +255,11 @@ def _fmt(value: Any) -> str:
     return "—" if value is None else (f"{value:.6g}" if isinstance(value, float) else str(value))
 
 
+def _cell(text: str) -> str:
+    """A cell description inside a Markdown table (its ` | ` separators escaped)."""
+    return text.replace("|", "\\|")
+
+
 def comparison_markdown(comparison: Comparison) -> str:
     git = comparison.run_code.get("git") or {}
     lines = [f"# Reproduction of `{comparison.reference}` by `{comparison.run}`", "", f"**{comparison.verdict}**", "",
@@ -276,12 +281,12 @@ def comparison_markdown(comparison: Comparison) -> str:
         inputs = ", ".join(c.inputs_differ) or "none"
         if c.reference_dirty:
             inputs += " (reference from a dirty tree)"
-        lines.append(f"| {c.cell} | {c.hash} | {c.status} | {c.n_numbers} | {len(c.diffs)} | {inputs} |")
+        lines.append(f"| {_cell(c.cell)} | {c.hash} | {c.status} | {c.n_numbers} | {len(c.diffs)} | {inputs} |")
     diffs = [d for c in comparison.cells for d in c.diffs]
     if diffs:
         lines += ["", "## Numbers beyond tolerance", "", "| cell | number | reference | this run | Δ | tolerance |",
                   "|---|---|---|---|---|---|"]
-        lines += [f"| {d.cell} | {d.name} | {_fmt(d.reference)} | {_fmt(d.value)} | {_fmt(d.delta)} | "
+        lines += [f"| {_cell(d.cell)} | {d.name} | {_fmt(d.reference)} | {_fmt(d.value)} | {_fmt(d.delta)} | "
                   f"{d.tolerance:g} |" for d in diffs]
     if comparison.extra:
         lines += ["", "## Cells of this run the reference does not have", ""] + [f"- {e}" for e in comparison.extra]
