@@ -235,6 +235,17 @@ def test_null_against_a_number_differs(tmp_path):
     assert diff.reference is None and diff.value == 0.5
 
 
+def test_rwku_target_choices_are_compared(tmp_path):
+    reference = make_run(tmp_path, "ref", METRICS)
+    run = make_run(tmp_path, "run", METRICS)
+    for root, chosen in ((reference, [6, 2]), (run, [6, 3])):
+        (Path(root) / "target_selection").mkdir()
+        (Path(root) / "target_selection" / "m.json").write_text(json.dumps({"model": "m", "chosen": chosen}))
+    comparison = write_reproduction(run, reference, log=lambda *_: None)
+    assert comparison.selections == {"m": ([6, 2], [6, 3])}
+    assert "reference [6, 2], this run [6, 3] (**differ**)" in (Path(run) / "reproduction.md").read_text()
+
+
 def test_missing_cells_and_a_stale_reference_are_reported(tmp_path):
     reference = make_run(tmp_path, "ref", METRICS, code_version="0123456789abcdef")
     run = make_run(tmp_path, "run", METRICS, drop=("retain",))

@@ -163,6 +163,12 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
     from .execute import PlanExecutor
     from .loop import run_cells
 
+    from .provenance import git_state
+
+    git = git_state()
+    if git["dirty"]:  # visible before anything runs: such cells cannot be re-run from any commit
+        log(f"warning: the package has uncommitted changes ({', '.join(git['dirty_files'][:5])}): this run's cells "
+            "are recorded as computed from a dirty tree; do not commit them")
     store = CellStore(config.output_dir)
     if executor is None:  # the real one; it reads the retain cell (of the whole plan) for Forget Quality
         from .provenance import cell_inputs

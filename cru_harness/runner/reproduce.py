@@ -122,6 +122,7 @@ class Comparison:
     run_code: dict
     reference_code_versions: list[str]
     reference_commits: list[str]
+    selections: dict[str, tuple] = field(default_factory=dict)   # model -> (reference's, run's) RWKU targets
 
     @property
     def reproduced(self) -> bool:
@@ -170,6 +171,7 @@ class Comparison:
                 "reproduced": self.reproduced, "run_code": self.run_code,
                 "reference_code_versions": self.reference_code_versions,
                 "reference_commits": self.reference_commits, "extra_cells": self.extra,
+                "rwku_selections": {m: list(pair) for m, pair in self.selections.items()},
                 "cells": [{**asdict(c), "diffs": [{**asdict(d), "delta": d.delta} for d in c.diffs]}
                           for c in self.cells]}
 
@@ -248,7 +250,23 @@ def compare_runs(run_dir: str | Path, reference_dir: str | Path) -> Comparison:
     extra = [_describe(result) for cell_hash, result in run_results.items() if cell_hash not in reference_hashes]
     return Comparison(run=str(run_dir), reference=str(reference_dir), cells=cells, extra=extra,
                       run_code=run_code, reference_code_versions=sorted(code_versions),
-                      reference_commits=sorted(commits))
+                      reference_commits=sorted(commits), selections=_selections(run_store, ref_store))
+
+
+def _selections(run_store: CellStore, ref_store: CellStore) -> dict[str, tuple]:
+    """Model -> (reference's, run's) RWKU targets chosen by `select_known` (None where a side has none)."""
+    from .cache import read_json
+    from .targets import SELECTION_DIR
+
+    chosen: dict[str, list] = {}
+    for side, store in enumerate((ref_store, run_store)):
+        for path in sorted((store.root / SELECTION_DIR).glob("*.json")):
+            try:
+                record = read_json(path)
+            except (OSError, ValueError):
+                continue
+            chosen.setdefault(record.get("model", path.stem), [None, None])[side] = record.get("chosen")
+    return {model: tuple(pair) for model, pair in chosen.items()}
 
 
 def _fmt(value: Any) -> str:
@@ -268,6 +286,12 @@ def comparison_markdown(comparison: Comparison) -> str:
                 else ""),
              f"- reference: code version(s) {', '.join(comparison.reference_code_versions)}; "
              f"commit(s) {', '.join(comparison.reference_commits)}", ""]
+    for model, (reference, run) in sorted(comparison.selections.items()):
+        same = "same" if reference == run else "**differ**"
+        lines.append(f"- RWKU targets chosen for {model} (`select_known`): reference {reference}, this run {run} "
+                     f"({same})")
+    if comparison.selections:
+        lines.append("")
     devices = sorted({c.device or "cpu" for c in comparison.cells})
     lines += ["## Tolerances", "", "| numbers | device | tolerance (absolute) | why |", "|---|---|---|---|"]
     for device in devices:
