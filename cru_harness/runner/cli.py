@@ -80,7 +80,35 @@ def plan_summary(config, cells, selected_targets=None) -> dict:
             "n_trained": sum(1 for item in described if item["trains"] and not item["trains"].startswith("nothing")),
             "n_evaluated": sum(1 for item in described if item["evaluates"]), "downloads": downloads,
             "data": data, "cells": described, "target_selection": _selection_summary(config, selected_targets),
-            "pending_selection": pending_selections(config, selected_targets)}
+            "pending_selection": pending_selections(config, selected_targets),
+            "security": security_summary(config)}
+
+
+def _origin(path: str) -> str:
+    from .plan import is_hub_id
+
+    if path.startswith("zoo:") or path == "smollm2":
+        return "built-in testbed model"
+    return "Hugging Face Hub" if is_hub_id(path) else "local path"
+
+
+def security_summary(config) -> list[dict]:
+    """Every model the run loads (weights, tokenizer, and with trust_remote_code Python code) and from where."""
+    entries = []
+    for i, model in enumerate(config.models):
+        entries.append({"key": f"models[{i}]", "name": model.name, "path": model.path,
+                        "origin": _origin(model.path), "trust_remote_code": model.trust_remote_code})
+        for split, spec in sorted(model.retain.items()):
+            if spec.kind == "checkpoint":
+                entries.append({"key": f"models[{i}].retain.{split}", "name": f"{model.name} retain {split}",
+                                "path": spec.value, "origin": _origin(spec.value),
+                                "trust_remote_code": model.trust_remote_code})
+    # A PURGE checkpoint is evaluated under the RWKU model's spec, hence with its trust_remote_code.
+    trusted = any(m.trust_remote_code for m in config.models if "rwku" in m.benchmarks)
+    for target, path in sorted(config.purge_checkpoints.items()):
+        entries.append({"key": f"purge_checkpoints.{target}", "name": f"PURGE target {target}", "path": path,
+                        "origin": _origin(path), "trust_remote_code": trusted})
+    return entries
 
 
 def _selection_summary(config, selected_targets) -> dict | None:
@@ -99,6 +127,10 @@ def print_plan(summary: dict, out=None) -> None:
     print(f"  trains {summary['n_trained']} cells, evaluates {summary['n_evaluated']}", file=out)
     for bench, where in summary["data"].items():
         print(f"  data {bench}: {where}", file=out)
+    print("  models loaded (weights; code too where trust_remote_code is true):", file=out)
+    for entry in summary["security"]:
+        print(f"    {entry['key']} {entry['name']}: {entry['path']} ({entry['origin']}), "
+              f"trust_remote_code: {str(entry['trust_remote_code']).lower()}", file=out)
     selection = summary.get("target_selection")
     if selection:
         print(f"  RWKU targets: {selection['rule']}", file=out)

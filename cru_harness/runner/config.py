@@ -247,6 +247,15 @@ def _parse_targets(spec: Any, key: str, source: str | None) -> list[int]:
     return sorted(set(indices))
 
 
+def _boolean(value: Any, key: str, source: str | None, *, allow_none: bool = False) -> bool | None:
+    """A YAML boolean, nothing else: `"false"` (a string) or 0 must never read as a setting (`bool("false")` is
+    True, which would turn trust_remote_code on)."""
+    if isinstance(value, bool) or (allow_none and value is None):
+        return value
+    expected = "true, false or null" if allow_none else "true or false"
+    _fail(key, f"expected {expected} (a YAML boolean, unquoted), got {value!r}", source)
+
+
 def _number(value: Any, key: str, source: str | None, *, low=None, high=None, integer=False):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         # YAML reads 1e-5 (no dot) as a string: accept numeric strings.
@@ -338,9 +347,7 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
     device = raw.get("device", "auto")
     if device not in _DEVICES:
         _fail("device", f"expected one of {', '.join(_DEVICES)}, got {device!r}", source)
-    include_original = raw.get("include_original", True)
-    if not isinstance(include_original, bool):
-        _fail("include_original", f"expected true or false, got {include_original!r}", source)
+    include_original = _boolean(raw.get("include_original", True), "include_original", source)
 
     # -- benchmarks
     benches_raw = _check_keys(raw["benchmarks"], BENCHMARKS, "benchmarks", source)
@@ -419,11 +426,10 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
                 _fail(f"{where}.benchmarks[{j}]", f"benchmark {bench!r} is not configured under `benchmarks`",
                       source)
         retain = _validate_retain(entry.get("retain"), f"{where}.retain", benchmarks, model_benches, source)
-        chat_template = entry.get("chat_template")
-        if chat_template is not None and not isinstance(chat_template, bool):
-            _fail(f"{where}.chat_template", f"expected true, false or null, got {chat_template!r}", source)
+        chat_template = _boolean(entry.get("chat_template"), f"{where}.chat_template", source, allow_none=True)
+        trust_remote_code = _boolean(entry.get("trust_remote_code", False), f"{where}.trust_remote_code", source)
         models.append(ModelSpec(model_name, path, dtype, model_benches, retain, chat_template,
-                                bool(entry.get("trust_remote_code", False)), eval_dtype))
+                                trust_remote_code, eval_dtype))
 
     # -- PURGE local checkpoints
     purge_raw = raw.get("purge_checkpoints") or {}
@@ -511,6 +517,8 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
     _number(evaluation["batch_size"], "evaluation.batch_size", source, low=1, integer=True)
     if evaluation["limit"] is not None:
         _number(evaluation["limit"], "evaluation.limit", source, low=1, integer=True)
+    _boolean(evaluation["failure_classes"], "evaluation.failure_classes", source)
+    _boolean(evaluation["apply_chat_template"], "evaluation.apply_chat_template", source, allow_none=True)
     report = _check_keys(raw.get("report") or {}, _REPORT_KEYS, "report", source)
     report = {"formats": list(_REPORT_FORMATS), "plots": True, "stats": True, **report}
     formats = _str_list(report["formats"], "report.formats", source)
@@ -518,6 +526,8 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         if fmt not in _REPORT_FORMATS:
             _fail(f"report.formats[{i}]", f"expected one of {', '.join(_REPORT_FORMATS)}, got {fmt!r}", source)
     report["formats"] = formats
+    for key in ("plots", "stats"):
+        _boolean(report[key], f"report.{key}", source)
 
     return ExperimentConfig(name=name, output_dir=output_dir, data_dir=data_dir, seeds=tuple(seeds),
                             device=device, include_original=include_original, models=tuple(models),

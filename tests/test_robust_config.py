@@ -1,0 +1,62 @@
+"""Issue 9: config booleans are booleans, and a dry run shows every model the run loads and whether it runs
+remote code."""
+import pytest
+import yaml
+
+from cru_harness.runner import config as cfg
+
+
+def raw_config(tmp_path, **model):
+    return {"name": "t", "output_dir": str(tmp_path / "run"),
+            "models": [{"name": "m", "path": "zoo:llama", **model}],
+            "benchmarks": {"tofu": {"splits": ["forget01"]}}, "methods": [{"method": "GA"}]}
+
+
+@pytest.mark.parametrize("value", ["false", "true", "no", 0, 1, "False"])
+def test_trust_remote_code_takes_booleans_only(tmp_path, value):
+    with pytest.raises(cfg.ConfigError) as info:
+        cfg.validate_config(raw_config(tmp_path, trust_remote_code=value))
+    assert info.value.key == "models[0].trust_remote_code"
+    assert f"expected true or false (a YAML boolean, unquoted), got {value!r}" in str(info.value)
+
+
+@pytest.mark.parametrize("where, key", [
+    (lambda r, v: r.update(include_original=v), "include_original"),
+    (lambda r, v: r["models"][0].update(chat_template=v), "models[0].chat_template"),
+    (lambda r, v: r.update(evaluation={"failure_classes": v}), "evaluation.failure_classes"),
+    (lambda r, v: r.update(evaluation={"apply_chat_template": v}), "evaluation.apply_chat_template"),
+    (lambda r, v: r.update(report={"plots": v}), "report.plots"),
+    (lambda r, v: r.update(report={"stats": v}), "report.stats"),
+])
+def test_every_config_boolean_rejects_a_string(tmp_path, where, key):
+    raw = raw_config(tmp_path)
+    where(raw, "false")
+    with pytest.raises(cfg.ConfigError) as info:
+        cfg.validate_config(raw)
+    assert info.value.key == key and "got 'false'" in str(info.value)
+
+
+def test_real_booleans_are_kept(tmp_path):
+    assert cfg.validate_config(raw_config(tmp_path, trust_remote_code=True)).models[0].trust_remote_code is True
+    assert cfg.validate_config(raw_config(tmp_path, trust_remote_code=False)).models[0].trust_remote_code is False
+    assert cfg.validate_config(raw_config(tmp_path)).models[0].trust_remote_code is False
+
+
+def test_dry_run_shows_what_is_loaded_and_trust_remote_code(tmp_path, capsys):
+    from cru_harness.cli import main
+
+    raw = raw_config(tmp_path, trust_remote_code=True, retain={"checkpoint": "org/retain-model"})
+    raw["models"].append({"name": "n", "path": str(tmp_path)})
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["run", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "models[0] m: zoo:llama (built-in testbed model), trust_remote_code: true" in out
+    assert ("models[0].retain.forget01 m retain forget01: org/retain-model (Hugging Face Hub), "
+            "trust_remote_code: true") in out
+    assert f"models[1] n: {tmp_path} (local path), trust_remote_code: false" in out
+    # A quoted "false" never reaches the plan: the dry run stops on it, naming the key.
+    raw["models"][1]["trust_remote_code"] = "false"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["run", str(path), "--dry-run"]) == 2
+    assert "models[1].trust_remote_code: expected true or false" in capsys.readouterr().err
