@@ -6,6 +6,7 @@ import importlib
 import sys
 
 from cru_harness.data.sources import DataSourceError  # stdlib-only module: cheap at start-up
+from cru_harness.errors import UserError, report_user_error
 
 # Modules exposing `register(subparsers)`; each subcommand sets `func` on its parser.
 SUBCOMMAND_MODULES = (
@@ -15,7 +16,7 @@ SUBCOMMAND_MODULES = (
 )
 
 
-class CLIError(Exception):
+class CLIError(UserError):
     """A user error: printed as one line, exit status 2, no traceback."""
 
 
@@ -44,9 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (CLIError, DataSourceError, FileNotFoundError, ValueError) as err:
+    except (UserError, DataSourceError, FileNotFoundError, ValueError) as err:
         # Bad input (bundle, config and data errors all land here) is reported plainly; bugs keep their traceback.
-        print(f"cru-harness {args.command}: error: {err}", file=sys.stderr)
+        report_user_error(f"cru-harness {args.command}", err)
         return 2
 
 

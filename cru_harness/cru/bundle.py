@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..errors import UserError
 from . import blocks as _blocks
 from .router import Router
 
@@ -23,7 +25,7 @@ MANIFEST_NAME = "cru_bundle.json"
 WEIGHTS_NAME = "routers.safetensors"
 
 
-class BundleError(ValueError):
+class BundleError(UserError, ValueError):
     """Base class of every router-bundle problem (a user error, reported without a deep trace)."""
 
 
@@ -108,8 +110,10 @@ class BundleConfig:
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "manifest") -> "BundleConfig":
+        """A validated config: known format version, every required field, indices in range of the fingerprint
+        (neurons index the hidden state of a block, blocks the base's decoder stack). Errors name the field."""
         version = data.get("format_version")
-        if version != FORMAT_VERSION:
+        if version != FORMAT_VERSION or isinstance(version, bool):
             raise UnsupportedFormatError(
                 f"{source}: format_version {version!r} is not supported (this library reads version "
                 f"{FORMAT_VERSION}); upgrade cru-harness or re-create the bundle")
@@ -118,10 +122,69 @@ class BundleConfig:
         missing = sorted(required - data.keys())
         if missing:
             raise BundleFileError(f"{source}: missing field(s) {', '.join(missing)}")
+        fingerprint = data["fingerprint"]
+        if not isinstance(fingerprint, dict):
+            raise BundleFileError(f"{source}: fingerprint must be an object, got {fingerprint!r}")
+        n_layers = _positive_int(fingerprint.get("num_layers"), "fingerprint.num_layers", source)
+        hidden = _positive_int(fingerprint.get("hidden_size"), "fingerprint.hidden_size", source)
+        _positive_int(data["d_r"], "d_r", source)
+        blocks = data["block_indices"]
+        if not isinstance(blocks, list) or not blocks:
+            raise BundleFileError(f"{source}: block_indices must be a non-empty list, got {blocks!r}")
+        for block in blocks:
+            _index_in_range(block, n_layers, "block index", f"the base has {n_layers} blocks", source)
+        if len(set(blocks)) != len(blocks):
+            raise BundleFileError(f"{source}: block_indices repeats a block: {blocks}")
+        neurons_raw = data["neurons"]
+        if not isinstance(neurons_raw, dict):
+            raise BundleFileError(f"{source}: neurons must be an object {{block: [indices]}}, got {neurons_raw!r}")
+        neurons = {}
+        for key, indices in neurons_raw.items():
+            try:
+                block = int(key)
+            except (TypeError, ValueError):
+                raise BundleFileError(f"{source}: neurons has a key {key!r} that is not a block index") from None
+            if not isinstance(indices, list) or not indices:
+                raise BundleFileError(f"{source}: neurons[{key}] must be a non-empty list of indices")
+            for index in indices:
+                _index_in_range(index, hidden, f"neuron index of block {key}",
+                                f"the base's hidden size is {hidden}", source)
+            if len(set(indices)) != len(indices):
+                raise BundleFileError(f"{source}: neurons[{key}] repeats an index")
+            neurons[block] = list(indices)
+        if set(neurons) != set(blocks):
+            raise BundleFileError(f"{source}: neuron indices are given for blocks {sorted(neurons)} but the "
+                                  f"bundle gates blocks {blocks}")
         kwargs = {k: v for k, v in data.items() if k in known}
-        kwargs["neurons"] = {int(block): list(idx) for block, idx in data["neurons"].items()}
-        kwargs["block_indices"] = [int(b) for b in data["block_indices"]]
+        kwargs["neurons"] = neurons
+        kwargs["block_indices"] = list(blocks)
         return cls(**kwargs)
+
+
+def _positive_int(value, field_name: str, source: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BundleFileError(f"{source}: {field_name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _index_in_range(value, size: int, what: str, why: str, source: str) -> None:
+    """Indices are stored non-negative: -1 would silently mean "the last one" in torch indexing."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BundleFileError(f"{source}: {what} {value!r} is not an integer")
+    if not 0 <= value < size:
+        raise BundleFileError(f"{source}: {what} {value} is out of range: {why} (valid: 0 to {size - 1})")
+
+
+def weights_path(directory: str | Path, manifest: dict) -> Path:
+    """The weights file a manifest names, confined to the bundle directory: a plain file name (no directory
+    part, no `..`, not absolute), checked before anything is opened -- a bundle from elsewhere must not make
+    the loader read other files."""
+    name = manifest.get("weights_file", WEIGHTS_NAME)
+    if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
+            or Path(name).is_absolute() or Path(name).name != name):
+        raise BundleFileError(f"{Path(directory) / MANIFEST_NAME}: weights_file must be a plain file name inside "
+                              f"the bundle directory, got {name!r}")
+    return Path(directory) / name
 
 
 class RouterBundle(nn.Module):
@@ -130,7 +193,7 @@ class RouterBundle(nn.Module):
     def __init__(self, config: BundleConfig, routers: dict[int, Router] | None = None):
         super().__init__()
         self.config = config
-        if set(config.neurons) != set(config.block_indices):
+        if set(config.neurons) != set(config.block_indices):  # a config built in code, not read from a manifest
             raise BundleError(f"neuron indices given for blocks {sorted(config.neurons)} but the bundle gates "
                               f"blocks {config.block_indices}")
         hidden = config.fingerprint["hidden_size"]
@@ -189,14 +252,14 @@ class RouterBundle(nn.Module):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors = self._state_tensors()
-        weights_path = directory / WEIGHTS_NAME
+        weights_file = directory / WEIGHTS_NAME
         # A single metadata key: safetensors writes metadata from a hash map, so several keys come out in random
         # order and the same bundle would not give identical bytes.
-        save_file(tensors, str(weights_path), metadata={"format": "pt"})
+        save_file(tensors, str(weights_file), metadata={"format": "pt"})
         self.config.router_parameters = self.num_router_parameters()
         manifest = json.loads(self.config.to_json())
         manifest["weights_file"] = WEIGHTS_NAME
-        manifest["weights_sha256"] = hashlib.sha256(weights_path.read_bytes()).hexdigest()
+        manifest["weights_sha256"] = _sha256(weights_file)
         (directory / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         return directory
 
@@ -206,18 +269,21 @@ class RouterBundle(nn.Module):
         directory = Path(directory)
         manifest = read_manifest(directory)
         config = BundleConfig.from_dict(manifest, source=str(directory / MANIFEST_NAME))
-        weights_path = directory / manifest.get("weights_file", WEIGHTS_NAME)
-        if not weights_path.is_file():
-            raise BundleFileError(f"router weights file {weights_path} is missing")
+        path = weights_path(directory, manifest)
+        if not path.is_file():
+            raise BundleFileError(f"router weights file {path} is missing")
         expected_hash = manifest.get("weights_sha256")
-        if expected_hash and hashlib.sha256(weights_path.read_bytes()).hexdigest() != expected_hash:
-            raise BundleFileError(f"router weights file {weights_path} is truncated or corrupt "
+        if not isinstance(expected_hash, str) or not re.fullmatch(r"[0-9a-f]{64}", expected_hash):
+            raise BundleFileError(f"{directory / MANIFEST_NAME}: weights_sha256 must be the SHA-256 of "
+                                  f"{path.name} (64 hex digits), got {expected_hash!r}")
+        if _sha256(path) != expected_hash:
+            raise BundleFileError(f"router weights file {path} is truncated or corrupt "
                                   "(its SHA-256 differs from the manifest's)")
         try:
-            tensors = load_file(str(weights_path))
+            tensors = load_file(str(path))
         except (SafetensorError, OSError, ValueError) as err:
-            raise BundleFileError(f"router weights file {weights_path} cannot be read ({err})") from None
-        hidden = config.fingerprint.get("hidden_size")
+            raise BundleFileError(f"router weights file {path} cannot be read ({err})") from None
+        hidden = config.fingerprint["hidden_size"]
         routers = {}
         for block in config.block_indices:
             n_selected = len(config.neurons[block])
@@ -227,9 +293,9 @@ class RouterBundle(nn.Module):
             for name, shape in expected.items():
                 key = f"block_{block}.{name}"
                 if key not in tensors:
-                    raise WeightShapeError(f"{weights_path}: tensor {key} is missing")
+                    raise WeightShapeError(f"{path}: tensor {key} is missing")
                 if tuple(tensors[key].shape) != shape:
-                    raise WeightShapeError(f"{weights_path}: tensor {key} has shape {tuple(tensors[key].shape)}, "
+                    raise WeightShapeError(f"{path}: tensor {key} has shape {tuple(tensors[key].shape)}, "
                                            f"the manifest implies {shape}")
                 state[name] = tensors[key]
             router = Router(hidden, n_selected, config.d_r, input_norm=config.input_norm)
@@ -239,7 +305,7 @@ class RouterBundle(nn.Module):
                                                                                  "w2.weight", "w2.bias")}
         extra = sorted(set(tensors) - expected_keys)
         if extra:
-            raise WeightShapeError(f"{weights_path}: unexpected tensors {', '.join(extra[:5])} "
+            raise WeightShapeError(f"{path}: unexpected tensors {', '.join(extra[:5])} "
                                    "not described by the manifest")
         bundle = cls(config, routers).eval()
         if model is not None:
@@ -247,10 +313,21 @@ class RouterBundle(nn.Module):
         return bundle
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def read_manifest(directory: str | Path) -> dict:
     """The parsed `cru_bundle.json` of a bundle directory (a `BundleFileError` if absent or not JSON)."""
     directory = Path(directory)
     path = directory / MANIFEST_NAME
+    if directory.is_file():
+        raise BundleFileError(f"{directory} is a file, not a router bundle directory (a directory holding "
+                              f"{MANIFEST_NAME} and {WEIGHTS_NAME})")
     if not directory.is_dir():
         raise BundleFileError(f"router bundle directory {directory} does not exist")
     if not path.is_file():

@@ -12,9 +12,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from ..errors import UserError
 from .sources import HUB_IDS, DataSourceError, hub_unreachable, read_json_records, resolve_local_dir
 
 N_TARGETS = 200
+
+
+class TargetSelectionError(UserError, ValueError):
+    """An RWKU target list or name that selects nothing valid."""
+
 DEFAULT_TARGETS = "1-20"  # the PURGE / CRU paper protocol
 UTILITY_TARGETS = range(1, 11)  # RWKU ships its utility sets only for targets 1-10
 
@@ -85,19 +91,19 @@ def parse_targets(spec: int | str | list | tuple | None = None) -> list[int]:
         for part in filter(None, (p.strip() for p in text.split(","))):
             match = re.fullmatch(r"(\d+)\s*-\s*(\d+)|(\d+)", part)
             if not match:
-                raise ValueError(f"bad RWKU target spec {spec!r}: {part!r} is neither a number nor a range like 1-20")
+                raise TargetSelectionError(f"bad RWKU target spec {spec!r}: {part!r} is neither a number nor a range like 1-20")
             if match.group(3):
                 indices.append(int(match.group(3)))
             else:
                 low, high = int(match.group(1)), int(match.group(2))
                 if low > high:
-                    raise ValueError(f"bad RWKU target range {part!r}: start is after end")
+                    raise TargetSelectionError(f"bad RWKU target range {part!r}: start is after end")
                 indices.extend(range(low, high + 1))
     bad = [index for index in indices if not 1 <= index <= N_TARGETS]
     if bad:
-        raise ValueError(f"RWKU targets run from 1 to {N_TARGETS}; got {bad}")
+        raise TargetSelectionError(f"RWKU targets run from 1 to {N_TARGETS}; got {bad}")
     if not indices:
-        raise ValueError(f"RWKU target spec {spec!r} selects no target")
+        raise TargetSelectionError(f"RWKU target spec {spec!r} selects no target")
     return sorted(set(indices), key=indices.index)
 
 
@@ -133,12 +139,12 @@ def get_target(target: int | str | RWKUTarget, data_dir: str | os.PathLike | Non
     if isinstance(target, int) or str(target).isdigit():
         by_index = {t.index: t for t in targets}
         if int(target) not in by_index:
-            raise ValueError(f"no RWKU target with index {target} (targets run from 1 to {len(targets)})")
+            raise TargetSelectionError(f"no RWKU target with index {target} (targets run from 1 to {len(targets)})")
         return by_index[int(target)]
     for candidate in targets:
         if target in (candidate.name, candidate.folder):
             return candidate
-    raise ValueError(f"no RWKU target named {target!r}")
+    raise TargetSelectionError(f"no RWKU target named {target!r}")
 
 
 def load_target_file(target: int | str | RWKUTarget, kind: str,

@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Literal
 
+from cru_harness.errors import UserError
+
 Benchmark = Literal["tofu", "rwku"]
 
 ENV_DATA_DIR = "CRU_HARNESS_DATA_DIR"  # a root holding tofu/ and rwku/
@@ -16,7 +18,7 @@ HUB_IDS = {"tofu": "locuslab/TOFU", "rwku": "jinzhuoran/RWKU"}
 _MARKERS = {"tofu": "forget10_perturbed.json", "rwku": "Target"}
 
 
-class DataSourceError(RuntimeError):
+class DataSourceError(UserError, RuntimeError):
     """The data cannot be read: no local copy was given and the Hub did not answer (or a file is unreadable)."""
 
 

@@ -1,12 +1,19 @@
 """On-disk results: `<output_dir>/cells/<hash>/{result.json, run_record.json}`, written atomically.
 
-A cell is finished when its `result.json` exists with status "ok". Files are written to a temporary file in
-the same directory and moved into place with `os.replace`, so a killed process leaves either the old file or
-the new one, never half a file. `run_record.json` is written before `result.json`, so a result never lacks
-its record. A cell directory without a result (killed mid-way) is recomputed from scratch on resume.
+A cell is finished when its `result.json` is a valid result (`validate_result`: schema version, the fields
+readers use, its own hash) with status "ok", and its `run_record.json` is valid too. An invalid file is reported
+by path and its cell recomputed, never counted as done. Files are written to a temporary file in the same
+directory and moved into place with `os.replace`, so a killed process leaves either the old file or the new
+one, never half a file. `run_record.json` is written before `result.json`, so a result never lacks its record.
+A cell directory without a result (killed mid-way) is recomputed from scratch on resume.
+
+One run at a time per output directory: `RunLock` (an `flock` on `<output_dir>/.lock`, holding the owner's
+pid, host and start time). A shard holds the directory lock shared plus its own shard lock, so the shards of
+one run can share a directory while a second full run (or the same shard twice) is refused.
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -17,14 +24,25 @@ import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
+
+from ..errors import UserError
 
 RESULT_FILE = "result.json"
 RECORD_FILE = "run_record.json"
 RUNNING_FILE = "RUNNING"
 WORK_DIR = "work"
 CELLS_DIR = "cells"
+LOCK_FILE = ".lock"
 FINISHED_STATUSES = ("ok",)
+STATUSES = ("ok", "failed", "unavailable")
+RESULT_SCHEMA_VERSION = 1   # bump when result.json changes meaning; older files are then recomputed
+RECORD_SCHEMA_VERSION = 1
+# Fields every reader (resume, report, merge, Forget Quality) relies on, with their types.
+_RESULT_FIELDS = {"hash": str, "status": str, "kind": str, "label": str, "model": str, "benchmark": str,
+                  "metrics": dict}
+_OPTIONAL_RESULT_FIELDS = {"per_item": dict, "resources": dict, "details": dict, "artifacts": dict,
+                           "failure_classes": dict, "hparams": dict, "gate_means": (dict, type(None))}
 _LIBRARIES = ("torch", "transformers", "lm_eval", "accelerate", "datasets", "huggingface_hub", "numpy", "scipy",
               "tokenizers", "safetensors", "rouge_score", "cru_harness")
 
@@ -102,12 +120,54 @@ def environment_record() -> dict[str, Any]:
     return record
 
 
-class CellStore:
-    """The cells of one run directory."""
+def validate_result(result: Any, cell_hash: str | None = None) -> str | None:
+    """What is wrong with a parsed `result.json` (None if nothing): schema version, required fields, types, and
+    that it is the result of the cell whose directory holds it."""
+    if not isinstance(result, dict):
+        return f"expected a JSON object, got {type(result).__name__}"
+    version = result.get("schema_version")
+    if version != RESULT_SCHEMA_VERSION or isinstance(version, bool):
+        return f"schema_version {version!r} is not {RESULT_SCHEMA_VERSION}"
+    for name, kind in _RESULT_FIELDS.items():
+        if not isinstance(result.get(name), kind):
+            return f"field {name!r} is missing or not a {kind.__name__}"
+    for name, kind in _OPTIONAL_RESULT_FIELDS.items():
+        if name in result and not isinstance(result[name], kind):
+            return f"field {name!r} has the wrong type ({type(result[name]).__name__})"
+    if result["status"] not in STATUSES:
+        return f"status {result['status']!r} is not one of {', '.join(STATUSES)}"
+    if cell_hash is not None and result["hash"] != cell_hash:
+        return f"it is the result of cell {result['hash']}, not of {cell_hash}"
+    return None
 
-    def __init__(self, output_dir: str | os.PathLike):
+
+def validate_record(record: Any, cell_hash: str | None = None) -> str | None:
+    """What is wrong with a parsed `run_record.json` (None if nothing). A record without `schema_version` was
+    written before the field existed: version 1."""
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {type(record).__name__}"
+    version = record.get("schema_version", 1)
+    if version != RECORD_SCHEMA_VERSION or isinstance(version, bool):
+        return f"schema_version {version!r} is not {RECORD_SCHEMA_VERSION}"
+    if not isinstance(record.get("hash"), str):
+        return "field 'hash' is missing or not a str"
+    if cell_hash is not None and record["hash"] != cell_hash:
+        return f"it is the record of cell {record['hash']}, not of {cell_hash}"
+    return None
+
+
+def _warn(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+class CellStore:
+    """The cells of one run directory. `log` receives one line per invalid file met (once per file)."""
+
+    def __init__(self, output_dir: str | os.PathLike, log: Callable[[str], None] | None = None):
         self.root = Path(output_dir)
         self.cells_dir = self.root / CELLS_DIR
+        self.log = log or _warn
+        self.invalid: dict[str, str] = {}   # path -> what is wrong with it
 
     def cell_dir(self, cell_hash: str) -> Path:
         return self.cells_dir / cell_hash
@@ -119,14 +179,40 @@ class CellStore:
         work.mkdir(parents=True, exist_ok=True)
         return work
 
+    def _invalid(self, path: Path, problem: str) -> None:
+        if str(path) not in self.invalid:
+            self.invalid[str(path)] = problem
+            self.log(f"{path} is not a valid cell file ({problem}): its cell is not counted as done and is "
+                     "recomputed on the next run")
+
+    def _read_checked(self, path: Path, validate, cell_hash: str):
+        try:
+            data = read_json(path)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            self._invalid(path, f"unreadable: {err}")
+            return None
+        problem = validate(data, cell_hash)
+        if problem:
+            self._invalid(path, problem)
+            return None
+        return data
+
     def load_result(self, cell_hash: str) -> dict | None:
-        path = self.cell_dir(cell_hash) / RESULT_FILE
+        """The cell's result if it is valid and so is its record; None if absent or invalid (reported)."""
+        cdir = self.cell_dir(cell_hash)
+        path = cdir / RESULT_FILE
         if not path.is_file():
             return None
-        try:
-            return read_json(path)
-        except (OSError, json.JSONDecodeError):
-            return None  # unreadable = not finished (cannot happen with atomic writes, but be safe)
+        result = self._read_checked(path, validate_result, cell_hash)
+        if result is None:
+            return None
+        if (cdir / RECORD_FILE).is_file():
+            if self._read_checked(cdir / RECORD_FILE, validate_record, cell_hash) is None:
+                return None
+        else:
+            self._invalid(path, f"its {RECORD_FILE} is missing")
+            return None
+        return result
 
     def load_record(self, cell_hash: str) -> dict | None:
         """The cell's run record (what computed it), or None."""
@@ -151,14 +237,16 @@ class CellStore:
                                                                    "host": socket.gethostname()})
 
     def write(self, cell_hash: str, result: dict, record: dict) -> None:
+        """Write the record, then the result, each stamped with its schema version."""
         cdir = self.cell_dir(cell_hash)
-        atomic_write_json(cdir / RECORD_FILE, record)
-        atomic_write_json(cdir / RESULT_FILE, result)
+        atomic_write_json(cdir / RECORD_FILE, {"schema_version": RECORD_SCHEMA_VERSION, **record})
+        atomic_write_json(cdir / RESULT_FILE, {"schema_version": RESULT_SCHEMA_VERSION, **result})
         running = cdir / RUNNING_FILE
         if running.exists():
             running.unlink()
 
     def iter_results(self) -> Iterator[tuple[str, dict]]:
+        """The valid results of the run; invalid files are reported (by path) and left out."""
         if not self.cells_dir.is_dir():
             return
         for cdir in sorted(self.cells_dir.iterdir()):
@@ -167,15 +255,16 @@ class CellStore:
                 yield cdir.name, result
 
 
-def load_results(*dirs: str | os.PathLike) -> list[dict]:
-    """Results of one or more run directories (or a `cells/` dir), deduplicated by hash: "ok" wins."""
+def load_results(*dirs: str | os.PathLike, log: Callable[[str], None] | None = None) -> list[dict]:
+    """Valid results of one or more run directories (or a `cells/` dir), deduplicated by hash: "ok" wins.
+    Invalid result files are reported through `log` (stderr by default) and left out."""
     by_hash: dict[str, dict] = {}
     for directory in dirs:
         directory = Path(directory)
         if not directory.is_dir():
             raise FileNotFoundError(f"results directory not found: {directory}")
         root = directory.parent if directory.name == CELLS_DIR else directory
-        store = CellStore(root)
+        store = CellStore(root, log=log)
         if not store.cells_dir.is_dir():
             raise FileNotFoundError(f"{directory} holds no `{CELLS_DIR}/` directory (not a cru-harness run)")
         for cell_hash, result in store.iter_results():
@@ -184,3 +273,146 @@ def load_results(*dirs: str | os.PathLike) -> list[dict]:
             if previous is None or (previous.get("status") != "ok" and result.get("status") == "ok"):
                 by_hash[cell_hash] = result
     return list(by_hash.values())
+
+
+# --------------------------------------------------------------------------------------------------- run lock
+class RunLockedError(UserError, RuntimeError):
+    """Another live process runs in the same output directory."""
+
+
+def _describe_holder(info: dict | None) -> str:
+    if not info:
+        return "another process (no details recorded)"
+    what = f"process {info.get('pid')} on host {info.get('host')}"
+    if info.get("started"):
+        what += f", started {info['started']}"
+    if info.get("shard"):
+        what += f", shard {info['shard']}"
+    return what
+
+
+def _pid_alive(pid: Any) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, TypeError, ValueError) as err:
+        return isinstance(err, PermissionError)  # exists, owned by someone else
+    return True
+
+
+class RunLock:
+    """Exclusive use of a run's output directory by one process (see the module doc).
+
+    `flock` locks die with their process, so a lock left by a killed run is free: it is taken over with a
+    message naming the dead holder. On a file system without `flock` (some network mounts) the recorded pid
+    is checked instead (same host only; a lock of another host is then refused, naming the file to delete).
+    """
+
+    def __init__(self, output_dir: str | os.PathLike, shard: str | None = None,
+                 log: Callable[[str], None] = print):
+        self.root = Path(output_dir)
+        self.shard = shard
+        self.log = log
+        self._handles: list = []
+
+    def _lock_paths(self) -> list[tuple[Path, bool]]:
+        """(lock file, exclusive) pairs, taken in this order."""
+        main = self.root / LOCK_FILE
+        if not self.shard:
+            return [(main, True)]
+        return [(main, False), (self.root / f"{LOCK_FILE}.shard{self.shard.replace('/', 'of')}", True)]
+
+    def _holders(self, path: Path, exclusive: bool) -> str:
+        """Who holds `path`: its own record, and for the directory lock held shared, each shard's record."""
+        infos = [_read_lock_info(path)]
+        if path.name == LOCK_FILE:
+            infos += [_read_lock_info(p) for p in sorted(self.root.glob(f"{LOCK_FILE}.shard*"))]
+        described = [_describe_holder(i) for i in infos if i]
+        return "; ".join(described) or _describe_holder(None)
+
+    def acquire(self) -> "RunLock":
+        import fcntl
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": now_iso(), "shard": self.shard}
+        try:
+            for path, exclusive in self._lock_paths():
+                handle = open(path, "a+", encoding="utf-8")
+                try:
+                    fcntl.flock(handle.fileno(), (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+                except OSError as err:
+                    handle.close()
+                    if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                        raise RunLockedError(
+                            f"output directory {self.root} is in use by {self._holders(path, exclusive)} "
+                            f"(lock file {path}); wait for that run to finish, or give another --output-dir"
+                        ) from None
+                    self._fallback(path, info)  # no flock here: judge by the recorded pid
+                    continue
+                self._handles.append(handle)
+                if exclusive:
+                    previous = _read_lock_info(path)
+                    if previous and previous.get("pid") != os.getpid():
+                        self.log(f"taking over the lock {path} left by {_describe_holder(previous)}, which is no "
+                                 "longer running")
+                    _write_lock_info(path, info)
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def _fallback(self, path: Path, info: dict) -> None:
+        previous = _read_lock_info(path)
+        if previous and previous.get("pid") != os.getpid():
+            if previous.get("host") != socket.gethostname() or _pid_alive(previous.get("pid")):
+                raise RunLockedError(f"output directory {self.root} is in use by {_describe_holder(previous)} "
+                                     f"(lock file {path}; delete it if that process is gone)")
+            self.log(f"taking over the lock {path} left by {_describe_holder(previous)}, which is no longer running")
+        _write_lock_info(path, info)
+        self._handles.append(path)
+
+    def release(self) -> None:
+        import fcntl
+
+        for handle in reversed(self._handles):
+            if isinstance(handle, Path):  # fallback lock: forget our record
+                _clear_lock_info(handle)
+                continue
+            try:
+                if _read_lock_info(Path(handle.name)) and _read_lock_info(Path(handle.name)).get("pid") == os.getpid():
+                    _clear_lock_info(Path(handle.name))
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            finally:
+                handle.close()
+        self._handles = []
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_lock_info(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8") or "null")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_lock_info(path: Path, info: dict) -> None:
+    # In place (not os.replace): the flock belongs to this inode.
+    with open(path, "r+", encoding="utf-8") as handle:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(info) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _clear_lock_info(path: Path) -> None:
+    try:
+        with open(path, "r+", encoding="utf-8") as handle:
+            handle.truncate()
+    except OSError:
+        pass

@@ -159,12 +159,31 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
     """Plan (and unless dry_run, run) a validated config. `executor` defaults to the real one, `inputs` (what a
     finished cell's record must match to be reused) to `provenance.cell_inputs` with it (else the code version).
     `reproduce`: a run directory to compare with at the end (`reproduce.write_reproduction`); exit status 1 when
-    the run does not reproduce it."""
+    the run does not reproduce it.
+
+    A real run first checks that its output directory can be written and takes the directory's lock
+    (`cache.RunLock`): a second run on the same directory stops there, naming the process that holds it."""
     if reproduce is not None:
         reproduce = Path(reproduce)
         if reproduce.resolve() == Path(config.output_dir).resolve():
             raise ValueError(f"--reproduce {reproduce} is the run's own output directory; compute into another "
                              "one (--output-dir) so the results to compare with are not overwritten")
+    options = dict(shard=shard, force=force, report=report, executor=executor, as_json=as_json, log=log,
+                   reproduce=reproduce, inputs=inputs)
+    if dry_run:
+        return _run_config(config, dry_run=True, **options)
+    from ..locations import check_output_dir
+    from .cache import RunLock
+    from .shard import parse_shard
+
+    if shard:
+        parse_shard(shard)  # a bad --shard is reported before anything is locked or written
+    check_output_dir(config.output_dir, what="output_dir", allow_existing=True)
+    with RunLock(config.output_dir, shard=shard, log=log):
+        return _run_config(config, dry_run=False, **options)
+
+
+def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log, reproduce, inputs) -> int:
     from .cache import CellStore, atomic_write_json
     from .plan import build_plan
     from .shard import parse_shard, select_shard
@@ -201,7 +220,7 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
     if git["dirty"]:  # visible before anything runs: such cells cannot be re-run from any commit
         log(f"warning: the package has uncommitted changes ({', '.join(git['dirty_files'][:5])}): this run's cells "
             "are recorded as computed from a dirty tree; do not commit them")
-    store = CellStore(config.output_dir)
+    store = CellStore(config.output_dir, log=log)
     if executor is None:  # the real one; it reads the retain cell (of the whole plan) for Forget Quality
         from .provenance import cell_inputs
 
@@ -286,7 +305,12 @@ def merge_dirs(dirs, out) -> dict[str, int]:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    counts = merge_dirs(args.dirs, args.out)
+    from ..locations import check_output_dir
+    from .cache import RunLock
+
+    check_output_dir(args.out, what="--out", allow_existing=True)
+    with RunLock(args.out):  # no run may write into the merged directory meanwhile
+        counts = merge_dirs(args.dirs, args.out)
     print(f"merged {len(args.dirs)} directories into {args.out}: {counts}")
     if not args.no_report:
         from ..reporting.cli import write_report

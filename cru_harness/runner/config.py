@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from ..errors import UserError
+
 BENCHMARKS = ("tofu", "rwku")
 TOFU_SPLITS = ("forget01", "forget05", "forget10")
 RWKU_N_TARGETS = 200
@@ -82,7 +84,7 @@ _DEVICES = ("cpu", "cuda", "mps", "auto")
 _REPORT_FORMATS = ("md", "csv", "tex")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """An invalid experiment config. `key` is the path of the offending key, e.g. `methods[2].lr`."""
 
     def __init__(self, key: str, message: str, source: str | None = None):

@@ -1,0 +1,24 @@
+"""The project's user errors and how they are reported: one line naming the problem, no traceback.
+
+Every error a user can cause with bad input (a bundle, a config, data, a target list, a model argument, an
+output location) derives from `UserError`, whatever builtin type it also is (most are also `ValueError`, so
+code catching those keeps working). Both command lines report them through `report_user_error`:
+`cru-harness` (cli.py) and, under lm-eval, `lm_eval` / `cru-eval` (lmeval/errors.py). Anything else is a bug
+and keeps its traceback. Stdlib only: imported at start-up.
+"""
+from __future__ import annotations
+
+import sys
+
+
+class UserError(Exception):
+    """Bad input from the user (not a bug): reported as one line by the command lines."""
+
+
+def one_line(err: BaseException) -> str:
+    """The message of `err` on one line (a multi-line message is joined, so the report stays one line)."""
+    return " ".join(part.strip() for part in str(err).splitlines() if part.strip()) or type(err).__name__
+
+
+def report_user_error(prog: str, err: BaseException, stream=None) -> None:
+    print(f"{prog}: error: {one_line(err)}", file=stream or sys.stderr)

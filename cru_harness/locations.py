@@ -1,0 +1,92 @@
+"""Checks on where a command will write, made before any work starts (training can take hours; finding out
+afterwards that `--out` is a file, or not writable, loses all of it), and on model paths given by the user.
+
+- `check_output_dir(path, overwrite=..., allow_existing=...)`: used by `cru-harness unlearn` (the bundle
+  directory), `cru-harness finetune` (the checkpoint directory) and `cru-harness run` (the run directory).
+- `check_model_path(path)`: a base model given as a local path must exist and hold a `config.json`; a Hub id
+  is left to the Hub.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from .errors import UserError
+
+
+class OutputLocationError(UserError, ValueError):
+    """An output location that cannot be written, or that would overwrite existing work without --overwrite."""
+
+
+class ModelPathError(UserError, ValueError):
+    """A local model path that does not exist or is not a Hugging Face model directory."""
+
+
+def _nearest_existing(path: Path) -> Path:
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return Path.cwd()
+
+
+def _writable(directory: Path) -> bool:
+    """Whether a file can be created in `directory` (tried for real: os.access is wrong for root and ACLs)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".cru-harness-write-test-", dir=directory)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(name)
+    return True
+
+
+def check_output_dir(path: str | os.PathLike, *, what: str = "output directory", overwrite: bool = False,
+                     allow_existing: bool = False) -> Path:
+    """Raise `OutputLocationError` unless `path` can be written as a directory; creates nothing.
+
+    A directory that exists and is not empty holds earlier work: refused unless `overwrite` (its files are
+    then replaced) or `allow_existing` (the runner resumes in its own directory). The nearest existing parent
+    of a new directory must be a writable directory.
+    """
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise OutputLocationError(f"{what} {path} exists and is not a directory")
+    if path.is_dir():
+        if any(path.iterdir()) and not (overwrite or allow_existing):
+            from .cru.bundle import MANIFEST_NAME
+
+            held = "a router bundle" if (path / MANIFEST_NAME).is_file() else (
+                "a model checkpoint" if (path / "config.json").is_file() else "files")
+            raise OutputLocationError(f"{what} {path} already exists and holds {held}; pass --overwrite to "
+                                      "replace it, or choose another path")
+        if not _writable(path):
+            raise OutputLocationError(f"{what} {path} is not writable")
+        return path
+    parent = _nearest_existing(path.parent)
+    if not parent.is_dir():
+        raise OutputLocationError(f"{what} {path} cannot be created: {parent} is a file, not a directory")
+    if not _writable(parent):
+        raise OutputLocationError(f"{what} {path} cannot be created: {parent} is not writable")
+    return path
+
+
+def looks_local(path: str) -> bool:
+    """A path rather than a Hub id (`org/name`): absolute, relative with ./ ../ ~, or more than one `/`."""
+    return path.startswith(("/", "./", "../", "~", ".")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
+
+
+def check_model_path(path: str | os.PathLike, what: str = "base model") -> str:
+    """A local model directory must exist and hold `config.json`; a Hub id (`org/name`, `name`) passes."""
+    text = str(path)
+    local = Path(text).expanduser()
+    if local.exists():
+        if not local.is_dir():
+            raise ModelPathError(f"{what} {text} is a file, not a model directory")
+        if not (local / "config.json").is_file():
+            raise ModelPathError(f"{what} directory {text} holds no config.json: not a Hugging Face model "
+                                 "checkpoint (save one with save_pretrained)")
+        return text
+    if looks_local(text):
+        raise ModelPathError(f"{what} {text} does not exist (no such directory)")
+    return text
