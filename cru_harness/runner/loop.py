@@ -15,12 +15,11 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .cache import CellStore, environment_record, now_iso
+from .cache import RESULT_SCHEMA_VERSION, CellStore, environment_record, now_iso
 from .plan import Cell
 from .models import resolve_device
 from .provenance import code_version, stale_fields
 
-RESULT_SCHEMA_VERSION = 1
 Executor = Callable[[Cell, Path], dict]
 
 

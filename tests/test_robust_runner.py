@@ -1,0 +1,199 @@
+"""Issue 9, runner: one run per output directory (a real second process is refused, a dead one's lock is taken
+over), result/record files validated on read (an invalid one is named and its cell recomputed, never counted
+as done), and the output directory checked before any work. Executors here are test doubles: no model."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cru_harness.runner import config as cfg
+from cru_harness.runner.cache import CellStore, RunLock, RunLockedError, load_results
+from cru_harness.runner.cli import run_config
+from cru_harness.runner.loop import run_cells
+from cru_harness.runner.plan import build_plan
+
+# A child process running `cru-harness run` through the real command line, with the real executor swapped for
+# a test double that records each call and, mid-cell, waits until the file RELEASE exists (no model is loaded).
+CHILD = """
+import os, sys, time
+import cru_harness.runner.execute as execute
+
+class FakeExecutor:
+    def __init__(self, store, cells):
+        pass
+
+    def __call__(self, cell, workdir):
+        with open(os.environ["CALLS"], "a") as handle:
+            handle.write(f"{os.getpid()} {cell.hash}\\n")
+        (workdir / "partial.txt").write_text(str(os.getpid()))
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.environ["RELEASE"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return {"metrics": {"forget_rouge_l": 0.5}}
+
+execute.PlanExecutor = FakeExecutor
+from cru_harness.cli import main
+sys.exit(main(["run", sys.argv[1], "--no-report"]))
+"""
+
+
+def write_config(tmp_path, **extra) -> Path:
+    # A local model path: nothing to build or download, and the fake executor never opens it.
+    raw = {"name": "t", "output_dir": str(tmp_path / "run"), "seeds": [0, 1],
+           "models": [{"name": "m", "path": str(tmp_path)}], "benchmarks": {"tofu": {"splits": ["forget01"]}},
+           "methods": [{"method": "GA"}], **extra}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def fake(calls):
+    def executor(cell, workdir):  # test double
+        calls.append(cell.hash)
+        return {"metrics": {"forget_rouge_l": 0.5}}
+    return executor
+
+
+def test_two_runners_on_one_directory_in_real_processes(tmp_path):
+    config_path = write_config(tmp_path)
+    config = cfg.load_config(config_path)
+    n_cells = len(build_plan(config))
+    calls = tmp_path / "calls.txt"
+    release = tmp_path / "release"
+    env = {**os.environ, "CALLS": str(calls), "RELEASE": str(release)}
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    first = subprocess.Popen([sys.executable, str(script), str(config_path)], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    lock = config.output_dir / ".lock"
+    deadline = time.monotonic() + 60
+    while not calls.is_file():  # the first holds the lock and is inside its first cell
+        assert time.monotonic() < deadline and first.poll() is None, first.communicate()
+        time.sleep(0.05)
+    second = subprocess.run([sys.executable, str(script), str(config_path)], env=env, capture_output=True,
+                            text=True, timeout=120)
+    release.touch()
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    assert second.returncode == 2
+    message = second.stderr.strip().splitlines()
+    assert len(message) == 1, second.stderr
+    assert message[0].startswith(f"cru-harness run: error: output directory {config.output_dir} is in use by "
+                                 f"process {first.pid} on host {socket.gethostname()}")
+    assert "Traceback" not in second.stderr
+    # Nothing of the first run was touched: every cell computed once, by the first process, one result each.
+    lines = calls.read_text().split()
+    assert lines[0::2] == [str(first.pid)] * n_cells and len(set(lines[1::2])) == n_cells
+    results = load_results(config.output_dir)
+    assert len(results) == n_cells and all(r["status"] == "ok" for r in results)
+    for cell_dir in (config.output_dir / "cells").iterdir():
+        assert (cell_dir / "work" / "partial.txt").read_text() == str(first.pid)
+    assert lock.read_text() == ""  # released at the end
+
+
+def test_a_dead_runs_lock_is_taken_over_with_a_message(tmp_path):
+    config = cfg.load_config(write_config(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    config.output_dir.mkdir(parents=True)
+    (config.output_dir / ".lock").write_text(json.dumps({"pid": dead_pid, "host": socket.gethostname(),
+                                                         "started": "2026-01-01T00:00:00+00:00"}))
+    logged, calls = [], []
+    assert run_config(config, executor=fake(calls), report=False, log=logged.append) == 0
+    assert (f"taking over the lock {config.output_dir / '.lock'} left by process {dead_pid} on host "
+            f"{socket.gethostname()}, started 2026-01-01T00:00:00+00:00, which is no longer running") in logged
+    assert len(calls) == len(build_plan(config))
+
+
+def test_shards_share_a_directory_but_a_full_run_or_the_same_shard_is_refused(tmp_path):
+    root = tmp_path / "run"
+    with RunLock(root, shard="1/2"), RunLock(root, shard="2/2"):
+        with pytest.raises(RunLockedError, match=r"in use by process \d+ on host .*shard 1/2"):
+            RunLock(root).acquire()
+        with pytest.raises(RunLockedError, match="shard 2/2"):
+            RunLock(root, shard="2/2").acquire()
+    with RunLock(root):
+        with pytest.raises(RunLockedError, match=f"process {os.getpid()}"):
+            RunLock(root, shard="1/2").acquire()
+    with RunLock(root):  # all released
+        pass
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda p: p.write_text('{"status": "ok"}'), "schema_version None is not 1"),
+    (lambda p: p.write_text("[1]"), "expected a JSON object, got list"),
+    (lambda p: p.write_text('{"schema_version": 1, "status": "ok", "ha'), "unreadable"),
+    (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "metrics": None})),
+     "field 'metrics' is missing or not a dict"),
+    (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "hash": "0" * 16})),
+     f"it is the result of cell {'0' * 16}"),
+    (lambda p: (p.parent / "run_record.json").write_text("[]"), "expected a JSON object, got list"),
+    (lambda p: (p.parent / "run_record.json").unlink(), "its run_record.json is missing"),
+])
+def test_an_invalid_result_is_named_recomputed_and_never_counted(tmp_path, damage, problem):
+    config = cfg.load_config(write_config(tmp_path))
+    cells = build_plan(config)
+    store = CellStore(config.output_dir, log=lambda *_: None)
+    run_cells(cells, store, fake([]), log=lambda *_: None)
+    victim = cells[1].hash
+    path = store.cell_dir(victim) / "result.json"
+    damage(path)
+    logged = []
+    store = CellStore(config.output_dir, log=logged.append)
+    assert not store.is_finished(victim)
+    assert len(logged) == 1 and problem in logged[0] and "is not a valid cell file" in logged[0]
+    assert str(store.cell_dir(victim)) in logged[0]
+    # The report reads the run without crashing, leaving the cell out and saying so on stderr.
+    report_log = []
+    assert {r["hash"] for r in load_results(config.output_dir, log=report_log.append)} == \
+        {c.hash for c in cells} - {victim}
+    assert len(report_log) == 1 and problem in report_log[0]
+    # A new run recomputes exactly that cell; afterwards all results are valid again.
+    calls, logged = [], []
+    counts = run_cells(cells, CellStore(config.output_dir, log=logged.append), fake(calls), log=logged.append)
+    assert calls == [victim] and counts["skipped"] == len(cells) - 1 and counts["ok"] == 1
+    assert any(problem in line for line in logged)
+    assert len(load_results(config.output_dir)) == len(cells)
+
+
+def test_report_command_survives_invalid_results(tmp_path, capsys):
+    from cru_harness.cli import main
+
+    config = cfg.load_config(write_config(tmp_path))
+    cells = build_plan(config)
+    run_cells(cells, CellStore(config.output_dir), fake([]), log=lambda *_: None)
+    (config.output_dir / "cells" / cells[0].hash / "result.json").write_text("[1]")
+    (config.output_dir / "cells" / cells[1].hash / "result.json").write_text('{"status": "ok"}')
+    assert main(["report", str(config.output_dir), "--no-plots", "--formats", "md"]) == 0
+    err = capsys.readouterr().err
+    for cell in cells[:2]:
+        assert f"{config.output_dir / 'cells' / cell.hash / 'result.json'} is not a valid cell file" in err
+
+
+def test_results_and_records_carry_their_schema_version(tmp_path):
+    config = cfg.load_config(write_config(tmp_path))
+    cells = build_plan(config)[:1]
+    run_cells(cells, CellStore(config.output_dir), fake([]), log=lambda *_: None)
+    cell_dir = config.output_dir / "cells" / cells[0].hash
+    assert json.loads((cell_dir / "result.json").read_text())["schema_version"] == 1
+    assert json.loads((cell_dir / "run_record.json").read_text())["schema_version"] == 1
+
+
+@pytest.mark.parametrize("below, words", [("", "exists and is not a directory"),
+                                          ("run", "is a file, not a directory")])
+def test_run_checks_its_output_dir_before_any_work(tmp_path, capsys, below, words):
+    from cru_harness.cli import main
+
+    (tmp_path / "file").write_text("x")
+    output_dir = tmp_path / "file" / below if below else tmp_path / "file"
+    path = write_config(tmp_path, output_dir=str(output_dir))
+    assert main(["run", str(path), "--no-report"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cru-harness run: error: output_dir ") and words in err and str(output_dir) in err
+    assert not (tmp_path / "run").exists()
