@@ -1,4 +1,5 @@
 """CRU phase 2 on tiny models: attach/detach exactness, gating semantics, training invariants, bundles."""
+import hashlib
 import json
 
 import pytest
@@ -284,17 +285,19 @@ def test_bundle_file_errors(trained, tmp_path):
         ("truncated", lambda d: (d / WEIGHTS_NAME).write_bytes((d / WEIGHTS_NAME).read_bytes()[:100]),
          BundleFileError, "truncated or corrupt"),
         ("version", lambda d: _edit_manifest(d, format_version=99), UnsupportedFormatError, "format_version 99"),
-        ("shapes", lambda d: _edit_manifest(d, d_r=7, weights_sha256=None), WeightShapeError, "shape"),
+        ("shapes", lambda d: _edit_manifest(d, d_r=7), WeightShapeError, "shape"),
+        ("nohash", lambda d: _edit_manifest(d, weights_sha256=None), BundleFileError,
+         "weights_sha256 must be the SHA-256 of routers.safetensors"),
         ("no-manifest", lambda d: (d / MANIFEST_NAME).unlink(), BundleFileError, "cru_bundle.json is missing"),
     ]:
         directory = trained.save_pretrained(tmp_path / name)
         damage(directory)
         with pytest.raises(error, match=message):
             RouterBundle.from_pretrained(directory)
-    # a truncated file without a recorded hash is still caught by the safetensors reader
-    directory = trained.save_pretrained(tmp_path / "nohash")
-    _edit_manifest(directory, weights_sha256=None)
+    # a truncated file whose hash was recorded after the damage is still caught by the safetensors reader
+    directory = trained.save_pretrained(tmp_path / "rehashed")
     (directory / WEIGHTS_NAME).write_bytes((directory / WEIGHTS_NAME).read_bytes()[:-50])
+    _edit_manifest(directory, weights_sha256=hashlib.sha256((directory / WEIGHTS_NAME).read_bytes()).hexdigest())
     with pytest.raises(BundleFileError, match="cannot be read"):
         RouterBundle.from_pretrained(directory)
     RouterBundle.from_pretrained(good)  # the undamaged one still loads

@@ -147,8 +147,8 @@ class BundleConfig:
             if not isinstance(indices, list) or not indices:
                 raise BundleFileError(f"{source}: neurons[{key}] must be a non-empty list of indices")
             for index in indices:
-                _index_in_range(index, hidden, f"neuron index of block {key}",
-                                f"the base's hidden size is {hidden}", source)
+                _index_in_range(index, hidden, "neuron index", f"the base's hidden size is {hidden}", source,
+                                owner=f" of block {key}")
             if len(set(indices)) != len(indices):
                 raise BundleFileError(f"{source}: neurons[{key}] repeats an index")
             neurons[block] = list(indices)
@@ -167,12 +167,12 @@ def _positive_int(value, field_name: str, source: str) -> int:
     return value
 
 
-def _index_in_range(value, size: int, what: str, why: str, source: str) -> None:
+def _index_in_range(value, size: int, what: str, why: str, source: str, owner: str = "") -> None:
     """Indices are stored non-negative: -1 would silently mean "the last one" in torch indexing."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BundleFileError(f"{source}: {what} {value!r} is not an integer")
+        raise BundleFileError(f"{source}: {what} {value!r}{owner} is not an integer")
     if not 0 <= value < size:
-        raise BundleFileError(f"{source}: {what} {value} is out of range: {why} (valid: 0 to {size - 1})")
+        raise BundleFileError(f"{source}: {what} {value}{owner} is out of range: {why} (valid: 0 to {size - 1})")
 
 
 def weights_path(directory: str | Path, manifest: dict) -> Path:

@@ -18,7 +18,10 @@ def register(subparsers) -> None:
                          help="forget corpus: JSON/JSONL file (question+answer or text rows), TOFU config "
                               "(forget10) or rwku:<target>:<kind>")
     unlearn.add_argument("--retain", required=True, help="retain corpus (same forms as --forget)")
-    unlearn.add_argument("--out", required=True, help="directory to write the router bundle to")
+    unlearn.add_argument("--out", required=True, help="directory to write the router bundle to (checked before "
+                                                      "training; must not hold earlier work unless --overwrite)")
+    unlearn.add_argument("--overwrite", action="store_true",
+                         help="replace an existing bundle (or other files) in --out")
     unlearn.add_argument("--data-dir", default=None, help="local TOFU/RWKU data root (default: env or the Hub)")
     unlearn.add_argument("--blocks", default=None,
                          help="comma-separated block indices to gate (negative = from the end); overrides --last-k")
@@ -40,10 +43,15 @@ def register(subparsers) -> None:
     unlearn.set_defaults(func=run_unlearn)
 
     inspect = subparsers.add_parser("inspect", help="print a router bundle's manifest and sizes",
-                                    description="Print a router bundle's manifest, file sizes and parameter "
-                                                "counts; the base model is not loaded.")
+                                    description="Validate a router bundle (manifest version and fields, weights "
+                                                "file, SHA-256, tensor shapes, block and neuron indices) and print "
+                                                "its manifest, file sizes and parameter counts; the base model is "
+                                                "not loaded (--base reads only its config).")
     inspect.add_argument("bundle", help="router bundle directory")
     inspect.add_argument("--json", action="store_true", help="print the raw manifest JSON")
+    inspect.add_argument("--base", default=None,
+                         help="also check the bundle against this base model (HF id or local directory; only its "
+                              "config is read)")
     inspect.set_defaults(func=run_inspect)
 
 
@@ -71,6 +79,11 @@ def _load_corpus(source: str, data_dir, what: str) -> list[str]:
 
 
 def run_unlearn(args: argparse.Namespace) -> int:
+    from cru_harness.locations import check_model_path, check_output_dir
+
+    # Everything that can be wrong with the inputs and the output is found before hours of training.
+    check_output_dir(args.out, what="--out", overwrite=args.overwrite)
+    check_model_path(args.base, what="--base")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -108,10 +121,32 @@ def _human_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def config_only_model(base: str):
+    """An object with the base's `.config` and nothing else: what `RouterBundle.check_compatible` reads
+    (architecture, hidden size, layer count, vocabulary), without loading weights."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from cru_harness.cli import CLIError
+    from cru_harness.locations import check_model_path
+
+    check_model_path(base, what="--base")
+    try:
+        config = AutoConfig.from_pretrained(base)
+    except (OSError, ValueError) as err:
+        raise CLIError(f"cannot read the config of base model {base!r}: {err}") from None
+    return SimpleNamespace(config=config)
+
+
 def run_inspect(args: argparse.Namespace) -> int:
-    from .bundle import MANIFEST_NAME, WEIGHTS_NAME, read_manifest
+    from .bundle import MANIFEST_NAME, RouterBundle, read_manifest, weights_path
 
     directory = Path(args.bundle)
+    # The same validation as loading for evaluation: a bundle that inspects cleanly loads cleanly.
+    bundle = RouterBundle.from_pretrained(directory)
+    if args.base:
+        bundle.check_compatible(config_only_model(args.base))
     manifest = read_manifest(directory)
     if args.json:
         print(json.dumps(manifest, indent=2, sort_keys=True))
@@ -120,7 +155,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     metrics = manifest.get("metrics", {})
     router_params = int(manifest.get("router_parameters", 0))
     base_params = int(manifest.get("base_parameters", 0))
-    weights = directory / manifest.get("weights_file", WEIGHTS_NAME)
+    weights = weights_path(directory, manifest)
     neurons = manifest.get("neurons", {})
     lines = [
         f"router bundle: {directory}",
@@ -149,8 +184,10 @@ def run_inspect(args: argparse.Namespace) -> int:
                          f"({data[side].get('n_examples')} examples)")
     lines.append(f"  files          : {MANIFEST_NAME} {_human_bytes((directory / MANIFEST_NAME).stat().st_size)}, "
                  f"{weights.name} "
-                 + (_human_bytes(weights.stat().st_size) if weights.is_file() else "MISSING"))
+                 + _human_bytes(weights.stat().st_size))
     lines.append(f"  libraries      : " + ", ".join(f"{k} {v}" for k, v in
                                                      sorted(manifest.get("library_versions", {}).items())))
+    if args.base:
+        lines.append(f"  base check     : compatible with {args.base}")
     print("\n".join(lines))
     return 0
