@@ -7,7 +7,9 @@ executing, the finder calls into `cru_harness.lmeval.registration`:
 
 - `lm_eval.api.registry` -> `register()`: imports `lm_eval.models` (built-ins stay registered) and registers `cru`
   lazily (the model module, torch and transformers load only when `cru` is actually used);
-- `lm_eval.tasks.manager` (and `lm_eval.tasks`, as a fallback) -> `patch_task_manager()`.
+- `lm_eval.tasks.manager` (and `lm_eval.tasks`, as a fallback) -> `patch_task_manager()`;
+- `lm_eval._cli` (the `lm_eval` command line only) -> `cru_harness.lmeval.errors.install_excepthook()`: the
+  project's own errors print as one line.
 
 A failure inside the hook is reported on stderr once and never breaks lm-eval itself; `cru-eval` remains the
 explicit route. `CRU_HARNESS_NO_LMEVAL_HOOK=1` disables the hook.
@@ -26,6 +28,12 @@ def _register():
     registration.register()
 
 
+def _user_errors():
+    from cru_harness.lmeval.errors import install_excepthook
+
+    install_excepthook()
+
+
 def _patch_tasks():
     from cru_harness.lmeval import registration
 
@@ -36,6 +44,7 @@ _ACTIONS = {
     "lm_eval.api.registry": _register,
     "lm_eval.tasks.manager": _patch_tasks,
     "lm_eval.tasks": _patch_tasks,
+    "lm_eval._cli": _user_errors,   # lm-eval's command line: the project's errors as one line
 }
 
 

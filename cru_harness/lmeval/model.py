@@ -15,7 +15,10 @@ Use::
   whose own name contains `+` cannot be given this way: pass a list (`routers=[dirA, dirB]`) through the
   Python API. Without `routers` the model is exactly the base model.
 - A bundle that does not fit the base (other architecture, hidden size, block count) fails with the bundle's
-  own `BundleError`, naming the mismatch.
+  own `BundleError`, naming the mismatch. Bundles are read and validated before the base is loaded, a local
+  base path is checked first (`locations.check_model_path`), and a model argument that is a near miss of a
+  known one (`router=`) is refused (`ModelArgumentError`). These are the project's `UserError`s: the `lm_eval`
+  and `cru-eval` command lines print them as one line (`cru_harness.lmeval.errors`).
 
 What `cru` reports beyond `--model hf` (see `protocol.py` and docs/lm_eval.md):
 
@@ -54,6 +57,7 @@ from lm_eval import utils as lm_utils
 # The helpers HFLM's own loop uses, taken from its module so they stay the ones HFLM uses.
 from lm_eval.models.huggingface import HFLM, Collator, pad_and_concat
 
+from cru_harness.errors import UserError
 from cru_harness.lmeval.protocol import (
     EOS_MARKER,
     PINNED_DATE,
@@ -64,9 +68,64 @@ from cru_harness.lmeval.protocol import (
     split_eos_marker,
 )
 
-__all__ = ["CRULM", "parse_router_spec", "EOS_MARKER", "LoglikelihoodResult", "RollingResult"]
+__all__ = ["CRULM", "ModelArgumentError", "parse_router_spec", "EOS_MARKER", "LoglikelihoodResult",
+           "RollingResult"]
 
 eval_logger = logging.getLogger(__name__)
+
+
+class ModelArgumentError(UserError, ValueError):
+    """A `--model_args` entry the `cru` model does not take."""
+
+
+def _named_parameters(function) -> frozenset[str]:
+    import inspect
+
+    return frozenset(name for name, p in inspect.signature(function).parameters.items()
+                     if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self")
+
+
+_HFLM_ARGUMENTS = _named_parameters(HFLM.__init__)
+
+
+def known_arguments() -> set[str]:
+    """What `cru` takes by name: its own (`base`, `routers`) and HFLM's. Other names go on to
+    `from_pretrained` (HFLM forwards them), so only a near miss of a known name is refused."""
+    return set(_HFLM_ARGUMENTS) | {"base", "routers"}
+
+
+# Arguments transformers' `from_pretrained` takes from **kwargs (so not in its signature); some are near misses
+# of HFLM's names (`device_map` ~ `device`, `max_memory` ~ `max_cpu_memory`) and must pass through.
+FROM_PRETRAINED_KWARGS = frozenset({
+    "adapter_kwargs", "adapter_name", "attn_implementation", "code_revision", "device_map", "device_mesh",
+    "distributed_config", "dtype_plan", "experts_implementation", "from_flax", "from_tf", "generation_config",
+    "gguf_file", "key_mapping", "load_in_4bit", "load_in_8bit", "low_cpu_mem_usage", "max_memory", "mirror",
+    "offload_buffers", "offload_state_dict", "output_loading_info", "proxies", "quantization_config", "subfolder",
+    "torch_dtype", "tp_size", "trust_remote_code", "use_cache", "use_flash_attention_2", "use_kernels", "variant",
+})
+
+
+def _similarity(a: str, b: str) -> float:
+    import difflib
+
+    # SequenceMatcher is not symmetric: a transposition ("dtpye") scores differently each way round.
+    return max(difflib.SequenceMatcher(None, a, b).ratio(), difflib.SequenceMatcher(None, b, a).ratio())
+
+
+def check_arguments(kwargs: dict) -> None:
+    """Refuse `router=`, `bsae=`, ...: a misspelt argument would otherwise reach the model's constructor.
+    Names `from_pretrained` takes pass through, as HFLM forwards them."""
+    from transformers import PreTrainedModel
+
+    known = known_arguments()
+    forwarded = _named_parameters(PreTrainedModel.from_pretrained) | FROM_PRETRAINED_KWARGS
+    for name in kwargs:
+        if name in known or name in forwarded:
+            continue
+        score, best = max((_similarity(name, candidate), candidate) for candidate in sorted(known))
+        if score >= 0.75:
+            raise ModelArgumentError(f"cru model: unknown argument {name!r} in --model_args (did you mean "
+                                     f"{best!r}?)")
 
 
 def parse_router_spec(routers) -> list:
@@ -76,7 +135,7 @@ def parse_router_spec(routers) -> list:
     if isinstance(routers, (str, Path)):
         entries = [part.strip() for part in str(routers).split(ROUTER_SEPARATOR)]
         if any(not part for part in entries):
-            raise ValueError(
+            raise ModelArgumentError(
                 f"routers={routers!r}: empty bundle directory between '{ROUTER_SEPARATOR}' separators; "
                 f"write routers=<dir>[{ROUTER_SEPARATOR}<dir>...]"
             )
@@ -151,10 +210,21 @@ class CRULM(HFLM):
 
     def __init__(self, pretrained=None, *, base=None, routers=None, **kwargs) -> None:
         if base is not None and pretrained is not None and base != pretrained:
-            raise ValueError(f"give the base model once: base={base!r} and pretrained={pretrained!r} differ")
+            raise ModelArgumentError(f"give the base model once: base={base!r} and pretrained={pretrained!r} differ")
         pretrained = base if base is not None else pretrained
         if pretrained is None:
-            raise ValueError("the cru model needs base=<HF model id or local directory> (alias: pretrained=)")
+            raise ModelArgumentError("the cru model needs base=<HF model id or local directory> (alias: pretrained=)")
+        check_arguments(kwargs)
+        if isinstance(pretrained, (str, Path)) and not kwargs.get("gguf_file"):
+            from cru_harness.locations import check_model_path
+
+            path = str(pretrained)
+            if kwargs.get("subfolder") and Path(path).expanduser().is_dir():
+                path = str(Path(path).expanduser() / kwargs["subfolder"])
+            check_model_path(path, what="base model")
+        # Bundles are read and validated before the base is loaded: a bad one fails in a second, not minutes.
+        entries = parse_router_spec(routers)
+        bundles = [_load_bundle(e) for e in entries]
         super().__init__(pretrained=pretrained, **kwargs)
         if self.backend != "causal":
             raise ValueError(
@@ -164,9 +234,8 @@ class CRULM(HFLM):
         self.router_sources: list[str] = []
         self.bundles: list = []
         self._router_handle = None
-        entries = parse_router_spec(routers)
         if entries:
-            self.bundles = [_load_bundle(e) for e in entries]
+            self.bundles = bundles
             self.router_sources = [str(e) if isinstance(e, (str, Path)) else repr(e) for e in entries]
             self._attach()
 
