@@ -90,7 +90,7 @@ def test_truncation_and_row_errors(tokenizer):
     assert len(ex.input_ids) == 24 and ex.n_answer_tokens > 0
     with pytest.raises(ValueError, match="no room"):
         encode_qa(tokenizer, "a long question " * 20, "x", max_length=8)
-    with pytest.raises(ValueError, match=r"row 1: needs 'question' and 'answer', or 'text'"):
+    with pytest.raises(ValueError, match=r"forget row 1 has neither `question`\+`answer` nor `text`"):
         ForgetRetainDataset(tokenizer, [FORGET[0], {"prompt": "x"}])
 
 

@@ -11,8 +11,9 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..context import fit_to_context
 from .base import BaselineConfig, UnlearningMethod
-from .data import ForgetRetainDataset, pick_refusals
+from .data import ForgetRetainDataset, encode_qa, pick_refusals, row_to_qa
 from .registry import get_method
 from .resources import ResourceMonitor
 from .trainer import make_accelerator, train_unlearning
@@ -87,8 +88,15 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
             from cru_harness.data.tofu import load_idontknow
             refusals = load_idontknow(data_dir)
         alternates = pick_refusals(len(forget_rows), refusals, seed)
+
+    def lengths():  # only computed when max_length exceeds the model's context
+        return {side: [len(encode_qa(tokenizer, *row_to_qa(r, i, side), m.config.max_length).input_ids)
+                       for i, r in enumerate(rows)]
+                for side, rows in (("forget", forget_rows), ("retain", retain_used)) if rows}
+
+    max_length = fit_to_context(model, m.config.max_length, lengths)
     dataset = ForgetRetainDataset(tokenizer, forget_rows, retain_used, alternates=alternates,
-                                  max_length=m.config.max_length, seed=seed)
+                                  max_length=max_length, seed=seed)
 
     accelerator = make_accelerator(m.config, seed)
     ref_model = None

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Dataset
 
-from cru_harness.data.corpora import format_qa_prompt
+from cru_harness.data.corpora import format_qa_prompt, row_qa
 from cru_harness.lmeval.protocol import SYSTEM_PROMPT, pinned_template_kwargs
 
 IGNORE_INDEX = -100
@@ -35,20 +35,10 @@ class EncodedExample:
         return sum(1 for t in self.labels if t != IGNORE_INDEX)
 
 
-def row_to_qa(row: dict, index: int | None = None) -> tuple[str, str]:
-    """(question, answer) of a row; a `text` row becomes ("", text). Errors name the row and the keys."""
-    where = f"row {index}" if index is not None else "row"
-    if not isinstance(row, dict):
-        raise TypeError(f"{where}: expected a dict with question/answer or text, got {type(row).__name__}")
-    if "question" in row and "answer" in row:
-        q, a = row["question"], row["answer"]
-    elif "text" in row:
-        q, a = "", row["text"]
-    else:
-        raise ValueError(f"{where}: needs 'question' and 'answer', or 'text'; has keys {sorted(row)}")
-    if not isinstance(a, str) or not a.strip():
-        raise ValueError(f"{where}: empty or non-string answer/text {a!r}")
-    return ("" if q is None else str(q)), a
+def row_to_qa(row: dict, index: int | None = None, origin: str = "training data") -> tuple[str, str]:
+    """(question, answer) of a row; a `text` row becomes ("", text). Checked by `data.corpora.row_qa` (null or
+    empty fields are errors naming the row)."""
+    return row_qa(row, 0 if index is None else index, origin)
 
 
 def build_prompt(tokenizer, question: str) -> str:
@@ -129,9 +119,10 @@ class ForgetRetainDataset(Dataset):
         if not forget_rows:
             raise ValueError("forget_rows is empty: nothing to unlearn")
         self.seed = seed
-        forget_qa = [row_to_qa(r, i) for i, r in enumerate(forget_rows)]
+        forget_qa = [row_to_qa(r, i, "forget") for i, r in enumerate(forget_rows)]
         self.forget = [encode_qa(tokenizer, q, a, max_length) for q, a in forget_qa]
-        self.retain = ([encode_qa(tokenizer, *row_to_qa(r, i), max_length) for i, r in enumerate(retain_rows)]
+        self.retain = ([encode_qa(tokenizer, *row_to_qa(r, i, "retain"), max_length)
+                        for i, r in enumerate(retain_rows)]
                        if retain_rows else [])
         self.alternate = None
         if alternates is not None:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..context import fit_to_context
 from .attach import attach_bundles
 from .blocks import find_decoder_blocks, run_until
 from .bundle import BundleConfig, RouterBundle, base_fingerprint
@@ -180,14 +181,17 @@ def train_routers(model: nn.Module, tokenizer, forget_texts: Sequence[str], reta
         raise ValueError("the forget set is empty; CRU needs examples of what to forget")
     if not retain_texts:
         raise ValueError("the retain set is empty; CRU needs examples of what to keep")
+    max_length = fit_to_context(model, config.max_length, lambda: {
+        side: [len(ids) for ids in tokenize_texts(tokenizer, texts, config.max_length)]
+        for side, texts in (("forget", forget_texts), ("retain", retain_texts))})
     if localization is None:
         localization = localize(model, tokenizer, forget_texts, blocks=config.blocks, last_k=config.last_k,
                                 percentile=config.percentile, selection=config.selection, seed=config.seed,
-                                batch_size=config.batch_size, max_length=config.max_length)
+                                batch_size=config.batch_size, max_length=max_length)
     bundle = new_bundle(model, localization, config)
 
-    forget_ids = tokenize_texts(tokenizer, forget_texts, config.max_length)
-    retain_ids = tokenize_texts(tokenizer, retain_texts, config.max_length)
+    forget_ids = tokenize_texts(tokenizer, forget_texts, max_length)
+    retain_ids = tokenize_texts(tokenizer, retain_texts, max_length)
     pad = pad_token_id(tokenizer)
     generator = torch.Generator().manual_seed(config.seed)
     steps_per_epoch = math.ceil(len(forget_ids) / config.batch_size)
@@ -241,9 +245,9 @@ def train_routers(model: nn.Module, tokenizer, forget_texts: Sequence[str], reta
     bundle.eval()
 
     forget_final = measure_gate_means(model, tokenizer, bundle, forget_texts, batch_size=config.batch_size,
-                                      max_length=config.max_length)
+                                      max_length=max_length)
     retain_final = measure_gate_means(model, tokenizer, bundle, retain_texts, batch_size=config.batch_size,
-                                      max_length=config.max_length)
+                                      max_length=max_length)
     bundle.config.metrics = {
         "forget_gate_mean": forget_final["mean"], "retain_gate_mean": retain_final["mean"],
         "forget_gate_mean_per_block": forget_final["per_block"],

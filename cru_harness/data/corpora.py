@@ -13,7 +13,11 @@ from .rwku import load_target_file
 from .sources import DataSourceError, read_json_records
 from .tofu import TOFU_CONFIGS, load_tofu
 
-PLAIN_PROMPT = "Question: {question}\nAnswer:"  # protocol.md, "Prompting": models without a chat template
+PLAIN_PROMPT = "Question: {question}\nAnswer:"
+
+
+class RowError(DataSourceError, ValueError):
+    """A training row without usable question+answer or text (a `ValueError` too, as row errors always were)."""  # protocol.md, "Prompting": models without a chat template
 
 
 def format_qa_prompt(question: str) -> str:
@@ -26,18 +30,40 @@ def format_qa(question: str, answer: str) -> str:
     return f"{format_qa_prompt(question)} {answer}"
 
 
+def row_qa(row: dict, index: int, origin: str = "corpus") -> tuple[str, str]:
+    """(question, answer) of a training row, a `text` row as ("", text): the one check every training row
+    passes (CRU and the baselines). A null, empty or non-text field is an error naming the row: `answer: null`
+    must not be trained on as the text "None"."""
+    if not isinstance(row, dict):
+        raise RowError(f"{origin} row {index} is not an object with question+answer or text "
+                              f"(got {type(row).__name__})")
+    if "question" in row and "answer" in row:
+        names = ("question", "answer")
+    elif "text" in row:
+        names = ("text",)
+    else:
+        raise RowError(
+            f"{origin} row {index} has neither `question`+`answer` nor `text` (fields: {', '.join(sorted(row)) or 'none'})"
+        )
+    values = []
+    for name in names:
+        value = row[name]
+        if value is None:
+            raise RowError(f"{origin} row {index}: `{name}` is null")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise RowError(f"{origin} row {index}: `{name}` is not text (got {type(value).__name__})")
+        if not str(value).strip():
+            raise RowError(f"{origin} row {index}: `{name}` is empty")
+        values.append(str(value))
+    return ("", values[0]) if len(values) == 1 else (values[0], values[1])
+
+
 def rows_to_texts(rows: list[dict], origin: str) -> list[str]:
     """`question`+`answer` rows become QA text, `text` rows stay as they are; anything else is an error."""
     texts = []
     for index, row in enumerate(rows):
-        if "question" in row and "answer" in row:
-            texts.append(format_qa(str(row["question"]), str(row["answer"])))
-        elif "text" in row:
-            texts.append(str(row["text"]))
-        else:
-            raise DataSourceError(
-                f"{origin} row {index} has neither `question`+`answer` nor `text` (fields: {', '.join(sorted(row)) or 'none'})"
-            )
+        question, answer = row_qa(row, index, origin)
+        texts.append(format_qa(question, answer) if question else answer)
     return texts
 
 
@@ -69,7 +95,10 @@ def load_corpus_rows(source: str | os.PathLike, data_dir: str | os.PathLike | No
         )
     if not rows:
         raise DataSourceError(f"corpus {origin} is empty")
-    return rows[:limit], origin
+    rows = rows[:limit]
+    for index, row in enumerate(rows):  # every row checked when read, before any model is loaded
+        row_qa(row, index, origin)
+    return rows, origin
 
 
 def load_corpus(source: str | os.PathLike, data_dir: str | os.PathLike | None = None) -> list[str]:

@@ -385,6 +385,20 @@ def _fmt(entry: dict) -> str:
     return f"{entry['value']:.4g}" if entry.get("available") else f"unavailable ({entry['reason']})"
 
 
+def overlap_note(fq: dict) -> str | None:
+    """A note when Forget Quality was computed on fewer items than the run or the retain run has."""
+    shared, ours, theirs = fq.get("n_items"), fq.get("n_model_items"), fq.get("n_retain_items")
+    if shared is None or ours is None or theirs is None or shared == ours == theirs:
+        return None
+    return (f"Forget Quality compares only the {shared} forget items both runs share: this run has {ours}, "
+            f"the retain run ({fq.get('retain_source')}) {theirs}")
+
+
+def overlap_notes(report: dict) -> list[str]:
+    return [f"{run['label']} {task}: {note}" for run in report["runs"]
+            for task, fq in run["forget_quality"].items() if (note := overlap_note(fq))]
+
+
 def format_report(report: dict) -> str:
     lines = []
     for run in report["runs"]:
@@ -394,6 +408,9 @@ def format_report(report: dict) -> str:
             forgetting = run["forgetting"][task]["one_minus_rouge_l_recall"]
             lines.append(f"  {task}: Forget Quality {_fmt(fq)}; Forgetting (1 - ROUGE-L) "
                          f"{'n/a' if forgetting is None else f'{forgetting:.4g}'}")
+            note = overlap_note(fq)
+            if note:
+                lines.append(f"    note: {note}")
             fm = run["failure_modes"].get(task) or {}
             if "fractions" in fm:
                 fr = ", ".join(f"{k} {v:.2f}" for k, v in fm["fractions"].items())
@@ -443,6 +460,8 @@ def run_score(args: argparse.Namespace) -> int:
     per_item_path, scores_path = write_outputs(report, out_dir)
     if args.json:
         print(scores_path.read_text(encoding="utf-8"))
+        for note in overlap_notes(report):  # stdout stays pure JSON; the note goes to the console's stderr
+            print(f"note: {note}", file=sys.stderr)
     else:
         print(format_report(report))
         print(f"wrote {per_item_path} and {scores_path}", file=sys.stderr)
