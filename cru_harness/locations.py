@@ -79,6 +79,8 @@ def looks_local(path: str) -> bool:
 def check_model_path(path: str | os.PathLike, what: str = "base model") -> str:
     """A local model directory must exist and hold `config.json`; a Hub id (`org/name`, `name`) passes."""
     text = str(path)
+    if not text.strip():
+        raise ModelPathError(f"{what} is empty: give a Hugging Face model id or a local directory")
     local = Path(text).expanduser()
     if local.exists():
         if not local.is_dir():
