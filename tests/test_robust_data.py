@@ -135,3 +135,13 @@ def test_score_says_when_the_runs_share_fewer_items(tmp_path, capsys):
     args = parser.parse_args(["score", str(retain), "--retain-run", str(retain)])
     assert args.func(args) == 0
     assert "note:" not in capsys.readouterr().out
+
+
+def test_score_checks_its_output_dir_first(tmp_path, capsys):
+    from cru_harness.cli import main
+
+    model = _write_run(tmp_path / "m", _suite([1.0, 2.0]))
+    (tmp_path / "file").write_text("x")
+    assert main(["score", str(model), "--output-dir", str(tmp_path / "file")]) == 2
+    assert capsys.readouterr().err == (f"cru-harness score: error: --output-dir {tmp_path / 'file'} exists and is "
+                                       "not a directory\n")

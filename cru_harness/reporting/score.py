@@ -451,6 +451,10 @@ def add_score_parser(subparsers) -> argparse.ArgumentParser:
 def run_score(args: argparse.Namespace) -> int:
     if args.output_dir is None and len(args.runs) != 1:
         raise ValueError("several runs given: choose where the outputs go with --output-dir")
+    if args.output_dir is not None:  # before scoring (the original model's NLLs can take a while)
+        from cru_harness.locations import check_output_dir
+
+        check_output_dir(args.output_dir, what="--output-dir", allow_existing=True)
     report = score_runs(
         args.runs, retain_run=args.retain_run, retain_per_item=args.retain_per_item,
         original_model=args.original_model, data_dir=args.data_dir, device=args.device,

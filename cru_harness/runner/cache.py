@@ -182,8 +182,8 @@ class CellStore:
     def _invalid(self, path: Path, problem: str) -> None:
         if str(path) not in self.invalid:
             self.invalid[str(path)] = problem
-            self.log(f"{path} is not a valid cell file ({problem}): its cell is not counted as done and is "
-                     "recomputed on the next run")
+            self.log(f"{path} is not a valid cell file ({problem}): its cell is not counted as done, and "
+                     "`cru-harness run` recomputes it")
 
     def _read_checked(self, path: Path, validate, cell_hash: str):
         try:
