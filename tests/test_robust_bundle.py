@@ -48,6 +48,12 @@ def edit_manifest(directory, **changes):
     (directory / MANIFEST_NAME).write_text(json.dumps(manifest))
 
 
+def _drop(directory, key):
+    manifest = json.loads((directory / MANIFEST_NAME).read_text())
+    del manifest[key]
+    (directory / MANIFEST_NAME).write_text(json.dumps(manifest))
+
+
 def inspect_fails(capsys, directory, *extra) -> str:
     assert main(["inspect", str(directory), *extra]) == 2
     captured = capsys.readouterr()
@@ -96,9 +102,11 @@ def test_weights_file_must_be_a_plain_name_inside_the_bundle(setup, tmp_path, ca
     (lambda d: edit_manifest(d, weights_sha256=None), "weights_sha256 must be the SHA-256"),
     (lambda d: edit_manifest(d, neurons={"6": [0, 5, -1], "7": [1, 2]}),
      "neuron index -1 of block 6 is out of range: the base's hidden size is 64 (valid: 0 to 63)"),
-    (lambda d: edit_manifest(d, neurons={"6": [0, 5, 500], "7": [1, 2]}), "neuron index 500 of block 6 is out of range"),
+    (lambda d: edit_manifest(d, neurons={"6": [0, 5, 500], "7": [1, 2]}),
+     "neuron index 500 of block 6 is out of range"),
     (lambda d: edit_manifest(d, neurons={"6": [0, 5, 5], "7": [1, 2]}), "neurons[6] repeats an index"),
-    (lambda d: edit_manifest(d, neurons={"6": [0, 5, 1.5], "7": [1, 2]}), "neuron index 1.5 of block 6 is not an integer"),
+    (lambda d: edit_manifest(d, neurons={"6": [0, 5, 1.5], "7": [1, 2]}),
+     "neuron index 1.5 of block 6 is not an integer"),
     (lambda d: edit_manifest(d, block_indices=[6, 8], neurons={"6": [0, 5, 63], "8": [1, 2]}),
      "block index 8 is out of range: the base has 8 blocks (valid: 0 to 7)"),
     (lambda d: edit_manifest(d, block_indices=[6, -1], neurons={"6": [0, 5, 63], "-1": [1, 2]}),
@@ -106,6 +114,9 @@ def test_weights_file_must_be_a_plain_name_inside_the_bundle(setup, tmp_path, ca
     (lambda d: edit_manifest(d, neurons={"6": [0, 5, 63]}), "neuron indices are given for blocks [6]"),
     (lambda d: edit_manifest(d, neurons={"6": [0, 5], "7": [1, 2]}), "has shape (3, 4), the manifest implies (2, 4)"),
     (lambda d: edit_manifest(d, d_r=0), "d_r must be a positive integer"),
+    (lambda d: edit_manifest(d, input_norm="layer"), "input_norm must be one of none, rms, got 'layer'"),
+    (lambda d: edit_manifest(d, fingerprint="llama"), "fingerprint must be an object"),
+    (lambda d: edit_manifest(d, seed=None) or _drop(d, "lam"), "missing field(s) lam"),
 ])
 def test_inspect_validates_like_loading(setup, tmp_path, capsys, damage, words):
     _, _, _, good, _ = setup

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..errors import UserError
 from . import blocks as _blocks
-from .router import Router
+from .router import INPUT_NORMS, Router
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "cru_bundle.json"
@@ -128,6 +128,9 @@ class BundleConfig:
         n_layers = _positive_int(fingerprint.get("num_layers"), "fingerprint.num_layers", source)
         hidden = _positive_int(fingerprint.get("hidden_size"), "fingerprint.hidden_size", source)
         _positive_int(data["d_r"], "d_r", source)
+        input_norm = data.get("input_norm", "none")
+        if input_norm not in INPUT_NORMS:
+            raise BundleFileError(f"{source}: input_norm must be one of {', '.join(INPUT_NORMS)}, got {input_norm!r}")
         blocks = data["block_indices"]
         if not isinstance(blocks, list) or not blocks:
             raise BundleFileError(f"{source}: block_indices must be a non-empty list, got {blocks!r}")

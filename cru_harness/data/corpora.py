@@ -13,11 +13,11 @@ from .rwku import load_target_file
 from .sources import DataSourceError, read_json_records
 from .tofu import TOFU_CONFIGS, load_tofu
 
-PLAIN_PROMPT = "Question: {question}\nAnswer:"
+PLAIN_PROMPT = "Question: {question}\nAnswer:"  # protocol.md, "Prompting": models without a chat template
 
 
 class RowError(DataSourceError, ValueError):
-    """A training row without usable question+answer or text (a `ValueError` too, as row errors always were)."""  # protocol.md, "Prompting": models without a chat template
+    """A training row without usable question+answer or text (a `ValueError` too, as row errors always were)."""
 
 
 def format_qa_prompt(question: str) -> str:

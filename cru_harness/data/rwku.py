@@ -15,12 +15,12 @@ from pathlib import Path
 from ..errors import UserError
 from .sources import HUB_IDS, DataSourceError, hub_unreachable, read_json_records, resolve_local_dir
 
-N_TARGETS = 200
-
 
 class TargetSelectionError(UserError, ValueError):
     """An RWKU target list or name that selects nothing valid."""
 
+
+N_TARGETS = 200
 DEFAULT_TARGETS = "1-20"  # the PURGE / CRU paper protocol
 UTILITY_TARGETS = range(1, 11)  # RWKU ships its utility sets only for targets 1-10
 
@@ -91,7 +91,8 @@ def parse_targets(spec: int | str | list | tuple | None = None) -> list[int]:
         for part in filter(None, (p.strip() for p in text.split(","))):
             match = re.fullmatch(r"(\d+)\s*-\s*(\d+)|(\d+)", part)
             if not match:
-                raise TargetSelectionError(f"bad RWKU target spec {spec!r}: {part!r} is neither a number nor a range like 1-20")
+                raise TargetSelectionError(
+                    f"bad RWKU target spec {spec!r}: {part!r} is neither a number nor a range like 1-20")
             if match.group(3):
                 indices.append(int(match.group(3)))
             else:
