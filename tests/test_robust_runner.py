@@ -94,7 +94,7 @@ def test_two_runners_on_one_directory_in_real_processes(tmp_path):
     assert len(results) == n_cells and all(r["status"] == "ok" for r in results)
     for cell_dir in (config.output_dir / "cells").iterdir():
         assert (cell_dir / "work" / "partial.txt").read_text() == str(first.pid)
-    assert lock.read_text() == ""  # released at the end
+    assert not lock.exists()  # released (and removed) at the end
 
 
 def test_a_dead_runs_lock_is_taken_over_with_a_message(tmp_path):
@@ -123,6 +123,7 @@ def test_shards_share_a_directory_but_a_full_run_or_the_same_shard_is_refused(tm
             RunLock(root, shard="1/2").acquire()
     with RunLock(root):  # all released
         pass
+    assert not list(root.glob(".lock*"))  # and no lock file left behind
 
 
 @pytest.mark.parametrize("damage, problem", [
@@ -197,3 +198,26 @@ def test_run_checks_its_output_dir_before_any_work(tmp_path, capsys, below, word
     err = capsys.readouterr().err
     assert err.startswith("cru-harness run: error: output_dir ") and words in err and str(output_dir) in err
     assert not (tmp_path / "run").exists()
+
+
+def test_without_flock_a_live_holder_is_refused_and_a_dead_one_taken_over(tmp_path, monkeypatch):
+    """Some network file systems have no flock: the recorded pid (same host) decides."""
+    import fcntl
+
+    def no_flock(fd, operation):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    root = tmp_path / "run"
+    root.mkdir()
+    lock = root / ".lock"
+    lock.write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname()}))   # alive: our parent
+    with pytest.raises(RunLockedError, match=f"in use by process {os.getppid()} .*delete it if that process is gone"):
+        RunLock(root).acquire()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock.write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname()}))
+    logged = []
+    with RunLock(root, log=logged.append):
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+    assert logged and f"left by process {int(dead.stdout)}" in logged[0]
+    assert not lock.exists()

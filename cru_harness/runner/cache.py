@@ -303,8 +303,10 @@ class RunLock:
     """Exclusive use of a run's output directory by one process (see the module doc).
 
     `flock` locks die with their process, so a lock left by a killed run is free: it is taken over with a
-    message naming the dead holder. On a file system without `flock` (some network mounts) the recorded pid
-    is checked instead (same host only; a lock of another host is then refused, naming the file to delete).
+    message naming the dead holder (its record is still in the file). A run that ends removes its lock file;
+    a locker therefore checks, once locked, that the path still names the file it locked. On a file system
+    without `flock` (some network mounts) the recorded pid is judged instead (same host only; a lock of another
+    host is then refused, naming the file to delete).
     """
 
     def __init__(self, output_dir: str | os.PathLike, shard: str | None = None,
@@ -312,7 +314,7 @@ class RunLock:
         self.root = Path(output_dir)
         self.shard = shard
         self.log = log
-        self._handles: list = []
+        self._held: list[tuple[Path, Any, bool]] = []   # (path, open file or None without flock, exclusive)
 
     def _lock_paths(self) -> list[tuple[Path, bool]]:
         """(lock file, exclusive) pairs, taken in this order."""
@@ -321,7 +323,7 @@ class RunLock:
             return [(main, True)]
         return [(main, False), (self.root / f"{LOCK_FILE}.shard{self.shard.replace('/', 'of')}", True)]
 
-    def _holders(self, path: Path, exclusive: bool) -> str:
+    def _holders(self, path: Path) -> str:
         """Who holds `path`: its own record, and for the directory lock held shared, each shard's record."""
         infos = [_read_lock_info(path)]
         if path.name == LOCK_FILE:
@@ -329,61 +331,80 @@ class RunLock:
         described = [_describe_holder(i) for i in infos if i]
         return "; ".join(described) or _describe_holder(None)
 
-    def acquire(self) -> "RunLock":
+    def _flock(self, path: Path, exclusive: bool):
+        """The open, locked lock file; None where the file system has no flock. RunLockedError when held."""
         import fcntl
 
+        for _ in range(20):
+            handle = open(path, "a+", encoding="utf-8")
+            try:
+                fcntl.flock(handle.fileno(), (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+            except OSError as err:
+                handle.close()
+                if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise RunLockedError(
+                        f"output directory {self.root} is in use by {self._holders(path)} (lock file {path}); "
+                        "wait for that run to finish, or give another --output-dir") from None
+                return None
+            try:  # a finishing holder may have removed the file between our open and flock: lock the new one
+                if os.path.samestat(os.fstat(handle.fileno()), os.stat(path)):
+                    return handle
+            except FileNotFoundError:
+                pass
+            handle.close()
+        raise RunLockedError(f"lock file {path} keeps being replaced; is another run starting and stopping?")
+
+    def acquire(self) -> "RunLock":
         self.root.mkdir(parents=True, exist_ok=True)
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": now_iso(), "shard": self.shard}
         try:
             for path, exclusive in self._lock_paths():
-                handle = open(path, "a+", encoding="utf-8")
-                try:
-                    fcntl.flock(handle.fileno(), (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-                except OSError as err:
-                    handle.close()
-                    if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                        raise RunLockedError(
-                            f"output directory {self.root} is in use by {self._holders(path, exclusive)} "
-                            f"(lock file {path}); wait for that run to finish, or give another --output-dir"
-                        ) from None
-                    self._fallback(path, info)  # no flock here: judge by the recorded pid
+                handle = self._flock(path, exclusive)
+                previous = _read_lock_info(path)
+                if handle is None and not exclusive:  # no flock: shards share the directory unchecked
+                    self._held.append((path, None, False))
                     continue
-                self._handles.append(handle)
-                if exclusive:
-                    previous = _read_lock_info(path)
-                    if previous and previous.get("pid") != os.getpid():
-                        self.log(f"taking over the lock {path} left by {_describe_holder(previous)}, which is no "
-                                 "longer running")
-                    _write_lock_info(path, info)
+                if handle is None:  # no flock here: judge by the recorded pid
+                    if previous and previous.get("pid") != os.getpid() and (
+                            previous.get("host") != socket.gethostname() or _pid_alive(previous.get("pid"))):
+                        raise RunLockedError(f"output directory {self.root} is in use by "
+                                             f"{_describe_holder(previous)} (lock file {path}; delete it if that "
+                                             "process is gone)")
+                elif not exclusive:
+                    self._held.append((path, handle, False))
+                    continue
+                if previous and previous.get("pid") != os.getpid():
+                    self.log(f"taking over the lock {path} left by {_describe_holder(previous)}, which is no "
+                             "longer running")
+                self._held.append((path, handle, True))
+                _write_lock_info(path, info)
         except BaseException:
             self.release()
             raise
         return self
 
-    def _fallback(self, path: Path, info: dict) -> None:
-        previous = _read_lock_info(path)
-        if previous and previous.get("pid") != os.getpid():
-            if previous.get("host") != socket.gethostname() or _pid_alive(previous.get("pid")):
-                raise RunLockedError(f"output directory {self.root} is in use by {_describe_holder(previous)} "
-                                     f"(lock file {path}; delete it if that process is gone)")
-            self.log(f"taking over the lock {path} left by {_describe_holder(previous)}, which is no longer running")
-        _write_lock_info(path, info)
-        self._handles.append(path)
-
     def release(self) -> None:
+        """Remove the lock files this run holds alone (the directory lock of shards: when the last one ends)."""
         import fcntl
 
-        for handle in reversed(self._handles):
-            if isinstance(handle, Path):  # fallback lock: forget our record
-                _clear_lock_info(handle)
+        for path, handle, exclusive in reversed(self._held):
+            if handle is None:
+                if exclusive:
+                    path.unlink(missing_ok=True)
                 continue
             try:
-                if _read_lock_info(Path(handle.name)) and _read_lock_info(Path(handle.name)).get("pid") == os.getpid():
-                    _clear_lock_info(Path(handle.name))
+                if not exclusive:
+                    try:  # no other shard holds it any more?
+                        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        exclusive = True
+                    except OSError:
+                        pass
+                if exclusive:
+                    path.unlink(missing_ok=True)  # while still locked: lockers check the path names their file
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
             finally:
                 handle.close()
-        self._handles = []
+        self._held = []
 
     def __enter__(self) -> "RunLock":
         return self.acquire()
@@ -408,11 +429,3 @@ def _write_lock_info(path: Path, info: dict) -> None:
         handle.write(json.dumps(info) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def _clear_lock_info(path: Path) -> None:
-    try:
-        with open(path, "r+", encoding="utf-8") as handle:
-            handle.truncate()
-    except OSError:
-        pass
