@@ -180,3 +180,22 @@ def test_unlearn_overwrite_replaces_an_existing_bundle(setup, tmp_path, capsys):
     assert manifest["weights_sha256"] == hashlib.sha256((existing / WEIGHTS_NAME).read_bytes()).hexdigest()
     assert manifest["training_data"]["forget"]["n_examples"] == len(ROWS)
     RouterBundle.from_pretrained(existing)
+
+
+def test_unlearn_refuses_an_unwritable_out_before_training(setup, tmp_path, capsys, monkeypatch):
+    """As root, permissions cannot make a directory unwritable: the write probe itself is made to fail."""
+    import tempfile
+
+    root, base, _, _, forget = setup
+    real_mkstemp = tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir is not None and str(dir).startswith(str(tmp_path)):
+            raise PermissionError(13, "Permission denied")
+        return real_mkstemp(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    assert main(_unlearn(base, forget, tmp_path / "new")) == 2
+    assert capsys.readouterr().err == (f"cru-harness unlearn: error: --out {tmp_path / 'new'} cannot be created: "
+                                       f"{tmp_path} is not writable\n")
+    assert not (tmp_path / "new").exists()
