@@ -40,6 +40,12 @@ def test_misspelt_arguments_are_refused_before_loading(model_dir, kwargs, error,
     assert words in str(info.value) and isinstance(info.value, UserError)
 
 
+def test_an_argument_no_one_takes_is_named(model_dir):
+    with pytest.raises(ModelArgumentError, match=r"cru model: unknown argument 'foo' in --model_args \(not an "
+                                                  r"argument of cru, HFLM or the model: .*'foo'"):
+        CRULM(base=str(model_dir), device="cpu", foo=1)
+
+
 def test_base_paths_are_named(tmp_path, monkeypatch):
     monkeypatch.setattr("lm_eval.models.huggingface.HFLM.__init__", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(ModelPathError, match=f"base model {tmp_path / 'missing'} does not exist"):

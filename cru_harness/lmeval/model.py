@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -225,7 +226,15 @@ class CRULM(HFLM):
         # Bundles are read and validated before the base is loaded: a bad one fails in a second, not minutes.
         entries = parse_router_spec(routers)
         bundles = [_load_bundle(e) for e in entries]
-        super().__init__(pretrained=pretrained, **kwargs)
+        try:
+            super().__init__(pretrained=pretrained, **kwargs)
+        except TypeError as err:
+            # HFLM forwards unknown names to the model class, which rejects them as a keyword: say which one.
+            match = re.search(r"unexpected keyword argument '(\w+)'", str(err))
+            if match and match.group(1) in kwargs:
+                raise ModelArgumentError(f"cru model: unknown argument {match.group(1)!r} in --model_args (not an "
+                                         f"argument of cru, HFLM or the model: {err})") from err
+            raise
         if self.backend != "causal":
             raise ValueError(
                 f"the cru model supports decoder-only (causal) models; {pretrained!r} loaded as {self.backend}. "
