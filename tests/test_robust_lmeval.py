@@ -3,12 +3,10 @@ or empty base path, a file given as `routers=`), with the project's own error ty
 line prints those as one line while any other error keeps its traceback."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
-import torch
 
 from test_lmeval_support import shared_tiny_dir
 
