@@ -23,7 +23,7 @@ from cru_harness.cru import (
 )
 from cru_harness.cru.bundle import MANIFEST_NAME, WEIGHTS_NAME
 from cru_harness.cru.localize import collate, tokenize_texts
-from cru_harness.cru.train import _GateRecorder, cru_loss, gate_means, new_bundle
+from cru_harness.cru.train import GateRecorder, cru_loss, gate_means, new_bundle
 from cru_harness.testbed.models import TINY_ARCHITECTURES, build_tiny_model
 from cru_harness.testbed.tokenizer import train_tokenizer
 
@@ -186,7 +186,7 @@ def test_padding_excluded_from_loss(llama, tokenizer, trained):
     losses = []
     for extra in (0, 11):
         pad_to = longest + extra
-        recorder = _GateRecorder()
+        recorder = GateRecorder()
         handle = attach_bundles(llama, [trained], observer=recorder)
         try:
             forget = gate_means(llama, trained, collate(ids, 0, pad_to=pad_to), recorder)

@@ -16,13 +16,16 @@ from .bundle import (
     base_fingerprint,
 )
 from .localize import BlockComparison, Localization, compare_localizations, localize
+from .prefix import PrefixCacheError
 from .router import Router
-from .train import RouterTrainingConfig, measure_gate_means, train_routers
+from .train import (GateRecorder, RouterTrainer, RouterTrainingConfig, StepResult, cru_loss, measure_gate_means,
+                    router_schedule, train_routers)
 
 __all__ = [
     "BlockComparison", "BundleConfig", "BundleError", "BundleFileError", "DecoderBlocksNotFoundError",
-    "FingerprintMismatchError", "HiddenSizeMismatchError", "IncompatibleBaseError", "LayerCountMismatchError",
-    "Localization", "RoutedModel", "Router", "RouterBundle", "RouterTrainingConfig", "RoutingHandle",
-    "UnsupportedFormatError", "WeightShapeError", "attach_bundles", "base_fingerprint", "compare_localizations",
-    "find_decoder_blocks", "localize", "measure_gate_means", "routed", "train_routers",
+    "FingerprintMismatchError", "GateRecorder", "HiddenSizeMismatchError", "IncompatibleBaseError",
+    "LayerCountMismatchError", "Localization", "PrefixCacheError", "RoutedModel", "Router", "RouterBundle",
+    "RouterTrainer", "RouterTrainingConfig", "RoutingHandle", "StepResult", "UnsupportedFormatError",
+    "WeightShapeError", "attach_bundles", "base_fingerprint", "compare_localizations", "cru_loss",
+    "find_decoder_blocks", "localize", "measure_gate_means", "routed", "router_schedule", "train_routers",
 ]

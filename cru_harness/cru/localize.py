@@ -120,7 +120,7 @@ def pooled_block_outputs(model: nn.Module, batches: Iterable[Batch], block_indic
     was_training = model.training
     model.eval()
     try:
-        device = _input_device(model)
+        device = input_device(model)
         for batch in batches:
             batch = batch.to(device)
             current_mask[:] = [batch.attention_mask]
@@ -133,7 +133,8 @@ def pooled_block_outputs(model: nn.Module, batches: Iterable[Batch], block_indic
     return {l: torch.cat(chunks) if chunks else torch.empty(0) for l, chunks in pooled.items()}
 
 
-def _input_device(model: nn.Module) -> torch.device:
+def input_device(model: nn.Module) -> torch.device:
+    """Where a model's input ids go: the device of its input embeddings (the first device of a split model)."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if embeddings is not None:
         for param in embeddings.parameters():

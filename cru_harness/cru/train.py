@@ -4,12 +4,16 @@
 
 with the means taken jointly over the selected coordinates and the non-padding positions. The base is frozen
 (no parameter of it requires grad, the optimizer only holds router parameters) and the forward stops after the
-last gated block, so the LM head never runs while routers train.
+last gated block, so the LM head never runs while routers train. The blocks below the first gated one do not
+depend on the routers: their output is computed once per example and reused at every step (`prefix.py`).
+
+Public pieces: `RouterTrainer` (the step, the schedule, the final measurement), `GateRecorder` (the gate
+observer), `cru_loss`, `router_schedule`, `new_bundle`, and `train_routers` (all of it, from texts).
 """
 from __future__ import annotations
 
 import hashlib
-import math
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -21,8 +25,9 @@ from ..context import fit_to_context
 from .attach import attach_bundles
 from .blocks import find_decoder_blocks, run_until
 from .bundle import BundleConfig, RouterBundle, base_fingerprint
-from .localize import (SELECTIONS, Batch, Localization, _input_device, collate, localize, pad_token_id,
+from .localize import (SELECTIONS, Batch, Localization, collate, input_device, localize, pad_token_id,
                        tokenize_texts, validate_percentile)
+from .prefix import CACHE_PLACEMENTS, FrozenPrefix, PrefixCache
 from .router import INPUT_NORMS, Router
 
 
@@ -44,6 +49,16 @@ class RouterTrainingConfig:
     forget_description: str = ""    # recorded in the manifest (e.g. "tofu:forget10")
     retain_description: str = ""
     progress: bool = True
+    # Rows of the retain set the final gate measurement reads: the first ones of the seeded training order
+    # (sorted); None = all. Bounded because a full retain split (TOFU retain90: 3,600 rows) would cost more
+    # prefix passes than the training itself.
+    final_retain_rows: int | None = 1000
+    # Execution only (results are identical either way, so not recorded in the bundle): compute the input of the
+    # first gated block once per example and reuse it; where to keep it ("auto": the gated block's device while
+    # small, else host memory; "cpu"; "device"); a bound on host memory for it in GiB (None: what is available).
+    prefix_cache: bool = True
+    prefix_cache_placement: str = "auto"
+    prefix_cache_max_gib: float | None = None
 
     def __post_init__(self):
         validate_percentile(self.percentile)
@@ -56,12 +71,20 @@ class RouterTrainingConfig:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if not self.lr > 0:
             raise ValueError(f"lr must be positive, got {self.lr!r}")
+        if self.final_retain_rows is not None and int(self.final_retain_rows) < 1:
+            raise ValueError(f"final_retain_rows must be a positive integer or None, got {self.final_retain_rows!r}")
+        if self.prefix_cache_placement not in CACHE_PLACEMENTS:
+            raise ValueError(f"prefix_cache_placement must be one of {', '.join(CACHE_PLACEMENTS)}, "
+                             f"got {self.prefix_cache_placement!r}")
+        if self.prefix_cache_max_gib is not None and not self.prefix_cache_max_gib > 0:
+            raise ValueError(f"prefix_cache_max_gib must be positive, got {self.prefix_cache_max_gib!r}")
         if not self.lam >= 0:
             raise ValueError(f"lam (lambda) must be non-negative, got {self.lam!r}")
 
 
-class _GateRecorder:
-    """Collects, per forward pass, each block's masked gate sum and count (for the means of the loss)."""
+class GateRecorder:
+    """A gate observer (`attach_bundles(..., observer=recorder)`): collects, per forward pass, each gated block's
+    gate sum over the non-padding positions and selected coordinates, and their count (float32)."""
 
     def __init__(self):
         self.mask: torch.Tensor | None = None
@@ -69,6 +92,7 @@ class _GateRecorder:
         self.counts: dict[int, float] = {}
 
     def reset(self, mask: torch.Tensor) -> None:
+        """Start a forward pass over a batch whose attention mask is `mask` (B, T)."""
         self.mask, self.sums, self.counts = mask, {}, {}
 
     def __call__(self, block: int, _bundle, gates: torch.Tensor) -> None:
@@ -80,20 +104,21 @@ class _GateRecorder:
         return {block: self.sums[block] / self.counts[block] for block in self.sums}
 
 
-def gate_means(model: nn.Module, bundle: RouterBundle, batch: Batch, recorder: _GateRecorder | None = None
+def gate_means(model: nn.Module, bundle: RouterBundle, batch: Batch, recorder: GateRecorder | None = None
                ) -> dict[int, torch.Tensor]:
-    """Mean gate per gated block over the batch's non-padding positions and the selected coordinates.
+    """Mean gate per gated block over the batch's non-padding positions and the selected coordinates, from a
+    full forward of the batch (up to the last gated block).
 
-    Runs the model only up to the last gated block. `bundle` must already be attached with `recorder` as its
-    observer when `recorder` is given; otherwise it is attached for this call.
+    `bundle` must already be attached with `recorder` as its observer when `recorder` is given; otherwise it is
+    attached for this call.
     """
     _, blocks = find_decoder_blocks(model)
     handle = None
     if recorder is None:
-        recorder = _GateRecorder()
+        recorder = GateRecorder()
         handle = attach_bundles(model, [bundle], observer=recorder)
     try:
-        batch = batch.to(_input_device(model))
+        batch = batch.to(input_device(model))
         recorder.reset(batch.attention_mask)
         run_until(model, blocks, max(bundle.block_indices),
                   input_ids=batch.input_ids, attention_mask=batch.attention_mask)
@@ -106,9 +131,15 @@ def gate_means(model: nn.Module, bundle: RouterBundle, batch: Batch, recorder: _
 def cru_loss(forget_means: dict[int, torch.Tensor], retain_means: dict[int, torch.Tensor], lam: float
              ) -> torch.Tensor:
     """`mean_l(forget gate mean) + lam * mean_l((retain gate mean - 1)^2)`."""
-    suppress = torch.stack(list(forget_means.values())).mean()
-    keep = torch.stack([(m - 1.0) ** 2 for m in retain_means.values()]).mean()
+    device = next(iter(forget_means.values())).device  # blocks of a split model sit on several devices
+    suppress = torch.stack([m.to(device) for m in forget_means.values()]).mean()
+    keep = torch.stack([(m.to(device) - 1.0) ** 2 for m in retain_means.values()]).mean()
     return suppress + lam * keep
+
+
+# Config fields that describe how training ran, not what it computed: left out of the bundle manifest.
+_NOT_RECORDED = ("progress", "forget_description", "retain_description", "prefix_cache", "prefix_cache_placement",
+                 "prefix_cache_max_gib")
 
 
 def _fingerprint_texts(texts: Sequence[str]) -> str:
@@ -147,7 +178,7 @@ def measure_gate_means(model: nn.Module, tokenizer, bundle: RouterBundle, texts:
     """Mean gate over all `texts` (eval mode): overall and per block, weighted by non-padding tokens."""
     ids = tokenize_texts(tokenizer, texts, max_length)
     pad = pad_token_id(tokenizer)
-    recorder = _GateRecorder()
+    recorder = GateRecorder()
     sums = {b: 0.0 for b in bundle.block_indices}
     counts = {b: 0.0 for b in bundle.block_indices}
     was_training = bundle.training
@@ -166,14 +197,212 @@ def measure_gate_means(model: nn.Module, tokenizer, bundle: RouterBundle, texts:
     return {"mean": sum(per_block.values()) / len(per_block), "per_block": per_block}
 
 
+def router_schedule(n_forget: int, n_retain: int, batch_size: int, epochs: int, seed: int
+                    ) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
+    """The rows of every training step, `[(forget_rows, retain_rows), ...]`, and the first retain permutation.
+
+    Each epoch shuffles the forget set; retain batches cycle through their own shuffled order, independent of
+    the forget set's size. One seeded generator draws both, in this order, so a seed fixes every batch.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    steps: list[tuple[list[int], list[int]]] = []
+    retain_order: list[int] = []
+    first_retain_permutation: list[int] = []
+    for _epoch in range(epochs):
+        forget_order = torch.randperm(n_forget, generator=generator).tolist()
+        for start in range(0, n_forget, batch_size):
+            take = []
+            while len(take) < min(batch_size, n_retain):
+                if not retain_order:
+                    retain_order = torch.randperm(n_retain, generator=generator).tolist()
+                    first_retain_permutation = first_retain_permutation or list(retain_order)
+                take.append(retain_order.pop(0))
+            steps.append((forget_order[start:start + batch_size], take))
+    return steps, first_retain_permutation
+
+
+@dataclass
+class StepResult:
+    """What one router step measured (gate means are over the selected coordinates and real tokens)."""
+    loss: float
+    forget_gate_mean: float
+    retain_gate_mean: float
+
+
+class RouterTrainer:
+    """Phase 2 on tokenized corpora: the training step, the schedule, and the final gate measurement.
+
+    Used as a context manager: entering freezes the base (no grad, eval mode), attaches `bundle` with a
+    `GateRecorder` and creates the Adam optimizer over the router parameters only; leaving detaches the routers
+    and restores the base's `requires_grad` flags and mode. Typical use (what `train_routers` does)::
+
+        with RouterTrainer(model, bundle, forget_ids, retain_ids, config, pad_id=pad) as trainer:
+            trainer.prepare()                     # prefix passes (once per example)
+            trainer.train()                       # every step of `trainer.steps`
+            forget = trainer.measure("forget")    # final gate means, eval mode
+            retain = trainer.measure("retain")
+
+    `trainer.step(forget_rows, retain_rows)` runs one step on rows of the two corpora; `trainer.timings` holds
+    the seconds spent in prefix passes, router steps and the final gate measurement.
+    """
+
+    def __init__(self, model: nn.Module, bundle: RouterBundle, forget_ids: Sequence[Sequence[int]],
+                 retain_ids: Sequence[Sequence[int]], config: RouterTrainingConfig | None = None, *,
+                 pad_id: int = 0):
+        self.config = config = config or RouterTrainingConfig()
+        if not forget_ids or not retain_ids:
+            raise ValueError("RouterTrainer needs a non-empty forget and retain set")
+        self.model, self.bundle, self.pad_id = model, bundle, int(pad_id)
+        self.ids = {"forget": [list(x) for x in forget_ids], "retain": [list(x) for x in retain_ids]}
+        self.steps, first_permutation = router_schedule(len(forget_ids), len(retain_ids), config.batch_size,
+                                                        config.epochs, config.seed)
+        limit = config.final_retain_rows
+        self.measured_rows = {
+            "forget": list(range(len(forget_ids))),
+            "retain": (list(range(len(retain_ids))) if limit is None or limit >= len(retain_ids)
+                       else sorted(first_permutation[:limit])),
+        }
+        # Every row whose prefix is needed: all forget rows, the retain rows in order of first use.
+        needed = {("forget", i): None for i in range(len(forget_ids))}
+        for _, retain_rows in self.steps:
+            needed.update({("retain", i): None for i in retain_rows})
+        needed.update({("retain", i): None for i in self.measured_rows["retain"]})
+        self.prefix = FrozenPrefix(model, min(bundle.block_indices), max(bundle.block_indices))
+        base_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.cache = PrefixCache(self.prefix, {key: self.ids[key[0]][key[1]] for key in needed},
+                                 enabled=config.prefix_cache, placement=config.prefix_cache_placement,
+                                 max_gib=config.prefix_cache_max_gib, base_bytes=base_bytes)
+        self.optimizer = torch.optim.Adam(bundle.routers.parameters(), lr=config.lr)
+        self.recorder = GateRecorder()
+        self.timings = {"prefix_s": 0.0, "steps_s": 0.0, "final_gates_s": 0.0}
+        self._handle = None
+        self._saved: dict = {}
+
+    # -- session -------------------------------------------------------------------------------------------
+    def __enter__(self) -> "RouterTrainer":
+        model = self.model
+        self._saved = {"requires_grad": {name: p.requires_grad for name, p in model.named_parameters()},
+                       "training": model.training}
+        for param in model.parameters():  # no gradient, no optimizer state for any base parameter
+            param.requires_grad_(False)
+        model.eval()  # dropout off: the base is evaluated, not trained
+        self.bundle.train()
+        self._handle = attach_bundles(model, [self.bundle], observer=self.recorder)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        flags = self._saved.get("requires_grad", {})
+        for name, param in self.model.named_parameters():
+            param.requires_grad_(flags.get(name, param.requires_grad))
+        self.model.train(self._saved.get("training", self.model.training))
+        self.bundle.eval()
+
+    def _check_active(self) -> None:
+        if self._handle is None:
+            raise RuntimeError("use RouterTrainer as a context manager: `with RouterTrainer(...) as trainer:`")
+
+    def _sync(self) -> None:
+        if self.prefix.device.type == "cuda":
+            torch.cuda.synchronize(self.prefix.device)
+
+    # -- phases --------------------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Compute the prefix of every example the schedule and the final measurement need (with the cache
+        on; a no-op with it off)."""
+        self._check_active()
+        if not self.cache.enabled or self.cache.built:
+            return
+        started = time.perf_counter()
+        with tqdm(total=len(self.cache.sequences), desc="CRU prefix", disable=not self.config.progress,
+                  leave=False) as progress:
+            self.cache.build(progress)
+        self._sync()
+        self.timings["prefix_s"] += time.perf_counter() - started
+
+    def _gate_means(self, corpus: str, rows: Sequence[int]) -> dict[int, torch.Tensor]:
+        batch = collate([self.ids[corpus][i] for i in rows], self.pad_id)
+        started = None if self.cache.built else time.perf_counter()
+        hidden = self.cache.batch([(corpus, i) for i in rows], batch.input_ids.shape[1])
+        if started is not None:  # cache off: the prefix is recomputed here
+            self._sync()
+            self.timings["prefix_s"] += time.perf_counter() - started
+        self.recorder.reset(batch.attention_mask)
+        self.prefix.gated_forward(hidden, batch)
+        return self.recorder.block_means()
+
+    def step(self, forget_rows: Sequence[int], retain_rows: Sequence[int]) -> StepResult:
+        """One optimizer step on a forget batch and a retain batch (row indices of the two corpora)."""
+        self._check_active()
+        forget_means = self._gate_means("forget", forget_rows)
+        retain_means = self._gate_means("retain", retain_rows)
+        loss = cru_loss(forget_means, retain_means, self.config.lam)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return StepResult(loss.item(), _mean_of(forget_means), _mean_of(retain_means))
+
+    def train(self) -> StepResult | None:
+        """Run every step of the schedule; returns the last step's result."""
+        self._check_active()
+        self.prepare()
+        result = None
+        prefix_before = self.timings["prefix_s"]
+        started = time.perf_counter()
+        with tqdm(total=len(self.steps), desc="CRU routers", disable=not self.config.progress,
+                  leave=False) as progress:
+            for forget_rows, retain_rows in self.steps:
+                result = self.step(forget_rows, retain_rows)
+                progress.set_postfix(forget=f"{result.forget_gate_mean:.3f}",
+                                     retain=f"{result.retain_gate_mean:.3f}", loss=f"{result.loss:.3f}")
+                progress.update(1)
+        self._sync()
+        self.timings["steps_s"] += time.perf_counter() - started - (self.timings["prefix_s"] - prefix_before)
+        return result
+
+    @torch.no_grad()
+    def measure(self, corpus: str, rows: Sequence[int] | None = None) -> dict:
+        """Mean gate (eval mode) over `rows` of `corpus` ("forget" or "retain"; default: the rows
+        `measured_rows` names): overall and per block, weighted by non-padding tokens."""
+        self._check_active()
+        rows = list(self.measured_rows[corpus] if rows is None else rows)
+        started = time.perf_counter()
+        was_training = self.bundle.training
+        self.bundle.eval()
+        sums = {b: 0.0 for b in self.bundle.block_indices}
+        counts = {b: 0.0 for b in self.bundle.block_indices}
+        try:
+            for start in range(0, len(rows), self.config.batch_size):
+                self._gate_means(corpus, rows[start:start + self.config.batch_size])
+                for b in self.bundle.block_indices:
+                    sums[b] += float(self.recorder.sums[b])
+                    counts[b] += self.recorder.counts[b]
+        finally:
+            self.bundle.train(was_training)
+        self._sync()
+        self.timings["final_gates_s"] += time.perf_counter() - started
+        per_block = {str(b): sums[b] / counts[b] for b in self.bundle.block_indices}
+        return {"mean": sum(per_block.values()) / len(per_block), "per_block": per_block, "rows": len(rows)}
+
+
+def _mean_of(means: dict[int, torch.Tensor]) -> float:
+    device = next(iter(means.values())).device
+    return torch.stack([m.detach().to(device) for m in means.values()]).mean().item()
+
+
 def train_routers(model: nn.Module, tokenizer, forget_texts: Sequence[str], retain_texts: Sequence[str],
-                  config: RouterTrainingConfig | None = None, *, localization: Localization | None = None
-                  ) -> RouterBundle:
+                  config: RouterTrainingConfig | None = None, *, localization: Localization | None = None,
+                  timings: dict | None = None) -> RouterBundle:
     """Localize on `forget_texts` (unless `localization` is given), then train one router per selected block so
     gates close on forget inputs and stay open on retain inputs. Returns the trained `RouterBundle`, whose
-    `config.metrics` holds the final forget/retain gate means measured over both corpora in eval mode.
+    `config.metrics` holds the final forget/retain gate means (eval mode) over the whole forget set and the
+    retain rows `config.final_retain_rows` allows.
 
-    The base model's parameters are never updated; their `requires_grad` flags are restored afterwards.
+    The base model's parameters are never updated; their `requires_grad` flags are restored afterwards. A dict
+    passed as `timings` receives the seconds spent in localization, prefix passes, router steps and the final
+    gate measurement.
     """
     config = config or RouterTrainingConfig()
     forget_texts, retain_texts = list(forget_texts), list(retain_texts)
@@ -184,79 +413,31 @@ def train_routers(model: nn.Module, tokenizer, forget_texts: Sequence[str], reta
     max_length = fit_to_context(model, config.max_length, lambda: {
         side: [len(ids) for ids in tokenize_texts(tokenizer, texts, config.max_length)]
         for side, texts in (("forget", forget_texts), ("retain", retain_texts))})
+    started = time.perf_counter()
     if localization is None:
         localization = localize(model, tokenizer, forget_texts, blocks=config.blocks, last_k=config.last_k,
                                 percentile=config.percentile, selection=config.selection, seed=config.seed,
                                 batch_size=config.batch_size, max_length=max_length)
+    localization_s = time.perf_counter() - started
     bundle = new_bundle(model, localization, config)
 
     forget_ids = tokenize_texts(tokenizer, forget_texts, max_length)
     retain_ids = tokenize_texts(tokenizer, retain_texts, max_length)
-    pad = pad_token_id(tokenizer)
-    generator = torch.Generator().manual_seed(config.seed)
-    steps_per_epoch = math.ceil(len(forget_ids) / config.batch_size)
-    total_steps = steps_per_epoch * config.epochs
+    with RouterTrainer(model, bundle, forget_ids, retain_ids, config, pad_id=pad_token_id(tokenizer)) as trainer:
+        trainer.prepare()
+        last = trainer.train()
+        forget_final = trainer.measure("forget")
+        retain_final = trainer.measure("retain")
 
-    # Freeze the base: no gradient, no optimizer state for any of its parameters.
-    requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
-    for param in model.parameters():
-        param.requires_grad_(False)
-    model_was_training = model.training
-    model.eval()  # dropout off: the base is evaluated, not trained
-    bundle.train()
-    optimizer = torch.optim.Adam(bundle.routers.parameters(), lr=config.lr)
-    recorder = _GateRecorder()
-    handle = attach_bundles(model, [bundle], observer=recorder)
-    retain_order: list[int] = []
-    loss_value, forget_mean, retain_mean = float("nan"), float("nan"), float("nan")
-    progress = tqdm(total=total_steps, desc="CRU routers", disable=not config.progress, leave=False)
-    try:
-        for _epoch in range(config.epochs):
-            forget_order = torch.randperm(len(forget_ids), generator=generator).tolist()
-            for start in range(0, len(forget_order), config.batch_size):
-                forget_batch = collate([forget_ids[i] for i in forget_order[start:start + config.batch_size]], pad)
-                # Retain batches cycle through their own shuffled order, independent of the forget set's size.
-                take = []
-                while len(take) < min(config.batch_size, len(retain_ids)):
-                    if not retain_order:
-                        retain_order = torch.randperm(len(retain_ids), generator=generator).tolist()
-                    take.append(retain_order.pop(0))
-                retain_batch = collate([retain_ids[i] for i in take], pad)
-
-                forget_means = gate_means(model, bundle, forget_batch, recorder)
-                retain_means = gate_means(model, bundle, retain_batch, recorder)
-                loss = cru_loss(forget_means, retain_means, config.lam)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-
-                loss_value = loss.item()
-                forget_mean = torch.stack(list(forget_means.values())).mean().item()
-                retain_mean = torch.stack(list(retain_means.values())).mean().item()
-                progress.set_postfix(forget=f"{forget_mean:.3f}", retain=f"{retain_mean:.3f}",
-                                     loss=f"{loss_value:.3f}")
-                progress.update(1)
-    finally:
-        progress.close()
-        handle.remove()
-        for name, param in model.named_parameters():
-            param.requires_grad_(requires_grad.get(name, param.requires_grad))
-        model.train(model_was_training)
-    bundle.eval()
-
-    forget_final = measure_gate_means(model, tokenizer, bundle, forget_texts, batch_size=config.batch_size,
-                                      max_length=max_length)
-    retain_final = measure_gate_means(model, tokenizer, bundle, retain_texts, batch_size=config.batch_size,
-                                      max_length=max_length)
     bundle.config.metrics = {
         "forget_gate_mean": forget_final["mean"], "retain_gate_mean": retain_final["mean"],
         "forget_gate_mean_per_block": forget_final["per_block"],
         "retain_gate_mean_per_block": retain_final["per_block"],
-        "final_loss": loss_value, "last_batch_forget_gate_mean": forget_mean,
-        "last_batch_retain_gate_mean": retain_mean, "steps": total_steps,
+        "forget_gate_rows": forget_final["rows"], "retain_gate_rows": retain_final["rows"],
+        "final_loss": last.loss, "last_batch_forget_gate_mean": last.forget_gate_mean,
+        "last_batch_retain_gate_mean": last.retain_gate_mean, "steps": len(trainer.steps),
     }
-    bundle.config.training = {k: v for k, v in asdict(config).items()
-                              if k not in ("progress", "forget_description", "retain_description")}
+    bundle.config.training = {k: v for k, v in asdict(config).items() if k not in _NOT_RECORDED}
     bundle.config.training_data = {
         "forget": {"description": config.forget_description, "n_examples": len(forget_texts),
                    "sha256_16": _fingerprint_texts(forget_texts)},
@@ -264,4 +445,9 @@ def train_routers(model: nn.Module, tokenizer, forget_texts: Sequence[str], reta
                    "sha256_16": _fingerprint_texts(retain_texts)},
         "localization_examples": localization.n_examples,
     }
+    if timings is not None:
+        timings.update({"localization_s": localization_s, **trainer.timings,
+                        "prefix_cache": trainer.cache.enabled, "prefix_rows": len(trainer.cache.sequences),
+                        "prefix_cache_gib": trainer.cache.nbytes / 2 ** 30 if trainer.cache.enabled else 0.0,
+                        "prefix_cache_device": str(trainer.cache.device) if trainer.cache.enabled else None})
     return bundle
