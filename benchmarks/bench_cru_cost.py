@@ -1,8 +1,10 @@
 """Cost of CRU vs full fine-tuning on a >=100M-parameter model, same batch, same machine, same run.
 
 Measures, each side in its own subprocess so peak memory does not leak from one into the other:
-  - router training step (two forwards up to the last gated block + router backward/step) vs one
-    full-parameter AdamW step (forward + LM loss + backward + step), time per step and peak RSS;
+  - router training step (`RouterTrainer.step`: the gated blocks on the cached prefix of a forget and a retain
+    batch + router backward/step; the prefix passes, once per example, timed apart), the same step without the
+    prefix cache (two forwards up to the last gated block), and one full-parameter AdamW step (forward + LM
+    loss + backward + step): time per step and peak RSS;
   - localization over the forget batches vs one plain forward over the same batches.
 
     python benchmarks/bench_cru_cost.py                      # random-init Llama of ~134M parameters
@@ -17,7 +19,7 @@ import subprocess
 import sys
 import time
 
-SIDES = ("router_step", "full_adamw_step", "localization", "plain_forward")
+SIDES = ("router_step", "router_step_uncached", "full_adamw_step", "localization", "plain_forward")
 
 
 def _peak_rss_mib() -> float:
@@ -54,6 +56,11 @@ def _batches(vocab_size: int, n_batches: int, batch_size: int, seq_len: int, see
     return batches
 
 
+def _token_lists(batches) -> list[list[int]]:
+    """The real (unpadded) token ids of every row of `batches`."""
+    return [ids[mask.bool()].tolist() for batch in batches for ids, mask in zip(batch.input_ids, batch.attention_mask)]
+
+
 def run_side(side: str, args) -> dict:
     import torch
 
@@ -66,32 +73,30 @@ def run_side(side: str, args) -> dict:
     rss_after_load = _peak_rss_mib()
     times = []
 
-    if side == "router_step":
-        from cru_harness.cru.attach import attach_bundles
+    if side in ("router_step", "router_step_uncached"):
+        from cru_harness.cru import RouterTrainer, RouterTrainingConfig
         from cru_harness.cru.localize import localize_batches
-        from cru_harness.cru.train import RouterTrainingConfig, _GateRecorder, cru_loss, gate_means, new_bundle
+        from cru_harness.cru.train import new_bundle
 
         n_layers = model.config.num_hidden_layers
-        config = RouterTrainingConfig(d_r=args.d_r, percentile=args.percentile)
+        config = RouterTrainingConfig(d_r=args.d_r, percentile=args.percentile, batch_size=args.batch_size,
+                                      progress=False, prefix_cache=side == "router_step")
         loc = localize_batches(model, forget[:2], block_indices=list(range(n_layers - 4, n_layers)),
                                percentile=args.percentile)
-        bundle = new_bundle(model, loc, config).train()
-        for param in model.parameters():
-            param.requires_grad_(False)
-        optimizer = torch.optim.Adam(bundle.parameters(), lr=1e-3)
-        recorder = _GateRecorder()
-        handle = attach_bundles(model, [bundle], observer=recorder)
-        for step in range(args.steps + 1):
+        bundle = new_bundle(model, loc, config)
+        forget_ids, retain_ids = _token_lists(forget), _token_lists(retain)
+        with RouterTrainer(model, bundle, forget_ids, retain_ids, config) as trainer:
             started = time.perf_counter()
-            loss = cru_loss(gate_means(model, bundle, forget[step], recorder),
-                            gate_means(model, bundle, retain[step], recorder), config.lam)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            if step:  # the first step allocates optimizer state; time the steady state
-                times.append(time.perf_counter() - started)
-        handle.remove()
-        extra = {"router_parameters": bundle.num_router_parameters()}
+            trainer.prepare()  # the prefix passes: once per example (a no-op without the cache)
+            prefix_seconds = time.perf_counter() - started
+            for step in range(args.steps + 1):
+                rows = list(range(step * args.batch_size, (step + 1) * args.batch_size))
+                started = time.perf_counter()
+                trainer.step(rows, rows)
+                if step:  # the first step allocates optimizer state; time the steady state
+                    times.append(time.perf_counter() - started)
+        extra = {"router_parameters": bundle.num_router_parameters(), "prefix_seconds": prefix_seconds,
+                 "prefix_rows": len(forget_ids) + len(retain_ids)}
     elif side == "full_adamw_step":
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
@@ -159,6 +164,7 @@ def main(argv=None) -> int:
               f"(after load {r['rss_after_load_mib']:.0f} MiB)", flush=True)
 
     router, full = results["router_step"], results["full_adamw_step"]
+    uncached = results["router_step_uncached"]
     loc, fwd = results["localization"], results["plain_forward"]
     print(f"\nmodel: {args.model}, {router['base_parameters'] / 1e6:.1f}M parameters; batch {args.batch_size}x"
           f"{args.seq_len}; router parameters {router['router_parameters']:,} "
@@ -167,6 +173,8 @@ def main(argv=None) -> int:
           f"peak RSS {router['peak_rss_mib'] / full['peak_rss_mib']:.3f}x, RSS growth over the loaded model "
           f"{(router['peak_rss_mib'] - router['rss_after_load_mib']):.0f} vs "
           f"{(full['peak_rss_mib'] - full['rss_after_load_mib']):.0f} MiB")
+    print(f"router step without / with the prefix cache: {uncached['seconds'] / router['seconds']:.2f}x; prefix "
+          f"passes {router['prefix_seconds']:.3f} s for {router['prefix_rows']} rows (once per example)")
     print(f"localization / plain forward over the same {args.steps + 1} batches: time "
           f"{loc['seconds'] / fwd['seconds']:.3f}x, peak RSS {loc['peak_rss_mib'] / fwd['peak_rss_mib']:.3f}x")
     return 0

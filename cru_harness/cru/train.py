@@ -49,9 +49,9 @@ class RouterTrainingConfig:
     forget_description: str = ""    # recorded in the manifest (e.g. "tofu:forget10")
     retain_description: str = ""
     progress: bool = True
-    # Rows of the retain set the final gate measurement reads: the first ones of the seeded training order
-    # (sorted); None = all. Bounded because a full retain split (TOFU retain90: 3,600 rows) would cost more
-    # prefix passes than the training itself.
+    # Rows of the retain set the final gate measurement reads: the first ones training drew (a seeded sample),
+    # None = every row training drew. Bounded because a full retain split (TOFU retain90: 3,600 rows) would cost
+    # more prefix passes than the training itself.
     final_retain_rows: int | None = 1000
     # Execution only (results are identical either way, so not recorded in the bundle): compute the input of the
     # first gated block once per example and reuse it; where to keep it ("auto": the gated block's device while
@@ -198,8 +198,8 @@ def measure_gate_means(model: nn.Module, tokenizer, bundle: RouterBundle, texts:
 
 
 def router_schedule(n_forget: int, n_retain: int, batch_size: int, epochs: int, seed: int
-                    ) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
-    """The rows of every training step, `[(forget_rows, retain_rows), ...]`, and the first retain permutation.
+                    ) -> list[tuple[list[int], list[int]]]:
+    """The rows of every training step, `[(forget_rows, retain_rows), ...]`.
 
     Each epoch shuffles the forget set; retain batches cycle through their own shuffled order, independent of
     the forget set's size. One seeded generator draws both, in this order, so a seed fixes every batch.
@@ -207,7 +207,6 @@ def router_schedule(n_forget: int, n_retain: int, batch_size: int, epochs: int, 
     generator = torch.Generator().manual_seed(seed)
     steps: list[tuple[list[int], list[int]]] = []
     retain_order: list[int] = []
-    first_retain_permutation: list[int] = []
     for _epoch in range(epochs):
         forget_order = torch.randperm(n_forget, generator=generator).tolist()
         for start in range(0, n_forget, batch_size):
@@ -215,10 +214,9 @@ def router_schedule(n_forget: int, n_retain: int, batch_size: int, epochs: int, 
             while len(take) < min(batch_size, n_retain):
                 if not retain_order:
                     retain_order = torch.randperm(n_retain, generator=generator).tolist()
-                    first_retain_permutation = first_retain_permutation or list(retain_order)
                 take.append(retain_order.pop(0))
             steps.append((forget_order[start:start + batch_size], take))
-    return steps, first_retain_permutation
+    return steps
 
 
 @dataclass
@@ -254,14 +252,14 @@ class RouterTrainer:
             raise ValueError("RouterTrainer needs a non-empty forget and retain set")
         self.model, self.bundle, self.pad_id = model, bundle, int(pad_id)
         self.ids = {"forget": [list(x) for x in forget_ids], "retain": [list(x) for x in retain_ids]}
-        self.steps, first_permutation = router_schedule(len(forget_ids), len(retain_ids), config.batch_size,
+        self.steps = router_schedule(len(forget_ids), len(retain_ids), config.batch_size,
                                                         config.epochs, config.seed)
+        # The final retain measurement reads the retain rows training drew (their prefixes are cached), at most
+        # `final_retain_rows` of them in the order first drawn: a seeded sample, and all rows of a small set.
+        drawn = list(dict.fromkeys(i for _, retain_rows in self.steps for i in retain_rows))
         limit = config.final_retain_rows
-        self.measured_rows = {
-            "forget": list(range(len(forget_ids))),
-            "retain": (list(range(len(retain_ids))) if limit is None or limit >= len(retain_ids)
-                       else sorted(first_permutation[:limit])),
-        }
+        self.measured_rows = {"forget": list(range(len(forget_ids))),
+                              "retain": sorted(drawn if limit is None else drawn[:limit])}
         # Every row whose prefix is needed: all forget rows, the retain rows in order of first use.
         needed = {("forget", i): None for i in range(len(forget_ids))}
         for _, retain_rows in self.steps:
