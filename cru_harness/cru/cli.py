@@ -37,6 +37,9 @@ def register(subparsers) -> None:
     unlearn.add_argument("--seed", type=int, default=0)
     unlearn.add_argument("--input-norm", choices=("none", "rms"), default="none",
                          help="router input normalisation (default none, as in the paper)")
+    unlearn.add_argument("--no-prefix-cache", action="store_true",
+                         help="recompute the frozen blocks below the gated ones at every step instead of once per "
+                              "example (same routers, less memory, slower)")
     unlearn.add_argument("--dtype", choices=DTYPES, default="float32",
                          help="dtype to run the frozen base in (routers are always float32)")
     unlearn.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -93,7 +96,8 @@ def run_unlearn(args: argparse.Namespace) -> int:
         last_k=args.last_k, blocks=_parse_blocks(args.blocks), percentile=args.percentile,
         selection=args.selection, d_r=args.d_r, lam=args.lam, epochs=args.epochs, lr=args.lr,
         batch_size=args.batch_size, max_length=args.max_length, seed=args.seed, input_norm=args.input_norm,
-        forget_description=str(args.forget), retain_description=str(args.retain), progress=not args.no_progress)
+        forget_description=str(args.forget), retain_description=str(args.retain), progress=not args.no_progress,
+        prefix_cache=not args.no_prefix_cache)
     forget = _load_corpus(args.forget, args.data_dir, "forget")
     retain = _load_corpus(args.retain, args.data_dir, "retain")
     try:
