@@ -241,7 +241,8 @@ class RouterTrainer:
             retain = trainer.measure("retain")
 
     `trainer.step(forget_rows, retain_rows)` runs one step on rows of the two corpora; `trainer.timings` holds
-    the seconds spent in prefix passes, router steps and the final gate measurement.
+    the seconds spent in prefix passes (wherever they ran: all up front with the cache, inside steps and the
+    measurement without it), in router steps and in the final gate measurement (both less their prefix passes).
     """
 
     def __init__(self, model: nn.Module, bundle: RouterBundle, forget_ids: Sequence[Sequence[int]],
@@ -366,6 +367,7 @@ class RouterTrainer:
         `measured_rows` names): overall and per block, weighted by non-padding tokens."""
         self._check_active()
         rows = list(self.measured_rows[corpus] if rows is None else rows)
+        prefix_before = self.timings["prefix_s"]
         started = time.perf_counter()
         was_training = self.bundle.training
         self.bundle.eval()
@@ -380,7 +382,7 @@ class RouterTrainer:
         finally:
             self.bundle.train(was_training)
         self._sync()
-        self.timings["final_gates_s"] += time.perf_counter() - started
+        self.timings["final_gates_s"] += time.perf_counter() - started - (self.timings["prefix_s"] - prefix_before)
         per_block = {str(b): sums[b] / counts[b] for b in self.bundle.block_indices}
         return {"mean": sum(per_block.values()) / len(per_block), "per_block": per_block, "rows": len(rows)}
 
