@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -61,7 +62,8 @@ def main(argv=None) -> int:
                   f", prefix {timings['prefix_s']:.1f}, steps {timings['steps_s']:.1f}, final gates "
                   f"{timings['final_gates_s']:.1f})", flush=True)
     identical = bundles[True] == bundles[False]
-    record = {"machine": f"{platform.machine()} CPU, {args.threads} torch thread(s), shared with other jobs",
+    record = {"machine": f"{platform.machine()} CPU, {os.cpu_count()} cores, {args.threads} torch thread(s), shared "
+                         "with other jobs",
               "model": "SmolLM2-135M-Instruct (fp32)", "data": f"TOFU forget10[:{args.rows}] / retain90",
               "epochs": args.epochs, "batch_size": args.batch_size, "torch": torch.__version__, "runs": runs,
               "bundles_byte_identical": identical, "speedup": runs[1]["wall_s"] / runs[0]["wall_s"]}
