@@ -160,7 +160,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"side {side} failed (exit {proc.returncode})")
         results[side] = json.loads(proc.stdout.strip().splitlines()[-1])
         r = results[side]
-        print(f"{side:<16} {r['seconds']:8.3f} s   peak RSS {r['peak_rss_mib']:8.0f} MiB "
+        print(f"{side:<20} {r['seconds']:8.3f} s   peak RSS {r['peak_rss_mib']:8.0f} MiB "
               f"(after load {r['rss_after_load_mib']:.0f} MiB)", flush=True)
 
     router, full = results["router_step"], results["full_adamw_step"]
