@@ -25,10 +25,11 @@ from .blocks import StopForward, block_device, block_output_tensor, find_decoder
 from .localize import Batch, input_device
 
 CACHE_PLACEMENTS = ("auto", "cpu", "device")
-# "auto" keeps the cache on an accelerator only while it is this small a share of the base's weights: CRU's
-# point is a peak memory of about the base alone, and a step copies one batch of prefixes (a few MiB) from
-# pinned host memory, which costs next to nothing.
+# "auto" keeps the cache on an accelerator only while it is at most this share of the base's weights (or this
+# many bytes, for small bases): CRU's point is a peak memory of about the base alone, and a step copies one batch
+# of prefixes (a few MiB) from pinned host memory, which costs next to nothing.
 AUTO_DEVICE_SHARE = 0.02
+AUTO_DEVICE_MIN_BYTES = 256 * 1024 ** 2
 GIB = 1024 ** 3
 
 
@@ -163,7 +164,7 @@ def plan_placement(nbytes: int, device: torch.device, placement: str, base_bytes
                     f"{device} ({free / GIB:.2f} GiB); use prefix_cache_placement='cpu' or 'auto', or "
                     "prefix_cache=False")
             return device
-        if fits_device and nbytes <= AUTO_DEVICE_SHARE * base_bytes:
+        if fits_device and nbytes <= max(AUTO_DEVICE_SHARE * base_bytes, AUTO_DEVICE_MIN_BYTES):
             return device
     if nbytes > host_bound:
         raise PrefixCacheError(
