@@ -170,3 +170,22 @@ def test_device_map_loaded_base_trains_the_same_bundle(tokenizer, tmp_path):
     first = train_routers(model, tokenizer, FORGET, RETAIN, config).save_pretrained(tmp_path / "plain")
     second = train_routers(mapped, tokenizer, FORGET, RETAIN, config).save_pretrained(tmp_path / "mapped")
     assert (first / WEIGHTS_NAME).read_bytes() == (second / WEIGHTS_NAME).read_bytes()
+
+
+def test_cache_placement_policy(monkeypatch):
+    """Where the cache goes for a base on a GPU (free memory faked, so this runs on the CPU)."""
+    from cru_harness.cru.prefix import GIB, plan_placement
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * GIB, 80 * GIB))
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    base = 14 * GIB  # a 3.8B model in float32
+    assert plan_placement(GIB // 8, gpu, "auto", base, max_gib=100) == gpu        # small: on the GPU
+    assert plan_placement(GIB // 4, gpu, "auto", base, max_gib=100) == gpu        # <= 2 % of the weights
+    assert plan_placement(GIB, gpu, "auto", base, max_gib=100) == cpu             # larger: host memory
+    assert plan_placement(GIB, gpu, "cpu", base, max_gib=100) == cpu
+    assert plan_placement(4 * GIB, gpu, "device", base, max_gib=100) == gpu
+    with pytest.raises(PrefixCacheError, match="more than half the free memory of cuda:0"):
+        plan_placement(6 * GIB, gpu, "device", base, max_gib=100)
+    with pytest.raises(PrefixCacheError, match="host-memory bound of 2.00 GiB"):
+        plan_placement(3 * GIB, gpu, "auto", base, max_gib=2)
+    assert plan_placement(GIB, cpu, "device", base, max_gib=100) == cpu           # a CPU base: the CPU
