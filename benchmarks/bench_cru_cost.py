@@ -89,6 +89,7 @@ def run_side(side: str, args) -> dict:
             started = time.perf_counter()
             trainer.prepare()  # the prefix passes: once per example (a no-op without the cache)
             prefix_seconds = time.perf_counter() - started
+            prefix_rows = len(trainer.cache.keep) if trainer.cache.enabled else 0
             for step in range(args.steps + 1):
                 rows = list(range(step * args.batch_size, (step + 1) * args.batch_size))
                 started = time.perf_counter()
@@ -96,7 +97,7 @@ def run_side(side: str, args) -> dict:
                 if step:  # the first step allocates optimizer state; time the steady state
                     times.append(time.perf_counter() - started)
         extra = {"router_parameters": bundle.num_router_parameters(), "prefix_seconds": prefix_seconds,
-                 "prefix_rows": len(forget_ids) + len(retain_ids)}
+                 "prefix_rows": prefix_rows}
     elif side == "full_adamw_step":
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)

@@ -175,13 +175,16 @@ def plan_placement(nbytes: int, device: torch.device, placement: str, base_bytes
 
 
 class PrefixCache:
-    """Per-example prefixes for keyed token sequences, computed once (`build`) into one flat buffer, or -- when
-    disabled -- recomputed on every `batch` call. Both give identical values."""
+    """Per-example prefixes of keyed token sequences: those named by `keep` are computed once (`build`) into one
+    flat buffer; any other key -- or every key, when disabled -- is recomputed on each `batch` call. Both give
+    identical values."""
 
-    def __init__(self, prefix: FrozenPrefix, sequences: Mapping[Hashable, Sequence[int]], *, enabled: bool = True,
-                 placement: str = "auto", max_gib: float | None = None, base_bytes: int = 0):
-        self.prefix, self.sequences, self.enabled = prefix, dict(sequences), enabled
-        self.n_tokens = sum(len(ids) for ids in self.sequences.values())
+    def __init__(self, prefix: FrozenPrefix, sequences: Mapping[Hashable, Sequence[int]],
+                 keep: Sequence[Hashable] | None = None, *, enabled: bool = True, placement: str = "auto",
+                 max_gib: float | None = None, base_bytes: int = 0):
+        self.prefix, self.sequences, self.enabled = prefix, sequences, enabled
+        self.keep = list(dict.fromkeys(sequences if keep is None else keep))
+        self.n_tokens = sum(len(sequences[key]) for key in self.keep)
         itemsize = torch.empty((), dtype=prefix.dtype).element_size()
         self.nbytes = self.n_tokens * prefix.hidden_size * itemsize
         self.device: torch.device | None = None
@@ -195,26 +198,29 @@ class PrefixCache:
         return self._buffer is not None
 
     def build(self, progress=None) -> None:
-        """Compute every sequence's prefix once (a no-op when disabled or already built)."""
-        if not self.enabled or self.built:
+        """Compute the prefix of every kept sequence once (a no-op when disabled or already built)."""
+        if not self.enabled or self.built or not self.keep:
             return
         pin = self.device.type == "cpu" and self.prefix.device.type == "cuda"
         buffer = None
         start = 0
-        for key, ids in self.sequences.items():
-            value = self.prefix.example(ids)
+        for key in self.keep:
+            value = self.prefix.example(self.sequences[key])
             if buffer is None:  # the dtype the blocks really receive
                 buffer = torch.empty(self.n_tokens, value.shape[-1], dtype=value.dtype, device=self.device,
                                      pin_memory=pin)
-            buffer[start:start + len(ids)] = value.to(self.device)
-            self._offsets[key] = (start, start + len(ids))
-            start += len(ids)
+            buffer[start:start + value.shape[0]] = value.to(self.device)
+            self._offsets[key] = (start, start + value.shape[0])
+            start += value.shape[0]
             if progress is not None:
                 progress.update(1)
         self._buffer = buffer
 
+    def cached(self, key: Hashable) -> bool:
+        return key in self._offsets
+
     def get(self, key: Hashable) -> torch.Tensor:
-        if self.built:
+        if key in self._offsets:
             start, end = self._offsets[key]
             return self._buffer[start:end]
         return self.prefix.example(self.sequences[key])

@@ -235,7 +235,7 @@ class RouterTrainer:
     and restores the base's `requires_grad` flags and mode. Typical use (what `train_routers` does)::
 
         with RouterTrainer(model, bundle, forget_ids, retain_ids, config, pad_id=pad) as trainer:
-            trainer.prepare()                     # prefix passes (once per example)
+            trainer.prepare()                     # prefix passes (once per example the schedule uses)
             trainer.train()                       # every step of `trainer.steps`
             forget = trainer.measure("forget")    # final gate means, eval mode
             retain = trainer.measure("retain")
@@ -253,8 +253,8 @@ class RouterTrainer:
             raise ValueError("RouterTrainer needs a non-empty forget and retain set")
         self.model, self.bundle, self.pad_id = model, bundle, int(pad_id)
         self.ids = {"forget": [list(x) for x in forget_ids], "retain": [list(x) for x in retain_ids]}
-        self.steps = router_schedule(len(forget_ids), len(retain_ids), config.batch_size,
-                                                        config.epochs, config.seed)
+        self.steps = router_schedule(len(forget_ids), len(retain_ids), config.batch_size, config.epochs,
+                                     config.seed)
         # The final retain measurement reads the retain rows training drew (their prefixes are cached), at most
         # `final_retain_rows` of them in the order first drawn: a seeded sample, and all rows of a small set.
         drawn = list(dict.fromkeys(i for _, retain_rows in self.steps for i in retain_rows))
@@ -268,8 +268,8 @@ class RouterTrainer:
         needed.update({("retain", i): None for i in self.measured_rows["retain"]})
         self.prefix = FrozenPrefix(model, min(bundle.block_indices), max(bundle.block_indices))
         base_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        self.cache = PrefixCache(self.prefix, {key: self.ids[key[0]][key[1]] for key in needed},
-                                 enabled=config.prefix_cache, placement=config.prefix_cache_placement,
+        sequences = {(corpus, i): ids for corpus, rows in self.ids.items() for i, ids in enumerate(rows)}
+        self.cache = PrefixCache(self.prefix, sequences, list(needed), enabled=config.prefix_cache, placement=config.prefix_cache_placement,
                                  max_gib=config.prefix_cache_max_gib, base_bytes=base_bytes)
         self.optimizer = torch.optim.Adam(bundle.routers.parameters(), lr=config.lr)
         self.recorder = GateRecorder()
@@ -315,7 +315,7 @@ class RouterTrainer:
         if not self.cache.enabled or self.cache.built:
             return
         started = time.perf_counter()
-        with tqdm(total=len(self.cache.sequences), desc="CRU prefix", disable=not self.config.progress,
+        with tqdm(total=len(self.cache.keep), desc="CRU prefix", disable=not self.config.progress,
                   leave=False) as progress:
             self.cache.build(progress)
         self._sync()
@@ -323,9 +323,10 @@ class RouterTrainer:
 
     def _gate_means(self, corpus: str, rows: Sequence[int]) -> dict[int, torch.Tensor]:
         batch = collate([self.ids[corpus][i] for i in rows], self.pad_id)
-        started = None if self.cache.built else time.perf_counter()
-        hidden = self.cache.batch([(corpus, i) for i in rows], batch.input_ids.shape[1])
-        if started is not None:  # cache off: the prefix is recomputed here
+        keys = [(corpus, i) for i in rows]
+        started = None if all(map(self.cache.cached, keys)) else time.perf_counter()
+        hidden = self.cache.batch(keys, batch.input_ids.shape[1])
+        if started is not None:  # cache off (or a row outside the schedule): the prefix is computed here
             self._sync()
             self.timings["prefix_s"] += time.perf_counter() - started
         self.recorder.reset(batch.attention_mask)
@@ -447,7 +448,7 @@ def train_routers(model: nn.Module, tokenizer, forget_texts: Sequence[str], reta
     }
     if timings is not None:
         timings.update({"localization_s": localization_s, **trainer.timings,
-                        "prefix_cache": trainer.cache.enabled, "prefix_rows": len(trainer.cache.sequences),
+                        "prefix_cache": trainer.cache.enabled, "prefix_rows": len(trainer.cache.keep),
                         "prefix_cache_gib": trainer.cache.nbytes / 2 ** 30 if trainer.cache.enabled else 0.0,
                         "prefix_cache_device": str(trainer.cache.device) if trainer.cache.enabled else None})
     return bundle
