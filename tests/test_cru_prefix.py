@@ -190,3 +190,19 @@ def test_cache_placement_policy(monkeypatch):
     with pytest.raises(PrefixCacheError, match="host-memory bound of 2.00 GiB"):
         plan_placement(3 * GIB, gpu, "auto", base, max_gib=2)
     assert plan_placement(GIB, cpu, "device", base, max_gib=100) == cpu           # a CPU base: the CPU
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_base_float32_routers(tokenizer, dtype, tmp_path):
+    """A bf16/fp16 base: the cache holds what the blocks receive (the base's dtype), routers and gate means stay
+    float32, and the cache still changes no byte."""
+    model = build_tiny_model("gpt_neox", tokenizer).to(dtype)
+    prefix = FrozenPrefix(model, 5, 7)
+    assert prefix.example(tokenize_texts(tokenizer, FORGET[:1], 256)[0]).dtype == dtype
+    paths = []
+    for cache in (True, False):
+        bundle = train_routers(model, tokenizer, FORGET, RETAIN, RouterTrainingConfig(**FAST, prefix_cache=cache))
+        assert all(p.dtype == torch.float32 for p in bundle.parameters())
+        assert 0 < bundle.config.metrics["forget_gate_mean"] < 1
+        paths.append(bundle.save_pretrained(tmp_path / str(cache)) / WEIGHTS_NAME)
+    assert paths[0].read_bytes() == paths[1].read_bytes()
