@@ -58,8 +58,8 @@ def main(argv=None) -> int:
                                                     "prefix_rows")},
                          "forget_gate_mean": bundle.config.metrics["forget_gate_mean"],
                          "retain_gate_mean": bundle.config.metrics["retain_gate_mean"]})
-            print(f"prefix cache {'on ' if cache else 'off'}: {wall:7.1f} s  (localization {timings['localization_s']:.1f}"
-                  f", prefix {timings['prefix_s']:.1f}, steps {timings['steps_s']:.1f}, final gates "
+            print(f"prefix cache {'on ' if cache else 'off'}: {wall:7.1f} s  "
+                  f"(localization {timings['localization_s']:.1f}, prefix {timings['prefix_s']:.1f}, steps {timings['steps_s']:.1f}, final gates "
                   f"{timings['final_gates_s']:.1f})", flush=True)
     identical = bundles[True] == bundles[False]
     record = {"machine": f"{platform.machine()} CPU, {os.cpu_count()} cores, {args.threads} torch thread(s), shared "

@@ -21,7 +21,7 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
-from .blocks import StopForward, block_device, block_output_tensor, find_decoder_blocks, hidden_size, run_until
+from .blocks import StopForward, block_device, find_decoder_blocks, hidden_size, run_until
 from .localize import Batch, input_device
 
 CACHE_PLACEMENTS = ("auto", "cpu", "device")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
@@ -269,7 +269,8 @@ class RouterTrainer:
         self.prefix = FrozenPrefix(model, min(bundle.block_indices), max(bundle.block_indices))
         base_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         sequences = {(corpus, i): ids for corpus, rows in self.ids.items() for i, ids in enumerate(rows)}
-        self.cache = PrefixCache(self.prefix, sequences, list(needed), enabled=config.prefix_cache, placement=config.prefix_cache_placement,
+        self.cache = PrefixCache(self.prefix, sequences, list(needed), enabled=config.prefix_cache,
+                                 placement=config.prefix_cache_placement,
                                  max_gib=config.prefix_cache_max_gib, base_bytes=base_bytes)
         self.optimizer = torch.optim.Adam(bundle.routers.parameters(), lr=config.lr)
         self.recorder = GateRecorder()
