@@ -44,7 +44,6 @@ groups; with equal-length continuations both agree.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import logging
 import re
 from pathlib import Path
@@ -61,12 +60,14 @@ from lm_eval.models.huggingface import HFLM, Collator, pad_and_concat
 from cru_harness.errors import UserError
 from cru_harness.lmeval.protocol import (
     EOS_MARKER,
-    PINNED_DATE,
     ROUTER_SEPARATOR,
+    UNK_STOP,
     LoglikelihoodResult,
     RollingResult,
+    pinned_clock,
     pinned_template_kwargs,
     split_eos_marker,
+    split_joint_marker,
 )
 
 __all__ = ["CRULM", "ModelArgumentError", "parse_router_spec", "EOS_MARKER", "LoglikelihoodResult",
@@ -156,36 +157,6 @@ def _load_bundle(entry):
         return entry
     # A missing or malformed directory raises the bundle's own BundleFileError naming the path.
     return RouterBundle.from_pretrained(Path(entry).expanduser())
-
-
-@contextlib.contextmanager
-def pinned_clock():
-    """While rendering, transformers' `strftime_now` template global reads `PINNED_DATE` instead of the clock.
-
-    transformers (4.4x and 5.x) defines `strftime_now(fmt)` as `datetime.now().strftime(fmt)` with `datetime`
-    imported into `transformers.utils.chat_template_utils`; that name is swapped for a subclass whose `now()`
-    is pinned, and restored afterwards. If a transformers release renders dates differently, the date-pinning
-    test fails (rather than this silently doing nothing): see tests/test_lmeval_model.py.
-    """
-    import transformers.utils.chat_template_utils as ctu
-
-    original = getattr(ctu, "datetime", None)
-    if not (isinstance(original, type) and issubclass(original, _dt.datetime)):
-        raise RuntimeError(
-            "cannot pin the chat-template date: transformers.utils.chat_template_utils.datetime is "
-            f"{original!r}, not the datetime class this transformers version was expected to use"
-        )
-
-    class _PinnedDatetime(original):
-        @classmethod
-        def now(cls, tz=None):
-            return PINNED_DATE if tz is None else PINNED_DATE.replace(tzinfo=tz)
-
-    ctu.datetime = _PinnedDatetime
-    try:
-        yield
-    finally:
-        ctu.datetime = original
 
 
 def _token_stats(logp: torch.Tensor, tokens: torch.Tensor):
@@ -284,27 +255,44 @@ class CRULM(HFLM):
         new_reqs = []
         for context, continuation in tqdm([req.args for req in requests], desc="Tokenizing inputs",
                                           disable=disable_tqdm):
-            text, add_eos = split_eos_marker(continuation)
-            if context == "":
-                cont_enc = self.tok_encode(text, add_special_tokens=False) if text else []
-                if cont_enc and cont_enc[0] == self.prefix_token_id:
-                    ctx_enc, cont_enc = cont_enc[:1], cont_enc[1:]
-                else:
-                    ctx_enc = [self.prefix_token_id]
-            else:
-                ctx_enc, cont_enc = self._encode_pair(context, text)
-            if add_eos:
-                eos = self.tokenizer.eos_token_id
-                if eos is None:
-                    raise ValueError(
-                        f"continuation ends with {EOS_MARKER!r} but the tokenizer of {self.pretrained!r} has no "
-                        f"EOS token"
-                    )
-                cont_enc = list(cont_enc) + [eos]
-            if not cont_enc:
-                raise ValueError(f"empty continuation for context {context[-80:]!r}: nothing to score")
+            ctx_enc, cont_enc = self.encode_request(context, continuation)
             new_reqs.append(((context, continuation), ctx_enc, cont_enc))
         return self._loglikelihood_tokens(new_reqs, disable_tqdm=disable_tqdm)
+
+    def encode_request(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """The (context ids, scored ids) of one `loglikelihood` request, markers of `protocol` applied.
+
+        - plain: lm-eval's own pairing (`_encode_pair`; an empty context gets the prefix token);
+        - `JOINT_MARKER` first: `context + text` encoded once, the scored ids are those after
+          `len(tok_encode(context))` (an empty context: the first token is the context), as the references do;
+        - `EOS_MARKER` last: the tokenizer's EOS is appended unless the scored ids already end with it.
+        """
+        text, joint = split_joint_marker(continuation)
+        text, add_eos = split_eos_marker(text)
+        if joint:
+            whole = self.tok_encode(context + text)
+            n_context = len(self.tok_encode(context)) if context else 1
+            ctx_enc, cont_enc = whole[:n_context], whole[n_context:]
+        elif context == "":
+            cont_enc = self.tok_encode(text, add_special_tokens=False) if text else []
+            if cont_enc and cont_enc[0] == self.prefix_token_id:
+                ctx_enc, cont_enc = cont_enc[:1], cont_enc[1:]
+            else:
+                ctx_enc = [self.prefix_token_id]
+        else:
+            ctx_enc, cont_enc = self._encode_pair(context, text)
+        ctx_enc, cont_enc = list(ctx_enc), list(cont_enc)
+        if add_eos:
+            eos = self.tokenizer.eos_token_id
+            if eos is None:
+                raise ValueError(
+                    f"continuation ends with {EOS_MARKER!r} but the tokenizer of {self.pretrained!r} has no EOS token"
+                )
+            if not cont_enc or cont_enc[-1] != eos:
+                cont_enc.append(eos)
+        if not cont_enc:
+            raise ValueError(f"empty continuation for context {context[-80:]!r}: nothing to score")
+        return ctx_enc, cont_enc
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs: int | None = None):
         """HFLM's causal loop (same ordering/batching), returning `LoglikelihoodResult`s."""
@@ -432,13 +420,35 @@ class CRULM(HFLM):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, result)
         return out
 
+    # ------------------------------------------------------------ generation
+    def generate_until(self, requests, disable_tqdm: bool = False):
+        """HFLM's generation; the stop string `UNK_STOP` becomes the tokenizer's unknown token (or is dropped)."""
+        unk = self.tokenizer.unk_token
+        for req in requests:
+            context, gen_kwargs = req.args
+            until = gen_kwargs.get("until") if isinstance(gen_kwargs, dict) else None
+            if isinstance(until, list) and UNK_STOP in until:
+                resolved = [unk if s == UNK_STOP else s for s in until if s != UNK_STOP or unk]
+                req.arguments = (context, {**gen_kwargs, "until": resolved})
+        return super().generate_until(requests, disable_tqdm=disable_tqdm)
+
     # ------------------------------------------------------------ chat template
-    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """HFLM's template application with the date pinned (explicit `chat_template_args` still win)."""
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True,
+                            close_final_turn: bool = False) -> str:
+        """HFLM's template application with the date pinned (explicit `chat_template_args` still win).
+
+        `close_final_turn=True` renders a finished conversation (the last assistant turn with the template's own
+        end-of-turn text, neither a generation prompt nor `continue_final_message`): what open-unlearning tokenizes
+        as the scored conversation (`src/data/utils.py:61-63`).
+        """
         saved = self.chat_template_args
         self.chat_template_args = {**pinned_template_kwargs(), **(saved or {})}
         try:
             with pinned_clock():
+                if close_final_turn:
+                    return self.tokenizer.apply_chat_template(chat_history, tokenize=False,
+                                                              add_generation_prompt=False,
+                                                              **self.chat_template_args)
                 return super().apply_chat_template(chat_history, add_generation_prompt=add_generation_prompt)
         finally:
             self.chat_template_args = saved

@@ -8,28 +8,53 @@ Importable without torch or lm-eval (task `process_results` functions import it)
   They *are* the plain values `--model hf` returns (a `(logprob_sum, is_greedy)` tuple and a float), so every
   built-in metric keeps working, and they carry the per-token arrays Min-K%, Min-K%++ and per-token
   normalisation need. `has_token_stats(x)` tells a task which kind it got.
-- Chat-template date pinning: `PINNED_DATE`, `pinned_template_kwargs()` (the clock part lives in `model.pinned_clock`).
+- `JOINT_MARKER`: a `loglikelihood` continuation that starts with it is encoded the way the references do it
+  (open-unlearning `src/data/utils.py:61-124`, TOFU `data_module.py:13-30`, RWKU `eval_mia.py:21-42`): the whole
+  text `context + continuation` is tokenized once and the scored tokens are the ones after the first
+  `len(tokenize(context))` positions; no whitespace is moved across the boundary (lm-eval's `_encode_pair` moves
+  the context's trailing whitespace into the continuation). With an empty context the first token of the text is
+  the context and every later token is scored (RWKU's MIA alignment).
+- `UNK_STOP`: a stop string standing for the tokenizer's unknown token (RWKU's `convert_tokens_to_ids("\n")`
+  resolves to it on byte-level and SentencePiece vocabularies, so RWKU stops there).
+- Chat-template date pinning: `PINNED_DATE`, `template_date(...)` (a task's protocol may pin another date while
+  it renders its prompts), `pinned_template_kwargs()` and `pinned_clock()` (the clock templates read).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import datetime as _dt
 import math
 from collections.abc import Sequence
 
 __all__ = [
     "EOS_MARKER",
+    "JOINT_MARKER",
+    "UNK_STOP",
     "ROUTER_SEPARATOR",
     "SYSTEM_PROMPT",
     "PINNED_DATE",
     "pinned_template_kwargs",
+    "current_pinned_date",
+    "template_date",
+    "split_joint_marker",
+    "pinned_clock",
     "LoglikelihoodResult",
     "RollingResult",
     "has_token_stats",
     "split_eos_marker",
 ]
 
-#: Appended to a loglikelihood continuation: "score these tokens followed by the tokenizer's EOS token".
+#: Appended to a loglikelihood continuation: "score these tokens followed by the tokenizer's EOS token" (unless the
+#: scored tokens already end with it: open-unlearning `src/data/utils.py:113-114` appends EOS only when missing).
 EOS_MARKER = "<|cru_eos|>"
+
+#: Prepended to a loglikelihood continuation: "encode context + continuation as one text, score what follows the
+#: context's own token count" (the references' span rule; see the module docstring).
+JOINT_MARKER = "<|cru_joint|>"
+
+#: A generation stop string the `cru` model replaces with its tokenizer's unknown token (dropped if it has none).
+UNK_STOP = "<|cru_unk|>"
 
 #: Separates several router bundle directories in `--model_args routers=dirA+dirB`.
 ROUTER_SEPARATOR = "+"
@@ -42,20 +67,83 @@ SYSTEM_PROMPT = "You are a helpful assistant."
 PINNED_DATE = _dt.datetime(2024, 7, 26)
 
 
+_TEMPLATE_DATE: contextvars.ContextVar[_dt.datetime | None] = contextvars.ContextVar("cru_template_date",
+                                                                                     default=None)
+
+
+def current_pinned_date() -> _dt.datetime:
+    """The date chat templates see now: the one a task set with `template_date`, else `PINNED_DATE`."""
+    return _TEMPLATE_DATE.get() or PINNED_DATE
+
+
+@contextlib.contextmanager
+def template_date(date: _dt.datetime | None):
+    """While active, the `cru` model renders chat templates with `date` (None: keep the current one).
+
+    Tasks use it around their prompt rendering because the date is part of a benchmark's protocol
+    (open-unlearning pins 10 Apr 2025 for Llama 3.x, RWKU's code passes none, i.e. 26 Jul 2024 for Llama 3.1).
+    """
+    token = _TEMPLATE_DATE.set(date) if date is not None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _TEMPLATE_DATE.reset(token)
+
+
 def pinned_template_kwargs() -> dict:
     """Template variables that pin the date: `date_string` (read by Llama 3.x templates instead of the clock).
 
     Templates that call transformers' `strftime_now(...)` global directly are pinned by the `cru` model
-    patching the clock that global reads while it renders (`model.pinned_clock`): transformers >= 5 turns
+    patching the clock that global reads while it renders (`pinned_clock`): transformers >= 5 turns
     callables passed as template variables into inert placeholders, so `strftime_now` cannot be passed here.
     """
-    return {"date_string": PINNED_DATE.strftime("%d %b %Y")}
+    return {"date_string": current_pinned_date().strftime("%d %b %Y")}
+
+
+@contextlib.contextmanager
+def pinned_clock():
+    """While rendering, transformers' `strftime_now` template global reads the pinned date instead of the clock.
+
+    transformers (4.4x and 5.x) defines `strftime_now(fmt)` as `datetime.now().strftime(fmt)` with `datetime`
+    imported into `transformers.utils.chat_template_utils`; that name is swapped for a subclass whose `now()`
+    is pinned, and restored afterwards. If a transformers release renders dates differently, the date-pinning
+    test fails (rather than this silently doing nothing): see tests/test_lmeval_model.py.
+    """
+    import transformers.utils.chat_template_utils as ctu  # lazy: this module stays importable without it
+
+    original = getattr(ctu, "datetime", None)
+    if not (isinstance(original, type) and issubclass(original, _dt.datetime)):
+        raise RuntimeError(
+            "cannot pin the chat-template date: transformers.utils.chat_template_utils.datetime is "
+            f"{original!r}, not the datetime class this transformers version was expected to use"
+        )
+
+    pinned = current_pinned_date()
+
+    class _PinnedDatetime(original):
+        @classmethod
+        def now(cls, tz=None):
+            return pinned if tz is None else pinned.replace(tzinfo=tz)
+
+    ctu.datetime = _PinnedDatetime
+    try:
+        yield
+    finally:
+        ctu.datetime = original
 
 
 def split_eos_marker(continuation: str) -> tuple[str, bool]:
     """`(text without the marker, whether the marker was there)`. The marker counts only at the very end."""
     if continuation.endswith(EOS_MARKER):
         return continuation[: -len(EOS_MARKER)], True
+    return continuation, False
+
+
+def split_joint_marker(continuation: str) -> tuple[str, bool]:
+    """`(text without the marker, whether the marker was there)`. The marker counts only at the very start."""
+    if continuation.startswith(JOINT_MARKER):
+        return continuation[len(JOINT_MARKER):], True
     return continuation, False
 
 
