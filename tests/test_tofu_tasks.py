@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cru_harness.lmeval.protocol import EOS_MARKER, LoglikelihoodResult
+from cru_harness.lmeval.protocol import EOS_MARKER, JOINT_MARKER, LoglikelihoodResult
 from cru_harness.tasks.tofu import utils as tofu_utils
 
 TASKS_DIR = Path(tofu_utils.__file__).resolve().parent
@@ -134,10 +134,13 @@ def test_suite_builds_both_request_types_per_item(tofu_dir):
     ctx = f"Question: {doc['question']}\nAnswer:"
     assert first[0].arguments[0] == ctx
     gen_kwargs = first[0].arguments[1]
-    assert gen_kwargs["max_gen_toks"] == 200 and "\nQuestion:" in gen_kwargs["until"] and not gen_kwargs["do_sample"]
+    # EOS is the only stop (open-unlearning configs/generation/default.yaml:1-5 has no stopwords; the old
+    # "\nQuestion:" stop was the project's, not the reference's)
+    assert gen_kwargs["max_gen_toks"] == 200 and gen_kwargs["until"] == [] and not gen_kwargs["do_sample"]
     continuations = [inst.arguments[1] for inst in first[1:]]
     expected = [doc["answer"], doc["paraphrased_answer"], *doc["perturbed_answer"]]
-    assert continuations == [f" {a}{EOS_MARKER}" for a in expected]
+    assert continuations == [f"{JOINT_MARKER} {a}{EOS_MARKER}" for a in expected]
+    assert forget.config.metadata["tofu_preset"] == "open-unlearning"  # recorded in the results' configs
     assert all(inst.arguments[0] == ctx for inst in first[1:])
     ra = tasks["tofu_real_authors"]
     ra.build_all_requests(limit=1, rank=0, world_size=1)
@@ -273,7 +276,8 @@ def test_chat_template_prompt_and_pinned_date(tiny_model_dir, tofu_dir, tmp_path
 
     from transformers import AutoTokenizer
 
-    from cru_harness.lmeval.protocol import PINNED_DATE, SYSTEM_PROMPT
+    from cru_harness.lmeval.protocol import SYSTEM_PROMPT
+    from cru_harness.prompts import OPEN_UNLEARNING_DATE
 
     model_dir = tmp_path / "dated"
     shutil.copytree(tiny_model_dir, model_dir)
@@ -297,10 +301,11 @@ def test_chat_template_prompt_and_pinned_date(tiny_model_dir, tofu_dir, tmp_path
     assert f"<|user|>\n{question}<|eos|>" in prompt and "Question:" not in prompt
     assert f"<|system|>\n{SYSTEM_PROMPT}" in prompt
     assert prompt.endswith("<|assistant|>\n")
-    assert PINNED_DATE.strftime("%d %b %Y") in prompt
+    assert OPEN_UNLEARNING_DATE.strftime("%d %b %Y") in prompt  # open-unlearning's date_string
     assert "2031" not in prompt
-    # the answer continuation starts the assistant turn: no leading space
-    assert samples[0][0]["arguments"][1][1] == f"{samples[0][0]['doc']['answer']}{EOS_MARKER}"
+    # the scored text is the rest of the finished conversation: answer + the template's end of turn (+ EOS if
+    # missing), open-unlearning src/data/utils.py:61-124
+    assert samples[0][0]["arguments"][1][1] == f"{JOINT_MARKER}{samples[0][0]['doc']['answer']}<|eos|>\n{EOS_MARKER}"
     assert [s["arguments"] for s in samples[0]] == [s["arguments"] for s in samples[1]]
     for a, b in zip(samples[0], samples[1]):
         assert a["probability"] == b["probability"] and a["filtered_resps"] == b["filtered_resps"]

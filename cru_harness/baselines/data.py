@@ -3,10 +3,12 @@
 A row is either TOFU-style `{"question": q, "answer": a}` or RWKU-style `{"text": t}`; a text row is a QA
 row with an empty question, i.e. the whole text is the "answer" and every token is trained on.
 
-Prompting follows the protocol: a tokenizer with a chat template gets it (system prompt
-"You are a helpful assistant.", injected dates pinned); otherwise `Question: {q}\\nAnswer:` and the answer
-follows after one space. Masks are built from sequence lengths, never from token ids, so a pad token equal
-to EOS can never mask the EOS label (or any real token).
+Prompts and the trained span come from the one prompt builder, `cru_harness.prompts.qa_texts` (the same text the
+TOFU tasks score): under the default `open-unlearning` preset a tokenizer with a chat template gets it (system
+prompt "You are a helpful assistant.", date pinned) and the labels are the conversation's tokens after the prompt
+(the answer, the template's end of turn, EOS); otherwise `Question: {q}\\nAnswer:` and the answer after one space.
+Masks are built from sequence lengths, never from token ids, so a pad token equal to EOS can never mask the EOS
+label (or any real token).
 """
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Dataset
 
-from cru_harness.data.corpora import format_qa_prompt, row_qa
-from cru_harness.lmeval.protocol import SYSTEM_PROMPT, pinned_template_kwargs
+from cru_harness.data.corpora import row_qa
+from cru_harness.prompts import DEFAULT_TOFU_PRESET, encode_qa_ids, qa_texts
 
 IGNORE_INDEX = -100
 
@@ -41,45 +43,39 @@ def row_to_qa(row: dict, index: int | None = None, origin: str = "training data"
     return row_qa(row, 0 if index is None else index, origin)
 
 
-def build_prompt(tokenizer, question: str) -> str:
+def build_prompt(tokenizer, question: str, *, preset: str = DEFAULT_TOFU_PRESET, family: str | None = None) -> str:
     """The prompt text in front of the answer ("" for a text row, which is trained on raw)."""
     if question == "":
         return ""
-    if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
-        # Dates a template injects are pinned as in evaluation, so training inputs do not change with the calendar.
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             **pinned_template_kwargs())
-    return format_qa_prompt(question)
+    return qa_texts(tokenizer, question, "", preset=preset, family=family).prompt
 
 
-def encode_qa(tokenizer, question: str, answer: str, max_length: int = 512) -> EncodedExample:
-    """Tokenise prompt and answer separately (no merge across the boundary) and append EOS to the answer.
+def encode_qa(tokenizer, question: str, answer: str, max_length: int = 512, *, preset: str = DEFAULT_TOFU_PRESET,
+              family: str | None = None) -> EncodedExample:
+    """Input ids and labels of one row: the whole text tokenized once, prompt positions masked, EOS appended.
 
-    The prompt carries the tokenizer's own special prefix (e.g. BOS) unless it comes from a chat template
-    (which writes its own). If the sequence is longer than `max_length` the answer is truncated (and then has
-    no EOS, since the text did not end there); a prompt that leaves no room for an answer token is an error.
+    A QA row follows `cru_harness.prompts.encode_qa_ids` (the references' span rule: labels are the text's tokens
+    after the prompt's token count). A text row (empty question) is the tokenizer's special prefix (masked)
+    and the raw text + EOS, every text token a label. Longer than `max_length`: the answer is truncated (and then has no EOS,
+    since the text did not end there); a prompt that leaves no room for an answer token is an error.
     """
     eos = tokenizer.eos_token_id
     if eos is None:
         raise ValueError("the tokenizer has no EOS token; the baselines train on answer + EOS")
-    prompt = build_prompt(tokenizer, question)
-    from_template = question != "" and bool(getattr(tokenizer, "chat_template", None))
-    prompt_ids = list(tokenizer(prompt, add_special_tokens=not from_template)["input_ids"])
-    # Some tokenizers also append EOS when adding special tokens; the prompt must not end the sequence.
-    while prompt_ids and prompt_ids[-1] == eos and not from_template:
-        prompt_ids.pop()
-    if question != "" and not from_template:
-        answer = " " + answer  # plain template: the answer follows after one space
-    answer_ids = list(tokenizer(answer, add_special_tokens=False)["input_ids"]) + [eos]
-    room = max_length - len(prompt_ids)
-    if room < 1:
-        raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room for the answer (max_length={max_length})")
-    answer_ids = answer_ids[:room]
+    if question == "":
+        prefix = list(tokenizer("")["input_ids"])  # the tokenizer's own special prefix (e.g. BOS), not a label
+        while prefix and prefix[-1] == eos:  # some tokenizers append EOS themselves
+            prefix.pop()
+        ids = prefix + list(tokenizer(answer, add_special_tokens=False)["input_ids"]) + [eos]
+        n_prompt = len(prefix)
+    else:
+        ids, n_prompt = encode_qa_ids(tokenizer, qa_texts(tokenizer, question, answer, preset=preset, family=family))
+    if n_prompt >= max_length:
+        raise ValueError(f"prompt of {n_prompt} tokens leaves no room for the answer (max_length={max_length})")
+    ids = ids[:max_length]
     # With no prompt at all the first token has no context and cannot be predicted; it is still a label
     # (shifted away by the loss), which is the usual language-modelling convention.
-    return EncodedExample(input_ids=prompt_ids + answer_ids,
-                          labels=[IGNORE_INDEX] * len(prompt_ids) + answer_ids)
+    return EncodedExample(input_ids=ids, labels=[IGNORE_INDEX] * n_prompt + ids[n_prompt:])
 
 
 def collate(examples: Sequence[EncodedExample], pad_token_id: int | None) -> dict[str, torch.Tensor]:
@@ -115,20 +111,21 @@ class ForgetRetainDataset(Dataset):
     """
 
     def __init__(self, tokenizer, forget_rows: Sequence[dict], retain_rows: Sequence[dict] | None = None, *,
-                 alternates: Sequence[str] | None = None, max_length: int = 512, seed: int = 0):
+                 alternates: Sequence[str] | None = None, max_length: int = 512, seed: int = 0,
+                 preset: str = DEFAULT_TOFU_PRESET, family: str | None = None):
         if not forget_rows:
             raise ValueError("forget_rows is empty: nothing to unlearn")
         self.seed = seed
         forget_qa = [row_to_qa(r, i, "forget") for i, r in enumerate(forget_rows)]
-        self.forget = [encode_qa(tokenizer, q, a, max_length) for q, a in forget_qa]
-        self.retain = ([encode_qa(tokenizer, *row_to_qa(r, i, "retain"), max_length)
-                        for i, r in enumerate(retain_rows)]
+        fmt = {"preset": preset, "family": family}
+        self.forget = [encode_qa(tokenizer, q, a, max_length, **fmt) for q, a in forget_qa]
+        self.retain = ([encode_qa(tokenizer, *row_to_qa(r, i, "retain"), max_length, **fmt) for i, r in enumerate(retain_rows)]
                        if retain_rows else [])
         self.alternate = None
         if alternates is not None:
             if len(alternates) != len(forget_qa):
                 raise ValueError(f"{len(alternates)} alternates for {len(forget_qa)} forget rows")
-            self.alternate = [encode_qa(tokenizer, q, alt, max_length) for (q, _), alt in zip(forget_qa, alternates)]
+            self.alternate = [encode_qa(tokenizer, q, alt, max_length, **fmt) for (q, _), alt in zip(forget_qa, alternates)]
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.set_epoch(0)
 

@@ -7,7 +7,10 @@ requests. lm-eval's `ConfigurableTask` issues one request type per task; `TOFUTa
 `construct_requests` to emit one generation + the log-likelihoods for the same doc (`idx` 0, 1, 2, ...).
 lm-eval runs each request type in its own batches, then hands all of a doc's responses, in `idx` order, to the
 YAML's `process_results` (below), so the per-item values stay together in one `--log_samples` sample.
-With `--apply_chat_template` the bare question is the user message and answers follow the assistant header.
+Prompts and scored spans come from `cru_harness.prompts` under the TOFU preset named in the run's metadata
+(`--metadata '{"tofu_preset": "legacy", "tofu_model_family": "phi"}'`; default `open-unlearning`), recorded in
+the task config's `metadata` of every result. Likelihood requests carry `JOINT_MARKER` (the references'
+whole-text span rule, applied by `--model cru`) and `EOS_MARKER`.
 
 This file is loaded by lm-eval from its path (not as `cru_harness.tasks.tofu.utils`), so imports are absolute.
 """
@@ -25,7 +28,8 @@ from lm_eval.api.task import ConfigurableTask
 
 from cru_harness import metrics as M
 # `cru` scores a continuation ending in EOS_MARKER with the tokenizer's EOS id appended (TOFU counts EOS).
-from cru_harness.lmeval.protocol import EOS_MARKER, has_token_stats
+from cru_harness.lmeval.protocol import EOS_MARKER, JOINT_MARKER, has_token_stats, template_date
+from cru_harness import prompts as P
 
 eval_logger = logging.getLogger(__name__)
 
@@ -51,7 +55,8 @@ _warned_plain_results = False
 # --------------------------------------------------------------------------------------------- data
 
 
-def load_tofu_dataset(tofu_config: str | None = None, data_dir: str | None = None, **_metadata) -> datasets.DatasetDict:
+def load_tofu_dataset(tofu_config: str | None = None, data_dir: str | None = None, tofu_preset: str | None = None,
+                      **_metadata) -> datasets.DatasetDict:
     """`custom_dataset` of every TOFU task: `{"train": rows of tofu_config}`.
 
     lm-eval 0.4.13 calls it as `custom_dataset(**metadata, **dataset_kwargs)`: `tofu_config` comes from the
@@ -66,6 +71,8 @@ def load_tofu_dataset(tofu_config: str | None = None, data_dir: str | None = Non
             f"TOFU task: dataset_kwargs.tofu_config must be one of {', '.join(PROBE_KINDS)}; got {tofu_config!r}"
         )
     rows = load_tofu(tofu_config, data_dir=data_dir or None)
+    if P.check_tofu_preset(tofu_preset) == "legacy":
+        rows = rows[:P.LEGACY_DS_SIZE]  # TOFU config/eval_everything.yaml:30 (ds_size: 300)
     kind = PROBE_KINDS[tofu_config]
     needed = ("question", "answer", "perturbed_answer") + (("paraphrased_answer",) if kind != "mc" else ())
     docs = []
@@ -183,10 +190,17 @@ def truth_ratio_utility_agg(items) -> float:
 class TOFUTask(ConfigurableTask):
     """A ConfigurableTask whose items each issue a greedy generation and the answer log-likelihoods.
 
-    `output_type` stays `generate_until` so lm-eval applies `--gen_kwargs` to the generation request.
+    `output_type` stays `generate_until` so lm-eval applies `--gen_kwargs` to the generation request. The preset
+    (`tofu_preset`, `tofu_model_family` in the metadata) decides prompt, scored span, stop rule and length:
+
+    - open-unlearning, chat template: system "You are a helpful assistant." (unless `--system_instruction`
+      names another), date 10 Apr 2025; the scored text is the rendered conversation after the prompt;
+    - open-unlearning, no chat template: `Question: {q}\\nAnswer:` and " " + answer;
+    - legacy: the family's `[INST] q [/INST]` / `Question: q\\n` formats, `max_length` 200 in total, 300 items.
+    Generation stops at EOS only (open-unlearning `configs/generation/default.yaml`, TOFU `evaluate_util.py:330`).
     """
 
-    _chat_mode = False
+    _system: str | None = None
 
     def __init__(self, config: dict | None = None):
         config = dict(config or {})
@@ -199,37 +213,69 @@ class TOFUTask(ConfigurableTask):
             )
         self.tofu_config = tofu_config
         self.kind = PROBE_KINDS[tofu_config]
+        metadata = dict(config.get("metadata") or {})
+        self.preset = P.check_tofu_preset(metadata.get("tofu_preset"))
+        self.family = metadata.get("tofu_model_family") or None
+        if self.preset == "legacy":
+            P.legacy_format(self.family)  # an unknown family fails here, naming the valid ones
+        metadata["tofu_preset"] = self.preset  # recorded in the results' task config
+        config["metadata"] = metadata
+        generation = dict(config.get("generation_kwargs") or {})
+        if self.preset == "legacy":
+            generation["max_length"] = P.LEGACY_MAX_LENGTH
+            generation["max_gen_toks"] = P.LEGACY_MAX_LENGTH
+        config["generation_kwargs"] = generation
         super().__init__(config=config)
 
-    # Chat template: the bare question is the user message and the answer follows the assistant header.
-    def fewshot_context(self, doc, num_fewshot, system_instruction=None, apply_chat_template=False, **kwargs):
-        self._chat_mode = bool(apply_chat_template)
-        return super().fewshot_context(
-            doc, num_fewshot, system_instruction=system_instruction, apply_chat_template=apply_chat_template,
-            **kwargs,
-        )
+    def fewshot_context(self, doc, num_fewshot, system_instruction=None, apply_chat_template=False,
+                        chat_template=None, **kwargs):
+        if self.preset == "legacy":
+            if apply_chat_template:
+                raise P.PresetError("tofu_preset=legacy uses TOFU's own per-family formats: run it without "
+                                    "--apply_chat_template")
+            return P.legacy_format(self.family).generation_prompt(doc["question"])
+        if apply_chat_template and chat_template is not None:
+            # lm-eval calls fewshot_context right before construct_requests for the same doc: the scored
+            # conversation reuses this system prompt.
+            self._system = P.OPEN_UNLEARNING_SYSTEM_PROMPT if system_instruction is None else system_instruction
+            with template_date(P.OPEN_UNLEARNING_DATE):
+                return chat_template(P.tofu_messages(doc["question"], system_prompt=self._system))
+        return P.plain_prompt(doc["question"])
 
-    def doc_to_text(self, doc, doc_to_text=None):
-        if self._chat_mode:
-            return doc["question"]
-        return super().doc_to_text(doc, doc_to_text)
+    def continuation_text(self, ctx: str, doc: dict, answer: str, chat_template=None) -> str:
+        """What follows `ctx` in the text the reference tokenizes as a whole (see `cru_harness.prompts`)."""
+        if self.preset == "legacy":
+            fmt = P.legacy_format(self.family)
+            # the span starts after the question part's tokens (data_module.py:13,30); ctx is the question part
+            return fmt.answer_tag + answer
+        if chat_template is None:
+            return " " + answer
+        messages = P.tofu_messages(doc["question"], answer, system_prompt=self._system)
+        try:
+            with template_date(P.OPEN_UNLEARNING_DATE):
+                full = chat_template(messages, add_generation_prompt=False, close_final_turn=True)
+        except TypeError:  # a model other than `cru` (e.g. `hf`): its likelihood numbers are NaN anyway
+            return answer
+        if not full.startswith(ctx):
+            raise ValueError("TOFU: the chat template renders the finished conversation with a different prefix "
+                             "than the prompt; the scored span cannot be located")
+        return full[len(ctx):]
 
     def construct_requests(self, doc: dict, ctx: str, **kwargs) -> list[Instance]:
         apply_chat_template = kwargs.pop("apply_chat_template", False)
+        chat_template = kwargs.pop("chat_template", None) if apply_chat_template else None
         kwargs.pop("chat_template", None)
-        # plain template: "...\nAnswer:" + " " + answer; chat template: the answer starts the assistant turn.
-        delimiter = "" if apply_chat_template else self.config.target_delimiter
+        generation_kwargs = deepcopy(self.config.generation_kwargs)
         requests = [
-            Instance(
-                request_type="generate_until", doc=doc,
-                arguments=(ctx, deepcopy(self.config.generation_kwargs)), idx=0, **kwargs,
-            )
+            Instance(request_type="generate_until", doc=doc, arguments=(ctx, generation_kwargs), idx=0, **kwargs)
         ]
+        likelihood_ctx = ctx
+        if self.preset == "legacy":
+            likelihood_ctx = P.legacy_format(self.family).question_text(doc["question"])
         for i, answer in enumerate(scored_continuations(self.kind, doc), start=1):
+            cont = self.continuation_text(likelihood_ctx, doc, answer, chat_template)
             requests.append(
-                Instance(
-                    request_type="loglikelihood", doc=doc,
-                    arguments=(ctx, f"{delimiter}{answer}{EOS_MARKER}"), idx=i, **kwargs,
-                )
+                Instance(request_type="loglikelihood", doc=doc,
+                         arguments=(likelihood_ctx, f"{JOINT_MARKER}{cont}{EOS_MARKER}"), idx=i, **kwargs)
             )
         return requests

@@ -1,0 +1,192 @@
+"""The one prompt builder: protocol presets, and the prompt / scored text of every question-answer pair.
+
+Training data (baselines `baselines.data.encode_qa`, CRU corpora `data.corpora.load_corpus(..., tokenizer=)`,
+fine-tuning) and the TOFU evaluation tasks all go through `qa_texts`, so a method trains on exactly the text it
+is evaluated on. References (read, not copied; file:line at the commits in docs/protocol.md):
+
+- `tofu: open-unlearning` (default): locuslab/open-unlearning `src/data/utils.py:17-140`
+  (`preprocess_chat_instance`). Chat models: system prompt "You are a helpful assistant." and, for templates that
+  read one, the date 10 Apr 2025 (`configs/model/Llama-3.2-1B-Instruct.yaml:7-15`); the scored tokens are the
+  whole conversation's tokens after the prompt's token count, plus EOS when the conversation does not already end
+  with it (`utils.py:61-124`). Models without a chat template: `Question: {q}\\nAnswer:` and the answer after one
+  space, scored the same way.
+- `tofu: legacy`: locuslab/tofu `config/model_config.yaml` (per model family), `data_module.py:8-32` (span:
+  the tokens of `question_start + q + question_end + answer_tag + a` after those of the question part, plus one
+  EOS), `evaluate_util.py:304-332` (generation prompt; `max_length` 200 in total, `config/eval_everything.yaml:
+  24-30`, first 300 items `ds_size: 300`).
+- `rwku: reference` (default): jinzhuoran/RWKU `LLaMA-Factory/src/llmtuner/eval/eval_*.py` (no system turn; see
+  tasks/rwku/utils.py).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+
+from cru_harness.lmeval.protocol import PINNED_DATE, pinned_clock, template_date
+
+__all__ = [
+    "TOFU_PRESETS", "DEFAULT_TOFU_PRESET", "RWKU_PRESETS", "DEFAULT_RWKU_PRESET", "PresetError",
+    "check_tofu_preset", "check_rwku_preset", "LegacyFormat", "LEGACY_FORMATS", "legacy_format",
+    "LEGACY_MAX_LENGTH", "LEGACY_DS_SIZE", "OPEN_UNLEARNING_SYSTEM_PROMPT", "OPEN_UNLEARNING_DATE", "RWKU_DATE",
+    "PLAIN_PROMPT", "plain_prompt", "tofu_messages", "render_chat", "QATexts", "qa_texts", "uses_chat",
+    "encode_qa_ids",
+]
+
+TOFU_PRESETS = ("open-unlearning", "legacy")
+DEFAULT_TOFU_PRESET = "open-unlearning"
+RWKU_PRESETS = ("reference",)
+DEFAULT_RWKU_PRESET = "reference"
+
+#: open-unlearning `configs/model/*-Instruct.yaml` `template_args.system_prompt` (every chat model it configures).
+OPEN_UNLEARNING_SYSTEM_PROMPT = "You are a helpful assistant."
+#: open-unlearning `configs/model/Llama-3.2-1B-Instruct.yaml:15` `date_string: 10 Apr 2025`.
+OPEN_UNLEARNING_DATE = _dt.datetime(2025, 4, 10)
+#: RWKU passes no date; Llama 3.1's template then falls back to 26 Jul 2024 (the project pins the same).
+RWKU_DATE = PINNED_DATE
+
+#: The plain prompt of models without a chat template (open-unlearning `configs/model/Llama-2-7b-hf.yaml:8-12`
+#: has "Question: {q}\n" + "Answer: "; the answer tag's trailing space goes with the answer here, see docs).
+PLAIN_PROMPT = "Question: {question}\nAnswer:"
+
+LEGACY_MAX_LENGTH = 200  # TOFU config/eval_everything.yaml:24-26 `generation.max_length` (prompt + generation)
+LEGACY_DS_SIZE = 300     # TOFU config/eval_everything.yaml:30 `ds_size`
+
+
+class PresetError(ValueError):
+    """An unknown preset name or a model family the legacy preset has no format for."""
+
+
+def check_tofu_preset(name: str | None) -> str:
+    name = DEFAULT_TOFU_PRESET if name in (None, "") else str(name)
+    if name not in TOFU_PRESETS:
+        raise PresetError(f"unknown TOFU preset {name!r}; valid: {', '.join(TOFU_PRESETS)}")
+    return name
+
+
+def check_rwku_preset(name: str | None) -> str:
+    name = DEFAULT_RWKU_PRESET if name in (None, "") else str(name)
+    if name not in RWKU_PRESETS:
+        raise PresetError(f"unknown RWKU preset {name!r}; valid: {', '.join(RWKU_PRESETS)}")
+    return name
+
+
+@dataclass(frozen=True)
+class LegacyFormat:
+    """One family of TOFU's `config/model_config.yaml`. `generation_prompt` is what `evaluate_util.py:306-312`
+    feeds `generate`: the decoded text up to `split_symbol`, which Llama-2 keeps and the others drop."""
+
+    question_start: str
+    question_end: str
+    answer_tag: str
+    split_symbol: str
+    keep_split_symbol: bool
+
+    def question_text(self, question: str) -> str:
+        return self.question_start + question + self.question_end
+
+    def generation_prompt(self, question: str) -> str:
+        full = self.question_text(question) + self.answer_tag
+        head = full.split(self.split_symbol)[0]
+        return head + self.split_symbol if self.keep_split_symbol else head
+
+
+_QA_FORMAT = dict(question_start="Question: ", question_end="\n", answer_tag="Answer: ", split_symbol="Answer: ",
+                  keep_split_symbol=False)
+LEGACY_FORMATS: dict[str, LegacyFormat] = {
+    # TOFU config/model_config.yaml:1-8 and evaluate_util.py:307-312
+    "llama2-7b": LegacyFormat("[INST] ", " [/INST]", "", " [/INST]", True),
+    "phi": LegacyFormat(**_QA_FORMAT),         # model_config.yaml:9-16
+    "stablelm": LegacyFormat(**_QA_FORMAT),    # model_config.yaml:17-24
+    "pythia-1.4": LegacyFormat(**_QA_FORMAT),  # model_config.yaml:25-31
+}
+
+
+def legacy_format(family: str | None) -> LegacyFormat:
+    if family not in LEGACY_FORMATS:
+        raise PresetError(
+            f"the TOFU legacy preset has no format for model family {family!r}; valid: {', '.join(LEGACY_FORMATS)} "
+            f"(set tofu_model_family, or use tofu_preset=open-unlearning)"
+        )
+    return LEGACY_FORMATS[family]
+
+
+def plain_prompt(question: str) -> str:
+    return PLAIN_PROMPT.format(question=question)
+
+
+def tofu_messages(question: str, answer: str | None = None, system_prompt: str | None = OPEN_UNLEARNING_SYSTEM_PROMPT
+                  ) -> list[dict[str, str]]:
+    """open-unlearning's chat (`src/data/utils.py:52-58`): system (if any), user question, assistant answer."""
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": question})
+    if answer is not None:
+        messages.append({"role": "assistant", "content": answer})
+    return messages
+
+
+def render_chat(tokenizer, messages: list[dict[str, str]], *, add_generation_prompt: bool,
+                date: _dt.datetime | None = OPEN_UNLEARNING_DATE) -> str:
+    """The template text of `messages` with `date` pinned (`date_string` and the `strftime_now` clock)."""
+    with template_date(date), pinned_clock():
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             date_string=(date or PINNED_DATE).strftime("%d %b %Y"))
+
+
+def uses_chat(tokenizer, chat: bool | None = None) -> bool:
+    """Whether prompts use the chat template: `chat` if given, else whether the tokenizer has one."""
+    if chat is None:
+        return bool(getattr(tokenizer, "chat_template", None))
+    if chat and not getattr(tokenizer, "chat_template", None):
+        raise ValueError("chat=True but the tokenizer has no chat template")
+    return bool(chat)
+
+
+@dataclass(frozen=True)
+class QATexts:
+    """`prompt`: what the model is given; `text`: prompt + answer (+ the template's end of turn) as the reference
+    tokenizes it in one piece; the scored / trained tokens are those of `text` after `len(tokenize(prompt))`,
+    plus EOS when missing. `generation_prompt`: what generation starts from (differs only for legacy formats).
+    `add_special_tokens`: how the reference tokenizes both (False for template text, which carries its own)."""
+
+    prompt: str
+    text: str
+    generation_prompt: str
+    add_special_tokens: bool
+    chat: bool
+
+
+def qa_texts(tokenizer, question: str, answer: str, *, preset: str = DEFAULT_TOFU_PRESET,
+             family: str | None = None, chat: bool | None = None) -> QATexts:
+    """The prompt and full text of one question-answer pair under a TOFU preset (see the module docstring)."""
+    preset = check_tofu_preset(preset)
+    if preset == "legacy":
+        if chat:
+            raise PresetError("the TOFU legacy preset uses TOFU's own per-family formats, not a chat template")
+        fmt = legacy_format(family)
+        prompt = fmt.question_text(question)
+        return QATexts(prompt, prompt + fmt.answer_tag + answer, fmt.generation_prompt(question), True, False)
+    if uses_chat(tokenizer, chat):
+        prompt = render_chat(tokenizer, tofu_messages(question), add_generation_prompt=True)
+        text = render_chat(tokenizer, tofu_messages(question, answer), add_generation_prompt=False)
+        return QATexts(prompt, text, prompt, False, True)
+    prompt = plain_prompt(question)
+    return QATexts(prompt, f"{prompt} {answer}", prompt, True, False)
+
+
+def encode_qa_ids(tokenizer, texts: QATexts, max_length: int | None = None) -> tuple[list[int], int]:
+    """`(input_ids, n_prompt)`: the ids of `texts.text` (+ EOS when missing), the first `n_prompt` being prompt.
+
+    open-unlearning `src/data/utils.py:99-124` / TOFU `data_module.py:13-30`: tokenize the whole text once and mask
+    the first `len(tokenize(prompt))` positions, so the answer's first token is tokenized as in context.
+    """
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("the tokenizer has no EOS token; TOFU scores and trains on the answer + EOS")
+    special = {"add_special_tokens": texts.add_special_tokens}
+    ids = list(tokenizer(texts.text, **special)["input_ids"])
+    n_prompt = len(tokenizer(texts.prompt, **special)["input_ids"])
+    if max_length is not None:
+        ids = ids[:max_length]
+    if not ids or ids[-1] != eos:
+        ids.append(eos)
+    return ids, n_prompt
