@@ -146,8 +146,13 @@ def test_mmlu_truthfulqa_bbh_triviaqa_scoring():
     assert U.process_results_truthfulqa(tqa, [(-1.0, False), (-2.0, False), (-3.0, False)])["mc1"]["value"] == 1.0
     assert U.process_results_truthfulqa(tqa, [(-2.0, False), (-2.0, False), (-3.0, False)])["mc1"]["value"] == 0.0
     bbh = U.process_results_bbh({"target": 1, "answer": "False"}, ["not True is False. So the answer is False."])
-    assert bbh["exact_match"]["value"] == 1.0 and bbh["exact_match"]["prediction"] == "False"
+    # `exact_match` is RWKU's scorer as its code runs (eval_bbh.py:95-109,158: max over the target's characters,
+    # so "False" can never match); `exact_match_target` is the project's whole-target match
+    assert bbh["exact_match"]["value"] == 0.0 and bbh["exact_match"]["prediction"] == "False"
+    assert bbh["exact_match_target"]["value"] == 1.0
     assert U.process_results_bbh({"target": 1, "answer": "(A)"}, ["So the answer is (B)."])["exact_match"]["value"] == 0
+    letter = U.process_results_bbh({"target": 1, "answer": "(A)"}, ["So the answer is (A)."])
+    assert letter["exact_match"]["value"] == 1.0 and letter["exact_match_target"]["value"] == 1.0
     tri = U.process_results_triviaqa({"target": 1, "answers": ["Estimate", "Estimated"]}, [" Estimated it"])
     assert tri["f1"]["value"] == pytest.approx(2 / 3)
 

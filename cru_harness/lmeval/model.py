@@ -272,6 +272,11 @@ class CRULM(HFLM):
         if joint:
             whole = self.tok_encode(context + text)
             n_context = len(self.tok_encode(context)) if context else 1
+            if not context and len(whole) > self.max_length + 1:
+                # RWKU feeds the whole text (its models' windows hold it); a shorter window keeps the beginning
+                eval_logger.warning(f"a scored text of {len(whole)} tokens exceeds the model's max_length "
+                                    f"{self.max_length}: its first {self.max_length + 1} tokens are scored")
+                whole = whole[:self.max_length + 1]
             ctx_enc, cont_enc = whole[:n_context], whole[n_context:]
         elif context == "":
             cont_enc = self.tok_encode(text, add_special_tokens=False) if text else []

@@ -68,7 +68,7 @@ from .fluency import (
     word_tokenize,
 )
 from .mia import MIN_K_RATIO, MIN_SIGMA, loss_score, mia_auc, min_k, min_k_plus_plus, zlib_score
-from .qa import exact_match, extract_bbh_answer, normalize_answer, token_f1
+from .qa import exact_match, exact_match_rwku_bbh, extract_bbh_answer, normalize_answer, token_f1
 from .rouge import NOANSWER, deviation_score, rouge1_recall, rouge_l_recall_rwku, rouge_l_recall_tofu
 from .tofu import (
     MODEL_UTILITY_KEYS,
@@ -106,7 +106,7 @@ __all__ = [
     "ngram_entropy", "fluency_entropy", "mean_fluency_entropy", "normalized_fluency_entropy", "word_tokenize",
     "FLUENCY_NS", "FLUENCY_WEIGHTS",
     # qa
-    "token_f1", "exact_match", "extract_bbh_answer", "normalize_answer",
+    "token_f1", "exact_match", "exact_match_rwku_bbh", "extract_bbh_answer", "normalize_answer",
     # failure
     "classify_answer", "class_fractions", "is_refusal", "is_degenerate", "ANSWER_CLASSES",
     "CORRECT", "REFUSAL", "DEGENERATE", "WRONG", "CORRECT_ROUGE_THRESHOLD", "DEGENERATE_NLL_THRESHOLD",

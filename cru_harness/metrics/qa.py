@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from ._checks import check_text
 from .rouge import NOANSWER
 
-__all__ = ["normalize_answer", "token_f1", "exact_match", "extract_bbh_answer"]
+__all__ = ["normalize_answer", "token_f1", "exact_match", "exact_match_rwku_bbh", "extract_bbh_answer"]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCT = frozenset(string.punctuation)
@@ -78,6 +78,18 @@ def exact_match(prediction: str, answers: str | Sequence[str]) -> float:
     check_text(prediction, "prediction")
     pred = _tokens(prediction)
     return float(any(pred == _tokens(a) for a in _aliases(answers)))
+
+
+def exact_match_rwku_bbh(prediction: str, target: str) -> float:
+    """RWKU's BBH score as its code computes it (`eval_bbh.py:95-109,158-159`): `EM` receives the target *string*
+    where a list of aliases is expected, so the maximum runs over the target's characters: 1.0 iff the
+    normalised prediction equals one normalised character of the target ("(A)" is matched by "A", "False" by
+    nothing). The protocol reports it as `exact_match`; `exact_match` (this module) against the whole target is
+    the project's separately named `exact_match_target`."""
+    check_text(prediction, "prediction")
+    check_text(target, "target")
+    pred = _tokens(prediction)
+    return float(any(pred == _tokens(ch) for ch in target))
 
 
 _BBH_ANSWER = re.compile(r"[t|T]he answer is (.*?)\.")

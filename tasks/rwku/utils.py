@@ -4,8 +4,13 @@ Loaded by lm-eval from the task YAMLs (`!function utils.…`) *by file path*, an
 `cru_harness.tasks.rwku.utils` (e.g. by `cru-harness score` for `per_target_results` / `per_item_records`);
 so this module uses absolute imports only.
 
-Prompts follow RWKU's evaluation code (jinzhuoran/RWKU, `LLaMA-Factory/src/llmtuner/eval/eval_*.py`); every
-deviation is listed in tasks/rwku/README.md.
+Prompts follow RWKU's evaluation code (jinzhuoran/RWKU, `LLaMA-Factory/src/llmtuner/eval/eval_*.py`) under the
+`rwku: reference` preset (the only one; `--metadata '{"rwku_preset": "reference"}'`, recorded in each task
+config's metadata): the user message alone (no system turn), RWKU's stop tokens (no newline stop: its
+`convert_tokens_to_ids("\n")` is the unknown token on byte-level / SentencePiece vocabularies), its BBH scorer,
+its MIA token alignment. The project's own variants are separately named: `rwku_newline_stop: true` (metadata)
+adds a newline stop, BBH's `exact_match_target` scores against the whole target. Every deviation is listed in
+tasks/rwku/README.md and docs/protocol.md.
 
 Every per-item metric value is a small dict carrying the target index (`{"target": 7, "value": 0.25, ...}`):
 the task's aggregate is the mean over targets of the per-target scores (RWKU evaluates one target at a
@@ -24,6 +29,8 @@ import numpy as np
 from lm_eval.api.task import ConfigurableTask
 
 from cru_harness.data.rwku import ICU_INSTRUCTION, get_target, load_target_file, parse_targets
+from cru_harness.lmeval.protocol import JOINT_MARKER, template_date
+from cru_harness.prompts import RWKU_DATE, check_rwku_preset
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +232,7 @@ def format_doc(doc: Mapping) -> dict:
     elif probe == "aa":  # incontext learning: the query holds its own "Question: …" examples
         prompt = f"{QA_INSTRUCTION}{doc['query']}\n"
     elif probe == "mia":
-        prompt, gen_prefix, scored_text = "", "", doc["text"]
+        prompt, gen_prefix, scored_text = "", "", doc["text"]  # raw text, no template (eval_mia.py:16-21)
     elif probe == "mmlu":
         shots = "".join(_choices_block(e["question"], e["choices"]) + f"\nAnswer: {CHOICE_LETTERS[e['answer']]}\n\n"
                         for e in doc["examples"])
@@ -274,26 +281,52 @@ def plain_prompt(doc: Mapping, system_instruction: str | None = None) -> str:
     return text
 
 
+NEWLINE_STOP_PROBES = ("fb", "qa", "aa", "neighbor_fb", "neighbor_qa", "triviaqa")
+
+
 class RWKUTask(ConfigurableTask):
     """ConfigurableTask with RWKU's own prompt layout.
 
-    Chat template: lm-eval's path unchanged (the user message, then `gen_prefix` as the start of the assistant
-    turn, rendered with `continue_final_message`), which is RWKU's `apply_chat_template(...) + "Answer:"`.
+    Chat template: the user message alone (RWKU sends no system turn; an explicit `--system_instruction` is still
+    honoured, with a warning), then `gen_prefix` as the start of the assistant turn, rendered with
+    `continue_final_message`: RWKU's `apply_chat_template(...) + "Answer:"`. The date is RWKU_DATE.
     Without one: `plain_prompt` (lm-eval would join "…\\nD. x" and "Answer:" with a space).
+    MIA: no prompt; the text is scored with `JOINT_MARKER` (every token after the first, eval_mia.py:21-42).
     """
 
     def __init__(self, config: dict | None = None) -> None:
         # lm-eval's `class:` route hands the whole YAML (its own `class` key included) to the constructor
-        super().__init__(config={k: v for k, v in (config or {}).items() if k != "class"})
+        config = {k: v for k, v in (config or {}).items() if k != "class"}
+        metadata = dict(config.get("metadata") or {})
+        metadata["rwku_preset"] = check_rwku_preset(metadata.get("rwku_preset"))  # recorded in the results
+        probe = (config.get("dataset_kwargs") or {}).get("rwku_probe")
+        if metadata.get("rwku_newline_stop") and probe in NEWLINE_STOP_PROBES:
+            generation = dict(config.get("generation_kwargs") or {})
+            generation["until"] = list(generation.get("until") or []) + ["\n"]
+            config["generation_kwargs"] = generation
+        config["metadata"] = metadata
+        super().__init__(config=config)
 
     def fewshot_context(self, doc, num_fewshot, system_instruction=None, apply_chat_template=False,
                         fewshot_as_multiturn=False, chat_template=None, gen_prefix=None):
+        if doc.get("probe") == "mia":
+            return ""
+        if system_instruction and not getattr(self, "_warned_system", False):
+            self._warned_system = True
+            log.warning("RWKU's reference sends no system turn; using the given system instruction anyway: the "
+                        "numbers are not the reference preset's.")
         if apply_chat_template and chat_template is not None:
-            return super().fewshot_context(doc, num_fewshot, system_instruction=system_instruction,
-                                           apply_chat_template=apply_chat_template,
-                                           fewshot_as_multiturn=fewshot_as_multiturn,
-                                           chat_template=chat_template, gen_prefix=gen_prefix)
+            with template_date(RWKU_DATE):
+                return super().fewshot_context(doc, num_fewshot, system_instruction=system_instruction,
+                                               apply_chat_template=apply_chat_template,
+                                               fewshot_as_multiturn=fewshot_as_multiturn,
+                                               chat_template=chat_template, gen_prefix=gen_prefix)
         return plain_prompt(doc, system_instruction)
+
+
+def mia_target(doc: Mapping) -> str:
+    """The MIA continuation: the raw text under RWKU's alignment (`JOINT_MARKER` with an empty context)."""
+    return JOINT_MARKER + doc["scored_text"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -390,12 +423,14 @@ def process_results_truthfulqa(doc: Mapping, results: Sequence) -> dict:
 
 
 def process_results_bbh(doc: Mapping, results: Sequence[str]) -> dict:
-    """RWKU's extraction (after "the answer is", up to the next period), exact match against the whole target
-    after RWKU's normalisation (RWKU's own scorer iterates over the target's characters; see README)."""
-    from cru_harness.metrics import exact_match, extract_bbh_answer
+    """RWKU's extraction (after "the answer is", up to the next period). `exact_match`: RWKU's scorer as its code
+    computes it (over the target's characters, eval_bbh.py:95-109,158); `exact_match_target`: the project's
+    exact match against the whole target after the same normalisation."""
+    from cru_harness.metrics import exact_match, exact_match_rwku_bbh, extract_bbh_answer
 
     prediction = extract_bbh_answer(results[0])
-    return {"exact_match": _item(doc, exact_match(prediction, doc["answer"]), prediction=prediction)}
+    return {"exact_match": _item(doc, exact_match_rwku_bbh(prediction, doc["answer"]), prediction=prediction),
+            "exact_match_target": _item(doc, exact_match(prediction, doc["answer"]), prediction=prediction)}
 
 
 def process_results_triviaqa(doc: Mapping, results: Sequence[str]) -> dict:
