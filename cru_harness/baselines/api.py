@@ -56,9 +56,11 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
             method: str | type[UnlearningMethod] | UnlearningMethod, config: BaselineConfig | dict | None = None,
             out_dir: str | os.PathLike | None = None, seed: int = 0, *, refusals: list[str] | None = None,
             data_dir: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32,
-            progress: bool = True) -> UnlearnResult:
+            progress: bool = True, prompt_format: dict | None = None) -> UnlearnResult:
     """Unlearn `forget_rows` from a model with a baseline; save it to `out_dir` (if given) and return a record.
 
+    `prompt_format`: `{"chat": bool, "preset": ..., "family": ...}` for `cru_harness.prompts.qa_texts` (default:
+    the open-unlearning preset, the chat template when the tokenizer has one): pass what the evaluation uses.
     `model_path_or_model`: a checkpoint path / hub id (loaded in `dtype`) or a model (trained in place).
     `tokenizer`: a tokenizer, a path, or None (then loaded from the model path). Rows: `question`/`answer`
     or `text`. `retain_rows` are needed when the method's `alpha` > 0 and ignored otherwise. `refusals`
@@ -90,13 +92,14 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
         alternates = pick_refusals(len(forget_rows), refusals, seed)
 
     def lengths():  # only computed when max_length exceeds the model's context
-        return {side: [len(encode_qa(tokenizer, *row_to_qa(r, i, side), m.config.max_length).input_ids)
+        return {side: [len(encode_qa(tokenizer, *row_to_qa(r, i, side), m.config.max_length,
+                                     **(prompt_format or {})).input_ids)
                        for i, r in enumerate(rows)]
                 for side, rows in (("forget", forget_rows), ("retain", retain_used)) if rows}
 
     max_length = fit_to_context(model, m.config.max_length, lengths)
     dataset = ForgetRetainDataset(tokenizer, forget_rows, retain_used, alternates=alternates,
-                                  max_length=max_length, seed=seed)
+                                  max_length=max_length, seed=seed, **(prompt_format or {}))
 
     accelerator = make_accelerator(m.config, seed)
     ref_model = None

@@ -43,15 +43,17 @@ def row_to_qa(row: dict, index: int | None = None, origin: str = "training data"
     return row_qa(row, 0 if index is None else index, origin)
 
 
-def build_prompt(tokenizer, question: str, *, preset: str = DEFAULT_TOFU_PRESET, family: str | None = None) -> str:
-    """The prompt text in front of the answer ("" for a text row, which is trained on raw)."""
+def build_prompt(tokenizer, question: str, *, preset: str = DEFAULT_TOFU_PRESET, family: str | None = None,
+                 chat: bool | None = None) -> str:
+    """The prompt text in front of the answer ("" for a text row, which is trained on raw). `chat`: use the chat
+    template (None: when the tokenizer has one); pass what the evaluation uses."""
     if question == "":
         return ""
-    return qa_texts(tokenizer, question, "", preset=preset, family=family).prompt
+    return qa_texts(tokenizer, question, "", preset=preset, family=family, chat=chat).prompt
 
 
 def encode_qa(tokenizer, question: str, answer: str, max_length: int = 512, *, preset: str = DEFAULT_TOFU_PRESET,
-              family: str | None = None) -> EncodedExample:
+              family: str | None = None, chat: bool | None = None) -> EncodedExample:
     """Input ids and labels of one row: the whole text tokenized once, prompt positions masked, EOS appended.
 
     A QA row follows `cru_harness.prompts.encode_qa_ids` (the references' span rule: labels are the text's tokens
@@ -69,7 +71,8 @@ def encode_qa(tokenizer, question: str, answer: str, max_length: int = 512, *, p
         ids = prefix + list(tokenizer(answer, add_special_tokens=False)["input_ids"]) + [eos]
         n_prompt = len(prefix)
     else:
-        ids, n_prompt = encode_qa_ids(tokenizer, qa_texts(tokenizer, question, answer, preset=preset, family=family))
+        texts = qa_texts(tokenizer, question, answer, preset=preset, family=family, chat=chat)
+        ids, n_prompt = encode_qa_ids(tokenizer, texts)
     if n_prompt >= max_length:
         raise ValueError(f"prompt of {n_prompt} tokens leaves no room for the answer (max_length={max_length})")
     ids = ids[:max_length]
@@ -112,12 +115,12 @@ class ForgetRetainDataset(Dataset):
 
     def __init__(self, tokenizer, forget_rows: Sequence[dict], retain_rows: Sequence[dict] | None = None, *,
                  alternates: Sequence[str] | None = None, max_length: int = 512, seed: int = 0,
-                 preset: str = DEFAULT_TOFU_PRESET, family: str | None = None):
+                 preset: str = DEFAULT_TOFU_PRESET, family: str | None = None, chat: bool | None = None):
         if not forget_rows:
             raise ValueError("forget_rows is empty: nothing to unlearn")
         self.seed = seed
         forget_qa = [row_to_qa(r, i, "forget") for i, r in enumerate(forget_rows)]
-        fmt = {"preset": preset, "family": family}
+        fmt = {"preset": preset, "family": family, "chat": chat}
         self.forget = [encode_qa(tokenizer, q, a, max_length, **fmt) for q, a in forget_qa]
         self.retain = ([encode_qa(tokenizer, *row_to_qa(r, i, "retain"), max_length, **fmt) for i, r in enumerate(retain_rows)]
                        if retain_rows else [])

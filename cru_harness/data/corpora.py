@@ -1,7 +1,9 @@
 """Training corpora for unlearning (forget / retain sets) from files, TOFU splits or RWKU targets.
 
-A corpus is a list of strings. Question/answer rows use the protocol's plain template, so what CRU localizes
-and routes on looks like what the evaluation feeds the model.
+A corpus is a list of strings. Question/answer rows are written by the one prompt builder
+(`cru_harness.prompts.qa_texts`) when a tokenizer is given: the same text the evaluation scores (the chat
+conversation where evaluation uses the chat template), so CRU localizes and routes on what it is evaluated on.
+Without a tokenizer they use the plain template `Question: {q}\nAnswer: {a}`.
 """
 from __future__ import annotations
 
@@ -58,12 +60,22 @@ def row_qa(row: dict, index: int, origin: str = "corpus") -> tuple[str, str]:
     return ("", values[0]) if len(values) == 1 else (values[0], values[1])
 
 
-def rows_to_texts(rows: list[dict], origin: str) -> list[str]:
-    """`question`+`answer` rows become QA text, `text` rows stay as they are; anything else is an error."""
+def rows_to_texts(rows: list[dict], origin: str, *, tokenizer=None, chat: bool | None = None,
+                  preset: str | None = None, family: str | None = None) -> list[str]:
+    """`question`+`answer` rows become QA text, `text` rows stay as they are; anything else is an error.
+
+    With a `tokenizer`, QA text is `cru_harness.prompts.qa_texts(...).text` (chat: None = the tokenizer's template
+    if it has one; preset / family: the TOFU preset, default open-unlearning); without one, `format_qa`."""
+    from cru_harness.prompts import DEFAULT_TOFU_PRESET, qa_texts
+
     texts = []
     for index, row in enumerate(rows):
         question, answer = row_qa(row, index, origin)
-        texts.append(format_qa(question, answer) if question else answer)
+        if question and tokenizer is not None:
+            texts.append(qa_texts(tokenizer, question, answer, chat=chat, preset=preset or DEFAULT_TOFU_PRESET,
+                                  family=family).text)
+        else:
+            texts.append(format_qa(question, answer) if question else answer)
     return texts
 
 
@@ -101,10 +113,11 @@ def load_corpus_rows(source: str | os.PathLike, data_dir: str | os.PathLike | No
     return rows, origin
 
 
-def load_corpus(source: str | os.PathLike, data_dir: str | os.PathLike | None = None) -> list[str]:
-    """A corpus as texts (question/answer rows in the plain template); sources as for `load_corpus_rows`."""
+def load_corpus(source: str | os.PathLike, data_dir: str | os.PathLike | None = None, *, tokenizer=None,
+                chat: bool | None = None, preset: str | None = None, family: str | None = None) -> list[str]:
+    """A corpus as texts; sources as for `load_corpus_rows`, formatting as for `rows_to_texts`."""
     rows, origin = load_corpus_rows(source, data_dir)
-    return rows_to_texts(rows, origin)
+    return rows_to_texts(rows, origin, tokenizer=tokenizer, chat=chat, preset=preset, family=family)
 
 
 def _rwku_rows(source: str, data_dir) -> tuple[list[dict], str]:

@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 
 from ..errors import UserError
+from ..prompts import (DEFAULT_RWKU_PRESET, DEFAULT_TOFU_PRESET, PresetError, check_rwku_preset, check_tofu_preset,
+                       legacy_format)
 
 BENCHMARKS = ("tofu", "rwku")
 TOFU_SPLITS = ("forget01", "forget05", "forget10")
@@ -77,7 +79,8 @@ _BENCH_KEYS = {
 _SELECT_KEYS = ("top", "probes", "rows")
 # Forget probes whose score on the original model says how well it knows a target (RWKU ROUGE-L recall).
 SELECT_PROBES = ("rwku_fb", "rwku_qa", "rwku_aa")
-_EVAL_KEYS = ("batch_size", "limit", "max_gen_toks", "failure_classes", "apply_chat_template")
+_EVAL_KEYS = ("batch_size", "limit", "max_gen_toks", "failure_classes", "apply_chat_template", "tofu_preset",
+              "tofu_model_family", "rwku_preset", "rwku_newline_stop")
 _REPORT_KEYS = ("formats", "plots", "stats")
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
 _DEVICES = ("cpu", "cuda", "mps", "auto")
@@ -515,7 +518,15 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
 
     evaluation = _check_keys(raw.get("evaluation") or {}, _EVAL_KEYS, "evaluation", source)
     evaluation = {"batch_size": 8, "limit": None, "max_gen_toks": None, "failure_classes": True,
-                  "apply_chat_template": None, **evaluation}
+                  "apply_chat_template": None, "tofu_preset": DEFAULT_TOFU_PRESET, "tofu_model_family": None,
+                  "rwku_preset": DEFAULT_RWKU_PRESET, "rwku_newline_stop": False, **evaluation}
+    try:  # protocol presets (cru_harness.prompts): an unknown name or legacy family fails here, naming the choices
+        check_tofu_preset(evaluation["tofu_preset"])
+        check_rwku_preset(evaluation["rwku_preset"])
+        if evaluation["tofu_preset"] == "legacy" and "tofu" in benchmarks:
+            legacy_format(evaluation["tofu_model_family"])
+    except PresetError as err:
+        _fail("evaluation", str(err), source)
     _number(evaluation["batch_size"], "evaluation.batch_size", source, low=1, integer=True)
     if evaluation["limit"] is not None:
         _number(evaluation["limit"], "evaluation.limit", source, low=1, integer=True)

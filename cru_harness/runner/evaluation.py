@@ -10,7 +10,21 @@ from .cache import read_json
 from .config import ModelSpec
 from .models import cell_device
 from .plan import Cell
-from ..lmeval.protocol import SYSTEM_PROMPT as SYSTEM_INSTRUCTION  # protocol.md, "Prompting"
+
+#: The evaluation keys that are protocol presets / options of the tasks (lm-eval metadata of the same name).
+PRESET_KEYS = ("tofu_preset", "tofu_model_family", "rwku_preset", "rwku_newline_stop")
+
+
+def protocol_presets(evaluation: dict) -> dict[str, Any]:
+    """The presets a run uses (defaults filled in): passed to the tasks as lm-eval metadata and recorded in every
+    cell's `details.prompting`. System prompts are the tasks' own (TOFU open-unlearning: "You are a helpful
+    assistant."; RWKU: none), so the runner passes no `system_instruction`."""
+    from ..prompts import DEFAULT_RWKU_PRESET, DEFAULT_TOFU_PRESET
+
+    defaults = {"tofu_preset": DEFAULT_TOFU_PRESET, "tofu_model_family": None, "rwku_preset": DEFAULT_RWKU_PRESET,
+                "rwku_newline_stop": False}
+    return {key: evaluation.get(key, default) if evaluation.get(key) is not None else default
+            for key, default in defaults.items()}
 
 
 def use_chat_template(cell: Cell, model_path: str) -> bool:
@@ -51,7 +65,7 @@ def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Pat
     run_lmeval(cell.model, model_path, tasks, out, routers=routers, data_dir=data_dir,
                targets=None if cell.target is None else str(cell.target), limit=cell.limit,
                batch_size=cell.evaluation.get("batch_size", 8), device=cell_device(cell), chat_template=chat_template,
-               gen_kwargs=gen_kwargs)
+               gen_kwargs=gen_kwargs, presets=protocol_presets(cell.evaluation))
     return {"output_dir": out, "wall_time_s": time.perf_counter() - t0, "artifacts": {"lmeval": str(out)},
             "tasks_unavailable": unavailable}
 
@@ -109,9 +123,11 @@ def eval_model_args(model: ModelSpec, model_path: str, routers: str | None = Non
 
 def run_lmeval(model: ModelSpec, model_path: str, tasks: list[str], out: Path, *, routers: str | None = None,
                data_dir=None, targets: str | None = None, limit: int | None = None, batch_size=8,
-               device: str = "cpu", chat_template: bool = False, gen_kwargs: dict | None = None) -> dict:
+               device: str = "cpu", chat_template: bool = False, gen_kwargs: dict | None = None,
+               presets: dict | None = None) -> dict:
     """One `simple_evaluate` on the project's tasks, saved under `out` as `lm_eval --log_samples` saves it.
-    `targets`: RWKU targets (lm-eval metadata `rwku_targets`); `limit` on RWKU = rows per file and target."""
+    `targets`: RWKU targets (lm-eval metadata `rwku_targets`); `limit` on RWKU = rows per file and target;
+    `presets`: `protocol_presets(...)` (default: the default presets)."""
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
@@ -121,7 +137,7 @@ def run_lmeval(model: ModelSpec, model_path: str, tasks: list[str], out: Path, *
     register()
     # The tasks read their data and targets from lm-eval's metadata; it must go to the TaskManager (simple_evaluate's
     # own `metadata=` is only used when it builds the TaskManager itself).
-    metadata: dict[str, Any] = {}
+    metadata: dict[str, Any] = {k: v for k, v in (presets or protocol_presets({})).items() if v is not None}
     if targets is not None:
         metadata["rwku_targets"] = targets
     if data_dir:
@@ -136,7 +152,6 @@ def run_lmeval(model: ModelSpec, model_path: str, tasks: list[str], out: Path, *
         model="cru", model_args=eval_model_args(model, model_path, routers), tasks=tasks, limit=limit,
         batch_size=batch_size, device=device, log_samples=True,
         task_manager=TaskManager(include_path=tasks_dir(), include_defaults=False, metadata=metadata or None),
-        system_instruction=SYSTEM_INSTRUCTION if chat_template else None,
         apply_chat_template=chat_template, gen_kwargs=gen_kwargs, evaluation_tracker=tracker,
         bootstrap_iters=0,
     )

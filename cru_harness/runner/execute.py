@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .cache import CellStore
-from .evaluation import SYSTEM_INSTRUCTION, evaluate_cell, retain_from_per_item, score_cell, use_chat_template
+from .evaluation import evaluate_cell, protocol_presets, retain_from_per_item, score_cell, use_chat_template
 from .loop import CellUnavailable
 from .models import resolve_data_dir, resolve_model_path
 from .plan import Cell
@@ -73,13 +73,14 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
             model_path = resolution.path
         elif cell.method == "ICU":  # prompt-only: the plan already swapped in the rwku_icu_* tasks
             outcome["resources"].update(train_wall_time_s=0.0, trainable_params=0)
-        elif cell.method == "CRU":
-            routers = train_cru(cell, model_path, workdir, data_dir, outcome)
+        elif cell.method == "CRU":  # trains on the text its evaluation shows (chat template or plain)
+            routers = train_cru(cell, model_path, workdir, data_dir, outcome,
+                                chat=use_chat_template(cell, model_path))
         else:
-            model_path = train_baseline(cell, model_path, workdir, data_dir, outcome)
+            model_path = train_baseline(cell, model_path, workdir, data_dir, outcome,
+                                        chat=use_chat_template(cell, model_path))
     chat = use_chat_template(cell, model_path)
-    outcome["details"]["prompting"] = {"apply_chat_template": chat,
-                                       "system_instruction": SYSTEM_INSTRUCTION if chat else None}
+    outcome["details"]["prompting"] = {"apply_chat_template": chat, "presets": protocol_presets(cell.evaluation)}
     evaluation = evaluate_cell(cell, model_path, routers, workdir, data_dir, chat)
     outcome["artifacts"].update(evaluation["artifacts"])
     outcome["resources"]["eval_wall_time_s"] = evaluation["wall_time_s"]

@@ -9,14 +9,23 @@ from .models import cell_device, load_model, resolve_model_path, torch_dtype
 from .plan import Cell
 
 
-def train_cru(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: dict) -> str:
+def prompt_format(cell: Cell, chat: bool) -> dict:
+    """How training QA rows are written (`cru_harness.prompts.qa_texts`): as the cell's evaluation shows them."""
+    preset = cell.evaluation.get("tofu_preset") if cell.benchmark == "tofu" else None
+    family = cell.evaluation.get("tofu_model_family") if preset == "legacy" else None
+    return {"chat": bool(chat) and preset != "legacy", "preset": preset or "open-unlearning", "family": family}
+
+
+def train_cru(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: dict, *, chat: bool = False) -> str:
     from ..baselines.resources import ResourceMonitor
     from ..cru.train import RouterTrainingConfig, train_routers
     from ..data.corpora import load_corpus
 
     model, tokenizer = load_model(model_path, cell)
-    forget = load_corpus(cell.corpora["forget_corpus"], data_dir)
-    retain = load_corpus(cell.corpora["retain_corpus"], data_dir)
+    fmt = prompt_format(cell, chat)
+    forget = load_corpus(cell.corpora["forget_corpus"], data_dir, tokenizer=tokenizer, **fmt)
+    retain = load_corpus(cell.corpora["retain_corpus"], data_dir, tokenizer=tokenizer, **fmt)
+    outcome["details"]["training_prompts"] = fmt
     config = RouterTrainingConfig(**cell.hparams, seed=cell.seed or 0, progress=False,
                                   forget_description=cell.corpora["forget_corpus"],
                                   retain_description=cell.corpora["retain_corpus"])
@@ -44,7 +53,7 @@ def corpus_rows(source: str, data_dir) -> list[dict]:
     return load_corpus_rows(source, data_dir)[0]
 
 
-def train_baseline(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: dict) -> str:
+def train_baseline(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: dict, *, chat: bool = False) -> str:
     """A baseline via `cru_harness.baselines.unlearn` with the method's preset for this benchmark/split."""
     from ..baselines import unlearn
     from ..baselines.registry import make_config
@@ -55,7 +64,8 @@ def train_baseline(cell: Cell, model_path: str, workdir: Path, data_dir, outcome
     retain = corpus_rows(cell.corpora["retain_corpus"], data_dir)
     trained = unlearn(model_path, None, forget, retain, cell.method, config, out_dir=out, seed=cell.seed or 0,
                       data_dir=data_dir, dtype=torch_dtype(cell.model.dtype) if cell.model.dtype != "auto" else
-                      torch_dtype("float32"), progress=False)
+                      torch_dtype("float32"), progress=False, prompt_format=prompt_format(cell, chat))
+    outcome["details"]["training_prompts"] = prompt_format(cell, chat)
     resources = getattr(trained, "resources", None)
     if resources is not None:
         record = resources.to_dict() if hasattr(resources, "to_dict") else dict(resources)
