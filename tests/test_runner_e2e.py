@@ -56,7 +56,10 @@ def test_ci_minimal_end_to_end_then_resume(tmp_path, monkeypatch):
         forget_fm = result["details"]["scoring"]["failure_modes"]["forget"]
         assert forget_fm["mean_nll_original"] is not None and math.isfinite(forget_fm["mean_nll_original"])
         # tiny testbed checkpoints are trained on the plain template: no chat template, no system prompt
-        assert result["details"]["prompting"] == {"apply_chat_template": False, "system_instruction": None}
+        assert result["details"]["prompting"] == {
+            "apply_chat_template": False,
+            "presets": {"tofu_preset": "open-unlearning", "tofu_model_family": None, "rwku_preset": "reference",
+                        "rwku_newline_stop": False}}
         resources = result["resources"]
         assert resources["eval_wall_time_s"] > 0 and resources["cell_wall_time_s"] > 0
         assert resources["cell_peak_rss_bytes"] > 0

@@ -426,15 +426,18 @@ class CRULM(HFLM):
         return out
 
     # ------------------------------------------------------------ generation
-    def generate_until(self, requests, disable_tqdm: bool = False):
-        """HFLM's generation; the stop string `UNK_STOP` becomes the tokenizer's unknown token (or is dropped)."""
+    def resolve_stops(self, until: list[str]) -> list[str]:
+        """Stop strings with `UNK_STOP` replaced by the tokenizer's unknown token (dropped when it has none)."""
         unk = self.tokenizer.unk_token
+        return [unk if s == UNK_STOP else s for s in until if s != UNK_STOP or unk]
+
+    def generate_until(self, requests, disable_tqdm: bool = False):
+        """HFLM's generation, stop strings through `resolve_stops`."""
         for req in requests:
             context, gen_kwargs = req.args
             until = gen_kwargs.get("until") if isinstance(gen_kwargs, dict) else None
             if isinstance(until, list) and UNK_STOP in until:
-                resolved = [unk if s == UNK_STOP else s for s in until if s != UNK_STOP or unk]
-                req.arguments = (context, {**gen_kwargs, "until": resolved})
+                req.arguments = (context, {**gen_kwargs, "until": self.resolve_stops(until)})
         return super().generate_until(requests, disable_tqdm=disable_tqdm)
 
     # ------------------------------------------------------------ chat template

