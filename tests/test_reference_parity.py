@@ -456,3 +456,26 @@ def test_rwku_newline_stop_is_a_named_option(rwku_dir):
 def test_unk_stop_resolves_to_the_tokenizer_unknown_token():
     lm = _lm("testbed-chat")
     assert lm.resolve_stops(["<|eot_id|>", UNK_STOP]) == ["<|eot_id|>", lm.tokenizer.unk_token]
+
+
+# ------------------------------------------------------------------------------ training text = evaluated text
+
+@pytest.mark.parametrize("name", ALL)
+def test_training_rows_are_the_evaluated_tokens(name, tofu_data):
+    """Baselines (`encode_qa`) and CRU corpora (`rows_to_texts(..., tokenizer=)`) write a QA row as exactly the
+    token sequence the TOFU task scores: prompt ids + scored ids, with the prompt masked."""
+    from cru_harness.baselines.data import IGNORE_INDEX, encode_qa
+    from cru_harness.data.corpora import rows_to_texts
+
+    lm = _lm(name)
+    tok = lm.tokenizer
+    chat = bool(tok.chat_template)
+    inst = _tofu_requests(tofu_data, lm, chat=chat)["tofu_forget10"][1][1]  # doc 1, the answer
+    ctx_ids, scored = lm.encode_request(*inst.arguments)
+    doc = inst.doc
+    example = encode_qa(tok, doc["question"], doc["answer"], chat=chat)
+    assert example.input_ids == ctx_ids + scored
+    assert example.labels == [IGNORE_INDEX] * len(ctx_ids) + scored
+    (text,) = rows_to_texts([{"question": doc["question"], "answer": doc["answer"]}], "test", tokenizer=tok, chat=chat)
+    ids = tok(text, add_special_tokens=not chat)["input_ids"]
+    assert ids + ([tok.eos_token_id] if ids[-1] != tok.eos_token_id else []) == ctx_ids + scored

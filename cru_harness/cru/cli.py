@@ -23,6 +23,10 @@ def register(subparsers) -> None:
     unlearn.add_argument("--overwrite", action="store_true",
                          help="replace an existing bundle (or other files) in --out")
     unlearn.add_argument("--data-dir", default=None, help="local TOFU/RWKU data root (default: env or the Hub)")
+    unlearn.add_argument("--prompt-format", choices=("auto", "chat", "plain"), default="auto",
+                         help="how question/answer rows are written (cru_harness.prompts): as the evaluation will "
+                              "show them. auto: the chat template when the tokenizer has one (evaluate with "
+                              "--apply_chat_template), plain: Question:/Answer: (default: auto)")
     unlearn.add_argument("--blocks", default=None,
                          help="comma-separated block indices to gate (negative = from the end); overrides --last-k")
     unlearn.add_argument("--last-k", type=int, default=4, help="gate the last K decoder blocks (default 4)")
@@ -67,13 +71,13 @@ def _parse_blocks(spec: str | None) -> list[int] | None:
         raise ValueError(f"--blocks must be comma-separated integers, got {spec!r}") from None
 
 
-def _load_corpus(source: str, data_dir, what: str) -> list[str]:
+def _load_corpus(source: str, data_dir, what: str, tokenizer=None, chat: bool | None = None) -> list[str]:
     from cru_harness.cli import CLIError
     from cru_harness.data.corpora import load_corpus
     from cru_harness.data.sources import DataSourceError
 
     try:
-        texts = load_corpus(source, data_dir)
+        texts = load_corpus(source, data_dir, tokenizer=tokenizer, chat=chat)
     except DataSourceError as err:
         raise CLIError(f"{what} corpus: {err}") from None
     if not texts:
@@ -98,14 +102,18 @@ def run_unlearn(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, max_length=args.max_length, seed=args.seed, input_norm=args.input_norm,
         forget_description=str(args.forget), retain_description=str(args.retain), progress=not args.no_progress,
         prefix_cache=not args.no_prefix_cache)
-    forget = _load_corpus(args.forget, args.data_dir, "forget")
-    retain = _load_corpus(args.retain, args.data_dir, "retain")
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.base)
         model = AutoModelForCausalLM.from_pretrained(args.base, dtype=getattr(torch, args.dtype))
     except OSError as err:
         from cru_harness.cli import CLIError
         raise CLIError(f"cannot load base model {args.base!r}: {err}") from None
+    chat = {"auto": None, "chat": True, "plain": False}[getattr(args, "prompt_format", "auto")]
+    if chat and not tokenizer.chat_template:
+        from cru_harness.cli import CLIError
+        raise CLIError(f"--prompt-format chat: the tokenizer of {args.base!r} has no chat template")
+    forget = _load_corpus(args.forget, args.data_dir, "forget", tokenizer, chat)
+    retain = _load_corpus(args.retain, args.data_dir, "retain", tokenizer, chat)
     model.eval()
     bundle = train_routers(model, tokenizer, forget, retain, config)
     bundle.config.base_model = str(args.base)
