@@ -345,10 +345,13 @@ def rwku_stop_ids(tokenizer, probe: str) -> set:
     return {tokenizer.eos_token_id} | {tokenizer.convert_tokens_to_ids(n) for n in names} - {None}
 
 
-def project_stop_ids(lm, until: list[str]) -> set:
-    """The token ids the project's stop strings catch as single tokens (EOS is lm-eval's own, HFLM adds it)."""
+def project_stop_ids(lm, gen_kwargs: dict) -> set:
+    """The token ids the project's generation stops at: `generate`'s `eos_token_id` (set to the tokenizer's EOS,
+    as RWKU's inference.py:47 does) and the stop strings that are single tokens (HFLM adds the EOS string too)."""
     vocab = lm.tokenizer.get_vocab()
-    return {lm.tokenizer.eos_token_id} | {vocab[s] for s in lm.resolve_stops(until) if s in vocab}
+    resolved = lm.resolve_generation_kwargs(gen_kwargs)
+    assert resolved["eos_token_id"] == lm.tokenizer.eos_token_id
+    return {resolved["eos_token_id"]} | {vocab[s] for s in resolved["until"] if s in vocab}
 
 
 RWKU_GEN_TASKS = {"rwku_fb": "fb", "rwku_qa": "qa", "rwku_aa": "aa", "rwku_neighbor_fb": "neighbor_fb",
@@ -388,8 +391,8 @@ def test_rwku_generation_prompts_and_stops(name, rwku_dir):
             assert ctx == reference, (task_name, inst.doc_id)
             # generate_completions tokenizes with add_special_tokens=True (inference.py:34-35)
             assert _gen_ids(lm, ctx) == tok(reference, add_special_tokens=True)["input_ids"]
-            assert project_stop_ids(lm, gen_kwargs["until"]) == rwku_stop_ids(tok, probe), task_name
-            for s in lm.resolve_stops(gen_kwargs["until"]):  # D2: a stop string that is no token of this vocab
+            assert project_stop_ids(lm, gen_kwargs) == rwku_stop_ids(tok, probe), task_name
+            for s in lm.resolve_generation_kwargs(gen_kwargs)["until"]:  # D2: a stop string that is no token here
                 assert s in tok.get_vocab() or len(tok(s, add_special_tokens=False)["input_ids"]) > 1
             assert gen_kwargs["max_gen_toks"] == (256 if probe == "bbh" else 30)  # eval_*.py max_new_tokens
 
@@ -453,9 +456,15 @@ def test_rwku_newline_stop_is_a_named_option(rwku_dir):
         _rwku_tasks(rwku_dir, ["rwku_qa"], rwku_preset="paper")
 
 
-def test_unk_stop_resolves_to_the_tokenizer_unknown_token():
+def test_stop_markers_resolve_to_the_tokenizer():
+    from cru_harness.lmeval.protocol import TOKENIZER_EOS
+
     lm = _lm("testbed-chat")
     assert lm.resolve_stops(["<|eot_id|>", UNK_STOP]) == ["<|eot_id|>", lm.tokenizer.unk_token]
+    resolved = lm.resolve_generation_kwargs({"until": ["<|eot_id|>", TOKENIZER_EOS], "max_gen_toks": 30})
+    assert resolved == {"until": ["<|eot_id|>"], "max_gen_toks": 30, "eos_token_id": lm.tokenizer.eos_token_id}
+    plain = {"until": ["\n"]}
+    assert lm.resolve_generation_kwargs(plain) is plain
 
 
 # ------------------------------------------------------------------------------ training text = evaluated text

@@ -61,6 +61,7 @@ from cru_harness.errors import UserError
 from cru_harness.lmeval.protocol import (
     EOS_MARKER,
     ROUTER_SEPARATOR,
+    TOKENIZER_EOS,
     UNK_STOP,
     LoglikelihoodResult,
     RollingResult,
@@ -431,13 +432,27 @@ class CRULM(HFLM):
         unk = self.tokenizer.unk_token
         return [unk if s == UNK_STOP else s for s in until if s != UNK_STOP or unk]
 
+    def resolve_generation_kwargs(self, gen_kwargs: dict) -> dict:
+        """`gen_kwargs` with the protocol's stop markers applied: `UNK_STOP` through `resolve_stops`;
+        `TOKENIZER_EOS` removed and `eos_token_id` set to the tokenizer's EOS (RWKU's generate call)."""
+        until = gen_kwargs.get("until")
+        if not isinstance(until, list) or not ({UNK_STOP, TOKENIZER_EOS} & set(until)):
+            return gen_kwargs
+        out = dict(gen_kwargs)
+        if TOKENIZER_EOS in until:
+            until = [s for s in until if s != TOKENIZER_EOS]
+            out["eos_token_id"] = self.tokenizer.eos_token_id
+        out["until"] = self.resolve_stops(until)
+        return out
+
     def generate_until(self, requests, disable_tqdm: bool = False):
-        """HFLM's generation, stop strings through `resolve_stops`."""
+        """HFLM's generation, generation kwargs through `resolve_generation_kwargs`."""
         for req in requests:
             context, gen_kwargs = req.args
-            until = gen_kwargs.get("until") if isinstance(gen_kwargs, dict) else None
-            if isinstance(until, list) and UNK_STOP in until:
-                req.arguments = (context, {**gen_kwargs, "until": self.resolve_stops(until)})
+            if isinstance(gen_kwargs, dict):
+                resolved = self.resolve_generation_kwargs(gen_kwargs)
+                if resolved is not gen_kwargs:
+                    req.arguments = (context, resolved)
         return super().generate_until(requests, disable_tqdm=disable_tqdm)
 
     # ------------------------------------------------------------ chat template

@@ -31,6 +31,7 @@ __all__ = [
     "EOS_MARKER",
     "JOINT_MARKER",
     "UNK_STOP",
+    "TOKENIZER_EOS",
     "ROUTER_SEPARATOR",
     "SYSTEM_PROMPT",
     "PINNED_DATE",
@@ -55,6 +56,11 @@ JOINT_MARKER = "<|cru_joint|>"
 
 #: A generation stop string the `cru` model replaces with its tokenizer's unknown token (dropped if it has none).
 UNK_STOP = "<|cru_unk|>"
+
+#: A generation stop string telling the `cru` model to end generation at the tokenizer's EOS id only, not at the
+#: other EOS ids a model's generation_config may list (RWKU passes `eos_token_id=tokenizer.eos_token_id` to
+#: `generate`, inference.py:44-49; Phi-3's config also lists <|end|>). Removed before generation.
+TOKENIZER_EOS = "<|cru_tokenizer_eos|>"
 
 #: Separates several router bundle directories in `--model_args routers=dirA+dirB`.
 ROUTER_SEPARATOR = "+"
