@@ -53,6 +53,9 @@ def base_config(tmp_path, **extra):
     (lambda r: r["models"][0].update(retain={"forget05": {"checkpoint": "x"}}), "models[0].retain.forget05",
      "configured TOFU split"),
     (lambda r: r["benchmarks"]["tofu"].update(tasks=["tofu_{target}"]), "benchmarks.tofu.tasks[0]", "placeholder"),
+    (lambda r: r.update(evaluation={"tofu_preset": "tofu2"}), "evaluation", "valid: open-unlearning, legacy"),
+    (lambda r: r.update(evaluation={"tofu_preset": "legacy"}), "evaluation", "valid: llama2-7b, phi, stablelm"),
+    (lambda r: r.update(evaluation={"rwku_preset": "paper"}), "evaluation", "valid: reference"),
 ])
 def test_config_errors_name_the_key(tmp_path, mutate, key, words):
     raw = base_config(tmp_path)
