@@ -326,3 +326,29 @@ class _FrozenDatetime:
                 return frozen
 
         return Frozen
+
+
+@pytest.mark.slow
+@pytest.mark.shared_data
+def test_legacy_preset_end_to_end_records_the_preset(tiny_model_dir, tofu_dir):
+    """`--metadata '{"tofu_preset": "legacy", "tofu_model_family": "phi"}'` through lm-eval: TOFU's phi format,
+    200 tokens in total (HF max_length), the preset in the results' task config."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from cru_harness.lmeval.registration import register
+
+    register()
+    tm = TaskManager(include_path=str(TASKS_DIR), include_defaults=False,
+                     metadata={"data_dir": str(tofu_dir), "tofu_preset": "legacy", "tofu_model_family": "phi"})
+    res = lm_eval.simple_evaluate(model="cru", model_args=f"pretrained={tiny_model_dir},dtype=float32",
+                                  tasks=["tofu_world_facts"], task_manager=tm, limit=2, log_samples=True,
+                                  batch_size=4, device="cpu", bootstrap_iters=0)
+    sample = res["samples"]["tofu_world_facts"][0]
+    question = sample["doc"]["question"]
+    assert sample["arguments"][0][0] == f"Question: {question}\n"  # evaluate_util.py:307-309 drops "Answer: "
+    assert sample["arguments"][0][1]["max_length"] == 200
+    assert sample["arguments"][1] == (f"Question: {question}\n",
+                                      f"{JOINT_MARKER}Answer: {sample['doc']['answer']}{EOS_MARKER}")
+    assert res["configs"]["tofu_world_facts"]["metadata"]["tofu_preset"] == "legacy"
+    assert math.isfinite(res["results"]["tofu_world_facts"]["probability,none"])
