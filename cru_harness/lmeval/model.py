@@ -480,6 +480,7 @@ class CRULM(HFLM):
     def get_model_info(self) -> dict[str, Any]:
         info = super().get_model_info()
         info["cru_routers"] = list(self.router_sources)
+        # the default; a task's preset may render with its own date (protocol.template_date), recorded in its metadata
         info["cru_pinned_date"] = pinned_template_kwargs()["date_string"]
         return info
 
