@@ -58,8 +58,9 @@ def encode_qa(tokenizer, question: str, answer: str, max_length: int = 512, *, p
 
     A QA row follows `cru_harness.prompts.encode_qa_ids` (the references' span rule: labels are the text's tokens
     after the prompt's token count). A text row (empty question) is the tokenizer's special prefix (masked)
-    and the raw text + EOS, every text token a label. Longer than `max_length`: the answer is truncated (and then has no EOS,
-    since the text did not end there); a prompt that leaves no room for an answer token is an error.
+    and the raw text + EOS, every text token a label. Longer than `max_length`: the answer is truncated (and
+    then has no EOS, since the text did not end there); a prompt that leaves no room for an answer token is an
+    error.
     """
     eos = tokenizer.eos_token_id
     if eos is None:
@@ -122,13 +123,15 @@ class ForgetRetainDataset(Dataset):
         forget_qa = [row_to_qa(r, i, "forget") for i, r in enumerate(forget_rows)]
         fmt = {"preset": preset, "family": family, "chat": chat}
         self.forget = [encode_qa(tokenizer, q, a, max_length, **fmt) for q, a in forget_qa]
-        self.retain = ([encode_qa(tokenizer, *row_to_qa(r, i, "retain"), max_length, **fmt) for i, r in enumerate(retain_rows)]
+        self.retain = ([encode_qa(tokenizer, *row_to_qa(r, i, "retain"), max_length, **fmt)
+                        for i, r in enumerate(retain_rows)]
                        if retain_rows else [])
         self.alternate = None
         if alternates is not None:
             if len(alternates) != len(forget_qa):
                 raise ValueError(f"{len(alternates)} alternates for {len(forget_qa)} forget rows")
-            self.alternate = [encode_qa(tokenizer, q, alt, max_length, **fmt) for (q, _), alt in zip(forget_qa, alternates)]
+            self.alternate = [encode_qa(tokenizer, q, alt, max_length, **fmt)
+                              for (q, _), alt in zip(forget_qa, alternates)]
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.set_epoch(0)
 
