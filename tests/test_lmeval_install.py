@@ -1,13 +1,19 @@
 """A built wheel puts the `.pth` hook into site-packages and the routes work from that install alone.
 
 Builds the wheel from a copy of the source tree (no build isolation: offline), installs it with `--no-deps`
-into a throwaway venv that sees the system site-packages (torch, lm-eval), and checks in that venv that the
-hook, the `cru` model and the packaged tasks all come from the wheel, not from the development checkout.
+into a throwaway venv that sees the test run's own site-packages (torch, lm-eval), and checks in that venv that
+the hook, the `cru` model and the packaged tasks all come from the wheel, not from the development checkout.
+
+The throwaway venv does not use `--system-site-packages`: when the test runs inside a venv (the usual install),
+that flag would show it the *base* interpreter's packages, not the venv's. Instead it lists the running
+interpreter's site-packages directories in a `.pth` file: plain path lines, so the `.pth` files in those
+directories (the development checkout's editable-install hook among them) are not run there.
 """
 from __future__ import annotations
 
 import shutil
 import sys
+import importlib.util
 import textwrap
 import zipfile
 from pathlib import Path
@@ -48,10 +54,20 @@ def test_wheel_has_pth_at_root_and_tasks(wheel):
     assert "cru_harness_lmeval.pth," in zipfile.ZipFile(wheel).read(record).decode()  # pip uninstall removes it
 
 
+def outer_site_dirs() -> list[str]:
+    """The site-packages directories this test run imports from (a venv's, and its base's if it includes them)."""
+    return [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
+
+
 def test_wheel_install_in_venv_registers_model_and_tasks(wheel, tmp_path):
     venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], cwd=tmp_path)
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp_path)
     py = venv / "bin" / "python"
+    purelib = run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                  cwd=tmp_path).stdout.strip()
+    # After the venv's own site-packages (where the wheel goes), so the wheel's cru_harness wins.
+    (Path(purelib) / "outer_site_packages.pth").write_text("\n".join(outer_site_dirs()) + "\n")
+    outer_lm_eval = Path(importlib.util.find_spec("lm_eval").origin).resolve()
     run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel)], cwd=tmp_path)
     code = textwrap.dedent(f"""
         import sys, sysconfig, inspect
@@ -62,6 +78,9 @@ def test_wheel_install_in_venv_registers_model_and_tasks(wheel, tmp_path):
         assert (site / "cru_harness_lmeval.pth").exists()
         hook = sys.modules["_cru_harness_lmeval_hook"]
         assert Path(hook.__file__).resolve().is_relative_to(site), hook.__file__
+        import lm_eval
+        assert Path(lm_eval.__file__).resolve() == Path({str(outer_lm_eval)!r}), \
+            lm_eval.__file__  # the test run's lm-eval, not another one
         from lm_eval.api.registry import get_model
         assert get_model("hf").__name__ == "HFLM"
         cls = get_model("cru")

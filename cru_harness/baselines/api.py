@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -9,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from ..context import fit_to_context
+from ..devices import load_causal_lm, training_precision
 from .base import BaselineConfig, UnlearningMethod
 from .data import ForgetRetainDataset, encode_qa, pick_refusals, row_to_qa
 from .registry import get_method
@@ -55,13 +57,18 @@ def _resolve_method(method, config) -> UnlearningMethod:
 def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows: list[dict] | None,
             method: str | type[UnlearningMethod] | UnlearningMethod, config: BaselineConfig | dict | None = None,
             out_dir: str | os.PathLike | None = None, seed: int = 0, *, refusals: list[str] | None = None,
-            data_dir: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32,
-            progress: bool = True, prompt_format: dict | None = None) -> UnlearnResult:
+            data_dir: str | os.PathLike | None = None, dtype: str | torch.dtype = "float32",
+            device: str = "auto", device_map=None, progress: bool = True,
+            prompt_format: dict | None = None) -> UnlearnResult:
     """Unlearn `forget_rows` from a model with a baseline; save it to `out_dir` (if given) and return a record.
 
     `prompt_format`: `{"chat": bool, "preset": ..., "family": ...}` for `cru_harness.prompts.qa_texts` (default:
     the open-unlearning preset, the chat template when the tokenizer has one): pass what the evaluation uses.
-    `model_path_or_model`: a checkpoint path / hub id (loaded in `dtype`) or a model (trained in place).
+    `model_path_or_model`: a checkpoint path / hub id or a model (trained in place).
+    `dtype` (`cru_harness.devices.training_precision`): float32; bfloat16 = bf16 weights + bf16 autocast;
+    float16 = fp32 weights + fp16 autocast. A config's own `mixed_precision` other than "no" wins.
+    `device` (auto, cpu, cuda, cuda:N) and `device_map` ("auto": sharded over the GPUs; a path only) say where
+    it trains; under `accelerate launch` each process takes its own GPU (data parallel).
     `tokenizer`: a tokenizer, a path, or None (then loaded from the model path). Rows: `question`/`answer`
     or `text`. `retain_rows` are needed when the method's `alpha` > 0 and ignored otherwise. `refusals`
     (IdkDPO): defaults to TOFU's `idontknow` list via `cru_harness.data.tofu.load_idontknow(data_dir)`.
@@ -70,11 +77,23 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     if not m.trains:
         raise ValueError(f"{m.name} trains no model: it is scored by its task variants "
                          f"({getattr(m, 'task_variant', m.name)}) on the original model")
+    weights_dtype, mixed = training_precision(dtype)
+    if m.config.mixed_precision == "no" and mixed != "no":
+        m.config = dataclasses.replace(m.config, mixed_precision=mixed)
+    accelerator = make_accelerator(m.config, seed, device=device)
+
+    def load():
+        # Without a device_map accelerate places the model (its own device, or this process's GPU).
+        return load_causal_lm(str(model_path_or_model), device="cpu" if device_map is None else device,
+                              device_map=device_map, dtype=weights_dtype, load_tokenizer=False)[0]
+
     if isinstance(model_path_or_model, (str, os.PathLike)):
-        model = AutoModelForCausalLM.from_pretrained(model_path_or_model, dtype=dtype)
+        model = load()
         if tokenizer is None:
             tokenizer = model_path_or_model
     else:
+        if device_map is not None:
+            raise ValueError("device_map applies to a checkpoint path; a model object is trained where it is")
         model = model_path_or_model
     if tokenizer is None:
         raise ValueError("tokenizer is required when a model object is passed")
@@ -101,10 +120,10 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     dataset = ForgetRetainDataset(tokenizer, forget_rows, retain_used, alternates=alternates,
                                   max_length=max_length, seed=seed, **(prompt_format or {}))
 
-    accelerator = make_accelerator(m.config, seed)
     ref_model = None
     if m.needs_ref:
-        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        # A sharded model is loaded again with the same map (a deep copy of accelerate's hooks is not safe).
+        ref_model = (load() if device_map is not None else copy.deepcopy(model)).eval().requires_grad_(False)
     with ResourceMonitor(accelerator.device, model=model) as monitor:
         trained = train_unlearning(model, m, dataset, ref_model=ref_model, seed=seed, accelerator=accelerator,
                                    progress=progress)

@@ -28,8 +28,8 @@ class IdkDPOConfig(RetainConfig):
 def dpo_forget_term(model, ref_model, chosen, rejected, beta: float):
     logp_w, _ = sequence_logprobs(model, chosen)
     logp_l, _ = sequence_logprobs(model, rejected)
-    ratio_w = logp_w - reference_logprobs(ref_model, chosen)
-    ratio_l = logp_l - reference_logprobs(ref_model, rejected)
+    ratio_w = logp_w - reference_logprobs(ref_model, chosen).to(logp_w.device)
+    ratio_l = logp_l - reference_logprobs(ref_model, rejected).to(logp_l.device)
     margin = ratio_w - ratio_l
     per_seq = -(2.0 / beta) * F.logsigmoid(beta * margin)
     return sequence_mean(per_seq, rejected), float(per_seq.detach().mean()), float(margin.detach().mean())

@@ -32,13 +32,14 @@ def sequence_logprobs(model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Ten
 def token_mean(values_sum: torch.Tensor, n_tokens: torch.Tensor, inputs: dict) -> torch.Tensor:
     """Σ per-sequence token sums / (tokens in the accumulation group, default: in this batch)."""
     total = inputs.get("group_tokens")
-    return values_sum.sum() / (n_tokens.sum() if total is None else total)
+    # The totals live on the accelerator's device; under a device_map the logits may end on another GPU.
+    return values_sum.sum() / (n_tokens.sum() if total is None else total.to(values_sum.device))
 
 
 def sequence_mean(values: torch.Tensor, inputs: dict) -> torch.Tensor:
     """Σ per-sequence values / (sequences in the accumulation group, default: in this batch)."""
     total = inputs.get("group_seqs")
-    return values.sum() / (values.shape[0] if total is None else total)
+    return values.sum() / (values.shape[0] if total is None else total.to(values.device))
 
 
 def nll_loss(model, inputs: dict) -> tuple[torch.Tensor, float]:
@@ -53,4 +54,4 @@ def reference_logprobs(ref_model, inputs: dict) -> torch.Tensor:
     if ref_model is None:
         raise ValueError("this method needs a reference model (a frozen copy of the starting model)")
     logp, _ = sequence_logprobs(ref_model, inputs)
-    return logp.detach()
+    return logp.detach()  # on the reference's output device: callers move it next to the policy's log-probs

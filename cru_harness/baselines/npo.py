@@ -24,7 +24,7 @@ class NPOConfig(RetainConfig):
 
 def npo_forget_term(model, ref_model, inputs, beta: float):
     logp, _ = sequence_logprobs(model, inputs)
-    ref_logp = reference_logprobs(ref_model, inputs)
+    ref_logp = reference_logprobs(ref_model, inputs).to(logp.device)
     per_seq = -(2.0 / beta) * F.logsigmoid(-beta * (logp - ref_logp))
     return sequence_mean(per_seq, inputs), float(per_seq.detach().mean()), float((logp - ref_logp).detach().mean())
 

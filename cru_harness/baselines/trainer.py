@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
+from ..devices import DeviceError, check_dtype_on_device, resolve_device
 from .base import BaselineConfig, UnlearningMethod
 from .data import IGNORE_INDEX
 
@@ -42,12 +43,24 @@ class TrainResult:
     warmup_steps: int = 0
 
 
-def make_accelerator(config: BaselineConfig, seed: int = 0) -> Accelerator:
-    """An Accelerator for `config`. accelerate keeps one process-wide state; in a single process (several
-    runs with different precisions one after another) that state is reset instead of refusing the new one.
-    Under `accelerate launch` with several processes a conflicting precision is still an error."""
+def make_accelerator(config: BaselineConfig, seed: int = 0, device: str | torch.device | None = None) -> Accelerator:
+    """An Accelerator for `config` on `device` (`cru_harness.devices` syntax; None/auto = accelerate's choice:
+    the process's GPU when there is one). accelerate keeps one process-wide state; in a single process
+    (several runs with different precisions one after another) that state is reset instead of refusing the
+    new one. Under `accelerate launch` with several processes a conflicting precision is still an error, and
+    each process takes its own GPU, so only `auto`/`cuda` make sense there."""
     kwargs = dict(mixed_precision=config.mixed_precision,
                   dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed))
+    if device is not None and str(device) != "auto":
+        target = resolve_device(device)
+        if PartialState().num_processes > 1 and target.index is not None:
+            raise DeviceError(f"device {target} under `accelerate launch` with several processes: each process "
+                              "uses its own GPU; pass --device auto or cuda")
+        if target.type == "cpu":
+            kwargs["cpu"] = True
+        elif target.index is not None:
+            torch.cuda.set_device(target)  # accelerate's single-process "cuda" is the current device
+        check_dtype_on_device(torch.bfloat16 if config.mixed_precision == "bf16" else torch.float32, target)
     try:
         return Accelerator(**kwargs)
     except ValueError as err:
@@ -72,9 +85,10 @@ def build_optimizer(model: torch.nn.Module, config: BaselineConfig) -> torch.opt
 def _group_totals(group: list[dict], accelerator: Accelerator) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     totals = {}
     for key in group[0]:
-        tokens = sum((mb[key]["labels"][:, 1:] != IGNORE_INDEX).sum() for mb in group)
+        # Counted in Python and created on the accelerator's device: the micro-batches may sit anywhere.
+        tokens = sum(int((mb[key]["labels"][:, 1:] != IGNORE_INDEX).sum()) for mb in group)
         seqs = sum(mb[key]["labels"].shape[0] for mb in group)
-        t = torch.stack([torch.as_tensor(tokens), torch.as_tensor(seqs)]).to(accelerator.device, torch.float32)
+        t = torch.tensor([tokens, seqs], dtype=torch.float32, device=accelerator.device)
         if accelerator.num_processes > 1:
             t = accelerator.reduce(t, reduction="sum")
         totals[key] = (t[0], t[1])
@@ -102,8 +116,8 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
     model.train()
     optimizer = build_optimizer(model, config)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    if ref_model is not None:
-        ref_model = ref_model.to(accelerator.device).eval()
+    if ref_model is not None and not getattr(ref_model, "hf_device_map", None):
+        ref_model = ref_model.to(accelerator.device).eval()  # a sharded reference stays where its map put it
 
     steps_per_epoch = math.ceil(len(loader) / accum)
     total_steps = steps_per_epoch * config.num_epochs

@@ -1,0 +1,162 @@
+"""One place for devices and dtypes: parse what a user typed, check it can run here, load models onto it.
+
+Every command (`unlearn`, `finetune`, `score --original-model`) and the runner go through this module, so a
+device string means the same everywhere and a bad one fails the same way: a `DeviceError` (a `ValueError`,
+so the CLI prints it as one line) that names the problem.
+
+- device: `auto` (CUDA when present, else CPU), `cpu`, `cuda`, `cuda:N`.
+- device_map: `None` (the whole model on `device`) or `auto` (accelerate shards it over the visible GPUs, then
+  CPU), or a dict as transformers takes it (Python API only).
+- dtype: `auto` (the checkpoint's own), `float32`, `bfloat16`, `float16`; bf16 on a GPU without bf16 is an
+  error, not a silent fp32 run.
+- `training_precision`: how a full-parameter trainer (baselines, fine-tuning) runs a dtype: bf16 weights, or
+  fp32 master weights with fp16 autocast (AdamW on fp16 weights does not train).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any
+
+import torch
+
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
+DEVICE_MAP_CHOICES = ("auto",)
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda)(?::(\d+))?$")
+
+
+class DeviceError(ValueError):
+    """A device, device map or dtype that is malformed or cannot run on this machine (one line, no traceback)."""
+
+
+def check_device_spec(spec: str) -> str:
+    """Validate the syntax of a device string without touching the hardware; returns it normalised."""
+    text = str(spec).strip().lower()
+    match = _DEVICE_RE.match(text)
+    if not match or (match.group(2) is not None and match.group(1) != "cuda"):
+        raise DeviceError(f"device {spec!r} is not one of {DEVICE_CHOICES}")
+    return text
+
+
+def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
+    """The torch device for `spec`; `auto` = cuda when available, else cpu. A CUDA device that is not there
+    (no CUDA build, no GPU visible, index out of range) is a `DeviceError` naming what is missing."""
+    if isinstance(spec, torch.device):
+        spec = str(spec)
+    text = check_device_spec("auto" if spec is None else spec)
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(text)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise DeviceError(f"device {text!r}: {why} (torch {torch.__version__}); use --device cpu or auto")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise DeviceError(f"device {text!r}: only {count} CUDA device(s) visible (cuda:0..cuda:{count - 1})")
+    return device
+
+
+def check_device_map(device_map: Any) -> Any:
+    """`None`, `"auto"` or a dict (module name -> device). Anything else is a `DeviceError`."""
+    if device_map is None or isinstance(device_map, dict):
+        return device_map
+    text = str(device_map).strip().lower()
+    if text in ("", "none"):
+        return None
+    if text not in DEVICE_MAP_CHOICES:
+        raise DeviceError(f"device_map {device_map!r}: only 'auto' (shard over the visible GPUs) is supported")
+    return text
+
+
+def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | str:
+    """A dtype name -> torch dtype; `auto`/None stays "auto" (the checkpoint's own dtype)."""
+    if isinstance(name, torch.dtype):
+        if name not in _DTYPES.values():
+            raise DeviceError(f"dtype {name} is not one of {', '.join(DTYPE_NAMES)}")
+        return name
+    text = "auto" if name is None else str(name).strip().lower().removeprefix("torch.")
+    text = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
+            "float": "float32"}.get(text, text)
+    if text == "auto":
+        return "auto"
+    if text not in _DTYPES:
+        raise DeviceError(f"dtype {name!r} is not one of {', '.join(DTYPE_NAMES)}")
+    return _DTYPES[text]
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """`torch.bfloat16` -> "bfloat16" ("auto" stays "auto")."""
+    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+
+
+def check_dtype_on_device(dtype: torch.dtype | str, device: torch.device) -> None:
+    """A dtype the device cannot compute in is a `DeviceError` (bf16 on a GPU older than Ampere)."""
+    if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        name = torch.cuda.get_device_name(device)
+        raise DeviceError(f"dtype bfloat16: {name} has no bf16 support; use --dtype float16 or float32")
+
+
+def training_precision(dtype: str | torch.dtype | None) -> tuple[torch.dtype, str]:
+    """(dtype to load the trained weights in, accelerate mixed_precision) for a full-parameter trainer.
+
+    float32 / auto -> fp32 weights, no autocast; bfloat16 -> bf16 weights with bf16 autocast (as TOFU and
+    open-unlearning train); float16 -> fp32 master weights with fp16 autocast and loss scaling, because AdamW
+    cannot step fp16 weights.
+    """
+    parsed = parse_dtype(dtype)
+    if parsed == torch.bfloat16:
+        return torch.bfloat16, "bf16"
+    if parsed == torch.float16:
+        return torch.float32, "fp16"
+    return torch.float32, "no"
+
+
+def input_device(model: torch.nn.Module) -> torch.device:
+    """Where a model's inputs go: its input embeddings' device (the first shard under a device_map)."""
+    try:
+        return model.get_input_embeddings().weight.device
+    except (AttributeError, NotImplementedError):
+        return next(model.parameters()).device
+
+
+def load_causal_lm(path: str, *, device: str | torch.device | None = "auto", device_map: Any = None,
+                   dtype: str | torch.dtype | None = "auto", trust_remote_code: bool = False,
+                   load_tokenizer: bool = True):
+    """(model, tokenizer) from a HF id or directory, in `dtype`, on `device` or sharded by `device_map`.
+
+    With a device_map the model is placed by accelerate (`device` is then only checked); without one it is
+    moved whole to `device`. The model is returned in eval mode. Errors loading the checkpoint are left to
+    transformers (their messages name the path).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = resolve_device(device)
+    device_map = check_device_map(device_map)
+    torch_dtype = parse_dtype(dtype)
+    check_dtype_on_device(torch_dtype, target)
+    if device_map is not None and target.type == "cpu" and device_map == "auto" and torch.cuda.is_available():
+        raise DeviceError("device_map 'auto' shards over GPUs; with --device cpu leave --device-map unset")
+    kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if device_map is None:
+        model = model.to(target)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code) if load_tokenizer else None
+    return model, tokenizer
+
+
+def add_device_arguments(parser: argparse.ArgumentParser, *, dtype_default: str = "float32",
+                         dtype_help: str | None = None, device_map: bool = True) -> None:
+    """`--device`, `--device-map` and `--dtype`, the same on every command."""
+    parser.add_argument("--device", default="auto", metavar="DEVICE",
+                        help=f"{DEVICE_CHOICES} (default auto: CUDA when present, else CPU)")
+    if device_map:
+        parser.add_argument("--device-map", default=None, choices=DEVICE_MAP_CHOICES,
+                            help="'auto': shard the model over the visible GPUs (models larger than one GPU)")
+    parser.add_argument("--dtype", default=dtype_default, choices=DTYPE_NAMES[1:] if dtype_default != "auto"
+                        else DTYPE_NAMES, help=dtype_help or f"dtype of the model weights (default {dtype_default})")
