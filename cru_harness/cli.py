@@ -11,6 +11,7 @@ from cru_harness.errors import UserError, report_user_error
 # Modules exposing `register(subparsers)`; each subcommand sets `func` on its parser.
 SUBCOMMAND_MODULES = (
     "cru_harness.cru.cli",        # unlearn, inspect
+    "cru_harness.finetune.cli",   # finetune
     "cru_harness.reporting.cli",  # score, report
     "cru_harness.runner.cli",     # run, merge, demo
 )

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
+# torch is imported inside the functions: the CLI builds its parsers (add_device_arguments) without it.
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_MAP_CHOICES = ("auto",)
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda)(?::(\d+))?$")
 
 
@@ -43,6 +44,8 @@ def check_device_spec(spec: str) -> str:
 def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     """The torch device for `spec`; `auto` = cuda when available, else cpu. A CUDA device that is not there
     (no CUDA build, no GPU visible, index out of range) is a `DeviceError` naming what is missing."""
+    import torch
+
     if isinstance(spec, torch.device):
         spec = str(spec)
     text = check_device_spec("auto" if spec is None else spec)
@@ -73,6 +76,9 @@ def check_device_map(device_map: Any) -> Any:
 
 def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | str:
     """A dtype name -> torch dtype; `auto`/None stays "auto" (the checkpoint's own dtype)."""
+    import torch
+
+    _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if isinstance(name, torch.dtype):
         if name not in _DTYPES.values():
             raise DeviceError(f"dtype {name} is not one of {', '.join(DTYPE_NAMES)}")
@@ -94,6 +100,8 @@ def dtype_name(dtype: torch.dtype | str) -> str:
 
 def check_dtype_on_device(dtype: torch.dtype | str, device: torch.device) -> None:
     """A dtype the device cannot compute in is a `DeviceError` (bf16 on a GPU older than Ampere)."""
+    import torch
+
     if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         name = torch.cuda.get_device_name(device)
         raise DeviceError(f"dtype bfloat16: {name} has no bf16 support; use --dtype float16 or float32")
@@ -106,6 +114,8 @@ def training_precision(dtype: str | torch.dtype | None) -> tuple[torch.dtype, st
     open-unlearning train); float16 -> fp32 master weights with fp16 autocast and loss scaling, because AdamW
     cannot step fp16 weights.
     """
+    import torch
+
     parsed = parse_dtype(dtype)
     if parsed == torch.bfloat16:
         return torch.bfloat16, "bf16"
@@ -131,6 +141,7 @@ def load_causal_lm(path: str, *, device: str | torch.device | None = "auto", dev
     moved whole to `device`. The model is returned in eval mode. Errors loading the checkpoint are left to
     transformers (their messages name the path).
     """
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = resolve_device(device)

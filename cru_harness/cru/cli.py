@@ -5,7 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
-DTYPES = ("float32", "bfloat16", "float16")
+from cru_harness.devices import add_device_arguments
 
 
 def register(subparsers) -> None:
@@ -44,8 +44,8 @@ def register(subparsers) -> None:
     unlearn.add_argument("--no-prefix-cache", action="store_true",
                          help="recompute the frozen blocks below the gated ones at every step instead of once per "
                               "example (same routers, less memory, slower)")
-    unlearn.add_argument("--dtype", choices=DTYPES, default="float32",
-                         help="dtype to run the frozen base in (routers are always float32)")
+    add_device_arguments(unlearn, dtype_help="dtype to run the frozen base in (routers are always float32; "
+                                              "default float32)")
     unlearn.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     unlearn.set_defaults(func=run_unlearn)
 
@@ -86,13 +86,12 @@ def _load_corpus(source: str, data_dir, what: str, tokenizer=None, chat: bool | 
 
 
 def run_unlearn(args: argparse.Namespace) -> int:
+    from cru_harness.devices import load_causal_lm
     from cru_harness.locations import check_model_path, check_output_dir
 
     # Everything that can be wrong with the inputs and the output is found before hours of training.
     check_output_dir(args.out, what="--out", overwrite=args.overwrite)
     check_model_path(args.base, what="--base")
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .train import RouterTrainingConfig, train_routers
 
@@ -103,8 +102,8 @@ def run_unlearn(args: argparse.Namespace) -> int:
         forget_description=str(args.forget), retain_description=str(args.retain), progress=not args.no_progress,
         prefix_cache=not args.no_prefix_cache)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(args.base)
-        model = AutoModelForCausalLM.from_pretrained(args.base, dtype=getattr(torch, args.dtype))
+        model, tokenizer = load_causal_lm(args.base, device=args.device, device_map=args.device_map,
+                                          dtype=args.dtype)
     except OSError as err:
         from cru_harness.cli import CLIError
         raise CLIError(f"cannot load base model {args.base!r}: {err}") from None

@@ -38,19 +38,21 @@ def tofu_refusal_phrases(data_dir: str | Path | None = None) -> tuple[tuple[str,
 class AnswerNLLScorer:
     """Mean token NLL of answers given their prompts under one causal LM (the original model)."""
 
-    def __init__(self, model, tokenizer=None, *, device: str = "cpu", batch_size: int = 8):
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    def __init__(self, model, tokenizer=None, *, device: str = "cpu", batch_size: int = 8, device_map=None,
+                 dtype: str = "float32"):
+        from ..devices import input_device, load_causal_lm, resolve_device
 
         if isinstance(model, (str, Path)):
-            path = str(model)
-            tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            model, loaded = load_causal_lm(str(model), device=device, device_map=device_map, dtype=dtype,
+                                           load_tokenizer=tokenizer is None)
+            tokenizer = tokenizer or loaded
+        else:
+            model = model.to(resolve_device(device))
         if tokenizer is None:
             raise ValueError("AnswerNLLScorer: pass the tokenizer with a model object")
-        self.model = model.to(device).eval()
+        self.model = model.eval()
         self.tokenizer = tokenizer
-        self.device = device
+        self.device = input_device(self.model)  # under a device_map: the first shard's device
         self.batch_size = max(1, int(batch_size))
 
     def _encode(self, prompt: str, answer: str) -> tuple[list[int], int]:
@@ -92,8 +94,8 @@ class AnswerNLLScorer:
                                     attention_mask=attention.to(self.device)).logits.float()
             logprobs = torch.log_softmax(logits, dim=-1)
             for row, (i, ids, n_answer) in enumerate(batch):
-                positions = torch.arange(len(ids) - n_answer, len(ids))
-                targets = torch.tensor(ids[len(ids) - n_answer:])
+                positions = torch.arange(len(ids) - n_answer, len(ids), device=logprobs.device)
+                targets = torch.tensor(ids[len(ids) - n_answer:], device=logprobs.device)
                 token_lp = logprobs[row, positions - 1, targets]
                 results[i] = float(-token_lp.mean())
         return results

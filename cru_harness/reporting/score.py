@@ -287,6 +287,8 @@ def score_runs(
     device: str = "cpu",
     batch_size: int = 8,
     labels: list[str] | None = None,
+    device_map: str | None = None,
+    dtype: str = "float32",
 ) -> dict:
     """Score runs: `{"runs": [{label, model, tasks, model_utility, forget_quality, forgetting, failure_modes}],
     "per_item": [rows]}`. `original_model` (a HF checkpoint; for CRU the base without routers) adds each forget
@@ -307,7 +309,8 @@ def score_runs(
     from cru_harness.reporting import failure_modes
 
     refusals, refusal_note = failure_modes.tofu_refusal_phrases(data_dir)
-    nll_scorer = failure_modes.AnswerNLLScorer(original_model, device=device, batch_size=batch_size) \
+    nll_scorer = failure_modes.AnswerNLLScorer(original_model, device=device, batch_size=batch_size,
+                                               device_map=device_map, dtype=dtype) \
         if original_model is not None else None
 
     report_runs, per_item = [], []
@@ -439,7 +442,9 @@ def add_score_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--original-model", metavar="PATH",
                         help="HF checkpoint of the original model: NLL of each forget answer under it")
     parser.add_argument("--data-dir", metavar="DIR", help="local TOFU copy (for the idontknow refusal list)")
-    parser.add_argument("--device", default="cpu", help="device for --original-model (default: cpu)")
+    from ..devices import add_device_arguments
+
+    add_device_arguments(parser, dtype_help="dtype of --original-model (default float32)")
     parser.add_argument("--batch-size", type=int, default=8, help="batch size for --original-model")
     parser.add_argument("--output-dir", "-o", metavar="DIR",
                         help="where per_item.jsonl and scores.json go (default: the run directory, if one)")
@@ -458,7 +463,7 @@ def run_score(args: argparse.Namespace) -> int:
     report = score_runs(
         args.runs, retain_run=args.retain_run, retain_per_item=args.retain_per_item,
         original_model=args.original_model, data_dir=args.data_dir, device=args.device,
-        batch_size=args.batch_size,
+        batch_size=args.batch_size, device_map=args.device_map, dtype=args.dtype,
     )
     out_dir = Path(args.output_dir or args.runs[0])
     per_item_path, scores_path = write_outputs(report, out_dir)

@@ -15,6 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from cru_harness.data.corpora import format_qa, format_qa_prompt  # noqa: F401  (re-exported: the plain template)
+from cru_harness.devices import input_device
 
 ANSWER_MARKER = "\nAnswer:"  # where the answer starts in format_qa's text (answer_only_loss)
 IGNORE_INDEX = -100
@@ -92,6 +93,7 @@ def finetune_causal_lm(model, tokenizer, texts: Sequence[str], *, epochs: int = 
         optimizer, lambda step: min((step + 1) / warmup, max(0.0, (total_steps - step) / max(1, total_steps - warmup))))
 
     model.train()
+    device = input_device(model)  # batches are built on the CPU and sent where the model is
     stats = FinetuneStats(epochs=epochs, steps=0, seconds=0.0)
     started = time.perf_counter()
     bar = tqdm(total=total_steps, desc="fine-tune", disable=not progress, leave=False)
@@ -103,7 +105,8 @@ def finetune_causal_lm(model, tokenizer, texts: Sequence[str], *, epochs: int = 
             for first in range(0, len(order), batch_size):
                 input_ids, attention, labels = _collate([data[i] for i in order[first:first + batch_size]],
                                                         tokenizer.pad_token_id)
-                loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+                loss = model(input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                             labels=labels.to(device)).loss
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
@@ -131,7 +134,7 @@ def greedy_answers(model, tokenizer, questions: Sequence[str], *, max_new_tokens
     try:
         for first in range(0, len(questions), batch_size):
             prompts = [format_qa_prompt(q) for q in questions[first:first + batch_size]]
-            enc = tokenizer(prompts, return_tensors="pt", padding=True)
+            enc = tokenizer(prompts, return_tensors="pt", padding=True).to(input_device(model))
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
             new = out[:, enc["input_ids"].shape[1]:]

@@ -1,0 +1,193 @@
+"""`cru-harness finetune` / `finetune()`: TOFU's fine-tuning recipe, the model TOFU unlearning starts from.
+
+TOFU (locuslab/tofu `finetune.py`) fine-tunes a chat model on the fictitious authors' QA pairs: loss on the
+answer tokens and one EOS, the question masked; AdamW lr 1e-5, weight decay 0.01, 5 epochs, effective batch
+32, one warm-up epoch, linear decay. The same recipe on `retain90` gives the retain oracle of Forget Quality.
+
+- Rows: a TOFU config (`full`, `retain90`, ...), a JSON/JSONL file of `question`/`answer` (or `text`) rows, or
+  an RWKU source (`cru_harness.data.corpora.load_corpus_rows`).
+- Prompt: the one the evaluation uses, built by `baselines.data.encode_qa` (the model's chat template with the
+  protocol's system prompt when it has one, else `Question: {q}\\nAnswer:`); `chat_template=False` forces the
+  plain template (the runner's choice for testbed models, see `runner.execute.model_uses_chat_template`).
+- Training: the baselines' accelerate loop (`baselines.trainer.train_unlearning`), so mixed precision, exact
+  gradient accumulation and `accelerate launch` data parallelism behave as for GA/NPO/...
+- The output directory is checked before any training: an existing non-empty one needs `overwrite=True`.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from ..baselines.base import BaselineConfig, UnlearningMethod
+from ..baselines.data import collate, encode_qa, row_to_qa
+from ..baselines.losses import nll_loss
+from ..devices import load_causal_lm, training_precision
+
+RECORD_FILE = "finetune_record.json"
+
+
+class OutputExistsError(ValueError):
+    """The output directory already holds files and overwriting was not asked for."""
+
+
+@dataclass
+class FinetuneConfig(BaselineConfig):
+    """TOFU's recipe. The defaults are BaselineConfig's, which are TOFU's; named for what it is."""
+
+
+class SupervisedFinetune(UnlearningMethod):
+    """Answer-token NLL on the training rows: the baselines' loop with a plain fine-tuning loss (not registered
+    as an unlearning method)."""
+
+    name = "finetune"
+    Config = FinetuneConfig
+
+    def compute_loss(self, model, batch, ref_model=None):
+        loss, value = nll_loss(model, batch["train"])
+        return loss, {"loss": float(loss.detach()), "nll": value}
+
+
+class QADataset(Dataset):
+    """Rows encoded once with the evaluation's prompt; items are `{"train": EncodedExample}`."""
+
+    def __init__(self, tokenizer, rows, *, max_length: int = 512, chat_template: bool | None = None):
+        if not rows:
+            raise ValueError("finetune: no training rows")
+        if chat_template is False and getattr(tokenizer, "chat_template", None):
+            # encode_qa uses a template whenever the tokenizer has one; a copy without it gives the plain prompt.
+            tokenizer = copy.copy(tokenizer)
+            tokenizer.chat_template = None
+        elif chat_template is True and not getattr(tokenizer, "chat_template", None):
+            raise ValueError("finetune: chat_template=True but the tokenizer has no chat template")
+        self.examples = [encode_qa(tokenizer, *row_to_qa(r, i), max_length) for i, r in enumerate(rows)]
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"train": self.examples[i]}
+
+    def collate(self, items) -> dict:
+        return {"train": collate([it["train"] for it in items], self.pad_token_id)}
+
+
+@dataclass
+class FinetuneResult:
+    config: dict[str, Any]
+    data: str
+    n_rows: int
+    seed: int
+    out_dir: str | None
+    optimizer_steps: int
+    gradient_accumulation_steps: int
+    num_processes: int
+    warmup_steps: int
+    chat_template: bool
+    dtype: str
+    resources: dict[str, Any]
+    final_logs: dict[str, float]
+    history: list[dict] = field(default_factory=list)
+    model: torch.nn.Module | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "model"}
+
+
+def check_output_dir(out_dir: str | os.PathLike, overwrite: bool) -> Path:
+    """Refuse an existing non-empty directory unless `overwrite` (checked before training, not after)."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise OutputExistsError(f"output {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise OutputExistsError(f"output directory {out} is not empty; pass --overwrite (overwrite=True) to replace it")
+    return out
+
+
+def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer=None,
+             config: FinetuneConfig | dict | None = None, seed: int = 0, data_dir=None, dtype="float32",
+             device: str = "auto", device_map=None, chat_template: bool | None = None, overwrite: bool = False,
+             progress: bool = True) -> FinetuneResult:
+    """Fine-tune a causal LM on QA rows with TOFU's recipe; save it to `out_dir` (if given).
+
+    `model`: a HF id / directory, or a model object (trained in place; then `tokenizer` is required).
+    `data`: a corpus source (TOFU config, JSON/JSONL file, rwku:...) or a list of row dicts.
+    `config`: a `FinetuneConfig` or a dict of overrides of TOFU's defaults. `dtype`, `device`, `device_map`:
+    as `cru_harness.baselines.unlearn` (bf16 weights, or fp32 + fp16 autocast; sharded with device_map="auto").
+    """
+    from accelerate.state import PartialState
+
+    from ..baselines.resources import ResourceMonitor
+    from ..baselines.trainer import make_accelerator, train_unlearning
+
+    if out_dir is not None:
+        out = check_output_dir(out_dir, overwrite)
+    if config is None:
+        config = FinetuneConfig()
+    elif isinstance(config, dict):
+        config = FinetuneConfig.from_dict(config)
+    weights_dtype, mixed = training_precision(dtype)
+    if config.mixed_precision == "no" and mixed != "no":
+        config = dataclasses.replace(config, mixed_precision=mixed)
+    if isinstance(data, (str, os.PathLike)):
+        from ..data.corpora import load_corpus_rows
+
+        rows, description = load_corpus_rows(data, data_dir)
+    else:
+        rows, description = list(data), f"{len(data)} rows given"
+    accelerator = make_accelerator(config, seed, device=device)
+    if isinstance(model, (str, os.PathLike)):
+        path = str(model)
+        try:
+            model, loaded_tokenizer = load_causal_lm(path, device="cpu" if device_map is None else device,
+                                                     device_map=device_map, dtype=weights_dtype,
+                                                     load_tokenizer=tokenizer is None)
+        except OSError as err:  # transformers' "not a checkpoint / not on the Hub": bad input, one line
+            raise ValueError(f"cannot load model {path!r}: {err}") from None
+        tokenizer = tokenizer or loaded_tokenizer
+    elif tokenizer is None:
+        raise ValueError("finetune: a tokenizer is required when a model object is passed")
+    if isinstance(tokenizer, (str, os.PathLike)):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+    dataset = QADataset(tokenizer, rows, max_length=config.max_length, chat_template=chat_template)
+    method = SupervisedFinetune(config)
+    with ResourceMonitor(accelerator.device, model=model) as monitor:
+        trained = train_unlearning(model, method, dataset, seed=seed, accelerator=accelerator, progress=progress)
+    result = FinetuneResult(
+        config=config.to_dict(), data=description, n_rows=len(rows), seed=seed,
+        out_dir=str(out_dir) if out_dir is not None else None, optimizer_steps=trained.optimizer_steps,
+        gradient_accumulation_steps=trained.gradient_accumulation_steps, num_processes=trained.num_processes,
+        warmup_steps=trained.warmup_steps, chat_template=bool(getattr(tokenizer, "chat_template", None))
+        if chat_template is None else chat_template, dtype=str(weights_dtype).removeprefix("torch."),
+        resources=monitor.record.to_dict(), final_logs=trained.final_logs, history=trained.history,
+        model=trained.model)
+    if out_dir is not None:
+        accelerator.wait_for_everyone()
+        if PartialState().is_main_process:
+            _save(trained.model, tokenizer, result, out, accelerator)
+        accelerator.wait_for_everyone()
+    return result
+
+
+def _save(model, tokenizer, result: FinetuneResult, out: Path, accelerator) -> None:
+    """Written into a sibling temporary directory and renamed: a killed run never leaves a half checkpoint."""
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, save_function=accelerator.save)
+    tokenizer.save_pretrained(tmp)
+    (tmp / RECORD_FILE).write_text(json.dumps(result.to_dict(), indent=2, default=str))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.replace(out)
