@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -44,30 +45,34 @@ class TrainResult:
 
 
 def make_accelerator(config: BaselineConfig, seed: int = 0, device: str | torch.device | None = None) -> Accelerator:
-    """An Accelerator for `config` on `device` (`cru_harness.devices` syntax; None/auto = accelerate's choice:
-    the process's GPU when there is one). accelerate keeps one process-wide state; in a single process
-    (several runs with different precisions one after another) that state is reset instead of refusing the
-    new one. Under `accelerate launch` with several processes a conflicting precision is still an error, and
-    each process takes its own GPU, so only `auto`/`cuda` make sense there."""
+    """An Accelerator for `config` on `device` (`cru_harness.devices` syntax; None/auto = CUDA when present,
+    else CPU). accelerate keeps one process-wide state; in a single process (several runs with different
+    precisions or devices one after another) that state is reset instead of refusing or reusing it. Under
+    `accelerate launch` with several processes a conflicting precision is still an error, and each process
+    takes its own GPU, so only `auto`/`cuda` make sense there."""
     kwargs = dict(mixed_precision=config.mixed_precision,
                   dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed))
-    if device is not None and str(device) != "auto":
-        target = resolve_device(device)
-        if PartialState().num_processes > 1 and target.index is not None:
+    target = resolve_device(device)  # auto: CUDA when present, else CPU
+    if target.type == "cpu":
+        # accelerate runs several CPU processes (gloo) only when told it is on the CPU.
+        kwargs["cpu"] = True
+    elif target.index is not None:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise DeviceError(f"device {target} under `accelerate launch` with several processes: each process "
                               "uses its own GPU; pass --device auto or cuda")
-        if target.type == "cpu":
-            kwargs["cpu"] = True
-        elif target.index is not None:
-            torch.cuda.set_device(target)  # accelerate's single-process "cuda" is the current device
-        check_dtype_on_device(torch.bfloat16 if config.mixed_precision == "bf16" else torch.float32, target)
+        torch.cuda.set_device(target)  # accelerate's single-process "cuda" is the current device
+    check_dtype_on_device(torch.bfloat16 if config.mixed_precision == "bf16" else torch.float32, target)
     try:
-        return Accelerator(**kwargs)
+        accelerator = Accelerator(**kwargs)
     except ValueError as err:
         if "already been initialized" not in str(err) or PartialState().num_processes > 1:
             raise
-        AcceleratorState._reset_state()
+        AcceleratorState._reset_state(reset_partial_state=True)
         return Accelerator(**kwargs)
+    if accelerator.device.type != target.type and accelerator.num_processes == 1:
+        AcceleratorState._reset_state(reset_partial_state=True)  # an earlier run in this process used another device
+        accelerator = Accelerator(**kwargs)
+    return accelerator
 
 
 def build_optimizer(model: torch.nn.Module, config: BaselineConfig) -> torch.optim.AdamW:
@@ -82,13 +87,14 @@ def build_optimizer(model: torch.nn.Module, config: BaselineConfig) -> torch.opt
     return torch.optim.AdamW(groups, lr=config.learning_rate, betas=config.adam_betas, eps=config.adam_eps)
 
 
-def _group_totals(group: list[dict], accelerator: Accelerator) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def group_totals(group: list[dict], accelerator: Accelerator) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     totals = {}
     for key in group[0]:
-        # Counted in Python and created on the accelerator's device: the micro-batches may sit anywhere.
-        tokens = sum(int((mb[key]["labels"][:, 1:] != IGNORE_INDEX).sum()) for mb in group)
+        # Every count is moved to, or created on, the accelerator's device (the micro-batches may sit elsewhere).
+        tokens = sum((mb[key]["labels"][:, 1:] != IGNORE_INDEX).sum().to(accelerator.device, torch.float32)
+                     for mb in group)
         seqs = sum(mb[key]["labels"].shape[0] for mb in group)
-        t = torch.tensor([tokens, seqs], dtype=torch.float32, device=accelerator.device)
+        t = torch.stack([tokens, torch.tensor(float(seqs), device=accelerator.device)])
         if accelerator.num_processes > 1:
             t = accelerator.reduce(t, reduction="sum")
         totals[key] = (t[0], t[1])
@@ -131,7 +137,7 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
                dynamic_ncols=True)
 
     def optimizer_step(group: list[dict], epoch: int) -> None:
-        totals = _group_totals(group, accelerator)
+        totals = group_totals(group, accelerator)
         logs_sum: dict[str, float] = {}
         for i, micro in enumerate(group):
             for key, (tokens, seqs) in totals.items():

@@ -1,0 +1,130 @@
+"""`cru-harness finetune` / `cru_harness.finetune.finetune`: TOFU's recipe on the baselines' accelerate loop."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import cru_harness.finetune.train as ft_train
+from cru_harness.baselines.data import IGNORE_INDEX, encode_qa
+from cru_harness.cli import main
+from cru_harness.finetune import FinetuneConfig, OutputExistsError, QADataset, finetune
+from cru_harness.testbed.models import build_tiny_model, save_tiny_model
+from cru_harness.testbed.tokenizer import train_tokenizer
+
+ROWS = [
+    {"question": "Who wrote The Blue Harbor?", "answer": "Ana Lopez wrote The Blue Harbor in 1990."},
+    {"question": "Where was Ana Lopez born?", "answer": "She was born in Valparaiso."},
+    {"question": "What genre does Ana Lopez write?", "answer": "Ana Lopez writes maritime mystery novels."},
+    {"question": "Which prize did Ana Lopez win?", "answer": "The Coral Prize."},
+]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    texts = [f"Question: {r['question']}\nAnswer: {r['answer']}" for r in ROWS]
+    tokenizer = train_tokenizer(texts * 3, vocab_size=300, chat_template=True)
+    model = build_tiny_model("llama", tokenizer, seed=0, n_layers=2, hidden_size=32)
+    return save_tiny_model(model, tokenizer, tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture
+def rows_file(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return path
+
+
+def fast(**kw):
+    base = dict(learning_rate=3e-3, num_epochs=2, effective_batch_size=4, micro_batch_size=2)
+    base.update(kw)
+    return FinetuneConfig(**base)
+
+
+def test_tofu_recipe_defaults():
+    c = FinetuneConfig()
+    assert (c.learning_rate, c.weight_decay, c.num_epochs, c.effective_batch_size, c.warmup_epochs,
+            c.lr_scheduler) == (1e-5, 0.01, 5, 32, 1.0, "linear")
+
+
+def test_prompt_is_the_evaluation_prompt_and_loss_is_on_answer_plus_eos(checkpoint):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    assert tok.chat_template  # the template path: the dataset must use it, as encode_qa does
+    chat = QADataset(tok, ROWS[:1]).examples[0]
+    assert chat == encode_qa(tok, ROWS[0]["question"], ROWS[0]["answer"])
+    plain = QADataset(tok, ROWS[:1], chat_template=False).examples[0]
+    prompt = tok("Question: Who wrote The Blue Harbor?\nAnswer:")["input_ids"]
+    answer = tok(" " + ROWS[0]["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert plain.input_ids == prompt + answer and plain.labels == [IGNORE_INDEX] * len(prompt) + answer
+    assert tok.chat_template  # the caller's tokenizer is untouched
+
+
+def test_finetune_learns_saves_and_records(checkpoint, rows_file, tmp_path):
+    out = tmp_path / "ft"
+    result = finetune(str(checkpoint), str(rows_file), out, config=fast(num_epochs=4), seed=0, device="cpu",
+                      progress=False)
+    assert result.optimizer_steps == 4 and result.gradient_accumulation_steps == 2 and result.warmup_steps == 1
+    losses = [h["loss"] for h in result.history]
+    assert losses[-1] < losses[0]
+    record = json.loads((out / "finetune_record.json").read_text())
+    assert record["n_rows"] == 4 and record["config"]["learning_rate"] == 3e-3 and record["chat_template"] is True
+    from transformers import AutoModelForCausalLM
+
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    for a, b in zip(reloaded.parameters(), result.model.parameters()):
+        assert torch.equal(a, b)
+    assert not (tmp_path / "ft.tmp").exists()
+
+
+def test_existing_output_is_refused_before_training(checkpoint, rows_file, tmp_path, monkeypatch):
+    out = tmp_path / "ft"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    monkeypatch.setattr(ft_train, "load_causal_lm", lambda *a, **k: pytest.fail("loaded a model before checking"))
+    with pytest.raises(OutputExistsError, match="not empty; pass --overwrite"):
+        finetune(str(checkpoint), str(rows_file), out, config=fast())
+    code = main(["finetune", "--model", str(checkpoint), "--data", str(rows_file), "--out", str(out)])
+    assert code == 2 and (out / "keep.txt").exists()
+
+
+def test_cli_overwrites_when_asked(checkpoint, rows_file, tmp_path, capsys):
+    out = tmp_path / "ft"
+    out.mkdir()
+    (out / "old.txt").write_text("x")
+    code = main(["finetune", "--model", str(checkpoint), "--data", str(rows_file), "--out", str(out),
+                 "--overwrite", "--epochs", "1", "--batch-size", "4", "--micro-batch-size", "2", "--lr", "1e-3",
+                 "--chat-template", "off", "--device", "cpu", "--no-progress"])
+    assert code == 0 and "saved fine-tuned model" in capsys.readouterr().out
+    assert not (out / "old.txt").exists() and (out / "config.json").exists()
+    assert json.loads((out / "finetune_record.json").read_text())["chat_template"] is False
+
+
+def test_bf16_through_accelerate(checkpoint, rows_file):
+    result = finetune(str(checkpoint), str(rows_file), None, config=fast(num_epochs=1), dtype="bfloat16",
+                      device="cpu", progress=False)
+    assert result.config["mixed_precision"] == "bf16" and result.dtype == "bfloat16"
+    assert next(result.model.parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.slow
+def test_accelerate_launch_two_cpu_processes(checkpoint, rows_file, tmp_path):
+    """Data parallel: 2 processes x micro-batch 2 = the effective batch of 4 with no accumulation. `--multi_gpu`
+    is accelerate's torchrun launcher; with `--device cpu` the processes run on the CPU over gloo."""
+    out = tmp_path / "ddp"
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "cru_harness", "finetune",
+         "--device", "cpu",
+         "--model", str(checkpoint), "--data", str(rows_file), "--out", str(out), "--epochs", "1",
+         "--batch-size", "4", "--micro-batch-size", "2", "--lr", "1e-3", "--no-progress"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((out / "finetune_record.json").read_text())
+    assert record["num_processes"] == 2 and record["gradient_accumulation_steps"] == 1
+    assert record["optimizer_steps"] == 1
+    assert proc.stdout.count("saved fine-tuned model") == 1  # the main process reports, once
