@@ -36,3 +36,26 @@ def tofu_dir(shared_data: Path) -> Path:
 @pytest.fixture(scope="session")
 def rwku_dir(shared_data: Path) -> Path:
     return shared_data / "rwku"
+
+
+def _cuda_missing() -> str | None:
+    """Why CUDA cannot be used here, or None when it can."""
+    import torch
+
+    if torch.version.cuda is None:
+        return f"needs CUDA: this torch ({torch.__version__}) is a CPU build"
+    if not torch.cuda.is_available():
+        return "needs CUDA: no GPU is visible"
+    return None
+
+
+def pytest_runtest_setup(item):
+    """`gpu` tests skip with a reason without CUDA; CRU_HARNESS_REQUIRE_GPU=1 (the GPU run) makes that a failure."""
+    if item.get_closest_marker("gpu") is None:
+        return
+    reason = _cuda_missing()
+    if reason is None:
+        return
+    if os.environ.get("CRU_HARNESS_REQUIRE_GPU") == "1":
+        pytest.fail(reason + "; CRU_HARNESS_REQUIRE_GPU=1 demands it")
+    pytest.skip(reason)

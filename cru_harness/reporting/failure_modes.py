@@ -46,7 +46,7 @@ class AnswerNLLScorer:
             model, loaded = load_causal_lm(str(model), device=device, device_map=device_map, dtype=dtype,
                                            load_tokenizer=tokenizer is None)
             tokenizer = tokenizer or loaded
-        else:
+        elif not getattr(model, "hf_device_map", None):  # a sharded model stays where its device_map put it
             model = model.to(resolve_device(device))
         if tokenizer is None:
             raise ValueError("AnswerNLLScorer: pass the tokenizer with a model object")

@@ -1,0 +1,133 @@
+"""Every trained path on CUDA: baselines (fp32, bf16), `finetune`, `lm_eval --model cru` with a bundle,
+`configs/ci_minimal.yaml` with `device: cuda`, and a device_map split over two GPUs where there are two.
+
+Marked `gpu`: without CUDA they skip with the reason (conftest); `benchmarks/run_gpu_tests.sh` runs them with
+CRU_HARNESS_REQUIRE_GPU=1 and writes benchmarks/results/gpu_tests.txt. The CRU-on-CUDA tests (routers on each
+block's device, fp32/bf16, save/load) live in their own file.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from test_lmeval_support import CORPUS, shared_tiny_dir
+
+import cru_harness.baselines as B
+from cru_harness.cli import main
+from cru_harness.finetune import FinetuneConfig, finetune
+
+pytestmark = pytest.mark.gpu
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ROWS = [{"question": t.split("\n")[0].removeprefix("Question: "), "answer": t.split("Answer: ")[1]}
+        for t in CORPUS[:4]]
+REFUSALS = ["I don't know.", "No idea."]
+TRAINED = ("ga", "gd", "npo", "simnpo", "idkdpo")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return shared_tiny_dir(tmp_path_factory)
+
+
+def _flat(model) -> torch.Tensor:
+    return torch.cat([p.detach().float().flatten().cpu() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", TRAINED)
+def test_one_optimizer_step_of_every_baseline_on_cuda(tiny_dir, name, dtype):
+    from transformers import AutoModelForCausalLM
+
+    start = _flat(AutoModelForCausalLM.from_pretrained(tiny_dir))
+    config = B.get_method(name).Config(learning_rate=1e-3, num_epochs=1, warmup_epochs=0.0, effective_batch_size=4,
+                                       micro_batch_size=2, lr_scheduler="constant")
+    res = B.unlearn(str(tiny_dir), None, ROWS, ROWS, name, config, seed=0, refusals=REFUSALS, dtype=dtype,
+                    device="cuda", progress=False)
+    assert res.optimizer_steps == 1 and math.isfinite(res.final_logs["loss"])
+    assert next(res.model.parameters()).device.type == "cuda"
+    assert next(res.model.parameters()).dtype == (torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+    assert res.resources["peak_memory_source"] == "cuda_max_allocated"
+    assert not torch.equal(_flat(res.model), start)
+
+
+def test_finetune_one_epoch_on_cuda(tiny_dir, tmp_path):
+    out = tmp_path / "ft"
+    res = finetune(str(tiny_dir), ROWS, out, config=FinetuneConfig(num_epochs=1, effective_batch_size=4,
+                                                                   micro_batch_size=2, learning_rate=1e-3),
+                   device="cuda", dtype="bfloat16", progress=False)
+    assert res.optimizer_steps == 1 and res.resources["device"].startswith("cuda")
+    assert (out / "finetune_record.json").is_file()
+
+
+def test_testbed_finetune_and_greedy_answers_on_cuda(tiny_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cru_harness.testbed.finetune import finetune_causal_lm, greedy_answers
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).to("cuda")
+    stats = finetune_causal_lm(model, tok, CORPUS[:4], epochs=1, batch_size=2, progress=False)
+    assert stats.steps == 2
+    assert len(greedy_answers(model, tok, [r["question"] for r in ROWS], max_new_tokens=4)) == len(ROWS)
+
+
+def test_lmeval_cru_with_a_bundle_on_cuda(tiny_dir, tmp_path):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from cru_harness.cru.train import RouterTrainingConfig, train_routers
+    from cru_harness.devices import load_causal_lm
+    from cru_harness.lmeval.registration import register
+    from test_lmeval_support import TASKS_DIR
+
+    model, tok = load_causal_lm(str(tiny_dir), device="cuda", dtype="float32")
+    cfg = RouterTrainingConfig(last_k=2, percentile=75.0, d_r=4, epochs=1, lr=5e-2, batch_size=8, max_length=64,
+                               progress=False)
+    bundle = train_routers(model, tok, CORPUS[:8], CORPUS[8:], cfg)
+    bundle.save_pretrained(tmp_path / "bundle")
+    register()
+    tasks = sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))[:1]
+    results = lm_eval.simple_evaluate(model="cru", model_args=f"base={tiny_dir},routers={tmp_path / 'bundle'}",
+                                      tasks=tasks, device="cuda", batch_size=4, limit=4,
+                                      task_manager=TaskManager(include_path=str(TASKS_DIR)))
+    assert results is not None and set(tasks) <= set(results["results"])
+
+
+def test_ci_minimal_on_cuda(tmp_path):
+    raw = yaml.safe_load((REPO_ROOT / "configs" / "ci_minimal.yaml").read_text())
+    raw["device"] = "cuda"
+    config = tmp_path / "ci_cuda.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "run"
+    assert main(["run", str(config), "--output-dir", str(out), "--no-report"]) == 0
+    results = [json.loads(p.read_text()) for p in (out / "cells").glob("*/result.json")]
+    assert {r["label"] for r in results} == {"Retain", "Original", "GA", "CRU"}
+    for r in results:
+        assert r["status"] == "ok", (r["label"], r.get("reason"), r.get("error"))
+
+
+def test_device_map_split_over_two_gpus(tiny_dir, tmp_path):
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs two CUDA devices, {torch.cuda.device_count()} visible")
+    from transformers import AutoConfig
+
+    from cru_harness.devices import input_device, load_causal_lm
+    from cru_harness.reporting.failure_modes import AnswerNLLScorer
+
+    n_layers = AutoConfig.from_pretrained(tiny_dir).num_hidden_layers
+    device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": 1, "lm_head": 1,
+                  **{f"model.layers.{i}": 0 if i < n_layers // 2 else 1 for i in range(n_layers)}}
+    model, tok = load_causal_lm(str(tiny_dir), device_map=device_map, dtype="float32")
+    assert {p.device.index for p in model.parameters()} == {0, 1} and input_device(model).index == 0
+    nll = AnswerNLLScorer(model, tok, device="cuda:0")(["Question: What do bees make?\nAnswer:"], [" honey"])
+    assert math.isfinite(nll[0])
+    config = B.get_method("npo").Config(learning_rate=1e-3, num_epochs=1, warmup_epochs=0.0,
+                                        effective_batch_size=4, micro_batch_size=2)
+    res = B.unlearn(str(tiny_dir), None, ROWS, ROWS, "npo", config, device="cuda", device_map=device_map,
+                    progress=False)
+    assert res.optimizer_steps == 1 and math.isfinite(res.final_logs["loss"])
