@@ -22,10 +22,10 @@ if TYPE_CHECKING:
     import torch
 
 # torch is imported inside the functions: the CLI builds its parsers (add_device_arguments) without it.
-DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"  # (and mps, Apple GPUs, unadvertised)
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_MAP_CHOICES = ("auto",)
-_DEVICE_RE = re.compile(r"^(auto|cpu|cuda)(?::(\d+))?$")
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda|mps)(?::(\d+))?$")
 
 
 class DeviceError(ValueError):

@@ -120,7 +120,8 @@ def fill_forget_quality(results: list[dict]) -> list[dict]:
             if values:
                 oracle[(result["model"], result["split"])] = values
     for result in results:
-        if result.get("benchmark") != "tofu" or result.get("status") != "ok" or result.get("kind") == "retain":
+        if result.get("benchmark") != "tofu" or result.get("status") != "ok" or \
+                result.get("kind") in ("retain", "finetune"):
             continue
         metrics = result.setdefault("metrics", {})
         if _finite(metrics.get("forget_quality")):
@@ -137,7 +138,7 @@ def aggregate(results: list[dict], benchmark: str) -> list[dict]:
     """One row per (model, split-or-'targets', method label): means over seeds (and RWKU targets)."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for result in results:
-        if result.get("benchmark") != benchmark or result.get("kind") == "retain":
+        if result.get("benchmark") != benchmark or result.get("kind") in ("retain", "finetune"):
             continue
         unit = result.get("split") if benchmark == "tofu" else "all targets"
         groups[(result["model"], unit, result["label"])].append(result)

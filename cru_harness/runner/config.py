@@ -69,8 +69,13 @@ _METHOD_CANON = {name.lower(): name for name in METHOD_HPARAMS}
 _METHOD_ENTRY_KEYS = ("method", "label", "benchmarks", "overrides", "forget_corpus", "retain_corpus")
 _TOP_KEYS = ("name", "output_dir", "data_dir", "seeds", "device", "include_original", "models", "benchmarks",
              "methods", "purge_checkpoints", "evaluation", "report", "description")
-_MODEL_KEYS = ("name", "path", "dtype", "eval_dtype", "benchmarks", "retain", "chat_template", "trust_remote_code")
-_RETAIN_KINDS = ("checkpoint", "per_item", "train")
+_MODEL_KEYS = ("name", "path", "dtype", "eval_dtype", "benchmarks", "retain", "chat_template", "trust_remote_code",
+               "device_map", "finetune")
+_RETAIN_KINDS = ("checkpoint", "per_item", "train", "finetune")
+# `finetune:` (a model's, or its retain oracle's): TOFU's recipe (cru_harness.finetune) with these overrides.
+_FINETUNE_KEYS = ("data", "learning_rate", "lr", "weight_decay", "num_epochs", "epochs", "effective_batch_size",
+                  "batch_size", "micro_batch_size", "warmup_epochs", "lr_scheduler", "max_length", "dtype")
+_FINETUNE_ALIASES = {"lr": "learning_rate", "epochs": "num_epochs", "batch_size": "effective_batch_size"}
 _RETAIN_TRAIN_KEYS = ("from", "epochs", "lr", "batch_size", "max_length", "weight_decay")
 _BENCH_KEYS = {
     "tofu": ("splits", "tasks", "limit", "forget_corpus", "retain_corpus", "data_dir"),
@@ -83,7 +88,6 @@ _EVAL_KEYS = ("batch_size", "limit", "max_gen_toks", "failure_classes", "apply_c
               "tofu_model_family", "rwku_preset", "rwku_newline_stop")
 _REPORT_KEYS = ("formats", "plots", "stats")
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
-_DEVICES = ("cpu", "cuda", "mps", "auto")
 _REPORT_FORMATS = ("md", "csv", "tex")
 
 
@@ -115,13 +119,20 @@ class ModelSpec:
     retain: dict[str, RetainSpec] = field(default_factory=dict)  # split -> spec
     chat_template: bool | None = None
     trust_remote_code: bool = False
-    # Evaluation may run in another dtype than training (e.g. fp32 AdamW, bf16 scoring on CPU); None = `dtype`.
+    # Dtype per phase: `dtype` loads and trains (baselines, CRU's frozen base), `eval_dtype` scores (None =
+    # `dtype`), `finetune.dtype` fine-tunes.
     eval_dtype: str | None = None
+    device_map: str | None = None             # "auto": shard over the visible GPUs (not part of the identity)
+    finetune: dict[str, Any] | None = None    # fine-tune `path` first with TOFU's recipe (a cell of its own)
 
     def identity(self) -> dict:
-        """What makes two model specs the same model (used in cell hashes)."""
-        return {"name": self.name, "path": self.path, "dtype": self.dtype, "chat_template": self.chat_template,
-                "trust_remote_code": self.trust_remote_code, "eval_dtype": self.eval_dtype}
+        """What makes two model specs the same model (used in cell hashes). Where a model runs (device_map)
+        does not change what it is; `finetune` is only recorded when set, so older hashes stay valid."""
+        identity = {"name": self.name, "path": self.path, "dtype": self.dtype, "chat_template": self.chat_template,
+                    "trust_remote_code": self.trust_remote_code, "eval_dtype": self.eval_dtype}
+        if self.finetune is not None:
+            identity["finetune"] = self.finetune
+        return identity
 
 
 @dataclass(frozen=True)
@@ -349,9 +360,13 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
     if len(set(seeds)) != len(seeds):
         _fail("seeds", f"repeats a seed: {seeds}", source)
 
+    from ..devices import DeviceError, check_device_spec
+
     device = raw.get("device", "auto")
-    if device not in _DEVICES:
-        _fail("device", f"expected one of {', '.join(_DEVICES)}, got {device!r}", source)
+    try:
+        device = check_device_spec(device)
+    except DeviceError as err:
+        _fail("device", str(err), source)
     include_original = _boolean(raw.get("include_original", True), "include_original", source)
 
     # -- benchmarks
@@ -433,8 +448,15 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         retain = _validate_retain(entry.get("retain"), f"{where}.retain", benchmarks, model_benches, source)
         chat_template = _boolean(entry.get("chat_template"), f"{where}.chat_template", source, allow_none=True)
         trust_remote_code = _boolean(entry.get("trust_remote_code", False), f"{where}.trust_remote_code", source)
+        device_map = entry.get("device_map")
+        if device_map not in (None, "auto"):
+            _fail(f"{where}.device_map", f"expected auto (shard over the visible GPUs) or null, got {device_map!r}",
+                  source)
+        finetune = entry.get("finetune")
+        if finetune is not None:
+            finetune = _validate_finetune(finetune, f"{where}.finetune", source, needs_data=True)
         models.append(ModelSpec(model_name, path, dtype, model_benches, retain, chat_template,
-                                trust_remote_code, eval_dtype))
+                                trust_remote_code, eval_dtype, device_map, finetune))
 
     # -- PURGE local checkpoints
     purge_raw = raw.get("purge_checkpoints") or {}
@@ -603,7 +625,9 @@ def _validate_select_known(value: Any, targets: list[int], limit: Any, where: st
 def _validate_retain(value: Any, where: str, benchmarks: dict, model_benches: tuple[str, ...],
                      source: str | None) -> dict[str, RetainSpec]:
     """`retain:` is one spec for every split, or a mapping split -> spec; a spec has exactly one of
-    checkpoint (path or Hub id), per_item (a saved per-item file from `cru-harness score`), train (a dict)."""
+    checkpoint (path or Hub id), per_item (a saved per-item file from `cru-harness score`), train (a dict: the
+    testbed's small loop), finetune (TOFU's recipe from the model's `path`; `data` defaults to the split's
+    retain set)."""
     if value is None:
         return {}
     if "tofu" not in benchmarks or "tofu" not in model_benches:
@@ -628,7 +652,10 @@ def _validate_retain(value: Any, where: str, benchmarks: dict, model_benches: tu
         if len(spec) != 1:
             _fail(w, f"give exactly one of {', '.join(_RETAIN_KINDS)}", source)
         (kind, val), = spec.items()
-        if kind == "train":
+        if kind == "finetune":
+            val = _validate_finetune(val or {}, f"{w}.finetune", source, needs_data=False)
+            val.setdefault("data", "{retain_split}")
+        elif kind == "train":
             val = dict(_check_keys(val or {}, _RETAIN_TRAIN_KEYS, f"{w}.train", source))
             for key in ("epochs", "lr", "batch_size", "max_length", "weight_decay"):
                 if key in val:
@@ -636,4 +663,34 @@ def _validate_retain(value: Any, where: str, benchmarks: dict, model_benches: tu
         elif not isinstance(val, str) or not val:
             _fail(f"{w}.{kind}", "expected a path", source)
         resolved[split] = RetainSpec(kind, val)
+    return resolved
+
+
+def _validate_finetune(value: Any, where: str, source: str | None, *, needs_data: bool) -> dict[str, Any]:
+    """A `finetune:` mapping: `data` (a corpus source: TOFU config, JSON/JSONL file, rwku:...) and overrides of
+    TOFU's recipe, aliases resolved (lr, epochs, batch_size), so the cell hash sees one spelling."""
+    _check_keys(value, _FINETUNE_KEYS, where, source)
+    resolved: dict[str, Any] = {}
+    for key, val in value.items():
+        canon = _FINETUNE_ALIASES.get(key, key)
+        if canon in resolved:
+            _fail(f"{where}.{key}", f"given twice (as {canon} and an alias)", source)
+        if canon == "data":
+            if not isinstance(val, str) or not val:
+                _fail(f"{where}.data", "expected a corpus source: TOFU config (full, retain90), JSON/JSONL file or "
+                      "rwku:<target>:<kind>", source)
+            _check_placeholders(val, "tofu", f"{where}.data", source)
+        elif canon == "dtype":
+            if val not in _DTYPES:
+                _fail(f"{where}.dtype", f"expected one of {', '.join(_DTYPES)}, got {val!r}", source)
+        elif canon == "lr_scheduler":
+            if val not in ("linear", "cosine", "constant"):
+                _fail(f"{where}.lr_scheduler", f"expected linear, cosine or constant, got {val!r}", source)
+        else:
+            integer = canon in ("num_epochs", "effective_batch_size", "micro_batch_size", "max_length")
+            val = _number(val, f"{where}.{key}", source, low=0 if canon in ("weight_decay", "warmup_epochs") else
+                          (1 if integer else 0), integer=integer)
+        resolved[canon] = val
+    if needs_data and "data" not in resolved:
+        _fail(f"{where}.data", "is required: what to fine-tune on (e.g. full)", source)
     return resolved

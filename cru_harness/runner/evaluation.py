@@ -114,6 +114,8 @@ def eval_model_args(model: ModelSpec, model_path: str, routers: str | None = Non
     args: dict[str, Any] = {"pretrained": model_path, "dtype": dtype}
     if dtype in ("bfloat16", "float16", "auto"):
         args["softmax_dtype"] = "float32"
+    if model.device_map == "auto":
+        args["parallelize"] = True  # lm-eval's HF loader: device_map="auto" over the visible GPUs
     if routers:
         args["routers"] = routers
     if model.trust_remote_code:

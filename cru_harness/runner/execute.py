@@ -13,7 +13,7 @@ from .evaluation import evaluate_cell, protocol_presets, retain_from_per_item, s
 from .loop import CellUnavailable
 from .models import resolve_data_dir, resolve_model_path
 from .plan import Cell
-from .training import train_baseline, train_cru, train_retain_model
+from .training import train_baseline, train_cru, train_finetuned_model, train_retain_model
 
 
 class PlanExecutor:
@@ -30,8 +30,18 @@ class PlanExecutor:
         self.cells = list(cells)
 
     def __call__(self, cell: Cell, workdir: Path) -> dict:
-        from .plan import retain_cell_for
+        from .plan import finetune_cell_for, retain_cell_for
 
+        base_path = None
+        source = finetune_cell_for(cell, self.cells)
+        if source is not None:
+            loaded = self.store.load_result(source.hash)
+            checkpoint = ((loaded or {}).get("artifacts") or {}).get("checkpoint")
+            if not loaded or loaded.get("status") != "ok" or not checkpoint or not Path(checkpoint).is_dir():
+                state = "has not run" if not loaded else f"is {loaded.get('status')}"
+                raise RuntimeError(f"model {cell.model.name} starts from its fine-tuned checkpoint, but its finetune "
+                                   f"cell {source.hash} {state} (with --shard: run the shard holding it first)")
+            base_path = checkpoint
         retain_result = None
         if cell.benchmark == "tofu" and cell.kind != "retain":
             retain = retain_cell_for(cell, self.cells)
@@ -39,17 +49,25 @@ class PlanExecutor:
                 loaded = self.store.load_result(retain.hash)
                 if loaded and loaded.get("status") == "ok":
                     retain_result = loaded
-        return execute_cell(cell, workdir, retain_result=retain_result)
+        return execute_cell(cell, workdir, retain_result=retain_result, base_path=base_path)
 
 
-def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None) -> dict:
+def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None,
+                 base_path: str | None = None) -> dict:
     """Train (if the cell's method trains), evaluate with lm-eval + the `cru` model, score. See module doc.
 
     `retain_result`: the finished retain cell of a TOFU cell (its per-item truth ratios give Forget Quality).
+    `base_path`: the model the cell starts from when it is not `cell.model.path` (its fine-tuned checkpoint).
+    A `finetune` cell only trains: its checkpoint is the artifact the model's other cells start from.
     """
     data_dir = resolve_data_dir(cell.data_dir)
     outcome: dict[str, Any] = {"resources": {}, "details": {}, "artifacts": {}}
-    base_path = resolve_model_path(cell.model.path)
+    given_path = resolve_model_path(cell.model.path)
+    if cell.kind == "finetune":
+        train_finetuned_model(cell, cell.extra.get("finetune", cell.hparams), given_path,
+                              cell.corpora["train_corpus"], workdir, data_dir, outcome)
+        return outcome
+    base_path = base_path or given_path
     model_path = base_path
     routers = None
 
@@ -59,6 +77,9 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
             return retain_from_per_item(retain["value"], f"tofu_{cell.split}")
         if retain["kind"] == "checkpoint":
             model_path = resolve_model_path(retain["value"])
+        elif retain["kind"] == "finetune":  # the oracle: the same recipe from the same starting model
+            model_path = train_finetuned_model(cell, retain["value"], given_path, cell.corpora["retain_corpus"],
+                                               workdir, data_dir, outcome, name="retain_model")
         else:
             model_path = train_retain_model(cell, retain["value"], workdir, data_dir, outcome)
     elif cell.kind == "method":

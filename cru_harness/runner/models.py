@@ -71,12 +71,11 @@ def resolve_data_dir(data_dir: str | None) -> str | None:
 
 
 def resolve_device(device: str) -> str:
-    """A config's `device`; `auto` = cuda when available, else cpu."""
-    if device != "auto":
-        return device
-    import torch
+    """A config's `device` (`cru_harness.devices`): `auto` = cuda when available, else cpu; a CUDA device that
+    is not there is a `DeviceError` naming it."""
+    from ..devices import resolve_device as resolve
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(resolve(device))
 
 
 def cell_device(cell: Cell) -> str:
@@ -84,15 +83,16 @@ def cell_device(cell: Cell) -> str:
 
 
 def torch_dtype(name: str):
-    import torch
+    """A dtype name as torch's (`auto` stays "auto": the checkpoint's own)."""
+    from ..devices import parse_dtype
 
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, "auto")
+    return parse_dtype(name)
 
 
-def load_model(path: str, cell: Cell):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_model(path: str, cell: Cell, dtype: str | None = None):
+    """(model, tokenizer) for a cell: on its device, or sharded by the model's `device_map`, in `dtype`
+    (default: the model's `dtype`), through `cru_harness.devices.load_causal_lm`."""
+    from ..devices import load_causal_lm
 
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cell.model.trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(cell.model.dtype),
-                                                 trust_remote_code=cell.model.trust_remote_code)
-    return model.to(cell_device(cell)), tokenizer
+    return load_causal_lm(path, device=cell.device, device_map=cell.model.device_map,
+                          dtype=dtype or cell.model.dtype, trust_remote_code=cell.model.trust_remote_code)

@@ -3,6 +3,8 @@
 Besides the method cells, a plan holds reference cells:
 - `original`: the model before unlearning, one per (model, benchmark, split/target): the reference row.
 - `retain`: TOFU's oracle for Forget Quality, one per (model, split) whose model has a `retain:` spec.
+- `finetune`: a model with `finetune:` is first fine-tuned from its `path` with TOFU's recipe; that cell's
+  checkpoint is the model every other cell of it starts from (it comes first in the plan; `finetune_cell_for`).
 Prompt-only / downloaded methods (ICU, PURGE) and reference cells do not depend on a seed: their `seed` is None.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ _LOCAL_PREFIXES = ("/", "./", "../", "~")
 
 @dataclass(frozen=True)
 class Cell:
-    kind: str                      # method | original | retain
+    kind: str                      # method | original | retain | finetune
     model: ModelSpec
     benchmark: str                 # tofu | rwku
     split: str | None              # TOFU forget split
@@ -90,6 +92,8 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
     (runner.targets); a model without a selection yet gets no RWKU cells (see `pending_selections`)."""
     cells: list[Cell] = []
     for model in config.models:
+        if model.finetune is not None:
+            cells.append(_finetune_cell(config, model))
         for bench in model.benchmarks:
             spec = config.benchmarks[bench]
             if bench == "tofu":
@@ -107,9 +111,11 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
                               data_dir=spec["data_dir"], device=config.device)
                 if bench == "tofu" and split in model.retain:
                     retain = model.retain[split]
-                    corpora = {"retain_corpus": _fill("{retain_split}", split, None)} if retain.kind == "train" else {}
+                    trains = retain.kind in ("train", "finetune")
+                    data = retain.value["data"] if retain.kind == "finetune" else "{retain_split}"
+                    corpora = {"retain_corpus": _fill(data, split, None)} if trains else {}
                     cells.append(Cell(kind="retain", split=split, target=None, method="Retain", label="Retain",
-                                      seed=config.seeds[0] if retain.kind == "train" else None, hparams={},
+                                      seed=config.seeds[0] if trains else None, hparams={},
                                       corpora=corpora, extra={"retain": retain.to_dict()}, **common))
                 if config.include_original:
                     cells.append(Cell(kind="original", split=split, target=target, method="Original",
@@ -119,6 +125,25 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
                         continue
                     cells.extend(_method_cells(config, method, common, split, target))
     return cells
+
+
+def _finetune_cell(config: ExperimentConfig, model: ModelSpec) -> Cell:
+    """The cell that fine-tunes `model.path` on `model.finetune["data"]` (TOFU's recipe): no evaluation."""
+    bench = "tofu" if "tofu" in model.benchmarks else model.benchmarks[0]
+    return Cell(kind="finetune", model=model, benchmark=bench, split=None, target=None, method="Finetune",
+                label="Finetune", seed=config.seeds[0], hparams=dict(model.finetune),
+                corpora={"train_corpus": model.finetune["data"]}, tasks=(), limit=None, evaluation={},
+                data_dir=config.benchmarks[bench]["data_dir"], device=config.device)
+
+
+def finetune_cell_for(cell: Cell, cells: Iterable[Cell]) -> Cell | None:
+    """The cell whose checkpoint `cell`'s model starts from (None: the model is used as given)."""
+    if cell.kind == "finetune" or cell.model.finetune is None:
+        return None
+    for other in cells:
+        if other.kind == "finetune" and other.model.name == cell.model.name:
+            return other
+    return None
 
 
 def pending_selections(config: ExperimentConfig, selected_targets: dict[str, list[int]] | None) -> list[str]:
@@ -176,9 +201,13 @@ def describe_cell(cell: Cell) -> dict[str, Any]:
     downloads, trains = [], None
     if is_hub_id(cell.model.path):
         downloads.append(f"model {cell.model.path} (Hub)")
-    if cell.kind == "retain":
+    if cell.kind == "finetune":
+        trains = f"fine-tune {cell.model.path} on {cell.corpora['train_corpus']} (TOFU's recipe)"
+    elif cell.kind == "retain":
         retain = cell.extra["retain"]
-        if retain["kind"] == "train":
+        if retain["kind"] == "finetune":
+            trains = f"retain model: fine-tune {cell.model.path} on {cell.corpora['retain_corpus']} (TOFU's recipe)"
+        elif retain["kind"] == "train":
             source = retain["value"].get("from", cell.model.path)
             trains = f"retain model: fine-tune {source} on {cell.corpora['retain_corpus']}"
             if is_hub_id(source):
@@ -202,6 +231,7 @@ def describe_cell(cell: Cell) -> dict[str, Any]:
             what = "routers (base frozen)" if cell.method == "CRU" else "all weights"
             trains = (f"{cell.method} {what} on forget={cell.corpora.get('forget_corpus')} "
                       f"retain={cell.corpora.get('retain_corpus')} [{hp}]")
-    evaluates = None if (cell.kind == "retain" and cell.extra["retain"]["kind"] == "per_item") else list(cell.tasks)
+    evaluates = None if (cell.kind == "finetune" or (cell.kind == "retain" and
+                                                     cell.extra["retain"]["kind"] == "per_item")) else list(cell.tasks)
     return {"hash": cell.hash, "cell": cell.describe(), "kind": cell.kind, "trains": trains,
             "downloads": downloads, "evaluates": evaluates, "limit": cell.limit}

@@ -1,11 +1,12 @@
-"""The training phase of a cell: CRU routers, a baseline's unlearned model, or a retain oracle fine-tuned from
-the cell's base. Each trainer returns the path the evaluation loads and records its resources in `outcome`."""
+"""The training phase of a cell: CRU routers, a baseline's unlearned model, a retain oracle fine-tuned from
+the cell's base, or a model fine-tuned with TOFU's recipe (`finetune:`). Each trainer returns the path the
+evaluation loads and records its resources in `outcome`."""
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from .models import cell_device, load_model, resolve_model_path, torch_dtype
+from .models import cell_device, load_model, resolve_model_path
 from .plan import Cell
 
 
@@ -62,9 +63,10 @@ def train_baseline(cell: Cell, model_path: str, workdir: Path, data_dir, outcome
     config = make_config(cell.method, cell.benchmark, cell.split, **cell.hparams)
     forget = corpus_rows(cell.corpora["forget_corpus"], data_dir)
     retain = corpus_rows(cell.corpora["retain_corpus"], data_dir)
+    dtype = cell.model.dtype if cell.model.dtype != "auto" else "float32"
     trained = unlearn(model_path, None, forget, retain, cell.method, config, out_dir=out, seed=cell.seed or 0,
-                      data_dir=data_dir, dtype=torch_dtype(cell.model.dtype) if cell.model.dtype != "auto" else
-                      torch_dtype("float32"), progress=False, prompt_format=prompt_format(cell, chat))
+                      data_dir=data_dir, dtype=dtype, device=cell.device, device_map=cell.model.device_map,
+                      progress=False, prompt_format=prompt_format(cell, chat))
     outcome["details"]["training_prompts"] = prompt_format(cell, chat)
     resources = getattr(trained, "resources", None)
     if resources is not None:
@@ -89,4 +91,25 @@ def train_retain_model(cell: Cell, spec: dict, workdir: Path, data_dir, outcome:
     out = workdir / "retain_model"
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def train_finetuned_model(cell: Cell, spec: dict, source_path: str, corpus: str, workdir: Path, data_dir,
+                          outcome: dict, name: str = "finetuned_model") -> str:
+    """`source_path` fine-tuned on `corpus` with TOFU's recipe (`cru_harness.finetune`), overridden by `spec`;
+    saved under workdir/`name`. The prompt is the one the cell's evaluation uses (chat template or plain)."""
+    from ..finetune import FinetuneConfig, finetune
+    from .evaluation import model_uses_chat_template
+
+    overrides = {k: v for k, v in spec.items() if k not in ("data", "dtype")}
+    dtype = spec.get("dtype") or (cell.model.dtype if cell.model.dtype != "auto" else "float32")
+    out = workdir / name
+    chat = model_uses_chat_template(cell.model, cell.evaluation, source_path)
+    result = finetune(source_path, corpus, out, config=FinetuneConfig.from_dict(overrides), seed=cell.seed or 0,
+                      data_dir=data_dir, dtype=dtype, device=cell.device, device_map=cell.model.device_map,
+                      chat_template=chat, overwrite=True, progress=False)
+    outcome["resources"].update({f"train_{k}" if k in ("wall_time_s", "peak_memory_bytes") else k: v
+                                 for k, v in result.resources.items()})
+    outcome["details"]["finetune"] = {k: v for k, v in result.to_dict().items() if k != "history"}
+    outcome["artifacts"]["checkpoint"] = str(out)
     return str(out)

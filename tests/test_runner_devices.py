@@ -1,0 +1,120 @@
+"""Runner configs: `device`, `device_map`, per-phase dtype, and `finetune:` (a model fine-tuned with TOFU's recipe
+first, its retain oracle the same way), as cells cached like any other."""
+import json
+from pathlib import Path
+
+import pytest
+
+from cru_harness.runner import config as cfg
+from cru_harness.runner import execute
+from cru_harness.runner.cache import CellStore
+from cru_harness.runner.evaluation import eval_model_args
+from cru_harness.runner.plan import build_plan, describe_cell, finetune_cell_for
+
+
+def raw_config(tmp_path, **model_extra):
+    model = {"name": "m", "path": "Qwen/Qwen2.5-0.5B-Instruct", **model_extra}
+    return {"name": "t", "output_dir": str(tmp_path / "run"), "seeds": [0], "models": [model],
+            "benchmarks": {"tofu": {"splits": ["forget10"]}}, "methods": [{"method": "GA"}]}
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:3", "CUDA:1"])
+def test_device_strings_are_checked_not_resolved(tmp_path, device):
+    config = cfg.validate_config({**raw_config(tmp_path), "device": device})
+    assert config.device == device.lower()  # a GPU need not be present to validate or dry-run a config
+
+
+@pytest.mark.parametrize("patch, key, words", [
+    ({"device": "gpu"}, "device", "is not one of auto, cpu, cuda, cuda:N"),
+    ({"models": [{"path": "x", "device_map": "balanced"}]}, "models[0].device_map", "expected auto"),
+    ({"models": [{"path": "x", "finetune": {"lr": 1e-5}}]}, "models[0].finetune.data", "is required"),
+    ({"models": [{"path": "x", "finetune": {"data": "full", "epocs": 5}}]}, "models[0].finetune.epocs", "did you mean"),
+    ({"models": [{"path": "x", "finetune": {"data": "full", "dtype": "int4"}}]}, "models[0].finetune.dtype", "one of"),
+    ({"models": [{"path": "x", "finetune": {"data": "full", "lr": 1e-5, "learning_rate": 2e-5}}]},
+     "models[0].finetune.learning_rate", "given twice"),
+])
+def test_config_errors_name_the_key(tmp_path, patch, key, words):
+    with pytest.raises(cfg.ConfigError) as info:
+        cfg.validate_config({**raw_config(tmp_path), **patch})
+    assert info.value.key == key and words in str(info.value), str(info.value)
+
+
+def test_identity_unchanged_without_the_new_keys(tmp_path):
+    """Configs written before `finetune`/`device_map` keep their cell hashes (their caches stay valid)."""
+    plain = cfg.validate_config(raw_config(tmp_path)).models[0]
+    sharded = cfg.validate_config(raw_config(tmp_path, device_map="auto")).models[0]
+    assert set(plain.identity()) == {"name", "path", "dtype", "chat_template", "trust_remote_code", "eval_dtype"}
+    assert plain.identity() == sharded.identity()  # where a model runs is not what it is
+
+
+def test_finetune_plan(tmp_path):
+    raw = raw_config(tmp_path, finetune={"data": "full", "lr": 2e-5, "epochs": 3},
+                     retain={"finetune": {"epochs": 3}})
+    config = cfg.validate_config(raw)
+    cells = build_plan(config)
+    assert [c.kind for c in cells] == ["finetune", "retain", "original", "method"]
+    ft, retain, original, ga = cells
+    assert ft.hparams == {"data": "full", "learning_rate": 2e-5, "num_epochs": 3}  # aliases resolved
+    assert retain.corpora == {"retain_corpus": "retain90"} and retain.extra["retain"]["kind"] == "finetune"
+    assert finetune_cell_for(ga, cells) is ft and finetune_cell_for(retain, cells) is ft
+    assert finetune_cell_for(ft, cells) is None
+    assert describe_cell(ft)["evaluates"] is None and "TOFU's recipe" in describe_cell(ft)["trains"]
+    # the fine-tuning recipe is part of every cell of the model: change it and every cache key changes
+    raw["models"][0]["finetune"]["epochs"] = 4
+    other = build_plan(cfg.validate_config(raw))
+    assert not {c.hash for c in cells} & {c.hash for c in other}
+
+
+def test_cells_wait_for_their_finetuned_checkpoint(tmp_path, monkeypatch):
+    config = cfg.validate_config(raw_config(tmp_path, finetune={"data": "full"}))
+    cells = build_plan(config)
+    store = CellStore(tmp_path / "run")
+    runner = execute.PlanExecutor(store, cells)
+    with pytest.raises(RuntimeError, match=r"its finetune cell [0-9a-f]+ has not run"):
+        runner(cells[1], tmp_path / "w")
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    store.write(cells[0].hash, {"status": "ok", "artifacts": {"checkpoint": str(checkpoint)}}, {})
+    seen = {}
+    monkeypatch.setattr(execute, "execute_cell", lambda cell, workdir, **kw: seen.update(kw) or {})
+    runner(cells[1], tmp_path / "w")
+    assert seen["base_path"] == str(checkpoint)
+
+
+def test_device_map_reaches_lm_eval():
+    args = eval_model_args(cfg.ModelSpec("m", "p", dtype="bfloat16", device_map="auto"), "/m")
+    assert args["parallelize"] is True and args["softmax_dtype"] == "float32"
+    assert "parallelize" not in eval_model_args(cfg.ModelSpec("m", "p"), "/m")
+
+
+def test_finetune_cell_trains_a_checkpoint(tmp_path):
+    """The real executor on a finetune cell: TOFU's recipe (shortened) on a tiny local model; no evaluation."""
+    from cru_harness.testbed.models import build_tiny_model, save_tiny_model
+    from cru_harness.testbed.tokenizer import train_tokenizer
+
+    rows = [{"question": f"Who is author {i}?", "answer": f"Author {i} writes novels."} for i in range(4)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tok = train_tokenizer([f"Question: {r['question']}\nAnswer: {r['answer']}" for r in rows] * 3, vocab_size=200)
+    base = save_tiny_model(build_tiny_model("llama", tok, n_layers=2, hidden_size=32), tok, tmp_path / "base")
+    raw = raw_config(tmp_path, finetune={"data": str(data), "epochs": 1, "batch_size": 4, "micro_batch_size": 2,
+                                         "lr": 1e-3})
+    raw["models"][0]["path"] = str(base)
+    raw["device"] = "cpu"
+    ft = build_plan(cfg.validate_config(raw))[0]
+    outcome = execute.execute_cell(ft, tmp_path / "work")
+    checkpoint = Path(outcome["artifacts"]["checkpoint"])
+    assert (checkpoint / "config.json").is_file() and (checkpoint / "finetune_record.json").is_file()
+    assert outcome["details"]["finetune"]["optimizer_steps"] == 1
+    assert outcome["details"]["finetune"]["config"]["learning_rate"] == 1e-3
+    assert outcome["resources"]["train_wall_time_s"] > 0
+
+
+def test_reports_leave_finetune_cells_out():
+    from cru_harness.reporting.tables import aggregate
+
+    results = [{"benchmark": "tofu", "kind": "finetune", "status": "ok", "model": "m", "split": None,
+                "label": "Finetune", "method": "Finetune", "metrics": {}},
+               {"benchmark": "tofu", "kind": "original", "status": "ok", "model": "m", "split": "forget10",
+                "label": "Original", "method": "Original", "metrics": {"model_utility": 0.5}}]
+    assert [row["label"] for row in aggregate(results, "tofu")] == ["Original"]
