@@ -1,6 +1,8 @@
 """Wall time of the project's lm-eval tasks under `--model cru` (with and without routers) vs `--model hf`.
 
-Two parts, both on the offline real model SmolLM2-135M-Instruct (`materialize_smollm2()`), CPU:
+Two parts, on the offline real model SmolLM2-135M-Instruct (`materialize_smollm2()`, or `--model PATH`), on the
+CPU or, with `--device cuda`, on a GPU (then the report also goes to benchmarks/results/lmeval_overhead_gpu.json
+unless --json-out says otherwise, and records the GPU, torch and CUDA versions):
 
 Part 1 (default) -- overhead of `cru` vs `hf`, side by side in one process:
   * A small router bundle is trained once (last 4 blocks, p=90, d_r=32, 20 steps: 32 RWKU target-1 passages
@@ -46,6 +48,8 @@ Usage:
     python benchmarks/bench_lmeval.py --repeats 5 --json-out results/bench_lmeval.json
     python benchmarks/bench_lmeval.py --skip-overhead --full-suites --limit 4 --dtype bfloat16
     python benchmarks/bench_lmeval.py --skip-overhead --full-suites            # the full protocol runs (long)
+    python benchmarks/bench_lmeval.py --device cuda --dtype bfloat16 --model <1-8B HF dir> --repeats 3
+    python benchmarks/bench_lmeval.py --device cpu --repeats 1 --warmup 0 --rwku-items 2 --tofu-limit 1  # smoke
 
 The machine may be shared: use --threads and several --repeats; only the paired, interleaved figures are
 comparable with each other.
@@ -163,16 +167,13 @@ def _pick(results: dict, task: str, metric: str):
 
 # ------------------------------------------------------------------------------------------------ part 1
 
-def train_bundle(path: str, data_dir: str, out_dir: Path, steps_note: dict) -> Path:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def train_bundle(path: str, data_dir: str, out_dir: Path, steps_note: dict, device: str = "cpu") -> Path:
     from cru_harness.cru import RouterTrainingConfig, train_routers
     from cru_harness.data.corpora import load_corpus
+    from cru_harness.devices import load_causal_lm
 
     rwku_dir = str(Path(data_dir) / "rwku")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model, tokenizer = load_causal_lm(path, device=device, dtype="float32")
     forget = load_corpus("rwku:1:passage", rwku_dir)[:32]
     retain = load_corpus("rwku:2-3:passage", rwku_dir)[::8][:32]
     config = RouterTrainingConfig(last_k=4, percentile=90, lam=1.0, d_r=32, lr=1e-2, input_norm="rms", epochs=5,
@@ -199,7 +200,7 @@ def run_overhead(args, path: str) -> dict:
     from cru_harness.lmeval.model import CRULM
 
     out = {"config": {"dtype": args.dtype, "batch_size": args.batch_size, "threads": torch.get_num_threads(),
-                      "repeats": args.repeats, "rwku_items_per_target": args.rwku_items,
+                      "device": args.device, "repeats": args.repeats, "rwku_items_per_target": args.rwku_items,
                       "tofu_limit": args.tofu_limit, "rwku_tasks": ["rwku_qa", "rwku_mia"],
                       "tofu_tasks": ["tofu_forget10"], "rwku_target": "1", "chat_template": False}}
     tmp = Path(tempfile.mkdtemp(prefix="bench_lmeval_"))
@@ -217,14 +218,14 @@ def run_overhead(args, path: str) -> dict:
         del saved
     else:
         print(f"[part 1] training a bundle on {path} ...", flush=True)
-        bundle_dir = train_bundle(path, args.data_dir, tmp, training)
+        bundle_dir = train_bundle(path, args.data_dir, tmp, training, device=args.device)
         print(f"[part 1] bundle saved to {bundle_dir} (reuse it with --routers)", flush=True)
     out["bundle"] = {**training, "dir": str(bundle_dir)}
     print(f"[part 1] bundle: {training['steps']} steps in {training['train_seconds']:.1f}s, blocks "
           f"{training['blocks']}, gate mean forget {training['forget_gate_mean']:.3f} / retain "
           f"{training['retain_gate_mean']:.3f}, {training['router_parameters']:,} router params", flush=True)
 
-    common = dict(dtype=args.dtype, batch_size=args.batch_size, device="cpu")
+    common = dict(dtype=args.dtype, batch_size=args.batch_size, device=args.device)
     start = time.perf_counter()
     hf = HFLM(pretrained=path, **common)
     cru = CRULM(base=path, routers=str(bundle_dir), **common)
@@ -306,6 +307,10 @@ def run_overhead(args, path: str) -> dict:
     out["generations_changed_by_routers"] = sum(
         a != b for a, b in zip(runs["cru_base"][-1]["generations"], runs["cru"][-1]["generations"]))
     out["n_generations"] = len(runs["cru"][-1]["generations"])
+    # The issue's figure: `cru` with the bundle over `hf` on equal work (goal <= 1.05).
+    out["headline"] = {"cru_with_bundle_over_hf_equal_work": out["ratio_of_medians"]["cru/hf"]["equal_work"],
+                       "cru_with_bundle_over_hf_fixed_work": out["ratio_of_medians"]["cru/hf"]["fixed_work"],
+                       "goal": 1.05}
     _print_overhead(out)
     return out
 
@@ -320,7 +325,7 @@ class _nullcontext:
 
 def _print_overhead(out: dict) -> None:
     cfg = out["config"]
-    print("\n=== Part 1: cru vs hf, same base (SmolLM2-135M-Instruct), same tasks, same process ===")
+    print("\n=== Part 1: cru vs hf, same base, same tasks, same process ===")
     print(f"dtype {cfg['dtype']}, batch {cfg['batch_size']}, torch threads {cfg['threads']}, {cfg['repeats']} "
           f"interleaved repeats (+{cfg['warmup_rounds']} warm-up rounds discarded); unit = simple_evaluate(rwku_qa+rwku_mia, target 1, "
           f"{cfg['rwku_items_per_target']} items/probe-file) + simple_evaluate(tofu_forget10, limit "
@@ -396,7 +401,7 @@ def run_full_suites(args, path: str, save=lambda partial: None) -> dict:
 
     chat = not args.no_chat_template
     start = time.perf_counter()
-    lm = CRULM(base=path, dtype=args.dtype, batch_size=args.batch_size, device="cpu")
+    lm = CRULM(base=path, dtype=args.dtype, batch_size=args.batch_size, device=args.device)
     load = time.perf_counter() - start
     timer = RequestTimer(lm)
     out = {"config": {"dtype": args.dtype, "batch_size": args.batch_size, "threads": torch.get_num_threads(),
@@ -461,7 +466,9 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--data-dir", default=os.environ.get("CRU_HARNESS_DATA_DIR", str(REPO.parent / "shared" / "data")),
                         help="root holding tofu/ and rwku/ (default: ../shared/data next to the repo)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N (cru_harness.devices)")
+    parser.add_argument("--model", default=None, help="HF model directory or id (default: the offline SmolLM2)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--repeats", type=int, default=5, help="part 1: interleaved repeats per arm")
@@ -482,14 +489,23 @@ def main(argv=None) -> int:
     _quiet()
     import torch
 
+    from cru_harness.devices import check_dtype_on_device, parse_dtype, resolve_device
+
+    device = resolve_device(args.device)  # a GPU that is not there: one clear line, before any work
+    check_dtype_on_device(parse_dtype(args.dtype), device)
+    args.device = str(device)
+    if device.type == "cuda" and args.json_out is None:
+        args.json_out = str(REPO / "benchmarks" / "results" / "lmeval_overhead_gpu.json")
     if args.threads:
         torch.set_num_threads(args.threads)
     from cru_harness.lmeval.registration import register
     from cru_harness.testbed.smollm import materialize_smollm2
 
     register()
-    path = str(materialize_smollm2())
-    report = {"model": "SmolLM2-135M-Instruct", "path": path, "torch": torch.__version__,
+    path = args.model or str(materialize_smollm2())
+    report = {"model": args.model or "SmolLM2-135M-Instruct", "path": path, "torch": torch.__version__,
+              "cuda": torch.version.cuda, "device": args.device,
+              "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
               "python": sys.version.split()[0], "cpu_count": os.cpu_count(),
               "loadavg_at_start": list(os.getloadavg())}
     try:
