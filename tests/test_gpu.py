@@ -114,14 +114,19 @@ def test_ci_minimal_on_cuda(tmp_path):
 def test_device_map_split_over_two_gpus(tiny_dir, tmp_path):
     if torch.cuda.device_count() < 2:
         pytest.skip(f"needs two CUDA devices, {torch.cuda.device_count()} visible")
-    from transformers import AutoConfig
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from cru_harness.devices import input_device, load_causal_lm
     from cru_harness.reporting.failure_modes import AnswerNLLScorer
 
-    n_layers = AutoConfig.from_pretrained(tiny_dir).num_hidden_layers
-    device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": 1, "lm_head": 1,
-                  **{f"model.layers.{i}": 0 if i < n_layers // 2 else 1 for i in range(n_layers)}}
+    config = AutoConfig.from_pretrained(tiny_dir)
+    with init_empty_weights():  # the module names, without weights
+        skeleton = AutoModelForCausalLM.from_config(config)
+    n_layers = config.num_hidden_layers
+    device_map = {f"model.{name}": 0 for name, _ in skeleton.model.named_children() if name not in ("layers", "norm")}
+    device_map.update({"model.norm": 1, "lm_head": 1,
+                       **{f"model.layers.{i}": 0 if i < n_layers // 2 else 1 for i in range(n_layers)}})
     model, tok = load_causal_lm(str(tiny_dir), device_map=device_map, dtype="float32")
     assert {p.device.index for p in model.parameters()} == {0, 1} and input_device(model).index == 0
     nll = AnswerNLLScorer(model, tok, device="cuda:0")(["Question: What do bees make?\nAnswer:"], [" honey"])
