@@ -489,10 +489,13 @@ def main(argv=None) -> int:
     _quiet()
     import torch
 
-    from cru_harness.devices import check_dtype_on_device, parse_dtype, resolve_device
+    from cru_harness.devices import DeviceError, check_dtype_on_device, parse_dtype, resolve_device
 
-    device = resolve_device(args.device)  # a GPU that is not there: one clear line, before any work
-    check_dtype_on_device(parse_dtype(args.dtype), device)
+    try:  # a GPU that is not there: one clear line, before any work
+        device = resolve_device(args.device)
+        check_dtype_on_device(parse_dtype(args.dtype), device)
+    except DeviceError as err:
+        parser.error(str(err))
     args.device = str(device)
     if device.type == "cuda" and args.json_out is None:
         args.json_out = str(REPO / "benchmarks" / "results" / "lmeval_overhead_gpu.json")
