@@ -32,6 +32,9 @@ def test_device_strings_are_checked_not_resolved(tmp_path, device):
     ({"models": [{"path": "x", "finetune": {"data": "full", "dtype": "int4"}}]}, "models[0].finetune.dtype", "one of"),
     ({"models": [{"path": "x", "finetune": {"data": "full", "lr": 1e-5, "learning_rate": 2e-5}}]},
      "models[0].finetune.learning_rate", "given twice"),
+    ({"models": [{"path": "x", "finetune": {"data": "full"}}],
+      "benchmarks": {"tofu": {}, "rwku": {"targets": "1-3", "select_known": {"top": 1, "rows": 4}}}},
+     "models[0].finetune", "select_known ranks targets on the model as given"),
 ])
 def test_config_errors_name_the_key(tmp_path, patch, key, words):
     with pytest.raises(cfg.ConfigError) as info:

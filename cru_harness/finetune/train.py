@@ -49,6 +49,7 @@ class SupervisedFinetune(UnlearningMethod):
     as an unlearning method)."""
 
     name = "finetune"
+    progress_label = "finetune"
     Config = FinetuneConfig
 
     def compute_loss(self, model, batch, ref_model=None):

@@ -455,6 +455,9 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         finetune = entry.get("finetune")
         if finetune is not None:
             finetune = _validate_finetune(finetune, f"{where}.finetune", source, needs_data=True)
+            if "rwku" in model_benches and benchmarks["rwku"].get("select_known"):
+                _fail(f"{where}.finetune", "RWKU select_known ranks targets on the model as given, before any "
+                      "fine-tuning; use a separate model entry for RWKU", source)
         models.append(ModelSpec(model_name, path, dtype, model_benches, retain, chat_template,
                                 trust_remote_code, eval_dtype, device_map, finetune))
 

@@ -183,10 +183,11 @@ def score_cell(cell: Cell, lmeval_dir: Path, *, data_dir=None, original_model: s
         retain_items = cell_scores.retain_items_from_result(retain_result, forget_task) if retain_result else None
         scored = cell_scores.score_tofu_cell(lmeval_dir, split=cell.split, retain_items=retain_items,
                                              original_model=original, data_dir=data_dir, device=cell_device(cell),
-                                             batch_size=batch_size)
+                                             batch_size=batch_size, device_map=cell.model.device_map)
     else:
         scored = cell_scores.score_rwku_cell(lmeval_dir, target=cell.target, original_model=original,
-                                             device=cell_device(cell), batch_size=batch_size)
+                                             device=cell_device(cell), batch_size=batch_size,
+                                             device_map=cell.model.device_map)
     if not failure:
         scored["failure_classes"] = {}
     return scored
