@@ -73,7 +73,7 @@ def train_baseline(cell: Cell, model_path: str, workdir: Path, data_dir, outcome
         record = resources.to_dict() if hasattr(resources, "to_dict") else dict(resources)
         outcome["resources"].update({f"train_{k}" if k in ("wall_time_s", "peak_memory_bytes") else k: v
                                      for k, v in record.items()})
-    outcome["details"]["baseline_config"] = config.to_dict()
+    outcome["details"]["baseline_config"] = trained.config  # as trained (bf16/fp16 set mixed_precision)
     return str(out)
 
 
