@@ -1,8 +1,8 @@
 """One place for devices and dtypes: parse what a user typed, check it can run here, load models onto it.
 
 Every command (`unlearn`, `finetune`, `score --original-model`) and the runner go through this module, so a
-device string means the same everywhere and a bad one fails the same way: a `DeviceError` (a `ValueError`,
-so the CLI prints it as one line) that names the problem.
+device string means the same everywhere and a bad one fails the same way: a `DeviceError` (a `UserError` and
+a `ValueError`, so the command lines print it as one line) that names the problem.
 
 - device: `auto` (CUDA when present, else CPU), `cpu`, `cuda`, `cuda:N`.
 - device_map: `None` (the whole model on `device`) or `auto` (accelerate shards it over the visible GPUs, then
@@ -18,6 +18,8 @@ import argparse
 import re
 from typing import TYPE_CHECKING, Any
 
+from .errors import UserError
+
 if TYPE_CHECKING:
     import torch
 
@@ -28,7 +30,7 @@ DEVICE_MAP_CHOICES = ("auto",)
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|mps)(?::(\d+))?$")
 
 
-class DeviceError(ValueError):
+class DeviceError(UserError, ValueError):
     """A device, device map or dtype that is malformed or cannot run on this machine (one line, no traceback)."""
 
 

@@ -91,7 +91,7 @@ def test_reductions_follow_the_values_device():
 def test_cli_rejects_a_bad_device_in_one_line(capsys, tmp_path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"question": "q", "answer": "a"}\n')
-    code = main(["finetune", "--model", str(tmp_path), "--data", str(rows), "--out", str(tmp_path / "o"),
+    code = main(["finetune", "--model", "org/never-loaded", "--data", str(rows), "--out", str(tmp_path / "o"),
                  "--device", "gpu0"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "device 'gpu0' is not one of" in err[0]

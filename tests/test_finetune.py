@@ -10,7 +10,8 @@ import torch
 import cru_harness.finetune.train as ft_train
 from cru_harness.baselines.data import IGNORE_INDEX, encode_qa
 from cru_harness.cli import main
-from cru_harness.finetune import FinetuneConfig, OutputExistsError, QADataset, finetune
+from cru_harness.finetune import FinetuneConfig, QADataset, finetune
+from cru_harness.locations import OutputLocationError
 from cru_harness.testbed.models import build_tiny_model, save_tiny_model
 from cru_harness.testbed.tokenizer import train_tokenizer
 
@@ -85,7 +86,7 @@ def test_existing_output_is_refused_before_training(checkpoint, rows_file, tmp_p
     out.mkdir()
     (out / "keep.txt").write_text("x")
     monkeypatch.setattr(ft_train, "load_causal_lm", lambda *a, **k: pytest.fail("loaded a model before checking"))
-    with pytest.raises(OutputExistsError, match="not empty; pass --overwrite"):
+    with pytest.raises(OutputLocationError, match="already exists and holds files; pass --overwrite"):
         finetune(str(checkpoint), str(rows_file), out, config=fast())
     code = main(["finetune", "--model", str(checkpoint), "--data", str(rows_file), "--out", str(out)])
     assert code == 2 and (out / "keep.txt").exists()

@@ -9,6 +9,7 @@ from cru_harness.runner import config as cfg
 from cru_harness.runner import execute
 from cru_harness.runner.cache import CellStore
 from cru_harness.runner.evaluation import eval_model_args
+from cru_harness.runner.loop import run_one
 from cru_harness.runner.plan import build_plan, describe_cell, finetune_cell_for
 
 
@@ -77,7 +78,9 @@ def test_cells_wait_for_their_finetuned_checkpoint(tmp_path, monkeypatch):
         runner(cells[1], tmp_path / "w")
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()
-    store.write(cells[0].hash, {"status": "ok", "artifacts": {"checkpoint": str(checkpoint)}}, {})
+    # the finetune cell finishes through the run loop, with a test double for its training
+    store.write(cells[0].hash, *run_one(cells[0], tmp_path / "ft", lambda cell, workdir: {
+        "artifacts": {"checkpoint": str(checkpoint)}}))
     seen = {}
     monkeypatch.setattr(execute, "execute_cell", lambda cell, workdir, **kw: seen.update(kw) or {})
     runner(cells[1], tmp_path / "w")

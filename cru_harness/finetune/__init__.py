@@ -4,8 +4,7 @@ Names are loaded on first use so that `cru-harness --help` does not import torch
 """
 from __future__ import annotations
 
-_PUBLIC = ("finetune", "FinetuneConfig", "FinetuneResult", "OutputExistsError", "QADataset", "SupervisedFinetune",
-           "check_output_dir", "RECORD_FILE")
+_PUBLIC = ("finetune", "FinetuneConfig", "FinetuneResult", "QADataset", "SupervisedFinetune", "RECORD_FILE")
 __all__ = list(_PUBLIC)
 
 

@@ -11,7 +11,8 @@ answer tokens and one EOS, the question masked; AdamW lr 1e-5, weight decay 0.01
   plain template (the runner's choice for testbed models, see `runner.execute.model_uses_chat_template`).
 - Training: the baselines' accelerate loop (`baselines.trainer.train_unlearning`), so mixed precision, exact
   gradient accumulation and `accelerate launch` data parallelism behave as for GA/NPO/...
-- The output directory is checked before any training: an existing non-empty one needs `overwrite=True`.
+- The output directory is checked before any training (`cru_harness.locations.check_output_dir`): an
+  existing non-empty one needs `overwrite=True`.
 """
 from __future__ import annotations
 
@@ -33,10 +34,6 @@ from ..baselines.losses import nll_loss
 from ..devices import load_causal_lm, training_precision
 
 RECORD_FILE = "finetune_record.json"
-
-
-class OutputExistsError(ValueError):
-    """The output directory already holds files and overwriting was not asked for."""
 
 
 @dataclass
@@ -104,16 +101,6 @@ class FinetuneResult:
         return {k: v for k, v in self.__dict__.items() if k != "model"}
 
 
-def check_output_dir(out_dir: str | os.PathLike, overwrite: bool) -> Path:
-    """Refuse an existing non-empty directory unless `overwrite` (checked before training, not after)."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise OutputExistsError(f"output {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise OutputExistsError(f"output directory {out} is not empty; pass --overwrite (overwrite=True) to replace it")
-    return out
-
-
 def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer=None,
              config: FinetuneConfig | dict | None = None, seed: int = 0, data_dir=None, dtype="float32",
              device: str = "auto", device_map=None, chat_template: bool | None = None, overwrite: bool = False,
@@ -130,8 +117,13 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     from ..baselines.resources import ResourceMonitor
     from ..baselines.trainer import make_accelerator, train_unlearning
 
+    from ..locations import check_model_path, check_output_dir
+
+    # Where it will write, and what it reads, are checked before anything is loaded or trained.
     if out_dir is not None:
-        out = check_output_dir(out_dir, overwrite)
+        out = check_output_dir(out_dir, what="--out", overwrite=overwrite)
+    if isinstance(model, (str, os.PathLike)):
+        check_model_path(str(model), what="--model")
     if config is None:
         config = FinetuneConfig()
     elif isinstance(config, dict):
