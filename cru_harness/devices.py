@@ -127,11 +127,14 @@ def training_precision(dtype: str | torch.dtype | None) -> tuple[torch.dtype, st
 
 
 def input_device(model: torch.nn.Module) -> torch.device:
-    """Where a model's inputs go: its input embeddings' device (the first shard under a device_map)."""
-    try:
-        return model.get_input_embeddings().weight.device
-    except (AttributeError, NotImplementedError):
-        return next(model.parameters()).device
+    """Where a model's input ids go: the device of its input embeddings (the first device of a split model;
+    parameters still on `meta` under accelerate's offloading are skipped)."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embeddings is not None:
+        for param in embeddings.parameters():
+            if param.device.type != "meta":
+                return param.device
+    return next(model.parameters()).device
 
 
 def load_causal_lm(path: str, *, device: str | torch.device | None = "auto", device_map: Any = None,

@@ -10,6 +10,7 @@ import torch
 from scipy import stats
 from torch import nn
 
+from ..devices import input_device  # noqa: F401  (the one place; re-exported for cru.train / cru.prefix)
 from .blocks import block_output_tensor, find_decoder_blocks, num_layers, resolve_block_indices, run_until
 
 SELECTIONS = ("variance", "random")
@@ -131,16 +132,6 @@ def pooled_block_outputs(model: nn.Module, batches: Iterable[Batch], block_indic
             handle.remove()
         model.train(was_training)
     return {l: torch.cat(chunks) if chunks else torch.empty(0) for l, chunks in pooled.items()}
-
-
-def input_device(model: nn.Module) -> torch.device:
-    """Where a model's input ids go: the device of its input embeddings (the first device of a split model)."""
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if embeddings is not None:
-        for param in embeddings.parameters():
-            if param.device.type != "meta":
-                return param.device
-    return next(model.parameters()).device
 
 
 def select_neurons(variances: dict[int, torch.Tensor], percentile: float, selection: str = "variance",
