@@ -116,7 +116,7 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
 
     from ..baselines.resources import ResourceMonitor
     from ..baselines.trainer import make_accelerator, train_unlearning
-
+    from ..context import fit_to_context
     from ..locations import check_model_path, check_output_dir
 
     # Where it will write, and what it reads, are checked before anything is loaded or trained.
@@ -153,7 +153,12 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-    dataset = QADataset(tokenizer, rows, max_length=config.max_length, chat_template=chat_template)
+    def lengths():  # only computed when max_length exceeds the model's context (as the baselines do)
+        return {"training": [len(e.input_ids) for e in QADataset(tokenizer, rows, max_length=config.max_length,
+                                                                 chat_template=chat_template).examples]}
+
+    max_length = fit_to_context(model, config.max_length, lengths)
+    dataset = QADataset(tokenizer, rows, max_length=max_length, chat_template=chat_template)
     method = SupervisedFinetune(config)
     with ResourceMonitor(accelerator.device, model=model) as monitor:
         trained = train_unlearning(model, method, dataset, seed=seed, accelerator=accelerator, progress=progress)
