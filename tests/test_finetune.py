@@ -54,14 +54,19 @@ def test_prompt_is_the_evaluation_prompt_and_loss_is_on_answer_plus_eos(checkpoi
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(checkpoint)
-    assert tok.chat_template  # the template path: the dataset must use it, as encode_qa does
+    assert tok.chat_template  # the template path: the dataset must use it, as the evaluation does
+    q, a = ROWS[0]["question"], ROWS[0]["answer"]
     chat = QADataset(tok, ROWS[:1]).examples[0]
-    assert chat == encode_qa(tok, ROWS[0]["question"], ROWS[0]["answer"])
-    plain = QADataset(tok, ROWS[:1], chat_template=False).examples[0]
-    prompt = tok("Question: Who wrote The Blue Harbor?\nAnswer:")["input_ids"]
-    answer = tok(" " + ROWS[0]["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    assert plain.input_ids == prompt + answer and plain.labels == [IGNORE_INDEX] * len(prompt) + answer
-    assert tok.chat_template  # the caller's tokenizer is untouched
+    plain = QADataset(tok, ROWS[:1], chat=False).examples[0]
+    assert chat == encode_qa(tok, q, a) and plain == encode_qa(tok, q, a, chat=False)  # the one prompt builder
+    for example, shown in ((chat, "You are a helpful assistant."), (plain, "Question: " + q)):
+        n_prompt = example.labels.count(IGNORE_INDEX)
+        assert example.labels[:n_prompt] == [IGNORE_INDEX] * n_prompt  # the prompt is masked, nothing after it
+        assert shown in tok.decode(example.input_ids[:n_prompt])
+        assert example.labels[-1] == tok.eos_token_id and example.labels[n_prompt:] == example.input_ids[n_prompt:]
+    assert "You are a helpful assistant." not in tok.decode(plain.input_ids)
+    with pytest.raises(ValueError, match="no chat template"):
+        QADataset(AutoTokenizer.from_pretrained(checkpoint, chat_template=None), ROWS[:1], chat=True)
 
 
 def test_finetune_learns_saves_and_records(checkpoint, rows_file, tmp_path):

@@ -16,7 +16,6 @@ answer tokens and one EOS, the question masked; AdamW lr 1e-5, weight decay 0.01
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
@@ -32,6 +31,7 @@ from ..baselines.base import BaselineConfig, UnlearningMethod
 from ..baselines.data import collate, encode_qa, row_to_qa
 from ..baselines.losses import nll_loss
 from ..devices import load_causal_lm, training_precision
+from ..prompts import DEFAULT_TOFU_PRESET
 
 RECORD_FILE = "finetune_record.json"
 
@@ -55,18 +55,17 @@ class SupervisedFinetune(UnlearningMethod):
 
 
 class QADataset(Dataset):
-    """Rows encoded once with the evaluation's prompt; items are `{"train": EncodedExample}`."""
+    """Rows encoded once with the evaluation's prompt (`baselines.data.encode_qa`, i.e. `cru_harness.prompts`);
+    items are `{"train": EncodedExample}`. `chat`, `preset`, `family`: as `prompts.qa_texts` takes them."""
 
-    def __init__(self, tokenizer, rows, *, max_length: int = 512, chat_template: bool | None = None):
+    def __init__(self, tokenizer, rows, *, max_length: int = 512, chat: bool | None = None,
+                 preset: str = DEFAULT_TOFU_PRESET, family: str | None = None):
         if not rows:
             raise ValueError("finetune: no training rows")
-        if chat_template is False and getattr(tokenizer, "chat_template", None):
-            # encode_qa uses a template whenever the tokenizer has one; a copy without it gives the plain prompt.
-            tokenizer = copy.copy(tokenizer)
-            tokenizer.chat_template = None
-        elif chat_template is True and not getattr(tokenizer, "chat_template", None):
+        if chat is True and not getattr(tokenizer, "chat_template", None):
             raise ValueError("finetune: chat_template=True but the tokenizer has no chat template")
-        self.examples = [encode_qa(tokenizer, *row_to_qa(r, i), max_length) for i, r in enumerate(rows)]
+        fmt = {"chat": chat, "preset": preset, "family": family}
+        self.examples = [encode_qa(tokenizer, *row_to_qa(r, i), max_length, **fmt) for i, r in enumerate(rows)]
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def __len__(self) -> int:
@@ -104,13 +103,15 @@ class FinetuneResult:
 def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer=None,
              config: FinetuneConfig | dict | None = None, seed: int = 0, data_dir=None, dtype="float32",
              device: str = "auto", device_map=None, chat_template: bool | None = None, overwrite: bool = False,
-             progress: bool = True) -> FinetuneResult:
+             progress: bool = True, preset: str = DEFAULT_TOFU_PRESET, family: str | None = None) -> FinetuneResult:
     """Fine-tune a causal LM on QA rows with TOFU's recipe; save it to `out_dir` (if given).
 
     `model`: a HF id / directory, or a model object (trained in place; then `tokenizer` is required).
     `data`: a corpus source (TOFU config, JSON/JSONL file, rwku:...) or a list of row dicts.
     `config`: a `FinetuneConfig` or a dict of overrides of TOFU's defaults. `dtype`, `device`, `device_map`:
     as `cru_harness.baselines.unlearn` (bf16 weights, or fp32 + fp16 autocast; sharded with device_map="auto").
+    `chat_template` (None: when the tokenizer has one), `preset`, `family`: the prompt format
+    (`cru_harness.prompts.qa_texts`); pass what the evaluation uses.
     """
     from accelerate.state import PartialState
 
@@ -155,10 +156,11 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
         tokenizer = AutoTokenizer.from_pretrained(tokenizer)
     def lengths():  # only computed when max_length exceeds the model's context (as the baselines do)
         return {"training": [len(e.input_ids) for e in QADataset(tokenizer, rows, max_length=config.max_length,
-                                                                 chat_template=chat_template).examples]}
+                                                                 **fmt).examples]}
 
+    fmt = {"chat": chat_template, "preset": preset, "family": family}
     max_length = fit_to_context(model, config.max_length, lengths)
-    dataset = QADataset(tokenizer, rows, max_length=max_length, chat_template=chat_template)
+    dataset = QADataset(tokenizer, rows, max_length=max_length, **fmt)
     method = SupervisedFinetune(config)
     with ResourceMonitor(accelerator.device, model=model) as monitor:
         trained = train_unlearning(model, method, dataset, seed=seed, accelerator=accelerator, progress=progress)

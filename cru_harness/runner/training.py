@@ -104,10 +104,12 @@ def train_finetuned_model(cell: Cell, spec: dict, source_path: str, corpus: str,
     overrides = {k: v for k, v in spec.items() if k not in ("data", "dtype")}
     dtype = spec.get("dtype") or (cell.model.dtype if cell.model.dtype != "auto" else "float32")
     out = workdir / name
-    chat = model_uses_chat_template(cell.model, cell.evaluation, source_path)
+    fmt = prompt_format(cell, model_uses_chat_template(cell.model, cell.evaluation, source_path))
     result = finetune(source_path, corpus, out, config=FinetuneConfig.from_dict(overrides), seed=cell.seed or 0,
                       data_dir=data_dir, dtype=dtype, device=cell.device, device_map=cell.model.device_map,
-                      chat_template=chat, overwrite=True, progress=False)
+                      chat_template=fmt["chat"], preset=fmt["preset"], family=fmt["family"], overwrite=True,
+                      progress=False)
+    outcome["details"]["training_prompts"] = fmt
     outcome["resources"].update({f"train_{k}" if k in ("wall_time_s", "peak_memory_bytes") else k: v
                                  for k, v in result.resources.items()})
     outcome["details"]["finetune"] = {k: v for k, v in result.to_dict().items() if k != "history"}
