@@ -133,7 +133,8 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
                               num_training_steps=total_steps)
 
     result = TrainResult(model=model, gradient_accumulation_steps=accum, num_processes=n_proc, warmup_steps=warmup)
-    bar = tqdm(total=total_steps, desc=getattr(method, "progress_label", f"unlearn[{method.name}]"), disable=not (progress and accelerator.is_main_process),
+    bar = tqdm(total=total_steps, desc=getattr(method, "progress_label", f"unlearn[{method.name}]"),
+               disable=not (progress and accelerator.is_main_process),
                dynamic_ncols=True)
 
     def optimizer_step(group: list[dict], epoch: int) -> None:
