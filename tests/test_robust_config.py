@@ -60,3 +60,20 @@ def test_dry_run_shows_what_is_loaded_and_trust_remote_code(tmp_path, capsys):
     path.write_text(yaml.safe_dump(raw))
     assert main(["run", str(path), "--dry-run"]) == 2
     assert "models[1].trust_remote_code: expected true or false" in capsys.readouterr().err
+
+
+def test_cru_prefix_cache_hparams_are_validated(tmp_path):
+    """CRU's prefix-cache switches are hyperparameters a config may set (the runner passes them to
+    RouterTrainingConfig); a quoted boolean or an unknown placement is refused naming the key."""
+    raw = raw_config(tmp_path)
+    raw["methods"] = [{"method": "CRU", "prefix_cache": False, "prefix_cache_placement": "cpu",
+                       "final_retain_rows": 200}]
+    method = cfg.validate_config(raw).methods[0]
+    assert method.hparams == {"prefix_cache": False, "prefix_cache_placement": "cpu", "final_retain_rows": 200}
+    raw["methods"] = [{"method": "CRU", "prefix_cache": "false"}]
+    with pytest.raises(cfg.ConfigError) as info:
+        cfg.validate_config(raw)
+    assert info.value.key == "methods[0].prefix_cache" and "got 'false'" in str(info.value)
+    raw["methods"] = [{"method": "CRU", "prefix_cache_placement": "gpu"}]
+    with pytest.raises(cfg.ConfigError, match="expected one of auto, cpu, device"):
+        cfg.validate_config(raw)

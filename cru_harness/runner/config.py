@@ -54,7 +54,8 @@ METHOD_HPARAMS: dict[str, tuple[str, ...]] = {
     "SimNPO": _TRAINING + _RETAIN_TERM + ("beta", "gamma"),
     "IdkDPO": _TRAINING + _RETAIN_TERM + ("beta",),
     "CRU": ("last_k", "blocks", "percentile", "selection", "d_r", "lam", "epochs", "lr", "batch_size",
-            "max_length", "input_norm"),
+            "max_length", "input_norm", "final_retain_rows", "prefix_cache", "prefix_cache_placement",
+            "prefix_cache_max_gib"),
     "ICU": (),                                             # prompt-only: no training at all
     "PURGE": (),                                           # published checkpoints: nothing to tune
 }
@@ -298,10 +299,13 @@ _NUMERIC_HPARAMS = {
     "batch_size": dict(low=1, integer=True), "max_length": dict(low=8, integer=True), "max_grad_norm": dict(low=0),
     "adam_eps": dict(low=0), "alpha": dict(low=0), "forget_weight": dict(low=0), "beta": dict(low=0),
     "gamma": dict(), "lam": dict(low=0), "percentile": dict(low=0, high=100), "d_r": dict(low=1, integer=True),
-    "last_k": dict(low=1, integer=True),
+    "last_k": dict(low=1, integer=True), "final_retain_rows": dict(low=1, integer=True),
+    "prefix_cache_max_gib": dict(low=0),
 }
+_BOOLEAN_HPARAMS = ("prefix_cache",)
 _CHOICES = {"selection": ("variance", "random"), "input_norm": ("none", "rms"),
-            "lr_scheduler": ("linear", "cosine", "constant"), "mixed_precision": ("no", "fp16", "bf16")}
+            "lr_scheduler": ("linear", "cosine", "constant"), "mixed_precision": ("no", "fp16", "bf16"),
+            "prefix_cache_placement": ("auto", "cpu", "device")}  # cru.prefix.CACHE_PLACEMENTS
 
 
 def _validate_hparams(method: str, hparams: dict, where: str, source: str | None) -> dict:
@@ -326,6 +330,8 @@ def _validate_hparams(method: str, hparams: dict, where: str, source: str | None
             _fail(path, f"given twice (as {canon!r} and an alias)", source)
         if canon in _NUMERIC_HPARAMS:
             value = _number(value, path, source, **_NUMERIC_HPARAMS[canon])
+        if canon in _BOOLEAN_HPARAMS:
+            value = _boolean(value, path, source)
         if canon in _CHOICES and value not in _CHOICES[canon]:
             _fail(path, f"expected one of {', '.join(_CHOICES[canon])}, got {value!r}", source)
         resolved[canon] = value
