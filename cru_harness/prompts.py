@@ -132,6 +132,17 @@ def render_chat(tokenizer, messages: list[dict[str, str]], *, add_generation_pro
                                              date_string=(date or PINNED_DATE).strftime("%d %b %Y"))
 
 
+PROMPT_FORMATS = {"auto": None, "chat": True, "plain": False}  # the `chat` argument each CLI choice means
+
+
+def add_prompt_format_argument(parser, *, evaluated_with: str = "--apply_chat_template") -> None:
+    """`--prompt-format auto|chat|plain`, the same on every command that writes question/answer rows."""
+    parser.add_argument("--prompt-format", choices=tuple(PROMPT_FORMATS), default="auto",
+                        help="how question/answer rows are written (cru_harness.prompts), as the evaluation will "
+                             "show them. auto: the chat template when the tokenizer has one (evaluate with "
+                             f"{evaluated_with}); plain: Question:/Answer: (default: auto)")
+
+
 def uses_chat(tokenizer, chat: bool | None = None) -> bool:
     """Whether prompts use the chat template: `chat` if given, else whether the tokenizer has one."""
     if chat is None:

@@ -103,7 +103,7 @@ def test_cli_overwrites_when_asked(checkpoint, rows_file, tmp_path, capsys):
     (out / "old.txt").write_text("x")
     code = main(["finetune", "--model", str(checkpoint), "--data", str(rows_file), "--out", str(out),
                  "--overwrite", "--epochs", "1", "--batch-size", "4", "--micro-batch-size", "2", "--lr", "1e-3",
-                 "--chat-template", "off", "--device", "cpu", "--no-progress"])
+                 "--prompt-format", "plain", "--device", "cpu", "--no-progress"])
     assert code == 0 and "saved fine-tuned model" in capsys.readouterr().out
     assert not (out / "old.txt").exists() and (out / "config.json").exists()
     assert json.loads((out / "finetune_record.json").read_text())["chat_template"] is False

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from cru_harness.devices import add_device_arguments
+from cru_harness.prompts import PROMPT_FORMATS, add_prompt_format_argument
 
 
 def register(subparsers) -> None:
@@ -23,10 +24,7 @@ def register(subparsers) -> None:
     unlearn.add_argument("--overwrite", action="store_true",
                          help="replace an existing bundle (or other files) in --out")
     unlearn.add_argument("--data-dir", default=None, help="local TOFU/RWKU data root (default: env or the Hub)")
-    unlearn.add_argument("--prompt-format", choices=("auto", "chat", "plain"), default="auto",
-                         help="how question/answer rows are written (cru_harness.prompts): as the evaluation will "
-                              "show them. auto: the chat template when the tokenizer has one (evaluate with "
-                              "--apply_chat_template), plain: Question:/Answer: (default: auto)")
+    add_prompt_format_argument(unlearn)
     unlearn.add_argument("--blocks", default=None,
                          help="comma-separated block indices to gate (negative = from the end); overrides --last-k")
     unlearn.add_argument("--last-k", type=int, default=4, help="gate the last K decoder blocks (default 4)")
@@ -71,27 +69,28 @@ def _parse_blocks(spec: str | None) -> list[int] | None:
         raise ValueError(f"--blocks must be comma-separated integers, got {spec!r}") from None
 
 
-def _load_corpus(source: str, data_dir, what: str, tokenizer=None, chat: bool | None = None) -> list[str]:
+def _corpus_rows(source: str, data_dir, what: str) -> tuple[list[dict], str]:
+    """A corpus's rows, every row checked, before any model is loaded (a bad row costs no model load)."""
     from cru_harness.cli import CLIError
-    from cru_harness.data.corpora import load_corpus
+    from cru_harness.data.corpora import load_corpus_rows
     from cru_harness.data.sources import DataSourceError
 
     try:
-        texts = load_corpus(source, data_dir, tokenizer=tokenizer, chat=chat)
+        return load_corpus_rows(source, data_dir)
     except DataSourceError as err:
         raise CLIError(f"{what} corpus: {err}") from None
-    if not texts:
-        raise CLIError(f"{what} corpus {source} is empty")
-    return texts
 
 
 def run_unlearn(args: argparse.Namespace) -> int:
+    from cru_harness.data.corpora import rows_to_texts
     from cru_harness.devices import load_causal_lm
     from cru_harness.locations import check_model_path, check_output_dir
 
     # Everything that can be wrong with the inputs and the output is found before hours of training.
     check_output_dir(args.out, what="--out", overwrite=args.overwrite)
     check_model_path(args.base, what="--base")
+    forget_rows = _corpus_rows(args.forget, args.data_dir, "forget")
+    retain_rows = _corpus_rows(args.retain, args.data_dir, "retain")
 
     from .train import RouterTrainingConfig, train_routers
 
@@ -107,12 +106,12 @@ def run_unlearn(args: argparse.Namespace) -> int:
     except OSError as err:
         from cru_harness.cli import CLIError
         raise CLIError(f"cannot load base model {args.base!r}: {err}") from None
-    chat = {"auto": None, "chat": True, "plain": False}[getattr(args, "prompt_format", "auto")]
+    chat = PROMPT_FORMATS[args.prompt_format]
     if chat and not tokenizer.chat_template:
         from cru_harness.cli import CLIError
         raise CLIError(f"--prompt-format chat: the tokenizer of {args.base!r} has no chat template")
-    forget = _load_corpus(args.forget, args.data_dir, "forget", tokenizer, chat)
-    retain = _load_corpus(args.retain, args.data_dir, "retain", tokenizer, chat)
+    forget = rows_to_texts(*forget_rows, tokenizer=tokenizer, chat=chat)
+    retain = rows_to_texts(*retain_rows, tokenizer=tokenizer, chat=chat)
     model.eval()
     bundle = train_routers(model, tokenizer, forget, retain, config)
     bundle.config.base_model = str(args.base)
@@ -196,7 +195,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     lines.append(f"  files          : {MANIFEST_NAME} {_human_bytes((directory / MANIFEST_NAME).stat().st_size)}, "
                  f"{weights.name} "
                  + _human_bytes(weights.stat().st_size))
-    lines.append(f"  libraries      : " + ", ".join(f"{k} {v}" for k, v in
+    lines.append("  libraries      : " + ", ".join(f"{k} {v}" for k, v in
                                                      sorted(manifest.get("library_versions", {}).items())))
     if args.base:
         lines.append(f"  base check     : compatible with {args.base}")

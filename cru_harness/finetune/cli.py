@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ..devices import add_device_arguments
+from ..prompts import PROMPT_FORMATS, add_prompt_format_argument
 
 
 def register(subparsers) -> None:
@@ -29,8 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("--scheduler", choices=("linear", "cosine", "constant"), default="linear")
     p.add_argument("--max-length", type=int, default=512, help="tokens per example (default 512)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--chat-template", choices=("auto", "on", "off"), default="auto",
-                   help="auto: the model's chat template + system prompt when it has one (as evaluated)")
+    add_prompt_format_argument(p)
     add_device_arguments(p, dtype_help="float32; bfloat16 = bf16 weights and autocast; float16 = fp32 weights "
                                        "with fp16 autocast (default float32)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -38,7 +38,7 @@ def register(subparsers) -> None:
 
 
 def run_finetune(args: argparse.Namespace) -> int:
-    chat = {"auto": None, "on": True, "off": False}[args.chat_template]
+    chat = PROMPT_FORMATS[args.prompt_format]
     from accelerate.state import PartialState
 
     from .train import FinetuneConfig, finetune
