@@ -281,3 +281,20 @@ def test_demo_never_computes_into_the_committed_results(tmp_path, monkeypatch, c
     assert "holds the results to compare with" in capsys.readouterr().err
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in Path(reference).rglob("*") if p.is_file()}
     assert after == before
+
+
+def test_committed_demo_cells_come_from_a_committed_clean_tree():
+    """Every committed demo cell was computed by committed code (issue 13: no number in the README from a run
+    that cannot be re-run from the repository), and is a valid, finished cell."""
+    demo = Path(__file__).resolve().parents[1] / "results" / "demo"
+    store = CellStore(demo)
+    records = sorted((demo / "cells").glob("*/run_record.json"))
+    assert len(records) == 18
+    versions = set()
+    for path in records:
+        record = json.loads(path.read_text())
+        assert record["git"]["dirty"] is False, path
+        assert record["status"] == "ok", path
+        assert store.load_result(path.parent.name)["status"] == "ok", path
+        versions.add(record["code_version"])
+    assert len(versions) == 1  # one code version for the whole committed run
