@@ -59,6 +59,49 @@ def test_testbed_model_is_the_same_bytes_at_one_and_two_threads(tmp_path):
     assert one["name"] == two["name"]
 
 
+# The demo's TOFU CRU cell, cut to its first epoch (5 router steps): at 2 threads MKL splits the long token
+# dimension of the routers' weight-gradient GEMM across threads, which changed the bundle before
+# `reductions.thread_invariant_outer_sum` (and the gate sums' `thread_invariant_sum`).
+CRU_SCRIPT = """
+import hashlib, json
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from cru_harness.cru import RouterTrainingConfig, train_routers
+from cru_harness.data.corpora import load_corpus
+from cru_harness.runner.models import resolve_data_dir, resolve_model_path
+path = resolve_model_path("zoo:llama:finetuned")
+model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+tokenizer = AutoTokenizer.from_pretrained(path)
+world = resolve_data_dir("testbed:world")
+forget, retain = (load_corpus(split, world, tokenizer=tokenizer, chat=False, preset="open-unlearning")
+                  for split in ("forget10", "retain90"))
+config = RouterTrainingConfig(lam=1, percentile=95, d_r=32, lr=1e-2, epochs=1, input_norm="rms", progress=False)
+bundle = train_routers(model, tokenizer, forget, retain, config)
+weights = b"".join(t.numpy().tobytes() for _, t in sorted(bundle.state_dict().items()))
+print(json.dumps({"weights": hashlib.sha256(weights).hexdigest(), "threads": torch.get_num_threads(),
+                  "metrics": bundle.config.metrics}))
+"""
+
+
+@pytest.mark.slow
+def test_cru_router_training_is_the_same_bits_at_one_and_two_threads(tmp_path):
+    """The CRU bundle (router weights, gate means) of one training at 1 and at 2 torch/OpenMP threads."""
+    from cru_harness.runner.models import resolve_model_path
+
+    resolve_model_path("zoo:llama:finetuned")  # built (or found) here, so both runs only train
+    outputs = []
+    for threads in (1, 2):
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        done = subprocess.run([sys.executable, "-c", CRU_SCRIPT], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    one, two = outputs
+    assert (one["threads"], two["threads"]) == (1, 2)
+    assert one["weights"] == two["weights"]
+    assert one["metrics"] == two["metrics"]
+
+
 def test_testbed_cache_entry_is_keyed_on_the_code_that_builds_it(monkeypatch):
     from cru_harness.testbed import zoo
 
@@ -225,6 +268,24 @@ def test_exact_means_exact_on_cpu_and_a_stated_tolerance_on_gpu(tmp_path):
     assert gpu.reproduced and "per-metric tolerances: GPU" in gpu.verdict
     assert tolerance_for("forget_truth_ratio", "cpu") is EXACT
     assert 0 < tolerance_for("forget_truth_ratio", "cuda").absolute < tolerance_for("forget_rouge_l", "cuda").absolute
+
+
+def _set_threads(run_dir, threads):
+    for path in Path(run_dir).glob("cells/*/run_record.json"):
+        path.write_text(json.dumps({**json.loads(path.read_text()), "torch_threads": threads}))
+
+
+@pytest.mark.parametrize("threads, notice", [((1, 2), False), ((2, 2), False), ((2, 4), True)])
+def test_thread_counts_are_shown_and_unmeasured_ones_named(tmp_path, threads, notice):
+    reference = make_run(tmp_path, "ref", METRICS)
+    run = make_run(tmp_path, "run", METRICS)
+    _set_threads(reference, threads[0])
+    _set_threads(run, threads[1])
+    write_reproduction(run, reference, log=lambda *_: None)
+    text = (Path(run) / "reproduction.md").read_text()
+    assert f"- torch threads, reference: {threads[0]}" in text
+    assert f"- torch threads, this run: {threads[1]}" in text
+    assert ("exactness is measured at 1 and 2 threads" in text) is notice
 
 
 def test_null_against_a_number_differs(tmp_path):

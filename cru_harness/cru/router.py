@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
+
+from ..reductions import thread_invariant_outer_sum
 
 INPUT_NORMS = ("none", "rms")
 
@@ -30,7 +33,33 @@ class Router(nn.Module):
         hidden = hidden.float()
         if self.input_norm == "rms":
             hidden = hidden * torch.rsqrt(hidden.pow(2).mean(dim=-1, keepdim=True) + 1e-6)
-        return torch.sigmoid(self.w2(torch.relu(self.w1(hidden))))
+        return torch.sigmoid(_linear(torch.relu(_linear(hidden, self.w1)), self.w2))
 
     def extra_repr(self) -> str:
         return f"d={self.hidden_size}, d_r={self.d_r}, n_selected={self.n_selected}, input_norm={self.input_norm}"
+
+
+class _CPULinear(torch.autograd.Function):
+    """`F.linear` whose weight gradient has the same bits at any CPU thread count (see
+    `reductions.thread_invariant_outer_sum`): CRU bundles trained on CPU must not depend on the thread setting."""
+
+    @staticmethod
+    def forward(ctx, inputs, weight, bias):
+        ctx.save_for_backward(inputs, weight)
+        return F.linear(inputs, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        inputs, weight = ctx.saved_tensors
+        grad_input = grad @ weight if ctx.needs_input_grad[0] else None
+        flat_grad = grad.reshape(-1, grad.shape[-1])
+        grad_weight = (thread_invariant_outer_sum(flat_grad, inputs.reshape(-1, inputs.shape[-1]))
+                       if ctx.needs_input_grad[1] else None)
+        grad_bias = flat_grad.sum(dim=0) if ctx.needs_input_grad[2] else None
+        return grad_input, grad_weight, grad_bias
+
+
+def _linear(inputs: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    if inputs.device.type == "cpu" and torch.is_grad_enabled() and layer.weight.requires_grad:
+        return _CPULinear.apply(inputs, layer.weight, layer.bias)
+    return layer(inputs)

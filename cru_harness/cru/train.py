@@ -22,6 +22,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..context import fit_to_context
+from ..reductions import thread_invariant_sum
 from .attach import attach_bundles
 from .blocks import find_decoder_blocks, run_until
 from .bundle import BundleConfig, RouterBundle, base_fingerprint
@@ -97,7 +98,7 @@ class GateRecorder:
 
     def __call__(self, block: int, _bundle, gates: torch.Tensor) -> None:
         mask = self.mask.to(gates.device, torch.float32).unsqueeze(-1)
-        self.sums[block] = (gates * mask).sum()
+        self.sums[block] = thread_invariant_sum(gates * mask)
         self.counts[block] = float(mask.sum()) * gates.shape[-1]
 
     def block_means(self) -> dict[int, torch.Tensor]:

@@ -6,10 +6,13 @@ config: the same cell in every run of a config) and compares every number of eac
 `reproduction.json`) beside the run and returns the comparison, whose `verdict` is one line.
 
 Tolerances (`tolerance_for`): on CPU every number is compared exactly. The CPU computation is deterministic:
-float32, seeded initialisation, data order and lm-eval, testbed models that are the same bytes at any thread
-count (tests/test_reproducibility.py), deterministically trained tokenizers, the chat template's date pinned;
-and JSON keeps a float's every bit. So the same code, models, data and library versions give the same numbers,
-and any difference is a finding. On a GPU, cuBLAS reductions and atomic adds in backward passes are not
+float32, seeded initialisation, data order and lm-eval, deterministically trained tokenizers, the chat template's
+date pinned; and JSON keeps a float's every bit. Testbed models and CRU bundles are the same bits at 1 and 2
+threads (tests/test_reproducibility.py; CRU's sums and router weight gradients go through
+`cru_harness.reductions`). Other thread counts can change MKL's GEMM blocking and so the last bits of any CPU
+result (measured: CRU router gradients at 3 threads); the report shows both runs' thread counts and says so when
+they differ outside 1-2. So the same code, models, data, library versions and thread class give the same
+numbers, and any difference is a finding. On a GPU, cuBLAS reductions and atomic adds in backward passes are not
 bitwise reproducible and the differences grow through training, so GPU cells get a tolerance per metric
 (`GPU_TOLERANCES`; an estimate, not measured in this project: the CI and the demo run on CPU).
 
@@ -42,8 +45,11 @@ class Tolerance:
         return abs(reference - value) <= self.absolute
 
 
-EXACT = Tolerance(0.0, "deterministic on CPU (seeded float32 training and evaluation, testbed models byte-identical "
-                       "at any thread count); JSON keeps every bit")
+EXACT = Tolerance(0.0, "deterministic on CPU (seeded float32 training and evaluation; testbed models and CRU bundles "
+                       "the same bits at 1 and 2 threads); JSON keeps every bit")
+# Thread counts at which exactness is measured (tests/test_reproducibility.py). Elsewhere MKL may block GEMMs
+# differently and change the last bits.
+MEASURED_THREADS = (1, 2)
 # metric name pattern -> tolerance on a GPU (first match wins). Greedy-decoded text metrics move in steps of one
 # answer out of N, so they get the widest band; probabilities and truth ratios move continuously.
 GPU_TOLERANCES: tuple[tuple[str, Tolerance], ...] = (
@@ -111,6 +117,7 @@ class CellComparison:
     inputs_differ: list[str] = field(default_factory=list)   # code_version, models, data, libraries
     reference_dirty: bool = False
     device: str | None = None
+    threads: tuple = (None, None)   # torch threads of the reference's and the run's cell
 
 
 @dataclass
@@ -201,7 +208,9 @@ def compare_cell(cell_hash: str, reference: dict, ref_record: dict | None, resul
     run record, the reference's code version is compared with `run_code_version` (the run's code)."""
     device = _device(record) or _device(ref_record)
     comparison = CellComparison(hash=cell_hash, cell=_describe(reference), status="match", device=device,
-                                reference_dirty=bool(((ref_record or {}).get("git") or {}).get("dirty")))
+                                reference_dirty=bool(((ref_record or {}).get("git") or {}).get("dirty")),
+                                threads=((ref_record or {}).get("torch_threads"),
+                                         (record or {}).get("torch_threads")))
     saved_ref = saved_inputs(ref_record)
     saved_run = saved_inputs(record) if record is not None else (
         {"code_version": run_code_version} if run_code_version else {})
@@ -292,6 +301,15 @@ def comparison_markdown(comparison: Comparison) -> str:
                      f"({same})")
     if comparison.selections:
         lines.append("")
+    for side, name in ((0, "reference"), (1, "this run")):
+        counts = sorted({c.threads[side] for c in comparison.cells if c.threads[side] is not None})
+        lines.append(f"- torch threads, {name}: {', '.join(map(str, counts)) or 'not recorded'}")
+    counts = {c.threads[side] for c in comparison.cells for side in (0, 1) if c.threads[side] is not None}
+    if len(counts) > 1 and not counts <= set(MEASURED_THREADS):
+        lines.append(f"- **the runs used different thread counts ({', '.join(map(str, sorted(counts)))})**: exactness "
+                     f"is measured at {' and '.join(map(str, MEASURED_THREADS))} threads; at other counts MKL may "
+                     "block matrix products differently, which changes the last bits of CPU results")
+    lines.append("")
     devices = sorted({c.device or "cpu" for c in comparison.cells})
     lines += ["## Tolerances", "", "| numbers | device | tolerance (absolute) | why |", "|---|---|---|---|"]
     for device in devices:
