@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-INPUT_NORMS = ("none", "rms")
+INPUT_NORMS = ("none", "rms", "rms_learned")
 
 
 class Router(nn.Module):
@@ -12,7 +12,9 @@ class Router(nn.Module):
 
     `input_norm="rms"` feeds the router `h / rms(h)` (parameter-free): the residual stream of real models has
     huge outlier coordinates, and normalising made training insensitive to the learning rate in our
-    observations. `"none"` is the paper's formulation. Math is always float32, whatever the model's dtype.
+    observations. `"rms_learned"` is the same with a learned per-dimension scale (`norm_scale`, initialised to 1,
+    a router parameter: saved in the bundle and counted). `"none"` is the paper's formulation. Math is always
+    float32, whatever the model's dtype.
     """
 
     def __init__(self, hidden_size: int, n_selected: int, d_r: int, *, input_norm: str = "none"):
@@ -25,11 +27,15 @@ class Router(nn.Module):
         self.hidden_size, self.n_selected, self.d_r, self.input_norm = hidden_size, n_selected, d_r, input_norm
         self.w1 = nn.Linear(hidden_size, d_r, dtype=torch.float32)   # W1: d_r x d, b1
         self.w2 = nn.Linear(d_r, n_selected, dtype=torch.float32)    # W2: |C_l| x d_r, b2
+        if input_norm == "rms_learned":  # created after W1/W2 and without the RNG: their seeded init is unchanged
+            self.norm_scale = nn.Parameter(torch.ones(hidden_size, dtype=torch.float32))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = hidden.float()
-        if self.input_norm == "rms":
+        if self.input_norm in ("rms", "rms_learned"):
             hidden = hidden * torch.rsqrt(hidden.pow(2).mean(dim=-1, keepdim=True) + 1e-6)
+        if self.input_norm == "rms_learned":
+            hidden = hidden * self.norm_scale
         return torch.sigmoid(self.w2(torch.relu(self.w1(hidden))))
 
     def extra_repr(self) -> str:
