@@ -311,3 +311,15 @@ def test_unlearn_flags_and_inspect(llama, tokenizer, tmp_path, capsys):
     assert "excluded       : top 2.0% by mean |activation| (6: 6, 7: 6)" in text
     assert main(args[:-4] + ["--exclude-top-magnitude", "100", "--overwrite"]) == 2
     assert "exclude_top_magnitude must be a percentage in [0, 100)" in capsys.readouterr().err
+
+
+def test_runner_accepts_every_value_the_library_does(tmp_path):
+    """The runner's static choice lists (kept torch-free) accept each value the library knows."""
+    from cru_harness.cru import GATE_SITES, INPUT_NORMS, LOSS_SHAPES
+
+    for key, values in (("input_norm", INPUT_NORMS), ("gate_site", GATE_SITES), ("suppress_loss", LOSS_SHAPES),
+                        ("pass_loss", LOSS_SHAPES)):
+        for value in values:
+            raw = {"name": "t", "output_dir": str(tmp_path), "models": [{"name": "m", "path": "zoo:llama"}],
+                   "benchmarks": {"tofu": {"splits": ["forget01"]}}, "methods": [{"method": "CRU", key: value}]}
+            assert cfg.validate_config(raw).methods[0].hparams == {key: value}

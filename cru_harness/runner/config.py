@@ -303,7 +303,7 @@ _NUMERIC_HPARAMS = {
     "prefix_cache_max_gib": dict(low=0), "exclude_top_magnitude": dict(low=0, high=100, below_high=True),
 }
 _BOOLEAN_HPARAMS = ("prefix_cache",)
-# cru.localize.SELECTIONS, cru.router.INPUT_NORMS, cru.losses.LOSS_SHAPES, cru.sites.GATE_SITES (a test checks)
+# cru.localize.SELECTIONS, cru.router.INPUT_NORMS, cru.losses.LOSS_SHAPES, cru.sites.GATE_SITES (tests check)
 _CHOICES = {"selection": ("variance", "random"), "input_norm": ("none", "rms", "rms_learned"),
             "suppress_loss": ("linear", "quadratic"), "pass_loss": ("linear", "quadratic"),
             "gate_site": ("residual", "mlp"),
