@@ -190,9 +190,13 @@ class BundleConfig:
         if not isinstance(excluded, dict):
             raise BundleFileError(f"{source}: excluded must be an object {{block: [indices]}}, got {excluded!r}")
         try:
-            kwargs["excluded"] = {int(block): [int(i) for i in indices] for block, indices in excluded.items()}
+            kwargs["excluded"] = {int(block): list(indices) for block, indices in excluded.items()}
         except (TypeError, ValueError):
             raise BundleFileError(f"{source}: excluded must map block indices to lists of indices") from None
+        for block, indices in kwargs["excluded"].items():
+            for index in indices:
+                _index_in_range(index, width, "excluded index", f"{where} is {width}", source,
+                                owner=f" of block {block}")
         kwargs["block_indices"] = list(blocks)
         return cls(**kwargs)
 

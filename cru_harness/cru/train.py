@@ -5,8 +5,8 @@
 (the paper's loss shapes; `losses.py` has the others) with the means taken jointly over the selected coordinates
 and the non-padding positions. The base is frozen (no parameter of it requires grad, the optimizer only holds
 router parameters) and the forward stops after the last gated block, so the LM head never runs while routers
-train. The blocks below the first gated one do not
-depend on the routers: their output is computed once per example and reused at every step (`prefix.py`).
+train. The blocks below the first gated one do not depend on the routers: their output is computed once per
+example and reused at every step (`prefix.py`).
 
 Public pieces: `RouterTrainer` (the step, the schedule, the final measurement), `GateRecorder` (the gate
 observer), `cru_loss`, `router_schedule`, `new_bundle`, and `train_routers` (all of it, from texts).
