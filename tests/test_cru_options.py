@@ -323,3 +323,20 @@ def test_runner_accepts_every_value_the_library_does(tmp_path):
             raw = {"name": "t", "output_dir": str(tmp_path), "models": [{"name": "m", "path": "zoo:llama"}],
                    "benchmarks": {"tofu": {"splits": ["forget01"]}}, "methods": [{"method": "CRU", key: value}]}
             assert cfg.validate_config(raw).methods[0].hparams == {key: value}
+
+
+@pytest.mark.parametrize("suppress, keep", [("linear", "quadratic"), ("quadratic", "quadratic"),
+                                            ("linear", "linear"), ("quadratic", "linear")])
+def test_collapsed_gate_minimises_the_tied_loss(suppress, keep):
+    """The null line of the gate plots: the grid minimiser of cru_loss with one gate value on both corpora."""
+    from cru_harness.cru.losses import collapsed_gate
+
+    grid = torch.linspace(0, 1, 2001, dtype=torch.float64)
+    for lam in (0.3, 0.5, 1.0, 1.7, 10.0, 100.0):
+        losses = torch.stack([cru_loss({0: w}, {0: w}, lam, suppress_loss=suppress, pass_loss=keep) for w in grid])
+        value = collapsed_gate(lam, suppress_loss=suppress, pass_loss=keep)
+        if (suppress, keep, lam) == ("linear", "linear", 1.0):
+            assert math.isnan(value) and torch.allclose(losses, losses[0])
+            continue
+        assert value == pytest.approx(grid[int(torch.argmin(losses))].item(), abs=1e-3), lam
+    assert collapsed_gate(1.0) == 0.5  # the paper's 1 - 1/(2 lambda) at lambda = 1

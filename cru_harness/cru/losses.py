@@ -36,3 +36,22 @@ def cru_loss(forget_means: dict[int, torch.Tensor], retain_means: dict[int, torc
     else:
         keep = torch.stack([1.0 - m.to(device) for m in retain_means.values()]).mean()
     return suppress + lam * keep
+
+
+def collapsed_gate(lam: float, *, suppress_loss: str = "linear", pass_loss: str = "quadratic") -> float:
+    """The gate a router that cannot tell the corpora apart settles at: the minimiser over [0, 1] of
+    f(w) + lam * r(w) (paper, Propositions on the tied gate and on the loss shapes). NaN where every w is optimal
+    (both terms linear at lam = 1). The line the lambda and loss-shape studies draw on their gate plots."""
+    validate_loss_shape("suppress_loss", suppress_loss)
+    validate_loss_shape("pass_loss", pass_loss)
+    if not lam >= 0:
+        raise ValueError(f"lam must be non-negative, got {lam!r}")
+    if (suppress_loss, pass_loss) == ("linear", "linear"):  # (1 - lam) w + lam: affine, an end of the box
+        return float("nan") if lam == 1 else (0.0 if lam < 1 else 1.0)
+    if (suppress_loss, pass_loss) == ("linear", "quadratic"):
+        unclipped = 1.0 - 1.0 / (2.0 * lam) if lam > 0 else float("-inf")
+    elif (suppress_loss, pass_loss) == ("quadratic", "quadratic"):
+        unclipped = lam / (1.0 + lam)
+    else:  # quadratic forget, linear retain
+        unclipped = lam / 2.0
+    return min(max(unclipped, 0.0), 1.0)
