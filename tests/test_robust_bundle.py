@@ -114,7 +114,7 @@ def test_weights_file_must_be_a_plain_name_inside_the_bundle(setup, tmp_path, ca
     (lambda d: edit_manifest(d, neurons={"6": [0, 5, 63]}), "neuron indices are given for blocks [6]"),
     (lambda d: edit_manifest(d, neurons={"6": [0, 5], "7": [1, 2]}), "has shape (3, 4), the manifest implies (2, 4)"),
     (lambda d: edit_manifest(d, d_r=0), "d_r must be a positive integer"),
-    (lambda d: edit_manifest(d, input_norm="layer"), "input_norm must be one of none, rms, got 'layer'"),
+    (lambda d: edit_manifest(d, input_norm="layer"), "input_norm must be one of none, rms, rms_learned, got 'layer'"),
     (lambda d: edit_manifest(d, fingerprint="llama"), "fingerprint must be an object"),
     (lambda d: edit_manifest(d, seed=None) or _drop(d, "lam"), "missing field(s) lam"),
 ])

@@ -17,15 +17,18 @@ from .bundle import (
 )
 from .localize import BlockComparison, Localization, compare_localizations, localize
 from .prefix import PrefixCacheError
-from .router import Router
+from .losses import LOSS_SHAPES, collapsed_gate
+from .router import INPUT_NORMS, Router
+from .sites import GATE_SITES, GateSiteError
 from .train import (GateRecorder, RouterTrainer, RouterTrainingConfig, StepResult, cru_loss, measure_gate_means,
                     router_schedule, train_routers)
 
 __all__ = [
-    "BlockComparison", "BundleConfig", "BundleError", "BundleFileError", "DecoderBlocksNotFoundError",
+    "GATE_SITES", "INPUT_NORMS", "LOSS_SHAPES", "GateSiteError", "BlockComparison", "BundleConfig", "BundleError",
+    "BundleFileError", "DecoderBlocksNotFoundError",
     "FingerprintMismatchError", "GateRecorder", "HiddenSizeMismatchError", "IncompatibleBaseError",
     "LayerCountMismatchError", "Localization", "PrefixCacheError", "RoutedModel", "Router", "RouterBundle",
     "RouterTrainer", "RouterTrainingConfig", "RoutingHandle", "StepResult", "UnsupportedFormatError",
-    "WeightShapeError", "attach_bundles", "base_fingerprint", "compare_localizations", "cru_loss",
+    "WeightShapeError", "attach_bundles", "base_fingerprint", "collapsed_gate", "compare_localizations", "cru_loss",
     "find_decoder_blocks", "localize", "measure_gate_means", "routed", "router_schedule", "train_routers",
 ]

@@ -3,7 +3,9 @@
 The base is never copied or modified: gating happens in a forward hook on each gated block, which replaces the
 block's output by `h'` (selected coordinates multiplied by their gates). One hook per block serves every
 attached bundle, so each router reads the *ungated* `h_l` of its block and the gates of several bundles on the
-same coordinate multiply. Removing the last bundle removes the hook, so the model is exactly the base again.
+same coordinate multiply. A bundle with `gate_site="mlp"` gates the input of the block's MLP down projection
+instead (a pre-hook there), its routers reading the block's input (`sites.py`). Removing the last bundle removes
+the hooks, so the model is exactly the base again.
 """
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ import torch
 from torch import nn
 
 from .blocks import block_device, block_output_tensor, find_decoder_blocks, replace_block_output
-from .bundle import RouterBundle
+from .bundle import IncompatibleBaseError, RouterBundle
 from .router import Router
+from .sites import mlp_down_projection, mlp_width
 
 # A callback (block index, bundle, gates (B, T, |C|) float32 with grad) -> None, used by router training.
 GateObserver = Callable[[int, RouterBundle, torch.Tensor], None]
@@ -31,49 +34,92 @@ class _Entry:
     observer: GateObserver | None
 
 
+def _gates(index: int, entry: _Entry, router_input: torch.Tensor) -> torch.Tensor:
+    router = entry.router
+    if router.w1.weight.device != router_input.device:  # e.g. device_map offloading moved the block after attach
+        router.to(router_input.device)
+    gates = router(router_input)
+    if entry.observer is not None:
+        entry.observer(index, entry.bundle, gates)
+    return gates
+
+
+def _gated(index: int, entries: list[_Entry], router_input: torch.Tensor, site: torch.Tensor) -> torch.Tensor:
+    """`site` with its selected coordinates multiplied by the gates every entry's router computes from
+    `router_input` (detached: routers read an ungated input; no gradient into the base through them)."""
+    if len(entries) == 1:
+        entry = entries[0]
+        gate_product, neurons = _gates(index, entry, router_input), entry.neurons.to(site.device)
+    else:
+        # Several bundles: combine gates per coordinate (float32 product) over the union of coordinates.
+        full = torch.ones(*site.shape[:-1], site.shape[-1], dtype=torch.float32, device=site.device)
+        for entry in entries:
+            neurons_e = entry.neurons.to(site.device)
+            full[..., neurons_e] = full[..., neurons_e] * _gates(index, entry, router_input).to(site.device)
+        neurons = torch.unique(torch.cat([e.neurons.to(site.device) for e in entries]))
+        gate_product = full[..., neurons]
+    # The gate applied to the flowing stream is detached: routers learn only from the gate-value loss, and
+    # a graph through the later (frozen) blocks would cost memory for nothing.
+    gated = site.clone()
+    gated[..., neurons] = site[..., neurons] * gate_product.detach().to(site.device, site.dtype)  # model dtype
+    return gated
+
+
 class _BlockGating:
-    """The single forward hook of one block, applying every attached router of that block."""
+    """Gate site "residual" (the paper): the single forward hook of one block, applying every attached router
+    of that block to the block's output; routers read that output ungated."""
 
     def __init__(self, block: nn.Module, index: int):
         self.index = index
         self.entries: list[_Entry] = []
-        self.handle = block.register_forward_hook(self)
+        self.handles = [block.register_forward_hook(self)]
 
     def __call__(self, _module, _args, output):
         if not self.entries:
             return output
         hidden = block_output_tensor(output)
-        ungated = hidden.detach()  # routers read the ungated h_l; no gradient into the base through them
-        if len(self.entries) == 1:
-            entry = self.entries[0]
-            gate_product, neurons = self._gates(entry, ungated), entry.neurons.to(hidden.device)
-        else:
-            # Several bundles: combine gates per coordinate (float32 product) over the union of coordinates.
-            full = torch.ones(*hidden.shape[:-1], hidden.shape[-1], dtype=torch.float32, device=hidden.device)
-            for entry in self.entries:
-                neurons_e = entry.neurons.to(hidden.device)
-                full[..., neurons_e] = full[..., neurons_e] * self._gates(entry, ungated)
-            neurons = torch.unique(torch.cat([e.neurons.to(hidden.device) for e in self.entries]))
-            gate_product = full[..., neurons]
-        # The gate applied to the flowing stream is detached: routers learn only from the gate-value loss, and
-        # a graph through the later (frozen) blocks would cost memory for nothing.
-        gated = hidden.clone()
-        gated[..., neurons] = hidden[..., neurons] * gate_product.detach().to(hidden.dtype)  # model dtype
-        return replace_block_output(output, gated)
+        return replace_block_output(output, _gated(self.index, self.entries, hidden.detach(), hidden))
 
-    def _gates(self, entry: _Entry, ungated: torch.Tensor) -> torch.Tensor:
-        router = entry.router
-        weight = router.w1.weight
-        if weight.device != ungated.device:  # e.g. device_map offloading moved the block after attach
-            router.to(ungated.device)
-        gates = router(ungated)
-        if entry.observer is not None:
-            entry.observer(self.index, entry.bundle, gates)
-        return gates
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
 
 
-# block module -> its gating hook; weak so a deleted model does not stay alive through this table.
-_GATINGS: "weakref.WeakKeyDictionary[nn.Module, _BlockGating]" = weakref.WeakKeyDictionary()
+class _MLPGating:
+    """Gate site "mlp": a pre-hook on the block keeps its input (the residual stream entering it, which the
+    routers read), and a pre-hook on the MLP's down projection gates the selected neurons of its input."""
+
+    def __init__(self, block: nn.Module, down_proj: nn.Module, index: int):
+        self.index = index
+        self.entries: list[_Entry] = []
+        self._router_input: torch.Tensor | None = None
+        self.handles = [block.register_forward_pre_hook(self._keep_input, with_kwargs=True),
+                        down_proj.register_forward_pre_hook(self._gate)]
+
+    def _keep_input(self, _module, args, kwargs):
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        self._router_input = hidden.detach() if isinstance(hidden, torch.Tensor) else None
+        return None
+
+    def _gate(self, _module, args):
+        router_input, self._router_input = self._router_input, None  # used once, not kept alive
+        if not self.entries or not args:
+            return None
+        if router_input is None:
+            raise RuntimeError(f"block {self.index}: the MLP ran without the block's input being seen; "
+                               "gate_site=mlp needs the down projection to run inside its decoder block")
+        site = args[0]
+        return (_gated(self.index, self.entries, router_input.to(site.device), site), *args[1:])
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self._router_input = None
+
+
+# hooked module (the block for "residual", its MLP down projection for "mlp") -> its gating; weak so a deleted
+# model does not stay alive through this table.
+_GATINGS: "weakref.WeakKeyDictionary[nn.Module, _BlockGating | _MLPGating]" = weakref.WeakKeyDictionary()
 
 
 class RoutingHandle:
@@ -93,8 +139,8 @@ class RoutingHandle:
             if gating is None:
                 continue
             gating.entries = [e for e in gating.entries if e is not entry]
-            if not gating.entries:  # no router left: drop the hook so the block is exactly the base again
-                gating.handle.remove()
+            if not gating.entries:  # no router left: drop the hooks so the block is exactly the base again
+                gating.remove()
                 del _GATINGS[block]
         self._entries = []
 
@@ -120,18 +166,28 @@ def attach_bundles(model: nn.Module, bundles: RouterBundle | Iterable[RouterBund
     _, blocks = find_decoder_blocks(model)
     attached: list[tuple[nn.Module, _Entry]] = []
     for bundle in bundles:
+        site = bundle.config.gate_site
         for index in bundle.block_indices:
             block = blocks[index]
+            key = block if site == "residual" else mlp_down_projection(block, index)
+            if site == "mlp":
+                width = mlp_width(key)
+                expected = bundle.config.site_width
+                if expected is not None and width != expected:
+                    raise IncompatibleBaseError(
+                        f"bundle gates {expected} MLP neurons per block, block {index} of the model has {width} "
+                        f"(base of the bundle: {bundle.config.base_model})")
             device = block_device(block)
             router = bundle.router(index)
             if device is not None:
                 router.to(device=device, dtype=torch.float32)
-            gating = _GATINGS.get(block)
+            gating = _GATINGS.get(key)
             if gating is None:
-                gating = _GATINGS[block] = _BlockGating(block, index)
+                gating = _GATINGS[key] = (_BlockGating(block, index) if site == "residual"
+                                          else _MLPGating(block, key, index))
             entry = _Entry(bundle, router, bundle.neuron_indices(index).to(device or "cpu"), observer)
             gating.entries.append(entry)
-            attached.append((block, entry))
+            attached.append((key, entry))
     return RoutingHandle(model, attached)
 
 

@@ -18,7 +18,9 @@ from torch import nn
 
 from ..errors import UserError
 from . import blocks as _blocks
+from .losses import LOSS_SHAPES
 from .router import INPUT_NORMS, Router
+from .sites import GATE_SITES
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "cru_bundle.json"
@@ -95,6 +97,13 @@ class BundleConfig:
     seed: int
     selection: str = "variance"
     input_norm: str = "none"
+    # Options beyond the paper (`RouterTrainingConfig`); a manifest without them is a paper-setting bundle.
+    suppress_loss: str = "linear"
+    pass_loss: str = "quadratic"
+    exclude_top_magnitude: float = 0.0
+    gate_site: str = "residual"
+    site_width: int | None = None      # coordinates per block at gate_site (None: the hidden size)
+    excluded: dict[int, list[int]] = field(default_factory=dict)  # per block: coordinates kept out of selection
     training_data: dict = field(default_factory=dict)
     training: dict = field(default_factory=dict)     # lr, epochs, batch size, max length, steps
     metrics: dict = field(default_factory=dict)      # final forget/retain gate means, loss
@@ -106,6 +115,7 @@ class BundleConfig:
     def to_json(self) -> str:
         data = asdict(self)
         data["neurons"] = {str(block): list(map(int, idx)) for block, idx in sorted(self.neurons.items())}
+        data["excluded"] = {str(block): list(map(int, idx)) for block, idx in sorted(self.excluded.items())}
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     @classmethod
@@ -131,6 +141,22 @@ class BundleConfig:
         input_norm = data.get("input_norm", "none")
         if input_norm not in INPUT_NORMS:
             raise BundleFileError(f"{source}: input_norm must be one of {', '.join(INPUT_NORMS)}, got {input_norm!r}")
+        for name, choices in (("suppress_loss", LOSS_SHAPES), ("pass_loss", LOSS_SHAPES), ("gate_site", GATE_SITES)):
+            if name in data and data[name] not in choices:
+                raise BundleFileError(f"{source}: {name} must be one of {', '.join(choices)}, got {data[name]!r}")
+        exclude = data.get("exclude_top_magnitude", 0.0)
+        if isinstance(exclude, bool) or not isinstance(exclude, (int, float)) or not 0 <= exclude < 100:
+            raise BundleFileError(f"{source}: exclude_top_magnitude must be a percentage in [0, 100), "
+                                  f"got {exclude!r}")
+        width = hidden
+        if data.get("gate_site") == "mlp" and data.get("site_width") is None:
+            raise BundleFileError(f"{source}: a gate_site=mlp bundle must record site_width (MLP neurons per block)")
+        if data.get("site_width") is not None:
+            width = _positive_int(data["site_width"], "site_width", source)
+            if data.get("gate_site", "residual") == "residual" and width != hidden:
+                raise BundleFileError(f"{source}: site_width {width} differs from the hidden size {hidden} of a "
+                                      "residual-stream bundle")
+        where = "the base's hidden size" if data.get("gate_site", "residual") == "residual" else "site_width"
         blocks = data["block_indices"]
         if not isinstance(blocks, list) or not blocks:
             raise BundleFileError(f"{source}: block_indices must be a non-empty list, got {blocks!r}")
@@ -150,7 +176,7 @@ class BundleConfig:
             if not isinstance(indices, list) or not indices:
                 raise BundleFileError(f"{source}: neurons[{key}] must be a non-empty list of indices")
             for index in indices:
-                _index_in_range(index, hidden, "neuron index", f"the base's hidden size is {hidden}", source,
+                _index_in_range(index, width, "neuron index", f"{where} is {width}", source,
                                 owner=f" of block {key}")
             if len(set(indices)) != len(indices):
                 raise BundleFileError(f"{source}: neurons[{key}] repeats an index")
@@ -160,6 +186,17 @@ class BundleConfig:
                                   f"bundle gates blocks {blocks}")
         kwargs = {k: v for k, v in data.items() if k in known}
         kwargs["neurons"] = neurons
+        excluded = data.get("excluded") or {}
+        if not isinstance(excluded, dict):
+            raise BundleFileError(f"{source}: excluded must be an object {{block: [indices]}}, got {excluded!r}")
+        try:
+            kwargs["excluded"] = {int(block): list(indices) for block, indices in excluded.items()}
+        except (TypeError, ValueError):
+            raise BundleFileError(f"{source}: excluded must map block indices to lists of indices") from None
+        for block, indices in kwargs["excluded"].items():
+            for index in indices:
+                _index_in_range(index, width, "excluded index", f"{where} is {width}", source,
+                                owner=f" of block {block}")
         kwargs["block_indices"] = list(blocks)
         return cls(**kwargs)
 
@@ -292,6 +329,8 @@ class RouterBundle(nn.Module):
             n_selected = len(config.neurons[block])
             expected = {"w1.weight": (config.d_r, hidden), "w1.bias": (config.d_r,),
                         "w2.weight": (n_selected, config.d_r), "w2.bias": (n_selected,)}
+            if config.input_norm == "rms_learned":
+                expected["norm_scale"] = (hidden,)
             state = {}
             for name, shape in expected.items():
                 key = f"block_{block}.{name}"
@@ -304,8 +343,9 @@ class RouterBundle(nn.Module):
             router = Router(hidden, n_selected, config.d_r, input_norm=config.input_norm)
             router.load_state_dict(state)
             routers[block] = router
-        expected_keys = {f"block_{b}.{n}" for b in config.block_indices for n in ("w1.weight", "w1.bias",
-                                                                                 "w2.weight", "w2.bias")}
+        names = ("w1.weight", "w1.bias", "w2.weight", "w2.bias")
+        names += ("norm_scale",) if config.input_norm == "rms_learned" else ()
+        expected_keys = {f"block_{b}.{n}" for b in config.block_indices for n in names}
         extra = sorted(set(tensors) - expected_keys)
         if extra:
             raise WeightShapeError(f"{path}: unexpected tensors {', '.join(extra[:5])} "

@@ -37,8 +37,20 @@ def register(subparsers) -> None:
     unlearn.add_argument("--batch-size", type=int, default=8)
     unlearn.add_argument("--max-length", type=int, default=256)
     unlearn.add_argument("--seed", type=int, default=0)
-    unlearn.add_argument("--input-norm", choices=("none", "rms"), default="none",
-                         help="router input normalisation (default none, as in the paper)")
+    unlearn.add_argument("--input-norm", choices=("none", "rms", "rms_learned"), default="none",
+                         help="router input normalisation: none (the paper, default), rms (h / rms(h)), "
+                              "rms_learned (rms with a learned per-dimension scale)")
+    options = unlearn.add_argument_group("options beyond the paper (defaults: the paper's setting)")
+    options.add_argument("--suppress-loss", choices=("linear", "quadratic"), default="linear",
+                         help="forget term of the loss: linear w (default, paper) or quadratic w^2")
+    options.add_argument("--pass-loss", choices=("linear", "quadratic"), default="quadratic",
+                         help="retain term of the loss: quadratic (w-1)^2 (default, paper) or linear 1-w")
+    options.add_argument("--exclude-top-magnitude", type=float, default=0.0, metavar="Q",
+                         help="keep each block's top Q%% of coordinates by mean |activation| on the forget set out "
+                              "of selection (default 0: none, as in the paper)")
+    options.add_argument("--gate-site", choices=("residual", "mlp"), default="residual",
+                         help="gate the blocks' residual stream (default, paper) or their MLP neurons (the input "
+                              "of the MLP's down projection)")
     unlearn.add_argument("--no-prefix-cache", action="store_true",
                          help="recompute the frozen blocks below the gated ones at every step instead of once per "
                               "example (same routers, less memory, slower)")
@@ -98,6 +110,8 @@ def run_unlearn(args: argparse.Namespace) -> int:
         last_k=args.last_k, blocks=_parse_blocks(args.blocks), percentile=args.percentile,
         selection=args.selection, d_r=args.d_r, lam=args.lam, epochs=args.epochs, lr=args.lr,
         batch_size=args.batch_size, max_length=args.max_length, seed=args.seed, input_norm=args.input_norm,
+        suppress_loss=args.suppress_loss, pass_loss=args.pass_loss,
+        exclude_top_magnitude=args.exclude_top_magnitude, gate_site=args.gate_site,
         forget_description=str(args.forget), retain_description=str(args.retain), progress=not args.no_progress,
         prefix_cache=not args.no_prefix_cache)
     try:
@@ -180,6 +194,15 @@ def run_inspect(args: argparse.Namespace) -> int:
         f"  selection      : {manifest.get('selection')} (percentile {manifest.get('percentile')})",
         f"  d_r            : {manifest.get('d_r')}   lambda: {manifest.get('lam')}   seed: {manifest.get('seed')}"
         f"   input_norm: {manifest.get('input_norm')}",
+        # Manifests written before these options existed are paper-setting bundles: show the defaults.
+        f"  loss shape     : suppress {manifest.get('suppress_loss', 'linear')}, "
+        f"pass {manifest.get('pass_loss', 'quadratic')}",
+        f"  gate site      : {manifest.get('gate_site', 'residual')}"
+        + (f" ({manifest['site_width']} coordinates per block)" if manifest.get("site_width") else ""),
+        f"  excluded       : top {manifest.get('exclude_top_magnitude', 0.0)}% by mean |activation|"
+        + (" (" + ", ".join(f"{b}: {len(idx)}" for b, idx in sorted(manifest["excluded"].items(),
+                                                                    key=lambda kv: int(kv[0]))) + ")"
+           if manifest.get("excluded") else ""),
         f"  router params  : {router_params:,}"
         + (f" ({100.0 * router_params / base_params:.4f}% of the base's {base_params:,})" if base_params else ""),
     ]

@@ -2,6 +2,7 @@
 the forget set (`cru_method.md`, "Phase 1"). One forward pass, no backward, no LM head."""
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -12,6 +13,7 @@ from torch import nn
 
 from ..devices import input_device  # noqa: F401  (the one place; re-exported for cru.train / cru.prefix)
 from .blocks import block_output_tensor, find_decoder_blocks, num_layers, resolve_block_indices, run_until
+from .sites import mlp_down_projection, validate_gate_site
 
 SELECTIONS = ("variance", "random")
 
@@ -74,7 +76,9 @@ def iter_batches(tokenizer, texts: Sequence[str], batch_size: int, max_length: i
 @dataclass
 class Localization:
     """Result of Phase 1: selected coordinates `neurons[l]` (sorted LongTensor) and the per-coordinate
-    variances `variances[l]` (float32) of every block in `block_indices`."""
+    variances `variances[l]` (float32) of every block in `block_indices`, at `site` ("residual": the block's
+    output; "mlp": its MLP neurons). `excluded[l]` holds the coordinates kept out of selection by
+    `exclude_top_magnitude` (empty without it)."""
     block_indices: list[int]
     neurons: dict[int, torch.Tensor]
     variances: dict[int, torch.Tensor]
@@ -83,9 +87,16 @@ class Localization:
     seed: int = 0
     n_examples: int = 0
     extra: dict = field(default_factory=dict)
+    site: str = "residual"
+    exclude_top_magnitude: float = 0.0
+    excluded: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def sizes(self) -> dict[int, int]:
         return {block: int(idx.numel()) for block, idx in self.neurons.items()}
+
+    def width(self) -> int:
+        """Coordinates per block at the site (the hidden size for the residual stream)."""
+        return int(next(iter(self.variances.values())).numel())
 
 
 def validate_percentile(percentile: float) -> float:
@@ -98,26 +109,54 @@ def validate_percentile(percentile: float) -> float:
     return value
 
 
-@torch.no_grad()
-def pooled_block_outputs(model: nn.Module, batches: Iterable[Batch], block_indices: Sequence[int]
-                         ) -> dict[int, torch.Tensor]:
-    """Mean of each block's output over non-padding positions, per example, in float32: `{l: (N, d)}`.
+def validate_exclusion(exclude_top_magnitude: float) -> float:
+    try:
+        value = float(exclude_top_magnitude)
+    except (TypeError, ValueError):
+        raise ValueError(f"exclude_top_magnitude must be a percentage in [0, 100), "
+                         f"got {exclude_top_magnitude!r}") from None
+    if isinstance(exclude_top_magnitude, bool) or not 0.0 <= value < 100.0:
+        raise ValueError(f"exclude_top_magnitude must be a percentage in [0, 100), got {exclude_top_magnitude!r}")
+    return value
 
-    Forward hooks capture the block outputs; the forward stops after the last needed block.
+
+@torch.no_grad()
+def pooled_activations(model: nn.Module, batches: Iterable[Batch], block_indices: Sequence[int], *,
+                       site: str = "residual", magnitude: bool = False
+                       ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor] | None]:
+    """Per example, the mean over non-padding positions of each block's activations at `site` (the block's
+    output, or its MLP neurons: the input of the MLP's down projection), in float32: `{l: (N, width)}`; with
+    `magnitude`, also the mean |activation| per coordinate over every non-padding token: `{l: (width,)}`.
+
+    Hooks capture the activations; the forward stops after the last needed block.
     """
+    validate_gate_site(site)
     _, blocks = find_decoder_blocks(model)
     pooled: dict[int, list[torch.Tensor]] = {l: [] for l in block_indices}
+    abs_sums: dict[int, torch.Tensor] = {}
+    tokens = [0.0]
     current_mask: list[torch.Tensor] = []
 
-    def make_hook(index: int):
-        def hook(_module, _args, output):
-            hidden = block_output_tensor(output).float()
-            mask = current_mask[0].to(hidden.device, torch.float32).unsqueeze(-1)
-            summed = (hidden * mask).sum(dim=1)
-            pooled[index].append((summed / mask.sum(dim=1).clamp_min(1.0)).cpu())
-        return hook
+    def record(index: int, hidden: torch.Tensor) -> None:
+        hidden = hidden.float()
+        mask = current_mask[0].to(hidden.device, torch.float32).unsqueeze(-1)
+        summed = (hidden * mask).sum(dim=1)
+        pooled[index].append((summed / mask.sum(dim=1).clamp_min(1.0)).cpu())
+        if magnitude:  # float64 sums: a corpus of many tokens, some coordinates of magnitude ~1e4
+            total = (hidden.abs() * mask).sum(dim=(0, 1)).double().cpu()
+            abs_sums[index] = abs_sums[index] + total if index in abs_sums else total
 
-    handles = [blocks[l].register_forward_hook(make_hook(l)) for l in block_indices]
+    def make_hook(index: int):
+        if site == "residual":
+            def hook(_module, _args, output):
+                record(index, block_output_tensor(output))
+            return blocks[index].register_forward_hook(hook)
+
+        def pre_hook(_module, args):
+            record(index, args[0])
+        return mlp_down_projection(blocks[index], index).register_forward_pre_hook(pre_hook)
+
+    handles = [make_hook(l) for l in block_indices]
     was_training = model.training
     model.eval()
     try:
@@ -125,19 +164,44 @@ def pooled_block_outputs(model: nn.Module, batches: Iterable[Batch], block_indic
         for batch in batches:
             batch = batch.to(device)
             current_mask[:] = [batch.attention_mask]
+            tokens[0] += float(batch.attention_mask.sum())
             run_until(model, blocks, max(block_indices),
                       input_ids=batch.input_ids, attention_mask=batch.attention_mask)
     finally:
         for handle in handles:
             handle.remove()
         model.train(was_training)
-    return {l: torch.cat(chunks) if chunks else torch.empty(0) for l, chunks in pooled.items()}
+    result = {l: torch.cat(chunks) if chunks else torch.empty(0) for l, chunks in pooled.items()}
+    mean_abs = {l: (total / max(tokens[0], 1.0)).float() for l, total in abs_sums.items()} if magnitude else None
+    return result, mean_abs
+
+
+def pooled_block_outputs(model: nn.Module, batches: Iterable[Batch], block_indices: Sequence[int]
+                         ) -> dict[int, torch.Tensor]:
+    """Mean of each block's output over non-padding positions, per example, in float32: `{l: (N, d)}`."""
+    return pooled_activations(model, batches, block_indices)[0]
+
+
+def top_magnitude(mean_abs: dict[int, torch.Tensor], exclude_top_magnitude: float) -> dict[int, torch.Tensor]:
+    """Per block, the `ceil(q% of width)` coordinates of largest mean |activation| (sorted; none for q = 0):
+    the extreme-magnitude outlier dimensions `exclude_top_magnitude` keeps out of selection."""
+    q = validate_exclusion(exclude_top_magnitude)
+    excluded = {}
+    for block, values in sorted(mean_abs.items()):
+        k = math.ceil(q / 100.0 * values.numel()) if q > 0 else 0
+        if values.numel() - k < 2:
+            raise ValueError(f"block {block}: exclude_top_magnitude={q} leaves {values.numel() - k} of "
+                             f"{values.numel()} coordinates; selection needs at least 2")
+        order = torch.argsort(values.double(), descending=True, stable=True)
+        excluded[block] = torch.sort(order[:k]).values.long()
+    return excluded
 
 
 def select_neurons(variances: dict[int, torch.Tensor], percentile: float, selection: str = "variance",
-                   seed: int = 0) -> dict[int, torch.Tensor]:
+                   seed: int = 0, excluded: dict[int, torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
     """`C_l = {j : var_j > quantile_p(var)}` per block; with `selection="random"`, the same number of
-    coordinates per block drawn uniformly (seeded) instead."""
+    coordinates per block drawn uniformly (seeded) instead. Coordinates in `excluded[l]` are no candidates:
+    the quantile, the selection and the random draw all run on the remaining ones."""
     percentile = validate_percentile(percentile)
     if selection not in SELECTIONS:
         raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
@@ -145,49 +209,74 @@ def select_neurons(variances: dict[int, torch.Tensor], percentile: float, select
     neurons = {}
     for block in sorted(variances):
         var = variances[block].double()
-        threshold = torch.quantile(var, percentile / 100.0)
-        chosen = torch.nonzero(var > threshold).flatten()
+        drop = (excluded or {}).get(block)
+        if drop is not None and drop.numel():
+            keep = torch.ones(var.numel(), dtype=torch.bool)
+            keep[drop] = False
+            candidates = torch.nonzero(keep).flatten()
+        else:
+            candidates = None  # every coordinate (the paper's selection, unchanged)
+        pool = var if candidates is None else var[candidates]
+        threshold = torch.quantile(pool, percentile / 100.0)
+        chosen = torch.nonzero(pool > threshold).flatten()
         if chosen.numel() == 0:
             raise ValueError(f"block {block}: no coordinate has variance above the {percentile}th percentile "
                              "(all variances equal?); use more or more varied forget examples or a lower "
                              "percentile")
         if selection == "random":
-            chosen = torch.randperm(var.numel(), generator=generator)[:chosen.numel()]
+            chosen = torch.randperm(pool.numel(), generator=generator)[:chosen.numel()]
+        if candidates is not None:
+            chosen = candidates[chosen]
         neurons[block] = torch.sort(chosen).values.long()
     return neurons
 
 
 def localize_batches(model: nn.Module, batches: Iterable[Batch], *, block_indices: Sequence[int],
-                     percentile: float = 95.0, selection: str = "variance", seed: int = 0) -> Localization:
+                     percentile: float = 95.0, selection: str = "variance", seed: int = 0,
+                     site: str = "residual", exclude_top_magnitude: float = 0.0) -> Localization:
     """`localize` on pre-built batches (lets callers control padding)."""
     percentile = validate_percentile(percentile)
-    pooled = pooled_block_outputs(model, batches, block_indices)
+    exclude_top_magnitude = validate_exclusion(exclude_top_magnitude)
+    pooled, mean_abs = pooled_activations(model, batches, block_indices, site=site,
+                                          magnitude=exclude_top_magnitude > 0)
     n_examples = int(next(iter(pooled.values())).shape[0]) if pooled else 0
     if n_examples < 2:
         raise ValueError(f"localization needs at least 2 examples to compute a variance, got {n_examples}")
     variances = {l: pooled[l].var(dim=0, unbiased=True) for l in block_indices}
-    neurons = select_neurons(variances, percentile, selection, seed)
-    return Localization(list(block_indices), neurons, variances, percentile, selection, seed, n_examples)
+    excluded = top_magnitude(mean_abs, exclude_top_magnitude) if mean_abs is not None else {}
+    neurons = select_neurons(variances, percentile, selection, seed, excluded)
+    extra = {"mean_abs": mean_abs} if mean_abs is not None else {}
+    return Localization(list(block_indices), neurons, variances, percentile, selection, seed, n_examples,
+                        extra=extra, site=site, exclude_top_magnitude=exclude_top_magnitude, excluded=excluded)
 
 
 def localize(model: nn.Module, tokenizer, texts: Sequence[str], *, blocks: Sequence[int] | None = None,
              last_k: int = 4, percentile: float = 95.0, selection: str = "variance", seed: int = 0,
-             batch_size: int = 8, max_length: int = 256) -> Localization:
+             batch_size: int = 8, max_length: int = 256, site: str = "residual",
+             exclude_top_magnitude: float = 0.0) -> Localization:
     """Phase 1: select, in each of the chosen blocks (`blocks`, else the last `last_k`), the coordinates whose
     mask-aware mean-pooled activation has variance above the `percentile`-th percentile across `texts`.
 
+    `site="mlp"` reads the blocks' MLP neurons instead of their output (`sites.py`); `exclude_top_magnitude=q`
+    first drops each block's top q % of coordinates by mean |activation| over `texts` (0: the paper).
     Run it on forget texts for CRU, or on retain texts for the overlap control (`compare_localizations`).
     """
     texts = list(texts)
     if not texts:
         raise ValueError("localization got an empty text set (the forget set must not be empty)")
     percentile = validate_percentile(percentile)
+    validate_exclusion(exclude_top_magnitude)
+    validate_gate_site(site)
     if selection not in SELECTIONS:
         raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
     block_indices = resolve_block_indices(num_layers(model), blocks, last_k)
+    if site == "mlp":  # a model without a findable MLP fails here, before any forward pass
+        _, decoder = find_decoder_blocks(model)
+        for index in block_indices:
+            mlp_down_projection(decoder[index], index)
     batches = iter_batches(tokenizer, texts, batch_size, max_length)
     return localize_batches(model, batches, block_indices=block_indices, percentile=percentile,
-                            selection=selection, seed=seed)
+                            selection=selection, seed=seed, site=site, exclude_top_magnitude=exclude_top_magnitude)
 
 
 @dataclass

@@ -128,7 +128,9 @@ class FrozenPrefix:
             # An instance attribute shadows the class's forward; accelerate's device_map hooks live there too.
             saved.append((block, block.__dict__.get("forward")))
             block.forward = passthrough
-        handle = self.blocks[self.first].register_forward_pre_hook(substitute, with_kwargs=True)
+        # prepend: the substitution must precede every other pre-hook of the block -- a gate_site="mlp" router
+        # reads the block's input from one.
+        handle = self.blocks[self.first].register_forward_pre_hook(substitute, with_kwargs=True, prepend=True)
         try:
             yield
         finally:

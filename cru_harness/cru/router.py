@@ -7,7 +7,7 @@ from torch.nn import functional as F
 
 from ..reductions import thread_invariant_outer_sum
 
-INPUT_NORMS = ("none", "rms")
+INPUT_NORMS = ("none", "rms", "rms_learned")
 
 
 class Router(nn.Module):
@@ -15,7 +15,9 @@ class Router(nn.Module):
 
     `input_norm="rms"` feeds the router `h / rms(h)` (parameter-free): the residual stream of real models has
     huge outlier coordinates, and normalising made training insensitive to the learning rate in our
-    observations. `"none"` is the paper's formulation. Math is always float32, whatever the model's dtype.
+    observations. `"rms_learned"` is the same with a learned per-dimension scale (`norm_scale`, initialised to 1,
+    a router parameter: saved in the bundle and counted). `"none"` is the paper's formulation. Math is always
+    float32, whatever the model's dtype.
     """
 
     def __init__(self, hidden_size: int, n_selected: int, d_r: int, *, input_norm: str = "none"):
@@ -28,11 +30,15 @@ class Router(nn.Module):
         self.hidden_size, self.n_selected, self.d_r, self.input_norm = hidden_size, n_selected, d_r, input_norm
         self.w1 = nn.Linear(hidden_size, d_r, dtype=torch.float32)   # W1: d_r x d, b1
         self.w2 = nn.Linear(d_r, n_selected, dtype=torch.float32)    # W2: |C_l| x d_r, b2
+        if input_norm == "rms_learned":  # created after W1/W2 and without the RNG: their seeded init is unchanged
+            self.norm_scale = nn.Parameter(torch.ones(hidden_size, dtype=torch.float32))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = hidden.float()
-        if self.input_norm == "rms":
+        if self.input_norm in ("rms", "rms_learned"):
             hidden = hidden * torch.rsqrt(hidden.pow(2).mean(dim=-1, keepdim=True) + 1e-6)
+        if self.input_norm == "rms_learned":
+            hidden = hidden * self.norm_scale
         return torch.sigmoid(_linear(torch.relu(_linear(hidden, self.w1)), self.w2))
 
     def extra_repr(self) -> str:

@@ -2,10 +2,11 @@
 
     L = mean_l(mean forget gate) + lam * mean_l((mean retain gate - 1)^2)
 
-with the means taken jointly over the selected coordinates and the non-padding positions. The base is frozen
-(no parameter of it requires grad, the optimizer only holds router parameters) and the forward stops after the
-last gated block, so the LM head never runs while routers train. The blocks below the first gated one do not
-depend on the routers: their output is computed once per example and reused at every step (`prefix.py`).
+(the paper's loss shapes; `losses.py` has the others) with the means taken jointly over the selected coordinates
+and the non-padding positions. The base is frozen (no parameter of it requires grad, the optimizer only holds
+router parameters) and the forward stops after the last gated block, so the LM head never runs while routers
+train. The blocks below the first gated one do not depend on the routers: their output is computed once per
+example and reused at every step (`prefix.py`).
 
 Public pieces: `RouterTrainer` (the step, the schedule, the final measurement), `GateRecorder` (the gate
 observer), `cru_loss`, `router_schedule`, `new_bundle`, and `train_routers` (all of it, from texts).
@@ -27,9 +28,11 @@ from .attach import attach_bundles
 from .blocks import find_decoder_blocks, run_until
 from .bundle import BundleConfig, RouterBundle, base_fingerprint
 from .localize import (SELECTIONS, Batch, Localization, collate, input_device, localize, pad_token_id,
-                       tokenize_texts, validate_percentile)
+                       tokenize_texts, validate_exclusion, validate_percentile)
+from .losses import cru_loss, validate_loss_shape
 from .prefix import CACHE_PLACEMENTS, FrozenPrefix, PrefixCache
 from .router import INPUT_NORMS, Router
+from .sites import validate_gate_site
 
 
 @dataclass
@@ -46,7 +49,12 @@ class RouterTrainingConfig:
     batch_size: int = 8
     max_length: int = 256
     seed: int = 0
-    input_norm: str = "none"        # "rms": router reads h / rms(h); see Router
+    input_norm: str = "none"        # "rms": router reads h / rms(h); "rms_learned": times a learned scale
+    # Options beyond the paper (docs/cru_method.md, "Options beyond the paper"); the defaults are the paper's.
+    suppress_loss: str = "linear"      # forget term f(w): "linear" w (paper) or "quadratic" w^2  (losses.py)
+    pass_loss: str = "quadratic"       # retain term r(w): "quadratic" (w-1)^2 (paper) or "linear" 1-w
+    exclude_top_magnitude: float = 0.0  # % of coordinates per block (largest mean |h| on forget) never selected
+    gate_site: str = "residual"        # "residual" (paper) or "mlp": the blocks' MLP neurons (sites.py)
     forget_description: str = ""    # recorded in the manifest (e.g. "tofu:forget10")
     retain_description: str = ""
     progress: bool = True
@@ -67,6 +75,10 @@ class RouterTrainingConfig:
             raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {self.selection!r}")
         if self.input_norm not in INPUT_NORMS:
             raise ValueError(f"input_norm must be one of {', '.join(INPUT_NORMS)}, got {self.input_norm!r}")
+        validate_loss_shape("suppress_loss", self.suppress_loss)
+        validate_loss_shape("pass_loss", self.pass_loss)
+        validate_exclusion(self.exclude_top_magnitude)
+        validate_gate_site(self.gate_site)
         for name in ("d_r", "epochs", "batch_size", "max_length"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
@@ -129,15 +141,6 @@ def gate_means(model: nn.Module, bundle: RouterBundle, batch: Batch, recorder: G
             handle.remove()
 
 
-def cru_loss(forget_means: dict[int, torch.Tensor], retain_means: dict[int, torch.Tensor], lam: float
-             ) -> torch.Tensor:
-    """`mean_l(forget gate mean) + lam * mean_l((retain gate mean - 1)^2)`."""
-    device = next(iter(forget_means.values())).device  # blocks of a split model sit on several devices
-    suppress = torch.stack([m.to(device) for m in forget_means.values()]).mean()
-    keep = torch.stack([(m.to(device) - 1.0) ** 2 for m in retain_means.values()]).mean()
-    return suppress + lam * keep
-
-
 # Config fields that describe how training ran, not what it computed: left out of the bundle manifest.
 _NOT_RECORDED = ("progress", "forget_description", "retain_description", "prefix_cache", "prefix_cache_placement",
                  "prefix_cache_max_gib")
@@ -164,6 +167,10 @@ def new_bundle(model: nn.Module, localization: Localization, config: RouterTrain
         neurons={b: localization.neurons[b].tolist() for b in localization.block_indices},
         d_r=config.d_r, percentile=float(config.percentile), lam=float(config.lam), seed=config.seed,
         selection=config.selection, input_norm=config.input_norm,
+        suppress_loss=config.suppress_loss, pass_loss=config.pass_loss,
+        exclude_top_magnitude=float(localization.exclude_top_magnitude), gate_site=localization.site,
+        site_width=localization.width(),
+        excluded={b: localization.excluded[b].tolist() for b in sorted(localization.excluded)},
         base_parameters=sum(p.numel() for p in model.parameters()))
     torch.manual_seed(config.seed)
     routers = {b: Router(fingerprint["hidden_size"], len(bundle_config.neurons[b]), config.d_r,
@@ -340,7 +347,8 @@ class RouterTrainer:
         self._check_active()
         forget_means = self._gate_means("forget", forget_rows)
         retain_means = self._gate_means("retain", retain_rows)
-        loss = cru_loss(forget_means, retain_means, self.config.lam)
+        loss = cru_loss(forget_means, retain_means, self.config.lam, suppress_loss=self.config.suppress_loss,
+                        pass_loss=self.config.pass_loss)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -420,7 +428,13 @@ def train_routers(model: nn.Module, tokenizer, forget_texts: Sequence[str], reta
     if localization is None:
         localization = localize(model, tokenizer, forget_texts, blocks=config.blocks, last_k=config.last_k,
                                 percentile=config.percentile, selection=config.selection, seed=config.seed,
-                                batch_size=config.batch_size, max_length=max_length)
+                                batch_size=config.batch_size, max_length=max_length, site=config.gate_site,
+                                exclude_top_magnitude=config.exclude_top_magnitude)
+    elif (localization.site, localization.exclude_top_magnitude) != (config.gate_site,
+                                                                     float(config.exclude_top_magnitude)):
+        raise ValueError(f"the given localization is at gate_site={localization.site!r} with "
+                         f"exclude_top_magnitude={localization.exclude_top_magnitude}, the config asks for "
+                         f"{config.gate_site!r} and {config.exclude_top_magnitude}")
     localization_s = time.perf_counter() - started
     bundle = new_bundle(model, localization, config)
 

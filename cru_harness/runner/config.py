@@ -55,7 +55,7 @@ METHOD_HPARAMS: dict[str, tuple[str, ...]] = {
     "IdkDPO": _TRAINING + _RETAIN_TERM + ("beta",),
     "CRU": ("last_k", "blocks", "percentile", "selection", "d_r", "lam", "epochs", "lr", "batch_size",
             "max_length", "input_norm", "final_retain_rows", "prefix_cache", "prefix_cache_placement",
-            "prefix_cache_max_gib"),
+            "prefix_cache_max_gib", "suppress_loss", "pass_loss", "exclude_top_magnitude", "gate_site"),
     "ICU": (),                                             # prompt-only: no training at all
     "PURGE": (),                                           # published checkpoints: nothing to tune
 }
@@ -273,7 +273,7 @@ def _boolean(value: Any, key: str, source: str | None, *, allow_none: bool = Fal
     _fail(key, f"expected {expected} (a YAML boolean, unquoted), got {value!r}", source)
 
 
-def _number(value: Any, key: str, source: str | None, *, low=None, high=None, integer=False):
+def _number(value: Any, key: str, source: str | None, *, low=None, high=None, integer=False, below_high=False):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         # YAML reads 1e-5 (no dot) as a string: accept numeric strings.
         if isinstance(value, str):
@@ -287,8 +287,8 @@ def _number(value: Any, key: str, source: str | None, *, low=None, high=None, in
         _fail(key, f"expected an integer, got {value!r}", source)
     if low is not None and value < low:
         _fail(key, f"must be >= {low}, got {value!r}", source)
-    if high is not None and value > high:
-        _fail(key, f"must be <= {high}, got {value!r}", source)
+    if high is not None and (value >= high if below_high else value > high):
+        _fail(key, f"must be {'<' if below_high else '<='} {high}, got {value!r}", source)
     return int(value) if integer else value
 
 
@@ -300,10 +300,13 @@ _NUMERIC_HPARAMS = {
     "adam_eps": dict(low=0), "alpha": dict(low=0), "forget_weight": dict(low=0), "beta": dict(low=0),
     "gamma": dict(), "lam": dict(low=0), "percentile": dict(low=0, high=100), "d_r": dict(low=1, integer=True),
     "last_k": dict(low=1, integer=True), "final_retain_rows": dict(low=1, integer=True),
-    "prefix_cache_max_gib": dict(low=0),
+    "prefix_cache_max_gib": dict(low=0), "exclude_top_magnitude": dict(low=0, high=100, below_high=True),
 }
 _BOOLEAN_HPARAMS = ("prefix_cache",)
-_CHOICES = {"selection": ("variance", "random"), "input_norm": ("none", "rms"),
+# cru.localize.SELECTIONS, cru.router.INPUT_NORMS, cru.losses.LOSS_SHAPES, cru.sites.GATE_SITES (tests check)
+_CHOICES = {"selection": ("variance", "random"), "input_norm": ("none", "rms", "rms_learned"),
+            "suppress_loss": ("linear", "quadratic"), "pass_loss": ("linear", "quadratic"),
+            "gate_site": ("residual", "mlp"),
             "lr_scheduler": ("linear", "cosine", "constant"), "mixed_precision": ("no", "fp16", "bf16"),
             "prefix_cache_placement": ("auto", "cpu", "device")}  # cru.prefix.CACHE_PLACEMENTS
 
