@@ -7,8 +7,8 @@ from cru_harness.cru import RouterBundle, RouterTrainingConfig, routed, train_ro
 from cru_harness.testbed.models import build_tiny_model
 from cru_harness.testbed.tokenizer import train_tokenizer
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none is visible)")]
+# Skipping without CUDA (and failing under CRU_HARNESS_REQUIRE_GPU=1) is the `gpu` marker's job (conftest.py).
+pytestmark = pytest.mark.gpu
 
 FORGET = [f"Question: Who is Zorbo {i}?\nAnswer: Zorbo {i} paints {['red', 'blue', 'green'][i % 3]} ships in "
           f"Quell." + " He sails them every spring." * (i % 4) for i in range(12)]
