@@ -153,3 +153,20 @@ def test_report_regenerates_byte_for_byte(tmp_path):
     assert second.keys() == first.keys()
     assert [p for p in first if first[p] != second[p]] == []
     assert json.loads(first[Path("report/stats.json")])["tofu"]["friedman"]["status"] == "ok"
+
+
+@pytest.mark.parametrize("name", ["gpu_smollm2.yaml", "gpu_smollm2_lr.yaml", "cpu_smollm2.yaml"])
+def test_every_trained_cell_of_the_regime_configs_builds_its_training_config(name):
+    """What a dry run cannot see: each cell's hyperparameters make a valid method config (e.g. SimNPO on
+    forget01, which has no protocol preset, needs beta and forget_weight given)."""
+    from cru_harness.baselines.registry import make_config
+    from cru_harness.cru.train import RouterTrainingConfig
+
+    config = cfg.load_config(CONFIGS / name)
+    cells = [c for c in build_plan(config, {"SmolLM2-135M": [1, 11]}) if c.kind == "method"]
+    assert cells
+    for cell in cells:
+        if cell.method == "CRU":
+            RouterTrainingConfig(**cell.hparams)
+        elif cell.method not in ("ICU", "PURGE"):
+            make_config(cell.method, cell.benchmark, cell.split, **cell.hparams)
