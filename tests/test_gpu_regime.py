@@ -170,3 +170,37 @@ def test_every_trained_cell_of_the_regime_configs_builds_its_training_config(nam
             RouterTrainingConfig(**cell.hparams)
         elif cell.method not in ("ICU", "PURGE"):
             make_config(cell.method, cell.benchmark, cell.split, **cell.hparams)
+
+
+def _swept(method, lr, mu, seed=0):
+    return {**tofu_result("M", "forget05", f"{method} lr={lr:g}", 0.5, mu, seed=seed), "method": method,
+            "hash": f"{method}-{lr}-{seed}", "hparams": {"learning_rate": lr}}
+
+
+def test_lr_sweep_applies_the_stated_rule(tmp_path):
+    from cru_harness.reporting.lr_sweep import sweep_choices
+
+    original = tofu_result("M", "forget05", "Original", 0.0, 0.5, kind="original")   # threshold 0.9 x 0.5 = 0.45
+    cells = [original,
+             # 1e-5: MUs 0.50, 0.48, 0.46 -> median 0.48 >= 0.45: qualifies
+             _swept("GA", 1e-5, 0.50), _swept("GD", 1e-5, 0.48), _swept("NPO", 1e-5, 0.46),
+             # 3e-5: GA's two seeds average 0.45; median of 0.45, 0.47, 0.49 = 0.47: qualifies (the largest that does)
+             _swept("GA", 3e-5, 0.40), _swept("GA", 3e-5, 0.50, seed=1), _swept("GD", 3e-5, 0.47),
+             _swept("NPO", 3e-5, 0.49),
+             # 1e-4: median of 0.0, 0.44, 0.9 = 0.44 < 0.45: fails although one method keeps MU high
+             _swept("GA", 1e-4, 0.0), _swept("GD", 1e-4, 0.44), _swept("NPO", 1e-4, 0.9)]
+    (entry,) = sweep_choices(cells)
+    assert [row["qualifies"] for row in entry["rows"]] == [True, True, False]
+    assert entry["rows"][1]["median_mu"] == pytest.approx(0.47)
+    assert entry["chosen"] == 3e-5
+    # nothing qualifies -> the smallest learning rate; a forget metric never matters
+    low = [original] + [{**c, "metrics": {**c["metrics"], "model_utility": 0.1, "forget_rouge_l": 0.0}}
+                        for c in cells[1:]]
+    (entry,) = sweep_choices(low)
+    assert entry["chosen"] == 1e-5 and "smallest" in entry["reason"]
+    # a run at one learning rate is not a sweep
+    assert sweep_choices([original, _swept("GA", 1e-5, 0.5), _swept("GD", 1e-5, 0.5)]) == []
+    write_cells(tmp_path / "run", cells)
+    write_report([tmp_path / "run"], tmp_path / "out", plots=False, log=lambda *_: None)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "Learning-rate sweep: M forget05" in report and "Chosen: **3e-05**" in report
