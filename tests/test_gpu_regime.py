@@ -109,6 +109,14 @@ def test_cuda_cells_record_gpu_name_and_peak_memory(tmp_path, monkeypatch):
     assert result["resources"]["cell_peak_cuda_memory_bytes"] == 5 * 2**20
     assert result["resources"]["gpu_name"] == record["gpu_name"] == "NVIDIA H200"
     assert record["gpu_count"] == 2 and record["wall_time_s"] > 0 and "cell_peak_rss_bytes" in result["resources"]
+    # a cell that broke CUDA is still recorded as failed, with its own error, and no GPU numbers
+    def broken(i=None):
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", broken)
+    result, record = run_one(cell, tmp_path, lambda c, w: broken(), device="cuda:0")
+    assert result["status"] == "failed" and "device-side assert" in result["reason"]
+    assert "cell_peak_cuda_memory_bytes" not in result["resources"]
     # a CPU cell records no GPU
     result, record = run_one(cell, tmp_path, lambda c, w: {"metrics": {}}, device="cpu")
     assert "gpu_name" not in result["resources"] and "gpu_name" not in record

@@ -89,11 +89,14 @@ class CudaPeak:
         if self.active:
             import torch
 
-            count = torch.cuda.device_count()
-            for index in range(count):
-                torch.cuda.synchronize(index)
-            self.peak_bytes = max(int(torch.cuda.max_memory_allocated(index)) for index in range(count))
-            self.gpus = [torch.cuda.get_device_name(index) for index in range(count)]
+            try:
+                count = torch.cuda.device_count()
+                for index in range(count):
+                    torch.cuda.synchronize(index)
+                self.peak_bytes = max(int(torch.cuda.max_memory_allocated(index)) for index in range(count))
+                self.gpus = [torch.cuda.get_device_name(index) for index in range(count)]
+            except RuntimeError:  # a CUDA error left by the failed cell: its own error is what gets recorded
+                self.peak_bytes, self.gpus = None, []
 
     def resources(self) -> dict[str, Any]:
         if self.peak_bytes is None:
