@@ -133,6 +133,10 @@ def test_presets():
     assert B.make_config("ga", "rwku", learning_rate=1e-4).learning_rate == 1e-4
     with pytest.raises(ValueError, match="forget05 and forget10 only"):
         B.make_config("simnpo", "tofu", "forget01")
+    with pytest.raises(ValueError, match="forget05 and forget10 only"):   # one of the two is not enough
+        B.make_config("simnpo", "tofu", "forget01", beta=4.5)
+    s1 = B.make_config("simnpo", "tofu", "forget01", beta=3.0, forget_weight=0.2, learning_rate=1e-4)
+    assert (s1.beta, s1.forget_weight, s1.learning_rate, s1.gamma) == (3.0, 0.2, 1e-4, 0.0)
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['lr'\]"):
         B.make_config("ga", lr=1)
     with pytest.raises(ValueError, match="not a multiple"):

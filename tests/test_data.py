@@ -147,3 +147,34 @@ def test_corpus_cap_keeps_first_rows(tmp_path):
     assert load_corpus(f"{rows}[:99]") == [f"t{i}" for i in range(5)]
     with pytest.raises(ValueError, match="N >= 1"):
         load_corpus(f"{rows}[:0]")
+
+
+def test_corpus_slice_and_concatenation(tmp_path):
+    from cru_harness.data.corpora import load_corpus_rows
+
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text("".join(json.dumps({"text": f"a{i}"}) + "\n" for i in range(5)))
+    second.write_text("".join(json.dumps({"text": f"b{i}"}) + "\n" for i in range(3)))
+    assert load_corpus(f"{first}[1:3]") == ["a1", "a2"]
+    assert load_corpus(f"{first}[:2] + {second}[2:3]") == ["a0", "a1", "b2"]
+    _, origin = load_corpus_rows(f"{first}[1:3] + {second}")
+    assert origin == f"{first} rows 1-2 + {second}"   # the description names the rows kept
+    with pytest.raises(ValueError, match="B > A"):
+        load_corpus(f"{first}[3:3]")
+    with pytest.raises(DataSourceError, match="none from row 9"):
+        load_corpus(f"{first}[9:12]")
+    with pytest.raises(ValueError, match="empty source"):
+        load_corpus(f"{first} +  + {second}")
+
+
+@pytest.mark.shared_data
+def test_tofu_reduced_finetuning_set(shared_data):
+    """The CPU config's fine-tuning set: the first 40 rows of retain99 (authors 1-2, the first rows of TOFU's
+    retain evaluation set) and forget01, 80 rows with no author in both parts."""
+    from cru_harness.data.corpora import load_corpus_rows
+
+    rows, _ = load_corpus_rows("retain99[:40] + forget01", shared_data)
+    forget, _ = load_corpus_rows("forget01", shared_data)
+    retain_eval, _ = load_corpus_rows("retain_perturbed[:8]", shared_data)
+    assert len(rows) == 80 and rows[40:] == forget
+    assert {r["question"] for r in retain_eval} <= {r["question"] for r in rows[:40]}

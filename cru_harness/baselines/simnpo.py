@@ -32,6 +32,15 @@ class SimNPOConfig(RetainConfig):
     }
 
     @classmethod
+    def preset(cls, benchmark: str = "tofu", split: str | None = None, **overrides) -> "SimNPOConfig":
+        """As `BaselineConfig.preset`; on a TOFU split without protocol defaults (forget01), `beta` and
+        `forget_weight` given explicitly stand in for them (as the error below asks)."""
+        if benchmark == "tofu" and split not in (None, "forget05", "forget10") and \
+                {"beta", "forget_weight"} <= set(overrides):
+            return super().preset(benchmark, None, **overrides)
+        return super().preset(benchmark, split, **overrides)
+
+    @classmethod
     def _check_split(cls, benchmark, split):
         if benchmark == "tofu" and split is not None and split not in ("forget05", "forget10"):
             raise ValueError(f"SimNPO has protocol defaults for forget05 and forget10 only, not {split!r}; "

@@ -84,15 +84,29 @@ def load_corpus_rows(source: str | os.PathLike, data_dir: str | os.PathLike | No
 
     Sources: a JSON/JSONL file, a TOFU config name (`forget10`, `retain90`), or `rwku:<targets>:<kind>`
     (`rwku:1:passage`, `rwku:1-3:forget_mia`). A trailing `[:N]` keeps the first N rows (`rwku:1:passage[:32]`),
-    so a capped corpus is visible in the source string that results record.
+    `[A:B]` rows A to B-1 (`full[0:400]`), so a capped corpus is visible in the source string that results
+    record. Sources joined by ` + ` are concatenated in order (`retain99[:40] + forget01`: a reduced TOFU
+    fine-tuning set of two retain authors and the forget01 authors).
     """
+    parts = [part.strip() for part in str(source).split(" + ")] if " + " in str(source) else [str(source)]
+    if len(parts) > 1:
+        rows, origins = [], []
+        for part in parts:
+            if not part:
+                raise ValueError(f"corpus {source!r}: an empty source between ' + '")
+            part_rows, origin = load_corpus_rows(part, data_dir)
+            rows.extend(part_rows)
+            origins.append(origin)
+        return rows, " + ".join(origins)
     source_text = str(source)
-    limit = None
-    cap = re.fullmatch(r"(.+)\[:(\d+)\]", source_text)
+    start, stop = 0, None
+    cap = re.fullmatch(r"(.+)\[(\d*):(\d+)\]", source_text)
     if cap:
-        source_text, limit = cap.group(1), int(cap.group(2))
-        if limit < 1:
+        source_text, start, stop = cap.group(1), int(cap.group(2) or 0), int(cap.group(3))
+        if not cap.group(2) and stop < 1:
             raise ValueError(f"corpus {source!r}: [:N] needs N >= 1")
+        if stop <= start:
+            raise ValueError(f"corpus {source!r}: [A:B] needs B > A: it keeps rows A to B-1")
     path = Path(source_text).expanduser()
     if path.suffix in (".json", ".jsonl") or path.exists():
         rows, origin = read_json_records(path), str(path)
@@ -107,7 +121,11 @@ def load_corpus_rows(source: str | os.PathLike, data_dir: str | os.PathLike | No
         )
     if not rows:
         raise DataSourceError(f"corpus {origin} is empty")
-    rows = rows[:limit]
+    if cap:
+        if start >= len(rows):
+            raise DataSourceError(f"corpus {source!r}: {origin} has {len(rows)} rows, none from row {start} on")
+        rows = rows[start:stop]
+        origin = f"{origin} rows {start}-{start + len(rows) - 1}"
     for index, row in enumerate(rows):  # every row checked when read, before any model is loaded
         row_qa(row, index, origin)
     return rows, origin

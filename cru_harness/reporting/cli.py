@@ -122,6 +122,11 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
             atomic_write_text(path, renderers[fmt](rows, benchmark))
             written[f"leaderboard_{benchmark}.{fmt}"] = str(path)
         summary += [f"## {benchmark.upper()}", "", tables.to_markdown(rows, benchmark)]
+        if benchmark == "tofu":
+            from .lr_sweep import sweep_markdown
+
+            summary += tables.regime_check_markdown(results)
+            summary += sweep_markdown(results)
         unavailable = [r for r in results if r.get("benchmark") == benchmark and r.get("status") == "unavailable"]
         for r in unavailable:
             summary.append(f"- unavailable: {r['model']} {r.get('unit')} {r['label']}: {r.get('reason')}")

@@ -65,6 +65,46 @@ class PeakRSSSampler:
         self.peak = max(self.peak, self._rss())
 
 
+class CudaPeak:
+    """Peak GPU memory of a block on every visible GPU (torch's allocator high-water mark, reset at the start), and
+    the GPUs' names: what a cell on `cuda` used, evaluation included (training's own peak is `train_peak_*`).
+    Inactive (records nothing) when the cell's device is not CUDA."""
+
+    def __init__(self, device: str):
+        self.active = str(device).startswith("cuda")
+        self.peak_bytes: int | None = None
+        self.gpus: list[str] = []
+
+    def __enter__(self):
+        if self.active:
+            import torch
+
+            self.active = torch.cuda.is_available()
+            if self.active:
+                for index in range(torch.cuda.device_count()):
+                    torch.cuda.reset_peak_memory_stats(index)
+        return self
+
+    def __exit__(self, *exc):
+        if self.active:
+            import torch
+
+            try:
+                count = torch.cuda.device_count()
+                for index in range(count):
+                    torch.cuda.synchronize(index)
+                self.peak_bytes = max(int(torch.cuda.max_memory_allocated(index)) for index in range(count))
+                self.gpus = [torch.cuda.get_device_name(index) for index in range(count)]
+            except RuntimeError:  # a CUDA error left by the failed cell: its own error is what gets recorded
+                self.peak_bytes, self.gpus = None, []
+
+    def resources(self) -> dict[str, Any]:
+        if self.peak_bytes is None:
+            return {}
+        return {"cell_peak_cuda_memory_bytes": self.peak_bytes, "gpu_name": ", ".join(dict.fromkeys(self.gpus)),
+                "gpu_count": len(self.gpus)}
+
+
 def result_header(cell: Cell) -> dict[str, Any]:
     return {"schema_version": RESULT_SCHEMA_VERSION, "hash": cell.hash, "kind": cell.kind,
             "method": cell.method, "label": cell.label, "model": cell.model.name, "model_path": cell.model.path,
@@ -107,9 +147,13 @@ def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, lo
         workdir = store.work_dir(cell.hash, fresh=True)
         store.mark_running(cell.hash)
         log(f"{tag}: running")
-        result, record = run_one(cell, workdir, executor)
+        try:
+            device = resolve_device(cell.device)
+        except Exception:  # noqa: BLE001 - a device that is not there: the executor fails the cell, naming it
+            device = cell.device
+        result, record = run_one(cell, workdir, executor, device=device)
         record["inputs"] = current
-        record["device"] = resolve_device(cell.device)
+        record["device"] = device
         store.write(cell.hash, result, record)
         counts[result["status"]] += 1
         suffix = f" ({result.get('reason')})" if result.get("reason") else ""
@@ -117,10 +161,12 @@ def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, lo
     return counts
 
 
-def run_one(cell: Cell, workdir: Path, executor: Executor) -> tuple[dict, dict]:
+def run_one(cell: Cell, workdir: Path, executor: Executor, *, device: str = "cpu") -> tuple[dict, dict]:
+    """Run one cell: its result (status, reason and traceback when it fails) and its run record (wall time, peak
+    RSS, and on CUDA the GPUs' names and peak GPU memory of the whole cell)."""
     started_iso, t0 = now_iso(), time.perf_counter()
     status, reason, error, outcome = "ok", None, None, {}
-    with PeakRSSSampler() as sampler:
+    with PeakRSSSampler() as sampler, CudaPeak(device) as cuda:
         try:
             outcome = executor(cell, workdir) or {}
         except CellUnavailable as err:
@@ -132,11 +178,13 @@ def run_one(cell: Cell, workdir: Path, executor: Executor) -> tuple[dict, dict]:
     resources = dict(outcome.get("resources") or {})
     resources.setdefault("cell_wall_time_s", wall)
     resources.setdefault("cell_peak_rss_bytes", sampler.peak)
+    resources.update(cuda.resources())
     result = {**result_header(cell), "status": status, "reason": reason,
               "metrics": outcome.get("metrics", {}), "failure_classes": outcome.get("failure_classes", {}),
               "gate_means": outcome.get("gate_means"), "resources": resources,
               "per_item": outcome.get("per_item", {}), "artifacts": outcome.get("artifacts", {}),
               "details": outcome.get("details", {}), "error": error}
     record = {"hash": cell.hash, "resolved_config": cell.resolved(), "started": started_iso, "finished": now_iso(),
-              "wall_time_s": wall, "peak_rss_bytes": sampler.peak, "status": status, **environment_record()}
+              "wall_time_s": wall, "peak_rss_bytes": sampler.peak, "status": status, **cuda.resources(),
+              **environment_record()}
     return result, record

@@ -1,0 +1,82 @@
+"""The baselines' one learning rate, chosen by the rule stated in configs/gpu_smollm2_lr.yaml before any number
+existed, so the choice is computed from the sweep's cells rather than read off a table by eye.
+
+Rule, per TOFU (model, split) block that holds baseline cells at two or more learning rates: for each learning
+rate, the median over the baselines of their Model Utility (each method's mean over its seeds); the chosen
+learning rate is the largest whose median is >= `RATIO` x the Original model's MU, else the smallest of the grid.
+Forget metrics are never read.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+BASELINES = ("GA", "GD", "NPO", "SimNPO", "IdkDPO")
+RATIO = 0.9
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and \
+        abs(value) != float("inf")
+
+
+def sweep_choices(results: list[dict], ratio: float = RATIO) -> list[dict]:
+    """One entry per TOFU block with a learning-rate sweep: the grid's rows and the chosen learning rate."""
+    originals: dict[tuple, float] = {}
+    by_lr: dict[tuple, dict[float, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for r in results:
+        if r.get("benchmark") != "tofu" or r.get("status") != "ok":
+            continue
+        block = (r["model"], r.get("split"))
+        mu = (r.get("metrics") or {}).get("model_utility")
+        if r.get("kind") == "original" and _finite(mu):
+            originals[block] = mu
+        lr = (r.get("hparams") or {}).get("learning_rate")
+        if r.get("kind") == "method" and r.get("method") in BASELINES and _finite(lr) and _finite(mu):
+            by_lr[block][float(lr)][r["method"]].append(mu)
+    choices = []
+    for block in sorted(by_lr, key=lambda b: (b[0], str(b[1]))):
+        grid = by_lr[block]
+        if len(grid) < 2:
+            continue  # one learning rate: a run, not a sweep
+        original = originals.get(block)
+        entry = {"model": block[0], "split": block[1], "original_mu": original, "ratio": ratio, "rows": [],
+                 "chosen": None, "reason": None}
+        methods_seen = sorted({m for per_method in grid.values() for m in per_method})
+        for lr in sorted(grid):
+            means = {m: sum(v) / len(v) for m, v in grid[lr].items()}
+            median = statistics.median(means.values())
+            entry["rows"].append({"learning_rate": lr, "median_mu": median, "methods": sorted(means),
+                                  "missing": [m for m in methods_seen if m not in means],
+                                  "qualifies": None if original is None else median >= ratio * original})
+        if original is None:
+            entry["reason"] = "no finished Original cell: the threshold is unknown"
+        else:
+            qualifying = [row["learning_rate"] for row in entry["rows"] if row["qualifies"]]
+            if qualifying:
+                entry["chosen"], entry["reason"] = max(qualifying), "the largest learning rate that qualifies"
+            else:
+                entry["chosen"] = entry["rows"][0]["learning_rate"]
+                entry["reason"] = "no learning rate qualifies: the smallest of the grid"
+        choices.append(entry)
+    return choices
+
+
+def sweep_markdown(results: list[dict], ratio: float = RATIO) -> list[str]:
+    """Report lines for `sweep_choices` (none when the run has no learning-rate sweep)."""
+    lines: list[str] = []
+    for entry in sweep_choices(results, ratio):
+        original = entry["original_mu"]
+        threshold = "--" if original is None else f"{ratio:g} x {original:.4f} = {ratio * original:.4f}"
+        lines += [f"### Learning-rate sweep: {entry['model']} {entry['split']}", "",
+                  "The baselines' one learning rate (rule of configs/gpu_smollm2_lr.yaml): the largest whose median "
+                  f"Model Utility over the baselines is >= {ratio:g} x Original's MU (threshold {threshold}); "
+                  "forget metrics are not read.", "",
+                  "| Learning rate | Median MU | Qualifies | Methods | Missing |", "|---:|---:|---|---|---|"]
+        for row in entry["rows"]:
+            verdict = {True: "yes", False: "no", None: "--"}[row["qualifies"]]
+            lines.append(f"| {row['learning_rate']:g} | {row['median_mu']:.4f} | {verdict} | "
+                         f"{', '.join(row['methods'])} | {', '.join(row['missing']) or '--'} |")
+        chosen = "none" if entry["chosen"] is None else f"**{entry['chosen']:g}**"
+        lines += ["", f"Chosen: {chosen} ({entry['reason']}).", ""]
+    return lines

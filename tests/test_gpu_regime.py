@@ -1,0 +1,214 @@
+"""Issue 12: the SmolLM2 regime configs (GPU run, its learning-rate sweep, the CPU fallback), what the runner
+records on a GPU, the report's regime check and failed cells, and a report that regenerates byte for byte."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from cru_harness.reporting import tables
+from cru_harness.reporting.cli import write_report
+from cru_harness.runner import config as cfg
+from cru_harness.runner.cache import CellStore
+from cru_harness.runner.loop import run_one
+from cru_harness.runner.plan import build_plan
+
+from test_report import synthetic_blocks, tofu_result, write_cells
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+BASELINES = ("GA", "GD", "NPO", "SimNPO", "IdkDPO")
+
+
+def _tofu_lr(method: cfg.MethodSpec, split: str) -> float:
+    return method.hparams_for("tofu", split)["learning_rate"]
+
+
+def test_gpu_config_is_the_issues_protocol():
+    config = cfg.load_config(CONFIGS / "gpu_smollm2.yaml")
+    assert config.seeds == (0, 1, 2) and config.device == "cuda"
+    tofu_model, rwku_model = config.models
+    assert tofu_model.path == rwku_model.path == "smollm2"
+    assert tofu_model.benchmarks == ("tofu",) and rwku_model.benchmarks == ("rwku",) and rwku_model.finetune is None
+    assert tofu_model.finetune["data"] == "full"
+    # the oracles: the same recipe on the split's retain set, from the same model
+    for split, data in (("forget01", "retain99"), ("forget10", "retain90")):
+        spec = tofu_model.retain[split]
+        assert spec.kind == "finetune" and spec.value == {**tofu_model.finetune, "data": data}
+    tofu = config.benchmarks["tofu"]
+    assert tofu["splits"] == ["forget01", "forget10"] and tofu["limit"] is None and config.evaluation["limit"] is None
+    rwku = config.benchmarks["rwku"]
+    assert rwku["targets"] == list(range(1, 21)) and rwku["limit"] is None
+    assert rwku["select_known"]["top"] == 5 and rwku["select_known"]["rows"] is None
+    assert "rwku_utility" in rwku["tasks"]
+    methods = {m.method: m for m in config.methods}
+    assert set(methods) == {*BASELINES, "ICU", "CRU"}
+    # ONE learning rate for every TOFU baseline, on both splits
+    assert len({_tofu_lr(methods[m], s) for m in BASELINES for s in tofu["splits"]}) == 1
+    cru = methods["CRU"]
+    tofu_cru, rwku_cru = cru.hparams_for("tofu", "forget10"), cru.hparams_for("rwku", None)
+    assert (tofu_cru["lam"], tofu_cru["percentile"], tofu_cru["d_r"], tofu_cru["last_k"]) == (1, 95, 32, 4)
+    assert (rwku_cru["lam"], rwku_cru["percentile"], rwku_cru["d_r"]) == (50, 90, 256)
+    assert methods["IdkDPO"].benchmarks == ("tofu",) and methods["ICU"].benchmarks == ("rwku",)
+    cells = build_plan(config, {"SmolLM2-135M": [1, 2, 3, 4, 5]})
+    trained = [c for c in cells if c.kind == "method" and c.method != "ICU"]
+    assert {c.seed for c in trained} == {0, 1, 2}
+    assert sum(c.kind == "finetune" for c in cells) == 1 and sum(c.kind == "retain" for c in cells) == 2
+
+
+def test_lr_sweep_is_on_an_unreported_split_with_the_same_model():
+    sweep = cfg.load_config(CONFIGS / "gpu_smollm2_lr.yaml")
+    main = cfg.load_config(CONFIGS / "gpu_smollm2.yaml")
+    assert sweep.benchmarks["tofu"]["splits"] == ["forget05"]
+    assert "forget05" not in main.benchmarks["tofu"]["splits"]
+    assert sweep.models[0].identity() == main.models[0].identity()   # same fine-tuned model (same finetune cell)
+    grid = {}
+    for method in sweep.methods:
+        grid.setdefault(method.method, set()).add(_tofu_lr(method, "forget05"))
+    assert set(grid) == set(BASELINES) and len({frozenset(v) for v in grid.values()}) == 1   # one grid for all
+    chosen = _tofu_lr(next(m for m in main.methods if m.method == "GA"), "forget10")
+    assert chosen in grid["GA"]
+    text = (CONFIGS / "gpu_smollm2_lr.yaml").read_text()
+    assert "Selection rule" in text and "LARGEST" in text   # the rule is written down beside the grid
+
+
+def test_cpu_config_is_a_stated_reduction_of_the_gpu_one():
+    config = cfg.load_config(CONFIGS / "cpu_smollm2.yaml")
+    assert config.device == "cpu" and config.output_dir == Path("results/cpu_smollm2")
+    model = config.models[0]
+    assert model.path == "smollm2" and " + " in model.finetune["data"]
+    assert config.benchmarks["tofu"]["limit"] or config.evaluation["limit"]
+    assert {m.method for m in config.methods} >= {*BASELINES, "CRU"}
+    header = (CONFIGS / "cpu_smollm2.yaml").read_text().split("\nname:")[0]
+    assert "measured" in header and "GPU" in header   # the arithmetic, and what is owed
+
+
+class _FakeCuda:
+    """torch.cuda on a machine with two GPUs (test double): peaks of 3 and 5 MiB."""
+
+    def __init__(self):
+        self.resets = []
+
+    def patch(self, monkeypatch):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda i: self.resets.append(i))
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda i=None: None)
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda i: (3 if i == 0 else 5) * 2**20)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H200")
+
+
+def test_cuda_cells_record_gpu_name_and_peak_memory(tmp_path, monkeypatch):
+    config = cfg.validate_config({"name": "g", "output_dir": str(tmp_path / "run"), "device": "cpu",
+                                  "models": [{"name": "m", "path": "zoo:llama"}],
+                                  "benchmarks": {"tofu": {"splits": ["forget01"]}}, "methods": ["GA"]})
+    cell = build_plan(config)[-1]
+    fake = _FakeCuda()
+    fake.patch(monkeypatch)
+    result, record = run_one(cell, tmp_path, lambda c, w: {"metrics": {}}, device="cuda:0")
+    assert fake.resets == [0, 1]   # reset at the start: the peak is this cell's, not the process's
+    assert result["resources"]["cell_peak_cuda_memory_bytes"] == 5 * 2**20
+    assert result["resources"]["gpu_name"] == record["gpu_name"] == "NVIDIA H200"
+    assert record["gpu_count"] == 2 and record["wall_time_s"] > 0 and "cell_peak_rss_bytes" in result["resources"]
+    # a cell that broke CUDA is still recorded as failed, with its own error, and no GPU numbers
+    def broken(i=None):
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", broken)
+    result, record = run_one(cell, tmp_path, lambda c, w: broken(), device="cuda:0")
+    assert result["status"] == "failed" and "device-side assert" in result["reason"]
+    assert "cell_peak_cuda_memory_bytes" not in result["resources"]
+    # a CPU cell records no GPU
+    result, record = run_one(cell, tmp_path, lambda c, w: {"metrics": {}}, device="cpu")
+    assert "gpu_name" not in result["resources"] and "gpu_name" not in record
+    # the report's resources list the GPU and the cell's peak
+    resources = tables.resources_table([{**tofu_result("m", "forget01", "GA", 0.5, 0.5),
+                                          "resources": {"cell_peak_cuda_memory_bytes": 5 * 2**20,
+                                                        "gpu_name": "NVIDIA H200"}}])
+    assert "| tofu | m | GA | NVIDIA H200 | 5.0 | 1 |" in resources
+
+
+def test_report_checks_the_regime_and_names_failed_cells(tmp_path):
+    results = [tofu_result("M", "forget01", "Original", 0.5, 0.6, kind="original"),    # forget ROUGE-L 0.5
+               tofu_result("M", "forget01", "Retain", 0.62, 0.6, kind="retain"),       # 0.38: gap 0.12, holds
+               tofu_result("M", "forget10", "Original", 0.5, 0.6, kind="original"),    # 0.5
+               tofu_result("M", "forget10", "Retain", 0.55, 0.6, kind="retain"),       # 0.45: gap 0.05, fails
+               tofu_result("M", "forget01", "GA", 0.9, 0.5)]
+    failed = {**tofu_result("M", "forget10", "NPO", 0.9, 0.5), "status": "failed", "metrics": {},
+              "reason": "OutOfMemoryError: CUDA out of memory"}
+    checks = {row["split"]: row for row in tables.regime_check(results)}
+    assert checks["forget01"]["gap"] == pytest.approx(0.12) and checks["forget01"]["holds"] is True
+    assert checks["forget10"]["holds"] is False
+    write_cells(tmp_path / "run", results + [failed])
+    write_report([tmp_path / "run"], tmp_path / "out", plots=False, log=lambda *_: None)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "Regime check" in report
+    assert "| M | forget01 | 0.50 | 0.38 | 0.12 |" in report and "| M | forget10 | 0.50 | 0.45 | 0.05 |" in report
+    assert "**fails**" in report
+    assert "- failed: M forget10 NPO: OutOfMemoryError: CUDA out of memory" in report
+
+
+def test_report_regenerates_byte_for_byte(tmp_path):
+    """`cru-harness report DIR` rewrites the report a run wrote (tables, stats, plots) with the same bytes."""
+    from cru_harness.cli import main
+
+    run = tmp_path / "run"
+    write_cells(run, synthetic_blocks() + [tofu_result("M1", "forget01", "Retain", 0.2, 0.9, kind="retain")])
+    write_report([CellStore(run).root], run / "report", log=lambda *_: None)   # as `cru-harness run` does
+    first = {p.relative_to(run): p.read_bytes() for p in sorted((run / "report").rglob("*")) if p.is_file()}
+    assert any(p.suffix == ".png" for p in first) and Path("report/report.md") in first
+    assert main(["report", str(run)]) == 0
+    second = {p.relative_to(run): p.read_bytes() for p in sorted((run / "report").rglob("*")) if p.is_file()}
+    assert second.keys() == first.keys()
+    assert [p for p in first if first[p] != second[p]] == []
+    assert json.loads(first[Path("report/stats.json")])["tofu"]["friedman"]["status"] == "ok"
+
+
+@pytest.mark.parametrize("name", ["gpu_smollm2.yaml", "gpu_smollm2_lr.yaml", "cpu_smollm2.yaml"])
+def test_every_trained_cell_of_the_regime_configs_builds_its_training_config(name):
+    """What a dry run cannot see: each cell's hyperparameters make a valid method config (e.g. SimNPO on
+    forget01, which has no protocol preset, needs beta and forget_weight given)."""
+    from cru_harness.baselines.registry import make_config
+    from cru_harness.cru.train import RouterTrainingConfig
+
+    config = cfg.load_config(CONFIGS / name)
+    cells = [c for c in build_plan(config, {"SmolLM2-135M": [1, 11]}) if c.kind == "method"]
+    assert cells
+    for cell in cells:
+        if cell.method == "CRU":
+            RouterTrainingConfig(**cell.hparams)
+        elif cell.method not in ("ICU", "PURGE"):
+            make_config(cell.method, cell.benchmark, cell.split, **cell.hparams)
+
+
+def _swept(method, lr, mu, seed=0):
+    return {**tofu_result("M", "forget05", f"{method} lr={lr:g}", 0.5, mu, seed=seed), "method": method,
+            "hash": f"{method}-{lr}-{seed}", "hparams": {"learning_rate": lr}}
+
+
+def test_lr_sweep_applies_the_stated_rule(tmp_path):
+    from cru_harness.reporting.lr_sweep import sweep_choices
+
+    original = tofu_result("M", "forget05", "Original", 0.0, 0.5, kind="original")   # threshold 0.9 x 0.5 = 0.45
+    cells = [original,
+             # 1e-5: MUs 0.50, 0.48, 0.46 -> median 0.48 >= 0.45: qualifies
+             _swept("GA", 1e-5, 0.50), _swept("GD", 1e-5, 0.48), _swept("NPO", 1e-5, 0.46),
+             # 3e-5: GA's two seeds average 0.45; median of 0.45, 0.47, 0.49 = 0.47: qualifies (the largest that does)
+             _swept("GA", 3e-5, 0.40), _swept("GA", 3e-5, 0.50, seed=1), _swept("GD", 3e-5, 0.47),
+             _swept("NPO", 3e-5, 0.49),
+             # 1e-4: median of 0.0, 0.44, 0.9 = 0.44 < 0.45: fails although one method keeps MU high
+             _swept("GA", 1e-4, 0.0), _swept("GD", 1e-4, 0.44), _swept("NPO", 1e-4, 0.9)]
+    (entry,) = sweep_choices(cells)
+    assert [row["qualifies"] for row in entry["rows"]] == [True, True, False]
+    assert entry["rows"][1]["median_mu"] == pytest.approx(0.47)
+    assert entry["chosen"] == 3e-5
+    # nothing qualifies -> the smallest learning rate; a forget metric never matters
+    low = [original] + [{**c, "metrics": {**c["metrics"], "model_utility": 0.1, "forget_rouge_l": 0.0}}
+                        for c in cells[1:]]
+    (entry,) = sweep_choices(low)
+    assert entry["chosen"] == 1e-5 and "smallest" in entry["reason"]
+    # a run at one learning rate is not a sweep
+    assert sweep_choices([original, _swept("GA", 1e-5, 0.5), _swept("GD", 1e-5, 0.5)]) == []
+    write_cells(tmp_path / "run", cells)
+    write_report([tmp_path / "run"], tmp_path / "out", plots=False, log=lambda *_: None)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "Learning-rate sweep: M forget05" in report and "Chosen: **3e-05**" in report
