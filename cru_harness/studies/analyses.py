@@ -1,0 +1,167 @@
+"""The two analyses that read models, not only cells: `overlap` (forget- vs retain-derived localizations per
+block; no router training) and `gate_gap` (a trained bundle's gates token by token on forget vs retain).
+
+Both work per CRU cell of the plan: its model (the fine-tuned checkpoint when the model has `finetune:`), its
+corpora written as its training wrote them (`runner.training.prompt_format`), its seed and its CRU settings
+(`cru.train.RouterTrainingConfig`, the one place their defaults live). Each cell's analysis is saved under
+`study/analysis/<cell hash>.json` (atomically), so a killed study resumes.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..runner.cache import atomic_write_json
+from ..runner.plan import Cell
+
+
+def analysis_path(out_dir: Path, kind: str, cell: Cell) -> Path:
+    return out_dir / "analysis" / f"{kind}_{cell.hash}.json"
+
+
+def load_cell_model(cell: Cell, base_path: str):
+    """(model, tokenizer, forget texts, retain texts) of a CRU cell, as its router training reads them."""
+    from ..cru.train import RouterTrainingConfig
+    from ..data.corpora import load_corpus
+    from ..runner.evaluation import use_chat_template
+    from ..runner.models import load_model, resolve_data_dir
+    from ..runner.training import prompt_format
+
+    data_dir = resolve_data_dir(cell.data_dir)
+    model, tokenizer = load_model(base_path, cell)
+    fmt = prompt_format(cell, use_chat_template(cell, base_path))
+    forget = load_corpus(cell.corpora["forget_corpus"], data_dir, tokenizer=tokenizer, **fmt)
+    retain = load_corpus(cell.corpora["retain_corpus"], data_dir, tokenizer=tokenizer, **fmt)
+    config = RouterTrainingConfig(**cell.hparams, seed=cell.seed or 0, progress=False)
+    return model, tokenizer, forget, retain, config
+
+
+def subsample(texts: list[str], n, seed: int) -> list[str]:
+    """`n` texts drawn without replacement (seeded, in corpus order), or all of them for 'all' / n >= len."""
+    if n == "all" or n >= len(texts):
+        return list(texts)
+    rng = np.random.default_rng(seed)
+    return [texts[i] for i in sorted(rng.choice(len(texts), size=n, replace=False))]
+
+
+def overlap_cell(cell: Cell, base_path: str, examples, out_dir: Path, log: Callable = print) -> dict:
+    """Per block and per example count: the overlap coefficient of the forget- and retain-derived selections
+    and Spearman's rho of their per-coordinate variance vectors (`cru.localize.compare_localizations`)."""
+    path = analysis_path(out_dir, "overlap", cell)
+    if path.is_file():
+        return json.loads(path.read_text())
+    import torch
+
+    from ..cru.localize import compare_localizations, localize
+
+    model, tokenizer, forget, retain, config = load_cell_model(cell, base_path)
+    seed = cell.seed or 0
+    result = {"cell": cell.hash, "label": cell.label, "seed": seed, "selection": config.selection,
+              "percentile": config.percentile, "by_examples": {}}
+    with torch.no_grad():
+        for n in examples:
+            f_texts, r_texts = subsample(forget, n, seed), subsample(retain, n, seed + 1)
+            kwargs = dict(blocks=config.blocks, last_k=config.last_k, percentile=config.percentile,
+                          selection=config.selection, seed=seed, batch_size=config.batch_size,
+                          max_length=config.max_length)
+            # the gate site and magnitude exclusion (RouterTrainingConfig options) shape the selection too
+            kwargs.update({key: getattr(config, name) for key, name in
+                           (("site", "gate_site"), ("exclude_top_magnitude", "exclude_top_magnitude"))
+                           if hasattr(config, name)})
+            compared = compare_localizations(localize(model, tokenizer, f_texts, **kwargs),
+                                             localize(model, tokenizer, r_texts, **kwargs))
+            result["by_examples"][str(n)] = {
+                "n_forget": len(f_texts), "n_retain": len(r_texts),
+                "blocks": {str(b): {"overlap": c.overlap, "spearman_rho": c.spearman_rho,
+                                    "spearman_pvalue": c.spearman_pvalue, "n_selected": c.n_forget,
+                                    "n_shared": c.n_shared} for b, c in compared.items()}}
+            log(f"  overlap {cell.describe()} n={n}: mean overlap "
+                f"{np.mean([c.overlap for c in compared.values()]):.3f}")
+    atomic_write_json(path, result)
+    return result
+
+
+class TokenGates:
+    """Gate observer keeping, per block, each real token's gate averaged over the block's selected coordinates."""
+
+    def __init__(self):
+        self.mask = None
+        self.values: dict[int, list[np.ndarray]] = {}
+
+    def __call__(self, block: int, _bundle, gates) -> None:
+        per_token = gates.float().mean(dim=-1)                       # (B, T)
+        keep = self.mask.to(per_token.device).bool()
+        self.values.setdefault(block, []).append(per_token[keep].cpu().numpy())
+
+    def tokens(self, block: int) -> np.ndarray:
+        return np.concatenate(self.values.get(block, [np.zeros(0)]))
+
+
+def token_gates(model, tokenizer, bundle, texts: list[str], *, batch_size: int, max_length: int
+                ) -> dict[int, np.ndarray]:
+    """Per gated block: the per-token gates (mean over selected coordinates) of every real token of `texts`."""
+    import torch
+
+    from ..cru.attach import attach_bundles
+    from ..cru.blocks import find_decoder_blocks, run_until
+    from ..cru.localize import collate, input_device, pad_token_id, tokenize_texts
+
+    ids = tokenize_texts(tokenizer, texts, max_length)
+    pad = pad_token_id(tokenizer)
+    recorder = TokenGates()
+    _, blocks = find_decoder_blocks(model)
+    bundle.eval()
+    handle = attach_bundles(model, [bundle], observer=recorder)
+    try:
+        with torch.no_grad():
+            for start in range(0, len(ids), batch_size):
+                batch = collate(ids[start:start + batch_size], pad).to(input_device(model))
+                recorder.mask = batch.attention_mask
+                run_until(model, blocks, max(bundle.block_indices), input_ids=batch.input_ids,
+                          attention_mask=batch.attention_mask)
+    finally:
+        handle.remove()
+    return {b: recorder.tokens(b) for b in bundle.block_indices}
+
+
+def gate_auc(forget: np.ndarray, retain: np.ndarray) -> float:
+    """P(a retain token's gate > a forget token's gate), ties counted half: the AUC of the gate as a
+    forget-vs-retain classifier (0.5 = cannot tell them apart; 1 = every retain token passes more)."""
+    from scipy.stats import mannwhitneyu
+
+    if len(forget) == 0 or len(retain) == 0:
+        return float("nan")
+    return float(mannwhitneyu(retain, forget, alternative="two-sided").statistic / (len(forget) * len(retain)))
+
+
+def gate_gap_cell(cell: Cell, base_path: str, routers: str, rows, out_dir: Path, log: Callable = print) -> dict:
+    """Per gated block and over all of them (a token's gate = its mean over blocks): mean gate on forget and on
+    retain tokens, and the per-token AUC. Rows: the first `rows` of each corpus (None: all)."""
+    path = analysis_path(out_dir, "gate_gap", cell)
+    if path.is_file():
+        return json.loads(path.read_text())
+    from ..cru.bundle import RouterBundle
+
+    model, tokenizer, forget, retain, config = load_cell_model(cell, base_path)
+    bundle = RouterBundle.from_pretrained(routers)
+    forget, retain = forget[:rows] if rows else forget, retain[:rows] if rows else retain
+    kwargs = dict(batch_size=config.batch_size, max_length=config.max_length)
+    f_gates = token_gates(model, tokenizer, bundle, forget, **kwargs)
+    r_gates = token_gates(model, tokenizer, bundle, retain, **kwargs)
+    blocks = {}
+    for b in bundle.block_indices:
+        blocks[str(b)] = {"forget_mean": float(f_gates[b].mean()), "retain_mean": float(r_gates[b].mean()),
+                          "auc": gate_auc(f_gates[b], r_gates[b])}
+    f_all = np.mean([f_gates[b] for b in bundle.block_indices], axis=0)
+    r_all = np.mean([r_gates[b] for b in bundle.block_indices], axis=0)
+    result = {"cell": cell.hash, "label": cell.label, "seed": cell.seed or 0, "n_forget_rows": len(forget),
+              "n_retain_rows": len(retain), "n_forget_tokens": int(f_all.size), "n_retain_tokens": int(r_all.size),
+              "blocks": blocks, "all": {"forget_mean": float(f_all.mean()), "retain_mean": float(r_all.mean()),
+                                        "auc": gate_auc(f_all, r_all)}}
+    log(f"  gate gap {cell.describe()}: forget {result['all']['forget_mean']:.3f}, retain "
+        f"{result['all']['retain_mean']:.3f}, AUC {result['all']['auc']:.3f}")
+    atomic_write_json(path, result)
+    return result
