@@ -156,8 +156,9 @@ def write_overlap(study: Study, analyses: list) -> None:
                 groups[(_group(cell), cell.label, n, int(block))].append(
                     {**values, "n_forget": by_n["n_forget"], "n_retain": by_n["n_retain"]})
     header = header_lines(study) + [
-        "- overlap coefficient |C_f ∩ C_r| / |C_f| (`cru.localize.compare_localizations`; one percentile gives equal sizes, so = / min) of the coordinates selected from forget and from "
-        "retain texts (same percentile, so equal sizes); Spearman ρ of the two per-coordinate variance vectors "
+        "- overlap coefficient |C_f ∩ C_r| / |C_f| (`cru.localize.compare_localizations`; one percentile gives "
+        "equal sizes, so this is |∩| / min) of the coordinates selected from forget and from retain texts; "
+        "Spearman ρ of the two per-coordinate variance vectors "
         "(scipy.stats.spearmanr); examples: drawn per seed from each corpus ('all' = the whole corpus)", ""]
     md = header + ["| block group | variant | examples (forget/retain) | block | overlap | Spearman ρ |",
                    "|---|---|---|---|---|---|"]
