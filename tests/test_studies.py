@@ -147,6 +147,12 @@ def test_study_rows_are_mean_and_sample_sd_over_seeds():
     assert tofu["stats"]["gate_forget"][:2] == (pytest.approx(0.15), pytest.approx(math.sqrt(0.005)))
     mean, sd, _ = rows["rwku"]["stats"]["forget_fb"]
     assert mean == pytest.approx(0.4) and sd == pytest.approx(math.sqrt(0.02))
+    # the Pareto front over (forgetting, utility) = (1 - forget ROUGE-L, MU): B dominates A and C, not D
+    front = study_rows([_cell("A", 0, forget_rouge_l=0.2, model_utility=0.5),
+                        _cell("B", 0, forget_rouge_l=0.1, model_utility=0.6),
+                        _cell("C", 0, forget_rouge_l=0.3, model_utility=0.4),
+                        _cell("D", 0, forget_rouge_l=0.05, model_utility=0.3)], ["A", "B", "C", "D"])
+    assert {r["label"]: r["pareto"] for r in front} == {"A": False, "B": True, "C": False, "D": True}
     single = study_rows([_cell("CRU", 0, forget_rouge_l=0.2)], ["CRU"])[0]
     assert single["stats"]["forget_1_rouge_l"][1] is None          # one seed: no spread claimed
 
@@ -200,6 +206,8 @@ def _check_sweep(out: Path, labels: list[str], seeds=(0,)) -> list[dict]:
         assert 0.0 <= float(row["forget_1_rouge_l_mean"]) <= 1.0 and 0.0 < float(row["model_utility_mean"]) <= 1
         assert float(row["train_wall_time_s_mean"]) > 0
         assert (row["forget_1_rouge_l_sd"] != "") == (len(seeds) > 1)
+        assert row["pareto_front"] in ("true", "false")
+    assert rows[0]["pareto_front"] == ""  # the retain oracle is a reference, not a candidate
     assert list((out / "study").glob("tradeoff_*.png"))
     return rows
 

@@ -83,7 +83,22 @@ def study_rows(results: list[dict], label_order: list[str], x: str | None = None
                      "n_units": max(len(cells) for cells in by_seed.values()),
                      "x": xs.pop() if len(xs) == 1 else None, "hparams": any_cell.get("hparams") or {},
                      "stats": row_stats})
+    mark_pareto(rows)
     return rows
+
+
+def mark_pareto(rows: list[dict]) -> None:
+    """`row["pareto"]`: on the forget-vs-utility Pareto front of its block's variants (means over seeds; the
+    reference rows Original / Retain are not candidates), None where an axis is missing."""
+    from ..reporting.stats import pareto_dominated
+
+    for block in dict.fromkeys(r["block"] for r in rows):
+        candidates = [r for r in rows if r["block"] == block and r["label"] not in REFERENCE_ROWS]
+        points = {r["label"]: (r["stats"]["forgetting"][0], r["stats"]["utility"][0]) for r in candidates}
+        dominated = pareto_dominated(points)
+        for row in candidates:
+            complete = all(_finite(v) for v in points[row["label"]])
+            row["pareto"] = (not dominated[row["label"]]) if complete else None
 
 
 def fmt(mean, sd) -> str:
@@ -95,19 +110,24 @@ def fmt(mean, sd) -> str:
 
 def to_markdown(rows: list[dict], header: list[str], x: str | None = None) -> str:
     """One table per block, under `header` lines (model, scale, seeds) that every study table states."""
-    lines = [*header, ""]
+    lines = [*header, "Pareto front: no other variant of the block has both more forgetting and more utility "
+             "(TOFU: 1 - forget ROUGE-L and MU; RWKU: 1 - mean forget score and mean utility; means over seeds).", ""]
     for block in dict.fromkeys(r["block"] for r in rows):
         block_rows = [r for r in rows if r["block"] == block]
         keys = KEYS[block_rows[0]["benchmark"]]
-        columns = ["variant", *([x] if x else []), "seeds", *[h for _, h in keys]]
+        columns = ["variant", *([x] if x else []), "seeds", *[h for _, h in keys], "Pareto front"]
         lines += [f"### {block}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for row in block_rows:
             cells = [row["label"], *([str(row["x"]) if row["x"] is not None else "–"] if x else []),
                      ",".join(map(str, row["seeds"])),
-                     *[fmt(*row["stats"][k][:2]) for k, _ in keys]]
+                     *[fmt(*row["stats"][k][:2]) for k, _ in keys], _pareto_text(row.get("pareto"))]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _pareto_text(flag) -> str:
+    return {True: "yes", False: "no"}.get(flag, "–")
 
 
 def to_csv(rows: list[dict], x: str | None = None) -> str:
@@ -115,14 +135,15 @@ def to_csv(rows: list[dict], x: str | None = None) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["block", "benchmark", "variant", *([x] if x else []), "seeds", "n_seeds",
-                     *[f"{k}_{s}" for k in keys for s in ("mean", "sd")]])
+                     *[f"{k}_{s}" for k in keys for s in ("mean", "sd")], "pareto_front"])
     for row in rows:
         values = []
         for key in keys:
             mean, sd, _ = row["stats"].get(key, (None, None, 0))
             values += ["" if mean is None else mean, "" if sd is None else sd]
         writer.writerow([row["block"], row["benchmark"], row["label"], *([row["x"]] if x else []),
-                         " ".join(map(str, row["seeds"])), len(row["seeds"]), *values])
+                         " ".join(map(str, row["seeds"])), len(row["seeds"]), *values,
+                         {True: "true", False: "false"}.get(row.get("pareto"), "")])
     return out.getvalue()
 
 
