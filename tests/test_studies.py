@@ -267,17 +267,26 @@ def test_overlap_study_localizes_without_training(tmp_path):
 
 @pytest.mark.slow
 def test_gate_gap_study_token_gates_agree_with_the_bundles_own_measurement(tmp_path):
+    from cru_harness.cru.bundle import RouterBundle
+
     out = tmp_path / "gate_gap"
     config = tiny_study("gate_gap", out, keep=["CRU-paper"])
     raw = yaml.safe_load(config.read_text())
-    raw["study"]["rows"] = None  # every forget row: what the bundle's final measurement reads
+    raw["study"]["rows"] = None  # every row: what the bundle's final measurement reads
     config.write_text(yaml.safe_dump(raw))
     assert main(["study", str(config)]) == 0
     (cell,) = [r for r in _results(out) if r["kind"] == "method"]
     analysis = json.loads(next((out / "study" / "analysis").glob("gate_gap_*.json")).read_text())
-    # token by token (this study's observer) vs the trainer's pooled measurement: the same forget gate mean
-    assert analysis["all"]["forget_mean"] == pytest.approx(cell["gate_means"]["forget"], rel=1e-4)
-    assert 0.0 <= analysis["all"]["auc"] <= 1.0 and analysis["n_forget_rows"] == 40
+    seen = analysis["retain_seen"]["all"]
+    # token by token (this study's observer) vs the trainer's pooled measurement over the same rows: the forget
+    # set, and the retain rows training drew (the world's 360 retain rows: 1 epoch of 5 steps x 8 draws 40)
+    assert seen["forget_mean"] == pytest.approx(cell["gate_means"]["forget"], rel=1e-4)
+    assert seen["retain_mean"] == pytest.approx(cell["gate_means"]["retain"], rel=1e-4)
+    metrics = RouterBundle.from_pretrained(cell["artifacts"]["routers"]).config.metrics
+    assert (analysis["n_forget_rows"], analysis["n_retain_seen_rows"]) == (40, metrics["retain_gate_rows"]) == (40, 40)
+    assert analysis["n_retain_held_out_rows"] == 320
+    for part in ("retain_seen", "retain_held_out"):
+        assert 0.0 <= analysis[part]["all"]["auc"] <= 1.0
     rows = _table_rows(out, "gate_gap")
     assert [r["block"] for r in rows] == ["all", "4", "5", "6", "7"]
     assert (out / "study" / "gate_gap.png").is_file() and (out / "study" / "table.md").is_file()

@@ -137,9 +137,35 @@ def gate_auc(forget: np.ndarray, retain: np.ndarray) -> float:
     return float(mannwhitneyu(retain, forget, alternative="two-sided").statistic / (len(forget) * len(retain)))
 
 
+def retain_rows_split(n_forget: int, n_retain: int, config) -> tuple[list[int], list[int]]:
+    """(retain rows training drew, in the order first drawn; retain rows it never drew, in corpus order), from
+    the training's own seeded schedule (`cru.train.router_schedule`)."""
+    from ..cru.train import router_schedule
+
+    drawn: dict[int, None] = {}
+    for _, rows in router_schedule(n_forget, n_retain, config.batch_size, config.epochs, config.seed):
+        drawn.update(dict.fromkeys(rows))
+    return list(drawn), [i for i in range(n_retain) if i not in drawn]
+
+
+def _summary(forget: dict, retain: dict, blocks) -> dict:
+    """Per block and over all blocks (a token's gate = its mean over the gated blocks): mean gates and AUC."""
+    out = {str(b): {"forget_mean": float(forget[b].mean()), "retain_mean": _mean(retain[b]),
+                    "auc": gate_auc(forget[b], retain[b])} for b in blocks}
+    f_all = np.mean([forget[b] for b in blocks], axis=0)
+    r_all = np.mean([retain[b] for b in blocks], axis=0) if len(retain[blocks[0]]) else np.zeros(0)
+    out["all"] = {"forget_mean": float(f_all.mean()), "retain_mean": _mean(r_all), "auc": gate_auc(f_all, r_all)}
+    return out
+
+
+def _mean(values: np.ndarray) -> float:
+    return float(values.mean()) if len(values) else float("nan")
+
+
 def gate_gap_cell(cell: Cell, base_path: str, routers: str, rows, out_dir: Path, log: Callable = print) -> dict:
-    """Per gated block and over all of them (a token's gate = its mean over blocks): mean gate on forget and on
-    retain tokens, and the per-token AUC. Rows: the first `rows` of each corpus (None: all)."""
+    """Per gated block and over all of them: mean gate on forget tokens and on retain tokens, and the per-token
+    AUC, twice: against retain rows training drew and against retain rows it never drew (held out; what a
+    router must generalise to). Rows: the first `rows` of each (None: all); forget rows are all trained on."""
     path = analysis_path(out_dir, "gate_gap", cell)
     if path.is_file():
         return json.loads(path.read_text())
@@ -147,21 +173,24 @@ def gate_gap_cell(cell: Cell, base_path: str, routers: str, rows, out_dir: Path,
 
     model, tokenizer, forget, retain, config = load_cell_model(cell, base_path)
     bundle = RouterBundle.from_pretrained(routers)
-    forget, retain = forget[:rows] if rows else forget, retain[:rows] if rows else retain
+    trained_on = (bundle.config.training_data or {}).get("retain", {}).get("n_examples")
+    if trained_on is not None and trained_on != len(retain):
+        raise RuntimeError(f"cell {cell.hash}: its routers trained on {trained_on} retain rows, the corpus "
+                           f"{cell.corpora['retain_corpus']} now has {len(retain)}")
+    seen, held_out = retain_rows_split(len(forget), len(retain), config)
+    take = (lambda items: items[:rows]) if rows else (lambda items: items)
     kwargs = dict(batch_size=config.batch_size, max_length=config.max_length)
-    f_gates = token_gates(model, tokenizer, bundle, forget, **kwargs)
-    r_gates = token_gates(model, tokenizer, bundle, retain, **kwargs)
-    blocks = {}
-    for b in bundle.block_indices:
-        blocks[str(b)] = {"forget_mean": float(f_gates[b].mean()), "retain_mean": float(r_gates[b].mean()),
-                          "auc": gate_auc(f_gates[b], r_gates[b])}
-    f_all = np.mean([f_gates[b] for b in bundle.block_indices], axis=0)
-    r_all = np.mean([r_gates[b] for b in bundle.block_indices], axis=0)
-    result = {"cell": cell.hash, "label": cell.label, "seed": cell.seed or 0, "n_forget_rows": len(forget),
-              "n_retain_rows": len(retain), "n_forget_tokens": int(f_all.size), "n_retain_tokens": int(r_all.size),
-              "blocks": blocks, "all": {"forget_mean": float(f_all.mean()), "retain_mean": float(r_all.mean()),
-                                        "auc": gate_auc(f_all, r_all)}}
-    log(f"  gate gap {cell.describe()}: forget {result['all']['forget_mean']:.3f}, retain "
-        f"{result['all']['retain_mean']:.3f}, AUC {result['all']['auc']:.3f}")
+    blocks = list(bundle.block_indices)
+    f_gates = token_gates(model, tokenizer, bundle, take(forget), **kwargs)
+    result = {"cell": cell.hash, "label": cell.label, "seed": cell.seed or 0, "n_forget_rows": len(take(forget))}
+    for name, indices in (("retain_seen", seen), ("retain_held_out", held_out)):
+        chosen = take(indices)
+        r_gates = token_gates(model, tokenizer, bundle, [retain[i] for i in chosen], **kwargs) if chosen else \
+            {b: np.zeros(0) for b in blocks}
+        result[f"n_{name}_rows"] = len(chosen)
+        result[name] = _summary(f_gates, r_gates, blocks)
+    seen, held = result["retain_seen"]["all"], result["retain_held_out"]["all"]
+    log(f"  gate gap {cell.describe()}: forget {seen['forget_mean']:.3f}, retain trained rows "
+        f"{seen['retain_mean']:.3f} / held out {held['retain_mean']:.3f}, AUC {seen['auc']:.3f} / {held['auc']:.3f}")
     atomic_write_json(path, result)
     return result

@@ -176,34 +176,47 @@ def write_overlap(study: Study, analyses: list) -> None:
     _line_plot(study, groups, ("overlap", "spearman_rho"), ("overlap coefficient", "Spearman ρ"), "overlap")
 
 
+GATE_GAP_COLUMNS = (("forget_mean", "forget gate"), ("retain_seen_mean", "retain gate (trained rows)"),
+                    ("retain_held_out_mean", "retain gate (held-out rows)"), ("auc_seen", "AUC (trained rows)"),
+                    ("auc_held_out", "AUC (held-out rows)"))
+
+
 def write_gate_gap(study: Study, analyses: list) -> None:
-    """Table: per (model, split, variant, block | all) mean gate on forget and retain tokens and the per-token
-    AUC, mean ± sd over seeds; plot: the three along the blocks."""
+    """Table: per (model, split, variant, block | all) mean gate on forget tokens, on retain tokens of rows
+    training drew and of rows it never drew, and the per-token AUC against each; mean ± sd over seeds. Plot: the
+    gates and the held-out AUC along the blocks."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for cell, result in analyses:
-        for block, values in result["blocks"].items():
-            groups[(_group(cell), cell.label, "all", int(block))].append(values)
-        groups[(_group(cell), cell.label, "all", -1)].append(result["all"])
+        seen, held = result["retain_seen"], result["retain_held_out"]
+        for block in seen:
+            groups[(_group(cell), cell.label, "all", -1 if block == "all" else int(block))].append({
+                "forget_mean": seen[block]["forget_mean"], "retain_seen_mean": seen[block]["retain_mean"],
+                "retain_held_out_mean": held[block]["retain_mean"], "auc_seen": seen[block]["auc"],
+                "auc_held_out": held[block]["auc"], "rows": (result["n_forget_rows"], result["n_retain_seen_rows"],
+                                                             result["n_retain_held_out_rows"])})
     rows_note = study.spec.rows or "all"
     header = header_lines(study) + [
-        f"- tokens: every real token of the first {rows_note} rows of each CRU cell's forget and retain corpora "
-        "(training saw the whole forget corpus and a seeded sample of retain rows); a token's gate = its mean over "
-        "the block's selected coordinates; block 'all' = the token's mean over the gated blocks",
-        "- AUC: P(retain token's gate > forget token's gate), ties half (Mann–Whitney U / (n_f n_r), "
+        f"- tokens: every real token of the first {rows_note} rows of each CRU cell's forget corpus (all trained "
+        f"on), of the retain rows its training drew, and of the retain rows it never drew (held out; from the "
+        "training's own seeded schedule); a token's gate = its mean over the block's selected coordinates; "
+        "block 'all' = the token's mean over the gated blocks",
+        "- AUC: P(a retain token's gate > a forget token's gate), ties half (Mann–Whitney U / (n_f n_r), "
         "scipy.stats.mannwhitneyu); 0.5 = the gate cannot tell the corpora apart", ""]
-    md = header + ["| block group | variant | block | forget gate | retain gate | per-token AUC |",
-                   "|---|---|---|---|---|---|"]
-    csv_lines = ["group,variant,block,n_seeds,forget_mean,forget_sd,retain_mean,retain_sd,auc_mean,auc_sd"]
+    md = header + ["| block group | variant | rows (forget / retain trained / held out) | block | " +
+                   " | ".join(name for _, name in GATE_GAP_COLUMNS) + " |", "|---|---|---|---|" + "---|" * 5]
+    csv_lines = ["group,variant,block,n_seeds," + ",".join(f"{k}_mean,{k}_sd" for k, _ in GATE_GAP_COLUMNS)]
     for (group, label, _, block), items in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][3])):
-        cols = [_stat_cells([i[k] for i in items]) for k in ("forget_mean", "retain_mean", "auc")]
+        cols = [_stat_cells([i[k] for i in items]) for k, _ in GATE_GAP_COLUMNS]
         name = "all" if block < 0 else str(block)
-        md.append(f"| {group} | {label} | {name} | " + " | ".join(c[0] for c in cols) + " |")
+        md.append(f"| {group} | {label} | {' / '.join(map(str, items[0]['rows']))} | {name} | " +
+                  " | ".join(c[0] for c in cols) + " |")
         csv_lines.append(",".join(str(v) if v is not None else "" for v in (
             f'"{group}"', label, name, len(items), *[x for c in cols for x in c[1:]])))
     write_outputs(study, "gate_gap", "\n".join(md) + "\n", "\n".join(csv_lines) + "\n")
     per_block = {k: v for k, v in groups.items() if k[3] >= 0}
-    _line_plot(study, per_block, ("forget_mean", "retain_mean", "auc"), ("forget gate", "retain gate",
-                                                                         "per-token AUC"), "gate_gap")
+    _line_plot(study, per_block, ("forget_mean", "retain_seen_mean", "retain_held_out_mean", "auc_held_out"),
+               ("forget gate", "retain gate (trained rows)", "retain gate (held-out rows)", "per-token AUC (held out)"),
+               "gate_gap")
 
 
 def _line_plot(study: Study, groups: dict, keys, names, stem: str) -> Path:
@@ -227,7 +240,7 @@ def _line_plot(study: Study, groups: dict, keys, names, stem: str) -> Path:
             ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=f"{group}: {tag}")
         ax.set_xlabel("block")
         ax.set_title(name, fontsize=9)
-        if key == "auc":
+        if key.startswith("auc"):
             ax.axhline(0.5, color="k", linestyle="--", linewidth=1)
     axes[0][0].legend(fontsize=6)
     fig.suptitle(study.spec.title, fontsize=9)
