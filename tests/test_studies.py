@@ -263,6 +263,13 @@ def test_overlap_study_localizes_without_training(tmp_path):
         assert 0.0 <= float(row["overlap_mean"]) <= 1.0 and -1.0 <= float(row["rho_mean"]) <= 1.0
     assert {(r["n_forget"], r["n_retain"]) for r in rows} == {("10", "10"), ("40", "360")}  # world forget10/retain90
     assert (out / "study" / "overlap.png").is_file()
+    # a second run reuses the saved per-cell analyses; --force recomputes them (same numbers: seeded)
+    saved = {p: (p.stat().st_mtime_ns, p.read_text()) for p in (out / "study" / "analysis").glob("*.json")}
+    assert len(saved) == 1
+    assert main(["study", str(out.parent / "overlap.yaml")]) == 0
+    assert {p: (p.stat().st_mtime_ns, p.read_text()) for p in saved} == saved
+    assert main(["study", str(out.parent / "overlap.yaml"), "--force"]) == 0
+    assert all(p.stat().st_mtime_ns != stamp and p.read_text() == text for p, (stamp, text) in saved.items())
 
 
 @pytest.mark.slow

@@ -47,19 +47,22 @@ def subsample(texts: list[str], n, seed: int) -> list[str]:
     return [texts[i] for i in sorted(rng.choice(len(texts), size=n, replace=False))]
 
 
-def overlap_cell(cell: Cell, base_path: str, examples, out_dir: Path, log: Callable = print) -> dict:
+def overlap_cell(cell: Cell, base_path: str, examples, out_dir: Path, log: Callable = print, *,
+                 force: bool = False) -> dict:
     """Per block and per example count: the overlap coefficient of the forget- and retain-derived selections
     and Spearman's rho of their per-coordinate variance vectors (`cru.localize.compare_localizations`)."""
     path = analysis_path(out_dir, "overlap", cell)
-    if path.is_file():
-        return json.loads(path.read_text())
+    if path.is_file() and not force:
+        saved = json.loads(path.read_text())
+        if saved.get("base") == base_path and list(saved.get("by_examples", {})) == [str(n) for n in examples]:
+            return saved
     import torch
 
     from ..cru.localize import compare_localizations, localize
 
     model, tokenizer, forget, retain, config = load_cell_model(cell, base_path)
     seed = cell.seed or 0
-    result = {"cell": cell.hash, "label": cell.label, "seed": seed, "selection": config.selection,
+    result = {"cell": cell.hash, "base": base_path, "label": cell.label, "seed": seed, "selection": config.selection,
               "percentile": config.percentile, "by_examples": {}}
     with torch.no_grad():
         for n in examples:
@@ -162,14 +165,20 @@ def _mean(values: np.ndarray) -> float:
     return float(values.mean()) if len(values) else float("nan")
 
 
-def gate_gap_cell(cell: Cell, base_path: str, routers: str, rows, out_dir: Path, log: Callable = print) -> dict:
+def gate_gap_cell(cell: Cell, base_path: str, routers: str, rows, out_dir: Path, log: Callable = print, *,
+                  force: bool = False) -> dict:
     """Per gated block and over all of them: mean gate on forget tokens and on retain tokens, and the per-token
     AUC, twice: against retain rows training drew and against retain rows it never drew (held out; what a
     router must generalise to). Rows: the first `rows` of each (None: all); forget rows are all trained on."""
+    from ..cru.bundle import MANIFEST_NAME, RouterBundle
+
+    # a saved analysis is reused only for the same bundle (a re-trained cell has new weights) and rows
+    weights = json.loads((Path(routers) / MANIFEST_NAME).read_text()).get("weights_sha256")
     path = analysis_path(out_dir, "gate_gap", cell)
-    if path.is_file():
-        return json.loads(path.read_text())
-    from ..cru.bundle import RouterBundle
+    if path.is_file() and not force:
+        saved = json.loads(path.read_text())
+        if saved.get("weights_sha256") == weights and saved.get("rows") == rows:
+            return saved
 
     model, tokenizer, forget, retain, config = load_cell_model(cell, base_path)
     bundle = RouterBundle.from_pretrained(routers)
@@ -182,7 +191,8 @@ def gate_gap_cell(cell: Cell, base_path: str, routers: str, rows, out_dir: Path,
     kwargs = dict(batch_size=config.batch_size, max_length=config.max_length)
     blocks = list(bundle.block_indices)
     f_gates = token_gates(model, tokenizer, bundle, take(forget), **kwargs)
-    result = {"cell": cell.hash, "label": cell.label, "seed": cell.seed or 0, "n_forget_rows": len(take(forget))}
+    result = {"cell": cell.hash, "weights_sha256": weights, "rows": rows, "label": cell.label,
+              "seed": cell.seed or 0, "n_forget_rows": len(take(forget))}
     for name, indices in (("retain_seen", seen), ("retain_held_out", held_out)):
         chosen = take(indices)
         r_gates = token_gates(model, tokenizer, bundle, [retain[i] for i in chosen], **kwargs) if chosen else \

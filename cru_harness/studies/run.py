@@ -87,7 +87,7 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, log: 
                 raise RuntimeError(f"cell {cell.hash} ({cell.describe()}) has no router bundle on disk "
                                    f"({routers}); re-run it with --force")
             analyses.append((cell, gate_gap_cell(cell, base_path_for(cell, cells, store), routers, spec.rows,
-                                                 study.out_dir, log=log)))
+                                                 study.out_dir, log=log, force=force)))
         write_gate_gap(study, analyses)
     return status
 
@@ -141,7 +141,7 @@ def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable) -> 
                 return 1
         for cell in cru:
             analyses.append((cell, overlap_cell(cell, base_path_for(cell, cells, store), spec.examples,
-                                                study.out_dir, log=log)))
+                                                study.out_dir, log=log, force=force)))
     write_overlap(study, analyses)
     return 0
 
