@@ -100,6 +100,29 @@ def test_study_cli_reports_a_bad_config_in_one_line(tmp_path, capsys):
     assert len(err) == 1 and "study.kind" in err[0] and "Traceback" not in err[0]
 
 
+def test_scale_runs_a_study_on_another_configs_models_and_benchmarks(capsys):
+    # demo.yaml: a tiny TOFU model and SmolLM2 on RWKU; the TOFU-only lambda study keeps only the TOFU part
+    study = load_study(STUDIES / "lambda.yaml", {"seeds": [0]}, scale=REPO_ROOT / "configs" / "demo.yaml")
+    config = study.config
+    assert [m.name for m in config.models] == ["tiny-llama"] and list(config.benchmarks) == ["tofu"]
+    assert config.benchmarks["tofu"]["data_dir"] == "testbed:world" and config.seeds == (0,)
+    assert config.output_dir == Path("results/studies/lambda-demo")
+    assert [m.label for m in config.methods] == [f"CRU-lambda{v}" for v in ("0_5", "1", "10", "50", "100")]
+    assert study.spec.scale.endswith("demo.yaml") and study.spec.collapse_line
+    from cru_harness.studies.run import header_lines
+
+    assert any("configs/demo.yaml" in line and "--scale" in line for line in header_lines(study))
+    # the CLI: a dry run plans the tiny cells; a scale config sharing no benchmark is one clear line
+    assert main(["study", str(STUDIES / "lambda.yaml"), "--scale", str(REPO_ROOT / "configs" / "ci_minimal.yaml"),
+                 "--seeds", "0", "--dry-run"]) == 0
+    assert "results/studies/lambda-ci_minimal" in capsys.readouterr().out
+    assert main(["study", str(STUDIES / "lambda.yaml"), "--scale",
+                 str(REPO_ROOT / "configs" / "paper_rwku.yaml"), "--dry-run"]) == 2
+    assert "configures none of the study's benchmarks (tofu)" in capsys.readouterr().err
+    assert main(["study", str(STUDIES / "lambda.yaml"), "--seeds", "zero", "--dry-run"]) == 2
+    assert "--seeds" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------------------------- arithmetic
 def test_collapsed_gate_minimises_the_papers_loss_for_one_shared_gate():
     grid = np.linspace(0.0, 1.0, 100001)

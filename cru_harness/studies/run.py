@@ -16,6 +16,9 @@ def header_lines(study: Study) -> list[str]:
     config = study.config
     lines = [f"## {study.spec.title}", "", f"Study `{config.name}` ({study.spec.kind}), config "
              f"`{config.source}`, device `{config.device}`."]
+    if study.spec.scale:
+        lines.append(f"- scale: models, benchmarks and evaluation from `{study.spec.scale}` (`--scale`), not the "
+                     "study config's own")
     for model in config.models:
         tuned = f", fine-tuned first on `{model.finetune['data']}` with TOFU's recipe" if model.finetune else ""
         lines.append(f"- model `{model.name}`: `{model.path}` ({model.dtype}){tuned}")
