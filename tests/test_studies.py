@@ -180,6 +180,20 @@ def test_study_rows_are_mean_and_sample_sd_over_seeds():
     assert single["stats"]["forget_1_rouge_l"][1] is None          # one seed: no spread claimed
 
 
+def test_table_header_names_the_cells_that_did_not_finish():
+    from types import SimpleNamespace
+
+    from cru_harness.studies.run import missing_lines
+
+    def cell(h, kind="method"):
+        return SimpleNamespace(hash=h, kind=kind, describe=lambda: f"cell {h}")
+
+    cells = [cell("a"), cell("b"), cell("f", "finetune")]
+    assert missing_lines(cells, [{"hash": "a", "status": "ok"}, {"hash": "b", "status": "ok"}]) == []
+    (line,) = missing_lines(cells, [{"hash": "a", "status": "ok"}, {"hash": "b", "status": "failed"}])
+    assert "not finished: 1 of 2 cells" in line and "cell b" in line
+
+
 # ------------------------------------------------------------------------------------------------ end to end
 def tiny_study(name: str, out: Path, *, seeds=(0,), keep=None) -> Path:
     """The committed study config on the tiny testbed: the tiny Llama on the fictitious world (retain oracle:
@@ -222,6 +236,7 @@ def _check_sweep(out: Path, labels: list[str], seeds=(0,)) -> list[dict]:
     table = (out / "study" / "table.md").read_text()
     for line in ("model `tiny-llama`", "splits forget10", "evaluation rows per task: 4", f"seeds {list(seeds)}"):
         assert line in table
+    assert "not finished" not in table
     rows = _table_rows(out)
     assert [r["variant"] for r in rows] == ["Retain", *labels]
     for row in rows[1:]:

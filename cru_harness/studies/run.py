@@ -65,19 +65,21 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, log: 
     status = run_config(config, dry_run=dry_run, force=force, log=log)
     if dry_run:
         return status
-    results = load_results(config.output_dir)
+    cells = _plan(config)
+    planned = {cell.hash for cell in cells}
+    # only this config's cells: a directory may still hold cells of an edited variant (other hash, same label)
+    results = [r for r in load_results(config.output_dir) if r["hash"] in planned]
     labels = [m.label for m in config.methods]
     rows = study_rows(results, labels, spec.x)
     header = header_lines(study) + [
         "- gate means: the bundle's final measurement (the whole forget set; the retain rows training drew); "
-        "cost: training and whole-cell wall seconds on this run's device", ""]
+        "cost: training and whole-cell wall seconds on this run's device", *missing_lines(cells, results), ""]
     write_outputs(study, "table", to_markdown(rows, header, spec.x), to_csv(rows, spec.x))
     plots = plot_study(rows, study.out_dir, title=spec.title, x=spec.x, collapse_line=spec.collapse_line)
     log(f"study table: {study.out_dir / 'table.md'}; plots: {', '.join(p.name for p in plots)}")
     if spec.kind == "gate_gap":
         from .analyses import gate_gap_cell
 
-        cells = _plan(config)
         store = CellStore(config.output_dir)
         by_hash = {r["hash"]: r for r in results}
         analyses = []
@@ -87,12 +89,24 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, log: 
             if cell.method != "CRU" or result.get("status") != "ok":
                 continue
             if not routers or not Path(routers).is_dir():
-                raise RuntimeError(f"cell {cell.hash} ({cell.describe()}) has no router bundle on disk "
+                raise FileNotFoundError(f"cell {cell.hash} ({cell.describe()}) has no router bundle on disk "
                                    f"({routers}); re-run it with --force")
             analyses.append((cell, gate_gap_cell(cell, base_path_for(cell, cells, store), routers, spec.rows,
                                                  study.out_dir, log=log, force=force)))
         write_gate_gap(study, analyses)
     return status
+
+
+def missing_lines(cells, results: list[dict]) -> list[str]:
+    """A header line naming the planned cells that did not finish (their rows average fewer seeds, or are absent)."""
+    done = {r["hash"] for r in results if r.get("status") == "ok"}
+    missing = [c for c in cells if c.kind != "finetune" and c.hash not in done]
+    if not missing:
+        return []
+    named = "; ".join(c.describe() for c in missing[:8]) + (f"; and {len(missing) - 8} more" if len(missing) > 8
+                                                             else "")
+    return [f"- **not finished: {len(missing)} of {sum(c.kind != 'finetune' for c in cells)} cells** ({named}); "
+            "see report/ for why"]
 
 
 def write_outputs(study: Study, stem: str, markdown: str, csv_text: str) -> None:
