@@ -3,8 +3,8 @@ collapsed-router arithmetic, and each study end to end on the tiny testbed model
 
 The end-to-end tests run the committed study configs through `tiny_study`, which only swaps the model and data for
 the tiny testbed (and shrinks epochs, limits, variants): the study code path is the one the real configs take.
-`loss_shape` and `options*` use RouterTrainingConfig fields of the cruopts branch (suppress_loss / pass_loss,
-gate_site, input_norm rms_learned, exclude_top_magnitude); until that branch is merged their tests skip, naming it.
+`loss_shape` and `options*` exercise the CRU options (suppress_loss / pass_loss, gate_site, input_norm
+rms_learned, exclude_top_magnitude) end to end.
 """
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ import torch
 import yaml
 
 from cru_harness.cli import main
-from cru_harness.runner.config import METHOD_HPARAMS, ConfigError
+from cru_harness.runner.config import ConfigError
 from cru_harness.studies.analyses import gate_auc, subsample
 from cru_harness.studies.config import load_study, validate_study
-from cru_harness.studies.tables import collapsed_gate, study_rows
+from cru_harness.studies.tables import study_rows
 
 torch.set_num_threads(1)  # 2 shared cores: as tests/test_runner_e2e.py, one thread is faster under contention
 
@@ -30,23 +30,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 STUDIES = REPO_ROOT / "configs" / "studies"
 NAMES = ("percentile", "lambda", "random_control", "blocks", "overlap", "gate_gap", "loss_shape", "options",
          "options_report")
-# the cruopts fields each study's config uses (not on main until that branch is merged)
-NEEDS_CRUOPTS = {"loss_shape": ("suppress_loss", "pass_loss"),
-                 "options": ("gate_site", "exclude_top_magnitude"),
-                 "options_report": ("gate_site", "exclude_top_magnitude")}
-
-
-def _needs_cruopts(name: str):
-    missing = [f for f in NEEDS_CRUOPTS.get(name, ()) if f not in METHOD_HPARAMS["CRU"]]
-    return pytest.mark.skipif(bool(missing), reason=f"needs the cruopts branch's CRU fields {missing} (merged with it)")
-
-
-def _params():
-    return [pytest.param(name, marks=_needs_cruopts(name)) for name in NAMES]
 
 
 # ------------------------------------------------------------------------------------------------------- configs
-@pytest.mark.parametrize("name", _params())
+@pytest.mark.parametrize("name", NAMES)
 def test_committed_study_configs_validate_on_the_smollm2_tofu_setup(name):
     study = load_study(STUDIES / f"{name}.yaml")
     config = study.config
@@ -124,14 +111,6 @@ def test_scale_runs_a_study_on_another_configs_models_and_benchmarks(capsys):
 
 
 # ------------------------------------------------------------------------------------------------- arithmetic
-def test_collapsed_gate_minimises_the_papers_loss_for_one_shared_gate():
-    grid = np.linspace(0.0, 1.0, 100001)
-    for lam in (0.5, 1, 10, 50, 100):
-        best = grid[np.argmin(grid + lam * (grid - 1.0) ** 2)]  # one gate g on both corpora
-        assert collapsed_gate(lam) == pytest.approx(best, abs=1e-4)
-    assert collapsed_gate(1) == 0.5 and collapsed_gate(0.25) == 0.0  # clipped to the gate's range
-
-
 def test_gate_auc_is_the_probability_a_retain_token_passes_more():
     assert gate_auc(np.array([0.1, 0.2]), np.array([0.8, 0.9])) == 1.0
     assert gate_auc(np.array([0.8, 0.9]), np.array([0.1, 0.2])) == 0.0
@@ -251,8 +230,7 @@ def _check_sweep(out: Path, labels: list[str], seeds=(0,)) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["percentile", "random_control", pytest.param("loss_shape",
-                                                                                marks=_needs_cruopts("loss_shape"))])
+@pytest.mark.parametrize("name", ["percentile", "random_control", "loss_shape"])
 def test_sweep_study_end_to_end(name, tmp_path):
     out = tmp_path / name
     config = tiny_study(name, out)
@@ -273,6 +251,8 @@ def test_lambda_study_two_seeds_spread_and_collapsed_router_plot(tmp_path):
     assert main(["study", str(tiny_study("lambda", out, seeds=(0, 1)))]) == 0
     rows = _check_sweep(out, ["CRU-lambda0_5", "CRU-lambda100"], seeds=(0, 1))
     assert [r["lam"] for r in rows[1:]] == ["0.5", "100"]
+    # the collapsed router's gate of each row (paper loss: 1 - 1/(2 lambda), clipped); none for the oracle row
+    assert [r["collapsed_gate"] for r in rows] == ["", "0.0", "0.995"]
     assert list((out / "study").glob("sweep_*.png"))
     assert "±" in (out / "study" / "table.md").read_text()
 
@@ -338,8 +318,8 @@ def test_gate_gap_study_token_gates_agree_with_the_bundles_own_measurement(tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [pytest.param("options", marks=_needs_cruopts("options"))])
-def test_options_study_end_to_end(name, tmp_path):
+def test_options_study_end_to_end(tmp_path):
+    name = "options"
     out = tmp_path / name
     keep = ["GA", "CRU-paper", "CRU-mlp-site", "CRU-rms-learned-input", "CRU-exclude-top1pct"]
     assert main(["study", str(tiny_study(name, out, keep=keep))]) == 0

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cru.losses import collapsed_gate
 from ..reporting.tables import FAILURE_CLASSES, derived_metrics, fill_forget_quality
 
 # (key in the derived metrics, header). Forget and utility axes first, then the retain / neighbour scores the
@@ -80,11 +81,26 @@ def study_rows(results: list[dict], label_order: list[str], x: str | None = None
         any_cell = next(iter(by_seed.values()))[0]
         xs = {(r.get("hparams") or {}).get(x) for cells in by_seed.values() for r in cells} if x else set()
         rows.append({"block": block, "benchmark": benchmark, "label": label, "seeds": sorted(by_seed),
+                     "collapsed_gate": router_null_gate(any_cell),
                      "n_units": max(len(cells) for cells in by_seed.values()),
                      "x": xs.pop() if len(xs) == 1 else None, "hparams": any_cell.get("hparams") or {},
                      "stats": row_stats})
     mark_pareto(rows)
     return rows
+
+
+def router_null_gate(result: dict) -> float | None:
+    """A CRU cell's collapsed-router gate (`cru.collapsed_gate` for its lambda and loss shapes): where a router
+    that cannot tell forget from retain settles. A retain gate near it says the router did not separate them."""
+    if result.get("method") != "CRU":
+        return None
+    from ..cru.train import RouterTrainingConfig
+
+    hparams = result.get("hparams") or {}
+    default = RouterTrainingConfig()
+    return collapsed_gate(float(hparams.get("lam", default.lam)),
+                          suppress_loss=hparams.get("suppress_loss", default.suppress_loss),
+                          pass_loss=hparams.get("pass_loss", default.pass_loss))
 
 
 def mark_pareto(rows: list[dict]) -> None:
@@ -115,12 +131,14 @@ def to_markdown(rows: list[dict], header: list[str], x: str | None = None) -> st
     for block in dict.fromkeys(r["block"] for r in rows):
         block_rows = [r for r in rows if r["block"] == block]
         keys = KEYS[block_rows[0]["benchmark"]]
-        columns = ["variant", *([x] if x else []), "seeds", *[h for _, h in keys], "Pareto front"]
+        columns = ["variant", *([x] if x else []), "seeds", *[h for _, h in keys], "collapsed-router gate",
+                   "Pareto front"]
         lines += [f"### {block}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for row in block_rows:
             cells = [row["label"], *([str(row["x"]) if row["x"] is not None else "–"] if x else []),
                      ",".join(map(str, row["seeds"])),
-                     *[fmt(*row["stats"][k][:2]) for k, _ in keys], _pareto_text(row.get("pareto"))]
+                     *[fmt(*row["stats"][k][:2]) for k, _ in keys], fmt(row["collapsed_gate"], None),
+                     _pareto_text(row.get("pareto"))]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -135,7 +153,7 @@ def to_csv(rows: list[dict], x: str | None = None) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["block", "benchmark", "variant", *([x] if x else []), "seeds", "n_seeds",
-                     *[f"{k}_{s}" for k in keys for s in ("mean", "sd")], "pareto_front"])
+                     *[f"{k}_{s}" for k in keys for s in ("mean", "sd")], "collapsed_gate", "pareto_front"])
     for row in rows:
         values = []
         for key in keys:
@@ -143,15 +161,9 @@ def to_csv(rows: list[dict], x: str | None = None) -> str:
             values += ["" if mean is None else mean, "" if sd is None else sd]
         writer.writerow([row["block"], row["benchmark"], row["label"], *([row["x"]] if x else []),
                          " ".join(map(str, row["seeds"])), len(row["seeds"]), *values,
+                         "" if row["collapsed_gate"] is None else row["collapsed_gate"],
                          {True: "true", False: "false"}.get(row.get("pareto"), "")])
     return out.getvalue()
-
-
-def collapsed_gate(lam: float) -> float:
-    """The retain gate of a router that cannot tell the corpora apart: one gate value g for every token
-    minimises g + lam (g - 1)^2 (the paper's linear suppress, quadratic pass terms) at g = 1 - 1/(2 lam),
-    clipped to the gate's range [0, 1]."""
-    return float(min(1.0, max(0.0, 1.0 - 1.0 / (2.0 * lam)))) if lam > 0 else 0.0
 
 
 def _slug(text: str) -> str:
@@ -206,10 +218,12 @@ def plot_study(rows: list[dict], out_dir: Path, *, title: str, x: str | None = N
             left.set_title("forget and utility", fontsize=9)
             for key, name in (("gate_forget", "forget gate"), ("gate_retain", "retain gate")):
                 _errorbar(right, xs, [r["stats"][key] for r in swept], label=name)
-            if collapse_line:
-                grid = np.linspace(min(xs), max(xs), 200)
-                right.plot(grid, [collapsed_gate(v) for v in grid], "k--", linewidth=1,
-                           label="collapsed router 1 - 1/(2λ)")
+            if collapse_line:  # the swept rows' loss shape (the lambda study: the paper's)
+                hparams = swept[0]["hparams"]
+                shape = {k: hparams[k] for k in ("suppress_loss", "pass_loss") if k in hparams}
+                grid = np.geomspace(min(xs), max(xs), 200) if min(xs) > 0 else np.linspace(min(xs), max(xs), 200)
+                name = "collapsed router" + ("" if shape else " (paper loss: 1 - 1/(2λ))")
+                right.plot(grid, [collapsed_gate(float(v), **shape) for v in grid], "k--", linewidth=1, label=name)
             right.set_xlabel(x)
             right.set_ylim(-0.02, 1.02)
             right.legend(fontsize=8)
