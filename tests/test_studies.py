@@ -103,6 +103,10 @@ def test_scale_runs_a_study_on_another_configs_models_and_benchmarks(capsys):
     assert main(["study", str(STUDIES / "lambda.yaml"), "--scale", str(REPO_ROOT / "configs" / "ci_minimal.yaml"),
                  "--seeds", "0", "--dry-run"]) == 0
     assert "results/studies/lambda-ci_minimal" in capsys.readouterr().out
+    # the reduced CPU SmolLM2 setup the issue allows without a GPU
+    assert main(["study", str(STUDIES / "percentile.yaml"), "--scale", str(REPO_ROOT / "configs" / "cpu_smollm2.yaml"),
+                 "--seeds", "0", "--dry-run"]) == 0
+    assert "results/studies/percentile-cpu_smollm2" in capsys.readouterr().out
     assert main(["study", str(STUDIES / "lambda.yaml"), "--scale",
                  str(REPO_ROOT / "configs" / "paper_rwku.yaml"), "--dry-run"]) == 2
     assert "configures none of the study's benchmarks (tofu)" in capsys.readouterr().err
