@@ -14,6 +14,7 @@ SUBCOMMAND_MODULES = (
     "cru_harness.finetune.cli",   # finetune
     "cru_harness.reporting.cli",  # score, report
     "cru_harness.runner.cli",     # run, merge, demo
+    "cru_harness.studies.cli",    # study
 )
 
 

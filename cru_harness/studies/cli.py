@@ -1,0 +1,37 @@
+"""`cru-harness study CONFIG`: run a study (configs/studies/) and write its table and plot."""
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    study = subparsers.add_parser("study", help="run a study config (runner cells + the study's table and plot)",
+                                  description="Run a study: the runner's cells (cached, resumable, with its "
+                                              "report), then the study's table (markdown + csv) and plot under "
+                                              "<output_dir>/study/. See configs/studies/.")
+    study.add_argument("config", help="study YAML: a runner config plus a `study:` block")
+    study.add_argument("--output-dir", help="override the config's output_dir")
+    study.add_argument("--scale", metavar="CONFIG",
+                       help="run the study at another scale: the models, benchmarks (those the study uses) and "
+                            "evaluation of this runner config, e.g. configs/cpu_smollm2.yaml; output goes to "
+                            "<output_dir>-<its name>")
+    study.add_argument("--seeds", help="override the seeds, e.g. 0 or 0,1,2")
+    study.add_argument("--force", action="store_true", help="recompute finished cells and analyses")
+    study.add_argument("--dry-run", action="store_true", help="validate and print the plan; touches no model")
+    study.set_defaults(func=cmd_study)
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    from .config import load_study
+    from .run import run_study
+
+    overrides = {}
+    if args.output_dir:
+        overrides["output_dir"] = args.output_dir
+    if args.seeds:
+        try:
+            overrides["seeds"] = [int(seed) for seed in args.seeds.split(",")]
+        except ValueError:
+            raise ValueError(f"--seeds {args.seeds!r}: expected integers separated by commas, e.g. 0,1,2") from None
+    study = load_study(args.config, overrides or None, scale=args.scale)
+    return run_study(study, force=args.force, dry_run=args.dry_run)

@@ -1,0 +1,270 @@
+"""Run a study: the runner's cells (`runner.cli.run_config`, so caching, resume and the report are the
+runner's), then the study's table (markdown + csv) and plots under `<output_dir>/study/`."""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable
+
+from ..runner.cache import atomic_write_text
+from .config import Study
+from .tables import mean_sd, plot_study, study_rows, to_csv, to_markdown
+
+
+def header_lines(study: Study) -> list[str]:
+    """What every study table states: the models, the scale (splits / targets, limits), the seeds, the spread."""
+    config = study.config
+    lines = [f"## {study.spec.title}", "", f"Study `{config.name}` ({study.spec.kind}), config "
+             f"`{config.source}`, device `{config.device}`."]
+    if study.spec.scale:
+        lines.append(f"- scale: models, benchmarks and evaluation from `{study.spec.scale}` (`--scale`), not the "
+                     "study config's own")
+    for model in config.models:
+        tuned = f", fine-tuned first on `{model.finetune['data']}` with TOFU's recipe" if model.finetune else ""
+        lines.append(f"- model `{model.name}`: `{model.path}` ({model.dtype}){tuned}")
+    for bench, spec in config.benchmarks.items():
+        where = (f"splits {', '.join(spec['splits'])}" if bench == "tofu" else f"targets {spec['targets']}")
+        limit = spec.get("limit") or config.evaluation.get("limit")
+        lines.append(f"- scale {bench}: {where}; data `{spec.get('data_dir') or config.data_dir or 'Hub'}`; "
+                     f"evaluation rows per task: {limit or 'all'}")
+    lines.append(f"- seeds {list(config.seeds)}: each number is the mean ± sample sd (ddof 1) over seeds "
+                 "(no ± with one seed); RWKU: the mean over targets within a seed first")
+    return lines
+
+
+def base_path_for(cell, cells, store) -> str:
+    """The model a cell starts from: its model's fine-tuned checkpoint (finetune cell) or the path as given."""
+    from ..runner.models import resolve_model_path
+    from ..runner.plan import finetune_cell_for
+
+    source = finetune_cell_for(cell, cells)
+    if source is None:
+        return resolve_model_path(cell.model.path)
+    loaded = store.load_result(source.hash) or {}
+    checkpoint = (loaded.get("artifacts") or {}).get("checkpoint")
+    if loaded.get("status") != "ok" or not checkpoint or not Path(checkpoint).is_dir():
+        raise RuntimeError(f"model {cell.model.name}: its finetune cell {source.hash} has no checkpoint "
+                           f"(status {loaded.get('status', 'not run')})")
+    return checkpoint
+
+
+def _plan(config):
+    from ..runner.plan import build_plan
+    from ..runner.targets import resolve_selected_targets
+
+    return build_plan(config, resolve_selected_targets(config, run=False, log=lambda *_: None))
+
+
+def run_study(study: Study, *, force: bool = False, dry_run: bool = False, log: Callable = print) -> int:
+    from ..runner.cache import CellStore, load_results
+    from ..runner.cli import run_config
+
+    config, spec = study.config, study.spec
+    if spec.kind == "overlap":
+        return _run_overlap(study, force=force, dry_run=dry_run, log=log)
+    status = run_config(config, dry_run=dry_run, force=force, log=log)
+    if dry_run:
+        return status
+    cells = _plan(config)
+    planned = {cell.hash for cell in cells}
+    # only this config's cells: a directory may still hold cells of an edited variant (other hash, same label)
+    results = [r for r in load_results(config.output_dir) if r["hash"] in planned]
+    labels = [m.label for m in config.methods]
+    rows = study_rows(results, labels, spec.x)
+    header = header_lines(study) + [
+        "- gate means: the bundle's final measurement (the whole forget set; the retain rows training drew); "
+        "cost: training and whole-cell wall seconds on this run's device", *missing_lines(cells, results), ""]
+    write_outputs(study, "table", to_markdown(rows, header, spec.x), to_csv(rows, spec.x))
+    plots = plot_study(rows, study.out_dir, title=spec.title, x=spec.x, collapse_line=spec.collapse_line)
+    log(f"study table: {study.out_dir / 'table.md'}; plots: {', '.join(p.name for p in plots)}")
+    if spec.kind == "gate_gap":
+        from .analyses import gate_gap_cell
+
+        store = CellStore(config.output_dir)
+        by_hash = {r["hash"]: r for r in results}
+        analyses = []
+        for cell in cells:
+            result = by_hash.get(cell.hash) or {}
+            routers = (result.get("artifacts") or {}).get("routers")
+            if cell.method != "CRU" or result.get("status") != "ok":
+                continue
+            if not routers or not Path(routers).is_dir():
+                raise FileNotFoundError(f"cell {cell.hash} ({cell.describe()}) has no router bundle on disk "
+                                   f"({routers}); re-run it with --force")
+            analyses.append((cell, gate_gap_cell(cell, base_path_for(cell, cells, store), routers, spec.rows,
+                                                 study.out_dir, log=log, force=force)))
+        write_gate_gap(study, analyses)
+    return status
+
+
+def missing_lines(cells, results: list[dict]) -> list[str]:
+    """A header line naming the planned cells that did not finish (their rows average fewer seeds, or are absent)."""
+    done = {r["hash"] for r in results if r.get("status") == "ok"}
+    missing = [c for c in cells if c.kind != "finetune" and c.hash not in done]
+    if not missing:
+        return []
+    named = "; ".join(c.describe() for c in missing[:8]) + (f"; and {len(missing) - 8} more" if len(missing) > 8
+                                                             else "")
+    return [f"- **not finished: {len(missing)} of {sum(c.kind != 'finetune' for c in cells)} cells** ({named}); "
+            "see report/ for why"]
+
+
+def write_outputs(study: Study, stem: str, markdown: str, csv_text: str) -> None:
+    study.out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(study.out_dir / f"{stem}.md", markdown)
+    atomic_write_text(study.out_dir / f"{stem}.csv", csv_text)
+
+
+def _group(cell) -> str:
+    return f"{cell.model.name} · {cell.benchmark} {cell.split if cell.benchmark == 'tofu' else cell.unit}"
+
+
+def _stat_cells(values) -> tuple[str, float | None, float | None]:
+    from .tables import fmt
+
+    mean, sd, _ = mean_sd(values)
+    return fmt(mean, sd), mean, sd
+
+
+def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable) -> int:
+    """Localization only: the models' finetune cells (if any) run through the runner, then per CRU cell of the
+    plan the forget- and retain-derived localizations are compared (no router is trained)."""
+    from ..locations import check_output_dir
+    from ..runner.cache import CellStore, RunLock
+    from ..runner.execute import PlanExecutor
+    from ..runner.loop import run_cells
+    from ..runner.provenance import cell_inputs
+    from .analyses import overlap_cell
+
+    config, spec = study.config, study.spec
+    cells = _plan(config)
+    cru = [c for c in cells if c.kind == "method" and c.method == "CRU"]
+    if dry_run:
+        log(f"study {config.name} (overlap): {len(cru)} CRU cells localized on forget and retain with "
+            f"{list(spec.examples)} examples each; finetune cells: "
+            f"{sum(c.kind == 'finetune' for c in cells)}; no router training, no evaluation")
+        for cell in cru:
+            log(f"  {cell.hash}  {cell.describe()}")
+        return 0
+    check_output_dir(config.output_dir, what="output_dir", allow_existing=True)
+    store = CellStore(config.output_dir, log=log)
+    analyses = []
+    with RunLock(config.output_dir, log=log):
+        finetune = [c for c in cells if c.kind == "finetune"]
+        if finetune:
+            counts = run_cells(finetune, store, PlanExecutor(store, cells), log=log, force=force, inputs=cell_inputs)
+            if counts["failed"]:
+                log(f"finetune cells failed: {counts}")
+                return 1
+        for cell in cru:
+            analyses.append((cell, overlap_cell(cell, base_path_for(cell, cells, store), spec.examples,
+                                                study.out_dir, log=log, force=force)))
+    write_overlap(study, analyses)
+    return 0
+
+
+def write_overlap(study: Study, analyses: list) -> None:
+    """Table: per (model, split, variant, examples, block) overlap coefficient and Spearman rho, mean ± sd over
+    seeds; plot: both along the blocks, one line per example count."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for cell, result in analyses:
+        for n, by_n in result["by_examples"].items():
+            for block, values in by_n["blocks"].items():
+                groups[(_group(cell), cell.label, n, int(block))].append(
+                    {**values, "n_forget": by_n["n_forget"], "n_retain": by_n["n_retain"]})
+    header = header_lines(study) + [
+        "- overlap coefficient |C_f ∩ C_r| / |C_f| (`cru.localize.compare_localizations`; one percentile gives "
+        "equal sizes, so this is |∩| / min) of the coordinates selected from forget and from retain texts; "
+        "Spearman ρ of the two per-coordinate variance vectors "
+        "(scipy.stats.spearmanr); examples: drawn per seed from each corpus ('all' = the whole corpus)", ""]
+    md = header + ["| block group | variant | examples (forget/retain) | block | overlap | Spearman ρ |",
+                   "|---|---|---|---|---|---|"]
+    csv_lines = ["group,variant,examples,n_forget,n_retain,block,n_seeds,overlap_mean,overlap_sd,rho_mean,rho_sd"]
+    for (group, label, n, block), items in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2],
+                                                                                   kv[0][3])):
+        o_text, o_mean, o_sd = _stat_cells([i["overlap"] for i in items])
+        r_text, r_mean, r_sd = _stat_cells([i["spearman_rho"] for i in items])
+        md.append(f"| {group} | {label} | {n} ({items[0]['n_forget']}/{items[0]['n_retain']}) | {block} | "
+                  f"{o_text} | {r_text} |")
+        csv_lines.append(",".join(str(v if v is not None else "") for v in (
+            f'"{group}"', label, n, items[0]["n_forget"], items[0]["n_retain"], block, len(items),
+            o_mean, o_sd, r_mean, r_sd)))
+    write_outputs(study, "table", "\n".join(md) + "\n", "\n".join(csv_lines) + "\n")
+    _line_plot(study, groups, ("overlap", "spearman_rho"), ("overlap coefficient", "Spearman ρ"), "overlap")
+
+
+GATE_GAP_COLUMNS = (("forget_mean", "forget gate"), ("retain_seen_mean", "retain gate (trained rows)"),
+                    ("retain_held_out_mean", "retain gate (held-out rows)"), ("auc_seen", "AUC (trained rows)"),
+                    ("auc_held_out", "AUC (held-out rows)"))
+
+
+def write_gate_gap(study: Study, analyses: list) -> None:
+    """Table: per (model, split, variant, block | all) mean gate on forget tokens, on retain tokens of rows
+    training drew and of rows it never drew, and the per-token AUC against each; mean ± sd over seeds. Plot: the
+    gates and the held-out AUC along the blocks."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for cell, result in analyses:
+        seen, held = result["retain_seen"], result["retain_held_out"]
+        for block in seen:
+            groups[(_group(cell), cell.label, "all", -1 if block == "all" else int(block))].append({
+                "forget_mean": seen[block]["forget_mean"], "retain_seen_mean": seen[block]["retain_mean"],
+                "retain_held_out_mean": held[block]["retain_mean"], "auc_seen": seen[block]["auc"],
+                "auc_held_out": held[block]["auc"], "rows": (result["n_forget_rows"], result["n_retain_seen_rows"],
+                                                             result["n_retain_held_out_rows"])})
+    rows_note = study.spec.rows or "all"
+    header = header_lines(study) + [
+        f"- tokens: every real token of the first {rows_note} rows of each CRU cell's forget corpus (all trained "
+        f"on), of the retain rows its training drew, and of the retain rows it never drew (held out; from the "
+        "training's own seeded schedule); a token's gate = its mean over the block's selected coordinates; "
+        "block 'all' = the token's mean over the gated blocks",
+        "- AUC: P(a retain token's gate > a forget token's gate), ties half (Mann–Whitney U / (n_f n_r), "
+        "scipy.stats.mannwhitneyu); 0.5 = the gate cannot tell the corpora apart", ""]
+    md = header + ["| block group | variant | rows (forget / retain trained / held out) | block | " +
+                   " | ".join(name for _, name in GATE_GAP_COLUMNS) + " |", "|---|---|---|---|" + "---|" * 5]
+    csv_lines = ["group,variant,block,n_seeds," + ",".join(f"{k}_mean,{k}_sd" for k, _ in GATE_GAP_COLUMNS)]
+    for (group, label, _, block), items in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][3])):
+        cols = [_stat_cells([i[k] for i in items]) for k, _ in GATE_GAP_COLUMNS]
+        name = "all" if block < 0 else str(block)
+        md.append(f"| {group} | {label} | {' / '.join(map(str, items[0]['rows']))} | {name} | " +
+                  " | ".join(c[0] for c in cols) + " |")
+        csv_lines.append(",".join(str(v) if v is not None else "" for v in (
+            f'"{group}"', label, name, len(items), *[x for c in cols for x in c[1:]])))
+    write_outputs(study, "gate_gap", "\n".join(md) + "\n", "\n".join(csv_lines) + "\n")
+    per_block = {k: v for k, v in groups.items() if k[3] >= 0}
+    _line_plot(study, per_block, ("forget_mean", "retain_seen_mean", "retain_held_out_mean", "auc_held_out"),
+               ("forget gate", "retain gate (trained rows)", "retain gate (held-out rows)", "per-token AUC (held out)"),
+               "gate_gap")
+
+
+def _line_plot(study: Study, groups: dict, keys, names, stem: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.8), squeeze=False)
+    series: dict[tuple, list] = defaultdict(list)
+    for (group, label, n, block), items in groups.items():
+        series[(group, label, n)].append((block, items))
+    for ax, key, name in zip(axes[0], keys, names):
+        for (group, label, n), points in sorted(series.items()):
+            points.sort(key=lambda p: p[0])
+            stats = [mean_sd([i[key] for i in items]) for _, items in points]
+            xs = [b for (b, _), s in zip(points, stats) if s[0] is not None]
+            ys = [s[0] for s in stats if s[0] is not None]
+            es = [s[1] or 0.0 for s in stats if s[0] is not None]
+            tag = f"{label}" + (f", {n} ex." if n != "all" or stem == "overlap" else "")
+            ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=f"{group}: {tag}")
+        ax.set_xlabel("block")
+        ax.set_title(name, fontsize=9)
+        if key.startswith("auc"):
+            ax.axhline(0.5, color="k", linestyle="--", linewidth=1)
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle(study.spec.title, fontsize=9)
+    fig.tight_layout()
+    path = study.out_dir / f"{stem}.png"
+    study.out_dir.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+

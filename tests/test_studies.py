@@ -1,0 +1,330 @@
+"""Studies (`cru-harness study`, configs/studies/): config validation, the table's statistics, the gate-gap and
+collapsed-router arithmetic, and each study end to end on the tiny testbed models (slow).
+
+The end-to-end tests run the committed study configs through `tiny_study`, which only swaps the model and data for
+the tiny testbed (and shrinks epochs, limits, variants): the study code path is the one the real configs take.
+`loss_shape` and `options*` exercise the CRU options (suppress_loss / pass_loss, gate_site, input_norm
+rms_learned, exclude_top_magnitude) end to end.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from cru_harness.cli import main
+from cru_harness.runner.config import ConfigError
+from cru_harness.studies.analyses import gate_auc, subsample
+from cru_harness.studies.config import load_study, validate_study
+from cru_harness.studies.tables import study_rows
+
+torch.set_num_threads(1)  # 2 shared cores: as tests/test_runner_e2e.py, one thread is faster under contention
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+STUDIES = REPO_ROOT / "configs" / "studies"
+NAMES = ("percentile", "lambda", "random_control", "blocks", "overlap", "gate_gap", "loss_shape", "options",
+         "options_report")
+
+
+# ------------------------------------------------------------------------------------------------------- configs
+@pytest.mark.parametrize("name", NAMES)
+def test_committed_study_configs_validate_on_the_smollm2_tofu_setup(name):
+    study = load_study(STUDIES / f"{name}.yaml")
+    config = study.config
+    assert config.output_dir == Path("results/studies") / name
+    assert config.seeds == (0, 1, 2)
+    tofu_models = [m for m in config.models if "tofu" in m.benchmarks]
+    assert [m.path for m in tofu_models] == ["smollm2"] and tofu_models[0].finetune["data"] == "full"
+    assert {spec.kind for spec in tofu_models[0].retain.values()} == {"finetune"}  # FQ's oracle per split
+    labels = [m.label for m in config.methods]
+    assert len(labels) == len(set(labels)) and any(m.method == "CRU" for m in config.methods)
+
+
+def test_lambda_and_percentile_configs_sweep_the_issues_values():
+    lam = load_study(STUDIES / "lambda.yaml")
+    assert [m.hparams["lam"] for m in lam.config.methods] == [0.5, 1, 10, 50, 100]
+    assert lam.spec.x == "lam" and lam.spec.collapse_line
+    p = load_study(STUDIES / "percentile.yaml")
+    assert [m.hparams["percentile"] for m in p.config.methods] == [85, 90, 95, 99]
+    assert p.config.benchmarks["tofu"]["splits"] == ["forget01", "forget10"]
+    overlap = load_study(STUDIES / "overlap.yaml")
+    assert overlap.spec.kind == "overlap" and list(overlap.spec.examples) == [40, "all"]
+
+
+def _raw(**study):
+    return {"name": "s", "models": [{"name": "m", "path": "zoo:llama:finetuned"}],
+            "benchmarks": {"tofu": {"data_dir": "testbed:world", "splits": ["forget10"]}},
+            "methods": [{"method": "CRU", "lambda": 1}], "study": {"kind": "sweep", **study}}
+
+
+@pytest.mark.parametrize("raw, key", [
+    ({**_raw(), "study": None}, "study"),
+    (_raw(kind="sweeps"), "study.kind"),
+    (_raw(collapse_line=True), "study.collapse_line"),          # the line needs x: lam
+    (_raw(x="lam", examples=[1]), "study.examples"),
+    (_raw(colour="red"), "study.colour"),
+    ({**_raw(), "methods": [{"method": "GA"}], "study": {"kind": "overlap"}}, "study.kind"),
+])
+def test_bad_study_blocks_name_the_key(raw, key):
+    if raw.get("study") is None:
+        raw = {k: v for k, v in raw.items() if k != "study"}
+    with pytest.raises(ConfigError) as err:
+        validate_study(raw, source="s.yaml")
+    assert err.value.key == key
+
+
+def test_study_cli_reports_a_bad_config_in_one_line(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(_raw(kind="nope")))
+    assert main(["study", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "study.kind" in err[0] and "Traceback" not in err[0]
+
+
+def test_scale_runs_a_study_on_another_configs_models_and_benchmarks(capsys):
+    # demo.yaml: a tiny TOFU model and SmolLM2 on RWKU; the TOFU-only lambda study keeps only the TOFU part
+    study = load_study(STUDIES / "lambda.yaml", {"seeds": [0]}, scale=REPO_ROOT / "configs" / "demo.yaml")
+    config = study.config
+    assert [m.name for m in config.models] == ["tiny-llama"] and list(config.benchmarks) == ["tofu"]
+    assert config.benchmarks["tofu"]["data_dir"] == "testbed:world" and config.seeds == (0,)
+    assert config.output_dir == Path("results/studies/lambda-demo")
+    assert [m.label for m in config.methods] == [f"CRU-lambda{v}" for v in ("0_5", "1", "10", "50", "100")]
+    assert study.spec.scale.endswith("demo.yaml") and study.spec.collapse_line
+    from cru_harness.studies.run import header_lines
+
+    assert any("configs/demo.yaml" in line and "--scale" in line for line in header_lines(study))
+    # the CLI: a dry run plans the tiny cells; a scale config sharing no benchmark is one clear line
+    assert main(["study", str(STUDIES / "lambda.yaml"), "--scale", str(REPO_ROOT / "configs" / "ci_minimal.yaml"),
+                 "--seeds", "0", "--dry-run"]) == 0
+    assert "results/studies/lambda-ci_minimal" in capsys.readouterr().out
+    # the reduced CPU SmolLM2 setup the issue allows without a GPU
+    assert main(["study", str(STUDIES / "percentile.yaml"), "--scale", str(REPO_ROOT / "configs" / "cpu_smollm2.yaml"),
+                 "--seeds", "0", "--dry-run"]) == 0
+    assert "results/studies/percentile-cpu_smollm2" in capsys.readouterr().out
+    assert main(["study", str(STUDIES / "lambda.yaml"), "--scale",
+                 str(REPO_ROOT / "configs" / "paper_rwku.yaml"), "--dry-run"]) == 2
+    assert "configures none of the study's benchmarks (tofu)" in capsys.readouterr().err
+    assert main(["study", str(STUDIES / "lambda.yaml"), "--seeds", "zero", "--dry-run"]) == 2
+    assert "--seeds" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------- arithmetic
+def test_gate_auc_is_the_probability_a_retain_token_passes_more():
+    assert gate_auc(np.array([0.1, 0.2]), np.array([0.8, 0.9])) == 1.0
+    assert gate_auc(np.array([0.8, 0.9]), np.array([0.1, 0.2])) == 0.0
+    assert gate_auc(np.array([0.5, 0.5]), np.array([0.5, 0.5])) == 0.5
+    # 3 of 4 (retain, forget) pairs ordered: 0.75
+    assert gate_auc(np.array([0.2, 0.6]), np.array([0.4, 0.8])) == pytest.approx(0.75)
+
+
+def test_subsample_is_seeded_and_keeps_corpus_order():
+    texts = [f"t{i}" for i in range(100)]
+    a, b = subsample(texts, 40, 3), subsample(texts, 40, 3)
+    assert a == b and len(set(a)) == 40 and a == sorted(a, key=texts.index)
+    assert subsample(texts, 40, 4) != a
+    assert subsample(texts, "all", 0) == texts and subsample(texts, 500, 0) == texts
+
+
+def _cell(label, seed, benchmark="tofu", **metrics):
+    return {"status": "ok", "kind": "method", "label": label, "seed": seed, "model": "m", "benchmark": benchmark,
+            "split": "forget10" if benchmark == "tofu" else None, "hparams": {"lam": 2}, "metrics": metrics,
+            "gate_means": {"forget": 0.1 * (seed + 1), "retain": 0.9}, "resources": {"train_wall_time_s": 1.0}}
+
+
+def test_study_rows_are_mean_and_sample_sd_over_seeds():
+    results = [_cell("CRU", 0, forget_rouge_l=0.2, model_utility=0.5),
+               _cell("CRU", 1, forget_rouge_l=0.4, model_utility=0.7),
+               # RWKU: two targets in seed 0 (mean 0.3), one in seed 1 (0.5) -> seeds' mean 0.4
+               _cell("CRU", 0, "rwku", forget_fb=0.2), _cell("CRU", 0, "rwku", forget_fb=0.4),
+               _cell("CRU", 1, "rwku", forget_fb=0.5),
+               {**_cell("GA", 0), "status": "failed"}]
+    rows = {r["benchmark"]: r for r in study_rows(results, ["CRU", "GA"], x="lam")}
+    assert set(rows) == {"tofu", "rwku"}                          # the failed cell is no row
+    tofu = rows["tofu"]
+    assert tofu["seeds"] == [0, 1] and tofu["x"] == 2
+    mean, sd, n = tofu["stats"]["forget_1_rouge_l"]
+    assert (mean, n) == (pytest.approx(0.7), 2) and sd == pytest.approx(math.sqrt(0.02))
+    assert tofu["stats"]["gate_forget"][:2] == (pytest.approx(0.15), pytest.approx(math.sqrt(0.005)))
+    mean, sd, _ = rows["rwku"]["stats"]["forget_fb"]
+    assert mean == pytest.approx(0.4) and sd == pytest.approx(math.sqrt(0.02))
+    # the Pareto front over (forgetting, utility) = (1 - forget ROUGE-L, MU): B dominates A and C, not D
+    front = study_rows([_cell("A", 0, forget_rouge_l=0.2, model_utility=0.5),
+                        _cell("B", 0, forget_rouge_l=0.1, model_utility=0.6),
+                        _cell("C", 0, forget_rouge_l=0.3, model_utility=0.4),
+                        _cell("D", 0, forget_rouge_l=0.05, model_utility=0.3)], ["A", "B", "C", "D"])
+    assert {r["label"]: r["pareto"] for r in front} == {"A": False, "B": True, "C": False, "D": True}
+    single = study_rows([_cell("CRU", 0, forget_rouge_l=0.2)], ["CRU"])[0]
+    assert single["stats"]["forget_1_rouge_l"][1] is None          # one seed: no spread claimed
+
+
+def test_table_header_names_the_cells_that_did_not_finish():
+    from types import SimpleNamespace
+
+    from cru_harness.studies.run import missing_lines
+
+    def cell(h, kind="method"):
+        return SimpleNamespace(hash=h, kind=kind, describe=lambda: f"cell {h}")
+
+    cells = [cell("a"), cell("b"), cell("f", "finetune")]
+    assert missing_lines(cells, [{"hash": "a", "status": "ok"}, {"hash": "b", "status": "ok"}]) == []
+    (line,) = missing_lines(cells, [{"hash": "a", "status": "ok"}, {"hash": "b", "status": "failed"}])
+    assert "not finished: 1 of 2 cells" in line and "cell b" in line
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+def tiny_study(name: str, out: Path, *, seeds=(0,), keep=None) -> Path:
+    """The committed study config on the tiny testbed: the tiny Llama on the fictitious world (retain oracle:
+    the zoo's retain model), 4 rows per task, 1 router epoch, d_r 8, blocks mapped onto 8 layers; `keep`: the
+    method labels kept (default: the first and last variant). Everything under `study:` is kept as committed."""
+    raw = yaml.safe_load((STUDIES / f"{name}.yaml").read_text())
+    raw.update(models=[{"name": "tiny-llama", "path": "zoo:llama:finetuned", "dtype": "float32",
+                        "retain": {"checkpoint": "zoo:llama:retain"}}],
+               benchmarks={"tofu": {"data_dir": "testbed:world", "splits": ["forget10"], "limit": 4}},
+               seeds=list(seeds), device="cpu", output_dir=str(out), include_original=False)
+    methods = raw["methods"]
+    keep = keep or [methods[0]["label"], methods[-1]["label"]]
+    raw["methods"] = [m for m in methods if m.get("label", m["method"]) in keep]
+    for method in raw["methods"]:
+        method.pop("overrides", None)
+        if method["method"] == "CRU":
+            method.update(d_r=8, epochs=1, lr=1e-2)
+            if "blocks" in method:
+                method["blocks"] = [b % 8 for b in method["blocks"]][:2]
+            method["last_k"] = min(method.get("last_k", 4), 8)
+        else:
+            method.update(num_epochs=1, effective_batch_size=8, micro_batch_size=8)
+    if raw["study"]["kind"] == "overlap":
+        raw["study"]["examples"] = [10, "all"]
+    path = out.parent / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _results(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*/result.json"))]
+
+
+def _table_rows(out: Path, stem: str = "table") -> list[dict]:
+    with open(out / "study" / f"{stem}.csv") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _check_sweep(out: Path, labels: list[str], seeds=(0,)) -> list[dict]:
+    table = (out / "study" / "table.md").read_text()
+    for line in ("model `tiny-llama`", "splits forget10", "evaluation rows per task: 4", f"seeds {list(seeds)}"):
+        assert line in table
+    assert "not finished" not in table
+    rows = _table_rows(out)
+    assert [r["variant"] for r in rows] == ["Retain", *labels]
+    for row in rows[1:]:
+        assert row["n_seeds"] == str(len(seeds))
+        assert 0.0 <= float(row["forget_1_rouge_l_mean"]) <= 1.0 and 0.0 < float(row["model_utility_mean"]) <= 1
+        assert float(row["train_wall_time_s_mean"]) > 0
+        assert (row["forget_1_rouge_l_sd"] != "") == (len(seeds) > 1)
+        assert row["pareto_front"] in ("true", "false")
+    assert rows[0]["pareto_front"] == ""  # the retain oracle is a reference, not a candidate
+    assert list((out / "study").glob("tradeoff_*.png"))
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["percentile", "random_control", "loss_shape"])
+def test_sweep_study_end_to_end(name, tmp_path):
+    out = tmp_path / name
+    config = tiny_study(name, out)
+    assert main(["study", str(config)]) == 0
+    labels = [m["label"] for m in yaml.safe_load(config.read_text())["methods"]]
+    _check_sweep(out, labels)
+    hparams = {r["label"]: r["hparams"] for r in _results(out) if r["kind"] == "method"}
+    if name == "random_control":  # the control's cells really used random selection
+        assert {h["selection"] for h in hparams.values()} == {"variance", "random"}
+    if name == "loss_shape":
+        assert {(h["suppress_loss"], h["pass_loss"]) for h in hparams.values()} == {("linear", "quadratic"),
+                                                                                    ("quadratic", "linear")}
+
+
+@pytest.mark.slow
+def test_lambda_study_two_seeds_spread_and_collapsed_router_plot(tmp_path):
+    out = tmp_path / "lambda"
+    assert main(["study", str(tiny_study("lambda", out, seeds=(0, 1)))]) == 0
+    rows = _check_sweep(out, ["CRU-lambda0_5", "CRU-lambda100"], seeds=(0, 1))
+    assert [r["lam"] for r in rows[1:]] == ["0.5", "100"]
+    # the collapsed router's gate of each row (paper loss: 1 - 1/(2 lambda), clipped); none for the oracle row
+    assert [r["collapsed_gate"] for r in rows] == ["", "0.0", "0.995"]
+    assert list((out / "study").glob("sweep_*.png"))
+    assert "±" in (out / "study" / "table.md").read_text()
+
+
+@pytest.mark.slow
+def test_blocks_study_gates_the_blocks_it_names(tmp_path):
+    from cru_harness.cru.bundle import RouterBundle
+
+    out = tmp_path / "blocks"
+    assert main(["study", str(tiny_study("blocks", out, keep=["CRU-first4", "CRU-last2"]))]) == 0
+    _check_sweep(out, ["CRU-first4", "CRU-last2"])
+    gated = {r["label"]: RouterBundle.from_pretrained(r["artifacts"]["routers"]).config.block_indices
+             for r in _results(out) if r["kind"] == "method"}
+    assert gated == {"CRU-first4": [0, 1], "CRU-last2": [6, 7]}
+
+
+@pytest.mark.slow
+def test_overlap_study_localizes_without_training(tmp_path):
+    out = tmp_path / "overlap"
+    assert main(["study", str(tiny_study("overlap", out))]) == 0
+    assert not list((out / "cells").glob("*/result.json"))      # no router trained, nothing evaluated
+    rows = _table_rows(out)
+    assert {r["examples"] for r in rows} == {"10", "all"}
+    assert sorted(int(r["block"]) for r in rows if r["examples"] == "all") == list(range(8))  # last_k: all 8
+    for row in rows:
+        assert 0.0 <= float(row["overlap_mean"]) <= 1.0 and -1.0 <= float(row["rho_mean"]) <= 1.0
+    assert {(r["n_forget"], r["n_retain"]) for r in rows} == {("10", "10"), ("40", "360")}  # world forget10/retain90
+    assert (out / "study" / "overlap.png").is_file()
+    # a second run reuses the saved per-cell analyses; --force recomputes them (same numbers: seeded)
+    saved = {p: (p.stat().st_mtime_ns, p.read_text()) for p in (out / "study" / "analysis").glob("*.json")}
+    assert len(saved) == 1
+    assert main(["study", str(out.parent / "overlap.yaml")]) == 0
+    assert {p: (p.stat().st_mtime_ns, p.read_text()) for p in saved} == saved
+    assert main(["study", str(out.parent / "overlap.yaml"), "--force"]) == 0
+    assert all(p.stat().st_mtime_ns != stamp and p.read_text() == text for p, (stamp, text) in saved.items())
+
+
+@pytest.mark.slow
+def test_gate_gap_study_token_gates_agree_with_the_bundles_own_measurement(tmp_path):
+    from cru_harness.cru.bundle import RouterBundle
+
+    out = tmp_path / "gate_gap"
+    config = tiny_study("gate_gap", out, keep=["CRU-paper"])
+    raw = yaml.safe_load(config.read_text())
+    raw["study"]["rows"] = None  # every row: what the bundle's final measurement reads
+    config.write_text(yaml.safe_dump(raw))
+    assert main(["study", str(config)]) == 0
+    (cell,) = [r for r in _results(out) if r["kind"] == "method"]
+    analysis = json.loads(next((out / "study" / "analysis").glob("gate_gap_*.json")).read_text())
+    seen = analysis["retain_seen"]["all"]
+    # token by token (this study's observer) vs the trainer's pooled measurement over the same rows: the forget
+    # set, and the retain rows training drew (the world's 360 retain rows: 1 epoch of 5 steps x 8 draws 40)
+    assert seen["forget_mean"] == pytest.approx(cell["gate_means"]["forget"], rel=1e-4)
+    assert seen["retain_mean"] == pytest.approx(cell["gate_means"]["retain"], rel=1e-4)
+    metrics = RouterBundle.from_pretrained(cell["artifacts"]["routers"]).config.metrics
+    assert (analysis["n_forget_rows"], analysis["n_retain_seen_rows"]) == (40, metrics["retain_gate_rows"]) == (40, 40)
+    assert analysis["n_retain_held_out_rows"] == 320
+    for part in ("retain_seen", "retain_held_out"):
+        assert 0.0 <= analysis[part]["all"]["auc"] <= 1.0
+    rows = _table_rows(out, "gate_gap")
+    assert [r["block"] for r in rows] == ["all", "4", "5", "6", "7"]
+    assert (out / "study" / "gate_gap.png").is_file() and (out / "study" / "table.md").is_file()
+
+
+@pytest.mark.slow
+def test_options_study_end_to_end(tmp_path):
+    name = "options"
+    out = tmp_path / name
+    keep = ["GA", "CRU-paper", "CRU-mlp-site", "CRU-rms-learned-input", "CRU-exclude-top1pct"]
+    assert main(["study", str(tiny_study(name, out, keep=keep))]) == 0
+    _check_sweep(out, keep)
