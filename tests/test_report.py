@@ -161,3 +161,17 @@ def test_report_cli(tmp_path, capsys):
     assert main(["report", str(tmp_path / "run"), "--no-plots", "--formats", "md"]) == 0
     assert (tmp_path / "run" / "report" / "leaderboard_tofu.md").is_file()
     assert main(["report", str(tmp_path / "nothing")]) == 2
+
+
+def test_peak_memory_on_cpu_is_the_cells_own_not_the_process_peak_to_date():
+    # Training's CPU figure is ru_maxrss (earlier, larger cells of the run included); the cell's sampled peak is
+    # its own. On a GPU, training's CUDA peak is the cell's.
+    cpu = {"train_peak_memory_bytes": 9 * 2**20, "peak_memory_source": "process_peak_rss",
+           "cell_peak_rss_bytes": 4 * 2**20}
+    gpu = {**cpu, "peak_memory_source": "cuda_max_allocated"}
+    assert tables.peak_memory_bytes(cpu) == 4 * 2**20
+    assert tables.peak_memory_bytes(gpu) == 9 * 2**20
+    assert tables.peak_memory_bytes({"cell_peak_rss_bytes": 3}) == 3
+    row = tables.resources_table([{"kind": "method", "status": "ok", "benchmark": "tofu", "model": "m",
+                                   "label": "GA", "resources": cpu}])
+    assert "| tofu | m | GA | -- | -- | 4.0 |" in row

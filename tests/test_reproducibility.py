@@ -19,7 +19,7 @@ from cru_harness.runner.cache import CellStore
 from cru_harness.runner.cli import run_config
 from cru_harness.runner.loop import run_cells
 from cru_harness.runner.plan import build_plan
-from cru_harness.runner.reproduce import EXACT, compare_runs, tolerance_for, write_reproduction
+from cru_harness.runner.reproduce import CROSS_THREAD, EXACT, compare_runs, tolerance_for, write_reproduction
 
 # ------------------------------------------------------------------------------------------- testbed builds
 # The smallest recipe that still runs the real build path: world -> tokenizer training -> model init ->
@@ -285,7 +285,24 @@ def test_thread_counts_are_shown_and_unmeasured_ones_named(tmp_path, threads, no
     text = (Path(run) / "reproduction.md").read_text()
     assert f"- torch threads, reference: {threads[0]}" in text
     assert f"- torch threads, this run: {threads[1]}" in text
-    assert ("exactness is measured at 1 and 2 threads" in text) is notice
+    assert ("the cross-thread bound was measured at 1 and 2 threads" in text) is notice
+
+
+@pytest.mark.parametrize("threads, delta, reproduced", [((2, 2), 5e-7, False), ((1, 2), 5e-7, True),
+                                                       ((1, 2), 1e-3, False), ((None, 2), 5e-7, False)])
+def test_cpu_cells_at_other_thread_counts_get_the_measured_bound(tmp_path, threads, delta, reproduced):
+    # Same thread count: exact. Different recorded counts: within CROSS_THREAD (MKL's small-row path), no wider.
+    nudged = {k: {**v, "forget_truth_ratio": v["forget_truth_ratio"] + delta} for k, v in METRICS.items()}
+    reference, run = make_run(tmp_path, "ref", METRICS), make_run(tmp_path, "run", nudged)
+    _set_threads(reference, threads[0])
+    _set_threads(run, threads[1])
+    comparison = write_reproduction(run, reference, log=lambda *_: None)
+    assert comparison.reproduced is reproduced
+    if reproduced:
+        assert "within 1e-06 across" in comparison.verdict
+        assert "| the same, different thread counts | cpu | 1e-06 |" in (Path(run) / "reproduction.md").read_text()
+    assert tolerance_for("forget_truth_ratio", "cpu", threads) is (
+        CROSS_THREAD if None not in threads and threads[0] != threads[1] else EXACT)
 
 
 def test_null_against_a_number_differs(tmp_path):

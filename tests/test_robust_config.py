@@ -77,3 +77,13 @@ def test_cru_prefix_cache_hparams_are_validated(tmp_path):
     raw["methods"] = [{"method": "CRU", "prefix_cache_placement": "gpu"}]
     with pytest.raises(cfg.ConfigError, match="expected one of auto, cpu, device"):
         cfg.validate_config(raw)
+
+
+def test_cru_percentile_100_is_refused(tmp_path):
+    """p is the percentile *above* which coordinates are selected: at 100 nothing would be selected."""
+    raw = raw_config(tmp_path)
+    raw["methods"] = [{"method": "CRU", "percentile": 99.5}]
+    assert cfg.validate_config(raw).methods[0].hparams == {"percentile": 99.5}
+    raw["methods"] = [{"method": "CRU", "percentile": 100}]
+    with pytest.raises(cfg.ConfigError, match="must be < 100"):
+        cfg.validate_config(raw)

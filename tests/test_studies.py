@@ -328,3 +328,18 @@ def test_options_study_end_to_end(tmp_path):
     keep = ["GA", "CRU-paper", "CRU-mlp-site", "CRU-rms-learned-input", "CRU-exclude-top1pct"]
     assert main(["study", str(tiny_study(name, out, keep=keep))]) == 0
     _check_sweep(out, keep)
+
+
+def test_study_tables_name_the_data_source_without_a_machine_path(tmp_path, monkeypatch):
+    from cru_harness.studies.run import data_source
+
+    for name in ("CRU_HARNESS_DATA_DIR", "CRU_HARNESS_TOFU_DIR", "CRU_HARNESS_RWKU_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert data_source("tofu", "data/") == "`data/` (config)"
+    assert data_source("tofu", None) == "the Hugging Face Hub"
+    (tmp_path / "d" / "tofu").mkdir(parents=True)
+    (tmp_path / "d" / "tofu" / "forget10_perturbed.json").write_text("[]")
+    monkeypatch.setenv("CRU_HARNESS_DATA_DIR", str(tmp_path / "d"))
+    described = data_source("tofu", None)
+    assert described.startswith("local files named by the environment") and str(tmp_path) not in described

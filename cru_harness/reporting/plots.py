@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from . import stats  # noqa: E402
+from .tables import peak_memory_bytes  # noqa: E402
 
 
 def _ok(value) -> bool:
@@ -106,6 +107,11 @@ def rwku_level_plot(rows: list[dict], out_dir: Path) -> Path | None:
     return path
 
 
+def _mean_of(values) -> float:
+    kept = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return sum(kept) / len(kept) if kept else 0.0
+
+
 def resources_plot(results: list[dict], out_dir: Path) -> Path | None:
     groups: dict[str, list[dict]] = {}
     for r in results:
@@ -124,7 +130,7 @@ def resources_plot(results: list[dict], out_dir: Path) -> Path | None:
 
     labels = sorted(groups)
     times = [mean(groups[l], "train_wall_time_s", "cell_wall_time_s") for l in labels]
-    memory = [mean(groups[l], "train_peak_memory_bytes", "cell_peak_rss_bytes") / 2**20 for l in labels]
+    memory = [_mean_of(peak_memory_bytes(i) for i in groups[l]) / 2**20 for l in labels]
     fig, (a, b) = plt.subplots(1, 2, figsize=(max(6, 0.9 * len(labels) * 2), 3.5))
     a.bar(labels, times)
     a.set_ylabel("wall time (s)")

@@ -9,7 +9,7 @@ import io
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
 from . import stats
 
@@ -351,18 +351,28 @@ def _default_caption(benchmark: str) -> str:
             "the model before unlearning (not ranked). Best method per column, within each model, in bold.")
 
 
+def peak_memory_bytes(resources: dict) -> float | None:
+    """A method cell's peak memory: training's CUDA peak on a GPU; on the CPU the peak RSS sampled during the
+    cell, since training's CPU figure is the process's peak to date (earlier cells of the run included)."""
+    train = resources.get("train_peak_memory_bytes")
+    if train is not None and resources.get("peak_memory_source") != "process_peak_rss":
+        return train
+    return resources.get("cell_peak_rss_bytes") or train
+
+
 def resources_table(results: list[dict]) -> str:
     """Markdown: wall time, peak memory and trainable parameters per (benchmark, model, method)."""
     groups = defaultdict(list)
     for r in results:
         if r.get("kind") == "method" and r.get("status") == "ok":
             groups[(r["benchmark"], r["model"], r["label"])].append(r.get("resources") or {})
-    lines = ["| Benchmark | Model | Method | Train time (s) | Cell time (s) | Peak memory (MiB) | Trainable params | n |",
+    lines = ["Peak memory: training's CUDA peak on a GPU; on the CPU the resident memory sampled during the cell.", "",
+             "| Benchmark | Model | Method | Train time (s) | Cell time (s) | Peak memory (MiB) | Trainable params | n |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for (bench, model, label), items in sorted(groups.items()):
         train = _mean(i.get("train_wall_time_s") for i in items)
         cell = _mean(i.get("cell_wall_time_s") for i in items)
-        peak = _mean(i.get("train_peak_memory_bytes") or i.get("cell_peak_rss_bytes") for i in items)
+        peak = _mean(peak_memory_bytes(i) for i in items)
         params = _mean(i.get("trainable_params") for i in items)
         lines.append(f"| {bench} | {model} | {label} | {fmt1(train)} | {fmt1(cell)} | "
                      f"{fmt1(peak / 2**20 if peak is not None else None)} | "

@@ -298,7 +298,7 @@ _NUMERIC_HPARAMS = {
     "effective_batch_size": dict(low=1, integer=True), "micro_batch_size": dict(low=1, integer=True),
     "batch_size": dict(low=1, integer=True), "max_length": dict(low=8, integer=True), "max_grad_norm": dict(low=0),
     "adam_eps": dict(low=0), "alpha": dict(low=0), "forget_weight": dict(low=0), "beta": dict(low=0),
-    "gamma": dict(), "lam": dict(low=0), "percentile": dict(low=0, high=100), "d_r": dict(low=1, integer=True),
+    "gamma": dict(), "lam": dict(low=0), "percentile": dict(low=0, high=100, below_high=True), "d_r": dict(low=1, integer=True),
     "last_k": dict(low=1, integer=True), "final_retain_rows": dict(low=1, integer=True),
     "prefix_cache_max_gib": dict(low=0), "exclude_top_magnitude": dict(low=0, high=100, below_high=True),
 }

@@ -25,11 +25,22 @@ def header_lines(study: Study) -> list[str]:
     for bench, spec in config.benchmarks.items():
         where = (f"splits {', '.join(spec['splits'])}" if bench == "tofu" else f"targets {spec['targets']}")
         limit = spec.get("limit") or config.evaluation.get("limit")
-        lines.append(f"- scale {bench}: {where}; data `{spec.get('data_dir') or config.data_dir or 'Hub'}`; "
+        lines.append(f"- scale {bench}: {where}; data: {data_source(bench, spec.get('data_dir') or config.data_dir)}; "
                      f"evaluation rows per task: {limit or 'all'}")
     lines.append(f"- seeds {list(config.seeds)}: each number is the mean ± sample sd (ddof 1) over seeds "
                  "(no ± with one seed); RWKU: the mean over targets within a seed first")
     return lines
+
+
+def data_source(benchmark: str, data_dir: str | None) -> str:
+    """Where a study's benchmark files came from, without a machine's paths (the tables are committed)."""
+    from ..data.sources import resolve_local_dir
+
+    if data_dir:
+        return f"`{data_dir}` (config)"
+    if resolve_local_dir(benchmark) is not None:
+        return "local files named by the environment (CRU_HARNESS_DATA_DIR or the benchmark's own variable)"
+    return "the Hugging Face Hub"
 
 
 def base_path_for(cell, cells, store) -> str:
