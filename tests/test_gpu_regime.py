@@ -1,6 +1,7 @@
 """Issue 12: the SmolLM2 regime configs (GPU run, its learning-rate sweep, the CPU fallback), what the runner
 records on a GPU, the report's regime check and failed cells, and a report that regenerates byte for byte."""
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -163,7 +164,7 @@ def test_report_regenerates_byte_for_byte(tmp_path):
     assert json.loads(first[Path("report/stats.json")])["tofu"]["friedman"]["status"] == "ok"
 
 
-@pytest.mark.parametrize("name", ["gpu_smollm2.yaml", "gpu_smollm2_lr.yaml", "cpu_smollm2.yaml"])
+@pytest.mark.parametrize("name", ["gpu_smollm2.yaml", "gpu_smollm2_seed0.yaml", "gpu_smollm2_lr.yaml", "cpu_smollm2.yaml"])
 def test_every_trained_cell_of_the_regime_configs_builds_its_training_config(name):
     """What a dry run cannot see: each cell's hyperparameters make a valid method config (e.g. SimNPO on
     forget01, which has no protocol preset, needs beta and forget_weight given)."""
@@ -212,3 +213,20 @@ def test_lr_sweep_applies_the_stated_rule(tmp_path):
     write_report([tmp_path / "run"], tmp_path / "out", plots=False, log=lambda *_: None)
     report = (tmp_path / "out" / "report.md").read_text()
     assert "Learning-rate sweep: M forget05" in report and "Chosen: **3e-05**" in report
+
+
+def test_the_seed0_slice_is_gpu_smollm2s_own_cells():
+    """configs/gpu_smollm2_seed0.yaml (what one GPU session can hold) must compute cells of gpu_smollm2.yaml
+    itself, same hashes and directory, so the full run later finds them finished: its TOFU cells at seed 0."""
+    full = cfg.load_config(CONFIGS / "gpu_smollm2.yaml")
+    part = cfg.load_config(CONFIGS / "gpu_smollm2_seed0.yaml")
+    assert part.output_dir == full.output_dir and list(part.seeds) == [0]
+    full_cells = {c.hash: c for c in build_plan(full, {"SmolLM2-135M": [1, 11]})}
+    part_cells = build_plan(part)
+    expected = {h for h, c in full_cells.items() if c.benchmark == "tofu" and c.seed in (None, 0)}
+    assert {c.hash for c in part_cells} == expected and len(expected) == 17
+
+
+def test_the_gpu_session_scripts_parse():
+    for script in sorted((CONFIGS.parent / "benchmarks" / "gpu_session").glob("*.sh")):
+        assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, script

