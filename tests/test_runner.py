@@ -47,7 +47,7 @@ def base_config(tmp_path, **extra):
     (lambda r: r.update(colour="red"), "colour", "unknown key"),
     (lambda r: r["models"][0].update(revison="x"), "models[0].revison", "unknown key"),
     (lambda r: r["methods"][0].update(alpha=1.0), "methods[0].alpha", "no retain term"),
-    (lambda r: r["methods"][1].update(percentile=120), "methods[1].percentile", "<= 100"),
+    (lambda r: r["methods"][1].update(percentile=120), "methods[1].percentile", "must be < 100"),
     (lambda r: r["methods"].append({"method": "GA"}), "methods[2].label", "already used"),
     (lambda r: r["methods"].append({"method": "FOO"}), "methods[2].method", "unknown method"),
     (lambda r: r["models"][0].update(retain={"forget05": {"checkpoint": "x"}}), "models[0].retain.forget05",
