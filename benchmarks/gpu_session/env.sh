@@ -2,4 +2,3 @@
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 export PYTHONPATH=/tmp/site:/tmp/smol_pkg
 export CRU_HARNESS_DATA_DIR=/tmp/data
-cru_harness() { python3 -c "import sys; from cru_harness.cli import main; sys.exit(main(sys.argv[1:]))" "$@"; }

