@@ -1,0 +1,72 @@
+"""Issue 11's options study at the reduced CPU scale (configs/studies/options_cpu.yaml, the choice, and
+options_report_cpu.yaml, the report): what makes the choice honest (an author the report never forgets and its
+model never saw), the report's reuse of results/cpu_smollm2's cells, one option changed at a time, and a retain
+corpus that never trains on an evaluated probe."""
+from pathlib import Path
+
+from cru_harness.data.corpora import load_corpus_rows
+from cru_harness.data.tofu import load_tofu
+from cru_harness.runner import config as cfg
+from cru_harness.runner.plan import build_plan
+from cru_harness.studies.config import load_study
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+PAPER = {"lam": 1, "percentile": 95, "d_r": 32, "last_k": 4}
+
+
+def _load(name):
+    return load_study(CONFIGS / "studies" / name).config
+
+
+def test_the_report_computes_cpu_smollm2s_own_cells_and_adds_only_cru_options():
+    reduced = cfg.load_config(CONFIGS / "cpu_smollm2.yaml")
+    report = _load("options_report_cpu.yaml")
+    assert report.output_dir == Path("results/studies/options_report-cpu_smollm2")
+    shared = {c.hash for c in build_plan(reduced)}
+    cells = build_plan(report)
+    assert len(shared) == 9 and shared <= {c.hash for c in cells}
+    added = [c for c in cells if c.hash not in shared]
+    assert len(added) == 7 and {c.method for c in added} == {"CRU"}
+
+
+def test_the_choice_forgets_an_author_the_report_never_does(tofu_dir):
+    choice, report = _load("options_cpu.yaml"), _load("options_report_cpu.yaml")
+    assert choice.output_dir == Path("results/studies/options-cpu_smollm2") and choice.seeds == (0,)
+    assert choice.benchmarks["tofu"]["splits"] == ["forget05"] and report.benchmarks["tofu"]["splits"] == ["forget01"]
+    questions = {}
+    for name, config in (("choice", choice), ("report", report)):
+        (cell,) = {c.hash: c for c in build_plan(config) if c.kind == "method" and c.method == "GA"}.values()
+        questions[name] = {r["question"] for r in load_corpus_rows(cell.corpora["forget_corpus"], tofu_dir)[0]}
+        tuned = {r["question"] for r in load_corpus_rows(config.models[0].finetune["data"], tofu_dir)[0]}
+        assert questions[name] <= tuned                 # each run forgets what its own model was fine-tuned on
+        questions[f"{name} model"] = tuned
+    assert len(questions["choice"]) == len(questions["report"]) == 20
+    assert not questions["choice"] & questions["report model"]   # the reported model never saw the choice's author
+    assert not questions["report"] & questions["choice model"]   # and the choice never saw the reported author
+
+
+def test_both_configs_compare_the_same_options_each_one_change_from_the_paper():
+    choice, report = _load("options_cpu.yaml"), _load("options_report_cpu.yaml")
+    assert [(m.label, m.hparams, m.corpora) for m in choice.methods] == \
+           [(m.label, m.hparams, m.corpora) for m in report.methods]
+    cru = [m for m in choice.methods if m.method == "CRU"]
+    paper = cru[0]
+    assert paper.label == "CRU" and paper.hparams == PAPER and not paper.corpora
+    for option in cru[1:]:
+        changed = {k for k in {**option.hparams, **PAPER} if option.hparams.get(k) != PAPER.get(k)}
+        assert len(changed) + len(option.corpora) == 1, option.label
+    assert {m.label for m in cru} >= {"CRU-mlp-site", "CRU-rms-learned-input", "CRU-exclude-top1pct",
+                                      "CRU-retain-cover"}
+
+
+def test_the_retain_cover_corpus_never_trains_on_an_evaluated_probe(tofu_dir):
+    for name in ("options_cpu.yaml", "options_report_cpu.yaml"):
+        config = _load(name)
+        limit = config.benchmarks["tofu"]["limit"]
+        (cover,) = [m for m in config.methods if m.label == "CRU-retain-cover"]
+        trained = {r["question"] for r in load_corpus_rows(cover.corpora["retain_corpus"], tofu_dir)[0]}
+        for evaluated_set, source in (("real_authors_perturbed", "real_authors"),
+                                      ("world_facts_perturbed", "world_facts")):
+            scored = {r["question"] for r in load_tofu(evaluated_set, tofu_dir)[:limit]}
+            assert len(scored) == limit and not scored & trained
+            assert len(trained & {r["question"] for r in load_tofu(source, tofu_dir)}) == 20
