@@ -26,7 +26,8 @@ def test_the_report_computes_cpu_smollm2s_own_cells_and_adds_only_cru_options():
     cells = build_plan(report)
     assert len(shared) == 9 and shared <= {c.hash for c in cells}
     added = [c for c in cells if c.hash not in shared]
-    assert len(added) == 7 and {c.method for c in added} == {"CRU"}
+    assert report.seeds == (0, 1, 2) and reduced.seeds == (0,)
+    assert len(added) == 7 + 13 * 2 and {c.method for c in added if c.seed == 0} == {"CRU"}
 
 
 def test_the_choice_forgets_an_author_the_report_never_does(tofu_dir):
