@@ -36,7 +36,7 @@ def test_the_choice_forgets_an_author_the_report_never_does(tofu_dir):
     assert choice.benchmarks["tofu"]["splits"] == ["forget05"] and report.benchmarks["tofu"]["splits"] == ["forget01"]
     questions = {}
     for name, config in (("choice", choice), ("report", report)):
-        (cell,) = {c.hash: c for c in build_plan(config) if c.kind == "method" and c.method == "GA"}.values()
+        (cell,) = [c for c in build_plan(config) if c.kind == "method" and c.method == "GA" and c.seed == 0]
         questions[name] = {r["question"] for r in load_corpus_rows(cell.corpora["forget_corpus"], tofu_dir)[0]}
         tuned = {r["question"] for r in load_corpus_rows(config.models[0].finetune["data"], tofu_dir)[0]}
         assert questions[name] <= tuned                 # each run forgets what its own model was fine-tuned on
