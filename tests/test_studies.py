@@ -330,7 +330,6 @@ def test_options_study_end_to_end(tmp_path):
     _check_sweep(out, keep)
 
 
-
 def test_reduced_options_study_trains_the_retain_cover_option_on_its_own_corpus(tmp_path):
     """configs/studies/options_cpu.yaml end to end on the tiny testbed: CRU-retain-cover's method-level retain
     corpus (retain rows + real-author / world-fact rows the evaluation never scores) reaches its routers."""
@@ -345,6 +344,7 @@ def test_reduced_options_study_trains_the_retain_cover_option_on_its_own_corpus(
     cover = json.dumps(manifests["CRU-retain-cover"])
     assert "real_authors[8:28]" in cover and "world_facts[8:28]" in cover
     assert "real_authors" not in json.dumps(manifests["CRU"])
+
 
 def test_study_tables_name_the_data_source_without_a_machine_path(tmp_path, monkeypatch):
     from cru_harness.studies.run import data_source
