@@ -11,7 +11,7 @@ if [ ! -f "$gguf" ]; then
   cat /tmp/gg/A .gpB/part > "$gguf"
   [ "$(sha256sum "$gguf" | cut -c1-64)" = "$(cat .gpB/sha256)" ] || { echo "the joined GGUF's sha256 differs"; exit 4; }
 fi
-out_dir=$(python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['output_dir'])" "$config")
+out_dir=$(python3 -c "import sys; from cru_harness.runner.config import load_config; print(load_config(sys.argv[1]).output_dir)" "$config")
 timeout "$seconds" python3 -m cru_harness run "$config" > "$OUT/run_$tag.log" 2>&1
 echo "run: exit $? after $(( $(date +%s) - t0 )) s"; tail -c 6000 "$OUT/run_$tag.log"
 tar czf "$OUT/results_$tag.tgz" --exclude=work --exclude=.lock "$out_dir" && ls -la "$OUT"
