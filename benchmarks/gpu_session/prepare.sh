@@ -2,7 +2,9 @@
 # Builds, here (no GPU needed), the git-ignored payload a session carries to a lent GPU machine (the `device`
 # tool): such a machine reaches no registry and no Hub, and takes at most 64 MiB per call. Run from the
 # repository root:   bash benchmarks/gpu_session/prepare.sh [SHARED_DIR]    (default ../shared)
-#   .gpu/  the wheels the machine lacks (lm-eval & co., ../shared/tools/gpu_wheels.sh), TOFU, the commit
+#   .gpu/  the wheels the machine lacks (lm-eval & co., ../shared/tools/gpu_wheels.sh), TOFU, the commit, and a
+#          shallow clone's .git (the copy sent there has none; with it, run records name the commit and whether
+#          the package differed from it, as here)
 #   .gpA/, .gpB/  SmolLM2's 98 MB GGUF in two parts sized so that each call stays under 64 MiB
 # Then, back to back (the machine stays warm ~30 s between calls; the parts are joined in /tmp there):
 #   call 1, carry [.gpu, .gpA]:  bash benchmarks/gpu_session/call1.sh     (installs; runs the gpu tests)
@@ -16,6 +18,7 @@ mkdir -p .gpu/data .gpA .gpB
 bash "$shared/tools/gpu_wheels.sh" .gpu/whl
 cp -r "$shared/data/tofu" .gpu/data/
 git rev-parse --short HEAD > .gpu/commit
+git clone -q --depth 1 "file://$PWD" .gpu/clone && mv .gpu/clone/.git .gpu/git && rm -rf .gpu/clone
 gguf=$(python -c "from cru_harness.testbed.smollm import find_smollm2_gguf; print(find_smollm2_gguf())")
 limit=$((64 * 1024 * 1024))
 tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s | awk '{s += $1} END {print s}')
@@ -23,4 +26,7 @@ first=$((limit - tree - $(du -sb .gpu | cut -f1) - 1500000))   # 1.5 MB of margi
 head -c "$first" "$gguf" > .gpA/part
 tail -c +"$((first + 1))" "$gguf" > .gpB/part
 sha256sum "$gguf" | cut -c1-64 > .gpB/sha256
-du -sh .gpu .gpA .gpB
+call1=$((tree + $(du -sb .gpu | cut -f1) + $(du -sb .gpA | cut -f1)))
+call2=$((tree + $(du -sb .gpB | cut -f1)))
+echo "call 1 sends $((call1 / 1024)) KiB, call 2 sends $((call2 / 1024)) KiB (limit $((limit / 1024)) KiB)"
+[ "$call2" -lt "$limit" ] || { echo "call 2 would exceed the limit: make the tree or .gpu smaller"; exit 1; }
