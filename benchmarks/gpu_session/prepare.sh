@@ -10,7 +10,10 @@
 #   call 1, carry [.gpu, .gpA]:  bash benchmarks/gpu_session/call1.sh     (installs; runs the gpu tests)
 #   call 2, carry [.gpB]:        bash benchmarks/gpu_session/run.sh a 560 (joins the GGUF; runs CONFIG)
 #   call 3, carry []:            bash benchmarks/gpu_session/run.sh b 560 (resumes the run)
-# Each call leaves its log and a tarball of the results (work/ left out) under $OUT.
+# Each call leaves its log and a tarball of the results (work/ left out) under $OUT: unpack the last one at the
+# repository root here. The output directory stays git-ignored on the machine while the run is under way (the tool
+# keeps ignored files between calls); un-ignore it in .gitignore when its results are committed.
+# rehearse.sh plays these calls here on the CPU, in a copy of the machine's Python: run it after changing them.
 set -euo pipefail
 shared=${1:-../shared}
 rm -rf .gpu .gpA .gpB

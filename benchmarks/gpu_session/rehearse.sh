@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Rehearses the GPU session here, on the CPU, before a lent GPU's minutes are spent on it. It builds what the
+# `device` tool would see: a venv holding only the GPU image's packages that the project touches (the tool's
+# KINDS.md lists the image; lm-eval & co. are not in it), the payload of prepare.sh (its wheels rebuilt for this
+# Python), and a copy of the tree as the tool sends it (tracked files and the carried folders, no .git). Then it
+# plays the calls: call1.sh, whose gpu tests must fail for want of CUDA (not on an import), and run.sh twice on
+# cpu_smollm2.yaml cut to GA (output results/rehearsal), the first stopped by its time limit, the second resuming.
+#   bash benchmarks/gpu_session/rehearse.sh [SHARED_DIR] [WORK_DIR]    (needs the registry; ~15 min on 2 cores)
+# Rebuilds prepare.sh's payload in this checkout; everything else stays in WORK_DIR (default /tmp/gpu_rehearsal).
+set -euo pipefail
+shared=$(cd "${1:-../shared}" && pwd)
+work=${2:-/tmp/gpu_rehearsal}
+rm -rf "$work" && mkdir -p "$work/out" && work=$(cd "$work" && pwd)
+
+echo "== the machine's python: torch, transformers, accelerate as there, and the image's packages the project uses"
+python3 -m venv "$work/venv"
+"$work/venv/bin/pip" install -q --upgrade pip setuptools wheel
+"$work/venv/bin/pip" install -q torch==2.13.0
+"$work/venv/bin/pip" install -q transformers==5.17.0 accelerate==1.15.0 safetensors tokenizers huggingface_hub \
+  scipy pandas matplotlib pytest numpy pyyaml regex requests tqdm pyarrow xxhash fsspec aiohttp httpx peft \
+  sacrebleu scikit-learn sentencepiece jinja2 psutil packaging tabulate absl-py six click joblib pybind11 \
+  portalocker colorama lxml
+"$work/venv/bin/pip" uninstall -q -y pydantic pydantic-core 2>/dev/null || true   # pulled in, not in the image
+
+echo "== the payload, and the wheels again for this Python"
+bash benchmarks/gpu_session/prepare.sh "$shared"
+py=$("$work/venv/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+sed "s/--python-version 3.12/--python-version $py/" "$shared/tools/gpu_wheels.sh" > "$work/wheels.sh"
+bash "$work/wheels.sh" "$work/whl"
+
+echo "== the copy the device tool sends"
+dev=$work/dev && mkdir "$dev"
+git ls-files -z | xargs -0 cp --parents -t "$dev"
+cp -r .gpu .gpA "$dev/" && rm -rf "$dev/.gpu/whl" && cp -r "$work/whl" "$dev/.gpu/whl"
+sed -e 's|^output_dir: .*|output_dir: results/rehearsal|' -e '/{method: \(GD\|NPO\|SimNPO\|IdkDPO\|CRU\),/d' \
+  -e '/beta: 4.5, forget_weight/d' configs/cpu_smollm2.yaml > "$dev/rehearsal.yaml"
+
+export PATH=$work/venv/bin:$PATH GPU_SESSION_TMP=$work/tmp CRU_HARNESS_CACHE=$work/cache
+call() {  # a device call: $OUT emptied, the command run in the copy's root
+  rm -rf "$work/out" && mkdir -p "$work/out" && (cd "$dev" && OUT=$work/out bash -c "$1") > "$work/$2.txt" 2>&1 || true
+  mkdir -p "$work/$2" && cp -r "$work/out/." "$work/$2/"
+}
+echo "== call 1: install, gpu tests"
+call "GPU_TESTS_S=120 bash benchmarks/gpu_session/call1.sh" call1
+cp -r .gpB "$dev/"
+echo "== call 2: join the GGUF, run for 240 s"
+call "bash benchmarks/gpu_session/run.sh a 240 rehearsal.yaml" call2
+echo "== call 3: resume"
+call "bash benchmarks/gpu_session/run.sh b 600 rehearsal.yaml" call3
+
+fail=0
+check() { if eval "$2"; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi; }
+check "call 1 installed lm-eval and the project, with the commit and a clean tree" \
+  "grep -q \"^lm_eval 0.4.13 .*'commit': '$(git rev-parse HEAD)', 'dirty': False\" '$work/call1.txt'"
+check "the gpu tests were collected and failed for want of CUDA, not on an import" \
+  "grep -q 'CRU_HARNESS_REQUIRE_GPU=1 demands it' '$work/call1/gpu_tests.txt' && ! grep -q 'ModuleNotFoundError\|ImportError' '$work/call1/gpu_tests.txt'"
+check "call 2 joined the GGUF and finished a cell before its limit stopped it" \
+  "grep -q '^run: exit 124' '$work/call2.txt' && grep -q ': ok in' '$work/call2/run_a.log'"
+first=$(grep -o '\] [0-9a-f]\{16\} .*: ok in' "$work/call2/run_a.log" | head -1 | cut -d' ' -f2)
+check "call 3 took over the lock, kept call 2's cells (${first:-none}) and finished the rest" \
+  "[ -n '$first' ] && grep -q 'taking over the lock' '$work/call3/run_b.log' && grep -q '^run: exit 0' '$work/call3.txt' && ! grep -q '$first .*: running' '$work/call3/run_b.log'"
+tar tzf "$work/call3/results_b.tgz" > "$work/tarball.txt"   # listed once: `tar | grep -q` fails under pipefail
+check "the tarball holds the cells and a report, without work/" \
+  "grep -q '^results/rehearsal/report/report.md$' '$work/tarball.txt' && ! grep -q '/work/' '$work/tarball.txt'"
+echo "logs: $work/call{1,2,3}.txt and $work/call{1,2,3}/"
+exit "$fail"
