@@ -11,8 +11,11 @@ torch.set_num_threads(1)  # 2 shared cores: one thread is ~10x faster than two u
 
 def _greedy_answers(model, tokenizer, prompts, max_new_tokens=40, batch_size=16):
     """Greedy continuations of `prompts` (left-padded batches), decoded without special tokens."""
-    previous_side = tokenizer.padding_side
+    previous_side, previous_pad = tokenizer.padding_side, tokenizer.pad_token
     tokenizer.padding_side = "left"
+    # SmolLM2's tokenizer converted from its GGUF has no pad token under transformers 5.17 (the GPU image's);
+    # pad with EOS there, as lm-eval does, under the attention mask.
+    tokenizer.pad_token = previous_pad if previous_pad is not None else tokenizer.eos_token
     answers = []
     try:
         for start in range(0, len(prompts), batch_size):
@@ -22,7 +25,7 @@ def _greedy_answers(model, tokenizer, prompts, max_new_tokens=40, batch_size=16)
                                      pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
             answers += tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
     finally:
-        tokenizer.padding_side = previous_side
+        tokenizer.padding_side, tokenizer.pad_token = previous_side, previous_pad
     return [a.strip() for a in answers]
 
 

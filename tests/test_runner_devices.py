@@ -93,8 +93,8 @@ def test_device_map_reaches_lm_eval():
     assert "parallelize" not in eval_model_args(cfg.ModelSpec("m", "p"), "/m")
 
 
-def test_finetune_cell_trains_a_checkpoint(tmp_path):
-    """The real executor on a finetune cell: TOFU's recipe (shortened) on a tiny local model; no evaluation."""
+def tiny_finetune_plan(tmp_path):
+    """A plan whose tiny local model is fine-tuned first (TOFU's recipe, one step on 4 rows) on the CPU."""
     from cru_harness.testbed.models import build_tiny_model, save_tiny_model
     from cru_harness.testbed.tokenizer import train_tokenizer
 
@@ -107,13 +107,73 @@ def test_finetune_cell_trains_a_checkpoint(tmp_path):
                                          "lr": 1e-3})
     raw["models"][0]["path"] = str(base)
     raw["device"] = "cpu"
-    ft = build_plan(cfg.validate_config(raw))[0]
+    return build_plan(cfg.validate_config(raw))
+
+
+def test_finetune_cell_trains_a_checkpoint(tmp_path):
+    """The real executor on a finetune cell: TOFU's recipe (shortened) on a tiny local model; no evaluation."""
+    from cru_harness.runner.provenance import directory_fingerprint
+
+    ft = tiny_finetune_plan(tmp_path)[0]
     outcome = execute.execute_cell(ft, tmp_path / "work")
     checkpoint = Path(outcome["artifacts"]["checkpoint"])
     assert (checkpoint / "config.json").is_file() and (checkpoint / "finetune_record.json").is_file()
     assert outcome["details"]["finetune"]["optimizer_steps"] == 1
     assert outcome["details"]["finetune"]["config"]["learning_rate"] == 1e-3
     assert outcome["resources"]["train_wall_time_s"] > 0
+    # the weights' fingerprint, which leaves the record (wall times) out
+    fingerprint = outcome["details"]["finetune"]["checkpoint_fingerprint"]
+    assert fingerprint == directory_fingerprint(checkpoint)
+    (checkpoint / "finetune_record.json").write_text("{}")
+    assert directory_fingerprint(checkpoint) == fingerprint
+
+
+def test_a_fine_tuned_checkpoint_not_on_this_machine_is_fine_tuned_again_once_and_compared(tmp_path, monkeypatch):
+    """A run resumed where the finetune cell's checkpoint is absent (another GPU lease, a shard run elsewhere,
+    work/ cleaned) fine-tunes it again, once, and says whether its weights are the recorded ones."""
+    import shutil
+
+    cells = tiny_finetune_plan(tmp_path)
+    ft, original, ga = cells
+    assert (ft.kind, original.kind, ga.kind) == ("finetune", "original", "method")
+    store = CellStore(tmp_path / "run")
+    store.write(ft.hash, *run_one(ft, store.work_dir(ft.hash), execute.PlanExecutor(store, cells)))
+    recorded = store.load_result(ft.hash)["details"]["finetune"]["checkpoint_fingerprint"]
+    shutil.rmtree(store.work_dir(ft.hash))                                 # gone: another machine resumes the run
+
+    real, finetunes, seen = execute.execute_cell, [], []
+
+    def execute_cell(cell, workdir, **kw):   # the real fine-tuning; a stand-in for the cells that evaluate
+        if cell.kind == "finetune":
+            finetunes.append(cell.hash)
+            return real(cell, workdir, **kw)
+        seen.append(kw["base_path"])
+        return {}
+
+    monkeypatch.setattr(execute, "execute_cell", execute_cell)
+    first = execute.PlanExecutor(store, cells)(original, tmp_path / "w1")["details"]["finetuned_from"]
+    later = execute.PlanExecutor(store, cells)(ga, tmp_path / "w2")["details"]["finetuned_from"]   # a later run
+    assert finetunes == [ft.hash]                                          # fine-tuned again once, then reused
+    assert seen == [str(store.work_dir(ft.hash) / "finetuned_model")] * 2
+    assert first["fine_tuned_again"] is True and later["fine_tuned_again"] is False
+    # on the CPU the same recipe and seed give the same weights
+    assert first["checkpoint_fingerprint"] == later["checkpoint_fingerprint"] == recorded
+    assert first["matches_recorded"] is True and later["matches_recorded"] is True
+
+
+def test_cells_from_a_differing_fine_tuning_re_run_are_noted_in_the_table():
+    from cru_harness.reporting.tables import aggregate, to_markdown
+
+    def cell(seed, matches):
+        return {"benchmark": "tofu", "kind": "method", "status": "ok", "model": "m", "split": "forget10",
+                "label": "GA", "method": "GA", "seed": seed, "metrics": {"model_utility": 0.5},
+                "details": {"finetuned_from": {"matches_recorded": matches}}}
+
+    rows = aggregate([cell(0, None), cell(1, True), cell(2, False)], "tofu")
+    assert rows[0]["refinetuned"] == ["1 cell(s) from a fine-tuning re-run whose weights differ from the recorded "
+                                      "checkpoint's"]
+    assert "1 cell(s) from a fine-tuning re-run" in to_markdown(rows, "tofu")
+    assert aggregate([cell(0, True)], "tofu")[0]["refinetuned"] == []
 
 
 def test_reports_leave_finetune_cells_out():

@@ -13,6 +13,9 @@
 # Each call leaves its log and a tarball of the results (work/ left out) under $OUT: unpack the last one at the
 # repository root here. The output directory stays git-ignored on the machine while the run is under way (the tool
 # keeps ignored files between calls); un-ignore it in .gitignore when its results are committed.
+# A later lease (a fresh machine) resumes the same run: copy the last tarball to .gpR/results.tgz before running
+# this, and carry [.gpB, .gpR] in call 2; run.sh unpacks it where the machine has no output directory yet. The
+# first cell that needs the fine-tuned model fine-tunes it again (runner.execute.PlanExecutor.finetuned_checkpoint).
 # rehearse.sh plays these calls here on the CPU, in a copy of the machine's Python: run it after changing them.
 set -euo pipefail
 shared=${1:-../shared}
@@ -30,6 +33,6 @@ head -c "$first" "$gguf" > .gpA/part
 tail -c +"$((first + 1))" "$gguf" > .gpB/part
 sha256sum "$gguf" | cut -c1-64 > .gpB/sha256
 call1=$((tree + $(du -sb .gpu | cut -f1) + $(du -sb .gpA | cut -f1)))
-call2=$((tree + $(du -sb .gpB | cut -f1)))
-echo "call 1 sends $((call1 / 1024)) KiB, call 2 sends $((call2 / 1024)) KiB (limit $((limit / 1024)) KiB)"
+call2=$((tree + $(du -sb .gpB | cut -f1) + $( [ -d .gpR ] && du -sb .gpR | cut -f1 || echo 0)))
+echo "call 1 sends $((call1 / 1024)) KiB, call 2 sends $((call2 / 1024)) KiB with .gpR if any (limit $((limit / 1024)) KiB)"
 [ "$call2" -lt "$limit" ] || { echo "call 2 would exceed the limit: make the tree or .gpu smaller"; exit 1; }

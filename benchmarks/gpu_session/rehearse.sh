@@ -4,8 +4,9 @@
 # KINDS.md lists the image; lm-eval & co. are not in it), the payload of prepare.sh (its wheels rebuilt for this
 # Python), and a copy of the tree as the tool sends it (tracked files and the carried folders, no .git). Then it
 # plays the calls: call1.sh, whose gpu tests must fail for want of CUDA (not on an import), and run.sh twice on
-# cpu_smollm2.yaml cut to GA (output results/rehearsal), the first stopped by its time limit, the second resuming.
-#   bash benchmarks/gpu_session/rehearse.sh [SHARED_DIR] [WORK_DIR]    (needs the registry; ~15 min on 2 cores)
+# cpu_smollm2.yaml cut to GA (output results/rehearsal), the first stopped by its time limit, the second resuming;
+# then a second lease on a fresh machine resumes from the tarball with GD added, which needs the fine-tuned model.
+#   bash benchmarks/gpu_session/rehearse.sh [SHARED_DIR] [WORK_DIR]    (needs the registry; ~25 min on 2 cores)
 # Rebuilds prepare.sh's payload in this checkout; everything else stays in WORK_DIR (default /tmp/gpu_rehearsal).
 set -euo pipefail
 shared=$(cd "${1:-../shared}" && pwd)
@@ -28,25 +29,37 @@ py=$("$work/venv/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.
 sed "s/--python-version 3.12/--python-version $py/" "$shared/tools/gpu_wheels.sh" > "$work/wheels.sh"
 bash "$work/wheels.sh" "$work/whl"
 
-echo "== the copy the device tool sends"
-dev=$work/dev && mkdir "$dev"
-git ls-files -z | xargs -0 cp --parents -t "$dev"
-cp -r .gpu .gpA "$dev/" && rm -rf "$dev/.gpu/whl" && cp -r "$work/whl" "$dev/.gpu/whl"
-sed -e 's|^output_dir: .*|output_dir: results/rehearsal|' -e '/{method: \(GD\|NPO\|SimNPO\|IdkDPO\|CRU\),/d' \
-  -e '/beta: 4.5, forget_weight/d' configs/cpu_smollm2.yaml > "$dev/rehearsal.yaml"
-
-export PATH=$work/venv/bin:$PATH GPU_SESSION_TMP=$work/tmp CRU_HARNESS_CACHE=$work/cache
+machine() {  # a fresh machine ($1: its name): the copy the device tool sends, an empty /tmp and cache
+  dev=$work/$1 && mkdir "$dev"
+  git ls-files -z | xargs -0 cp --parents -t "$dev"
+  cp -r .gpu .gpA "$dev/" && rm -rf "$dev/.gpu/whl" && cp -r "$work/whl" "$dev/.gpu/whl"
+  cp "$work/rehearsal.yaml" "$work/rehearsal_gd.yaml" "$dev/"
+  export GPU_SESSION_TMP=$work/$1.tmp CRU_HARNESS_CACHE=$work/$1.cache
+}
 call() {  # a device call: $OUT emptied, the command run in the copy's root
   rm -rf "$work/out" && mkdir -p "$work/out" && (cd "$dev" && OUT=$work/out bash -c "$1") > "$work/$2.txt" 2>&1 || true
   mkdir -p "$work/$2" && cp -r "$work/out/." "$work/$2/"
 }
-echo "== call 1: install, gpu tests"
+# cpu_smollm2.yaml cut to GA, then (the second lease) with GD beside it: GD needs the fine-tuned checkpoint
+sed -e 's|^output_dir: .*|output_dir: results/rehearsal|' -e '/{method: \(GD\|NPO\|SimNPO\|IdkDPO\|CRU\),/d' \
+  -e '/beta: 4.5, forget_weight/d' configs/cpu_smollm2.yaml > "$work/rehearsal.yaml"
+sed -e 's|^output_dir: .*|output_dir: results/rehearsal|' -e '/{method: \(NPO\|SimNPO\|IdkDPO\|CRU\),/d' \
+  -e '/beta: 4.5, forget_weight/d' configs/cpu_smollm2.yaml > "$work/rehearsal_gd.yaml"
+export PATH=$work/venv/bin:$PATH
+
+echo "== lease 1, call 1: install, gpu tests"
+machine lease1
 call "GPU_TESTS_S=120 bash benchmarks/gpu_session/call1.sh" call1
 cp -r .gpB "$dev/"
-echo "== call 2: join the GGUF, run for 240 s"
+echo "== lease 1, call 2: join the GGUF, run for 240 s"
 call "bash benchmarks/gpu_session/run.sh a 240 rehearsal.yaml" call2
-echo "== call 3: resume"
+echo "== lease 1, call 3: resume"
 call "bash benchmarks/gpu_session/run.sh b 600 rehearsal.yaml" call3
+echo "== lease 2 (a fresh machine), call 1, then call 2 resuming from call 3's tarball, GD added"
+machine lease2
+call "GPU_TESTS_S=1 bash benchmarks/gpu_session/call1.sh" call4
+cp -r .gpB "$dev/" && mkdir "$dev/.gpR" && cp "$work/call3/results_b.tgz" "$dev/.gpR/results.tgz"
+call "bash benchmarks/gpu_session/run.sh c 600 rehearsal_gd.yaml" call5
 
 fail=0
 check() { if eval "$2"; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi; }
@@ -62,5 +75,7 @@ check "call 3 took over the lock, kept call 2's cells (${first:-none}) and finis
 tar tzf "$work/call3/results_b.tgz" > "$work/tarball.txt"   # listed once: `tar | grep -q` fails under pipefail
 check "the tarball holds the cells and a report, without work/" \
   "grep -q '^results/rehearsal/report/report.md$' '$work/tarball.txt' && ! grep -q '/work/' '$work/tarball.txt'"
-echo "logs: $work/call{1,2,3}.txt and $work/call{1,2,3}/"
+check "lease 2 unpacked lease 1's cells, skipped them, and fine-tuned again for GD, with the recorded weights" \
+  "grep -q '^resuming results/rehearsal from .gpR' '$work/call5.txt' && grep -q 'GA seed=0: finished earlier, skipped' '$work/call5/run_c.log' && grep -q 'fine-tuning it again' '$work/call5/run_c.log' && tar xzf '$work/call5/results_c.tgz' -C '$work' && grep -q '\"matches_recorded\": true' \$(grep -l '\"method\": \"GD\"' '$work'/results/rehearsal/cells/*/result.json)"
+echo "logs: $work/call{1,...,5}.txt and $work/call{1,...,5}/"
 exit "$fail"

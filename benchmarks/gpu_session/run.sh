@@ -12,6 +12,9 @@ if [ ! -f "$gguf" ]; then
   [ "$(sha256sum "$gguf" | cut -c1-64)" = "$(cat .gpB/sha256)" ] || { echo "the joined GGUF's sha256 differs"; exit 4; }
 fi
 out_dir=$(python3 -c "import sys; from cru_harness.runner.config import load_config; print(load_config(sys.argv[1]).output_dir)" "$config")
+# A later lease resumes an earlier one's run from its tarball (carried as .gpR/results.tgz), unpacked only where the
+# machine has no output directory yet: never over the newer cells of an earlier call of this lease.
+if [ -f .gpR/results.tgz ] && [ ! -d "$out_dir" ]; then tar xzf .gpR/results.tgz && echo "resuming $out_dir from .gpR"; fi
 timeout "$seconds" python3 -m cru_harness run "$config" > "$OUT/run_$tag.log" 2>&1
 # The reply shows only the output's last 12,000 characters: leave the progress bars out of what is printed.
 echo "run: exit $? after $(( $(date +%s) - t0 )) s"; tr '\r' '\n' < "$OUT/run_$tag.log" | grep -v 'it/s\]\|s/it\]' | tail -c 6000

@@ -157,7 +157,7 @@ def aggregate(results: list[dict], benchmark: str) -> list[dict]:
                "resources": {k: _mean((m.get("resources") or {}).get(k) for m in ok) for k in RESOURCE_KEYS},
                "gate_means": _gate_means(ok),
                "reasons": sorted({m.get("reason") for m in members if m.get("reason")}),
-               "partial": _partial_tasks(ok)}
+               "partial": _partial_tasks(ok), "refinetuned": _refinetuned(ok)}
         rows.append(row)
     order = _method_order(results)
     rows.sort(key=lambda r: (r["model"], str(r["unit"]), not r["reference"], order.get(r["label"], 99), r["label"]))
@@ -178,6 +178,14 @@ def _partial_tasks(results: list[dict]) -> list[str]:
         notes.append(f"{task}: no data for target(s) {', '.join(map(str, lacking))}, "
                      f"mean over {sum(task not in unavailable(r) for r in results)} cell(s)")
     return notes
+
+
+def _refinetuned(results: list[dict]) -> list[str]:
+    """A note for cells that started from a fine-tuned checkpoint made again (the first was not on the machine
+    that ran them: `runner.execute.PlanExecutor.finetuned_checkpoint`) whose weights are not the recorded ones:
+    GPU kernels need not be bitwise deterministic, so those cells started from a slightly other model."""
+    n = sum(((r.get("details") or {}).get("finetuned_from") or {}).get("matches_recorded") is False for r in results)
+    return [f"{n} cell(s) from a fine-tuning re-run whose weights differ from the recorded checkpoint's"] if n else []
 
 
 def _gate_means(results: list[dict]) -> dict | None:
@@ -259,6 +267,7 @@ def _row_note(row: dict) -> str:
     if row["n_failed"]:
         notes.append(f"{row['n_failed']} failed")
     notes.extend(row.get("partial", []))
+    notes.extend(row.get("refinetuned", []))
     return "; ".join(notes)
 
 

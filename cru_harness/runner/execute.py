@@ -13,7 +13,8 @@ from .evaluation import evaluate_cell, protocol_presets, retain_from_per_item, s
 from .loop import CellUnavailable
 from .models import resolve_data_dir, resolve_model_path
 from .plan import Cell
-from .training import train_baseline, train_cru, train_finetuned_model, train_retain_model
+from .provenance import directory_fingerprint
+from .training import FINETUNED_DIR, train_baseline, train_cru, train_finetuned_model, train_retain_model
 
 
 class PlanExecutor:
@@ -29,19 +30,41 @@ class PlanExecutor:
         self.store = store
         self.cells = list(cells)
 
+    def finetuned_checkpoint(self, cell: Cell, source: Cell) -> tuple[str, dict]:
+        """The checkpoint `cell` starts from, written by the finetune cell `source`, and where it came from.
+
+        A finished finetune cell whose checkpoint is not on this machine (the run began on another machine or
+        GPU lease, a shard ran elsewhere, work/ was cleaned) is fine-tuned again, same recipe and seed, into its
+        own work directory, which later cells and runs reuse. Its weights' fingerprint is compared with the one
+        the cell recorded: equal on the CPU; a GPU's kernels need not be bitwise deterministic, and cells that
+        start from a differing checkpoint say so (`details.finetuned_from`, a note in the report)."""
+        loaded = self.store.load_result(source.hash)
+        if not loaded or loaded.get("status") != "ok":
+            state = "has not run" if not loaded else f"is {loaded.get('status')}"
+            raise RuntimeError(f"model {cell.model.name} starts from its fine-tuned checkpoint, but its finetune "
+                               f"cell {source.hash} {state} (with --shard: run the shard holding it first)")
+        recorded = ((loaded.get("details") or {}).get("finetune") or {}).get("checkpoint_fingerprint")
+        checkpoint = Path((loaded.get("artifacts") or {}).get("checkpoint") or "")
+        again = False
+        if not (checkpoint.name and checkpoint.is_dir()):
+            workdir = self.store.work_dir(source.hash)
+            checkpoint = workdir / FINETUNED_DIR
+            if not checkpoint.is_dir():  # not fine-tuned again by an earlier cell or run here either
+                print(f"{source.hash}: the fine-tuned checkpoint of model {cell.model.name} is not on this machine; "
+                      f"fine-tuning it again with the same recipe and seed", flush=True)
+                checkpoint, again = Path(execute_cell(source, workdir)["artifacts"]["checkpoint"]), True
+        fingerprint = directory_fingerprint(checkpoint)
+        return str(checkpoint), {"cell": source.hash, "fine_tuned_again": again, "checkpoint_fingerprint": fingerprint,
+                                 "recorded_fingerprint": recorded,
+                                 "matches_recorded": None if recorded is None else fingerprint == recorded}
+
     def __call__(self, cell: Cell, workdir: Path) -> dict:
         from .plan import finetune_cell_for, retain_cell_for
 
-        base_path = None
+        base_path, finetuned_from = None, None
         source = finetune_cell_for(cell, self.cells)
         if source is not None:
-            loaded = self.store.load_result(source.hash)
-            checkpoint = ((loaded or {}).get("artifacts") or {}).get("checkpoint")
-            if not loaded or loaded.get("status") != "ok" or not checkpoint or not Path(checkpoint).is_dir():
-                state = "has not run" if not loaded else f"is {loaded.get('status')}"
-                raise RuntimeError(f"model {cell.model.name} starts from its fine-tuned checkpoint, but its finetune "
-                                   f"cell {source.hash} {state} (with --shard: run the shard holding it first)")
-            base_path = checkpoint
+            base_path, finetuned_from = self.finetuned_checkpoint(cell, source)
         retain_result = None
         if cell.benchmark == "tofu" and cell.kind != "retain":
             retain = retain_cell_for(cell, self.cells)
@@ -49,7 +72,10 @@ class PlanExecutor:
                 loaded = self.store.load_result(retain.hash)
                 if loaded and loaded.get("status") == "ok":
                     retain_result = loaded
-        return execute_cell(cell, workdir, retain_result=retain_result, base_path=base_path)
+        outcome = execute_cell(cell, workdir, retain_result=retain_result, base_path=base_path)
+        if finetuned_from is not None:
+            outcome.setdefault("details", {})["finetuned_from"] = finetuned_from
+        return outcome
 
 
 def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None,

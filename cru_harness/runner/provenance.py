@@ -33,7 +33,7 @@ from typing import Any
 
 CODE_SUFFIXES = (".py", ".yaml", ".yml", ".jinja", ".json", ".txt")
 # Files in a model directory that are not the model: build logs with timings.
-_NOT_MODEL_FILES = ("testbed_recipe.json",)
+_NOT_MODEL_FILES = ("testbed_recipe.json", "finetune_record.json")
 # The libraries whose versions decide the numbers (the project's own version is its code_version).
 KEY_LIBRARIES = ("python", "torch", "transformers", "lm_eval", "accelerate", "datasets", "numpy", "scipy",
                  "tokenizers", "safetensors", "rouge_score")

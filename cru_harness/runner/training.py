@@ -8,6 +8,9 @@ from pathlib import Path
 
 from .models import cell_device, load_model, resolve_model_path
 from .plan import Cell
+from .provenance import directory_fingerprint
+
+FINETUNED_DIR = "finetuned_model"   # a finetune cell's checkpoint, inside its work directory
 
 
 def prompt_format(cell: Cell, chat: bool) -> dict:
@@ -95,7 +98,7 @@ def train_retain_model(cell: Cell, spec: dict, workdir: Path, data_dir, outcome:
 
 
 def train_finetuned_model(cell: Cell, spec: dict, source_path: str, corpus: str, workdir: Path, data_dir,
-                          outcome: dict, name: str = "finetuned_model") -> str:
+                          outcome: dict, name: str = FINETUNED_DIR) -> str:
     """`source_path` fine-tuned on `corpus` with TOFU's recipe (`cru_harness.finetune`), overridden by `spec`;
     saved under workdir/`name`. The prompt is the one the cell's evaluation uses (chat template or plain)."""
     from ..finetune import FinetuneConfig, finetune
@@ -112,6 +115,8 @@ def train_finetuned_model(cell: Cell, spec: dict, source_path: str, corpus: str,
     outcome["details"]["training_prompts"] = fmt
     outcome["resources"].update({f"train_{k}" if k in ("wall_time_s", "peak_memory_bytes") else k: v
                                  for k, v in result.resources.items()})
-    outcome["details"]["finetune"] = {k: v for k, v in result.to_dict().items() if k != "history"}
+    # The weights' fingerprint: a run that must fine-tune again elsewhere compares its checkpoint with this one.
+    outcome["details"]["finetune"] = {**{k: v for k, v in result.to_dict().items() if k != "history"},
+                                      "checkpoint_fingerprint": directory_fingerprint(out)}
     outcome["artifacts"]["checkpoint"] = str(out)
     return str(out)
