@@ -25,6 +25,7 @@ python3 -m venv "$work/venv"
 
 echo "== the payload, and the wheels again for this Python"
 bash benchmarks/gpu_session/prepare.sh "$shared"
+head=$(git rev-parse HEAD)   # the commit the payload's .git names
 py=$("$work/venv/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 sed "s/--python-version 3.12/--python-version $py/" "$shared/tools/gpu_wheels.sh" > "$work/wheels.sh"
 bash "$work/wheels.sh" "$work/whl"
@@ -64,7 +65,7 @@ call "bash benchmarks/gpu_session/run.sh c 600 rehearsal_gd.yaml" call5
 fail=0
 check() { if eval "$2"; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi; }
 check "call 1 installed lm-eval and the project, with the commit and a clean tree" \
-  "grep -q \"^lm_eval 0.4.13 .*'commit': '$(git rev-parse HEAD)', 'dirty': False\" '$work/call1.txt'"
+  "grep -q \"^lm_eval 0.4.13 .*'commit': '$head', 'dirty': False\" '$work/call1.txt'"
 check "the gpu tests were collected and failed for want of CUDA, not on an import" \
   "grep -q 'CRU_HARNESS_REQUIRE_GPU=1 demands it' '$work/call1/gpu_tests.txt' && ! grep -q 'ModuleNotFoundError\|ImportError' '$work/call1/gpu_tests.txt'"
 check "call 2 joined the GGUF and finished a cell before its limit stopped it" \
