@@ -5,8 +5,8 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 HF_DATAS
 export PYTHONPATH=$T/site:$T/smol_pkg
 export CRU_HARNESS_DATA_DIR=$T/data
 # The copy of the tree sent there has no .git: keep call 1's shallow clone's (.gpu/git) and restore it, so that
-# run records carry the commit (provenance.git_state); the files there are not the committer's: safe.directory.
+# run records carry the commit (provenance.git_state). The files there need not be the committer's: git is told
+# the tree is safe through the environment (command scope), which writes no config file.
 if [ -d .gpu/git ] && [ ! -d "$T/repo.git" ]; then mkdir -p "$T" && cp -r .gpu/git "$T/repo.git"; fi
-if [ ! -e .git ] && [ -d "$T/repo.git" ] && command -v git >/dev/null; then
-  cp -r "$T/repo.git" .git && git config --global --add safe.directory "$PWD"
-fi
+if [ ! -e .git ] && [ -d "$T/repo.git" ] && command -v git >/dev/null; then cp -r "$T/repo.git" .git; fi
+export GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=safe.directory GIT_CONFIG_VALUE_0="$PWD"
