@@ -42,10 +42,9 @@ call() {  # a device call: $OUT emptied, the command run in the copy's root
   mkdir -p "$work/$2" && cp -r "$work/out/." "$work/$2/"
 }
 # cpu_smollm2.yaml cut to GA, then (the second lease) with GD beside it: GD needs the fine-tuned checkpoint
-sed -e 's|^output_dir: .*|output_dir: results/rehearsal|' -e '/{method: \(GD\|NPO\|SimNPO\|IdkDPO\|CRU\),/d' \
-  -e '/beta: 4.5, forget_weight/d' configs/cpu_smollm2.yaml > "$work/rehearsal.yaml"
 sed -e 's|^output_dir: .*|output_dir: results/rehearsal|' -e '/{method: \(NPO\|SimNPO\|IdkDPO\|CRU\),/d' \
   -e '/beta: 4.5, forget_weight/d' configs/cpu_smollm2.yaml > "$work/rehearsal_gd.yaml"
+sed '/{method: GD,/d' "$work/rehearsal_gd.yaml" > "$work/rehearsal.yaml"
 export PATH=$work/venv/bin:$PATH
 
 echo "== lease 1, call 1: install, gpu tests"
