@@ -4,8 +4,8 @@ import json
 import pytest
 
 from cru_harness.data import (
-    DataSourceError, list_targets, load_corpus, load_idontknow, load_target_file, load_tofu, parse_targets,
-    resolve_local_dir, retain_config_for,
+    DataSourceError, list_targets, load_corpus, load_corpus_rows, load_idontknow, load_target_file, load_tofu,
+    parse_targets, resolve_local_dir, retain_config_for,
 )
 from cru_harness.data.rwku import TARGET_KINDS, UTILITY_KINDS
 
@@ -125,6 +125,20 @@ def test_corpora_from_files_splits_and_targets(tmp_path, shared_data):
     passages = load_corpus("rwku:1:forget_mia", shared_data)
     assert passages and all(isinstance(text, str) and text for text in passages)
     assert len(load_idontknow(shared_data)) > 10
+
+
+def test_rwku_question_probes_train_as_question_answer_pairs(tmp_path):
+    folder = tmp_path / "Target" / "7_Someone"
+    folder.mkdir(parents=True)
+    probe = {"subject": "Someone", "level": "2", "type": "simple question", "query": "Where was Someone born?",
+             "answer": "Leeds"}
+    (folder / "neighbor_level2.json").write_text(json.dumps([{**probe, "neighbor": "Leeds"}]))
+    (folder / "passage.json").write_text(json.dumps([{"text": "Someone was born in Leeds."}]))
+    rows, origin = load_corpus_rows("rwku:7:neighbor_level2 + rwku:7:passage", tmp_path)
+    assert origin == "RWKU 7 neighbor_level2 + RWKU 7 passage"
+    assert load_corpus("rwku:7:neighbor_level2 + rwku:7:passage", tmp_path) == [
+        "Question: Where was Someone born?\nAnswer: Leeds", "Someone was born in Leeds."]
+    assert rows[0]["query"] == rows[0]["question"] and "question" not in rows[1]
 
 
 def test_corpus_errors(tmp_path):

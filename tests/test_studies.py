@@ -42,8 +42,8 @@ def test_committed_study_configs_validate_on_the_smollm2_tofu_setup(name):
     tofu_models = [m for m in config.models if "tofu" in m.benchmarks]
     assert [m.path for m in tofu_models] == ["smollm2"] and tofu_models[0].finetune["data"] == "full"
     assert {spec.kind for spec in tofu_models[0].retain.values()} == {"finetune"}  # FQ's oracle per split
-    labels = [m.label for m in config.methods]
-    assert len(labels) == len(set(labels)) and any(m.method == "CRU" for m in config.methods)
+    rows = [(m.label, bench) for m in config.methods for bench in m.benchmarks]   # a table row per benchmark
+    assert len(rows) == len(set(rows)) and any(m.method == "CRU" for m in config.methods)
 
 
 def test_lambda_and_percentile_configs_sweep_the_issues_values():

@@ -83,7 +83,8 @@ def load_corpus_rows(source: str | os.PathLike, data_dir: str | os.PathLike | No
     """The rows of a corpus source and a description of where they came from.
 
     Sources: a JSON/JSONL file, a TOFU config name (`forget10`, `retain90`), or `rwku:<targets>:<kind>`
-    (`rwku:1:passage`, `rwku:1-3:forget_mia`). A trailing `[:N]` keeps the first N rows (`rwku:1:passage[:32]`),
+    (`rwku:1:passage`, `rwku:1-3:forget_mia`; a probe kind such as `rwku:101-110:neighbor_level2` gives its
+    `query` + `answer` rows as question/answer pairs). A trailing `[:N]` keeps the first N rows (`rwku:1:passage[:32]`),
     `[A:B]` rows A to B-1 (`full[0:400]`), so a capped corpus is visible in the source string that results
     record. Sources joined by ` + ` are concatenated in order (`retain99[:40] + forget01`: a reduced TOFU
     fine-tuning set of two retain authors and the forget01 authors).
@@ -139,11 +140,13 @@ def load_corpus(source: str | os.PathLike, data_dir: str | os.PathLike | None = 
 
 
 def _rwku_rows(source: str, data_dir) -> tuple[list[dict], str]:
-    from .rwku import parse_targets
+    from .rwku import PROBE_KINDS, parse_targets
 
     parts = source.split(":")
     if len(parts) != 3:
         raise ValueError(f"RWKU corpus {source!r} must look like rwku:<targets>:<kind>, e.g. rwku:1:passage")
     _, targets, kind = parts
     rows = [row for index in parse_targets(targets) for row in load_target_file(index, kind, data_dir)]
+    if kind in PROBE_KINDS:  # trained on as what they ask: the probe's question and its answer
+        rows = [{**row, "question": row["query"]} for row in rows]
     return rows, f"RWKU {targets} {kind}"

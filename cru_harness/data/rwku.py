@@ -50,6 +50,8 @@ HUB_CONFIGS = {
     "reject_phi": "train_refusal_phi3",
 }
 TARGET_KINDS = tuple(HUB_CONFIGS)
+# The question probes (`query` + `answer`); as a training corpus their rows are question/answer pairs.
+PROBE_KINDS = ("forget_level1", "forget_level2", "forget_level3", "neighbor_level1", "neighbor_level2")
 UTILITY_KINDS = ("retain_mmlu", "retain_bbh", "truthful", "triviaqa", "fluency")
 TRAINING_KINDS = tuple(kind for kind in TARGET_KINDS if kind.startswith(("positive", "negative", "pair", "reject")))
 REQUIRED_FIELDS = {
