@@ -2,9 +2,10 @@
 # Builds, here (no GPU needed), the git-ignored payload a session carries to a lent GPU machine (the `device`
 # tool): such a machine reaches no registry and no Hub, and takes at most 64 MiB per call. Run from the
 # repository root:   bash benchmarks/gpu_session/prepare.sh [SHARED_DIR]    (default ../shared)
-#   .gpu/  the wheels the machine lacks (lm-eval & co., ../shared/tools/gpu_wheels.sh), TOFU, the commit, and a
-#          shallow clone's .git (the copy sent there has none; with it, run records name the commit and whether
-#          the package differed from it, as here)
+#   .gpu/  the wheels the machine lacks (lm-eval & co., ../shared/tools/gpu_wheels.sh; one solid xz archive,
+#          wheels_xz.py: 5 MB instead of 13), TOFU and RWKU whole (xz, 7 MB: a subset would change the data
+#          fingerprint cells record), the commit, and a shallow clone's .git (the copy sent there has none; with
+#          it, run records name the commit and whether the package differed from it, as here)
 #   .gpA/, .gpB/  SmolLM2's 98 MB GGUF in two parts sized so that each call stays under 64 MiB
 # Then, back to back (the machine stays warm ~30 s between calls; the parts are joined in /tmp there):
 #   call 1, carry [.gpu, .gpA]:  bash benchmarks/gpu_session/call1.sh     (installs; runs the gpu tests)
@@ -20,9 +21,10 @@
 set -euo pipefail
 shared=${1:-../shared}
 rm -rf .gpu .gpA .gpB
-mkdir -p .gpu/data .gpA .gpB
-bash "$shared/tools/gpu_wheels.sh" .gpu/whl
-cp -r "$shared/data/tofu" .gpu/data/
+mkdir -p .gpu .gpA .gpB
+bash "$shared/tools/gpu_wheels.sh" .gpu/wheels
+python3 benchmarks/gpu_session/wheels_xz.py pack .gpu/wheels .gpu/whl.tar.xz && rm -rf .gpu/wheels
+tar cJf .gpu/data.tar.xz -C "$shared/data" tofu rwku
 git rev-parse --short HEAD > .gpu/commit
 git clone -q --depth 1 "file://$PWD" .gpu/clone && mv .gpu/clone/.git .gpu/git && rm -rf .gpu/clone
 gguf=$(python -c "from cru_harness.testbed.smollm import find_smollm2_gguf; print(find_smollm2_gguf())")

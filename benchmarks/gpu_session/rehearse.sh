@@ -28,12 +28,12 @@ bash benchmarks/gpu_session/prepare.sh "$shared"
 head=$(git rev-parse HEAD)   # the commit the payload's .git names
 py=$("$work/venv/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 sed "s/--python-version 3.12/--python-version $py/" "$shared/tools/gpu_wheels.sh" > "$work/wheels.sh"
-bash "$work/wheels.sh" "$work/whl"
+bash "$work/wheels.sh" "$work/whl" && python3 benchmarks/gpu_session/wheels_xz.py pack "$work/whl" "$work/whl.tar.xz"
 
 machine() {  # a fresh machine ($1: its name): the copy the device tool sends, an empty /tmp and cache
   dev=$work/$1 && mkdir "$dev"
   git ls-files -z | xargs -0 cp --parents -t "$dev"
-  cp -r .gpu .gpA "$dev/" && rm -rf "$dev/.gpu/whl" && cp -r "$work/whl" "$dev/.gpu/whl"
+  cp -r .gpu .gpA "$dev/" && cp "$work/whl.tar.xz" "$dev/.gpu/whl.tar.xz"
   cp "$work/rehearsal.yaml" "$work/rehearsal_gd.yaml" "$dev/"
   export GPU_SESSION_TMP=$work/$1.tmp CRU_HARNESS_CACHE=$work/$1.cache
 }

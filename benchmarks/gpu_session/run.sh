@@ -1,5 +1,6 @@
 # GPU machine, later calls:  bash benchmarks/gpu_session/run.sh TAG SECONDS [CONFIG]
-# Joins the GGUF on first use (carry .gpB), then runs CONFIG (default configs/gpu_smollm2_seed0.yaml) for at most
+# Joins the GGUF on first use (carry .gpB), then runs CONFIG (default configs/gpu_smollm2_seed0.yaml; a study
+# config of configs/studies/ runs as `cru-harness study`) for at most
 # SECONDS: finished cells stay in results/ on the machine while it is warm, so the next call resumes. Writes the
 # run's log and a tarball of its output directory (work/ and the lock left out) to $OUT.
 source benchmarks/gpu_session/env.sh; t0=$(date +%s); tag=$1; seconds=$2
@@ -11,11 +12,20 @@ if [ ! -f "$gguf" ]; then
   cat "$T/gg/A" .gpB/part > "$gguf"
   [ "$(sha256sum "$gguf" | cut -c1-64)" = "$(cat .gpB/sha256)" ] || { echo "the joined GGUF's sha256 differs"; exit 4; }
 fi
-out_dir=$(python3 -c "import sys; from cru_harness.runner.config import load_config; print(load_config(sys.argv[1]).output_dir)" "$config")
+# A study config (configs/studies/, a `study:` block) runs through `cru-harness study`, any other through `run`.
+read -r command out_dir < <(python3 - "$config" <<'PY'
+import sys, yaml
+from cru_harness.runner.config import load_config
+from cru_harness.studies.config import load_study
+study = "study" in (yaml.safe_load(open(sys.argv[1])) or {})
+print("study" if study else "run", (load_study(sys.argv[1]).config if study else load_config(sys.argv[1])).output_dir)
+PY
+)
+[ -n "$out_dir" ] || { echo "$config: not a valid runner or study config (above)"; exit 5; }
 # A later lease resumes an earlier one's run from its tarball (carried as .gpR/results.tgz), unpacked only where the
 # machine has no output directory yet: never over the newer cells of an earlier call of this lease.
 if [ -f .gpR/results.tgz ] && [ ! -d "$out_dir" ]; then tar xzf .gpR/results.tgz && echo "resuming $out_dir from .gpR"; fi
-timeout "$seconds" python3 -m cru_harness run "$config" > "$OUT/run_$tag.log" 2>&1
+timeout "$seconds" python3 -m cru_harness "$command" "$config" > "$OUT/run_$tag.log" 2>&1
 # The reply shows only the output's last 12,000 characters: leave the progress bars out of what is printed.
 echo "run: exit $? after $(( $(date +%s) - t0 )) s"; tr '\r' '\n' < "$OUT/run_$tag.log" | grep -v 'it/s\]\|s/it\]' | tail -c 6000
 tar czf "$OUT/results_$tag.tgz" --exclude=work --exclude=.lock "$out_dir" && ls -la "$OUT"
