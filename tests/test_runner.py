@@ -241,7 +241,10 @@ def test_purge_candidates_for_a_comma_name():
         purge_candidates(3, "1_Stephen_King")
 
 
-def test_purge_resolution_tries_candidates_then_lists(tmp_path):
+def test_purge_resolution_tries_candidates_then_lists(tmp_path, monkeypatch):
+    # The Hub calls here are test doubles; an offline machine's HF_HUB_OFFLINE=1 (the GPU session's env.sh sets
+    # it) would make the resolver skip the repository listing and fail this test for no fault of the code.
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     tried = []
 
     def fake_download(repo_id, cache_dir=None):  # test double for huggingface_hub.snapshot_download

@@ -6,6 +6,7 @@
 # plays the calls: call1.sh, whose gpu tests must fail for want of CUDA (not on an import), and run.sh twice on
 # cpu_smollm2.yaml cut to GA (output results/rehearsal), the first stopped by its time limit, the second resuming;
 # then a second lease on a fresh machine resumes from the tarball with GD added, which needs the fine-tuned model.
+# It also checks that the data carried there (one xz archive) has the fingerprints of the copy here.
 #   bash benchmarks/gpu_session/rehearse.sh [SHARED_DIR] [WORK_DIR]    (needs the registry; ~25 min on 2 cores)
 # Rebuilds prepare.sh's payload in this checkout; everything else stays in WORK_DIR (default /tmp/gpu_rehearsal).
 set -euo pipefail
@@ -77,5 +78,9 @@ check "the tarball holds the cells and a report, without work/" \
   "grep -q '^results/rehearsal/report/report.md$' '$work/tarball.txt' && ! grep -q '/work/' '$work/tarball.txt'"
 check "lease 2 unpacked lease 1's cells, skipped them, and fine-tuned again for GD, with the recorded weights" \
   "grep -q '^resuming results/rehearsal from .gpR' '$work/call5.txt' && grep -q 'GA seed=0: finished earlier, skipped' '$work/call5/run_c.log' && grep -q 'fine-tuning it again' '$work/call5/run_c.log' && tar xzf '$work/call5/results_c.tgz' -C '$work' && grep -q '\"matches_recorded\": true' \$(grep -l '\"method\": \"GD\"' '$work'/results/rehearsal/cells/*/result.json)"
+fingerprints() { python3 -c "import sys; from cru_harness.runner.provenance import data_fingerprint as f; print(f('tofu', sys.argv[1]), f('rwku', sys.argv[1]))" "$1"; }
+here=$(fingerprints "$shared/data")
+check "the carried TOFU and RWKU have the local copy's fingerprints ($here), and the cells recorded TOFU's" \
+  "[ \"\$(fingerprints '$work/lease1.tmp/data')\" = '$here' ] && [ \"\$(grep -l '\"data\": \"${here%% *}\"' '$work'/results/rehearsal/cells/*/run_record.json | wc -l)\" = 5 ]"
 echo "logs: $work/call{1,...,5}.txt and $work/call{1,...,5}/"
 exit "$fail"
