@@ -184,3 +184,72 @@ def test_reports_leave_finetune_cells_out():
                {"benchmark": "tofu", "kind": "original", "status": "ok", "model": "m", "split": "forget10",
                 "label": "Original", "method": "Original", "metrics": {"model_utility": 0.5}}]
     assert [row["label"] for row in aggregate(results, "tofu")] == ["Original"]
+
+
+def _fake_finetune(calls, delay=0.0):
+    """A stand-in for the finetune cell's training: writes a small checkpoint slowly, file by file."""
+    import time
+
+    def execute_cell(cell, workdir, **kw):
+        if cell.kind != "finetune":
+            return {}
+        calls.append(str(workdir))
+        out = Path(workdir) / "finetuned_model"
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        time.sleep(delay)                         # a second shard looks now: the checkpoint is half written
+        (out / "model.safetensors").write_bytes(b"weights")
+        return {"artifacts": {"checkpoint": str(out)}}
+    return execute_cell
+
+
+def test_shards_missing_the_fine_tuned_checkpoint_at_once_fine_tune_it_once(tmp_path, monkeypatch):
+    """Two shards of one run on one machine, both without the checkpoint: one fine-tunes it, the other waits and
+    starts from the whole checkpoint (not the half-written one it would otherwise find)."""
+    import threading
+
+    cells = build_plan(cfg.validate_config(raw_config(tmp_path, finetune={"data": "full"})))
+    ft = cells[0]
+    store = CellStore(tmp_path / "run")
+    store.write(ft.hash, *run_one(ft, tmp_path / "elsewhere", lambda cell, workdir: {
+        "artifacts": {"checkpoint": str(tmp_path / "gone")}}))      # fine-tuned on another machine
+    calls, results = [], {}
+    monkeypatch.setattr(execute, "execute_cell", _fake_finetune(calls, delay=0.5))
+
+    def shard(name, cell):
+        path, origin = execute.PlanExecutor(store, cells).finetuned_checkpoint(cell, ft)
+        results[name] = (path, origin["fine_tuned_again"], sorted(p.name for p in Path(path).iterdir()))
+
+    threads = [threading.Thread(target=shard, args=(n, c)) for n, c in (("a", cells[1]), ("b", cells[2]))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1
+    final = str(store.work_dir(ft.hash) / "finetuned_model")
+    assert {results["a"][0], results["b"][0]} == {final}
+    assert sorted(again for _, again, _ in results.values()) == [False, True]
+    assert results["a"][2] == results["b"][2] == ["config.json", "model.safetensors"]
+
+
+def test_a_killed_fine_tuning_re_run_leaves_nothing_a_later_cell_would_use(tmp_path, monkeypatch):
+    cells = build_plan(cfg.validate_config(raw_config(tmp_path, finetune={"data": "full"})))
+    ft = cells[0]
+    store = CellStore(tmp_path / "run")
+    store.write(ft.hash, *run_one(ft, tmp_path / "elsewhere", lambda cell, workdir: {
+        "artifacts": {"checkpoint": str(tmp_path / "gone")}}))
+
+    def killed(cell, workdir, **kw):
+        (Path(workdir) / "finetuned_model").mkdir(parents=True)
+        (Path(workdir) / "finetuned_model" / "config.json").write_text("{}")
+        raise KeyboardInterrupt                     # killed mid-way through writing the checkpoint
+
+    monkeypatch.setattr(execute, "execute_cell", killed)
+    with pytest.raises(KeyboardInterrupt):
+        execute.PlanExecutor(store, cells).finetuned_checkpoint(cells[1], ft)
+    assert not (store.work_dir(ft.hash) / "finetuned_model").exists()
+    calls = []
+    monkeypatch.setattr(execute, "execute_cell", _fake_finetune(calls))
+    path, origin = execute.PlanExecutor(store, cells).finetuned_checkpoint(cells[1], ft)
+    assert len(calls) == 1 and origin["fine_tuned_again"] is True
+    assert sorted(p.name for p in Path(path).iterdir()) == ["config.json", "model.safetensors"]

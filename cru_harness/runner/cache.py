@@ -22,6 +22,7 @@ import shutil
 import socket
 import sys
 import tempfile
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -276,6 +277,24 @@ def load_results(*dirs: str | os.PathLike, log: Callable[[str], None] | None = N
 
 
 # --------------------------------------------------------------------------------------------------- run lock
+@contextmanager
+def waiting_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive `flock` on `path`, waiting while another process (a shard of the same run) holds it.
+    Where the file system has no flock, nothing is locked. The file stays: removing it would let a waiter lock
+    an unlinked file while a newcomer locks a new one."""
+    import fcntl
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        except OSError as err:
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+        yield   # closing the file releases the lock
+
+
 class RunLockedError(UserError, RuntimeError):
     """Another live process runs in the same output directory."""
 

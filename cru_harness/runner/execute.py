@@ -4,17 +4,22 @@ the loop that calls an executor per cell is `runner.loop`.
 """
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from .cache import CellStore
+from .cache import CellStore, waiting_lock
 from .evaluation import evaluate_cell, protocol_presets, retain_from_per_item, score_cell, use_chat_template
 from .loop import CellUnavailable
 from .models import resolve_data_dir, resolve_model_path
 from .plan import Cell
 from .provenance import directory_fingerprint
 from .training import FINETUNED_DIR, train_baseline, train_cru, train_finetuned_model, train_retain_model
+
+REFINETUNE_LOCK = "refinetune.lock"
+REFINETUNE_STAGING = "refinetune"   # under the finetune cell's work dir
 
 
 class PlanExecutor:
@@ -49,10 +54,20 @@ class PlanExecutor:
         if not (checkpoint.name and checkpoint.is_dir()):
             workdir = self.store.work_dir(source.hash)
             checkpoint = workdir / FINETUNED_DIR
-            if not checkpoint.is_dir():  # not fine-tuned again by an earlier cell or run here either
-                print(f"{source.hash}: the fine-tuned checkpoint of model {cell.model.name} is not on this machine; "
-                      f"fine-tuning it again with the same recipe and seed", flush=True)
-                checkpoint, again = Path(execute_cell(source, workdir)["artifacts"]["checkpoint"]), True
+            # Shards of one run on one machine may all miss it at once: one fine-tunes, the others wait and reuse
+            # it. It is written beside its place and moved there whole, so that a killed re-run leaves no
+            # half-written checkpoint for a later cell to take as the real one.
+            with waiting_lock(self.store.cell_dir(source.hash) / REFINETUNE_LOCK):
+                if not checkpoint.is_dir():  # not fine-tuned again by an earlier cell, run or shard here either
+                    print(f"{source.hash}: the fine-tuned checkpoint of model {cell.model.name} is not on this "
+                          "machine; fine-tuning it again with the same recipe and seed", flush=True)
+                    staging = workdir / REFINETUNE_STAGING
+                    if staging.exists():    # left by a killed re-run
+                        shutil.rmtree(staging)
+                    made = Path(execute_cell(source, staging)["artifacts"]["checkpoint"])
+                    os.replace(made, checkpoint)
+                    shutil.rmtree(staging)
+                    again = True
         fingerprint = directory_fingerprint(checkpoint)
         return str(checkpoint), {"cell": source.hash, "fine_tuned_again": again, "checkpoint_fingerprint": fingerprint,
                                  "recorded_fingerprint": recorded,
