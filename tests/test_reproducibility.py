@@ -376,3 +376,19 @@ def test_committed_demo_cells_come_from_a_committed_clean_tree():
         assert store.load_result(path.parent.name)["status"] == "ok", path
         versions.add(record["code_version"])
     assert len(versions) == 1  # one code version for the whole committed run
+
+
+def test_each_cell_is_named_by_where_it_evaluates_and_the_finetune_cell_by_its_model(tmp_path):
+    def run(out):
+        raw = {"name": "t", "output_dir": str(tmp_path / out), "seeds": [0],
+               "models": [{"name": "m", "path": "zoo:llama", "finetune": {"data": "full"}}],
+               "benchmarks": {"tofu": {"splits": ["forget10"]}, "rwku": {"targets": [3]}},
+               "methods": [{"method": "GA", "lr": 1e-4}]}
+        config = cfg.validate_config(raw)
+        run_cells(build_plan(config), CellStore(config.output_dir), executor_with(METRICS), log=lambda *_: None)
+        return config.output_dir
+
+    comparison = compare_runs(run("run"), run("ref"))
+    assert {c.cell for c in comparison.cells} == {
+        "m | rwku target3 | GA seed=0", "m | rwku target3 | Original", "m | tofu | Finetune seed=0",
+        "m | tofu forget10 | GA seed=0", "m | tofu forget10 | Original"}

@@ -201,8 +201,11 @@ class Comparison:
 
 def _describe(result: dict) -> str:
     seed = "" if result.get("seed") is None else f" seed={result['seed']}"
-    unit = result.get("unit") or result.get("split") or f"target{result.get('target')}"
-    return f"{result.get('model')} | {result.get('benchmark')} {unit} | {result.get('label')}{seed}"
+    target = result.get("target")
+    # a finetune cell has neither split nor target: it trains the model every other cell starts from
+    unit = result.get("unit") or result.get("split") or ("" if target is None else f"target{target}")
+    where = f"{result.get('benchmark')} {unit}".rstrip()
+    return f"{result.get('model')} | {where} | {result.get('label')}{seed}"
 
 
 def _device(record: dict | None) -> str | None:
