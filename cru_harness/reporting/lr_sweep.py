@@ -11,13 +11,10 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from .stats import is_number
+
 BASELINES = ("GA", "GD", "NPO", "SimNPO", "IdkDPO")
 RATIO = 0.9
-
-
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and \
-        abs(value) != float("inf")
 
 
 def sweep_choices(results: list[dict], ratio: float = RATIO) -> list[dict]:
@@ -29,10 +26,10 @@ def sweep_choices(results: list[dict], ratio: float = RATIO) -> list[dict]:
             continue
         block = (r["model"], r.get("split"))
         mu = (r.get("metrics") or {}).get("model_utility")
-        if r.get("kind") == "original" and _finite(mu):
+        if r.get("kind") == "original" and is_number(mu):
             originals[block] = mu
         lr = (r.get("hparams") or {}).get("learning_rate")
-        if r.get("kind") == "method" and r.get("method") in BASELINES and _finite(lr) and _finite(mu):
+        if r.get("kind") == "method" and r.get("method") in BASELINES and is_number(lr) and is_number(mu):
             by_lr[block][float(lr)][r["method"]].append(mu)
     choices = []
     for block in sorted(by_lr, key=lambda b: (b[0], str(b[1]))):

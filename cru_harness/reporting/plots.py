@@ -8,7 +8,6 @@
 """
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 
@@ -19,10 +18,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from . import stats  # noqa: E402
 from .tables import peak_memory_bytes  # noqa: E402
-
-
-def _ok(value) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _slug(text: str) -> str:
@@ -37,7 +32,7 @@ def tradeoff_plots(rows: list[dict], benchmark: str, out_dir: Path) -> list[Path
         blocks.setdefault((row["model"], row["unit"]), []).append(row)
     for (model, unit), block in blocks.items():
         points = [(r, r["metrics"].get("forgetting"), r["metrics"].get("utility")) for r in block]
-        points = [(r, x, y) for r, x, y in points if _ok(x) and _ok(y)]
+        points = [(r, x, y) for r, x, y in points if stats.is_number(x) and stats.is_number(y)]
         if not points:
             continue
         fig, ax = plt.subplots(figsize=(5, 4))
@@ -67,7 +62,7 @@ def tradeoff_plots(rows: list[dict], benchmark: str, out_dir: Path) -> list[Path
 
 def gate_plot(rows: list[dict], out_dir: Path) -> Path | None:
     items = [(f"{r['model']} {r['unit']} {r['label']}", r["gate_means"]) for r in rows if r.get("gate_means")]
-    items = [(name, g) for name, g in items if _ok(g.get("forget")) or _ok(g.get("retain"))]
+    items = [(name, g) for name, g in items if stats.is_number(g.get("forget")) or stats.is_number(g.get("retain"))]
     if not items:
         return None
     fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(items)), 3.5))
@@ -88,13 +83,13 @@ def gate_plot(rows: list[dict], out_dir: Path) -> Path | None:
 
 def rwku_level_plot(rows: list[dict], out_dir: Path) -> Path | None:
     levels = [("forget_fb", "FB"), ("forget_qa", "QA"), ("forget_aa", "AA")]
-    rows = [r for r in rows if any(_ok(r["metrics"].get(k)) for k, _ in levels)]
+    rows = [r for r in rows if any(stats.is_number(r["metrics"].get(k)) for k, _ in levels)]
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for r in rows:
         ys = [r["metrics"].get(k) for k, _ in levels]
-        ax.plot([name for _, name in levels], [y if _ok(y) else float("nan") for y in ys], marker="o",
+        ax.plot([name for _, name in levels], [y if stats.is_number(y) else float("nan") for y in ys], marker="o",
                 linestyle=":" if r["reference"] else "-", label=f"{r['model']} {r['label']}")
     ax.set_ylabel("forget ROUGE-L recall (lower = more forgotten)")
     ax.set_xlabel("probe level")
@@ -107,11 +102,6 @@ def rwku_level_plot(rows: list[dict], out_dir: Path) -> Path | None:
     return path
 
 
-def _mean_of(values) -> float:
-    kept = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-    return sum(kept) / len(kept) if kept else 0.0
-
-
 def resources_plot(results: list[dict], out_dir: Path) -> Path | None:
     groups: dict[str, list[dict]] = {}
     for r in results:
@@ -120,17 +110,13 @@ def resources_plot(results: list[dict], out_dir: Path) -> Path | None:
     if not groups:
         return None
 
-    def mean(items, *keys):
-        values = []
-        for item in items:
-            value = next((item.get(k) for k in keys if _ok(item.get(k))), None)
-            if value is not None:
-                values.append(value)
-        return sum(values) / len(values) if values else 0.0
+    def first(item, *keys):   # training time where the method trains, else the whole cell's
+        return next((item.get(k) for k in keys if stats.is_number(item.get(k))), None)
 
     labels = sorted(groups)
-    times = [mean(groups[l], "train_wall_time_s", "cell_wall_time_s") for l in labels]
-    memory = [_mean_of(peak_memory_bytes(i) for i in groups[l]) / 2**20 for l in labels]
+    times = [stats.finite_mean(first(i, "train_wall_time_s", "cell_wall_time_s") for i in groups[l]) or 0.0
+             for l in labels]
+    memory = [(stats.finite_mean(peak_memory_bytes(i) for i in groups[l]) or 0.0) / 2**20 for l in labels]
     fig, (a, b) = plt.subplots(1, 2, figsize=(max(6, 0.9 * len(labels) * 2), 3.5))
     a.bar(labels, times)
     a.set_ylabel("wall time (s)")

@@ -15,7 +15,7 @@ When there are too few methods or blocks the result says so (`status: "too_few"`
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -26,8 +26,15 @@ FRIEDMAN_MIN_BLOCKS = 4    # below this the chi-square approximation of the stat
 WILCOXON_MIN_PAIRS = 6
 
 
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
+def is_number(value) -> bool:
+    """A finite int or float (not a bool, None, NaN or inf): the values tables, plots and tests average."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def finite_mean(values: Iterable) -> float | None:
+    """The mean of the values that are numbers (`is_number`); None when there are none."""
+    kept = [v for v in values if is_number(v)]
+    return sum(kept) / len(kept) if kept else None
 
 
 def pareto_dominated(points: Mapping[str, tuple[float, float]]) -> dict[str, bool]:
@@ -36,17 +43,17 @@ def pareto_dominated(points: Mapping[str, tuple[float, float]]) -> dict[str, boo
     Points with a missing coordinate are not compared (reported as not dominated = unknown -> False)."""
     flags = {}
     for label, (x, y) in points.items():
-        if not (_finite(x) and _finite(y)):
+        if not (is_number(x) and is_number(y)):
             flags[label] = False
             continue
         flags[label] = any(
-            _finite(ox) and _finite(oy) and ox >= x and oy >= y and (ox > x or oy > y)
+            is_number(ox) and is_number(oy) and ox >= x and oy >= y and (ox > x or oy > y)
             for other, (ox, oy) in points.items() if other != label)
     return flags
 
 
 def tradeoff_score(forgetting: float | None, utility: float | None) -> float | None:
-    if not (_finite(forgetting) and _finite(utility)):
+    if not (is_number(forgetting) and is_number(utility)):
         return None
     if forgetting <= 0 or utility <= 0:
         return 0.0
@@ -67,7 +74,7 @@ def complete_blocks(scores: Mapping[Any, Mapping[str, float]], methods: list[str
         methods = sorted({m for block in scores.values() for m in block})
     kept, dropped, rows = [], [], []
     for block, values in scores.items():
-        if all(_finite(values.get(m)) for m in methods):
+        if all(is_number(values.get(m)) for m in methods):
             kept.append(block)
             rows.append([float(values[m]) for m in methods])
         else:

@@ -9,7 +9,6 @@ import io
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable
 
 from . import stats
 
@@ -65,15 +64,6 @@ RESOURCE_KEYS = ("train_wall_time_s", "train_peak_memory_bytes", "cell_wall_time
                  "trainable_params")
 
 
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _mean(values: Iterable) -> float | None:
-    values = [v for v in values if _finite(v)]
-    return sum(values) / len(values) if values else None
-
-
 # ------------------------------------------------------------------------------------------------ derived values
 def derived_metrics(result: dict) -> dict[str, float | None]:
     """The metrics of one cell plus the derived columns (1 - x, forget_all, failure-class fractions)."""
@@ -81,9 +71,9 @@ def derived_metrics(result: dict) -> dict[str, float | None]:
     if result.get("benchmark") == "tofu":
         for key in ("rouge_l", "prob"):
             value = metrics.get(f"forget_{key}")
-            metrics[f"forget_1_{key}"] = 1 - value if _finite(value) else None
+            metrics[f"forget_1_{key}"] = 1 - value if stats.is_number(value) else None
     else:
-        metrics["forget_all"] = _mean(metrics.get(k) for k in ("forget_fb", "forget_qa", "forget_aa"))
+        metrics["forget_all"] = stats.finite_mean(metrics.get(k) for k in ("forget_fb", "forget_qa", "forget_aa"))
         if metrics.get("mia_auc") is None:
             metrics["mia_auc"] = metrics.get("mia_auc_loss")
         if metrics.get("mia_fm") is None:
@@ -102,9 +92,9 @@ def forgetting_utility(benchmark: str | None, metrics: dict) -> tuple[float | No
     """The trade-off axes (see stats.py): TOFU (1 - forget ROUGE-L, MU); RWKU (1 - mean forget, mean utility)."""
     if benchmark == "tofu":
         rouge = metrics.get("forget_rouge_l")
-        return (1 - rouge if _finite(rouge) else None), metrics.get("model_utility")
-    forget = _mean(metrics.get(k) for k in ("forget_fb", "forget_qa", "forget_aa"))
-    utility = _mean(metrics.get(k) for k in ("utility_mmlu", "utility_bbh", "utility_truthfulqa", "utility_triviaqa"))
+        return (1 - rouge if stats.is_number(rouge) else None), metrics.get("model_utility")
+    forget = stats.finite_mean(metrics.get(k) for k in ("forget_fb", "forget_qa", "forget_aa"))
+    utility = stats.finite_mean(metrics.get(k) for k in ("utility_mmlu", "utility_bbh", "utility_truthfulqa", "utility_triviaqa"))
     return (1 - forget if forget is not None else None), utility
 
 
@@ -124,7 +114,7 @@ def fill_forget_quality(results: list[dict]) -> list[dict]:
                 result.get("kind") in ("retain", "finetune"):
             continue
         metrics = result.setdefault("metrics", {})
-        if _finite(metrics.get("forget_quality")):
+        if stats.is_number(metrics.get("forget_quality")):
             continue
         mine = (result.get("per_item") or {}).get("forget_truth_ratio")
         reference = oracle.get((result["model"], result["split"]))
@@ -153,8 +143,8 @@ def aggregate(results: list[dict], benchmark: str) -> list[dict]:
                "n_failed": sum(m.get("status") == "failed" for m in members),
                "seeds": sorted({m.get("seed") for m in ok if m.get("seed") is not None}),
                "targets": sorted({m.get("target") for m in ok if m.get("target") is not None}),
-               "metrics": {k: _mean(d.get(k) for d in derived) for k in keys},
-               "resources": {k: _mean((m.get("resources") or {}).get(k) for m in ok) for k in RESOURCE_KEYS},
+               "metrics": {k: stats.finite_mean(d.get(k) for d in derived) for k in keys},
+               "resources": {k: stats.finite_mean((m.get("resources") or {}).get(k) for m in ok) for k in RESOURCE_KEYS},
                "gate_means": _gate_means(ok),
                "reasons": sorted({m.get("reason") for m in members if m.get("reason")}),
                "partial": _partial_tasks(ok), "refinetuned": _refinetuned(ok)}
@@ -189,8 +179,8 @@ def _refinetuned(results: list[dict]) -> list[str]:
 
 
 def _gate_means(results: list[dict]) -> dict | None:
-    forget = _mean((r.get("gate_means") or {}).get("forget") for r in results)
-    retain = _mean((r.get("gate_means") or {}).get("retain") for r in results)
+    forget = stats.finite_mean((r.get("gate_means") or {}).get("forget") for r in results)
+    retain = stats.finite_mean((r.get("gate_means") or {}).get("retain") for r in results)
     return {"forget": forget, "retain": retain} if forget is not None or retain is not None else None
 
 
@@ -218,7 +208,7 @@ def _mark_best(rows: list[dict], columns: list[Column]) -> None:
             if col.direction is None:
                 continue
             values = [(r, r["metrics"].get(col.key)) for r in competitors]
-            values = [(r, v) for r, v in values if _finite(v)]
+            values = [(r, v) for r, v in values if stats.is_number(v)]
             if len(values) < 2:
                 continue
             def goodness(v):
@@ -236,13 +226,13 @@ def _mark_pareto(rows: list[dict]) -> None:
                                         for r in competitors})
         for r in block:
             r["pareto"] = None if r["reference"] else (
-                None if not (_finite(r["metrics"].get("forgetting")) and _finite(r["metrics"].get("utility")))
+                None if not (stats.is_number(r["metrics"].get("forgetting")) and stats.is_number(r["metrics"].get("utility")))
                 else not flags[r["label"]])
 
 
 # ------------------------------------------------------------------------------------------------ rendering
 def fmt(value, key: str = "") -> str:
-    if not _finite(value):
+    if not stats.is_number(value):
         return "--"
     if key == "forget_quality" and 0 < value < 0.01:
         return f"{value:.1e}"
@@ -251,7 +241,7 @@ def fmt(value, key: str = "") -> str:
 
 def _present_columns(rows: list[dict], columns: list[Column]) -> list[Column]:
     """Columns with at least one value (a run without failure classes does not print four empty columns)."""
-    return [c for c in columns if any(_finite(r["metrics"].get(c.key)) for r in rows)] or columns[:1]
+    return [c for c in columns if any(stats.is_number(r["metrics"].get(c.key)) for r in rows)] or columns[:1]
 
 
 def _unit_label(row: dict) -> str:
@@ -298,10 +288,10 @@ def to_csv(rows: list[dict], benchmark: str) -> str:
     for row in rows:
         values = [row["metrics"].get(c.key) for c in columns] + [row["metrics"].get(k) for k in extra]
         writer.writerow([row["model"], row["unit"], row["method"], row["label"], int(row["reference"]),
-                         *["" if not _finite(v) else repr(float(v)) for v in values],
+                         *["" if not stats.is_number(v) else repr(float(v)) for v in values],
                          "" if row["pareto"] is None else int(row["pareto"]), ";".join(sorted(row["best"])),
                          row["n_ok"], row["n_unavailable"], row["n_failed"],
-                         *["" if not _finite(row["resources"].get(k)) else row["resources"][k] for k in RESOURCE_KEYS]])
+                         *["" if not stats.is_number(row["resources"].get(k)) else row["resources"][k] for k in RESOURCE_KEYS]])
     return buffer.getvalue()
 
 
@@ -379,10 +369,10 @@ def resources_table(results: list[dict]) -> str:
              "| Benchmark | Model | Method | Train time (s) | Cell time (s) | Peak memory (MiB) | Trainable params | n |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for (bench, model, label), items in sorted(groups.items()):
-        train = _mean(i.get("train_wall_time_s") for i in items)
-        cell = _mean(i.get("cell_wall_time_s") for i in items)
-        peak = _mean(peak_memory_bytes(i) for i in items)
-        params = _mean(i.get("trainable_params") for i in items)
+        train = stats.finite_mean(i.get("train_wall_time_s") for i in items)
+        cell = stats.finite_mean(i.get("cell_wall_time_s") for i in items)
+        peak = stats.finite_mean(peak_memory_bytes(i) for i in items)
+        params = stats.finite_mean(i.get("trainable_params") for i in items)
         lines.append(f"| {bench} | {model} | {label} | {fmt1(train)} | {fmt1(cell)} | "
                      f"{fmt1(peak / 2**20 if peak is not None else None)} | "
                      f"{'--' if params is None else f'{int(params):,}'} | {len(items)} |")
@@ -415,7 +405,7 @@ def regime_check(results: list[dict]) -> list[dict]:
     for (model, split), kinds in sorted(found.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
         original, retain = kinds.get("original", {}), kinds.get("retain", {})
         o_rouge, r_rouge = original.get("forget_rouge_l"), retain.get("forget_rouge_l")
-        gap = o_rouge - r_rouge if _finite(o_rouge) and _finite(r_rouge) else None
+        gap = o_rouge - r_rouge if stats.is_number(o_rouge) and stats.is_number(r_rouge) else None
         rows.append({"model": model, "split": split, "original_rouge_l": o_rouge, "retain_rouge_l": r_rouge,
                      "original_prob": original.get("forget_prob"), "retain_prob": retain.get("forget_prob"),
                      "gap": gap, "holds": None if gap is None else gap >= REGIME_MARGIN})
@@ -442,8 +432,8 @@ def regime_check_markdown(results: list[dict]) -> list[str]:
 
 
 def fmt2(value) -> str:
-    return "--" if not _finite(value) else f"{value:.2f}"
+    return "--" if not stats.is_number(value) else f"{value:.2f}"
 
 
 def fmt1(value) -> str:
-    return "--" if not _finite(value) else f"{value:.1f}"
+    return "--" if not stats.is_number(value) else f"{value:.1f}"

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from ..cru.losses import collapsed_gate
+from ..reporting.stats import is_number
 from ..reporting.tables import FAILURE_CLASSES, derived_metrics, fill_forget_quality
 
 # (key in the derived metrics, header). Forget and utility axes first, then the retain / neighbour scores the
@@ -31,10 +31,6 @@ KEYS = {"tofu": TOFU_KEYS + COMMON_KEYS, "rwku": RWKU_KEYS + COMMON_KEYS}
 REFERENCE_ROWS = ("Original", "Retain")
 
 
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def cell_values(result: dict) -> dict[str, float | None]:
     """Every number a study row shows for one cell."""
     values = derived_metrics(result)
@@ -48,7 +44,7 @@ def cell_values(result: dict) -> dict[str, float | None]:
 
 def mean_sd(values) -> tuple[float | None, float | None, int]:
     """Mean and sample sd (ddof 1; None for one value) of the finite values, and how many there were."""
-    finite = [float(v) for v in values if _finite(v)]
+    finite = [float(v) for v in values if is_number(v)]
     if not finite:
         return None, None, 0
     return float(np.mean(finite)), (float(np.std(finite, ddof=1)) if len(finite) > 1 else None), len(finite)
@@ -113,7 +109,7 @@ def mark_pareto(rows: list[dict]) -> None:
         points = {r["label"]: (r["stats"]["forgetting"][0], r["stats"]["utility"][0]) for r in candidates}
         dominated = pareto_dominated(points)
         for row in candidates:
-            complete = all(_finite(v) for v in points[row["label"]])
+            complete = all(is_number(v) for v in points[row["label"]])
             row["pareto"] = (not dominated[row["label"]]) if complete else None
 
 
@@ -207,7 +203,7 @@ def plot_study(rows: list[dict], out_dir: Path, *, title: str, x: str | None = N
         fig.savefig(path, dpi=120)
         plt.close(fig)
         paths.append(path)
-        swept = sorted((r for r in block_rows if r["x"] is not None and _finite(r["x"])), key=lambda r: r["x"])
+        swept = sorted((r for r in block_rows if r["x"] is not None and is_number(r["x"])), key=lambda r: r["x"])
         if x and swept:
             fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
             xs = [r["x"] for r in swept]
