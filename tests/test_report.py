@@ -175,3 +175,34 @@ def test_peak_memory_on_cpu_is_the_cells_own_not_the_process_peak_to_date():
     row = tables.resources_table([{"kind": "method", "status": "ok", "benchmark": "tofu", "model": "m",
                                    "label": "GA", "resources": cpu}])
     assert "| tofu | m | GA | -- | -- | 4.0 |" in row
+
+
+def test_point_labels_do_not_overlap_even_where_points_coincide():
+    """Five methods at one spot (collapsed variants at MU 0) and two near it: every label is readable, none
+    covers another, each stays inside the axes, and labels moved away from their point get a leader line."""
+    from cru_harness.reporting import plots
+
+    fig, ax = plots.plt.subplots(figsize=(5, 4))
+    points = [(0.9 + 0.005 * i, 0.0, f"CRU-variant-{i}") for i in range(5)]
+    points += [(0.99, 0.0, "IdkDPO"), (0.2, 0.38, "SimNPO"), (0.6, 0.26, "GA")]
+    ax.scatter([x for x, _, _ in points], [y for _, y, _ in points])
+    plots.pad_limits(ax)
+    fig.tight_layout()
+    texts = plots.label_points(ax, points)
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    assert sorted(t.get_text() for t in texts) == sorted(label for _, _, label in points)
+    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
+    frame = ax.get_window_extent(renderer)
+    assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1 for b in boxes)
+    leaders = [t for t in ax.texts if t.get_text() == ""]
+    assert len(leaders) >= 2                  # at most four labels fit right next to one spot
+    plots.plt.close(fig)
+
+
+def test_colours_do_not_repeat_before_twenty_methods():
+    from cru_harness.reporting import plots
+
+    assert len(set(plots.distinct_colors(10))) == 10
+    assert len(set(plots.distinct_colors(20))) == 20
+    assert plots.distinct_colors(13)[:10] == plots.distinct_colors(20)[:10]   # strong shades first

@@ -1,7 +1,7 @@
 """Report figures (PNG, matplotlib's Agg backend; no display needed).
 
 - tradeoff_<benchmark>_<model>_<unit>.png: Utility vs Forgetting per (model, split) with the Pareto front; the
-  original model as an open circle.
+  original model as an open circle, dominated methods as crosses; labels placed apart (`label_points`).
 - gates.png: CRU's mean gate on forget vs retain inputs, per cell group.
 - rwku_levels.png: RWKU forget ROUGE-L per probe level (FB, QA, AA) per method.
 - resources.png: wall time and peak memory per method.
@@ -24,6 +24,68 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text)).strip("_")
 
 
+def distinct_colors(count: int) -> list:
+    """`count` colours, none repeated up to 20 (matplotlib's default cycle repeats after 10)."""
+    if count <= 10:
+        return [plt.get_cmap("tab10")(i) for i in range(count)]
+    # tab20 holds each tab10 colour and a light shade of it: all the strong ones first, then the light ones
+    return [plt.get_cmap("tab20")((2 * i) % 20 + (i % 20) // 10) for i in range(count)]
+
+
+def label_points(ax, points: list[tuple[float, float, str]], *, fontsize: float = 7) -> list:
+    """Annotate each (x, y, label) so that no label overlaps another label or a marked point, where the axes
+    leave room. Each label takes the first free spot among those around its point, then farther above or below
+    it, joined to its point by a thin line (deterministic: points with the same data get the same labels).
+    Call it once every point is drawn and the axis limits are final."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    to_px = fig.dpi / 72.0
+    frame = ax.get_window_extent(renderer)
+    centres = [tuple(ax.transData.transform((x, y))) for x, y, _ in points]
+    pad, marker = 1.0 * to_px, 4.0 * to_px          # gap between labels; half a marker's size
+
+    def free(box) -> bool:
+        x0, y0, x1, y1 = box
+        if x0 < frame.x0 or x1 > frame.x1 or y0 < frame.y0 or y1 > frame.y1:
+            return False
+        if any(x0 < b[2] + pad and b[0] < x1 + pad and y0 < b[3] + pad and b[1] < y1 + pad for b in placed):
+            return False
+        return not any(x0 - marker < cx < x1 + marker and y0 - marker < cy < y1 + marker for cx, cy in centres)
+
+    placed, texts = [], []
+    for index in sorted(range(len(points)), key=lambda i: (-points[i][1], points[i][0], points[i][2])):
+        x, y, label = points[index]
+        text = ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 2), fontsize=fontsize,
+                           ha="left", va="bottom")
+        extent = text.get_window_extent(renderer)
+        w, h = extent.width / to_px, extent.height / to_px          # in points
+        right, left = 4.0, -4.0 - w
+        spots = [(right, 2.0), (right, -2.0 - h), (left, 2.0), (left, -2.0 - h)]
+        for k in range(1, 16):   # farther away, nearest first
+            step = k * (h + 1.0)
+            spots += [(right, 2.0 + step), (right, -2.0 - h - step), (left, 2.0 + step), (left, -2.0 - h - step)]
+        cx, cy = centres[index]
+        chosen = next((spot for spot in spots
+                       if free((cx + spot[0] * to_px, cy + spot[1] * to_px,
+                                cx + (spot[0] + w) * to_px, cy + (spot[1] + h) * to_px))), spots[0])
+        text.xyann = chosen
+        if chosen not in spots[:4]:
+            ax.annotate("", (x, y), xytext=(chosen[0] + (0 if chosen[0] > 0 else w), chosen[1] + h / 2),
+                        textcoords="offset points", arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.5"})
+        placed.append((cx + chosen[0] * to_px, cy + chosen[1] * to_px,
+                       cx + (chosen[0] + w) * to_px, cy + (chosen[1] + h) * to_px))
+        texts.append(text)
+    return texts
+
+
+def pad_limits(ax, fraction: float = 0.08) -> None:
+    """Room around the points for their labels (fixes the limits, which `label_points` needs final)."""
+    for get, set_ in ((ax.get_xlim, ax.set_xlim), (ax.get_ylim, ax.set_ylim)):
+        low, high = get()
+        span = (high - low) or 1.0
+        set_(low - fraction * span, high + fraction * span)
+
+
 def tradeoff_plots(rows: list[dict], benchmark: str, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -35,15 +97,16 @@ def tradeoff_plots(rows: list[dict], benchmark: str, out_dir: Path) -> list[Path
         points = [(r, x, y) for r, x, y in points if stats.is_number(x) and stats.is_number(y)]
         if not points:
             continue
-        fig, ax = plt.subplots(figsize=(5, 4))
+        fig, ax = plt.subplots(figsize=(6.5, 4))
         competitors = {r["label"]: (x, y) for r, x, y in points if not r["reference"]}
         flags = stats.pareto_dominated(competitors)
+        colors = iter(distinct_colors(len(competitors)))
         for r, x, y in points:
             if r["reference"]:
                 ax.scatter([x], [y], facecolors="none", edgecolors="black", s=70, label=f"{r['label']} (reference)")
             else:
-                ax.scatter([x], [y], s=50, marker="o" if not flags[r["label"]] else "x", label=r["label"])
-            ax.annotate(r["label"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+                ax.scatter([x], [y], s=50, marker="o" if not flags[r["label"]] else "x", color=next(colors),
+                           label=r["label"] + ("" if not flags[r["label"]] else " (dominated)"))
         front = sorted((xy for label, xy in competitors.items() if not flags[label]), key=lambda p: p[0])
         if len(front) > 1:
             ax.step([p[0] for p in front], [p[1] for p in front], where="post", linestyle="--", color="grey",
@@ -51,10 +114,13 @@ def tradeoff_plots(rows: list[dict], benchmark: str, out_dir: Path) -> list[Path
         ax.set_xlabel("Forgetting (1 - forget ROUGE-L)" if benchmark == "tofu" else "Forgetting (1 - mean forget ROUGE-L)")
         ax.set_ylabel("Model Utility" if benchmark == "tofu" else "Utility (mean)")
         ax.set_title(f"{benchmark.upper()} {model} {unit}")
-        ax.legend(fontsize=7, loc="best")
+        # outside the axes: inside, it hid the points under it
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+        pad_limits(ax)
         fig.tight_layout()
+        label_points(ax, [(x, y, r["label"]) for r, x, y in points])
         path = out_dir / f"tradeoff_{benchmark}_{_slug(model)}_{_slug(unit)}.png"
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(path)
     return written

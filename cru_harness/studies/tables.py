@@ -182,25 +182,30 @@ def plot_study(rows: list[dict], out_dir: Path, *, title: str, x: str | None = N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from ..reporting.plots import distinct_colors, label_points, pad_limits
+
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for block in dict.fromkeys(r["block"] for r in rows):
         block_rows = [r for r in rows if r["block"] == block]
         fig, ax = plt.subplots(figsize=(5.5, 4.2))
+        drawn = []
         for row in block_rows:
             f, fs, _ = row["stats"]["forgetting"] if "forgetting" in row["stats"] else (None, None, 0)
             u, us, _ = row["stats"]["utility"] if "utility" in row["stats"] else (None, None, 0)
-            if f is None or u is None:
-                continue
+            if f is not None and u is not None:
+                drawn.append((row, f, fs, u, us))
+        for (row, f, fs, u, us), color in zip(drawn, distinct_colors(len(drawn))):
             ax.errorbar([f], [u], xerr=[fs or 0.0], yerr=[us or 0.0], marker="s" if row["label"] in
-                        REFERENCE_ROWS else "o", capsize=3, linestyle="none")
-            ax.annotate(row["label"], (f, u), textcoords="offset points", xytext=(4, 4), fontsize=7)
+                        REFERENCE_ROWS else "o", capsize=3, linestyle="none", color=color)
         ax.set_xlabel("forgetting (TOFU: 1 - forget ROUGE-L; RWKU: 1 - mean forget score)")
         ax.set_ylabel("utility (TOFU: MU; RWKU: mean utility)")
         ax.set_title(f"{title}\n{block}", fontsize=9)
+        pad_limits(ax)
         fig.tight_layout()
+        label_points(ax, [(f, u, row["label"]) for row, f, _, u, _ in drawn])
         path = out_dir / f"tradeoff_{_slug(block)}.png"
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(fig)
         paths.append(path)
         swept = sorted((r for r in block_rows if r["x"] is not None and is_number(r["x"])), key=lambda r: r["x"])
