@@ -28,6 +28,9 @@ def test_the_report_computes_cpu_smollm2s_own_cells_and_adds_only_cru_options():
     added = [c for c in cells if c.hash not in shared]
     assert report.seeds == (0, 1, 2) and reduced.seeds == (0,)
     assert len(added) == 7 + 13 * 2 and {c.method for c in added if c.seed == 0} == {"CRU"}
+    # cpu_smollm2 at seeds 0-2 (the README's three-seed table) is exactly the report's cells of its methods
+    every_seed = {c.hash for c in build_plan(cfg.load_config(CONFIGS / "cpu_smollm2.yaml", {"seeds": [0, 1, 2]}))}
+    assert len(every_seed) == 21 and every_seed <= {c.hash for c in cells}
 
 
 def test_the_choice_forgets_an_author_the_report_never_does(tofu_dir):
