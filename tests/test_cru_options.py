@@ -1,5 +1,5 @@
 """CRU options beyond the paper (issue 11): loss shapes, a learned router input scale, excluding extreme-magnitude
-coordinates from selection, and gating MLP neurons. Defaults must stay the paper's setting, bit for bit."""
+coordinates from selection, gating MLP neurons, and the batch composition (retain rows per forget row). Defaults must stay the paper's setting, bit for bit."""
 import json
 import math
 
@@ -85,11 +85,12 @@ def test_explicit_defaults_train_the_same_routers_and_are_recorded(llama, tokeni
         "site_width": 64, "excluded": {}}
     assert manifest["training"]["gate_site"] == "residual" and manifest["training"]["pass_loss"] == "quadratic"
     # every option changes the routers it trains (same seed, same data)
+    assert manifest["training"]["retain_batch_ratio"] == 1
     for option in (dict(suppress_loss="quadratic"), dict(pass_loss="linear"), dict(input_norm="rms_learned"),
-                   dict(exclude_top_magnitude=5.0), dict(gate_site="mlp")):
+                   dict(exclude_top_magnitude=5.0), dict(gate_site="mlp"), dict(retain_batch_ratio=2)):
         other = train_routers(llama, tokenizer, FORGET, RETAIN, RouterTrainingConfig(**FAST, **option))
         key, value = next(iter(option.items()))
-        assert getattr(other.config, key) == value
+        assert (other.config.training if key == "retain_batch_ratio" else vars(other.config))[key] == value
         assert _weights(other, tmp_path / key) != (tmp_path / "a" / WEIGHTS_NAME).read_bytes(), option
 
 
@@ -276,14 +277,17 @@ def test_runner_accepts_the_options_and_names_a_bad_value(tmp_path):
     raw = {"name": "t", "output_dir": str(tmp_path / "run"), "models": [{"name": "m", "path": "zoo:llama"}],
            "benchmarks": {"tofu": {"splits": ["forget01"]}},
            "methods": [{"method": "CRU", "suppress_loss": "quadratic", "pass_loss": "linear",
-                        "input_norm": "rms_learned", "exclude_top_magnitude": 0.1, "gate_site": "mlp"}]}
+                        "input_norm": "rms_learned", "exclude_top_magnitude": 0.1, "gate_site": "mlp",
+                        "retain_batch_ratio": 4}]}
     hparams = cfg.validate_config(raw).methods[0].hparams
     RouterTrainingConfig(**hparams)  # what the runner builds from them
     for key, value, message in [("gate_site", "attn", "expected one of residual, mlp, got 'attn'"),
                                 ("pass_loss", "square", "expected one of linear, quadratic"),
                                 ("input_norm", "layer", "expected one of none, rms, rms_learned"),
                                 ("exclude_top_magnitude", 100, "must be < 100, got 100"),
-                                ("exclude_top_magnitude", -1, "must be >= 0")]:
+                                ("exclude_top_magnitude", -1, "must be >= 0"),
+                                ("retain_batch_ratio", 0, "must be >= 1"),
+                                ("retain_batch_ratio", 1.5, "expected an integer")]:
         raw["methods"] = [{"method": "CRU", key: value}]
         with pytest.raises(cfg.ConfigError, match=message) as info:
             cfg.validate_config(raw)
@@ -298,7 +302,7 @@ def test_unlearn_flags_and_inspect(llama, tokenizer, tmp_path, capsys):
     args = ["unlearn", "--base", str(base), "--forget", str(tmp_path / "f.jsonl"), "--retain",
             str(tmp_path / "r.jsonl"), "--out", str(out), "--epochs", "1", "--percentile", "80", "--no-progress",
             "--suppress-loss", "quadratic", "--pass-loss", "linear", "--input-norm", "rms_learned",
-            "--exclude-top-magnitude", "2", "--gate-site", "mlp", "--last-k", "2"]
+            "--retain-batch-ratio", "2", "--exclude-top-magnitude", "2", "--gate-site", "mlp", "--last-k", "2"]
     assert main(args) == 0
     manifest = json.loads((out / MANIFEST_NAME).read_text())
     assert (manifest["suppress_loss"], manifest["pass_loss"], manifest["input_norm"], manifest["gate_site"],
@@ -309,6 +313,8 @@ def test_unlearn_flags_and_inspect(llama, tokenizer, tmp_path, capsys):
     assert "loss shape     : suppress quadratic, pass linear" in text
     assert "gate site      : mlp (256 coordinates per block)" in text
     assert "excluded       : top 2.0% by mean |activation| (6: 6, 7: 6)" in text
+    assert "training       : 1 epochs, lr 0.001, batch 8 forget + 16 retain rows per step" in text
+    assert manifest["training"]["retain_batch_ratio"] == 2
     assert main(args[:-4] + ["--exclude-top-magnitude", "100", "--overwrite"]) == 2
     assert "exclude_top_magnitude must be a percentage in [0, 100)" in capsys.readouterr().err
 

@@ -12,6 +12,7 @@ from cru_harness.cru import (
     find_decoder_blocks,
     localize,
     router_schedule,
+    schedule_for,
     train_routers,
 )
 from cru_harness.cru.bundle import MANIFEST_NAME, WEIGHTS_NAME
@@ -136,6 +137,18 @@ def test_schedule_and_public_step(tokenizer):
     drawn = [i for _, r in steps for i in r]
     assert sorted(drawn[:7]) == list(range(7))  # retain rows cycle through a permutation before repeating
     assert router_schedule(10, 7, 4, 2, seed=0) == steps != router_schedule(10, 7, 4, 2, seed=1)
+    # batch composition: 3 retain rows per forget row, the forget batches as before (each epoch: every row once)
+    wide = router_schedule(10, 30, 4, 2, seed=0, retain_batch_size=12)
+    assert [len(f) for f, _ in wide] == [4, 4, 2] * 2
+    assert all(sorted(i for f, _ in wide[e * 3:e * 3 + 3] for i in f) == list(range(10)) for e in (0, 1))
+    assert all(len(r) == 12 for _, r in wide)
+    drawn = [i for _, r in wide for i in r]
+    assert sorted(drawn[:30]) == list(range(30))            # still a permutation before any row repeats
+    config = RouterTrainingConfig(batch_size=4, epochs=2, retain_batch_ratio=3)
+    assert schedule_for(10, 30, config) == wide
+    assert schedule_for(10, 7, RouterTrainingConfig(batch_size=4, epochs=2)) == steps  # ratio 1: the paper's
+    with pytest.raises(ValueError, match="retain_batch_ratio must be a positive integer"):
+        RouterTrainingConfig(retain_batch_ratio=0)
     model = build_tiny_model("gpt2", tokenizer)
     bundle = _bundle(model, tokenizer)
     ids = tokenize_texts(tokenizer, FORGET, 256), tokenize_texts(tokenizer, RETAIN, 256)

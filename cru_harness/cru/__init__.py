@@ -21,7 +21,7 @@ from .losses import LOSS_SHAPES, collapsed_gate
 from .router import INPUT_NORMS, Router
 from .sites import GATE_SITES, GateSiteError
 from .train import (GateRecorder, RouterTrainer, RouterTrainingConfig, StepResult, cru_loss, measure_gate_means,
-                    router_schedule, train_routers)
+                    router_schedule, schedule_for, train_routers)
 
 __all__ = [
     "GATE_SITES", "INPUT_NORMS", "LOSS_SHAPES", "GateSiteError", "BlockComparison", "BundleConfig", "BundleError",
@@ -30,5 +30,5 @@ __all__ = [
     "LayerCountMismatchError", "Localization", "PrefixCacheError", "RoutedModel", "Router", "RouterBundle",
     "RouterTrainer", "RouterTrainingConfig", "RoutingHandle", "StepResult", "UnsupportedFormatError",
     "WeightShapeError", "attach_bundles", "base_fingerprint", "collapsed_gate", "compare_localizations", "cru_loss",
-    "find_decoder_blocks", "localize", "measure_gate_means", "routed", "router_schedule", "train_routers",
+    "find_decoder_blocks", "localize", "measure_gate_means", "routed", "router_schedule", "schedule_for", "train_routers",
 ]

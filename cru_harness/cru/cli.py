@@ -51,6 +51,8 @@ def register(subparsers) -> None:
     options.add_argument("--gate-site", choices=("residual", "mlp"), default="residual",
                          help="gate the blocks' residual stream (default, paper) or their MLP neurons (the input "
                               "of the MLP's down projection)")
+    options.add_argument("--retain-batch-ratio", type=int, default=1, metavar="R",
+                         help="batch composition: R retain rows per forget row in each step (default 1, paper)")
     unlearn.add_argument("--no-prefix-cache", action="store_true",
                          help="recompute the frozen blocks below the gated ones at every step instead of once per "
                               "example (same routers, less memory, slower)")
@@ -112,7 +114,7 @@ def run_unlearn(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, max_length=args.max_length, seed=args.seed, input_norm=args.input_norm,
         suppress_loss=args.suppress_loss, pass_loss=args.pass_loss,
         exclude_top_magnitude=args.exclude_top_magnitude, gate_site=args.gate_site,
-        forget_description=str(args.forget), retain_description=str(args.retain), progress=not args.no_progress,
+        retain_batch_ratio=args.retain_batch_ratio, forget_description=str(args.forget), retain_description=str(args.retain), progress=not args.no_progress,
         prefix_cache=not args.no_prefix_cache)
     try:
         model, tokenizer = load_causal_lm(args.base, device=args.device, device_map=args.device_map,
@@ -210,6 +212,11 @@ def run_inspect(args: argparse.Namespace) -> int:
         lines.append(f"  gate means     : forget {metrics.get('forget_gate_mean', float('nan')):.4f}, "
                      f"retain {metrics.get('retain_gate_mean', float('nan')):.4f} "
                      f"(after {metrics.get('steps')} steps)")
+    training = manifest.get("training", {})
+    if training:   # a bundle trained before retain_batch_ratio existed drew one retain row per forget row
+        lines.append(f"  training       : {training.get('epochs')} epochs, lr {training.get('lr')}, batch "
+                     f"{training.get('batch_size')} forget + "
+                     f"{training.get('batch_size', 0) * training.get('retain_batch_ratio', 1)} retain rows per step")
     data = manifest.get("training_data", {})
     for side in ("forget", "retain"):
         if side in data:

@@ -55,6 +55,10 @@ class RouterTrainingConfig:
     pass_loss: str = "quadratic"       # retain term r(w): "quadratic" (w-1)^2 (paper) or "linear" 1-w
     exclude_top_magnitude: float = 0.0  # % of coordinates per block (largest mean |h| on forget) never selected
     gate_site: str = "residual"        # "residual" (paper) or "mlp": the blocks' MLP neurons (sites.py)
+    # Batch composition: each step draws batch_size forget rows and retain_batch_ratio x batch_size retain rows
+    # (paper: 1). The loss reads each side's batch mean, so the ratio changes how much of the retain set the
+    # routers see and how noisy its mean is, not the weight of the two terms.
+    retain_batch_ratio: int = 1
     forget_description: str = ""    # recorded in the manifest (e.g. "tofu:forget10")
     retain_description: str = ""
     progress: bool = True
@@ -79,7 +83,7 @@ class RouterTrainingConfig:
         validate_loss_shape("pass_loss", self.pass_loss)
         validate_exclusion(self.exclude_top_magnitude)
         validate_gate_site(self.gate_site)
-        for name in ("d_r", "epochs", "batch_size", "max_length"):
+        for name in ("d_r", "epochs", "batch_size", "max_length", "retain_batch_ratio"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if not self.lr > 0:
@@ -205,13 +209,15 @@ def measure_gate_means(model: nn.Module, tokenizer, bundle: RouterBundle, texts:
     return {"mean": sum(per_block.values()) / len(per_block), "per_block": per_block}
 
 
-def router_schedule(n_forget: int, n_retain: int, batch_size: int, epochs: int, seed: int
-                    ) -> list[tuple[list[int], list[int]]]:
+def router_schedule(n_forget: int, n_retain: int, batch_size: int, epochs: int, seed: int,
+                    retain_batch_size: int | None = None) -> list[tuple[list[int], list[int]]]:
     """The rows of every training step, `[(forget_rows, retain_rows), ...]`.
 
-    Each epoch shuffles the forget set; retain batches cycle through their own shuffled order, independent of
-    the forget set's size. One seeded generator draws both, in this order, so a seed fixes every batch.
+    Each epoch shuffles the forget set; retain batches (`retain_batch_size` rows, default `batch_size`, at most
+    the whole retain set) cycle through their own shuffled order, independent of the forget set's size. One
+    seeded generator draws both, in this order, so a seed fixes every batch.
     """
+    retain_batch_size = batch_size if retain_batch_size is None else retain_batch_size
     generator = torch.Generator().manual_seed(seed)
     steps: list[tuple[list[int], list[int]]] = []
     retain_order: list[int] = []
@@ -219,12 +225,18 @@ def router_schedule(n_forget: int, n_retain: int, batch_size: int, epochs: int, 
         forget_order = torch.randperm(n_forget, generator=generator).tolist()
         for start in range(0, n_forget, batch_size):
             take = []
-            while len(take) < min(batch_size, n_retain):
+            while len(take) < min(retain_batch_size, n_retain):
                 if not retain_order:
                     retain_order = torch.randperm(n_retain, generator=generator).tolist()
                 take.append(retain_order.pop(0))
             steps.append((forget_order[start:start + batch_size], take))
     return steps
+
+
+def schedule_for(n_forget: int, n_retain: int, config: RouterTrainingConfig) -> list[tuple[list[int], list[int]]]:
+    """`router_schedule` as `config` sets it: the batches training draws (gate analyses read them too)."""
+    return router_schedule(n_forget, n_retain, config.batch_size, config.epochs, config.seed,
+                           retain_batch_size=config.batch_size * config.retain_batch_ratio)
 
 
 @dataclass
@@ -261,8 +273,7 @@ class RouterTrainer:
             raise ValueError("RouterTrainer needs a non-empty forget and retain set")
         self.model, self.bundle, self.pad_id = model, bundle, int(pad_id)
         self.ids = {"forget": [list(x) for x in forget_ids], "retain": [list(x) for x in retain_ids]}
-        self.steps = router_schedule(len(forget_ids), len(retain_ids), config.batch_size, config.epochs,
-                                     config.seed)
+        self.steps = schedule_for(len(forget_ids), len(retain_ids), config)
         # The final retain measurement reads the retain rows training drew (their prefixes are cached), at most
         # `final_retain_rows` of them in the order first drawn: a seeded sample, and all rows of a small set.
         drawn = list(dict.fromkeys(i for _, retain_rows in self.steps for i in retain_rows))

@@ -55,7 +55,8 @@ METHOD_HPARAMS: dict[str, tuple[str, ...]] = {
     "IdkDPO": _TRAINING + _RETAIN_TERM + ("beta",),
     "CRU": ("last_k", "blocks", "percentile", "selection", "d_r", "lam", "epochs", "lr", "batch_size",
             "max_length", "input_norm", "final_retain_rows", "prefix_cache", "prefix_cache_placement",
-            "prefix_cache_max_gib", "suppress_loss", "pass_loss", "exclude_top_magnitude", "gate_site"),
+            "prefix_cache_max_gib", "suppress_loss", "pass_loss", "exclude_top_magnitude", "gate_site",
+            "retain_batch_ratio"),
     "ICU": (),                                             # prompt-only: no training at all
     "PURGE": (),                                           # published checkpoints: nothing to tune
 }
@@ -301,6 +302,7 @@ _NUMERIC_HPARAMS = {
     "gamma": dict(), "lam": dict(low=0), "percentile": dict(low=0, high=100, below_high=True), "d_r": dict(low=1, integer=True),
     "last_k": dict(low=1, integer=True), "final_retain_rows": dict(low=1, integer=True),
     "prefix_cache_max_gib": dict(low=0), "exclude_top_magnitude": dict(low=0, high=100, below_high=True),
+    "retain_batch_ratio": dict(low=1, integer=True),
 }
 _BOOLEAN_HPARAMS = ("prefix_cache",)
 # cru.localize.SELECTIONS, cru.router.INPUT_NORMS, cru.losses.LOSS_SHAPES, cru.sites.GATE_SITES (tests check)

@@ -142,11 +142,11 @@ def gate_auc(forget: np.ndarray, retain: np.ndarray) -> float:
 
 def retain_rows_split(n_forget: int, n_retain: int, config) -> tuple[list[int], list[int]]:
     """(retain rows training drew, in the order first drawn; retain rows it never drew, in corpus order), from
-    the training's own seeded schedule (`cru.train.router_schedule`)."""
-    from ..cru.train import router_schedule
+    the training's own seeded schedule (`cru.train.schedule_for`)."""
+    from ..cru.train import schedule_for
 
     drawn: dict[int, None] = {}
-    for _, rows in router_schedule(n_forget, n_retain, config.batch_size, config.epochs, config.seed):
+    for _, rows in schedule_for(n_forget, n_retain, config):
         drawn.update(dict.fromkeys(rows))
     return list(drawn), [i for i in range(n_retain) if i not in drawn]
 
