@@ -74,3 +74,18 @@ def test_the_retain_cover_corpus_never_trains_on_an_evaluated_probe(tofu_dir):
             scored = {r["question"] for r in load_tofu(evaluated_set, tofu_dir)[:limit]}
             assert len(scored) == limit and not scored & trained
             assert len(trained & {r["question"] for r in load_tofu(source, tofu_dir)}) == 20
+
+
+def test_the_batch_composition_studies_share_the_options_cells_and_change_one_thing():
+    """retain_batch_choice_cpu / retain_batch_cpu: the paper setting's cells are options_cpu's / options_report_cpu's
+    (same hashes, so the recomputation is a reproduction check), and the option changes only retain_batch_ratio."""
+    for name, reference, n_shared in (("retain_batch_choice_cpu.yaml", "options_cpu.yaml", 4),
+                                      ("retain_batch_cpu.yaml", "options_report_cpu.yaml", 3 + 3)):
+        cells, shared = build_plan(_load(name)), {c.hash for c in build_plan(_load(reference))}
+        added = [c for c in cells if c.hash not in shared]
+        assert {c.label for c in added} == {"CRU-retain-batch4"} and len(added) == len(_load(name).seeds)
+        assert len(cells) - len(added) == n_shared
+        assert {c.kind for c in cells if c.hash in shared} == {"finetune", "retain", "original", "method"}
+        (paper,) = {c.hash: c for c in cells if c.label == "CRU" and c.seed == 0}.values()
+        for cell in added:
+            assert cell.hparams == {**paper.hparams, "retain_batch_ratio": 4} and cell.corpora == paper.corpora
