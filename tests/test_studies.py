@@ -4,7 +4,7 @@ collapsed-router arithmetic, and each study end to end on the tiny testbed model
 The end-to-end tests run the committed study configs through `tiny_study`, which only swaps the model and data for
 the tiny testbed (and shrinks epochs, limits, variants): the study code path is the one the real configs take.
 `loss_shape` and `options*` exercise the CRU options (suppress_loss / pass_loss, gate_site, input_norm
-rms_learned, exclude_top_magnitude) end to end.
+rms_learned, exclude_top_magnitude, retain_batch_ratio) end to end.
 """
 from __future__ import annotations
 
@@ -325,9 +325,12 @@ def test_gate_gap_study_token_gates_agree_with_the_bundles_own_measurement(tmp_p
 def test_options_study_end_to_end(tmp_path):
     name = "options"
     out = tmp_path / name
-    keep = ["GA", "CRU-paper", "CRU-mlp-site", "CRU-rms-learned-input", "CRU-exclude-top1pct"]
+    keep = ["GA", "CRU-paper", "CRU-mlp-site", "CRU-rms-learned-input", "CRU-exclude-top1pct", "CRU-retain-batch4"]
     assert main(["study", str(tiny_study(name, out, keep=keep))]) == 0
     _check_sweep(out, keep)
+    ratios = {r["label"]: json.loads((Path(r["artifacts"]["routers"]) / "cru_bundle.json").read_text())
+              ["training"]["retain_batch_ratio"] for r in _results(out) if r["kind"] == "method" and r["method"] == "CRU"}
+    assert ratios["CRU-retain-batch4"] == 4 and ratios["CRU-paper"] == 1
 
 
 def test_reduced_options_study_trains_the_retain_cover_option_on_its_own_corpus(tmp_path):
