@@ -385,10 +385,12 @@ def test_each_cell_is_named_by_where_it_evaluates_and_the_finetune_cell_by_its_m
                "benchmarks": {"tofu": {"splits": ["forget10"]}, "rwku": {"targets": [3]}},
                "methods": [{"method": "GA", "lr": 1e-4}]}
         config = cfg.validate_config(raw)
-        run_cells(build_plan(config), CellStore(config.output_dir), executor_with(METRICS), log=lambda *_: None)
-        return config.output_dir
+        cells = build_plan(config)
+        run_cells(cells, CellStore(config.output_dir), executor_with(METRICS), log=lambda *_: None)
+        return config.output_dir, {cell.describe() for cell in cells}
 
-    comparison = compare_runs(run("run"), run("ref"))
-    assert {c.cell for c in comparison.cells} == {
+    (run_dir, logged), (reference, _) = run("run"), run("ref")
+    comparison = compare_runs(run_dir, reference)
+    assert {c.cell for c in comparison.cells} == logged == {
         "m | rwku target3 | GA seed=0", "m | rwku target3 | Original", "m | tofu | Finetune seed=0",
         "m | tofu forget10 | GA seed=0", "m | tofu forget10 | Original"}

@@ -61,12 +61,18 @@ class Cell:
         return cell_hash(self.resolved())
 
     def describe(self) -> str:
-        seed = "" if self.seed is None else f" seed={self.seed}"
-        return f"{self.model.name} | {self.benchmark} {self.unit} | {self.label}{seed}"
+        return cell_title(self.model.name, self.benchmark, self.unit, self.label, self.seed)
 
     def group_key(self) -> tuple:
         """Cells of one (model, benchmark, split/target): a table block."""
         return (self.model.name, self.benchmark, self.unit)
+
+
+def cell_title(model: str, benchmark: str, unit: str | None, label: str, seed: int | None) -> str:
+    """How logs and reproduction tables name a cell: `model | benchmark unit | label seed=N`. A finetune cell has
+    no unit (neither split nor target): it trains the model the other cells start from."""
+    where = benchmark if unit is None else f"{benchmark} {unit}"
+    return f"{model} | {where} | {label}{'' if seed is None else f' seed={seed}'}"
 
 
 def cell_hash(resolved: dict[str, Any]) -> str:

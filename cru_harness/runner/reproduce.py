@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .cache import CellStore, atomic_write_json, atomic_write_text
+from .plan import cell_title
 from .provenance import INPUT_FIELDS, code_record
 
 REPORT_FILE = "reproduction.md"
@@ -200,12 +201,9 @@ class Comparison:
 
 
 def _describe(result: dict) -> str:
-    seed = "" if result.get("seed") is None else f" seed={result['seed']}"
     target = result.get("target")
-    # a finetune cell has neither split nor target: it trains the model every other cell starts from
-    unit = result.get("unit") or result.get("split") or ("" if target is None else f"target{target}")
-    where = f"{result.get('benchmark')} {unit}".rstrip()
-    return f"{result.get('model')} | {where} | {result.get('label')}{seed}"
+    unit = result.get("unit") or result.get("split") or (None if target is None else f"target{target}")
+    return cell_title(result.get("model"), result.get("benchmark"), unit, result.get("label"), result.get("seed"))
 
 
 def _device(record: dict | None) -> str | None:
