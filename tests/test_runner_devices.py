@@ -230,6 +230,9 @@ def test_shards_missing_the_fine_tuned_checkpoint_at_once_fine_tune_it_once(tmp_
     assert {results["a"][0], results["b"][0]} == {final}
     assert sorted(again for _, again, _ in results.values()) == [False, True]
     assert results["a"][2] == results["b"][2] == ["config.json", "model.safetensors"]
+    # the lock and the staging directory stay in work/, which results (tarballs, commits) leave out
+    assert sorted(p.name for p in store.cell_dir(ft.hash).iterdir()) == ["result.json", "run_record.json", "work"]
+    assert sorted(p.name for p in store.work_dir(ft.hash).iterdir()) == ["finetuned_model", "refinetune.lock"]
 
 
 def test_a_killed_fine_tuning_re_run_leaves_nothing_a_later_cell_would_use(tmp_path, monkeypatch):

@@ -30,5 +30,6 @@ __all__ = [
     "LayerCountMismatchError", "Localization", "PrefixCacheError", "RoutedModel", "Router", "RouterBundle",
     "RouterTrainer", "RouterTrainingConfig", "RoutingHandle", "StepResult", "UnsupportedFormatError",
     "WeightShapeError", "attach_bundles", "base_fingerprint", "collapsed_gate", "compare_localizations", "cru_loss",
-    "find_decoder_blocks", "localize", "measure_gate_means", "routed", "router_schedule", "schedule_for", "train_routers",
+    "find_decoder_blocks", "localize", "measure_gate_means", "routed", "router_schedule", "schedule_for",
+    "train_routers",
 ]

@@ -114,8 +114,8 @@ def run_unlearn(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, max_length=args.max_length, seed=args.seed, input_norm=args.input_norm,
         suppress_loss=args.suppress_loss, pass_loss=args.pass_loss,
         exclude_top_magnitude=args.exclude_top_magnitude, gate_site=args.gate_site,
-        retain_batch_ratio=args.retain_batch_ratio, forget_description=str(args.forget), retain_description=str(args.retain), progress=not args.no_progress,
-        prefix_cache=not args.no_prefix_cache)
+        retain_batch_ratio=args.retain_batch_ratio, forget_description=str(args.forget),
+        retain_description=str(args.retain), progress=not args.no_progress, prefix_cache=not args.no_prefix_cache)
     try:
         model, tokenizer = load_causal_lm(args.base, device=args.device, device_map=args.device_map,
                                           dtype=args.dtype)

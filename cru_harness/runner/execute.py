@@ -18,8 +18,8 @@ from .plan import Cell
 from .provenance import directory_fingerprint
 from .training import FINETUNED_DIR, train_baseline, train_cru, train_finetuned_model, train_retain_model
 
-REFINETUNE_LOCK = "refinetune.lock"
-REFINETUNE_STAGING = "refinetune"   # under the finetune cell's work dir
+REFINETUNE_LOCK = "refinetune.lock"   # both under the finetune cell's work dir
+REFINETUNE_STAGING = "refinetune"
 
 
 class PlanExecutor:
@@ -57,7 +57,7 @@ class PlanExecutor:
             # Shards of one run on one machine may all miss it at once: one fine-tunes, the others wait and reuse
             # it. It is written beside its place and moved there whole, so that a killed re-run leaves no
             # half-written checkpoint for a later cell to take as the real one.
-            with waiting_lock(self.store.cell_dir(source.hash) / REFINETUNE_LOCK):
+            with waiting_lock(workdir / REFINETUNE_LOCK):   # in work/: never part of the results
                 if not checkpoint.is_dir():  # not fine-tuned again by an earlier cell, run or shard here either
                     print(f"{source.hash}: the fine-tuned checkpoint of model {cell.model.name} is not on this "
                           "machine; fine-tuning it again with the same recipe and seed", flush=True)
