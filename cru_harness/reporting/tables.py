@@ -94,7 +94,8 @@ def forgetting_utility(benchmark: str | None, metrics: dict) -> tuple[float | No
         rouge = metrics.get("forget_rouge_l")
         return (1 - rouge if stats.is_number(rouge) else None), metrics.get("model_utility")
     forget = stats.finite_mean(metrics.get(k) for k in ("forget_fb", "forget_qa", "forget_aa"))
-    utility = stats.finite_mean(metrics.get(k) for k in ("utility_mmlu", "utility_bbh", "utility_truthfulqa", "utility_triviaqa"))
+    utility = stats.finite_mean(metrics.get(k) for k in ("utility_mmlu", "utility_bbh", "utility_truthfulqa",
+                                                         "utility_triviaqa"))
     return (1 - forget if forget is not None else None), utility
 
 
@@ -144,7 +145,8 @@ def aggregate(results: list[dict], benchmark: str) -> list[dict]:
                "seeds": sorted({m.get("seed") for m in ok if m.get("seed") is not None}),
                "targets": sorted({m.get("target") for m in ok if m.get("target") is not None}),
                "metrics": {k: stats.finite_mean(d.get(k) for d in derived) for k in keys},
-               "resources": {k: stats.finite_mean((m.get("resources") or {}).get(k) for m in ok) for k in RESOURCE_KEYS},
+               "resources": {k: stats.finite_mean((m.get("resources") or {}).get(k) for m in ok)
+                             for k in RESOURCE_KEYS},
                "gate_means": _gate_means(ok),
                "reasons": sorted({m.get("reason") for m in members if m.get("reason")}),
                "partial": _partial_tasks(ok), "refinetuned": _refinetuned(ok)}
@@ -226,7 +228,8 @@ def _mark_pareto(rows: list[dict]) -> None:
                                         for r in competitors})
         for r in block:
             r["pareto"] = None if r["reference"] else (
-                None if not (stats.is_number(r["metrics"].get("forgetting")) and stats.is_number(r["metrics"].get("utility")))
+                None if not (stats.is_number(r["metrics"].get("forgetting"))
+                             and stats.is_number(r["metrics"].get("utility")))
                 else not flags[r["label"]])
 
 
@@ -291,7 +294,8 @@ def to_csv(rows: list[dict], benchmark: str) -> str:
                          *["" if not stats.is_number(v) else repr(float(v)) for v in values],
                          "" if row["pareto"] is None else int(row["pareto"]), ";".join(sorted(row["best"])),
                          row["n_ok"], row["n_unavailable"], row["n_failed"],
-                         *["" if not stats.is_number(row["resources"].get(k)) else row["resources"][k] for k in RESOURCE_KEYS]])
+                         *["" if not stats.is_number(row["resources"].get(k)) else row["resources"][k]
+                           for k in RESOURCE_KEYS]])
     return buffer.getvalue()
 
 
