@@ -65,15 +65,17 @@ def label_points(ax, points: list[tuple[float, float, str]], *, fontsize: float 
             step = k * (h + 1.0)
             spots += [(right, 2.0 + step), (right, -2.0 - h - step), (left, 2.0 + step), (left, -2.0 - h - step)]
         cx, cy = centres[index]
-        chosen = next((spot for spot in spots
-                       if free((cx + spot[0] * to_px, cy + spot[1] * to_px,
-                                cx + (spot[0] + w) * to_px, cy + (spot[1] + h) * to_px))), spots[0])
+
+        def box(spot):   # the label's pixel box with its lower-left corner at `spot` (points from its point)
+            return (cx + spot[0] * to_px, cy + spot[1] * to_px,
+                    cx + (spot[0] + w) * to_px, cy + (spot[1] + h) * to_px)
+
+        chosen = next((spot for spot in spots if free(box(spot))), spots[0])
         text.xyann = chosen
         if chosen not in spots[:4]:
             ax.annotate("", (x, y), xytext=(chosen[0] + (0 if chosen[0] > 0 else w), chosen[1] + h / 2),
                         textcoords="offset points", arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.5"})
-        placed.append((cx + chosen[0] * to_px, cy + chosen[1] * to_px,
-                       cx + (chosen[0] + w) * to_px, cy + (chosen[1] + h) * to_px))
+        placed.append(box(chosen))
         texts.append(text)
     return texts
 

@@ -208,7 +208,7 @@ def plot_study(rows: list[dict], out_dir: Path, *, title: str, x: str | None = N
         fig.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(fig)
         paths.append(path)
-        swept = sorted((r for r in block_rows if r["x"] is not None and is_number(r["x"])), key=lambda r: r["x"])
+        swept = sorted((r for r in block_rows if is_number(r["x"])), key=lambda r: r["x"])
         if x and swept:
             fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
             xs = [r["x"] for r in swept]
