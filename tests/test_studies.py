@@ -87,6 +87,34 @@ def test_study_cli_reports_a_bad_config_in_one_line(tmp_path, capsys):
     assert len(err) == 1 and "study.kind" in err[0] and "Traceback" not in err[0]
 
 
+@pytest.mark.slow
+def test_study_shards_split_the_cells_and_the_table_waits_for_the_run_without_shard(tmp_path, capsys):
+    out = tmp_path / "percentile"
+    config = str(tiny_study("percentile", out))
+    assert main(["study", config, "--shard", "1/2"]) == 0
+    first = {r["hash"] for r in _results(out)}
+    assert first and not (out / "study").exists()          # a shard's cells alone make no table
+    assert "without --shard" in capsys.readouterr().out
+    assert main(["study", config, "--shard", "2/2"]) == 0
+    both = {r["hash"]: r for r in _results(out)}
+    assert first < set(both)                                # the second shard ran the other cells
+    stamps = {h: (out / "cells" / h / "result.json").stat().st_mtime_ns for h in both}
+    assert main(["study", config]) == 0
+    _check_sweep(out, [m["label"] for m in yaml.safe_load(Path(config).read_text())["methods"]])
+    # the table came from the shards' cells: none was computed again
+    assert {h: (out / "cells" / h / "result.json").stat().st_mtime_ns for h in both} == stamps
+
+
+def test_study_shard_is_checked_before_anything_runs(tmp_path, capsys):
+    out = tmp_path / "overlap"
+    assert main(["study", str(tiny_study("overlap", out)), "--shard", "1/2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--shard" in err[0] and "Traceback" not in err[0]
+    assert main(["study", str(tiny_study("percentile", tmp_path / "p")), "--shard", "3/2"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert not (tmp_path / "p" / "cells").exists()
+
+
 def test_scale_runs_a_study_on_another_configs_models_and_benchmarks(capsys):
     # demo.yaml: a tiny TOFU model and SmolLM2 on RWKU; the TOFU-only lambda study keeps only the TOFU part
     study = load_study(STUDIES / "lambda.yaml", {"seeds": [0]}, scale=REPO_ROOT / "configs" / "demo.yaml")

@@ -17,6 +17,10 @@ def register(subparsers) -> None:
                             "<output_dir>-<its name>")
     study.add_argument("--seeds", help="override the seeds, e.g. 0 or 0,1,2")
     study.add_argument("--force", action="store_true", help="recompute finished cells and analyses")
+    study.add_argument("--shard", metavar="I/N",
+                       help="run only shard I of N of the study's cells (1-based, as `run --shard`), in parallel or "
+                            "on several machines; no table is written: run the study once more without --shard "
+                            "(after merging the shards' cells) to write it from the finished cells")
     study.add_argument("--dry-run", action="store_true", help="validate and print the plan; touches no model")
     study.set_defaults(func=cmd_study)
 
@@ -34,4 +38,4 @@ def cmd_study(args: argparse.Namespace) -> int:
         except ValueError:
             raise ValueError(f"--seeds {args.seeds!r}: expected integers separated by commas, e.g. 0,1,2") from None
     study = load_study(args.config, overrides or None, scale=args.scale)
-    return run_study(study, force=args.force, dry_run=args.dry_run)
+    return run_study(study, force=args.force, dry_run=args.dry_run, shard=args.shard)

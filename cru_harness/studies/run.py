@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..runner.cache import atomic_write_text
+from ..runner.config import ConfigError
 from .config import Study
 from .tables import mean_sd, plot_study, study_rows, to_csv, to_markdown
 
@@ -66,13 +67,24 @@ def _plan(config):
     return build_plan(config, resolve_selected_targets(config, run=False, log=lambda *_: None))
 
 
-def run_study(study: Study, *, force: bool = False, dry_run: bool = False, log: Callable = print) -> int:
+def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard: str | None = None,
+              log: Callable = print) -> int:
     from ..runner.cache import CellStore, load_results
     from ..runner.cli import run_config
 
     config, spec = study.config, study.spec
     if spec.kind == "overlap":
+        if shard:
+            raise ConfigError("study.kind", "an overlap study trains no cells, so --shard has nothing to split: "
+                              "run it without --shard", config.source)
         return _run_overlap(study, force=force, dry_run=dry_run, log=log)
+    if shard:
+        # a shard's cells alone would make a partial table: the table waits for a run without --shard
+        status = run_config(config, dry_run=dry_run, force=force, shard=shard, report=False, log=log)
+        if not dry_run:
+            log(f"study shard {shard} done; when every shard has finished (their cells in one directory: "
+                f"`cru-harness merge`), run `cru-harness study` without --shard to write the table")
+        return status
     status = run_config(config, dry_run=dry_run, force=force, log=log)
     if dry_run:
         return status
