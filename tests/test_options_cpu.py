@@ -89,3 +89,35 @@ def test_the_batch_composition_studies_share_the_options_cells_and_change_one_th
         (paper,) = {c.hash: c for c in cells if c.label == "CRU" and c.seed == 0}.values()
         for cell in added:
             assert cell.hparams == {**paper.hparams, "retain_batch_ratio": 4} and cell.corpora == paper.corpora
+
+
+def test_the_rwku_report_is_options_reports_rwku_rows_reduced_only_as_its_header_says():
+    """options_report_rwku_cpu.yaml: the GPU report's RWKU methods (IdkDPO and CRU-lambda10 are TOFU only there), at
+    the same hyperparameters but for the stated cut (128-token passages); every CRU option one change from the
+    paper's RWKU setting; the cover joins as many neighbour questions of the GPU list as retain passages."""
+    reduced, full = _load("options_report_rwku_cpu.yaml"), _load("options_report.yaml")
+    assert reduced.output_dir == Path("results/studies/options_report_rwku-cpu_smollm2")
+    targets = {"SmolLM2-135M": [2]}
+    cells = [c for c in build_plan(reduced, targets) if c.kind == "method" and c.seed in (0, None)]
+    reference = {c.label: c for c in build_plan(full, targets)
+                 if c.kind == "method" and c.seed in (0, None) and c.benchmark == "rwku"}
+    assert {c.label for c in cells} == set(reference) == {
+        "GA", "GD", "NPO", "SimNPO", "ICU", "CRU-paper", "CRU-mlp-site", "CRU-rms-input", "CRU-rms-learned-input",
+        "CRU-exclude-top1pct", "CRU-epochs20", "CRU-retain-batch4", "CRU-retain-cover"}
+    for cell in cells:
+        cut = {"max_length": 128} if cell.method != "ICU" else {}
+        assert cell.hparams == {**reference[cell.label].hparams, **cut}, cell.label
+    rwku_paper = {"lam": 50, "percentile": 90, "d_r": 256, "last_k": 4, "max_length": 128}
+    by_label = {c.label: c for c in cells}
+    assert {k: by_label["CRU-paper"].hparams.get(k) for k in rwku_paper} == rwku_paper
+    for label, cell in by_label.items():
+        if label.startswith("CRU-") and label != "CRU-paper":
+            paper = by_label["CRU-paper"]
+            changed = {k for k in {**cell.hparams, **paper.hparams} if cell.hparams.get(k) != paper.hparams.get(k)}
+            changed |= {k for k in {**cell.corpora, **paper.corpora} if cell.corpora.get(k) != paper.corpora.get(k)}
+            assert len(changed) == 1, (label, changed)
+    assert by_label["CRU-paper"].corpora["retain_corpus"] == "rwku:21:passage[:24]"
+    cover = by_label["CRU-retain-cover"].corpora["retain_corpus"]
+    full_cover = reference["CRU-retain-cover"].corpora["retain_corpus"]
+    assert cover.split(" + ")[0] == "rwku:21:passage[:24]"
+    assert cover.split(" + ")[1].replace("[:24]", "") == full_cover.split(" + ")[1].replace("[:63]", "")
