@@ -121,3 +121,24 @@ def test_the_rwku_report_is_options_reports_rwku_rows_reduced_only_as_its_header
     full_cover = reference["CRU-retain-cover"].corpora["retain_corpus"]
     assert cover.split(" + ")[0] == "rwku:21:passage[:24]"
     assert cover.split(" + ")[1].replace("[:24]", "") == full_cover.split(" + ")[1].replace("[:63]", "")
+
+
+def test_the_rwku_baselines_learning_rate_is_swept_on_targets_the_report_never_scores():
+    """configs/cpu_smollm2_rwku_lr.yaml: one grid for the four RWKU baselines, each otherwise at the report's
+    hyperparameters, on candidate targets disjoint from the report's (and from its retain target 21)."""
+    sweep = cfg.load_config(CONFIGS / "cpu_smollm2_rwku_lr.yaml")
+    report = _load("options_report_rwku_cpu.yaml")
+    assert set(sweep.benchmarks["rwku"]["targets"]).isdisjoint({*report.benchmarks["rwku"]["targets"], 21})
+    for key in ("select_known", "limit", "forget_corpus", "retain_corpus"):
+        assert sweep.benchmarks["rwku"][key] == report.benchmarks["rwku"][key], key
+    assert set(sweep.benchmarks["rwku"]["tasks"]) <= set(report.benchmarks["rwku"]["tasks"])
+    swept = [c for c in build_plan(sweep, {"SmolLM2-135M": [25]}) if c.kind == "method"]
+    reported = {c.label: c for c in build_plan(report, {"SmolLM2-135M": [2]}) if c.kind == "method" and c.seed == 0}
+    grid = {}
+    for cell in swept:
+        grid.setdefault(cell.method, set()).add(cell.hparams["learning_rate"])
+        preset = dict(reported[cell.method].hparams)
+        assert cell.hparams == {**preset, "learning_rate": cell.hparams["learning_rate"]}, cell.label
+    assert set(grid) == {"GA", "GD", "NPO", "SimNPO"} and all(v == {1e-6, 1e-5, 1e-4} for v in grid.values())
+    header = (CONFIGS / "cpu_smollm2_rwku_lr.yaml").read_text().split("\nname:")[0]
+    assert "Selection rule" in header and "LARGEST" in header
