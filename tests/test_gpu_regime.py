@@ -230,3 +230,22 @@ def test_the_seed0_slice_is_gpu_smollm2s_own_cells():
 def test_the_gpu_session_scripts_parse():
     for script in sorted((CONFIGS.parent / "benchmarks" / "gpu_session").glob("*.sh")):
         assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, script
+
+
+def test_rwku_lr_sweep_is_on_a_target_gpu_smollm2_never_scores():
+    sweep = cfg.load_config(CONFIGS / "gpu_smollm2_rwku_lr.yaml")
+    main = cfg.load_config(CONFIGS / "gpu_smollm2.yaml")
+    assert sweep.device == "cuda" and sweep.models[0].identity() == main.models[1].identity()
+    assert set(sweep.benchmarks["rwku"]["targets"]).isdisjoint({*main.benchmarks["rwku"]["targets"], 21})
+    for key in ("limit", "forget_corpus", "retain_corpus"):
+        assert sweep.benchmarks["rwku"][key] == main.benchmarks["rwku"][key], key
+    assert {**sweep.benchmarks["rwku"]["select_known"], "top": 5} == main.benchmarks["rwku"]["select_known"]
+    reported = {c.method: c for c in build_plan(main, {"SmolLM2-135M": [1]})
+                if c.benchmark == "rwku" and c.kind == "method" and c.seed == 0}
+    grid = {}
+    for cell in (c for c in build_plan(sweep, {"SmolLM2-135M": [30]}) if c.kind == "method"):
+        grid.setdefault(cell.method, set()).add(cell.hparams["learning_rate"])
+        assert cell.hparams == {**reported[cell.method].hparams, "learning_rate": cell.hparams["learning_rate"]}
+    assert set(grid) == {"GA", "GD", "NPO", "SimNPO"} and len({frozenset(v) for v in grid.values()}) == 1
+    assert len(grid["GA"]) == 5
+    assert "LARGEST" in (CONFIGS / "gpu_smollm2_rwku_lr.yaml").read_text().split("\nname:")[0]
