@@ -93,20 +93,28 @@ def test_the_batch_composition_studies_share_the_options_cells_and_change_one_th
 
 def test_the_rwku_report_is_options_reports_rwku_rows_reduced_only_as_its_header_says():
     """options_report_rwku_cpu.yaml: the GPU report's RWKU methods (IdkDPO and CRU-lambda10 are TOFU only there), at
-    the same hyperparameters but for the stated cut (128-token passages); every CRU option one change from the
-    paper's RWKU setting; the cover joins as many neighbour questions of the GPU list as retain passages."""
+    the same hyperparameters but for the stated cuts (128-token passages; the baselines' one swept learning rate,
+    rows *-scaled); every CRU option one change from the paper's RWKU setting; the cover joins as many neighbour
+    questions of the GPU list as retain passages."""
     reduced, full = _load("options_report_rwku_cpu.yaml"), _load("options_report.yaml")
     assert reduced.output_dir == Path("results/studies/options_report_rwku-cpu_smollm2")
+    assert reduced.seeds == full.seeds == (0, 1, 2)
     targets = {"SmolLM2-135M": [2]}
     cells = [c for c in build_plan(reduced, targets) if c.kind == "method" and c.seed in (0, None)]
     reference = {c.label: c for c in build_plan(full, targets)
                  if c.kind == "method" and c.seed in (0, None) and c.benchmark == "rwku"}
-    assert {c.label for c in cells} == set(reference) == {
+    scaled = {f"{m}-scaled": m for m in ("GA", "GD", "NPO", "SimNPO")}
+    assert {scaled.get(c.label, c.label) for c in cells} == set(reference) == {
         "GA", "GD", "NPO", "SimNPO", "ICU", "CRU-paper", "CRU-mlp-site", "CRU-rms-input", "CRU-rms-learned-input",
         "CRU-exclude-top1pct", "CRU-epochs20", "CRU-retain-batch4", "CRU-retain-cover"}
+    rates = set()
     for cell in cells:
         cut = {"max_length": 128} if cell.method != "ICU" else {}
-        assert cell.hparams == {**reference[cell.label].hparams, **cut}, cell.label
+        if cell.label in scaled:
+            rates.add(cell.hparams["learning_rate"])
+            cut["learning_rate"] = cell.hparams["learning_rate"]
+        assert cell.hparams == {**reference[scaled.get(cell.label, cell.label)].hparams, **cut}, cell.label
+    assert rates == {1e-5}     # cpu_smollm2_rwku_lr.yaml's choice, one for all four
     rwku_paper = {"lam": 50, "percentile": 90, "d_r": 256, "last_k": 4, "max_length": 128}
     by_label = {c.label: c for c in cells}
     assert {k: by_label["CRU-paper"].hparams.get(k) for k in rwku_paper} == rwku_paper
@@ -133,12 +141,12 @@ def test_the_rwku_baselines_learning_rate_is_swept_on_targets_the_report_never_s
         assert sweep.benchmarks["rwku"][key] == report.benchmarks["rwku"][key], key
     assert set(sweep.benchmarks["rwku"]["tasks"]) <= set(report.benchmarks["rwku"]["tasks"])
     swept = [c for c in build_plan(sweep, {"SmolLM2-135M": [25]}) if c.kind == "method"]
-    reported = {c.label: c for c in build_plan(report, {"SmolLM2-135M": [2]}) if c.kind == "method" and c.seed == 0}
+    reported = {c.method: c for c in build_plan(report, {"SmolLM2-135M": [2]})
+                if c.kind == "method" and c.seed == 0 and c.label.endswith("-scaled")}
     grid = {}
     for cell in swept:
         grid.setdefault(cell.method, set()).add(cell.hparams["learning_rate"])
-        preset = dict(reported[cell.method].hparams)
-        assert cell.hparams == {**preset, "learning_rate": cell.hparams["learning_rate"]}, cell.label
+        assert cell.hparams == {**reported[cell.method].hparams, "learning_rate": cell.hparams["learning_rate"]}
     assert set(grid) == {"GA", "GD", "NPO", "SimNPO"} and all(v == {1e-6, 1e-5, 1e-4} for v in grid.values())
     header = (CONFIGS / "cpu_smollm2_rwku_lr.yaml").read_text().split("\nname:")[0]
     assert "Selection rule" in header and "LARGEST" in header
