@@ -215,6 +215,44 @@ def test_lr_sweep_applies_the_stated_rule(tmp_path):
     assert "Learning-rate sweep: M forget05" in report and "Chosen: **3e-05**" in report
 
 
+def _rwku_swept(method, lr, fb, qa, kind="method"):
+    result = {"hash": f"rwku-{method}-{lr}", "kind": kind, "method": method, "label": f"{method} lr={lr}",
+              "model": "M", "benchmark": "rwku", "split": None, "target": 23, "unit": "target23", "seed": 0,
+              "status": "ok", "hparams": {"learning_rate": lr},
+              "metrics": {"neighbor_fb": fb, "neighbor_qa": qa, "forget_fb": 0.0, "forget_qa": 0.0}}
+    return result if kind == "method" else {**result, "label": "Original", "seed": None, "hparams": {}}
+
+
+def test_lr_sweep_rule_reads_rwkus_neighbour_score_never_its_forget_probes():
+    from cru_harness.reporting.lr_sweep import sweep_choices, sweep_markdown
+
+    original = _rwku_swept("Original", None, 0.5, 0.3, kind="original")          # score 0.4: threshold 0.36
+    cells = [original,
+             # 1e-6: scores 0.40, 0.38, 0.39, 0.40 -> median 0.395: qualifies
+             _rwku_swept("GA", 1e-6, 0.4, 0.4), _rwku_swept("GD", 1e-6, 0.36, 0.4),
+             _rwku_swept("NPO", 1e-6, 0.38, 0.4), _rwku_swept("SimNPO", 1e-6, 0.4, 0.4),
+             # 1e-5: 0.30, 0.37, 0.37, 0.40 -> median 0.37: qualifies, the largest that does
+             _rwku_swept("GA", 1e-5, 0.3, 0.3), _rwku_swept("GD", 1e-5, 0.34, 0.4),
+             _rwku_swept("NPO", 1e-5, 0.4, 0.34), _rwku_swept("SimNPO", 1e-5, 0.4, 0.4),
+             # 1e-4: 0.0, 0.0, 0.35, 0.40 -> median 0.175: fails
+             _rwku_swept("GA", 1e-4, 0.0, 0.0), _rwku_swept("GD", 1e-4, 0.0, 0.0),
+             _rwku_swept("NPO", 1e-4, 0.3, 0.4), _rwku_swept("SimNPO", 1e-4, 0.4, 0.4)]
+    (entry,) = sweep_choices(cells)
+    assert (entry["benchmark"], entry["split"]) == ("rwku", "target23")
+    assert entry["original_mu"] == pytest.approx(0.4)
+    assert [row["qualifies"] for row in entry["rows"]] == [True, True, False]
+    assert entry["rows"][1]["median_mu"] == pytest.approx(0.37) and entry["chosen"] == 1e-5
+    # the forget probes never move the choice
+    forgotten = [{**c, "metrics": {**c["metrics"], "forget_fb": 1.0, "forget_qa": 1.0}} for c in cells]
+    assert sweep_choices(forgotten)[0]["chosen"] == 1e-5
+    # a cell without both neighbour probes has no score: it is not counted
+    partial = cells + [{**_rwku_swept("IdkDPO", 1e-4, 0.4, 0.4), "metrics": {"neighbor_fb": 0.4}}]
+    assert sweep_choices(partial)[0]["rows"][2]["methods"] == ["GA", "GD", "NPO", "SimNPO"]
+    text = "\n".join(sweep_markdown(cells))
+    assert "Learning-rate sweep: M target23" in text and "neighbour ROUGE-L recall" in text
+    assert "Chosen: **1e-05**" in text
+
+
 def test_the_seed0_slice_is_gpu_smollm2s_own_cells():
     """configs/gpu_smollm2_seed0.yaml (what one GPU session can hold) must compute cells of gpu_smollm2.yaml
     itself, same hashes and directory, so the full run later finds them finished: its TOFU cells at seed 0."""

@@ -1,10 +1,13 @@
-"""The baselines' one learning rate, chosen by the rule stated in configs/gpu_smollm2_lr.yaml before any number
-existed, so the choice is computed from the sweep's cells rather than read off a table by eye.
+"""The baselines' one learning rate, chosen by the rule stated in configs/gpu_smollm2_lr.yaml (TOFU) and
+configs/cpu_smollm2_rwku_lr.yaml (RWKU) before any number existed, so the choice is computed from the sweep's
+cells rather than read off a table by eye.
 
-Rule, per TOFU (model, split) block that holds baseline cells at two or more learning rates: for each learning
-rate, the median over the baselines of their Model Utility (each method's mean over its seeds); the chosen
-learning rate is the largest whose median is >= `RATIO` x the Original model's MU, else the smallest of the grid.
-Forget metrics are never read.
+Rule, per (model, split or target) block that holds baseline cells at two or more learning rates: for each
+learning rate, the median over the baselines of their kept-knowledge score (each method's mean over its seeds);
+the chosen learning rate is the largest whose median is >= `RATIO` x the Original model's score, else the smallest
+of the grid. The score is TOFU's Model Utility, and on RWKU the mean neighbour ROUGE-L recall (FB and QA: what must
+survive next to the target; RWKU ships utility sets for targets 1-10 only, and a sweep runs on a target the report
+never scores). Forget metrics are never read.
 """
 from __future__ import annotations
 
@@ -15,30 +18,42 @@ from .stats import is_number
 
 BASELINES = ("GA", "GD", "NPO", "SimNPO", "IdkDPO")
 RATIO = 0.9
+SCORE_NAMES = {"tofu": "Model Utility", "rwku": "neighbour ROUGE-L recall (mean of FB and QA)"}
+
+
+def kept_score(result: dict) -> float | None:
+    """The score the rule reads: TOFU's MU; RWKU's neighbour FB / QA mean (None unless both are numbers)."""
+    metrics = result.get("metrics") or {}
+    if result.get("benchmark") == "tofu":
+        return metrics.get("model_utility") if is_number(metrics.get("model_utility")) else None
+    parts = [metrics.get("neighbor_fb"), metrics.get("neighbor_qa")]
+    return sum(parts) / 2 if all(is_number(p) for p in parts) else None
 
 
 def sweep_choices(results: list[dict], ratio: float = RATIO) -> list[dict]:
-    """One entry per TOFU block with a learning-rate sweep: the grid's rows and the chosen learning rate."""
+    """One entry per block with a learning-rate sweep: the grid's rows and the chosen learning rate. An entry's
+    `split` is the TOFU split or, on RWKU, `target<N>`; `original_mu` / `median_mu` hold the block's score."""
     originals: dict[tuple, float] = {}
     by_lr: dict[tuple, dict[float, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in results:
-        if r.get("benchmark") != "tofu" or r.get("status") != "ok":
+        if r.get("benchmark") not in SCORE_NAMES or r.get("status") != "ok":
             continue
-        block = (r["model"], r.get("split"))
-        mu = (r.get("metrics") or {}).get("model_utility")
-        if r.get("kind") == "original" and is_number(mu):
-            originals[block] = mu
+        unit = r.get("split") if r["benchmark"] == "tofu" else f"target{r.get('target')}"
+        block = (r["model"], r["benchmark"], unit)
+        score = kept_score(r)
+        if r.get("kind") == "original" and score is not None:
+            originals[block] = score
         lr = (r.get("hparams") or {}).get("learning_rate")
-        if r.get("kind") == "method" and r.get("method") in BASELINES and is_number(lr) and is_number(mu):
-            by_lr[block][float(lr)][r["method"]].append(mu)
+        if r.get("kind") == "method" and r.get("method") in BASELINES and is_number(lr) and score is not None:
+            by_lr[block][float(lr)][r["method"]].append(score)
     choices = []
-    for block in sorted(by_lr, key=lambda b: (b[0], str(b[1]))):
+    for block in sorted(by_lr, key=lambda b: (b[0], b[1], str(b[2]))):
         grid = by_lr[block]
         if len(grid) < 2:
             continue  # one learning rate: a run, not a sweep
         original = originals.get(block)
-        entry = {"model": block[0], "split": block[1], "original_mu": original, "ratio": ratio, "rows": [],
-                 "chosen": None, "reason": None}
+        entry = {"model": block[0], "benchmark": block[1], "split": block[2], "score": SCORE_NAMES[block[1]],
+                 "original_mu": original, "ratio": ratio, "rows": [], "chosen": None, "reason": None}
         methods_seen = sorted({m for per_method in grid.values() for m in per_method})
         for lr in sorted(grid):
             means = {m: sum(v) / len(v) for m, v in grid[lr].items()}
@@ -65,11 +80,12 @@ def sweep_markdown(results: list[dict], ratio: float = RATIO) -> list[str]:
     for entry in sweep_choices(results, ratio):
         original = entry["original_mu"]
         threshold = "--" if original is None else f"{ratio:g} x {original:.4f} = {ratio * original:.4f}"
+        short = "MU" if entry["benchmark"] == "tofu" else "neighbour"
         lines += [f"### Learning-rate sweep: {entry['model']} {entry['split']}", "",
-                  "The baselines' one learning rate (rule of configs/gpu_smollm2_lr.yaml): the largest whose median "
-                  f"Model Utility over the baselines is >= {ratio:g} x Original's MU (threshold {threshold}); "
-                  "forget metrics are not read.", "",
-                  "| Learning rate | Median MU | Qualifies | Methods | Missing |", "|---:|---:|---|---|---|"]
+                  "The baselines' one learning rate (rule of cru_harness.reporting.lr_sweep, stated in the sweep's "
+                  f"config): the largest whose median {entry['score']} over the baselines is >= {ratio:g} x "
+                  f"Original's (threshold {threshold}); forget metrics are not read.", "",
+                  f"| Learning rate | Median {short} | Qualifies | Methods | Missing |", "|---:|---:|---|---|---|"]
         for row in entry["rows"]:
             verdict = {True: "yes", False: "no", None: "--"}[row["qualifies"]]
             lines.append(f"| {row['learning_rate']:g} | {row['median_mu']:.4f} | {verdict} | "
