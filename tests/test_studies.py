@@ -105,6 +105,41 @@ def test_study_shards_split_the_cells_and_the_table_waits_for_the_run_without_sh
     assert {h: (out / "cells" / h / "result.json").stat().st_mtime_ns for h in both} == stamps
 
 
+@pytest.mark.slow
+def test_table_only_rewrites_the_table_from_finished_cells_and_names_other_code(tmp_path, capsys):
+    out = tmp_path / "percentile"
+    config = str(tiny_study("percentile", out))
+    assert main(["study", config]) == 0
+    table = (out / "study" / "table.md").read_text()
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "cells").glob("*/result.json")}
+    (out / "study" / "table.md").unlink()
+    assert main(["study", config, "--table-only"]) == 0
+    assert (out / "study" / "table.md").read_text() == table       # same code, same cells: the same table
+    # a cell computed by another code version is read as it is, and the header says which code computed it
+    record_path = sorted(out.glob("cells/*/run_record.json"))[0]
+    record = json.loads(record_path.read_text())
+    record["inputs"]["code_version"] = "0123456789abcdef"
+    record_path.write_text(json.dumps(record))
+    assert main(["study", config, "--table-only"]) == 0
+    rewritten = (out / "study" / "table.md").read_text()
+    assert "cells computed by other code than this table's" in rewritten and "0123456789abcdef" in rewritten
+    assert rewritten.replace(next(l for l in rewritten.splitlines() if "other code" in l) + "\n", "") == table
+    assert {p: p.stat().st_mtime_ns for p in (out / "cells").glob("*/result.json")} == stamps   # nothing ran
+    capsys.readouterr()
+    assert main(["study", config, "--table-only", "--shard", "1/2"]) == 2
+    assert "--table-only" in capsys.readouterr().err
+
+
+def test_a_study_table_names_the_rwku_targets_select_known_chose():
+    from cru_harness.studies.run import header_lines
+
+    study = load_study(STUDIES / "options_report_rwku_cpu.yaml")
+    (line,) = [l for l in header_lines(study, {"SmolLM2-135M": [2]}) if l.startswith("- scale rwku")]
+    assert "targets SmolLM2-135M: [2], the top 1 of candidates [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]" in line
+    (line,) = [l for l in header_lines(study) if l.startswith("- scale rwku")]
+    assert "targets not chosen yet" in line
+
+
 def test_study_shard_is_checked_before_anything_runs(tmp_path, capsys):
     out = tmp_path / "overlap"
     assert main(["study", str(tiny_study("overlap", out)), "--shard", "1/2"]) == 2

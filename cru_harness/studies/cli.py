@@ -21,6 +21,10 @@ def register(subparsers) -> None:
                        help="run only shard I of N of the study's cells (1-based, as `run --shard`), in parallel or "
                             "on several machines; no table is written: run the study once more without --shard "
                             "(after merging the shards' cells) to write it from the finished cells")
+    study.add_argument("--table-only", action="store_true",
+                       help="write the table and plots from the cells already finished, running none (cells "
+                            "computed by other code are read as they are, and the table says so), e.g. to "
+                            "regenerate a committed study's table")
     study.add_argument("--dry-run", action="store_true", help="validate and print the plan; touches no model")
     study.set_defaults(func=cmd_study)
 
@@ -38,4 +42,4 @@ def cmd_study(args: argparse.Namespace) -> int:
         except ValueError:
             raise ValueError(f"--seeds {args.seeds!r}: expected integers separated by commas, e.g. 0,1,2") from None
     study = load_study(args.config, overrides or None, scale=args.scale)
-    return run_study(study, force=args.force, dry_run=args.dry_run, shard=args.shard)
+    return run_study(study, force=args.force, dry_run=args.dry_run, shard=args.shard, table_only=args.table_only)

@@ -12,8 +12,9 @@ from .config import Study
 from .tables import mean_sd, plot_study, study_rows, to_csv, to_markdown
 
 
-def header_lines(study: Study) -> list[str]:
-    """What every study table states: the models, the scale (splits / targets, limits), the seeds, the spread."""
+def header_lines(study: Study, selected: dict[str, list[int]] | None = None) -> list[str]:
+    """What every study table states: the models, the scale (splits / targets, limits), the seeds, the spread.
+    `selected`: model -> the RWKU targets `select_known` chose (the candidates alone would not say which ran)."""
     config = study.config
     lines = [f"## {study.spec.title}", "", f"Study `{config.name}` ({study.spec.kind}), config "
              f"`{config.source}`, device `{config.device}`."]
@@ -25,6 +26,11 @@ def header_lines(study: Study) -> list[str]:
         lines.append(f"- model `{model.name}`: `{model.path}` ({model.dtype}){tuned}")
     for bench, spec in config.benchmarks.items():
         where = (f"splits {', '.join(spec['splits'])}" if bench == "tofu" else f"targets {spec['targets']}")
+        if bench == "rwku" and spec.get("select_known"):
+            known = spec["select_known"]
+            chosen = "; ".join(f"{name}: {targets}" for name, targets in (selected or {}).items()) or "not chosen yet"
+            where = (f"targets {chosen}, the top {known['top']} of candidates {spec['targets']} by the original "
+                     f"model's ROUGE-L recall on {', '.join(known['probes'])} (select_known)")
         limit = spec.get("limit") or config.evaluation.get("limit")
         lines.append(f"- scale {bench}: {where}; data: {data_source(bench, spec.get('data_dir') or config.data_dir)}; "
                      f"evaluation rows per task: {limit or 'all'}")
@@ -60,19 +66,48 @@ def base_path_for(cell, cells, store) -> str:
     return checkpoint
 
 
-def _plan(config):
-    from ..runner.plan import build_plan
+def _selected(config) -> dict[str, list[int]]:
     from ..runner.targets import resolve_selected_targets
 
-    return build_plan(config, resolve_selected_targets(config, run=False, log=lambda *_: None))
+    return resolve_selected_targets(config, run=False, log=lambda *_: None)
+
+
+def _plan(config, selected=None):
+    from ..runner.plan import build_plan
+
+    return build_plan(config, _selected(config) if selected is None else selected)
+
+
+def other_code_lines(output_dir, results: list[dict]) -> list[str]:
+    """A header line when cells of the table were computed by other code than the table's (`--table-only` on
+    committed cells, after a later commit): which code versions and commits computed them."""
+    from ..runner.cache import CellStore
+    from ..runner.provenance import code_version
+
+    store, current, versions = CellStore(output_dir), code_version(), {}
+    for result in results:
+        record = store.load_record(result["hash"]) or {}
+        version = (record.get("inputs") or {}).get("code_version") or "not recorded"
+        commit = ((record.get("git") or {}).get("commit") or "unknown")[:12]
+        versions.setdefault(version, set()).add(commit)
+    others = {v: c for v, c in versions.items() if v != current}
+    if not others:
+        return []
+    named = "; ".join(f"code version {v} (commit {', '.join(sorted(c))})" for v, c in sorted(others.items()))
+    return [f"- cells computed by other code than this table's ({current}): {named}; the table reads their "
+            "numbers as they are (`--table-only`); `cru-harness study` without it recomputes them"]
 
 
 def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard: str | None = None,
-              log: Callable = print) -> int:
+              table_only: bool = False, log: Callable = print) -> int:
     from ..runner.cache import CellStore, load_results
     from ..runner.cli import run_config
 
     config, spec = study.config, study.spec
+    if table_only and (shard or spec.kind in ("overlap", "gate_gap") or dry_run or force):
+        raise ConfigError("--table-only", "writes a sweep's table from finished cells only: not with --shard, "
+                          "--dry-run, --force, or an overlap / gate_gap study (their analyses load models)",
+                          config.source)
     if spec.kind == "overlap":
         if shard:
             raise ConfigError("study.kind", "an overlap study trains no cells, so --shard has nothing to split: "
@@ -85,18 +120,20 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
             log(f"study shard {shard} done; when every shard has finished (their cells in one directory: "
                 f"`cru-harness merge`), run `cru-harness study` without --shard to write the table")
         return status
-    status = run_config(config, dry_run=dry_run, force=force, log=log)
+    status = 0 if table_only else run_config(config, dry_run=dry_run, force=force, log=log)
     if dry_run:
         return status
-    cells = _plan(config)
+    selected = _selected(config)
+    cells = _plan(config, selected)
     planned = {cell.hash for cell in cells}
     # only this config's cells: a directory may still hold cells of an edited variant (other hash, same label)
     results = [r for r in load_results(config.output_dir) if r["hash"] in planned]
     labels = [m.label for m in config.methods]
     rows = study_rows(results, labels, spec.x)
-    header = header_lines(study) + [
+    header = header_lines(study, selected) + [
         "- gate means: the bundle's final measurement (the whole forget set; the retain rows training drew); "
-        "cost: training and whole-cell wall seconds on this run's device", *missing_lines(cells, results), ""]
+        "cost: training and whole-cell wall seconds on this run's device", *missing_lines(cells, results),
+        *other_code_lines(config.output_dir, results), ""]
     write_outputs(study, "table", to_markdown(rows, header, spec.x), to_csv(rows, spec.x))
     plots = plot_study(rows, study.out_dir, title=spec.title, x=spec.x, collapse_line=spec.collapse_line)
     log(f"study table: {study.out_dir / 'table.md'}; plots: {', '.join(p.name for p in plots)}")
