@@ -69,6 +69,8 @@ def _raw(**study):
     (_raw(collapse_line=True), "study.collapse_line"),          # the line needs x: lam
     (_raw(x="lam", examples=[1]), "study.examples"),
     (_raw(colour="red"), "study.colour"),
+    (_raw(note=""), "study.note"),
+    (_raw(note=["a"]), "study.note"),
     ({**_raw(), "methods": [{"method": "GA"}], "study": {"kind": "overlap"}}, "study.kind"),
 ])
 def test_bad_study_blocks_name_the_key(raw, key):
@@ -138,6 +140,9 @@ def test_a_study_table_names_the_rwku_targets_select_known_chose():
     assert "targets SmolLM2-135M: [2], the top 1 of candidates [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]" in line
     (line,) = [l for l in header_lines(study) if l.startswith("- scale rwku")]
     assert "targets not chosen yet" in line
+    noted = validate_study({**yaml.safe_load((STUDIES / "options_report_rwku_cpu.yaml").read_text()),
+                            "study": {"kind": "sweep", "title": "t", "note": "GA at\n  its preset: seed 0 only."}})
+    assert header_lines(noted)[-1] == "- note: GA at its preset: seed 0 only."
 
 
 def test_study_shard_is_checked_before_anything_runs(tmp_path, capsys):

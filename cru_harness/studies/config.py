@@ -12,7 +12,7 @@ import yaml
 from ..runner.config import ConfigError, ExperimentConfig, validate_config
 
 KINDS = ("sweep", "overlap", "gate_gap")
-_KEYS = ("kind", "title", "x", "collapse_line", "examples", "rows", "scale")
+_KEYS = ("kind", "title", "x", "collapse_line", "examples", "rows", "scale", "note")
 STUDY_DIR = "study"   # inside the run's output_dir: the study's tables, plots and analysis caches
 
 
@@ -25,6 +25,7 @@ class StudySpec:
     examples: tuple = (40, "all")        # overlap: examples per corpus for each localization
     rows: int | None = 40                # gate_gap: rows of each corpus whose tokens are measured (None = all)
     scale: str | None = None             # the runner config whose models / benchmarks / evaluation replaced the study's
+    note: str | None = None              # printed under the table's header: what a reader must know (e.g. what is left out)
     raw: dict[str, Any] = field(default_factory=dict)
 
 
@@ -80,8 +81,11 @@ def validate_study(raw: Any, source: str | None = None) -> Study:
     scale = block.get("scale")
     if scale is not None and not isinstance(scale, str):
         _fail("scale", f"the runner config the study was scaled to (set by --scale), got {scale!r}", source)
+    note = block.get("note")
+    if note is not None and (not isinstance(note, str) or not note.strip()):
+        _fail("note", f"expected a non-empty string, printed under the table's header, got {note!r}", source)
     spec = StudySpec(kind=kind, title=title, x=x, collapse_line=collapse, examples=tuple(examples), rows=rows,
-                     scale=scale, raw=block)
+                     scale=scale, note=" ".join(note.split()) if note else None, raw=block)
     return Study(spec, config)
 
 

@@ -36,6 +36,8 @@ def header_lines(study: Study, selected: dict[str, list[int]] | None = None) -> 
                      f"evaluation rows per task: {limit or 'all'}")
     lines.append(f"- seeds {list(config.seeds)}: each number is the mean ± sample sd (ddof 1) over seeds "
                  "(no ± with one seed); RWKU: the mean over targets within a seed first")
+    if study.spec.note:
+        lines.append(f"- note: {study.spec.note}")
     return lines
 
 
