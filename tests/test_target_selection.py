@@ -107,6 +107,22 @@ def test_selection_is_made_once_saved_and_invalidated_by_its_key(tmp_path):
     assert load_selection(changed, changed.models[0]) is None
 
 
+def test_a_selection_made_by_other_code_is_remade_but_can_be_read_as_it_is(tmp_path):
+    config = cfg.validate_config(raw_config(tmp_path))
+    model = config.models[0]
+    select_known_targets(config, model, evaluate=FakeEvaluate(), log=lambda _: None)
+    path = selection_path(config, model)
+    saved = json.loads(path.read_text())
+    saved["key"]["code_version"] = "0123456789abcdef"      # as a later commit sees it
+    saved["key_hash"] = "0000000000000000"
+    path.write_text(json.dumps(saved))
+    assert load_selection(config, model) is None              # a run makes it again, as it recomputes cells
+    assert load_selection(config, model, any_code=True)["chosen"] == [3, 1]   # study --table-only reads it
+    assert resolve_selected_targets(config, run=False, any_code=True) == {model.name: [3, 1]}
+    changed = cfg.validate_config(raw_config(tmp_path, probes=["rwku_fb"]))
+    assert load_selection(changed, changed.models[0], any_code=True) is None  # another rule is never read
+
+
 def test_plan_uses_the_chosen_targets_and_dry_run_says_what_is_pending(tmp_path, capsys):
     config = cfg.validate_config(raw_config(tmp_path))
     assert build_plan(config) == []  # nothing RWKU is planned before the choice

@@ -45,8 +45,9 @@ def _key_hash(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def load_selection(config: ExperimentConfig, model: ModelSpec) -> dict | None:
-    """The saved selection of this model, if it was made with the same key; else None."""
+def load_selection(config: ExperimentConfig, model: ModelSpec, *, any_code: bool = False) -> dict | None:
+    """The saved selection of this model, if it was made with the same key; else None. `any_code`: a selection
+    made by other code counts too (reading finished results, e.g. `study --table-only`, never making new ones)."""
     path = selection_path(config, model)
     if not path.is_file():
         return None
@@ -54,7 +55,10 @@ def load_selection(config: ExperimentConfig, model: ModelSpec) -> dict | None:
         saved = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None  # a corrupt file is recomputed, never trusted
-    return saved if saved.get("key_hash") == _key_hash(selection_key(config, model)) else None
+    key = selection_key(config, model)
+    if any_code:
+        return saved if {**(saved.get("key") or {}), "code_version": None} == {**key, "code_version": None} else None
+    return saved if saved.get("key_hash") == _key_hash(key) else None
 
 
 def rank_targets(scores: dict[int, float], top: int) -> list[int]:
@@ -128,9 +132,10 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
 
 
 def resolve_selected_targets(config: ExperimentConfig, *, run: bool, log: Callable[[str], None] = print,
-                             evaluate=None) -> dict[str, list[int]]:
+                             evaluate=None, any_code: bool = False) -> dict[str, list[int]]:
     """Model name -> chosen RWKU targets, for every model whose RWKU targets come from `select_known`.
-    `run=False` (dry run): only saved selections are used; models without one are left out (planned later)."""
+    `run=False` (dry run): only saved selections are used; models without one are left out (planned later);
+    with `any_code`, saved selections made by other code are used too (see `load_selection`)."""
     rwku = config.benchmarks.get("rwku")
     if not rwku or not rwku.get("select_known"):
         return {}
@@ -139,7 +144,7 @@ def resolve_selected_targets(config: ExperimentConfig, *, run: bool, log: Callab
         if "rwku" not in model.benchmarks:
             continue
         record = (select_known_targets(config, model, log=log, evaluate=evaluate) if run
-                  else load_selection(config, model))
+                  else load_selection(config, model, any_code=any_code))
         if record is not None:
             chosen[model.name] = list(record["chosen"])
     return chosen

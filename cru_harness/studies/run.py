@@ -68,10 +68,10 @@ def base_path_for(cell, cells, store) -> str:
     return checkpoint
 
 
-def _selected(config) -> dict[str, list[int]]:
+def _selected(config, *, any_code: bool = False) -> dict[str, list[int]]:
     from ..runner.targets import resolve_selected_targets
 
-    return resolve_selected_targets(config, run=False, log=lambda *_: None)
+    return resolve_selected_targets(config, run=False, log=lambda *_: None, any_code=any_code)
 
 
 def _plan(config, selected=None):
@@ -125,7 +125,7 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
     status = 0 if table_only else run_config(config, dry_run=dry_run, force=force, log=log)
     if dry_run:
         return status
-    selected = _selected(config)
+    selected = _selected(config, any_code=table_only)   # --table-only reads a selection as it reads cells
     cells = _plan(config, selected)
     planned = {cell.hash for cell in cells}
     # only this config's cells: a directory may still hold cells of an edited variant (other hash, same label)
