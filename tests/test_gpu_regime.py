@@ -223,7 +223,7 @@ def _rwku_swept(method, lr, fb, qa, kind="method"):
     return result if kind == "method" else {**result, "label": "Original", "seed": None, "hparams": {}}
 
 
-def test_lr_sweep_rule_reads_rwkus_neighbour_score_never_its_forget_probes():
+def test_lr_sweep_rule_reads_rwkus_neighbour_score_never_its_forget_probes(tmp_path):
     from cru_harness.reporting.lr_sweep import sweep_choices, sweep_markdown
 
     original = _rwku_swept("Original", None, 0.5, 0.3, kind="original")          # score 0.4: threshold 0.36
@@ -251,6 +251,10 @@ def test_lr_sweep_rule_reads_rwkus_neighbour_score_never_its_forget_probes():
     text = "\n".join(sweep_markdown(cells))
     assert "Learning-rate sweep: M target23" in text and "neighbour ROUGE-L recall" in text
     assert "Chosen: **1e-05**" in text
+    write_cells(tmp_path / "run", cells)           # and the run's report prints it under RWKU
+    write_report([tmp_path / "run"], tmp_path / "out", plots=False, log=lambda *_: None)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "## RWKU" in report and "Chosen: **1e-05**" in report.split("## RWKU")[1]
 
 
 def test_the_seed0_slice_is_gpu_smollm2s_own_cells():

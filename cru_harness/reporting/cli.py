@@ -123,10 +123,10 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
             written[f"leaderboard_{benchmark}.{fmt}"] = str(path)
         summary += [f"## {benchmark.upper()}", "", tables.to_markdown(rows, benchmark)]
         if benchmark == "tofu":
-            from .lr_sweep import sweep_markdown
-
             summary += tables.regime_check_markdown(results)
-            summary += sweep_markdown(results)
+        from .lr_sweep import sweep_markdown
+
+        summary += sweep_markdown([r for r in results if r.get("benchmark") == benchmark])
         unavailable = [r for r in results if r.get("benchmark") == benchmark and r.get("status") == "unavailable"]
         for r in unavailable:
             summary.append(f"- unavailable: {r['model']} {r.get('unit')} {r['label']}: {r.get('reason')}")
