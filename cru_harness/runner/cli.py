@@ -117,7 +117,7 @@ def _selection_summary(config, selected_targets) -> dict | None:
         return None
     select = rwku["select_known"]
     rule = (f"top {select['top']} of targets {rwku['targets']} by the original model's mean ROUGE-L recall on "
-            f"{', '.join(select['probes'])} (first {select['rows'] or 'all'} rows)")
+            f"{', '.join(select['probes'])} ({'first ' + str(select['rows']) if select['rows'] else 'all'} rows)")
     return {"rule": rule, "chosen": dict(selected_targets or {})}
 
 

@@ -216,6 +216,13 @@ def stale_fields(record: dict | None, current: dict) -> list[str]:
     return [name for name in INPUT_FIELDS if name in current and saved.get(name) != current[name]]
 
 
+def record_code(record: dict | None) -> tuple[str, str]:
+    """The code version and (12-character) git commit a cell's run record names, or placeholders saying so."""
+    record = record or {}
+    version = (record.get("inputs") or {}).get("code_version") or record.get("code_version") or "not recorded"
+    return version, ((record.get("git") or {}).get("commit") or "unknown")[:12]
+
+
 def provenance_lines(dirs) -> list[str]:
     """Markdown lines for a report: which code computed the cells under `dirs`, which of them are stale (another
     code version than this checkout's, or none recorded) and which come from a dirty tree."""
@@ -229,10 +236,9 @@ def provenance_lines(dirs) -> list[str]:
         for cell_hash, result in store.iter_results():
             total += 1
             record = store.load_record(cell_hash) or {}
-            version = (record.get("inputs") or {}).get("code_version") or record.get("code_version") or "not recorded"
+            version, commit = record_code(record)
             git = record.get("git") or {}
-            versions.setdefault(version, set()).add(f"{(git.get('commit') or 'unknown')[:12]}"
-                                                    f"{' + local changes' if git.get('dirty') else ''}")
+            versions.setdefault(version, set()).add(f"{commit}{' + local changes' if git.get('dirty') else ''}")
             label = f"{result.get('model')} {result.get('unit')} {result.get('label')} ({cell_hash})"
             if version != current:
                 stale.append(label)

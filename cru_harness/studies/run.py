@@ -84,13 +84,11 @@ def other_code_lines(output_dir, results: list[dict]) -> list[str]:
     """A header line when cells of the table were computed by other code than the table's (`--table-only` on
     committed cells, after a later commit): which code versions and commits computed them."""
     from ..runner.cache import CellStore
-    from ..runner.provenance import code_version
+    from ..runner.provenance import code_version, record_code
 
     store, current, versions = CellStore(output_dir), code_version(), {}
     for result in results:
-        record = store.load_record(result["hash"]) or {}
-        version = (record.get("inputs") or {}).get("code_version") or "not recorded"
-        commit = ((record.get("git") or {}).get("commit") or "unknown")[:12]
+        version, commit = record_code(store.load_record(result["hash"]))
         versions.setdefault(version, set()).add(commit)
     others = {v: c for v, c in versions.items() if v != current}
     if not others:
