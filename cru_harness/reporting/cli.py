@@ -99,6 +99,7 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
     """Write the whole report for the cells under `dirs`. Returns {name: path}."""
     from ..runner.cache import atomic_write_json, atomic_write_text, load_results
     from ..runner.provenance import provenance_lines
+    from .lr_sweep import sweep_markdown
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -124,15 +125,11 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
         summary += [f"## {benchmark.upper()}", "", tables.to_markdown(rows, benchmark)]
         if benchmark == "tofu":
             summary += tables.regime_check_markdown(results)
-        from .lr_sweep import sweep_markdown
-
-        summary += sweep_markdown([r for r in results if r.get("benchmark") == benchmark])
-        unavailable = [r for r in results if r.get("benchmark") == benchmark and r.get("status") == "unavailable"]
-        for r in unavailable:
-            summary.append(f"- unavailable: {r['model']} {r.get('unit')} {r['label']}: {r.get('reason')}")
-        failed = [r for r in results if r.get("benchmark") == benchmark and r.get("status") == "failed"]
-        for r in failed:
-            summary.append(f"- failed: {r['model']} {r.get('unit')} {r['label']}: {r.get('reason')}")
+        of_benchmark = [r for r in results if r.get("benchmark") == benchmark]
+        summary += sweep_markdown(of_benchmark)
+        for status in ("unavailable", "failed"):
+            for r in (r for r in of_benchmark if r.get("status") == status):
+                summary.append(f"- {status}: {r['model']} {r.get('unit')} {r['label']}: {r.get('reason')}")
         summary.append("")
         if stats:
             comparisons[benchmark] = compare_methods(results, benchmark)
