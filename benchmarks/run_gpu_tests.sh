@@ -10,8 +10,8 @@ mkdir -p "$(dirname "$out")"
 {
   echo "# gpu tests: python -m pytest -m gpu $*"
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  # A copy of the tree without .git (a GPU machine's) names its commit through CRU_HARNESS_COMMIT.
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo "${CRU_HARNESS_COMMIT:-unknown}")"
+  # A GPU machine's copy of the tree names its commit through CRU_HARNESS_COMMIT (its .git is a carried one).
+  echo "commit: ${CRU_HARNESS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   python - <<'PY'
 import torch, transformers, accelerate
 print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, transformers {transformers.__version__}, "

@@ -7,6 +7,12 @@ export CRU_HARNESS_DATA_DIR=$T/data
 # The copy of the tree sent there has no .git: keep call 1's shallow clone's (.gpu/git) and restore it, so that
 # run records carry the commit (provenance.git_state). The files there need not be the committer's: git is told
 # the tree is safe through the environment (command scope), which writes no config file.
-if [ -d .gpu/git ] && [ ! -d "$T/repo.git" ]; then mkdir -p "$T" && cp -r .gpu/git "$T/repo.git"; fi
-if [ ! -e .git ] && [ -d "$T/repo.git" ] && command -v git >/dev/null; then cp -r "$T/repo.git" .git; fi
-export GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=safe.directory GIT_CONFIG_VALUE_0="$PWD"
+# A git dir already there is replaced unless it names the carried one's commit: the lease of 2026-11-24 found
+# one of an older commit in place and recorded that commit.
+export GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=safe.directory GIT_CONFIG_VALUE_0="*"
+head_of() { git --git-dir="$1" rev-parse HEAD 2>/dev/null; }
+if command -v git >/dev/null && [ -d .gpu/git ]; then
+  want=$(head_of .gpu/git)
+  if [ "$(head_of "$T/repo.git")" != "$want" ]; then rm -rf "$T/repo.git" && mkdir -p "$T" && cp -r .gpu/git "$T/repo.git"; fi
+  if [ "$(head_of .git)" != "$want" ]; then rm -rf .git && cp -r "$T/repo.git" .git; fi
+fi
