@@ -1,5 +1,6 @@
 # GPU machine, first call (carry .gpu and .gpA): install the wheels and the project, keep the GGUF's first part
-# and TOFU / RWKU in /tmp (env.sh), run the gpu tests (benchmarks/results/gpu_tests.txt, copied to $OUT; GPU_TESTS_S=0 skips them).
+# and TOFU / RWKU in /tmp (env.sh), run the gpu tests (benchmarks/results/gpu_tests.txt, copied to $OUT;
+# GPU_TESTS_S=0 skips them).
 source benchmarks/gpu_session/env.sh; t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 python3 benchmarks/gpu_session/wheels_xz.py unpack .gpu/whl.tar.xz "$T/whl" || exit 1
