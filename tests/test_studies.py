@@ -20,6 +20,7 @@ import yaml
 
 from cru_harness.cli import main
 from cru_harness.runner.config import ConfigError
+from cru_harness.runner.plan import build_plan
 from cru_harness.studies.analyses import gate_auc, subsample
 from cru_harness.studies.config import load_study, validate_study
 from cru_harness.studies.tables import study_rows
@@ -430,3 +431,17 @@ def test_study_tables_name_the_data_source_without_a_machine_path(tmp_path, monk
     monkeypatch.setenv("CRU_HARNESS_DATA_DIR", str(tmp_path / "d"))
     described = data_source("tofu", None)
     assert described.startswith("local files named by the environment") and str(tmp_path) not in described
+
+
+@pytest.mark.parametrize("scale", [None, REPO_ROOT / "configs" / "cpu_smollm2.yaml"])
+def test_random_draws_repeats_random_controls_random_rows_with_more_seeds(scale):
+    """random_draws.yaml's seeds 0-2 are random_control.yaml's random cells (the same hashes), at either scale."""
+    draws = load_study(STUDIES / "random_draws.yaml", scale=scale).config
+    control = load_study(STUDIES / "random_control.yaml", scale=scale, overrides={"seeds": [0, 1, 2]}).config
+    assert draws.seeds == tuple(range(10))
+    assert [m.label for m in draws.methods] == ["CRU-random-p95", "CRU-random-p85"]
+    assert all(m.hparams["selection"] == "random" for m in draws.methods)
+    control_cells = {c.hash: (c.label, c.seed) for c in build_plan(control)}
+    early = [c for c in build_plan(draws) if c.seed in (0, 1, 2) and c.method == "CRU"]
+    assert len(early) == 2 * len(draws.benchmarks["tofu"]["splits"]) * 3
+    assert all(control_cells.get(c.hash) == (c.label, c.seed) for c in early)
