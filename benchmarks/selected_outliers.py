@@ -24,6 +24,15 @@ def manifest(cell_dir: Path) -> dict:
     return read_manifest(cell_dir / ROUTERS)
 
 
+def base_model(m: dict) -> str:
+    """The bundle's base: a runner's fine-tuned checkpoint is named by its finetune cell's hash, since two studies
+    keep the same cell's checkpoint under different directories."""
+    parts = Path(m["base_model"]).parts
+    if len(parts) >= 4 and parts[-4] == "cells" and parts[-2] == "work":
+        return f"finetune cell {parts[-3]}"
+    return m["base_model"]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reference", type=Path, required=True,
@@ -35,12 +44,11 @@ def main(argv=None) -> int:
     top = {block: set(coords) for block, coords in ref["excluded"].items()}
     if not top:
         sys.exit(f"{args.reference}: its bundle excluded no coordinates (exclude_top_magnitude 0)")
-    same = ("base_model", "site_width")
     command = " ".join(["python benchmarks/selected_outliers.py", *(argv if argv is not None else sys.argv[1:])])
     lines = [f"# Top-magnitude coordinates gated by each CRU cell ({', '.join(str(s) for s in args.studies)})", "",
              f"Written by `{command}`.", "",
              f"Top {ref['training']['exclude_top_magnitude']} % by mean |activation| per block, from the bundle of "
-             f"`{args.reference}` (base `{ref['base_model']}`, forget data "
+             f"`{args.reference}` (base: {base_model(ref)}, forget data "
              f"`{ref['training_data']['forget']['description']}`): "
              + "; ".join(f"block {b}: {sorted(c)}" for b, c in sorted(top.items())) + ".", "",
              "| study | variant | seed | selection | coordinates per block | top-magnitude coordinates gated "
@@ -48,12 +56,12 @@ def main(argv=None) -> int:
     for study in args.studies:
         rows = []
         for cell in sorted((study / "cells").iterdir()):
-            if not (cell / ROUTERS / MANIFEST_NAME).is_file():
-                continue
+            if not (cell / ROUTERS / MANIFEST_NAME).is_file() or not (cell / "result.json").is_file():
+                continue   # a reference cell (no routers), or one still running
             m, result = manifest(cell), json.loads((cell / "result.json").read_text())
-            for key in same:
-                if m[key] != ref[key]:
-                    sys.exit(f"{cell}: {key} {m[key]!r} differs from the reference's {ref[key]!r}")
+            if base_model(m) != base_model(ref) or m["site_width"] != ref["site_width"]:
+                sys.exit(f"{cell}: base {base_model(m)!r} (width {m['site_width']}) differs from the reference's "
+                         f"{base_model(ref)!r} (width {ref['site_width']})")
             if m["training_data"]["forget"]["sha256_16"] != ref["training_data"]["forget"]["sha256_16"]:
                 sys.exit(f"{cell}: trained on other forget data than the reference")
             if set(m["neurons"]) != set(top):
