@@ -3,6 +3,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "benchmarks" / "selected_outliers.py"
@@ -46,12 +48,17 @@ def test_lists_the_top_magnitude_coordinates_each_cell_gated(tmp_path):
     assert text.count("| random_control |") == 2
 
 
-def test_refuses_a_reference_trained_on_other_forget_data(tmp_path):
+@pytest.mark.parametrize("cell, message", [
+    ({"forget_sha": "bb"}, "trained on other forget data than the reference"),
+    ({"base": "results/y/cells/0000000000000000/work/finetuned_model"},
+     "differs from the reference's 'finetune cell 6ef25ac38b3d73a0'"),
+])
+def test_refuses_cells_unlike_the_reference(tmp_path, cell, message):
     ref = make_cell(tmp_path / "options", "ref", {"2": [1], "3": [3]}, excluded=TOP)
     study = tmp_path / "study"
-    make_cell(study, "a", {"2": [1], "3": [0]}, forget_sha="bb")
+    make_cell(study, "a", {"2": [1], "3": [0]}, **cell)
     proc = run("--reference", ref, study, "--out", tmp_path / "out.md")
-    assert proc.returncode == 1 and "trained on other forget data than the reference" in proc.stderr
+    assert proc.returncode == 1 and message in proc.stderr
     assert not (tmp_path / "out.md").exists()
 
 
@@ -59,11 +66,3 @@ def test_refuses_a_reference_without_excluded_coordinates(tmp_path):
     ref = make_cell(tmp_path / "options", "ref", {"2": [1], "3": [3]})
     proc = run("--reference", ref, tmp_path, "--out", tmp_path / "out.md")
     assert proc.returncode == 1 and "excluded no coordinates" in proc.stderr
-
-
-def test_refuses_cells_on_another_base_model(tmp_path):
-    ref = make_cell(tmp_path / "options", "ref", {"2": [1], "3": [3]}, excluded=TOP)
-    study = tmp_path / "study"
-    make_cell(study, "a", {"2": [1], "3": [0]}, base="results/y/cells/0000000000000000/work/finetuned_model")
-    proc = run("--reference", ref, study, "--out", tmp_path / "out.md")
-    assert proc.returncode == 1 and "differs from the reference's 'finetune cell 6ef25ac38b3d73a0'" in proc.stderr
