@@ -8,7 +8,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 # Editable: the tests and `python3 -m cru_harness` run from the repository root, whose ./cru_harness would shadow
 # an installed copy and has no cru_harness.tasks (setuptools maps it from tasks/).
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile -e . || exit 1
-mkdir -p "$T/data" "$T/gg" && cp .gpA/part "$T/gg/A" || exit 1
+mkdir -p "$T/data" && stash_parts || exit 1
 python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data')" .gpu/data.tar.xz "$T/data" || exit 1
 python3 -c "import lm_eval, torch; from cru_harness.runner.provenance import code_record; print('lm_eval', lm_eval.__version__, 'torch', torch.__version__, code_record())"
 echo "installed in $(( $(date +%s) - t0 )) s"

@@ -16,3 +16,11 @@ if command -v git >/dev/null && [ -d .gpu/git ]; then
   if [ "$(head_of "$T/repo.git")" != "$want" ]; then rm -rf "$T/repo.git" && mkdir -p "$T" && cp -r .gpu/git "$T/repo.git"; fi
   if [ "$(head_of .git)" != "$want" ]; then rm -rf .git && cp -r "$T/repo.git" .git; fi
 fi
+# The GGUF's parts (prepare.sh) arrive one per call: each call keeps the one it carries in $T/gg, named by its folder.
+stash_parts() {
+  mkdir -p "$T/gg" || return 1
+  local d; for d in .gpA .gpB .gpC; do
+    if [ -f "$d/part" ]; then cp "$d/part" "$T/gg/${d#.gp}" || return 1; fi
+  done
+  if [ -f .gpC/sha256 ]; then cp .gpC/sha256 "$T/gg/sha256" || return 1; fi
+}

