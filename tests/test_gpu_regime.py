@@ -200,7 +200,7 @@ def test_lr_sweep_applies_the_stated_rule(tmp_path):
              _swept("GA", 1e-4, 0.0), _swept("GD", 1e-4, 0.44), _swept("NPO", 1e-4, 0.9)]
     (entry,) = sweep_choices(cells)
     assert [row["qualifies"] for row in entry["rows"]] == [True, True, False]
-    assert entry["rows"][1]["median_mu"] == pytest.approx(0.47)
+    assert entry["rows"][1]["median_score"] == pytest.approx(0.47)
     assert entry["chosen"] == 3e-5
     # nothing qualifies -> the smallest learning rate; a forget metric never matters
     low = [original] + [{**c, "metrics": {**c["metrics"], "model_utility": 0.1, "forget_rouge_l": 0.0}}
@@ -239,9 +239,9 @@ def test_lr_sweep_rule_reads_rwkus_neighbour_score_never_its_forget_probes(tmp_p
              _rwku_swept("NPO", 1e-4, 0.3, 0.4), _rwku_swept("SimNPO", 1e-4, 0.4, 0.4)]
     (entry,) = sweep_choices(cells)
     assert (entry["benchmark"], entry["split"]) == ("rwku", "target23")
-    assert entry["original_mu"] == pytest.approx(0.4)
+    assert entry["original_score"] == pytest.approx(0.4)
     assert [row["qualifies"] for row in entry["rows"]] == [True, True, False]
-    assert entry["rows"][1]["median_mu"] == pytest.approx(0.37) and entry["chosen"] == 1e-5
+    assert entry["rows"][1]["median_score"] == pytest.approx(0.37) and entry["chosen"] == 1e-5
     # the forget probes never move the choice
     forgotten = [{**c, "metrics": {**c["metrics"], "forget_fb": 1.0, "forget_qa": 1.0}} for c in cells]
     assert sweep_choices(forgotten)[0]["chosen"] == 1e-5

@@ -232,6 +232,26 @@ def test_study_rows_are_mean_and_sample_sd_over_seeds():
     assert single["stats"]["forget_1_rouge_l"][1] is None          # one seed: no spread claimed
 
 
+def test_tradeoff_figure_keys_every_drawn_variant_in_a_legend_even_where_points_coincide():
+    import matplotlib.pyplot as plt
+
+    from cru_harness.studies.tables import tradeoff_figure
+
+    # three CRU variants on one spot (as collapsed ones are): their labels cannot all sit beside it
+    same = [_cell(f"CRU-{k}", 0, forget_rouge_l=0.05, model_utility=0.0) for k in ("a", "b", "c")]
+    rows = study_rows([_cell("Original", 0, forget_rouge_l=0.8, model_utility=0.4), *same,
+                       _cell("no-utility", 0, forget_rouge_l=0.3)], ["Original", "CRU-a", "CRU-b", "CRU-c",
+                                                                   "no-utility"])
+    fig = tradeoff_figure(rows, title="t", block="m · tofu forget10")
+    try:
+        legend = fig.axes[0].get_legend()
+        assert [t.get_text() for t in legend.get_texts()] == ["Original", "CRU-a", "CRU-b", "CRU-c"]
+        handles, _ = fig.axes[0].get_legend_handles_labels()
+        assert [h[0].get_marker() for h in handles] == ["s", "o", "o", "o"]   # a reference row is a square
+    finally:
+        plt.close(fig)
+
+
 def test_table_header_names_the_cells_that_did_not_finish():
     from types import SimpleNamespace
 

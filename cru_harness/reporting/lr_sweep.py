@@ -32,7 +32,8 @@ def kept_score(result: dict) -> float | None:
 
 def sweep_choices(results: list[dict], ratio: float = RATIO) -> list[dict]:
     """One entry per block with a learning-rate sweep: the grid's rows and the chosen learning rate. An entry's
-    `split` is the TOFU split or, on RWKU, `target<N>`; `original_mu` / `median_mu` hold the block's score."""
+    `split` is the TOFU split or, on RWKU, `target<N>`; `original_score` / `median_score` hold the block's score
+    (`score` names it: TOFU's MU or RWKU's neighbour score)."""
     originals: dict[tuple, float] = {}
     by_lr: dict[tuple, dict[float, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in results:
@@ -53,12 +54,12 @@ def sweep_choices(results: list[dict], ratio: float = RATIO) -> list[dict]:
             continue  # one learning rate: a run, not a sweep
         original = originals.get(block)
         entry = {"model": block[0], "benchmark": block[1], "split": block[2], "score": SCORE_NAMES[block[1]],
-                 "original_mu": original, "ratio": ratio, "rows": [], "chosen": None, "reason": None}
+                 "original_score": original, "ratio": ratio, "rows": [], "chosen": None, "reason": None}
         methods_seen = sorted({m for per_method in grid.values() for m in per_method})
         for lr in sorted(grid):
             means = {m: sum(v) / len(v) for m, v in grid[lr].items()}
             median = statistics.median(means.values())
-            entry["rows"].append({"learning_rate": lr, "median_mu": median, "methods": sorted(means),
+            entry["rows"].append({"learning_rate": lr, "median_score": median, "methods": sorted(means),
                                   "missing": [m for m in methods_seen if m not in means],
                                   "qualifies": None if original is None else median >= ratio * original})
         if original is None:
@@ -78,7 +79,7 @@ def sweep_markdown(results: list[dict], ratio: float = RATIO) -> list[str]:
     """Report lines for `sweep_choices` (none when the run has no learning-rate sweep)."""
     lines: list[str] = []
     for entry in sweep_choices(results, ratio):
-        original = entry["original_mu"]
+        original = entry["original_score"]
         threshold = "--" if original is None else f"{ratio:g} x {original:.4f} = {ratio * original:.4f}"
         short = "MU" if entry["benchmark"] == "tofu" else "neighbour"
         lines += [f"### Learning-rate sweep: {entry['model']} {entry['split']}", "",
@@ -88,7 +89,7 @@ def sweep_markdown(results: list[dict], ratio: float = RATIO) -> list[str]:
                   f"| Learning rate | Median {short} | Qualifies | Methods | Missing |", "|---:|---:|---|---|---|"]
         for row in entry["rows"]:
             verdict = {True: "yes", False: "no", None: "--"}[row["qualifies"]]
-            lines.append(f"| {row['learning_rate']:g} | {row['median_mu']:.4f} | {verdict} | "
+            lines.append(f"| {row['learning_rate']:g} | {row['median_score']:.4f} | {verdict} | "
                          f"{', '.join(row['methods'])} | {', '.join(row['missing']) or '--'} |")
         chosen = "none" if entry["chosen"] is None else f"**{entry['chosen']:g}**"
         lines += ["", f"Chosen: {chosen} ({entry['reason']}).", ""]

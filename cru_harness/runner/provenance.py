@@ -223,31 +223,40 @@ def record_code(record: dict | None) -> tuple[str, str]:
     return version, ((record.get("git") or {}).get("commit") or "unknown")[:12]
 
 
+def code_commits(records) -> dict[str, set[str]]:
+    """Code version -> the commits that computed these run records (`record_code`; a dirty tree's commit is
+    marked "+ local changes"): what a report or a study table says about the code behind its cells."""
+    versions: dict[str, set[str]] = {}
+    for record in records:
+        version, commit = record_code(record)
+        dirty = ((record or {}).get("git") or {}).get("dirty")
+        versions.setdefault(version, set()).add(f"{commit}{' + local changes' if dirty else ''}")
+    return versions
+
+
 def provenance_lines(dirs) -> list[str]:
     """Markdown lines for a report: which code computed the cells under `dirs`, which of them are stale (another
     code version than this checkout's, or none recorded) and which come from a dirty tree."""
     from .cache import CellStore
 
     current = code_version()
-    stale, dirty, versions, total = [], [], {}, 0
+    stale, dirty, records = [], [], []
     for directory in dirs:
         directory = Path(directory)
         store = CellStore(directory.parent if directory.name == "cells" else directory)
         for cell_hash, result in store.iter_results():
-            total += 1
             record = store.load_record(cell_hash) or {}
-            version, commit = record_code(record)
-            git = record.get("git") or {}
-            versions.setdefault(version, set()).add(f"{commit}{' + local changes' if git.get('dirty') else ''}")
+            records.append(record)
             label = f"{result.get('model')} {result.get('unit')} {result.get('label')} ({cell_hash})"
-            if version != current:
+            if record_code(record)[0] != current:
                 stale.append(label)
-            if git.get("dirty"):
+            if (record.get("git") or {}).get("dirty"):
                 dirty.append(label)
-    if not total:
+    if not records:
         return []
+    total = len(records)
     lines = ["## Provenance", "", f"This checkout's code version: {current}."]
-    for version, commits in sorted(versions.items()):
+    for version, commits in sorted(code_commits(records).items()):
         lines.append(f"- code version {version}: commit {', '.join(sorted(commits))}")
     if stale:
         lines.append(f"- **{len(stale)} of {total} cells are stale**: computed by other code than this checkout "

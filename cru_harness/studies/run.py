@@ -84,12 +84,10 @@ def other_code_lines(output_dir, results: list[dict]) -> list[str]:
     """A header line when cells of the table were computed by other code than the table's (`--table-only` on
     committed cells, after a later commit): which code versions and commits computed them."""
     from ..runner.cache import CellStore
-    from ..runner.provenance import code_version, record_code
+    from ..runner.provenance import code_commits, code_version
 
-    store, current, versions = CellStore(output_dir), code_version(), {}
-    for result in results:
-        version, commit = record_code(store.load_record(result["hash"]))
-        versions.setdefault(version, set()).add(commit)
+    store, current = CellStore(output_dir), code_version()
+    versions = code_commits(store.load_record(result["hash"]) for result in results)
     others = {v: c for v, c in versions.items() if v != current}
     if not others:
         return []

@@ -173,10 +173,10 @@ def _errorbar(ax, xs, stats_list, **kwargs):
         ax.errorbar(px, py, yerr=pe, capsize=3, marker="o", **kwargs)
 
 
-def plot_study(rows: list[dict], out_dir: Path, *, title: str, x: str | None = None,
-               collapse_line: bool = False) -> list[Path]:
-    """Per block: forget vs utility (every variant and reference, ± sd over seeds); with `x`, the metrics and
-    gate means along x (the CRU rows), and with `collapse_line` the collapsed router's 1 - 1/(2 lam)."""
+def tradeoff_figure(block_rows: list[dict], *, title: str, block: str):
+    """One block's forget vs utility figure: every variant and reference that has both (± sd over seeds), each
+    labelled beside its point where the axes leave room and, always, in a legend beside the axes (many CRU
+    variants collapse onto one spot, where labels cannot all fit)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -184,26 +184,41 @@ def plot_study(rows: list[dict], out_dir: Path, *, title: str, x: str | None = N
 
     from ..reporting.plots import distinct_colors, label_points, pad_limits
 
+    fig, ax = plt.subplots(figsize=(5.5, 4.2))
+    drawn = []
+    for row in block_rows:
+        f, fs, _ = row["stats"]["forgetting"] if "forgetting" in row["stats"] else (None, None, 0)
+        u, us, _ = row["stats"]["utility"] if "utility" in row["stats"] else (None, None, 0)
+        if f is not None and u is not None:
+            drawn.append((row, f, fs, u, us))
+    for (row, f, fs, u, us), color in zip(drawn, distinct_colors(len(drawn))):
+        ax.errorbar([f], [u], xerr=[fs or 0.0], yerr=[us or 0.0], marker="s" if row["label"] in
+                    REFERENCE_ROWS else "o", capsize=3, linestyle="none", color=color, label=row["label"])
+    ax.set_xlabel("forgetting (TOFU: 1 - forget ROUGE-L; RWKU: 1 - mean forget score)")
+    ax.set_ylabel("utility (TOFU: MU; RWKU: mean utility)")
+    ax.set_title(f"{title}\n{block}", fontsize=9)
+    pad_limits(ax)
+    fig.tight_layout()
+    label_points(ax, [(f, u, row["label"]) for row, f, _, u, _ in drawn])
+    if drawn:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
+    return fig
+
+
+def plot_study(rows: list[dict], out_dir: Path, *, title: str, x: str | None = None,
+               collapse_line: bool = False) -> list[Path]:
+    """Per block: forget vs utility (`tradeoff_figure`); with `x`, the metrics and gate means along x (the CRU
+    rows), and with `collapse_line` the collapsed router's 1 - 1/(2 lam)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for block in dict.fromkeys(r["block"] for r in rows):
         block_rows = [r for r in rows if r["block"] == block]
-        fig, ax = plt.subplots(figsize=(5.5, 4.2))
-        drawn = []
-        for row in block_rows:
-            f, fs, _ = row["stats"]["forgetting"] if "forgetting" in row["stats"] else (None, None, 0)
-            u, us, _ = row["stats"]["utility"] if "utility" in row["stats"] else (None, None, 0)
-            if f is not None and u is not None:
-                drawn.append((row, f, fs, u, us))
-        for (row, f, fs, u, us), color in zip(drawn, distinct_colors(len(drawn))):
-            ax.errorbar([f], [u], xerr=[fs or 0.0], yerr=[us or 0.0], marker="s" if row["label"] in
-                        REFERENCE_ROWS else "o", capsize=3, linestyle="none", color=color)
-        ax.set_xlabel("forgetting (TOFU: 1 - forget ROUGE-L; RWKU: 1 - mean forget score)")
-        ax.set_ylabel("utility (TOFU: MU; RWKU: mean utility)")
-        ax.set_title(f"{title}\n{block}", fontsize=9)
-        pad_limits(ax)
-        fig.tight_layout()
-        label_points(ax, [(f, u, row["label"]) for row, f, _, u, _ in drawn])
+        fig = tradeoff_figure(block_rows, title=title, block=block)
         path = out_dir / f"tradeoff_{_slug(block)}.png"
         fig.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(fig)
