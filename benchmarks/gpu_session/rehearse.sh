@@ -52,7 +52,7 @@ export PATH=$work/venv/bin:$PATH
 echo "== lease 1, call 1: install, gpu tests"
 machine lease1
 call "GPU_TESTS_S=120 bash benchmarks/gpu_session/call1.sh" call1
-carry() { rm -rf "$dev"/.gpA "$dev"/.gpB "$dev"/.gpC && cp -r "$@" "$dev/"; }   # a call carries only its part
+carry() { rm -rf "$dev"/.gpA "$dev"/.gpB "$dev"/.gpC && { [ $# = 0 ] || cp -r "$@" "$dev/"; }; }   # its part only
 carry .gpB
 echo "== lease 1, call 2: keep part B"
 call "bash benchmarks/gpu_session/stash.sh" stash1
