@@ -164,6 +164,31 @@ def test_report_regenerates_byte_for_byte(tmp_path):
     assert json.loads(first[Path("report/stats.json")])["tofu"]["friedman"]["status"] == "ok"
 
 
+def test_report_of_one_run_uses_the_report_settings_its_config_named(tmp_path, capsys):
+    """A run whose config asked for md and csv without plots: `cru-harness report DIR` writes those files again,
+    not the CLI's every format; --formats still chooses; a bad recorded block is named in one line."""
+    from cru_harness.cli import main
+
+    run = tmp_path / "run"
+    write_cells(run, synthetic_blocks())
+    plan = {"config": {"report": {"formats": ["md", "csv"], "plots": False}}, "source": "configs/x.yaml",
+            "shard": None, "cells": []}
+    (run / "plan.json").write_text(json.dumps(plan))
+    write_report([run], run / "report", formats=["md", "csv"], plots=False, log=lambda *_: None)  # as the run
+    first = {p.relative_to(run): p.read_bytes() for p in sorted((run / "report").rglob("*")) if p.is_file()}
+    assert main(["report", str(run)]) == 0
+    assert "report settings: the run's config (configs/x.yaml)" in capsys.readouterr().out
+    second = {p.relative_to(run): p.read_bytes() for p in sorted((run / "report").rglob("*")) if p.is_file()}
+    assert second == first and not any(p.suffix in (".tex", ".png") for p in second)
+    assert main(["report", str(run), "--formats", "tex"]) == 0
+    assert (run / "report" / "leaderboard_tofu.tex").is_file()
+    plan["config"]["report"] = {"formats": ["pdf"]}
+    (run / "plan.json").write_text(json.dumps(plan))
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "report.formats[0]" in err[0] and "'pdf'" in err[0]
+
+
 @pytest.mark.parametrize("name", ["gpu_smollm2.yaml", "gpu_smollm2_seed0.yaml", "gpu_smollm2_lr.yaml", "cpu_smollm2.yaml"])
 def test_every_trained_cell_of_the_regime_configs_builds_its_training_config(name):
     """What a dry run cannot see: each cell's hyperparameters make a valid method config (e.g. SimNPO on

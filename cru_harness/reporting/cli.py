@@ -21,18 +21,39 @@ def register(subparsers) -> None:
                                                "leaderboard tables, plots and the method-comparison tests.")
     report.add_argument("dirs", nargs="+", help="run directories (each holding cells/)")
     report.add_argument("--out", help="output directory (default: DIR/report for one DIR, else ./report)")
-    report.add_argument("--formats", default="md,csv,tex", help="comma-separated subset of md,csv,tex")
+    report.add_argument("--formats", help="comma-separated subset of md,csv,tex (default: for one run directory, "
+                                          "what its config's `report:` named, as the run wrote it; else all three)")
     report.add_argument("--no-plots", action="store_true")
     report.set_defaults(func=cmd_report)
 
 
+def recorded_report_settings(dirs: list[Path]) -> tuple[dict, str]:
+    """The report settings a single run directory's config named (its plan.json, written by `cru-harness run`), so
+    that `cru-harness report DIR` rewrites the report the run wrote, the same files and bytes; the defaults for
+    several directories or one without a plan. Returns the settings and where they came from."""
+    from ..runner.config import report_settings
+
+    plan = dirs[0] / "plan.json" if len(dirs) == 1 else None
+    if plan is None or not plan.is_file():
+        return report_settings(None), "the defaults"
+    recorded = json.loads(plan.read_text())
+    source = recorded.get("source") or str(plan)
+    return report_settings((recorded.get("config") or {}).get("report"), source), f"the run's config ({source})"
+
+
 def cmd_report(args: argparse.Namespace) -> int:
-    out = Path(args.out) if args.out else (Path(args.dirs[0]) / "report" if len(args.dirs) == 1 else Path("report"))
-    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
-    bad = [f for f in formats if f not in ("md", "csv", "tex")]
-    if bad:
-        raise ValueError(f"--formats: unknown format(s) {bad}; choose from md, csv, tex")
-    write_report([Path(d) for d in args.dirs], out, formats=formats, plots=not args.no_plots)
+    dirs = [Path(d) for d in args.dirs]
+    out = Path(args.out) if args.out else (dirs[0] / "report" if len(dirs) == 1 else Path("report"))
+    settings, origin = recorded_report_settings(dirs)
+    if args.formats is not None:
+        formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+        bad = [f for f in formats if f not in ("md", "csv", "tex")]
+        if bad:
+            raise ValueError(f"--formats: unknown format(s) {bad}; choose from md, csv, tex")
+        settings["formats"] = formats
+    print(f"report settings: {origin}{'; --formats given' if args.formats is not None else ''}")
+    write_report(dirs, out, formats=settings["formats"], plots=settings["plots"] and not args.no_plots,
+                 stats=settings["stats"])
     return 0
 
 

@@ -568,7 +568,18 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         _number(evaluation["limit"], "evaluation.limit", source, low=1, integer=True)
     _boolean(evaluation["failure_classes"], "evaluation.failure_classes", source)
     _boolean(evaluation["apply_chat_template"], "evaluation.apply_chat_template", source, allow_none=True)
-    report = _check_keys(raw.get("report") or {}, _REPORT_KEYS, "report", source)
+    report = report_settings(raw.get("report"), source)
+
+    return ExperimentConfig(name=name, output_dir=output_dir, data_dir=data_dir, seeds=tuple(seeds),
+                            device=device, include_original=include_original, models=tuple(models),
+                            benchmarks=benchmarks, methods=tuple(methods), purge_checkpoints=purge_checkpoints,
+                            evaluation=evaluation, report=report, raw=raw, source=source)
+
+
+def report_settings(raw_report: Any, source: str | None = None) -> dict[str, Any]:
+    """A config's `report:` block, checked, with its defaults (every format, plots, statistics): what `cru-harness
+    run` writes its report with, and what `cru-harness report` reads back from a run's plan.json."""
+    report = _check_keys(raw_report or {}, _REPORT_KEYS, "report", source)
     report = {"formats": list(_REPORT_FORMATS), "plots": True, "stats": True, **report}
     formats = _str_list(report["formats"], "report.formats", source)
     for i, fmt in enumerate(formats):
@@ -577,11 +588,7 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
     report["formats"] = formats
     for key in ("plots", "stats"):
         _boolean(report[key], f"report.{key}", source)
-
-    return ExperimentConfig(name=name, output_dir=output_dir, data_dir=data_dir, seeds=tuple(seeds),
-                            device=device, include_original=include_original, models=tuple(models),
-                            benchmarks=benchmarks, methods=tuple(methods), purge_checkpoints=purge_checkpoints,
-                            evaluation=evaluation, report=report, raw=raw, source=source)
+    return report
 
 
 def _impossible_benchmark(method: str, bench: str) -> str:
