@@ -182,6 +182,8 @@ def test_report_of_one_run_uses_the_report_settings_its_config_named(tmp_path, c
     assert second == first and not any(p.suffix in (".tex", ".png") for p in second)
     assert main(["report", str(run), "--formats", "tex"]) == 0
     assert (run / "report" / "leaderboard_tofu.tex").is_file()
+    assert main(["report", str(run), "--formats", "md,pdf"]) == 2
+    assert "--formats: report.formats[1]" in capsys.readouterr().err
     plan["config"]["report"] = {"formats": ["pdf"]}
     (run / "plan.json").write_text(json.dumps(plan))
     assert main(["report", str(run)]) == 2

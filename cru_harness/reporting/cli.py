@@ -45,12 +45,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     dirs = [Path(d) for d in args.dirs]
     out = Path(args.out) if args.out else (dirs[0] / "report" if len(dirs) == 1 else Path("report"))
     settings, origin = recorded_report_settings(dirs)
-    if args.formats is not None:
+    if args.formats is not None:   # checked by the config's own rule for `report.formats`
+        from ..runner.config import report_settings
+
         formats = [f.strip() for f in args.formats.split(",") if f.strip()]
-        bad = [f for f in formats if f not in ("md", "csv", "tex")]
-        if bad:
-            raise ValueError(f"--formats: unknown format(s) {bad}; choose from md, csv, tex")
-        settings["formats"] = formats
+        settings = report_settings({**settings, "formats": formats}, "--formats")
     print(f"report settings: {origin}{'; --formats given' if args.formats is not None else ''}")
     write_report(dirs, out, formats=settings["formats"], plots=settings["plots"] and not args.no_plots,
                  stats=settings["stats"])
