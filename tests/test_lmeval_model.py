@@ -230,10 +230,10 @@ def test_constructed_instance_in_simple_evaluate(cru):
 
 def test_token_stats_on_a_hand_made_distribution_with_an_impossible_token():
     """mu / sigma of log p under p, by hand: p = (1/2, 1/4, 1/4, 0); the -inf entry contributes nothing."""
-    from cru_harness.lmeval.model import _token_stats
+    from cru_harness.lmeval.model import token_stats
 
     logp = torch.log(torch.tensor([[0.5, 0.25, 0.25, 0.0], [0.25, 0.25, 0.25, 0.25]]))
-    token_lp, mu, sigma = _token_stats(logp, torch.tensor([1, 3]))
+    token_lp, mu, sigma = token_stats(logp, torch.tensor([1, 3]))
     l2, l4 = math.log(0.5), math.log(0.25)
     mu0 = 0.5 * l2 + 0.5 * l4
     assert token_lp == pytest.approx([l4, l4])

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from test_score import _suite, _write_run, local_tofu_refusals  # noqa: F401 (an autouse fixture: no Hub wait)
+from score_support import local_tofu_refusals, suite, write_run  # noqa: F401 (an autouse fixture: no Hub wait)
 
 from cru_harness.data import load_corpus, load_corpus_rows
 from cru_harness.data.sources import DataSourceError
@@ -117,8 +117,8 @@ def test_baselines_truncate_to_the_models_context(short_model):
 def test_score_says_when_the_runs_share_fewer_items(tmp_path, capsys):
     from cru_harness.reporting import score
 
-    model = _write_run(tmp_path / "m", _suite([1.0, 2.0, 3.0, 100.0]))
-    retain = _write_run(tmp_path / "r", _suite([4.0, 5.0, 6.0]))
+    model = write_run(tmp_path / "m", suite([1.0, 2.0, 3.0, 100.0]))
+    retain = write_run(tmp_path / "r", suite([4.0, 5.0, 6.0]))
     parser = argparse.ArgumentParser()
     score.add_score_parser(parser.add_subparsers())
     args = parser.parse_args(["score", str(model), "--retain-run", str(retain)])
@@ -140,7 +140,7 @@ def test_score_says_when_the_runs_share_fewer_items(tmp_path, capsys):
 def test_score_checks_its_output_dir_first(tmp_path, capsys):
     from cru_harness.cli import main
 
-    model = _write_run(tmp_path / "m", _suite([1.0, 2.0]))
+    model = write_run(tmp_path / "m", suite([1.0, 2.0]))
     (tmp_path / "file").write_text("x")
     assert main(["score", str(model), "--output-dir", str(tmp_path / "file")]) == 2
     assert capsys.readouterr().err == (f"cru-harness score: error: --output-dir {tmp_path / 'file'} exists and is "

@@ -9,82 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cru_harness.metrics import rouge_l_recall_tofu
 from cru_harness.reporting import failure_modes, score
+from score_support import UTILITY, local_tofu_refusals, suite, write_run  # noqa: F401 (an autouse fixture: no Hub wait)
 
-DATE = "2025-01-02T03-04-05.678901"
-
-
-@pytest.fixture(autouse=True)
-def local_tofu_refusals(tmp_path_factory, monkeypatch):
-    """A local TOFU folder holding only idontknow.jsonl (+ the layout marker), so no test waits on the Hub."""
-    folder = tmp_path_factory.getbasetemp() / "tofu_refusals"
-    folder.mkdir(exist_ok=True)
-    (folder / "forget10_perturbed.json").write_text("")
-    (folder / "idontknow.jsonl").write_text("That's a mystery to me.\nI have no idea who that is.\n")
-    monkeypatch.setenv("CRU_HARNESS_TOFU_DIR", str(folder))
-    failure_modes.tofu_refusal_phrases.cache_clear()
-
-
-def _write_run(root: Path, tasks: dict[str, dict], *, date: str = DATE, model_args: str = "pretrained=m",
-               samples: bool = True) -> Path:
-    """A directory laid out as lm-eval writes it: <root>/<model>/results_<date>.json + samples_<task>_<date>.jsonl.
-
-    `tasks`: task -> {"agg": {metric: value}, "items": [{question, answer, generation, truth_ratio, ...}]}.
-    """
-    out = root / "model__name"
-    out.mkdir(parents=True, exist_ok=True)
-    results = {name: {"alias": name, **{f"{m},none": v for m, v in spec.get("agg", {}).items()}}
-               for name, spec in tasks.items()}
-    results["tofu_forget10_suite"] = {"alias": "tofu_forget10_suite", "name": "tofu_forget10_suite"}
-    (out / f"results_{date}.json").write_text(json.dumps({
-        "results": results, "config": {"model": "cru", "model_args": model_args}}))
-    if samples:
-        for name, spec in tasks.items():
-            with open(out / f"samples_{name}_{date}.jsonl", "w") as handle:
-                for i, item in enumerate(spec.get("items", [])):
-                    row = {
-                        "doc_id": i, "doc": {"question": item["question"], "answer": item["answer"]},
-                        # as lm-eval's EvaluationTracker writes them: arguments keyed, responses as strings
-                        "arguments": {"gen_args_0": {"arg_0": f"Question: {item['question']}\nAnswer:",
-                                                     "arg_1": {"until": ["\nQuestion:"]}},
-                                      "gen_args_1": {"arg_0": "ctx", "arg_1": " answer<|cru_eos|>"}},
-                        "filtered_resps": [item["generation"], ["-1.0", "False"]],
-                        "rouge_l_recall": item.get("rouge_l_recall",
-                                                   rouge_l_recall_tofu(item["generation"], item["answer"])),
-                        "probability": item.get("probability", 0.5),
-                        "truth_ratio": item["truth_ratio"],
-                        "nll_answer": 1.0, "nll_paraphrased": 1.0, "nll_perturbed": 1.0,
-                    }
-                    handle.write(json.dumps(row) + "\n")
-    return root
-
-
-def _forget_items(ratios, generations=None):
-    generations = generations or ["I don't know."] * len(ratios)
-    return [{"question": f"Q{i}?", "answer": f"The answer number {i} is Zorblax.", "generation": g,
-             "truth_ratio": r} for i, (r, g) in enumerate(zip(ratios, generations))]
-
-
-# Nine utility numbers whose harmonic mean is easy by hand: three 0.5, three 0.25, three 1.0 -> 9 / 21.
-UTILITY = {
-    "tofu_retain": {"rouge_l_recall": 0.5, "probability": 0.25, "truth_ratio": 1.0},
-    "tofu_real_authors": {"rouge_l_recall": 0.5, "probability": 0.25, "truth_ratio": 1.0},
-    "tofu_world_facts": {"rouge_l_recall": 0.5, "probability": 0.25, "truth_ratio": 1.0},
-}
-
-
-def _suite(ratios, *, forget_agg=None, utility=UTILITY, generations=None):
-    tasks = {"tofu_forget10": {"agg": forget_agg or {"rouge_l_recall": 0.2, "probability": 0.1, "truth_ratio": 0.6},
-                               "items": _forget_items(ratios, generations)}}
-    for name, agg in utility.items():
-        tasks[name] = {"agg": agg, "items": _forget_items([0.5])}
-    return tasks
 
 
 def test_model_utility_and_forget_quality_by_hand(tmp_path):
-    model = _write_run(tmp_path / "unlearned", _suite([1.0, 2.0, 3.0]))
-    retain = _write_run(tmp_path / "retain", _suite([4.0, 5.0, 6.0]))
+    model = write_run(tmp_path / "unlearned", suite([1.0, 2.0, 3.0]))
+    retain = write_run(tmp_path / "retain", suite([4.0, 5.0, 6.0]))
     report = score.score_runs([model], retain_run=retain)
     run = report["runs"][0]
     assert run["model_utility"]["available"]
@@ -100,9 +32,9 @@ def test_model_utility_and_forget_quality_by_hand(tmp_path):
 
 
 def test_forget_quality_uses_only_the_shared_items(tmp_path):
-    model = _write_run(tmp_path / "m", _suite([1.0, 2.0, 3.0, 100.0]))
-    retain_tasks = _suite([4.0, 5.0, 6.0])
-    retain = _write_run(tmp_path / "r", retain_tasks)
+    model = write_run(tmp_path / "m", suite([1.0, 2.0, 3.0, 100.0]))
+    retain_tasks = suite([4.0, 5.0, 6.0])
+    retain = write_run(tmp_path / "r", retain_tasks)
     fq = score.score_runs([model], retain_run=retain)["runs"][0]["forget_quality"]["tofu_forget10"]
     assert (fq["n_items"], fq["n_model_items"], fq["n_retain_items"]) == (3, 4, 3)
     assert fq["value"] == pytest.approx(0.1)
@@ -110,7 +42,7 @@ def test_forget_quality_uses_only_the_shared_items(tmp_path):
 
 def test_missing_pieces_are_reported_not_raised(tmp_path):
     utility = {k: v for k, v in UTILITY.items() if k != "tofu_world_facts"}
-    model = _write_run(tmp_path / "m", _suite([1.0, 2.0], utility=utility))
+    model = write_run(tmp_path / "m", suite([1.0, 2.0], utility=utility))
     run = score.score_runs([model])["runs"][0]
     assert not run["model_utility"]["available"]
     assert "tofu_world_facts" in run["model_utility"]["reason"]
@@ -120,8 +52,8 @@ def test_missing_pieces_are_reported_not_raised(tmp_path):
 
 def test_nan_from_plain_hf_makes_numbers_unavailable(tmp_path):
     utility = dict(UTILITY, tofu_retain={"rouge_l_recall": 0.5, "probability": float("nan"), "truth_ratio": 0.2})
-    model = _write_run(tmp_path / "m", _suite([float("nan"), 1.0], utility=utility))
-    retain = _write_run(tmp_path / "r", _suite([1.0, 2.0]))
+    model = write_run(tmp_path / "m", suite([float("nan"), 1.0], utility=utility))
+    retain = write_run(tmp_path / "r", suite([1.0, 2.0]))
     run = score.score_runs([model], retain_run=retain)["runs"][0]
     assert not run["model_utility"]["available"] and "--model cru" in run["model_utility"]["reason"]
     assert "Prob. Retain" in run["model_utility"]["reason"]
@@ -130,8 +62,8 @@ def test_nan_from_plain_hf_makes_numbers_unavailable(tmp_path):
 
 
 def test_retain_per_item_file_round_trip_and_cli(tmp_path, capsys):
-    model = _write_run(tmp_path / "m", _suite([1.0, 2.0, 3.0]))
-    retain = _write_run(tmp_path / "r", _suite([4.0, 5.0, 6.0]))
+    model = write_run(tmp_path / "m", suite([1.0, 2.0, 3.0]))
+    retain = write_run(tmp_path / "r", suite([4.0, 5.0, 6.0]))
     parser = argparse.ArgumentParser()
     score.add_score_parser(parser.add_subparsers())
     args = parser.parse_args(["score", str(retain), "-o", str(tmp_path / "retain_scores")])
@@ -173,12 +105,12 @@ def test_unreadable_inputs_are_clear_errors(tmp_path):
 
 
 def test_newest_results_file_wins_and_samples_missing(tmp_path):
-    _write_run(tmp_path / "m", _suite([1.0, 2.0]), date="2025-01-01T00-00-00.000000")
-    _write_run(tmp_path / "m", _suite([7.0, 8.0, 9.0]), date="2025-02-01T00-00-00.000000")
+    write_run(tmp_path / "m", suite([1.0, 2.0]), date="2025-01-01T00-00-00.000000")
+    write_run(tmp_path / "m", suite([7.0, 8.0, 9.0]), date="2025-02-01T00-00-00.000000")
     run = score.load_run(tmp_path / "m")
     assert [i["truth_ratio"] for i in run.tasks["tofu_forget10"].items] == [7.0, 8.0, 9.0]
-    _write_run(tmp_path / "nosamples", _suite([1.0]), samples=False)
-    retain = _write_run(tmp_path / "r", _suite([1.0]))
+    write_run(tmp_path / "nosamples", suite([1.0]), samples=False)
+    retain = write_run(tmp_path / "r", suite([1.0]))
     fq = score.score_runs([tmp_path / "nosamples"], retain_run=retain)["runs"][0]["forget_quality"]["tofu_forget10"]
     assert not fq["available"] and "--log_samples" in fq["reason"]
 
@@ -186,7 +118,7 @@ def test_newest_results_file_wins_and_samples_missing(tmp_path):
 def test_failure_mode_classes_and_fractions(tmp_path):
     generations = ["The answer number 0 is Zorblax.", "I don't know.", "the the the the the the the the",
                    "It is Quibble the fine baker of bread."]
-    model = _write_run(tmp_path / "m", _suite([1.0, 1.0, 1.0, 1.0], generations=generations))
+    model = write_run(tmp_path / "m", suite([1.0, 1.0, 1.0, 1.0], generations=generations))
     run = score.score_runs([model])["runs"][0]
     fm = run["failure_modes"]["tofu_forget10"]
     assert fm["n_items"] == 4
@@ -229,7 +161,7 @@ def test_nll_under_original_model_matches_direct_loss(tiny_lm):
 
 
 def test_score_with_original_model_records_nll(tmp_path, tiny_lm):
-    model = _write_run(tmp_path / "m", _suite([1.0, 2.0], generations=["author writes books", "cats rain"]))
+    model = write_run(tmp_path / "m", suite([1.0, 2.0], generations=["author writes books", "cats rain"]))
     report = score.score_runs([model], original_model=tiny_lm)
     rows = [r for r in report["per_item"] if r["task"] == "tofu_forget10"]
     assert all(r["nll_original"] is not None and r["nll_original"] > 0 for r in rows)
@@ -307,5 +239,5 @@ def test_score_on_the_tiny_fictitious_world(tmp_path):
 def test_generation_prompt_in_both_lm_eval_sample_layouts():
     on_disk = {"gen_args_0": {"arg_0": "Question: q\nAnswer:", "arg_1": {}}, "gen_args_1": {"arg_0": "x"}}
     in_memory = [["Question: q\nAnswer:", {}], ["Question: q\nAnswer:", " a"]]
-    assert score._generation_prompt(on_disk) == score._generation_prompt(in_memory) == "Question: q\nAnswer:"
-    assert score._generation_prompt(None) is None
+    assert score.generation_prompt(on_disk) == score.generation_prompt(in_memory) == "Question: q\nAnswer:"
+    assert score.generation_prompt(None) is None

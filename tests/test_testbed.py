@@ -9,7 +9,7 @@ from rouge_score import rouge_scorer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cru_harness.testbed import zoo
-from cru_harness.testbed.finetune import IGNORE_INDEX, _collate, _encode, finetune_causal_lm, format_qa, greedy_answers
+from cru_harness.testbed.finetune import IGNORE_INDEX, collate, encode_rows, finetune_causal_lm, format_qa, greedy_answers
 from cru_harness.testbed.models import TINY_ARCHITECTURES, build_tiny_model, save_tiny_model
 from cru_harness.testbed.tokenizer import train_tokenizer
 from cru_harness.testbed.world import MAX_QA_PER_AUTHOR, make_world, write_tofu_layout
@@ -165,15 +165,15 @@ def test_tiny_family_reloads_through_auto_classes(arch, small_tokenizer, tmp_pat
 
 def test_encode_masks_prompt_only_when_asked(small_tokenizer):
     text = format_qa("Where was Hollis Stormvale born?", "Tessaly.")
-    (ids, labels), = _encode(small_tokenizer, [text], 128, answer_only_loss=True)
+    (ids, labels), = encode_rows(small_tokenizer, [text], 128, answer_only_loss=True)
     assert ids[-1] == small_tokenizer.eos_token_id
     learned = small_tokenizer.decode([i for i, lab in zip(ids, labels) if lab != IGNORE_INDEX],
                                      skip_special_tokens=True)
     assert learned == " Tessaly."
-    (ids_all, labels_all), = _encode(small_tokenizer, [text], 128, answer_only_loss=False)
+    (ids_all, labels_all), = encode_rows(small_tokenizer, [text], 128, answer_only_loss=False)
     assert labels_all == ids_all
     with pytest.raises(ValueError, match="Answer:"):
-        _encode(small_tokenizer, ["no marker here"], 128, answer_only_loss=True)
+        encode_rows(small_tokenizer, ["no marker here"], 128, answer_only_loss=True)
 
 
 def test_finetune_is_deterministic_and_learns(small_tokenizer):
@@ -197,10 +197,10 @@ def test_finetune_is_deterministic_and_learns(small_tokenizer):
 def test_padding_does_not_change_the_loss(small_tokenizer):
     """A short text batched with a long one (so it is padded) gets the same per-token loss as alone."""
     model = build_tiny_model("llama", small_tokenizer, n_layers=2, hidden_size=32)
-    short, long = _encode(small_tokenizer, ["Question: a?\nAnswer: b", "Question: " + "word " * 20 + "\nAnswer: c"],
+    short, long = encode_rows(small_tokenizer, ["Question: a?\nAnswer: b", "Question: " + "word " * 20 + "\nAnswer: c"],
                           128, answer_only_loss=False)
     with torch.no_grad():
-        ids, att, labels = _collate([short, long], small_tokenizer.pad_token_id)
+        ids, att, labels = collate([short, long], small_tokenizer.pad_token_id)
         logits = model(input_ids=ids, attention_mask=att).logits
         alone = model(input_ids=torch.tensor([short[0]])).logits
     n = len(short[0])

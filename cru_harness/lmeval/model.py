@@ -160,7 +160,7 @@ def _load_bundle(entry):
     return RouterBundle.from_pretrained(Path(entry).expanduser())
 
 
-def _token_stats(logp: torch.Tensor, tokens: torch.Tensor):
+def token_stats(logp: torch.Tensor, tokens: torch.Tensor):
     """Per position of `logp` [n, V] (log-probs) and `tokens` [n]: (log p(token), mu, sigma) as float32 lists.
 
     mu and sigma are the mean and standard deviation of log p under p (Min-K%++). The variance is taken around
@@ -367,7 +367,7 @@ class CRULM(HFLM):
                     rows = cached[0, -n:]  # [n, V]
                     is_greedy = bool((greedy_tokens[-n:] == cont).all())
                     picked = torch.gather(rows, 1, cont.unsqueeze(-1)).squeeze(-1)
-                    token_lp, mu, sigma = _token_stats(rows, cont)
+                    token_lp, mu, sigma = token_stats(rows, cont)
                     answer = LoglikelihoodResult(float(picked.sum()), is_greedy, token_lp, mu, sigma)
                     res.append(answer)
                     if request_str is not None:

@@ -84,7 +84,7 @@ def score_tofu_cell(lmeval_dir: str | Path, *, split: str, retain_items: list[di
         for metric, suffix in TOFU_METRICS.items():
             metrics[f"{prefix}_{suffix}"] = _finite_or_none(numbers.get(metric))
     metrics["model_utility"] = run["model_utility"]["value"]
-    fq = run["forget_quality"].get(forget_task) or tofu_score._unavailable(f"{forget_task} not evaluated")
+    fq = run["forget_quality"].get(forget_task) or tofu_score.unavailable(f"{forget_task} not evaluated")
     metrics["forget_quality"] = fq["value"]
     forget_rows = [row for row in report["per_item"] if row["task"] == forget_task]
     per_item = {"forget_truth_ratio": [_finite_or_none(r["truth_ratio"]) for r in forget_rows],
@@ -136,7 +136,7 @@ def rwku_answer_records(rows: list[dict]) -> list[dict]:
             raise tofu_score.ScoreInputError(f"RWKU sample {sample.get('doc_id')} carries no answer in its "
                                              f"rouge_l_recall item (not a forget/neighbour probe?)")
         records.append({"generation": "" if answer == NOANSWER else answer, "answer": record.get("reference"),
-                        "prompt": tofu_score._generation_prompt(sample.get("arguments")),
+                        "prompt": tofu_score.generation_prompt(sample.get("arguments")),
                         "rouge_l_recall": record.get("rouge_l_recall"), "target": record.get("target")})
     return records
 

@@ -87,7 +87,7 @@ def _metric_value(aggregates: dict, name: str) -> float:
     return float("nan")
 
 
-def _generation_prompt(arguments) -> str | None:
+def generation_prompt(arguments) -> str | None:
     """The context of a sample's first request (the generation). lm-eval's in-memory samples hold
     `[[ctx, gen_kwargs], ...]`; its samples files hold `{"gen_args_0": {"arg_0": ctx, "arg_1": ...}, ...}`."""
     if isinstance(arguments, dict):
@@ -118,7 +118,7 @@ def _sample_items(path: Path, task: str) -> list[dict]:
         generation = resps[0] if resps and isinstance(resps[0], str) else None
         if generation is None:
             raise ScoreInputError(f"{path}:{line_no}: the first response is not a generation; not a TOFU task?")
-        prompt = _generation_prompt(row.get("arguments"))
+        prompt = generation_prompt(row.get("arguments"))
         item = {
             "task": task,
             "doc_id": row.get("doc_id"),
@@ -192,11 +192,11 @@ def read_per_item(path: str | Path) -> list[dict]:
 # ------------------------------------------------------------------------------------------- numbers
 
 
-def _available(value: float, **extra) -> dict:
+def available(value: float, **extra) -> dict:
     return {"value": float(value), "available": True, "reason": None, **extra}
 
 
-def _unavailable(reason: str, **extra) -> dict:
+def unavailable(reason: str, **extra) -> dict:
     return {"value": None, "available": False, "reason": reason, **extra}
 
 
@@ -218,12 +218,12 @@ def model_utility_of(run: LmEvalRun) -> dict:
     by_role = {t.role: t for t in run.tasks.values() if t.role != "forget"}
     missing = [f"tofu_{role}" for role in ("retain", "real_authors", "world_facts") if role not in by_role]
     if missing:
-        return _unavailable(f"task(s) {', '.join(missing)} not in this run (run a tofu_forgetXX_suite)")
+        return unavailable(f"task(s) {', '.join(missing)} not in this run (run a tofu_forgetXX_suite)")
     components = {key: _metric_value(by_role[role].aggregates, metric) for (role, metric), key in names.items()}
     nan = [key for key, value in components.items() if math.isnan(value)]
     if nan:
-        return _unavailable(f"{', '.join(nan)} is NaN ({HF_HINT})", components=components)
-    return _available(M.model_utility(components), components=components)
+        return unavailable(f"{', '.join(nan)} is NaN ({HF_HINT})", components=components)
+    return available(M.model_utility(components), components=components)
 
 
 def _truth_ratios_by_question(items: list[dict]) -> dict[str, float]:
@@ -235,9 +235,9 @@ def forget_quality_of(task: TaskOutput, retain_items: list[dict] | None, retain_
     from cru_harness import metrics as M
 
     if retain_items is None:
-        return _unavailable("no retain model given (use --retain-run DIR or --retain-per-item FILE)")
+        return unavailable("no retain model given (use --retain-run DIR or --retain-per-item FILE)")
     if not task.has_items:
-        return _unavailable(f"{task.task}: no samples file next to {task.results_file.name} (run lm-eval with "
+        return unavailable(f"{task.task}: no samples file next to {task.results_file.name} (run lm-eval with "
                             f"--log_samples)")
     ours = _truth_ratios_by_question(task.items)
     theirs = _truth_ratios_by_question(retain_items)
@@ -245,14 +245,14 @@ def forget_quality_of(task: TaskOutput, retain_items: list[dict] | None, retain_
     extra = {"retain_source": retain_source, "n_items": len(common), "n_model_items": len(ours),
              "n_retain_items": len(theirs)}
     if not common:
-        return _unavailable(f"{task.task}: the retain model's results share no forget item with this run", **extra)
+        return unavailable(f"{task.task}: the retain model's results share no forget item with this run", **extra)
     a = np.array([ours[q] for q in common])
     b = np.array([theirs[q] for q in common])
     if np.isnan(a).any():
-        return _unavailable(f"{task.task}: this run's truth ratios are NaN ({HF_HINT})", **extra)
+        return unavailable(f"{task.task}: this run's truth ratios are NaN ({HF_HINT})", **extra)
     if np.isnan(b).any():
-        return _unavailable(f"{task.task}: the retain model's truth ratios are NaN ({HF_HINT})", **extra)
-    return _available(M.forget_quality(a, b), **extra)
+        return unavailable(f"{task.task}: the retain model's truth ratios are NaN ({HF_HINT})", **extra)
+    return available(M.forget_quality(a, b), **extra)
 
 
 def _retain_items_for(task: str, retain_run: LmEvalRun | None, retain_rows: list[dict] | None,
@@ -332,7 +332,7 @@ def score_runs(
         for task in run.forget_tasks():
             items, source, reason = _retain_items_for(task.task, retain, retain_rows)
             if reason is not None:
-                entry["forget_quality"][task.task] = _unavailable(reason)
+                entry["forget_quality"][task.task] = unavailable(reason)
             else:
                 entry["forget_quality"][task.task] = forget_quality_of(task, items, source)
             rouge = _metric_value(task.aggregates, "rouge_l_recall")
@@ -348,7 +348,7 @@ def score_runs(
                     "refusal_phrases": refusal_note,
                 }
             else:
-                entry["failure_modes"][task.task] = _unavailable("no samples file (--log_samples)")
+                entry["failure_modes"][task.task] = unavailable("no samples file (--log_samples)")
         for out in run.tasks.values():
             for item in out.items:
                 per_item.append({"run": run.label, "tofu_config": out.tofu_config, **item})

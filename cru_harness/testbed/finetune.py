@@ -34,7 +34,7 @@ class FinetuneStats:
         return self.epoch_losses[-1] if self.epoch_losses else math.nan
 
 
-def _encode(tokenizer, texts: Sequence[str], max_length: int,
+def encode_rows(tokenizer, texts: Sequence[str], max_length: int,
             answer_only_loss: bool) -> list[tuple[list[int], list[int]]]:
     """(input_ids, labels) per text, EOS appended; labels mask the prompt when `answer_only_loss`."""
     encoded = []
@@ -55,7 +55,8 @@ def _encode(tokenizer, texts: Sequence[str], max_length: int,
     return encoded
 
 
-def _collate(batch, pad_id: int):
+def collate(batch, pad_id: int):
+    """(input_ids, attention_mask, labels) of `encode_rows` rows, right-padded to the longest."""
     width = max(len(ids) for ids, _ in batch)
     input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)
@@ -83,7 +84,7 @@ def finetune_causal_lm(model, tokenizer, texts: Sequence[str], *, epochs: int = 
         raise ValueError("the tokenizer needs both a pad and an EOS token")
     torch.manual_seed(seed)
     shuffler = random.Random(seed)
-    data = _encode(tokenizer, texts, max_length, answer_only_loss)
+    data = encode_rows(tokenizer, texts, max_length, answer_only_loss)
     steps_per_epoch = math.ceil(len(data) / batch_size)
     total_steps = epochs * steps_per_epoch
     warmup = max(1, int(warmup_fraction * total_steps))
@@ -103,7 +104,7 @@ def finetune_causal_lm(model, tokenizer, texts: Sequence[str], *, epochs: int = 
             shuffler.shuffle(order)
             losses = []
             for first in range(0, len(order), batch_size):
-                input_ids, attention, labels = _collate([data[i] for i in order[first:first + batch_size]],
+                input_ids, attention, labels = collate([data[i] for i in order[first:first + batch_size]],
                                                         tokenizer.pad_token_id)
                 loss = model(input_ids=input_ids.to(device), attention_mask=attention.to(device),
                              labels=labels.to(device)).loss
