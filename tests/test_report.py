@@ -200,9 +200,10 @@ def test_point_labels_do_not_overlap_even_where_points_coincide():
     plots.plt.close(fig)
 
 
-def test_colours_do_not_repeat_before_twenty_methods():
+def test_colours_do_not_repeat_for_any_number_of_methods():
     from cru_harness.reporting import plots
 
     assert len(set(plots.distinct_colors(10))) == 10
     assert len(set(plots.distinct_colors(20))) == 20
+    assert len(set(plots.distinct_colors(31))) == 31   # past tab20: no colour comes round again
     assert plots.distinct_colors(13)[:10] == plots.distinct_colors(20)[:10]   # strong shades first

@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from cru_harness.cli import main
+from cru_harness.reporting.plots import file_slug
 from cru_harness.runner.config import ConfigError
 from cru_harness.runner.plan import build_plan
 from cru_harness.studies.analyses import gate_auc, subsample
@@ -318,7 +319,9 @@ def _check_sweep(out: Path, labels: list[str], seeds=(0,)) -> list[dict]:
         assert (row["forget_1_rouge_l_sd"] != "") == (len(seeds) > 1)
         assert row["pareto_front"] in ("true", "false")
     assert rows[0]["pareto_front"] == ""  # the retain oracle is a reference, not a candidate
-    assert list((out / "study").glob("tradeoff_*.png"))
+    # one plot per block, named by the report's one file-name rule
+    assert {p.name for p in (out / "study").glob("tradeoff_*.png")} == \
+        {f"tradeoff_{file_slug(r['block'])}.png" for r in rows} == {"tradeoff_tiny-llama_tofu_forget10.png"}
     return rows
 
 

@@ -20,16 +20,20 @@ from . import stats  # noqa: E402
 from .tables import peak_memory_bytes  # noqa: E402
 
 
-def _slug(text: str) -> str:
+def file_slug(text: str) -> str:
+    """`text` as a file-name part: each run of characters other than letters, digits, `_`, `.` and `-` -> `_`."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text)).strip("_")
 
 
 def distinct_colors(count: int) -> list:
-    """`count` colours, none repeated up to 20 (matplotlib's default cycle repeats after 10)."""
+    """`count` colours, none repeated (matplotlib's default cycle repeats after 10)."""
     if count <= 10:
         return [plt.get_cmap("tab10")(i) for i in range(count)]
-    # tab20 holds each tab10 colour and a light shade of it: all the strong ones first, then the light ones
-    return [plt.get_cmap("tab20")((2 * i) % 20 + (i % 20) // 10) for i in range(count)]
+    if count <= 20:
+        # tab20 holds each tab10 colour and a light shade of it: all the strong ones first, then the light ones
+        return [plt.get_cmap("tab20")((2 * i) % 20 + (i % 20) // 10) for i in range(count)]
+    # more than the qualitative maps hold: evenly spaced hues, which stay apart but lose tab20's contrast
+    return [plt.get_cmap("hsv")(i / count) for i in range(count)]
 
 
 def label_points(ax, points: list[tuple[float, float, str]], *, fontsize: float = 7) -> list:
@@ -121,7 +125,7 @@ def tradeoff_plots(rows: list[dict], benchmark: str, out_dir: Path) -> list[Path
         pad_limits(ax)
         fig.tight_layout()
         label_points(ax, [(x, y, r["label"]) for r, x, y in points])
-        path = out_dir / f"tradeoff_{benchmark}_{_slug(model)}_{_slug(unit)}.png"
+        path = out_dir / f"tradeoff_{benchmark}_{file_slug(model)}_{file_slug(unit)}.png"
         fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(path)

@@ -162,10 +162,6 @@ def to_csv(rows: list[dict], x: str | None = None) -> str:
     return out.getvalue()
 
 
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text).strip("_")
-
-
 def _errorbar(ax, xs, stats_list, **kwargs):
     points = [(x, s[0], s[1] or 0.0) for x, s in zip(xs, stats_list) if s[0] is not None]
     if points:
@@ -214,12 +210,14 @@ def plot_study(rows: list[dict], out_dir: Path, *, title: str, x: str | None = N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from ..reporting.plots import file_slug
+
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for block in dict.fromkeys(r["block"] for r in rows):
         block_rows = [r for r in rows if r["block"] == block]
         fig = tradeoff_figure(block_rows, title=title, block=block)
-        path = out_dir / f"tradeoff_{_slug(block)}.png"
+        path = out_dir / f"tradeoff_{file_slug(block)}.png"
         fig.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(fig)
         paths.append(path)
@@ -249,7 +247,7 @@ def plot_study(rows: list[dict], out_dir: Path, *, title: str, x: str | None = N
                 right.set_xscale("log")
             fig.suptitle(f"{title} · {block}", fontsize=9)
             fig.tight_layout()
-            path = out_dir / f"sweep_{_slug(block)}.png"
+            path = out_dir / f"sweep_{file_slug(block)}.png"
             fig.savefig(path, dpi=120)
             plt.close(fig)
             paths.append(path)
