@@ -5,7 +5,6 @@ import argparse
 import importlib
 import sys
 
-from cru_harness.data.sources import DataSourceError  # stdlib-only module: cheap at start-up
 from cru_harness.errors import UserError, report_user_error
 
 # Modules exposing `register(subparsers)`; each subcommand sets `func` on its parser.
@@ -47,8 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (UserError, DataSourceError, FileNotFoundError, ValueError) as err:
-        # Bad input (bundle, config and data errors all land here) is reported plainly; bugs keep their traceback.
+    except UserError as err:
+        # Bad input (every error type the project raises for it derives from UserError) is reported plainly;
+        # anything else is a bug, or a library's own failure, and keeps its traceback.
         report_user_error(f"cru-harness {args.command}", err)
         return 2
 

@@ -2,9 +2,10 @@
 
 Every error a user can cause with bad input (a bundle, a config, data, a target list, a model argument, an
 output location) derives from `UserError`, whatever builtin type it also is (most are also `ValueError`, so
-code catching those keeps working). Both command lines report them through `report_user_error`:
-`cru-harness` (cli.py) and, under lm-eval, `lm_eval` / `cru-eval` (lmeval/errors.py). Anything else is a bug
-and keeps its traceback. Stdlib only: imported at start-up.
+code catching those keeps working; `InputError` and `MissingInputError` serve where no more specific type
+fits). Both command lines report them, and only them, through `report_user_error`: `cru-harness` (cli.py)
+and, under lm-eval, `lm_eval` / `cru-eval` (lmeval/errors.py). Anything else, a plain ValueError included, is
+a bug and keeps its traceback. Stdlib only: imported at start-up.
 """
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ import sys
 
 class UserError(Exception):
     """Bad input from the user (not a bug): reported as one line by the command lines."""
+
+
+class InputError(UserError, ValueError):
+    """A value the user gave that cannot be used: an argument, a config entry, a hyperparameter, a data spec."""
+
+
+class MissingInputError(UserError, FileNotFoundError):
+    """A file or directory the user named that is not there."""
 
 
 def one_line(err: BaseException) -> str:

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from cru_harness.lmeval.protocol import PINNED_DATE, pinned_clock, template_date
 
+from .errors import InputError, UserError
+
 __all__ = [
     "TOFU_PRESETS", "DEFAULT_TOFU_PRESET", "RWKU_PRESETS", "DEFAULT_RWKU_PRESET", "PresetError",
     "check_tofu_preset", "check_rwku_preset", "LegacyFormat", "LEGACY_FORMATS", "legacy_format",
@@ -52,7 +54,7 @@ LEGACY_MAX_LENGTH = 200  # TOFU config/eval_everything.yaml:24-26 `generation.ma
 LEGACY_DS_SIZE = 300     # TOFU config/eval_everything.yaml:30 `ds_size`
 
 
-class PresetError(ValueError):
+class PresetError(UserError, ValueError):
     """An unknown preset name or a model family the legacy preset has no format for."""
 
 
@@ -148,7 +150,7 @@ def uses_chat(tokenizer, chat: bool | None = None) -> bool:
     if chat is None:
         return bool(getattr(tokenizer, "chat_template", None))
     if chat and not getattr(tokenizer, "chat_template", None):
-        raise ValueError("chat=True but the tokenizer has no chat template")
+        raise InputError("chat=True but the tokenizer has no chat template")
     return bool(chat)
 
 
@@ -192,7 +194,7 @@ def encode_qa_ids(tokenizer, texts: QATexts, max_length: int | None = None) -> t
     """
     eos = tokenizer.eos_token_id
     if eos is None:
-        raise ValueError("the tokenizer has no EOS token; TOFU scores and trains on the answer + EOS")
+        raise InputError("the tokenizer has no EOS token; TOFU scores and trains on the answer + EOS")
     special = {"add_special_tokens": texts.add_special_tokens}
     ids = list(tokenizer(texts.text, **special)["input_ids"])
     n_prompt = len(tokenizer(texts.prompt, **special)["input_ids"])

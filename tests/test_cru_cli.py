@@ -82,3 +82,27 @@ def test_unlearn_bad_inputs_are_plain_errors(setup, capsys):
         assert "error:" in err and message in err, err
         assert "Traceback" not in err
     assert not (root / "x").exists()
+
+
+def test_only_the_projects_error_types_become_one_line(monkeypatch, capsys):
+    """Bad input (an `InputError`, a `UserError`) is one line and exit 2; a plain ValueError, as a bug or a
+    library raises it, keeps its traceback."""
+    import cru_harness.cru.cli as cru_cli
+    from cru_harness.errors import InputError, MissingInputError
+
+    def raising(err):
+        def run(args):
+            raise err
+        return run
+
+    monkeypatch.setattr(cru_cli, "run_inspect", raising(ValueError("an internal invariant broke")))
+    with pytest.raises(ValueError, match="invariant"):
+        main(["inspect", "somewhere"])
+    monkeypatch.setattr(cru_cli, "run_inspect", raising(FileNotFoundError("a file the code itself expected")))
+    with pytest.raises(FileNotFoundError):
+        main(["inspect", "somewhere"])
+    capsys.readouterr()
+    for err in (InputError("bad value\nsecond line"), MissingInputError("no such file: x")):
+        monkeypatch.setattr(cru_cli, "run_inspect", raising(err))
+        assert main(["inspect", "somewhere"]) == 2
+        assert capsys.readouterr().err == f"cru-harness inspect: error: {' '.join(str(err).split(chr(10)))}\n"

@@ -160,7 +160,10 @@ def test_report_cli(tmp_path, capsys):
     write_cells(tmp_path / "run", synthetic_blocks())
     assert main(["report", str(tmp_path / "run"), "--no-plots", "--formats", "md"]) == 0
     assert (tmp_path / "run" / "report" / "leaderboard_tofu.md").is_file()
+    capsys.readouterr()
     assert main(["report", str(tmp_path / "nothing")]) == 2
+    assert "results directory not found" in capsys.readouterr().err
+    assert not (tmp_path / "nothing").exists()   # a mistyped directory is not created (with a report/ inside)
 
 
 def test_peak_memory_on_cpu_is_the_cells_own_not_the_process_peak_to_date():

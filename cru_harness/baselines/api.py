@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 
 from ..context import fit_to_context
 from ..devices import load_causal_lm, training_precision
+from ..errors import InputError
 from .base import BaselineConfig, UnlearningMethod
 from .data import ForgetRetainDataset, encode_qa, pick_refusals, row_to_qa
 from .registry import get_method
@@ -75,7 +76,7 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     """
     m = _resolve_method(method, config)
     if not m.trains:
-        raise ValueError(f"{m.name} trains no model: it is scored by its task variants "
+        raise InputError(f"{m.name} trains no model: it is scored by its task variants "
                          f"({getattr(m, 'task_variant', m.name)}) on the original model")
     weights_dtype, mixed = training_precision(dtype)
     if m.config.mixed_precision == "no" and mixed != "no":
@@ -102,7 +103,7 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
 
     retain_used = list(retain_rows or []) if m.uses_retain else []
     if m.uses_retain and not retain_used:
-        raise ValueError(f"{m.name} with alpha={m.config.alpha} needs retain rows (or set alpha=0)")
+        raise InputError(f"{m.name} with alpha={m.config.alpha} needs retain rows (or set alpha=0)")
     alternates = None
     if m.needs_alternate:
         if refusals is None:

@@ -20,6 +20,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..errors import InputError
+
 SCHEDULERS = ("linear", "cosine", "constant")
 MIXED_PRECISION = ("no", "fp16", "bf16")
 
@@ -49,18 +51,18 @@ class BaselineConfig:
 
     def __post_init__(self):
         if self.lr_scheduler not in SCHEDULERS:
-            raise ValueError(f"lr_scheduler {self.lr_scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
+            raise InputError(f"lr_scheduler {self.lr_scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
         if self.mixed_precision not in MIXED_PRECISION:
-            raise ValueError(f"mixed_precision {self.mixed_precision!r}: choose one of {', '.join(MIXED_PRECISION)}")
+            raise InputError(f"mixed_precision {self.mixed_precision!r}: choose one of {', '.join(MIXED_PRECISION)}")
         for name in ("learning_rate", "effective_batch_size", "micro_batch_size", "num_epochs", "max_length"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+                raise InputError(f"{name} must be positive, got {getattr(self, name)!r}")
         self.adam_betas = tuple(self.adam_betas)
 
     def gradient_accumulation_steps(self, num_processes: int = 1) -> int:
         per_step = self.micro_batch_size * num_processes
         if self.effective_batch_size % per_step:
-            raise ValueError(f"effective_batch_size {self.effective_batch_size} is not a multiple of "
+            raise InputError(f"effective_batch_size {self.effective_batch_size} is not a multiple of "
                              f"micro_batch_size {self.micro_batch_size} x {num_processes} process(es)")
         return self.effective_batch_size // per_step
 
@@ -68,7 +70,7 @@ class BaselineConfig:
     def preset(cls, benchmark: str = "tofu", split: str | None = None, **overrides) -> "BaselineConfig":
         """Defaults for a benchmark (and split, where the method's defaults depend on it), then overrides."""
         if benchmark not in ("tofu", "rwku"):
-            raise ValueError(f"unknown benchmark {benchmark!r}: choose tofu or rwku")
+            raise InputError(f"unknown benchmark {benchmark!r}: choose tofu or rwku")
         values: dict[str, Any] = {}
         for klass in reversed(cls.__mro__):  # base presets first, the method's own last
             presets = klass.__dict__.get("_PRESETS", {})
@@ -89,7 +91,7 @@ class BaselineConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
-            raise ValueError(f"{cls.__name__}: unknown option(s) {unknown}; valid: {sorted(names)}")
+            raise InputError(f"{cls.__name__}: unknown option(s) {unknown}; valid: {sorted(names)}")
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,7 +139,7 @@ class UnlearningMethod:
         if not self.uses_retain:
             return 0.0
         if "retain" not in batch:
-            raise ValueError(f"{self.name}: alpha={self.config.alpha} but the batch has no retain examples "
+            raise InputError(f"{self.name}: alpha={self.config.alpha} but the batch has no retain examples "
                              "(pass retain rows, or set alpha=0)")
         from .losses import nll_loss
 

@@ -22,6 +22,8 @@ from torch.utils.data import Dataset
 from cru_harness.data.corpora import row_qa
 from cru_harness.prompts import DEFAULT_TOFU_PRESET, encode_qa_ids, qa_texts
 
+from ..errors import InputError
+
 IGNORE_INDEX = -100
 
 
@@ -64,7 +66,7 @@ def encode_qa(tokenizer, question: str, answer: str, max_length: int = 512, *, p
     """
     eos = tokenizer.eos_token_id
     if eos is None:
-        raise ValueError("the tokenizer has no EOS token; the baselines train on answer + EOS")
+        raise InputError("the tokenizer has no EOS token; the baselines train on answer + EOS")
     if question == "":
         prefix = list(tokenizer("")["input_ids"])  # the tokenizer's own special prefix (e.g. BOS), not a label
         while prefix and prefix[-1] == eos:  # some tokenizers append EOS themselves
@@ -75,7 +77,7 @@ def encode_qa(tokenizer, question: str, answer: str, max_length: int = 512, *, p
         texts = qa_texts(tokenizer, question, answer, preset=preset, family=family, chat=chat)
         ids, n_prompt = encode_qa_ids(tokenizer, texts)
     if n_prompt >= max_length:
-        raise ValueError(f"prompt of {n_prompt} tokens leaves no room for the answer (max_length={max_length})")
+        raise InputError(f"prompt of {n_prompt} tokens leaves no room for the answer (max_length={max_length})")
     ids = ids[:max_length]
     # With no prompt at all the first token has no context and cannot be predicted; it is still a label
     # (shifted away by the loss), which is the usual language-modelling convention.
@@ -102,7 +104,7 @@ def collate(examples: Sequence[EncodedExample], pad_token_id: int | None) -> dic
 def pick_refusals(n: int, refusals: Sequence[str], seed: int) -> list[str]:
     """One refusal per forget item, chosen deterministically from `refusals` for a seed."""
     if not refusals:
-        raise ValueError("IdkDPO needs a non-empty list of refusals (TOFU's idontknow list)")
+        raise InputError("IdkDPO needs a non-empty list of refusals (TOFU's idontknow list)")
     rng = random.Random(f"idk-{seed}")
     return [refusals[rng.randrange(len(refusals))] for _ in range(n)]
 
@@ -118,7 +120,7 @@ class ForgetRetainDataset(Dataset):
                  alternates: Sequence[str] | None = None, max_length: int = 512, seed: int = 0,
                  preset: str = DEFAULT_TOFU_PRESET, family: str | None = None, chat: bool | None = None):
         if not forget_rows:
-            raise ValueError("forget_rows is empty: nothing to unlearn")
+            raise InputError("forget_rows is empty: nothing to unlearn")
         self.seed = seed
         forget_qa = [row_to_qa(r, i, "forget") for i, r in enumerate(forget_rows)]
         fmt = {"preset": preset, "family": family, "chat": chat}
@@ -129,7 +131,7 @@ class ForgetRetainDataset(Dataset):
         self.alternate = None
         if alternates is not None:
             if len(alternates) != len(forget_qa):
-                raise ValueError(f"{len(alternates)} alternates for {len(forget_qa)} forget rows")
+                raise InputError(f"{len(alternates)} alternates for {len(forget_qa)} forget rows")
             self.alternate = [encode_qa(tokenizer, q, alt, max_length, **fmt)
                               for (q, _), alt in zip(forget_qa, alternates)]
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import torch.nn.functional as F
 
+from ..errors import InputError
 from .base import RetainConfig, UnlearningMethod
 from .losses import reference_logprobs, sequence_logprobs, sequence_mean
 from .registry import register_method
@@ -45,7 +46,7 @@ class IdkDPO(UnlearningMethod):
 
     def compute_loss(self, model, batch, ref_model=None):
         if "alternate" not in batch:
-            raise ValueError("idkdpo: the batch has no 'alternate' (refusal) examples")
+            raise InputError("idkdpo: the batch has no 'alternate' (refusal) examples")
         logs: dict[str, float] = {}
         term, logs["dpo_forget"], logs["dpo_margin"] = dpo_forget_term(
             model, ref_model, batch["alternate"], batch["forget"], self.config.beta)

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import torch.nn.functional as F
 
+from ..errors import InputError
 from .base import RetainConfig, UnlearningMethod
 from .losses import sequence_logprobs, sequence_mean
 from .registry import register_method
@@ -43,7 +44,7 @@ class SimNPOConfig(RetainConfig):
     @classmethod
     def _check_split(cls, benchmark, split):
         if benchmark == "tofu" and split is not None and split not in ("forget05", "forget10"):
-            raise ValueError(f"SimNPO has protocol defaults for forget05 and forget10 only, not {split!r}; "
+            raise InputError(f"SimNPO has protocol defaults for forget05 and forget10 only, not {split!r}; "
                              "pass beta and forget_weight explicitly")
 
 

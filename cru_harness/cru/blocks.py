@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import InputError, UserError
+
 # Config attribute names different families use for the same quantity, most common first.
 _LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 _HIDDEN_SIZE_KEYS = ("hidden_size", "n_embd", "d_model", "dim")
@@ -18,7 +20,7 @@ _HIDDEN_SIZE_KEYS = ("hidden_size", "n_embd", "d_model", "dim")
 _NON_DECODER_HINTS = ("encoder", "vision", "visual", "audio", "image")
 
 
-class DecoderBlocksNotFoundError(ValueError):
+class DecoderBlocksNotFoundError(UserError, ValueError):
     """The model has no `nn.ModuleList` that looks like its stack of decoder blocks."""
 
 
@@ -92,17 +94,17 @@ def resolve_block_indices(n_layers: int, blocks: list[int] | None = None, last_k
     if blocks is not None:
         blocks = list(blocks)
         if not blocks:
-            raise ValueError("blocks= is an empty list; name at least one decoder block")
+            raise InputError("blocks= is an empty list; name at least one decoder block")
         resolved = []
         for index in blocks:
             if not isinstance(index, int) or isinstance(index, bool):
-                raise ValueError(f"block index {index!r} is not an integer")
+                raise InputError(f"block index {index!r} is not an integer")
             if not -n_layers <= index < n_layers:
-                raise ValueError(f"block index {index} is out of range for a model with {n_layers} blocks")
+                raise InputError(f"block index {index} is out of range for a model with {n_layers} blocks")
             resolved.append(index % n_layers)
         return sorted(set(resolved))
     if last_k is None or not isinstance(last_k, int) or not 1 <= last_k <= n_layers:
-        raise ValueError(f"last_k must be an integer in [1, {n_layers}] for a model with {n_layers} blocks, "
+        raise InputError(f"last_k must be an integer in [1, {n_layers}] for a model with {n_layers} blocks, "
                          f"got {last_k!r}")
     return list(range(n_layers - last_k, n_layers))
 

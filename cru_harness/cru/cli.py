@@ -8,6 +8,8 @@ from pathlib import Path
 from cru_harness.devices import add_device_arguments
 from cru_harness.prompts import PROMPT_FORMATS, add_prompt_format_argument
 
+from ..errors import InputError
+
 
 def register(subparsers) -> None:
     unlearn = subparsers.add_parser(
@@ -80,7 +82,7 @@ def _parse_blocks(spec: str | None) -> list[int] | None:
     try:
         return [int(part) for part in spec.split(",") if part.strip()]
     except ValueError:
-        raise ValueError(f"--blocks must be comma-separated integers, got {spec!r}") from None
+        raise InputError(f"--blocks must be comma-separated integers, got {spec!r}") from None
 
 
 def _corpus_rows(source: str, data_dir, what: str) -> tuple[list[dict], str]:

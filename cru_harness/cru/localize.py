@@ -11,6 +11,7 @@ import torch
 from scipy import stats
 from torch import nn
 
+from ..errors import InputError
 from ..devices import input_device  # noqa: F401  (the one place; re-exported for cru.train / cru.prefix)
 from .blocks import block_output_tensor, find_decoder_blocks, num_layers, resolve_block_indices, run_until
 from .sites import mlp_down_projection, validate_gate_site
@@ -31,11 +32,11 @@ class Batch:
 def tokenize_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[list[int]]:
     """Token ids of each text, truncated to `max_length`; an error if a text yields no tokens."""
     if max_length < 1:
-        raise ValueError(f"max_length must be positive, got {max_length}")
+        raise InputError(f"max_length must be positive, got {max_length}")
     ids = tokenizer(list(texts), truncation=True, max_length=max_length, add_special_tokens=True)["input_ids"]
     for row, tokens in enumerate(ids):
         if not tokens:
-            raise ValueError(f"text #{row} tokenizes to nothing: {texts[row][:60]!r}")
+            raise InputError(f"text #{row} tokenizes to nothing: {texts[row][:60]!r}")
     return ids
 
 
@@ -66,7 +67,7 @@ def pad_token_id(tokenizer) -> int:
 def iter_batches(tokenizer, texts: Sequence[str], batch_size: int, max_length: int) -> Iterator[Batch]:
     """Batches of `texts` in their order, right-padded to each batch's longest sequence."""
     if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+        raise InputError(f"batch_size must be positive, got {batch_size}")
     ids = tokenize_texts(tokenizer, texts, max_length)
     pad = pad_token_id(tokenizer)
     for start in range(0, len(ids), batch_size):
@@ -103,9 +104,9 @@ def validate_percentile(percentile: float) -> float:
     try:
         value = float(percentile)
     except (TypeError, ValueError):
-        raise ValueError(f"percentile must be a number in (0, 100), got {percentile!r}") from None
+        raise InputError(f"percentile must be a number in (0, 100), got {percentile!r}") from None
     if not 0.0 < value < 100.0:
-        raise ValueError(f"percentile must be strictly between 0 and 100, got {percentile!r}")
+        raise InputError(f"percentile must be strictly between 0 and 100, got {percentile!r}")
     return value
 
 
@@ -113,10 +114,10 @@ def validate_exclusion(exclude_top_magnitude: float) -> float:
     try:
         value = float(exclude_top_magnitude)
     except (TypeError, ValueError):
-        raise ValueError(f"exclude_top_magnitude must be a percentage in [0, 100), "
+        raise InputError(f"exclude_top_magnitude must be a percentage in [0, 100), "
                          f"got {exclude_top_magnitude!r}") from None
     if isinstance(exclude_top_magnitude, bool) or not 0.0 <= value < 100.0:
-        raise ValueError(f"exclude_top_magnitude must be a percentage in [0, 100), got {exclude_top_magnitude!r}")
+        raise InputError(f"exclude_top_magnitude must be a percentage in [0, 100), got {exclude_top_magnitude!r}")
     return value
 
 
@@ -190,7 +191,7 @@ def top_magnitude(mean_abs: dict[int, torch.Tensor], exclude_top_magnitude: floa
     for block, values in sorted(mean_abs.items()):
         k = math.ceil(q / 100.0 * values.numel()) if q > 0 else 0
         if values.numel() - k < 2:
-            raise ValueError(f"block {block}: exclude_top_magnitude={q} leaves {values.numel() - k} of "
+            raise InputError(f"block {block}: exclude_top_magnitude={q} leaves {values.numel() - k} of "
                              f"{values.numel()} coordinates; selection needs at least 2")
         order = torch.argsort(values.double(), descending=True, stable=True)
         excluded[block] = torch.sort(order[:k]).values.long()
@@ -204,7 +205,7 @@ def select_neurons(variances: dict[int, torch.Tensor], percentile: float, select
     the quantile, the selection and the random draw all run on the remaining ones."""
     percentile = validate_percentile(percentile)
     if selection not in SELECTIONS:
-        raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
+        raise InputError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
     generator = torch.Generator().manual_seed(int(seed))
     neurons = {}
     for block in sorted(variances):
@@ -220,7 +221,7 @@ def select_neurons(variances: dict[int, torch.Tensor], percentile: float, select
         threshold = torch.quantile(pool, percentile / 100.0)
         chosen = torch.nonzero(pool > threshold).flatten()
         if chosen.numel() == 0:
-            raise ValueError(f"block {block}: no coordinate has variance above the {percentile}th percentile "
+            raise InputError(f"block {block}: no coordinate has variance above the {percentile}th percentile "
                              "(all variances equal?); use more or more varied forget examples or a lower "
                              "percentile")
         if selection == "random":
@@ -241,7 +242,7 @@ def localize_batches(model: nn.Module, batches: Iterable[Batch], *, block_indice
                                           magnitude=exclude_top_magnitude > 0)
     n_examples = int(next(iter(pooled.values())).shape[0]) if pooled else 0
     if n_examples < 2:
-        raise ValueError(f"localization needs at least 2 examples to compute a variance, got {n_examples}")
+        raise InputError(f"localization needs at least 2 examples to compute a variance, got {n_examples}")
     variances = {l: pooled[l].var(dim=0, unbiased=True) for l in block_indices}
     excluded = top_magnitude(mean_abs, exclude_top_magnitude) if mean_abs is not None else {}
     neurons = select_neurons(variances, percentile, selection, seed, excluded)
@@ -263,12 +264,12 @@ def localize(model: nn.Module, tokenizer, texts: Sequence[str], *, blocks: Seque
     """
     texts = list(texts)
     if not texts:
-        raise ValueError("localization got an empty text set (the forget set must not be empty)")
+        raise InputError("localization got an empty text set (the forget set must not be empty)")
     percentile = validate_percentile(percentile)
     validate_exclusion(exclude_top_magnitude)
     validate_gate_site(site)
     if selection not in SELECTIONS:
-        raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
+        raise InputError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
     block_indices = resolve_block_indices(num_layers(model), blocks, last_k)
     if site == "mlp":  # a model without a findable MLP fails here, before any forward pass
         _, decoder = find_decoder_blocks(model)
@@ -293,7 +294,7 @@ def compare_localizations(forget: Localization, retain: Localization) -> dict[in
     """Per shared block: overlap coefficient |C^f ∩ C^r| / |C^f| and Spearman rho of the variance vectors."""
     shared = [b for b in forget.block_indices if b in retain.block_indices]
     if not shared:
-        raise ValueError(f"the localizations share no block (forget {forget.block_indices}, "
+        raise InputError(f"the localizations share no block (forget {forget.block_indices}, "
                          f"retain {retain.block_indices})")
     result = {}
     for block in shared:

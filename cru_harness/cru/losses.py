@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import InputError
+
 LOSS_SHAPES = ("linear", "quadratic")
 
 
 def validate_loss_shape(name: str, shape: str) -> str:
     if shape not in LOSS_SHAPES:
-        raise ValueError(f"{name} must be one of {', '.join(LOSS_SHAPES)}, got {shape!r}")
+        raise InputError(f"{name} must be one of {', '.join(LOSS_SHAPES)}, got {shape!r}")
     return shape
 
 
@@ -45,7 +47,7 @@ def collapsed_gate(lam: float, *, suppress_loss: str = "linear", pass_loss: str 
     validate_loss_shape("suppress_loss", suppress_loss)
     validate_loss_shape("pass_loss", pass_loss)
     if not lam >= 0:
-        raise ValueError(f"lam must be non-negative, got {lam!r}")
+        raise InputError(f"lam must be non-negative, got {lam!r}")
     if (suppress_loss, pass_loss) == ("linear", "linear"):  # (1 - lam) w + lam: affine, an end of the box
         return float("nan") if lam == 1 else (0.0 if lam < 1 else 1.0)
     if (suppress_loss, pass_loss) == ("linear", "quadratic"):

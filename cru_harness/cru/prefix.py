@@ -21,6 +21,7 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
+from ..errors import InputError, UserError
 from .blocks import StopForward, block_device, find_decoder_blocks, hidden_size, run_until
 from .localize import Batch, input_device
 
@@ -33,7 +34,7 @@ AUTO_DEVICE_MIN_BYTES = 256 * 1024 ** 2
 GIB = 1024 ** 3
 
 
-class PrefixCacheError(ValueError):
+class PrefixCacheError(UserError, ValueError):
     """The prefix cache does not fit where it may be kept."""
 
 
@@ -153,7 +154,7 @@ def plan_placement(nbytes: int, device: torch.device, placement: str, base_bytes
     """Where a prefix cache of `nbytes` is kept: the gated block's `device` or the CPU (see `CACHE_PLACEMENTS`).
     `max_gib` bounds host memory (default: what the OS reports as available, less 1 GiB)."""
     if placement not in CACHE_PLACEMENTS:
-        raise ValueError(f"prefix_cache_placement must be one of {', '.join(CACHE_PLACEMENTS)}, got {placement!r}")
+        raise InputError(f"prefix_cache_placement must be one of {', '.join(CACHE_PLACEMENTS)}, got {placement!r}")
     cpu = torch.device("cpu")
     host_bound = max_gib * GIB if max_gib is not None else max(host_available_bytes() - GIB, 0)
     if device.type != "cpu" and placement in ("auto", "device"):

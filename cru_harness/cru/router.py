@@ -5,6 +5,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..errors import InputError
 from ..reductions import thread_invariant_outer_sum
 
 INPUT_NORMS = ("none", "rms", "rms_learned")
@@ -23,10 +24,10 @@ class Router(nn.Module):
     def __init__(self, hidden_size: int, n_selected: int, d_r: int, *, input_norm: str = "none"):
         super().__init__()
         if hidden_size < 1 or n_selected < 1 or d_r < 1:
-            raise ValueError(f"Router needs positive sizes, got hidden_size={hidden_size}, "
+            raise InputError(f"Router needs positive sizes, got hidden_size={hidden_size}, "
                              f"n_selected={n_selected}, d_r={d_r}")
         if input_norm not in INPUT_NORMS:
-            raise ValueError(f"input_norm must be one of {', '.join(INPUT_NORMS)}, got {input_norm!r}")
+            raise InputError(f"input_norm must be one of {', '.join(INPUT_NORMS)}, got {input_norm!r}")
         self.hidden_size, self.n_selected, self.d_r, self.input_norm = hidden_size, n_selected, d_r, input_norm
         self.w1 = nn.Linear(hidden_size, d_r, dtype=torch.float32)   # W1: d_r x d, b1
         self.w2 = nn.Linear(d_r, n_selected, dtype=torch.float32)    # W2: |C_l| x d_r, b2

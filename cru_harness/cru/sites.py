@@ -27,7 +27,7 @@ class GateSiteError(UserError, ValueError):
 
 def validate_gate_site(site: str) -> str:
     if site not in GATE_SITES:
-        raise ValueError(f"gate_site must be one of {', '.join(GATE_SITES)}, got {site!r}")
+        raise GateSiteError(f"gate_site must be one of {', '.join(GATE_SITES)}, got {site!r}")
     return site
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..errors import InputError
 from ..context import fit_to_context
 from ..reductions import thread_invariant_sum
 from .attach import attach_bundles
@@ -76,27 +77,27 @@ class RouterTrainingConfig:
     def __post_init__(self):
         validate_percentile(self.percentile)
         if self.selection not in SELECTIONS:
-            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {self.selection!r}")
+            raise InputError(f"selection must be one of {', '.join(SELECTIONS)}, got {self.selection!r}")
         if self.input_norm not in INPUT_NORMS:
-            raise ValueError(f"input_norm must be one of {', '.join(INPUT_NORMS)}, got {self.input_norm!r}")
+            raise InputError(f"input_norm must be one of {', '.join(INPUT_NORMS)}, got {self.input_norm!r}")
         validate_loss_shape("suppress_loss", self.suppress_loss)
         validate_loss_shape("pass_loss", self.pass_loss)
         validate_exclusion(self.exclude_top_magnitude)
         validate_gate_site(self.gate_site)
         for name in ("d_r", "epochs", "batch_size", "max_length", "retain_batch_ratio"):
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+                raise InputError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr!r}")
+            raise InputError(f"lr must be positive, got {self.lr!r}")
         if self.final_retain_rows is not None and int(self.final_retain_rows) < 1:
-            raise ValueError(f"final_retain_rows must be a positive integer or None, got {self.final_retain_rows!r}")
+            raise InputError(f"final_retain_rows must be a positive integer or None, got {self.final_retain_rows!r}")
         if self.prefix_cache_placement not in CACHE_PLACEMENTS:
-            raise ValueError(f"prefix_cache_placement must be one of {', '.join(CACHE_PLACEMENTS)}, "
+            raise InputError(f"prefix_cache_placement must be one of {', '.join(CACHE_PLACEMENTS)}, "
                              f"got {self.prefix_cache_placement!r}")
         if self.prefix_cache_max_gib is not None and not self.prefix_cache_max_gib > 0:
-            raise ValueError(f"prefix_cache_max_gib must be positive, got {self.prefix_cache_max_gib!r}")
+            raise InputError(f"prefix_cache_max_gib must be positive, got {self.prefix_cache_max_gib!r}")
         if not self.lam >= 0:
-            raise ValueError(f"lam (lambda) must be non-negative, got {self.lam!r}")
+            raise InputError(f"lam (lambda) must be non-negative, got {self.lam!r}")
 
 
 class GateRecorder:
@@ -270,7 +271,7 @@ class RouterTrainer:
                  pad_id: int = 0):
         self.config = config = config or RouterTrainingConfig()
         if not forget_ids or not retain_ids:
-            raise ValueError("RouterTrainer needs a non-empty forget and retain set")
+            raise InputError("RouterTrainer needs a non-empty forget and retain set")
         self.model, self.bundle, self.pad_id = model, bundle, int(pad_id)
         self.ids = {"forget": [list(x) for x in forget_ids], "retain": [list(x) for x in retain_ids]}
         self.steps = schedule_for(len(forget_ids), len(retain_ids), config)
@@ -429,9 +430,9 @@ def train_routers(model: nn.Module, tokenizer, forget_texts: Sequence[str], reta
     config = config or RouterTrainingConfig()
     forget_texts, retain_texts = list(forget_texts), list(retain_texts)
     if not forget_texts:
-        raise ValueError("the forget set is empty; CRU needs examples of what to forget")
+        raise InputError("the forget set is empty; CRU needs examples of what to forget")
     if not retain_texts:
-        raise ValueError("the retain set is empty; CRU needs examples of what to keep")
+        raise InputError("the retain set is empty; CRU needs examples of what to keep")
     max_length = fit_to_context(model, config.max_length, lambda: {
         side: [len(ids) for ids in tokenize_texts(tokenizer, texts, config.max_length)]
         for side, texts in (("forget", forget_texts), ("retain", retain_texts))})
@@ -443,7 +444,7 @@ def train_routers(model: nn.Module, tokenizer, forget_texts: Sequence[str], reta
                                 exclude_top_magnitude=config.exclude_top_magnitude)
     elif (localization.site, localization.exclude_top_magnitude) != (config.gate_site,
                                                                      float(config.exclude_top_magnitude)):
-        raise ValueError(f"the given localization is at gate_site={localization.site!r} with "
+        raise InputError(f"the given localization is at gate_site={localization.site!r} with "
                          f"exclude_top_magnitude={localization.exclude_top_magnitude}, the config asks for "
                          f"{config.gate_site!r} and {config.exclude_top_magnitude}")
     localization_s = time.perf_counter() - started

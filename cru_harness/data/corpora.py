@@ -11,6 +11,7 @@ import os
 import re
 from pathlib import Path
 
+from ..errors import InputError
 from .rwku import load_target_file
 from .sources import DataSourceError, read_json_records
 from .tofu import TOFU_CONFIGS, load_tofu
@@ -94,7 +95,7 @@ def load_corpus_rows(source: str | os.PathLike, data_dir: str | os.PathLike | No
         rows, origins = [], []
         for part in parts:
             if not part:
-                raise ValueError(f"corpus {source!r}: an empty source between ' + '")
+                raise InputError(f"corpus {source!r}: an empty source between ' + '")
             part_rows, origin = load_corpus_rows(part, data_dir)
             rows.extend(part_rows)
             origins.append(origin)
@@ -105,9 +106,9 @@ def load_corpus_rows(source: str | os.PathLike, data_dir: str | os.PathLike | No
     if cap:
         source_text, start, stop = cap.group(1), int(cap.group(2) or 0), int(cap.group(3))
         if not cap.group(2) and stop < 1:
-            raise ValueError(f"corpus {source!r}: [:N] needs N >= 1")
+            raise InputError(f"corpus {source!r}: [:N] needs N >= 1")
         if stop <= start:
-            raise ValueError(f"corpus {source!r}: [A:B] needs B > A: it keeps rows A to B-1")
+            raise InputError(f"corpus {source!r}: [A:B] needs B > A: it keeps rows A to B-1")
     path = Path(source_text).expanduser()
     if path.suffix in (".json", ".jsonl") or path.exists():
         rows, origin = read_json_records(path), str(path)
@@ -116,7 +117,7 @@ def load_corpus_rows(source: str | os.PathLike, data_dir: str | os.PathLike | No
     elif source_text.startswith("rwku:"):
         rows, origin = _rwku_rows(source_text, data_dir)
     else:
-        raise ValueError(
+        raise InputError(
             f"corpus {source_text!r} is not an existing file, a TOFU config ({', '.join(TOFU_CONFIGS)}) "
             "or an RWKU source like rwku:1:passage"
         )
@@ -144,7 +145,7 @@ def _rwku_rows(source: str, data_dir) -> tuple[list[dict], str]:
 
     parts = source.split(":")
     if len(parts) != 3:
-        raise ValueError(f"RWKU corpus {source!r} must look like rwku:<targets>:<kind>, e.g. rwku:1:passage")
+        raise InputError(f"RWKU corpus {source!r} must look like rwku:<targets>:<kind>, e.g. rwku:1:passage")
     _, targets, kind = parts
     rows = [row for index in parse_targets(targets) for row in load_target_file(index, kind, data_dir)]
     if kind in PROBE_KINDS:  # trained on as what they ask: the probe's question and its answer

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import InputError, UserError
 from .sources import HUB_IDS, DataSourceError, hub_unreachable, read_json_records, resolve_local_dir
 
 
@@ -154,7 +154,7 @@ def load_target_file(target: int | str | RWKUTarget, kind: str,
                      data_dir: str | os.PathLike | None = None) -> list[dict]:
     """The rows of one probe / utility / training file of one target."""
     if kind not in HUB_CONFIGS:
-        raise ValueError(f"unknown RWKU file kind {kind!r}; valid kinds: {', '.join(TARGET_KINDS)}")
+        raise InputError(f"unknown RWKU file kind {kind!r}; valid kinds: {', '.join(TARGET_KINDS)}")
     resolved = get_target(target, data_dir)
     local = resolve_local_dir("rwku", data_dir)
     if local is not None:

@@ -8,6 +8,8 @@ from typing import Literal
 
 from cru_harness.errors import UserError
 
+from ..errors import InputError
+
 Benchmark = Literal["tofu", "rwku"]
 
 ENV_DATA_DIR = "CRU_HARNESS_DATA_DIR"  # a root holding tofu/ and rwku/
@@ -39,7 +41,7 @@ def resolve_local_dir(benchmark: Benchmark, data_dir: str | os.PathLike | None =
     A directory that is given but does not hold the benchmark is an error, never a silent fall-back to the Hub.
     """
     if benchmark not in _MARKERS:
-        raise ValueError(f"unknown benchmark {benchmark!r}; expected one of {sorted(_MARKERS)}")
+        raise InputError(f"unknown benchmark {benchmark!r}; expected one of {sorted(_MARKERS)}")
     candidates: list[tuple[str, str]] = []
     if data_dir:
         candidates.append(("data_dir", str(data_dir)))

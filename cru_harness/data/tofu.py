@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+from ..errors import InputError
 from .sources import HUB_IDS, DataSourceError, hub_unreachable, read_json_records, resolve_local_dir
 
 FORGET_SPLITS = ("forget01", "forget05", "forget10")
@@ -39,14 +40,14 @@ def retain_config_for(forget_config: str) -> str:
     """TOFU pairs each forget split with the complementary retain split: forget10 -> retain90."""
     split = forget_config.removesuffix("_perturbed")
     if split not in FORGET_SPLITS:
-        raise ValueError(f"unknown TOFU forget split {forget_config!r}; expected one of {', '.join(FORGET_SPLITS)}")
+        raise InputError(f"unknown TOFU forget split {forget_config!r}; expected one of {', '.join(FORGET_SPLITS)}")
     return f"retain{100 - int(split.removeprefix('forget')):02d}"
 
 
 def load_tofu(config: str, data_dir: str | os.PathLike | None = None) -> list[dict]:
     """All rows of one TOFU config, from `data_dir` / the env vars if set, else from the Hub."""
     if config not in TOFU_CONFIGS:
-        raise ValueError(f"unknown TOFU config {config!r}; valid configs: {', '.join(TOFU_CONFIGS)}")
+        raise InputError(f"unknown TOFU config {config!r}; valid configs: {', '.join(TOFU_CONFIGS)}")
     local = resolve_local_dir("tofu", data_dir)
     if local is not None:
         rows = read_json_records(local / f"{config}.json")

@@ -31,6 +31,7 @@ from ..baselines.base import BaselineConfig, UnlearningMethod
 from ..baselines.data import collate, encode_qa, row_to_qa
 from ..baselines.losses import nll_loss
 from ..devices import load_causal_lm, training_precision
+from ..errors import InputError
 from ..prompts import DEFAULT_TOFU_PRESET
 
 RECORD_FILE = "finetune_record.json"
@@ -61,9 +62,9 @@ class QADataset(Dataset):
     def __init__(self, tokenizer, rows, *, max_length: int = 512, chat: bool | None = None,
                  preset: str = DEFAULT_TOFU_PRESET, family: str | None = None):
         if not rows:
-            raise ValueError("finetune: no training rows")
+            raise InputError("finetune: no training rows")
         if chat is True and not getattr(tokenizer, "chat_template", None):
-            raise ValueError("finetune: chat_template=True but the tokenizer has no chat template")
+            raise InputError("finetune: chat_template=True but the tokenizer has no chat template")
         fmt = {"chat": chat, "preset": preset, "family": family}
         self.examples = [encode_qa(tokenizer, *row_to_qa(r, i), max_length, **fmt) for i, r in enumerate(rows)]
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -146,7 +147,7 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
                                                      device_map=device_map, dtype=weights_dtype,
                                                      load_tokenizer=tokenizer is None)
         except OSError as err:  # transformers' "not a checkpoint / not on the Hub": bad input, one line
-            raise ValueError(f"cannot load model {path!r}: {err}") from None
+            raise InputError(f"cannot load model {path!r}: {err}") from None
         tokenizer = tokenizer or loaded_tokenizer
     elif tokenizer is None:
         raise ValueError("finetune: a tokenizer is required when a model object is passed")

@@ -57,6 +57,7 @@ from lm_eval import utils as lm_utils
 # The helpers HFLM's own loop uses, taken from its module so they stay the ones HFLM uses.
 from lm_eval.models.huggingface import HFLM, Collator, pad_and_concat
 
+from ..errors import InputError
 from cru_harness.errors import UserError
 from cru_harness.lmeval.protocol import (
     EOS_MARKER,
@@ -208,7 +209,7 @@ class CRULM(HFLM):
                                          f"argument of cru, HFLM or the model: {err})") from err
             raise
         if self.backend != "causal":
-            raise ValueError(
+            raise ModelArgumentError(
                 f"the cru model supports decoder-only (causal) models; {pretrained!r} loaded as {self.backend}. "
                 f"Use --model hf for encoder-decoder models."
             )
@@ -249,7 +250,7 @@ class CRULM(HFLM):
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[LoglikelihoodResult]:
         if self.enable_thinking:
             task_names = sorted({req.task_name for req in requests if req.task_name})
-            raise ValueError(
+            raise ModelArgumentError(
                 "enable_thinking=True is not compatible with loglikelihood tasks. "
                 f"Triggered by task(s): {', '.join(task_names)}"
             )
@@ -291,7 +292,7 @@ class CRULM(HFLM):
         if add_eos:
             eos = self.tokenizer.eos_token_id
             if eos is None:
-                raise ValueError(
+                raise InputError(
                     f"continuation ends with {EOS_MARKER!r} but the tokenizer of {self.pretrained!r} has no EOS token"
                 )
             if not cont_enc or cont_enc[-1] != eos:

@@ -6,6 +6,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from ..errors import InputError
 from . import stats, tables
 
 
@@ -27,6 +28,14 @@ def register(subparsers) -> None:
     report.set_defaults(func=cmd_report)
 
 
+def _read_json(path: Path):
+    """A JSON file a run wrote (plan, target choice): a damaged one is named in one line, not a traceback."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InputError(f"{path} is not valid JSON ({err})") from None
+
+
 def recorded_report_settings(dirs: list[Path]) -> tuple[dict, str]:
     """The report settings a single run directory's config named (its plan.json, written by `cru-harness run`), so
     that `cru-harness report DIR` rewrites the report the run wrote, the same files and bytes; the defaults for
@@ -36,7 +45,7 @@ def recorded_report_settings(dirs: list[Path]) -> tuple[dict, str]:
     plan = dirs[0] / "plan.json" if len(dirs) == 1 else None
     if plan is None or not plan.is_file():
         return report_settings(None), "the defaults"
-    recorded = json.loads(plan.read_text())
+    recorded = _read_json(plan)
     source = recorded.get("source") or str(plan)
     return report_settings((recorded.get("config") or {}).get("report"), source), f"the run's config ({source})"
 
@@ -97,7 +106,7 @@ def target_selection_markdown(dirs) -> list[str]:
     lines: list[str] = []
     for directory in dirs:
         for path in sorted((Path(directory) / SELECTION_DIR).glob("*.json")):
-            record = json.loads(path.read_text())
+            record = _read_json(path)
             probes = record["key"]["select_known"]["probes"]
             scores = {int(target): row for target, row in record["scores"].items()}
             ranked = rank_targets({target: row["score"] for target, row in scores.items()}, len(scores))
@@ -121,9 +130,9 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
     from ..runner.provenance import provenance_lines
     from .lr_sweep import sweep_markdown
 
+    results = tables.fill_forget_quality(load_results(*dirs))  # first: a mistyped run directory creates nothing
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    results = tables.fill_forget_quality(load_results(*dirs))
     written: dict[str, str] = {}
     summary = [f"# Report ({len(results)} cells from {', '.join(str(d) for d in dirs)})", ""]
     statuses = defaultdict(int)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from cru_harness import metrics as M
 
+from ..errors import InputError
+
 
 @functools.lru_cache(maxsize=8)
 def tofu_refusal_phrases(data_dir: str | Path | None = None) -> tuple[tuple[str, ...], str]:
@@ -72,7 +74,7 @@ class AnswerNLLScorer:
         todo = []
         for i, (prompt, answer) in enumerate(zip(prompts, answers)):
             if prompt is None:
-                raise ValueError(f"record {i} has no prompt: the NLL under the original model needs it")
+                raise InputError(f"record {i} has no prompt: the NLL under the original model needs it")
             if answer and answer.strip():
                 ids, n_answer = self._encode(prompt, answer)
                 if n_answer:

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import InputError, MissingInputError, UserError
+
 #: lm-eval task name -> (role, TOFU probe config). Roles: "forget" or the utility set's name.
 TOFU_TASKS: dict[str, tuple[str, str]] = {
     "tofu_forget01": ("forget", "forget01_perturbed"),
@@ -43,7 +45,7 @@ HF_HINT = "plain `hf` results carry no token counts; rerun with `--model cru`"
 _RESULTS_RE = re.compile(r"^results_(?P<date>.+)\.json$")
 
 
-class ScoreInputError(ValueError):
+class ScoreInputError(UserError, ValueError):
     """An input that cannot be read at all (no lm-eval results in a directory, a malformed file)."""
 
 
@@ -139,7 +141,7 @@ def load_run(run_dir: str | Path, label: str | None = None) -> LmEvalRun:
     several results files the newest one wins)."""
     root = Path(run_dir)
     if not root.exists():
-        raise FileNotFoundError(f"run directory not found: {root}")
+        raise MissingInputError(f"run directory not found: {root}")
     files = [root] if root.is_file() else sorted(root.rglob("results_*.json"))
     found: dict[str, tuple[str, TaskOutput]] = {}
     model = ""
@@ -178,7 +180,7 @@ def read_per_item(path: str | Path) -> list[dict]:
     """Rows of a `per_item.jsonl` written by `score` (null values read back as NaN)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"per-item file not found: {path}")
+        raise MissingInputError(f"per-item file not found: {path}")
     rows = []
     for line_no, row in _jsonl_rows(path):
         for key in ("task", "question", "truth_ratio"):
@@ -296,13 +298,13 @@ def score_runs(
     Quality) come from `retain_run` (an lm-eval output directory), `retain_per_item` (a `per_item.jsonl`) or
     `retain_items` (the same rows in memory: `task`, `question`, `truth_ratio`, `run`; the runner's retain cell)."""
     if sum(x is not None for x in (retain_run, retain_per_item, retain_items)) > 1:
-        raise ValueError("give only one of --retain-run, --retain-per-item (or retain_items)")
+        raise InputError("give only one of --retain-run, --retain-per-item (or retain_items)")
     if labels is not None and len(labels) != len(run_dirs):
-        raise ValueError(f"{len(labels)} labels for {len(run_dirs)} runs")
+        raise InputError(f"{len(labels)} labels for {len(run_dirs)} runs")
     runs = [load_run(d, label=None if labels is None else labels[i]) for i, d in enumerate(run_dirs)]
     labels = [r.label for r in runs]
     if len(set(labels)) != len(labels):
-        raise ValueError(f"the same run directory was given twice: {labels}")
+        raise InputError(f"the same run directory was given twice: {labels}")
     retain = load_run(retain_run, label=str(retain_run)) if retain_run is not None else None
     retain_rows = read_per_item(retain_per_item) if retain_per_item is not None else retain_items
 
@@ -455,7 +457,7 @@ def add_score_parser(subparsers) -> argparse.ArgumentParser:
 
 def run_score(args: argparse.Namespace) -> int:
     if args.output_dir is None and len(args.runs) != 1:
-        raise ValueError("several runs given: choose where the outputs go with --output-dir")
+        raise InputError("several runs given: choose where the outputs go with --output-dir")
     if args.output_dir is not None:  # before scoring (the original model's NLLs can take a while)
         from cru_harness.locations import check_output_dir
 

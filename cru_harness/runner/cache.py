@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..errors import UserError
+from ..errors import MissingInputError, UserError
 
 RESULT_FILE = "result.json"
 RECORD_FILE = "run_record.json"
@@ -263,11 +263,11 @@ def load_results(*dirs: str | os.PathLike, log: Callable[[str], None] | None = N
     for directory in dirs:
         directory = Path(directory)
         if not directory.is_dir():
-            raise FileNotFoundError(f"results directory not found: {directory}")
+            raise MissingInputError(f"results directory not found: {directory}")
         root = directory.parent if directory.name == CELLS_DIR else directory
         store = CellStore(root, log=log)
         if not store.cells_dir.is_dir():
-            raise FileNotFoundError(f"{directory} holds no `{CELLS_DIR}/` directory (not a cru-harness run)")
+            raise MissingInputError(f"{directory} holds no `{CELLS_DIR}/` directory (not a cru-harness run)")
         for cell_hash, result in store.iter_results():
             result = dict(result, hash=result.get("hash", cell_hash))
             previous = by_hash.get(cell_hash)

@@ -8,6 +8,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from ..errors import InputError, MissingInputError, UserError
+
 # configs/ ships inside the package as cru_harness.configs, so the demo also runs from a wheel install.
 DEMO_CONFIG = Path(importlib.resources.files("cru_harness.configs") / "demo.yaml")
 # `cru-harness demo` computes here (never into the committed results/demo) and compares with results/demo.
@@ -166,7 +168,7 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
     if reproduce is not None:
         reproduce = Path(reproduce)
         if reproduce.resolve() == Path(config.output_dir).resolve():
-            raise ValueError(f"--reproduce {reproduce} is the run's own output directory; compute into another "
+            raise InputError(f"--reproduce {reproduce} is the run's own output directory; compute into another "
                              "one (--output-dir) so the results to compare with are not overwritten")
     options = dict(shard=shard, force=force, report=report, executor=executor, as_json=as_json, log=log,
                    reproduce=reproduce, inputs=inputs)
@@ -184,6 +186,7 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
 
 
 def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log, reproduce, inputs) -> int:
+    from ..data.rwku import TargetSelectionError
     from .cache import CellStore, atomic_write_json
     from .plan import build_plan
     from .shard import parse_shard, select_shard
@@ -197,9 +200,10 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
         prebuild_local_models(config, log=log)
     try:
         selected = resolve_selected_targets(config, run=not dry_run, log=log)
-    except Exception as err:  # no RWKU cell can be planned without its targets: stop here, saying why
-        raise ValueError(f"RWKU target selection (benchmarks.rwku.select_known) failed: "
-                         f"{type(err).__name__}: {err}") from err
+    except UserError as err:  # no RWKU cell can be planned without its targets: stop here, saying why (a bug
+        # in the selection keeps its traceback)
+        raise TargetSelectionError(f"RWKU target selection (benchmarks.rwku.select_known) failed: "
+                                   f"{type(err).__name__}: {err}") from err
     cells = all_cells = build_plan(config, selected)
     if shard:
         index, count = parse_shard(shard)
@@ -249,7 +253,7 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args.config, args.output_dir)
     if args.reproduce and not Path(args.reproduce).is_dir():
-        raise FileNotFoundError(f"--reproduce {args.reproduce}: no such run directory")
+        raise MissingInputError(f"--reproduce {args.reproduce}: no such run directory")
     return run_config(config, dry_run=args.dry_run, shard=args.shard, force=args.force,
                       report=not args.no_report, as_json=args.json, reproduce=args.reproduce)
 
@@ -259,7 +263,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     for directory in (args.run, args.reference):
         if not Path(directory).is_dir():
-            raise FileNotFoundError(f"no such run directory: {directory}")
+            raise MissingInputError(f"no such run directory: {directory}")
     return 0 if write_reproduction(args.run, args.reference).reproduced else 1
 
 
@@ -275,7 +279,7 @@ def merge_dirs(dirs, out) -> dict[str, int]:
         directory = Path(directory)
         store = CellStore(directory.parent if directory.name == CELLS_DIR else directory)
         if not store.cells_dir.is_dir():
-            raise FileNotFoundError(f"{directory} holds no cells/ directory (not a cru-harness run)")
+            raise MissingInputError(f"{directory} holds no cells/ directory (not a cru-harness run)")
         selections = store.root / SELECTION_DIR
         if selections.is_dir():  # why the RWKU targets are these (runner.targets); identical across shards
             (out_store.root / SELECTION_DIR).mkdir(parents=True, exist_ok=True)
@@ -334,13 +338,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     config = _load(args.config, args.output_dir)
     reference = Path(args.reproduce) if args.reproduce else committed_results(committed)
     if reference is not None and reference.resolve() == Path(config.output_dir).resolve():
-        raise ValueError(f"--output-dir {args.output_dir} holds the results to compare with; choose a fresh one")
+        raise InputError(f"--output-dir {args.output_dir} holds the results to compare with; choose a fresh one")
     if args.dry_run:
         return run_config(config, dry_run=True)
     if reference is None:
         print(f"no committed results at {committed} (a wheel install has none): the demo runs without comparison")
     elif not reference.is_dir():
-        raise FileNotFoundError(f"--reproduce {reference}: no such run directory")
+        raise MissingInputError(f"--reproduce {reference}: no such run directory")
     else:
         print(f"computing into {config.output_dir}; at the end every cell is compared with {reference}")
     return run_config(config, reproduce=reference)

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import UserError
+from ..errors import MissingInputError, UserError
 from ..prompts import (DEFAULT_RWKU_PRESET, DEFAULT_TOFU_PRESET, PresetError, check_rwku_preset, check_tofu_preset,
                        legacy_format)
 
@@ -177,7 +177,7 @@ def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None
     """Read and validate a YAML config. Relative `output_dir`/`data_dir` are relative to the working directory."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"config file not found: {path}")
+        raise MissingInputError(f"config file not found: {path}")
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:

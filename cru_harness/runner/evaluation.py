@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError, MissingInputError
 from .cache import read_json
 from .config import ModelSpec
 from .models import cell_device
@@ -103,7 +104,7 @@ def rwku_tasks_with_data(cell: Cell, data_dir) -> tuple[list[str], dict[str, str
         else:
             kept.append(task)
     if not kept:
-        raise ValueError(f"no task of {list(cell.tasks)} has data for RWKU target {cell.target}: {dropped}")
+        raise InputError(f"no task of {list(cell.tasks)} has data for RWKU target {cell.target}: {dropped}")
     return kept, dropped
 
 
@@ -201,7 +202,7 @@ def retain_from_per_item(path: str, forget_task: str | None = None) -> dict:
     values, questions = [], []
     file = Path(path)
     if not file.is_file():
-        raise FileNotFoundError(f"retain per-item file not found: {path}")
+        raise MissingInputError(f"retain per-item file not found: {path}")
     if file.suffix == ".json":
         data = read_json(file)
         per_item = data.get("per_item", data)
@@ -211,16 +212,19 @@ def retain_from_per_item(path: str, forget_task: str | None = None) -> dict:
         for line_no, line in enumerate(file.read_text().splitlines(), start=1):
             if not line.strip():
                 continue
-            row = json.loads(line)
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise InputError(f"{path}:{line_no}: not a JSON line ({err})") from None
             task = row.get("task", "")
             if (task == forget_task if forget_task else task.startswith("tofu_forget")) and \
                     row.get("truth_ratio") is not None:
                 if "question" not in row:
-                    raise ValueError(f"{path}:{line_no}: a forget row without its question")
+                    raise InputError(f"{path}:{line_no}: a forget row without its question")
                 values.append(row["truth_ratio"])
                 questions.append(row["question"])
     if not values:
-        raise ValueError(f"{path} holds no forget-set truth ratios for {forget_task or 'tofu_forget*'} "
+        raise InputError(f"{path} holds no forget-set truth ratios for {forget_task or 'tofu_forget*'} "
                          f"(field forget_truth_ratio / truth_ratio)")
     per_item = {"forget_truth_ratio": values}
     if questions and len(questions) == len(values):

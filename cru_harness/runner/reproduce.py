@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import MissingInputError
 from .cache import CellStore, atomic_write_json, atomic_write_text
 from .plan import cell_title
 from .provenance import INPUT_FIELDS, code_record
@@ -261,7 +262,7 @@ def compare_runs(run_dir: str | Path, reference_dir: str | Path) -> Comparison:
     """Compare every finished cell of `reference_dir` with the same cell (by hash) of `run_dir`."""
     run_store, ref_store = CellStore(run_dir), CellStore(reference_dir)
     if not ref_store.cells_dir.is_dir():
-        raise FileNotFoundError(f"{reference_dir} holds no cells/ directory (not a cru-harness run)")
+        raise MissingInputError(f"{reference_dir} holds no cells/ directory (not a cru-harness run)")
     run_results = dict(run_store.iter_results())
     run_code = code_record()
     cells, code_versions, commits = [], set(), set()

@@ -8,16 +8,18 @@ from __future__ import annotations
 import re
 from typing import Iterable, TypeVar
 
+from ..errors import InputError
+
 T = TypeVar("T")
 
 
 def parse_shard(spec: str) -> tuple[int, int]:
     match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(spec))
     if not match:
-        raise ValueError(f"--shard expects i/n (e.g. 1/4), got {spec!r}")
+        raise InputError(f"--shard expects i/n (e.g. 1/4), got {spec!r}")
     index, count = int(match.group(1)), int(match.group(2))
     if count < 1 or not 1 <= index <= count:
-        raise ValueError(f"--shard {spec}: need 1 <= i <= n (shards are numbered from 1)")
+        raise InputError(f"--shard {spec}: need 1 <= i <= n (shards are numbered from 1)")
     return index, count
 
 

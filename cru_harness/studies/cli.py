@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import InputError
+
 
 def register(subparsers) -> None:
     study = subparsers.add_parser("study", help="run a study config (runner cells + the study's table and plot)",
@@ -40,6 +42,6 @@ def cmd_study(args: argparse.Namespace) -> int:
         try:
             overrides["seeds"] = [int(seed) for seed in args.seeds.split(",")]
         except ValueError:
-            raise ValueError(f"--seeds {args.seeds!r}: expected integers separated by commas, e.g. 0,1,2") from None
+            raise InputError(f"--seeds {args.seeds!r}: expected integers separated by commas, e.g. 0,1,2") from None
     study = load_study(args.config, overrides or None, scale=args.scale)
     return run_study(study, force=args.force, dry_run=args.dry_run, shard=args.shard, table_only=args.table_only)

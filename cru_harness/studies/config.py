@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from ..errors import MissingInputError
 from ..runner.config import ConfigError, ExperimentConfig, validate_config
 
 KINDS = ("sweep", "overlap", "gate_gap")
@@ -91,7 +92,7 @@ def validate_study(raw: Any, source: str | None = None) -> Study:
 
 def _read_yaml(path: Path, what: str) -> Any:
     if not path.is_file():
-        raise FileNotFoundError(f"{what} not found: {path}")
+        raise MissingInputError(f"{what} not found: {path}")
     try:
         return yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:

@@ -6,6 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Callable
 
+from ..errors import MissingInputError
 from ..runner.cache import atomic_write_text
 from ..runner.config import ConfigError
 from .config import Study
@@ -147,7 +148,7 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
             if cell.method != "CRU" or result.get("status") != "ok":
                 continue
             if not routers or not Path(routers).is_dir():
-                raise FileNotFoundError(f"cell {cell.hash} ({cell.describe()}) has no router bundle on disk "
+                raise MissingInputError(f"cell {cell.hash} ({cell.describe()}) has no router bundle on disk "
                                    f"({routers}); re-run it with --force")
             analyses.append((cell, gate_gap_cell(cell, base_path_for(cell, cells, store), routers, spec.rows,
                                                  study.out_dir, log=log, force=force)))

@@ -19,6 +19,8 @@ from transformers import (
     Qwen2Config,
 )
 
+from ..errors import InputError
+
 TINY_ARCHITECTURES = ("llama", "qwen2", "gpt2", "phi3", "gpt_neox")
 
 
@@ -52,7 +54,7 @@ def tiny_config(arch: str, tokenizer: PreTrainedTokenizerBase, *, n_layers: int 
     if arch == "gpt_neox":
         return GPTNeoXConfig(hidden_size=hidden_size, intermediate_size=intermediate, num_hidden_layers=n_layers,
                              num_attention_heads=n_heads, max_position_embeddings=max_positions, **special)
-    raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(TINY_ARCHITECTURES)}")
+    raise InputError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(TINY_ARCHITECTURES)}")
 
 
 def build_tiny_model(arch: str, tokenizer: PreTrainedTokenizerBase, *, seed: int = 0, **config_kwargs):

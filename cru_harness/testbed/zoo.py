@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import InputError
 from .finetune import finetune_causal_lm, format_qa
 from .models import TINY_ARCHITECTURES, build_tiny_model, save_tiny_model
 from .tokenizer import train_tokenizer
@@ -189,9 +190,9 @@ def tiny_checkpoint(arch: str = "llama", variant: str = "finetuned", *, world_se
     The directory also holds `testbed_recipe.json` (recipe, fine-tuning time and losses) and `world_dir`.
     """
     if arch not in TINY_ARCHITECTURES:
-        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(TINY_ARCHITECTURES)}")
+        raise InputError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(TINY_ARCHITECTURES)}")
     if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+        raise InputError(f"unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
     world = WorldRecipe(**{**asdict(world or WorldRecipe()), "seed": world_seed})
     recipe = ModelRecipe(**{**asdict(recipe or ModelRecipe()), "arch": arch, "variant": variant})
     root = cache_root(cache_dir) / "testbed"
