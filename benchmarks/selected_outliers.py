@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 from cru_harness.cru.bundle import MANIFEST_NAME, read_manifest
+from cru_harness.runner.cache import CELLS_DIR, WORK_DIR
+from cru_harness.runner.training import FINETUNED_DIR
 
 ROUTERS = Path("work") / "routers"   # where the runner keeps a CRU cell's bundle
 
@@ -27,9 +29,10 @@ def manifest(cell_dir: Path) -> dict:
 def base_model(m: dict) -> str:
     """The bundle's base: a runner's fine-tuned checkpoint is named by its finetune cell's hash, since two studies
     keep the same cell's checkpoint under different directories."""
-    parts = Path(m["base_model"]).parts
-    if len(parts) >= 4 and parts[-4] == "cells" and parts[-2] == "work":
-        return f"finetune cell {parts[-3]}"
+    path = Path(m["base_model"])   # <run>/cells/<hash>/work/<FINETUNED_DIR>
+    if len(path.parts) >= 4 and path.name == FINETUNED_DIR and path.parent.name == WORK_DIR \
+            and path.parents[2].name == CELLS_DIR:
+        return f"finetune cell {path.parents[1].name}"
     return m["base_model"]
 
 
