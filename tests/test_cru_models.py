@@ -88,7 +88,6 @@ def test_finetuned_tiny_model_gates_separate_and_rouge_measured():
 def test_smollm2_stephen_king(rwku_dir):
     """Spec test 7 on a real model: SmolLM2-135M-Instruct, forget = RWKU target 1 (Stephen King) passages,
     retain = passages of targets 2-3. Gate means and one generation before/after are printed."""
-    pytest.importorskip("gguf")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from cru_harness.data.corpora import load_corpus

@@ -311,7 +311,6 @@ def _edit_manifest(directory, **changes):
 
 def test_device_map_loaded_model(tokenizer, trained, llama, tmp_path):
     """A model loaded with accelerate's device_map (here all on CPU) is gated and restored the same way."""
-    pytest.importorskip("accelerate")
     from transformers import AutoModelForCausalLM
 
     llama.save_pretrained(tmp_path / "base")

@@ -7,15 +7,12 @@ import pickle
 
 import pytest
 import torch
+from lm_eval.api.instance import Instance
+from lm_eval.models.huggingface import HFLM
+from test_lmeval_support import shared_tiny_dir
 
-pytest.importorskip("lm_eval")
-
-from lm_eval.api.instance import Instance  # noqa: E402
-from lm_eval.models.huggingface import HFLM  # noqa: E402
-from test_lmeval_support import shared_tiny_dir  # noqa: E402
-
-from cru_harness.lmeval.model import CRULM, parse_router_spec  # noqa: E402
-from cru_harness.lmeval.protocol import (  # noqa: E402
+from cru_harness.lmeval.model import CRULM, parse_router_spec
+from cru_harness.lmeval.protocol import (
     EOS_MARKER,
     PINNED_DATE,
     LoglikelihoodResult,

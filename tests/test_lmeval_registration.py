@@ -5,8 +5,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import pytest
-
 from cru_harness.lmeval import registration
 
 HOOK_FILE = Path(registration.__file__).with_name("_hook.py")
@@ -74,7 +72,6 @@ def test_install_respects_the_off_switch(monkeypatch):
 
 
 def test_register_is_idempotent_and_keeps_builtins():
-    pytest.importorskip("lm_eval")
     from lm_eval.api.registry import get_model, model_registry
 
     registration.register()
@@ -113,7 +110,6 @@ def test_task_manager_patch_adds_project_tasks_only_with_defaults():
 
 
 def test_real_task_manager_is_patched_when_lm_eval_is_imported():
-    pytest.importorskip("lm_eval")
     from lm_eval.tasks import TaskManager
 
     assert getattr(TaskManager.__init__, "_cru_harness_patched", False), (

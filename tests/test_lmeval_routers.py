@@ -3,13 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lm_eval.api.instance import Instance
+from test_lmeval_support import CORPUS, shared_tiny_dir
 
-pytest.importorskip("lm_eval")
-
-from lm_eval.api.instance import Instance  # noqa: E402
-from test_lmeval_support import CORPUS, shared_tiny_dir  # noqa: E402
-
-from cru_harness.lmeval.model import CRULM  # noqa: E402
+from cru_harness.lmeval.model import CRULM
 
 FORGET = [t for t in CORPUS if "cat" in t or "bees" in t.lower()]
 RETAIN = [t for t in CORPUS if t not in FORGET]
@@ -33,7 +30,6 @@ def _train_bundle(model_dir, out_dir, seed):
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    pytest.importorskip("cru_harness.cru.train")
     model_dir = shared_tiny_dir(tmp_path_factory)
     other_dir = shared_tiny_dir(tmp_path_factory, name="tiny_qwen2", arch="qwen2")
     root = tmp_path_factory.mktemp("bundles")

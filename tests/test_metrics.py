@@ -67,8 +67,9 @@ def test_rouge_rwku_noanswer_and_strip():
         M.rouge_l_recall_rwku(None, "Paris")
 
 
-def test_rouge_rwku_matches_the_rouge_package_where_installed():
-    rouge = pytest.importorskip("rouge")
+def test_rouge_rwku_matches_the_rouge_package():
+    import rouge
+
     scorer = rouge.Rouge()
     vocab = ["a", "b", "c", "The", "the", "Paris", "Paris,", "x.", ".", " ", "e. f"]
     rng = random.Random(1)
@@ -268,8 +269,9 @@ def test_mia_auc():
         M.mia_auc([float("nan")], [1.0])
 
 
-def test_mia_auc_matches_sklearn_where_installed():
-    metrics = pytest.importorskip("sklearn.metrics")
+def test_mia_auc_matches_sklearn():
+    from sklearn import metrics
+
     rng = np.random.default_rng(0)
     m, n = rng.integers(0, 5, 40).astype(float), rng.integers(0, 4, 30).astype(float)  # many ties
     expected = metrics.roc_auc_score(np.r_[np.ones(40), np.zeros(30)], np.r_[m, n])
@@ -311,7 +313,8 @@ def test_word_tokenize_splits_like_nltk_word_tokenize():
 
 def test_fluency_matches_rwku_formula_with_nltk_freqdist():
     # RWKU's compute_n_gram_entropy, restated with nltk.ngrams / FreqDist on the same tokens.
-    nltk = pytest.importorskip("nltk")
+    import nltk
+
     text = "The cat sat on the mat. The cat sat on the mat, and the dog sat on the cat."
     tokens = M.word_tokenize(text)
     ents = []

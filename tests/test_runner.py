@@ -87,7 +87,6 @@ def test_static_hparams_match_the_dataclasses():
     """The config's hyperparameter lists mirror the baselines' and CRU's config dataclasses (no drift)."""
     import dataclasses
 
-    pytest.importorskip("torch")
     from cru_harness.baselines.registry import get_method
     from cru_harness.cru.train import RouterTrainingConfig
 

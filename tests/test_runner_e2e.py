@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
+
 torch.set_num_threads(1)  # 2 shared cores: one thread is ~10x faster than two under contention
 
 from cru_harness.cli import main  # noqa: E402
