@@ -22,7 +22,7 @@ from cru_harness.cru import (
     train_routers,
 )
 from cru_harness.cru.bundle import MANIFEST_NAME, WEIGHTS_NAME
-from cru_harness.cru.localize import collate, tokenize_texts
+from cru_harness.cru.localize import Batch, collate, tokenize_texts
 from cru_harness.cru.train import GateRecorder, cru_loss, gate_means, new_bundle
 from cru_harness.testbed.models import TINY_ARCHITECTURES, build_tiny_model
 from cru_harness.testbed.tokenizer import train_tokenizer
@@ -64,7 +64,8 @@ def _snapshot(model):
 # -- attach / detach -------------------------------------------------------------------------------------------
 def test_no_bundle_and_detach_are_bit_identical(llama, tokenizer, trained):
     plain = _logits(llama, tokenizer)
-    assert torch.equal(plain, _logits(llama, tokenizer))
+    with routed(llama):   # no bundle attached: the base, bit for bit
+        assert torch.equal(plain, _logits(llama, tokenizer))
     handle = attach_bundles(llama, [trained])
     routed_logits = _logits(llama, tokenizer)
     handle.remove()
@@ -183,20 +184,26 @@ def test_padding_excluded_from_loss(llama, tokenizer, trained):
     ids = tokenize_texts(tokenizer, FORGET[:6], 64)
     retain_ids = tokenize_texts(tokenizer, RETAIN[:6], 64)
     longest = max(map(len, ids + retain_ids))
-    losses = []
-    for extra in (0, 11):
-        pad_to = longest + extra
+    def loss(pad_to, *, mask_ignored=False):
+        def batch(rows):
+            b = collate(rows, 0, pad_to=pad_to)
+            return Batch(b.input_ids, torch.ones_like(b.attention_mask)) if mask_ignored else b
+
         recorder = GateRecorder()
         handle = attach_bundles(llama, [trained], observer=recorder)
         try:
-            forget = gate_means(llama, trained, collate(ids, 0, pad_to=pad_to), recorder)
-            retain = gate_means(llama, trained, collate(retain_ids, 0, pad_to=pad_to), recorder)
+            forget = gate_means(llama, trained, batch(ids), recorder)
+            retain = gate_means(llama, trained, batch(retain_ids), recorder)
         finally:
             handle.remove()
-        losses.append(cru_loss(forget, retain, 1.0).item())
-    assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-6)
-    # and padding does count if the mask were ignored: the padded positions' gates differ from the real ones
-    assert 0 < losses[0] < 2
+        return cru_loss(forget, retain, 1.0).item()
+
+    padded = loss(longest)
+    assert 0 < padded < 2
+    assert loss(longest + 11) == pytest.approx(padded, rel=1e-5, abs=1e-6)
+    # the control: had the mask been ignored, the 11 extra padding positions would have moved the loss by more
+    # than that tolerance (measured: 4e-4 relative, 50 times it)
+    assert loss(longest + 11, mask_ignored=True) != pytest.approx(padded, rel=1e-5, abs=1e-6)
 
 
 def test_same_seed_same_bundle_bytes(tokenizer, tmp_path):

@@ -24,9 +24,12 @@ def test_tofu_local_row_counts(tofu_dir, config, count):
 @pytest.mark.shared_data
 def test_tofu_root_and_env_resolve_to_the_same_folder(shared_data, tofu_dir, monkeypatch):
     assert resolve_local_dir("tofu", shared_data) == tofu_dir
+    monkeypatch.delenv("CRU_HARNESS_TOFU_DIR", raising=False)   # each variable on its own
     monkeypatch.setenv("CRU_HARNESS_DATA_DIR", str(shared_data))
     assert resolve_local_dir("tofu") == tofu_dir
+    monkeypatch.setenv("CRU_HARNESS_DATA_DIR", str(shared_data / "no-such-root"))   # the TOFU folder alone
     monkeypatch.setenv("CRU_HARNESS_TOFU_DIR", str(tofu_dir))
+    assert resolve_local_dir("tofu") == tofu_dir
     assert load_tofu("forget01")[0] == load_tofu("forget01", tofu_dir)[0]
 
 

@@ -78,10 +78,12 @@ def test_testbed_finetune_and_greedy_answers_on_cuda(tiny_dir):
 
 def test_lmeval_cru_with_a_bundle_on_cuda(tiny_dir, tmp_path):
     import lm_eval
+    from lm_eval.api.instance import Instance
     from lm_eval.tasks import TaskManager
 
     from cru_harness.cru.train import RouterTrainingConfig, train_routers
     from cru_harness.devices import load_causal_lm
+    from cru_harness.lmeval.model import CRULM
     from cru_harness.lmeval.registration import register
     from test_lmeval_support import TASKS_DIR
 
@@ -91,11 +93,21 @@ def test_lmeval_cru_with_a_bundle_on_cuda(tiny_dir, tmp_path):
     bundle = train_routers(model, tok, CORPUS[:8], CORPUS[8:], cfg)
     bundle.save_pretrained(tmp_path / "bundle")
     register()
+    lm = CRULM(base=str(tiny_dir), routers=str(tmp_path / "bundle"), device="cuda", batch_size=4)
+    assert lm.get_model_info()["cru_routers"] == [str(tmp_path / "bundle")]
+    assert all(p.device.type == "cuda" for p in lm.model.parameters())
     tasks = sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))[:1]
-    results = lm_eval.simple_evaluate(model="cru", model_args=f"base={tiny_dir},routers={tmp_path / 'bundle'}",
-                                      tasks=tasks, device="cuda", batch_size=4, limit=4,
+    results = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=4,
                                       task_manager=TaskManager(include_path=str(TASKS_DIR)))
-    assert results is not None and set(tasks) <= set(results["results"])
+    assert set(tasks) <= set(results["results"])
+    # the bundle acts on CUDA: the routed scores differ from the base's, and detaching restores those
+    requests = [Instance("loglikelihood", {}, (text.split("Answer:")[0] + "Answer:", text.split("Answer:")[1]), i)
+                for i, text in enumerate(CORPUS[:4])]
+    routed = [tuple(r) for r in lm.loglikelihood(requests)]
+    with lm.without_routers():
+        plain = [tuple(r) for r in lm.loglikelihood(requests)]
+    assert routed != plain
+    assert [tuple(r) for r in lm.loglikelihood(requests)] == routed
 
 
 def test_ci_minimal_on_cuda(tmp_path):

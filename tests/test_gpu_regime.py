@@ -301,7 +301,9 @@ def test_the_seed0_slice_is_gpu_smollm2s_own_cells():
 
 
 def test_the_gpu_session_scripts_parse():
-    for script in sorted((CONFIGS.parent / "benchmarks" / "gpu_session").glob("*.sh")):
+    scripts = sorted((CONFIGS.parent / "benchmarks" / "gpu_session").glob("*.sh"))
+    assert {s.name for s in scripts} >= {"prepare.sh", "call1.sh", "stash.sh", "run.sh", "env.sh", "rehearse.sh"}
+    for script in scripts:
         assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, script
 
 

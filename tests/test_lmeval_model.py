@@ -162,7 +162,12 @@ def test_results_survive_pickle_and_caching_lm(tmp_path, cru):
         assert a.token_logprobs == b.token_logprobs and a.token_mu == b.token_mu
 
     rolled = cached.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("Bees make honey.",), 0)])
-    again = cached.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("Bees make honey.",), 0)])
+    cru._loglikelihood_tokens = lambda *a, **k: calls.append(a) or original(*a, **k)
+    try:
+        again = cached.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("Bees make honey.",), 0)])
+    finally:
+        del cru._loglikelihood_tokens
+    assert not calls, "the second rolling call should come from the cache"
     assert isinstance(again[0], RollingResult) and again[0].token_mu == rolled[0].token_mu
 
 

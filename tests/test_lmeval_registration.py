@@ -65,10 +65,17 @@ def test_finder_failure_is_reported_not_raised(tmp_path, monkeypatch, capsys):
 
 def test_install_respects_the_off_switch(monkeypatch):
     hook = _load_hook_copy()
+    monkeypatch.setattr(hook, "_ACTIONS", {})  # nothing to act on: only the finder is at stake
+    # without the finder the `.pth` hook already put there, which install() would otherwise leave alone
+    without = [f for f in sys.meta_path if type(f).__name__ != "LmEvalFinder"]
+    monkeypatch.setattr(sys, "meta_path", list(without))
     monkeypatch.setenv("CRU_HARNESS_NO_LMEVAL_HOOK", "1")
-    before = list(sys.meta_path)
     hook.install()
-    assert sys.meta_path == before
+    assert sys.meta_path == without
+    monkeypatch.delenv("CRU_HARNESS_NO_LMEVAL_HOOK")
+    hook.install()
+    hook.install()   # once only
+    assert [type(f).__name__ for f in sys.meta_path] == ["LmEvalFinder"] + [type(f).__name__ for f in without]
 
 
 def test_register_is_idempotent_and_keeps_builtins():

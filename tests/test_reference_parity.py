@@ -185,6 +185,7 @@ def test_tofu_open_unlearning_token_for_token(name, tofu_data):
     tok = lm.tokenizer
     chat = bool(tok.chat_template)
     requests = _tofu_requests(tofu_data, lm, chat=chat)
+    assert {task: len(docs) for task, docs in requests.items()} == {task: len(TOFU_ROWS) for task in TOFU_TASKS}
     for task, docs in requests.items():
         for doc_id, insts in docs.items():
             doc = insts[0].doc
@@ -260,6 +261,7 @@ def test_tofu_legacy_token_for_token(name, family, tofu_data):
     lm = _lm(name)
     tok = lm.tokenizer
     requests = _tofu_requests(tofu_data, lm, chat=False, preset="legacy", family=family)
+    assert {task: len(docs) for task, docs in requests.items()} == {task: len(TOFU_ROWS) for task in TOFU_TASKS}
     for task, docs in requests.items():
         for doc_id, insts in docs.items():
             doc = insts[0].doc

@@ -168,6 +168,27 @@ def test_cell_computed_by_other_code_is_recomputed_own_run_resumes(tmp_path):
     assert json.loads(record_path.read_text())["inputs"]["code_version"] == provenance.code_version()
 
 
+def test_directory_fingerprint_follows_the_weights_not_the_records(tmp_path):
+    """A checkpoint's fingerprint hashes each file's path and bytes (sha256, by hand here); the fine-tuning record
+    (wall times) and hidden files are left out; one changed byte of the weights changes it, within one process
+    too (its cache is keyed by the files' sizes and mtimes)."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(bytes(64))
+    (ckpt / "config.json").write_text("{}")
+    by_hand = hashlib.sha256(b"config.json\0{}" + b"model.safetensors\0" + bytes(64)).hexdigest()[:16]
+    assert provenance.directory_fingerprint(ckpt) == by_hand
+    (ckpt / "finetune_record.json").write_text('{"train_wall_time_s": 12.5}')
+    (ckpt / ".cache").mkdir()
+    (ckpt / ".cache" / "lock").write_text("x")
+    assert provenance.directory_fingerprint(ckpt) == by_hand
+    stat = weights.stat()
+    weights.write_bytes(bytes(63) + b"\x01")                       # same size
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))   # a later write
+    assert provenance.directory_fingerprint(ckpt) != by_hand
+
+
 def test_other_model_fingerprint_makes_a_cell_stale(tmp_path):
     config = small_config(tmp_path)
     cells = build_plan(config)[:1]

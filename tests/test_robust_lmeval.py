@@ -81,7 +81,9 @@ def test_excepthook_prints_project_errors_as_one_line_and_keeps_other_tracebacks
     monkeypatch.setattr(sys, "excepthook", lambda *exc: seen.append(exc[0]))
     monkeypatch.setattr(sys, "argv", ["lm_eval"])
     install_excepthook()
-    install_excepthook()  # once only
+    hook = sys.excepthook
+    install_excepthook()  # once only: not wrapped twice
+    assert sys.excepthook is hook
     sys.excepthook(BundleError, BundleError("bad bundle\nsecond line"), None)
     assert capsys.readouterr().err == "lm_eval: error: bad bundle second line\n" and seen == []
     sys.excepthook(KeyError, KeyError("bug"), None)

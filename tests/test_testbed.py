@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -307,7 +308,9 @@ def test_smollm2_materializes_and_answers():
     from cru_harness.testbed.smollm import materialize_smollm2
 
     checkpoint = materialize_smollm2()
-    assert materialize_smollm2() == checkpoint  # reused, not rebuilt
+    written = {f.name: f.stat().st_mtime_ns for f in Path(checkpoint).iterdir()}
+    assert materialize_smollm2() == checkpoint
+    assert {f.name: f.stat().st_mtime_ns for f in Path(checkpoint).iterdir()} == written  # reused, not rebuilt
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     model = AutoModelForCausalLM.from_pretrained(checkpoint)
     assert next(model.parameters()).dtype == torch.float32

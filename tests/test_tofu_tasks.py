@@ -194,14 +194,6 @@ def tiny_model_dir(tmp_path_factory, tofu_dir):
     return save_tiny_model(model, tokenizer, tmp_path_factory.mktemp("tiny_tofu_model"))
 
 
-def _cru_available() -> bool:
-    try:
-        from cru_harness.lmeval import model as _  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
 def _evaluate(model_dir, tofu_dir, tasks, *, model="cru", limit=None, max_gen_toks=8, **kwargs):
     import lm_eval
 
@@ -218,11 +210,12 @@ def _evaluate(model_dir, tofu_dir, tasks, *, model="cru", limit=None, max_gen_to
 @pytest.mark.slow
 @pytest.mark.shared_data
 def test_forget10_suite_end_to_end_all_rows(tiny_model_dir, tofu_dir, one_torch_thread):
-    model = "cru" if _cru_available() else "hf"
+    """The whole suite through the project's `cru` model (lm-eval's `hf` gives NaN probabilities: its own
+    test below)."""
     start = time.perf_counter()
-    res = _evaluate(tiny_model_dir, tofu_dir, ["tofu_forget10_suite"], model=model)
+    res = _evaluate(tiny_model_dir, tofu_dir, ["tofu_forget10_suite"], model="cru")
     elapsed = time.perf_counter() - start
-    print(f"tofu_forget10_suite, all rows, model={model}: {elapsed:.1f}s")
+    print(f"tofu_forget10_suite, all rows, model=cru: {elapsed:.1f}s")
     assert elapsed < 1200  # a guard against pathological slowness, not a benchmark (see the report)
     for task, n in ROW_COUNTS.items():
         samples = res["samples"][task]
@@ -233,18 +226,14 @@ def test_forget10_suite_end_to_end_all_rows(tiny_model_dir, tofu_dir, one_torch_
             assert isinstance(s["filtered_resps"][0], str)  # the generation rides with the item
             assert 0.0 <= s["rouge_l_recall"] <= 1.0
             for key in ("probability", "truth_ratio", "nll_answer", "nll_paraphrased", "nll_perturbed"):
-                if model == "cru":
-                    assert math.isfinite(s[key]), (task, key, s["doc_id"])
-                else:
-                    assert math.isnan(s[key])
-        if model == "cru":
-            agg = res["results"][task]
-            probs = [s["probability"] for s in samples]
-            assert agg["probability,none"] == pytest.approx(np.mean(probs))
-            ratios = np.array([s["truth_ratio"] for s in samples])
-            expected_tr = (np.mean(np.minimum(ratios, 1 / ratios)) if task == "tofu_forget10"
-                           else np.mean(np.maximum(0, 1 - ratios)))
-            assert agg["truth_ratio,none"] == pytest.approx(expected_tr)
+                assert math.isfinite(s[key]), (task, key, s["doc_id"])
+        agg = res["results"][task]
+        probs = [s["probability"] for s in samples]
+        assert agg["probability,none"] == pytest.approx(np.mean(probs))
+        ratios = np.array([s["truth_ratio"] for s in samples])
+        expected_tr = (np.mean(np.minimum(ratios, 1 / ratios)) if task == "tofu_forget10"
+                       else np.mean(np.maximum(0, 1 - ratios)))
+        assert agg["truth_ratio,none"] == pytest.approx(expected_tr)
     assert set(res["group_subtasks"]["tofu_forget10_suite"]) == set(ROW_COUNTS)
 
 
@@ -270,8 +259,6 @@ DATE_TEMPLATE = (
 def test_chat_template_prompt_and_pinned_date(tiny_model_dir, tofu_dir, tmp_path, monkeypatch):
     """Question as the user message, the answer right after the assistant header, and a date-injecting template
     rendered with the pinned date whatever today is."""
-    if not _cru_available():
-        pytest.fail("the `cru` lm-eval model (cru_harness.lmeval.model) does not import")
     import shutil
 
     from transformers import AutoTokenizer
