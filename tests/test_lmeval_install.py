@@ -52,6 +52,13 @@ def test_wheel_has_pth_at_root_and_tasks(wheel):
     assert {"cru_harness/tasks/tofu/_forget_template_yaml", "cru_harness/configs/demo.yaml"} <= set(names)
     record = next(n for n in names if n.endswith(".dist-info/RECORD"))
     assert "cru_harness_lmeval.pth," in zipfile.ZipFile(wheel).read(record).decode()  # pip uninstall removes it
+    # every module of the checkout's package ships (pyproject lists the packages by hand), and every config
+    modules = {f"cru_harness/{p.relative_to(REPO / 'cru_harness').as_posix()}"
+               for p in (REPO / "cru_harness").rglob("*.py") if "__pycache__" not in p.parts}
+    configs = {f"cru_harness/configs/{p.relative_to(REPO / 'configs').as_posix()}"
+               for p in (REPO / "configs").rglob("*.yaml")}
+    assert "cru_harness/studies/cli.py" in modules and "cru_harness/configs/studies/lambda.yaml" in configs
+    assert not (modules | configs) - set(names), sorted((modules | configs) - set(names))
 
 
 def outer_site_dirs() -> list[str]:
@@ -97,3 +104,6 @@ def test_wheel_install_in_venv_registers_model_and_tasks(wheel, tmp_path):
     """)
     proc = run([str(py), "-c", code], cwd=tmp_path)
     assert "wheel-ok" in proc.stdout
+    # the command line from that install alone: every subcommand registers (one missing package broke them all)
+    usage = run([str(venv / "bin" / "cru-harness"), "--help"], cwd=tmp_path).stdout
+    assert all(sub in usage for sub in ("unlearn", "finetune", "score", "report", "run", "demo", "study")), usage
