@@ -377,12 +377,14 @@ def write_outputs(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
     """`per_item.jsonl` (one row per run x task x item; NaN written as null) and `scores.json`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    from ..runner.cache import atomic_write_text
+
     per_item_path, scores_path = out_dir / PER_ITEM_FILE, out_dir / SCORES_FILE
-    with open(per_item_path, "w", encoding="utf-8") as handle:
-        for row in report["per_item"]:
-            handle.write(json.dumps(_json_safe(row), ensure_ascii=False) + "\n")
-    scores_path.write_text(json.dumps(_json_safe({"runs": report["runs"]}), indent=2, ensure_ascii=False) + "\n",
-                           encoding="utf-8")
+    # atomic: a per-item file cut short by a killed process would be read back as a smaller retain set
+    atomic_write_text(per_item_path, "".join(json.dumps(_json_safe(row), ensure_ascii=False) + "\n"
+                                             for row in report["per_item"]))
+    atomic_write_text(scores_path, json.dumps(_json_safe({"runs": report["runs"]}), indent=2, ensure_ascii=False)
+                      + "\n")
     return per_item_path, scores_path
 
 
