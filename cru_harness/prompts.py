@@ -31,7 +31,7 @@ __all__ = [
     "check_tofu_preset", "check_rwku_preset", "LegacyFormat", "LEGACY_FORMATS", "legacy_format",
     "LEGACY_MAX_LENGTH", "LEGACY_DS_SIZE", "OPEN_UNLEARNING_SYSTEM_PROMPT", "OPEN_UNLEARNING_DATE", "RWKU_DATE",
     "PLAIN_PROMPT", "plain_prompt", "tofu_messages", "render_chat", "QATexts", "qa_texts", "uses_chat",
-    "encode_qa_ids",
+    "encode_qa_ids", "encode_text",
 ]
 
 TOFU_PRESETS = ("open-unlearning", "legacy")
@@ -203,3 +203,14 @@ def encode_qa_ids(tokenizer, texts: QATexts, max_length: int | None = None) -> t
     if not ids or ids[-1] != eos:
         ids.append(eos)
     return ids, n_prompt
+
+
+def encode_text(tokenizer, text: str, *, max_length: int | None = None) -> list[int]:
+    """The ids of a whole text (a context, a training text) as lm-eval's `hf` / `cru` models encode a context:
+    with the tokenizer's special tokens (e.g. BOS), except when the text already starts with the token lm-eval
+    checks for (BOS, else EOS), as chat-template text does: never a doubled BOS (lm-eval `HFLM.tok_encode`).
+    `max_length` truncates on the right."""
+    prefix = tokenizer.bos_token if tokenizer.bos_token_id is not None else tokenizer.eos_token
+    add = not (prefix and text.startswith(prefix))
+    kwargs = {"truncation": True, "max_length": max_length} if max_length else {}
+    return list(tokenizer(text, add_special_tokens=add, **kwargs)["input_ids"])

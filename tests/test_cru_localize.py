@@ -1,4 +1,6 @@
 """CRU phase 1: block discovery, mask-aware pooling, percentile selection, controls."""
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +11,7 @@ from cru_harness.cru import DecoderBlocksNotFoundError, compare_localizations, f
 from cru_harness.cru.blocks import resolve_block_indices
 from cru_harness.cru.localize import collate, localize_batches, select_neurons, tokenize_texts
 from cru_harness.testbed.models import TINY_ARCHITECTURES, build_tiny_model
-from cru_harness.testbed.tokenizer import train_tokenizer
+from cru_harness.testbed.tokenizer import TINY_CHAT_TEMPLATE, train_tokenizer
 
 torch.set_num_threads(1)  # 2 shared cores: one thread is ~10x faster than two under contention
 
@@ -174,3 +176,30 @@ def test_localization_never_runs_the_lm_head(llama, tokenizer):
     finally:
         handle.remove()
     assert calls == []
+
+
+def test_texts_that_carry_their_bos_get_no_second_one(tokenizer):
+    """A Llama-3-style tokenizer adds BOS and its chat template renders one too: CRU's localization and router
+    training tokenize such text as the evaluation does (lm-eval's tok_encode: no BOS added to text that starts
+    with it), and as the baselines' encode_qa_ids does, so they gate the tokens that are scored."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import PreTrainedTokenizerFast
+
+    from cru_harness.prompts import encode_qa_ids, encode_text, qa_texts
+
+    bos_adding = PreTrainedTokenizerFast(tokenizer_object=copy.deepcopy(tokenizer.backend_tokenizer),
+                                         bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>")
+    bos = bos_adding.bos_token_id
+    bos_adding.backend_tokenizer.post_processor = TemplateProcessing(
+        single="<|bos|> $A", pair="<|bos|> $A $B", special_tokens=[("<|bos|>", bos)])
+    bos_adding.chat_template = "{{ bos_token }}" + TINY_CHAT_TEMPLATE
+    assert bos_adding("x")["input_ids"][0] == bos   # it does add BOS to plain text
+    chat = qa_texts(bos_adding, "Who is Zorbo 1?", "A painter.")
+    assert chat.chat and chat.text.startswith("<|bos|>")
+    (ids,) = tokenize_texts(bos_adding, [chat.text], 128)
+    assert ids.count(bos) == 1 and ids[0] == bos
+    trained, _ = encode_qa_ids(bos_adding, chat)
+    assert ids == trained[:len(ids)] and trained[len(ids):] == [bos_adding.eos_token_id]
+    (plain,) = tokenize_texts(bos_adding, ["Question: Who is Zorbo 1?\nAnswer: A painter."], 128)
+    assert plain[0] == bos and plain.count(bos) == 1   # text without one gets the tokenizer's
+    assert encode_text(bos_adding, chat.text, max_length=3) == ids[:3]

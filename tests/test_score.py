@@ -160,6 +160,31 @@ def test_nll_under_original_model_matches_direct_loss(tiny_lm):
         assert got == pytest.approx(expected, rel=1e-4)
 
 
+def test_nll_under_original_model_keeps_a_prompts_own_bos(tiny_lm):
+    """A logged chat prompt starts with the BOS its template rendered; a BOS-adding tokenizer must not add a
+    second one (lm-eval's rule, prompts.encode_text): the NLL is that of the evaluated tokens."""
+    import torch
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_lm)
+    bos = tok.bos_token_id
+    tok.backend_tokenizer.post_processor = TemplateProcessing(single=f"{tok.bos_token} $A",
+                                                              special_tokens=[(tok.bos_token, bos)])
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm).eval()
+    prompt, answer = f"{tok.bos_token}Question: who is author 1?\nAnswer:", " author 1 writes books about cats."
+    (got,) = failure_modes.AnswerNLLScorer(model, tok)([prompt], [answer])
+    ctx = tok(prompt, add_special_tokens=False)["input_ids"]
+    assert ctx[0] == bos and ctx.count(bos) == 1
+    cont = tok(answer, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([ctx + cont])
+    labels = ids.clone()
+    labels[0, : len(ctx)] = -100
+    with torch.no_grad():
+        expected = model(input_ids=ids, labels=labels).loss.item()
+    assert got == pytest.approx(expected, rel=1e-4)
+
+
 def test_score_with_original_model_records_nll(tmp_path, tiny_lm):
     model = write_run(tmp_path / "m", suite([1.0, 2.0], generations=["author writes books", "cats rain"]))
     report = score.score_runs([model], original_model=tiny_lm)

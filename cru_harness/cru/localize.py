@@ -11,8 +11,9 @@ import torch
 from scipy import stats
 from torch import nn
 
-from ..errors import InputError
 from ..devices import input_device  # noqa: F401  (the one place; re-exported for cru.train / cru.prefix)
+from ..errors import InputError
+from ..prompts import encode_text
 from .blocks import block_output_tensor, find_decoder_blocks, num_layers, resolve_block_indices, run_until
 from .sites import mlp_down_projection, validate_gate_site
 
@@ -33,7 +34,8 @@ def tokenize_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[lis
     """Token ids of each text, truncated to `max_length`; an error if a text yields no tokens."""
     if max_length < 1:
         raise InputError(f"max_length must be positive, got {max_length}")
-    ids = tokenizer(list(texts), truncation=True, max_length=max_length, add_special_tokens=True)["input_ids"]
+    # the evaluation's rule (prompts.encode_text): chat-template text that carries its own BOS gets no second one
+    ids = [encode_text(tokenizer, text, max_length=max_length) for text in texts]
     for row, tokens in enumerate(ids):
         if not tokens:
             raise InputError(f"text #{row} tokenizes to nothing: {texts[row][:60]!r}")

@@ -19,6 +19,7 @@ from pathlib import Path
 from cru_harness import metrics as M
 
 from ..errors import InputError
+from ..prompts import encode_text
 
 
 @functools.lru_cache(maxsize=8)
@@ -60,7 +61,7 @@ class AnswerNLLScorer:
     def _encode(self, prompt: str, answer: str) -> tuple[list[int], int]:
         # As lm-eval does: context and continuation are encoded separately and concatenated, so the answer's
         # tokens are exactly those of the answer text.
-        context = self.tokenizer(prompt)["input_ids"]
+        context = encode_text(self.tokenizer, prompt)   # a logged chat prompt carries its own BOS
         continuation = self.tokenizer(answer, add_special_tokens=False)["input_ids"]
         return context + continuation, len(continuation)
 
