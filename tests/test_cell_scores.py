@@ -58,9 +58,10 @@ def test_rwku_cell_without_samples_is_a_clear_error(tmp_path):
         cell_scores.score_rwku_cell(tmp_path, target=1)
 
 
-def test_retain_items_need_questions():
-    result = {"hash": "abc", "per_item": {"forget_truth_ratio": [0.5, 0.7], "forget_question": ["a", "b"]}}
-    rows = cell_scores.retain_items_from_result(result, "tofu_forget10")
+def test_forget_items_need_questions():
+    result = {"hash": "abc", "kind": "retain",
+              "per_item": {"forget_truth_ratio": [0.5, 0.7], "forget_question": ["a", "b"]}}
+    rows = cell_scores.forget_items_from_result(result, "tofu_forget10")
     assert rows == [{"task": "tofu_forget10", "question": "a", "truth_ratio": 0.5, "run": "retain cell abc"},
                     {"task": "tofu_forget10", "question": "b", "truth_ratio": 0.7, "run": "retain cell abc"}]
-    assert cell_scores.retain_items_from_result({"per_item": {"forget_truth_ratio": [0.5]}}, "tofu_forget10") is None
+    assert cell_scores.forget_items_from_result({"per_item": {"forget_truth_ratio": [0.5]}}, "tofu_forget10") is None

@@ -108,12 +108,28 @@ def test_tables_bold_best_and_reference_row():
 
 
 def test_forget_quality_from_retain_cell():
-    results = synthetic_blocks()[:2]
-    retain = tofu_result("M1", "forget01", "Retain", 0.0, 0.5, kind="retain")
-    retain["per_item"] = {"forget_truth_ratio": [0.1, 0.2, 0.3, 0.4, 0.5]}
-    results[1]["per_item"] = {"forget_truth_ratio": [0.1, 0.2, 0.3, 0.4, 0.5]}
-    tables.fill_forget_quality(results + [retain])
-    assert results[1]["metrics"]["forget_quality"] == pytest.approx(1.0)   # identical samples: KS p = 1
+    """The report fills FQ of a cell scored before its retain cell existed, by the scorer's rule: items matched by
+    question (another order, extra items), a NaN (stored as null) refused, and another recorded reason kept."""
+    from scipy.stats import ks_2samp
+
+    def cell(label, questions, ratios, kind="method", reason="no retain model given (use --retain-run DIR ...)"):
+        result = tofu_result("M1", "forget01", label, 0.0, 0.5, kind=kind)
+        result["per_item"] = {"forget_truth_ratio": ratios, "forget_question": questions}
+        result["metrics"]["forget_quality"] = None
+        result["details"] = {"scoring": {"forget_quality": {"value": None, "reason": reason}}}
+        return result
+
+    retain = cell("Retain", ["q5", "q4", "q3", "q2", "q1", "q0"], [0.5, 0.4, 0.3, 0.2, 0.1, 9.0], kind="retain")
+    same = cell("GA", ["q1", "q2", "q3", "q4", "q5"], [0.1, 0.2, 0.3, 0.4, 0.5])
+    shifted = cell("NPO", ["q1", "q2", "q3", "q4", "q5"], [0.6, 0.7, 0.8, 0.9, 1.0])
+    nan = cell("GD", ["q1", "q2", "q3", "q4", "q5"], [0.1, None, 0.3, 0.4, 0.5])
+    refused = cell("SimNPO", ["q1", "q2", "q3", "q4", "q5"], [0.1, 0.2, 0.3, 0.4, 0.5],
+                   reason="tofu_forget01: the retain model's results share no forget item with this run")
+    tables.fill_forget_quality([same, shifted, nan, refused, retain])
+    assert same["metrics"]["forget_quality"] == pytest.approx(1.0)   # q0 is not an item of the run: left out
+    assert shifted["metrics"]["forget_quality"] == pytest.approx(
+        ks_2samp([0.6, 0.7, 0.8, 0.9, 1.0], [0.1, 0.2, 0.3, 0.4, 0.5]).pvalue)
+    assert nan["metrics"]["forget_quality"] is None and refused["metrics"]["forget_quality"] is None
 
 
 def write_cells(root, results):

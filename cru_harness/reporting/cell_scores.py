@@ -57,13 +57,14 @@ def _nll_scorer(original_model, device: str, batch_size: int, device_map=None):
 
 
 # ----------------------------------------------------------------------------------------------------------- TOFU
-def retain_items_from_result(result: dict, forget_task: str) -> list[dict] | None:
-    """The retain cell's per-item forget truth ratios as `score_runs(retain_items=...)` rows (None if absent)."""
+def forget_items_from_result(result: dict, forget_task: str) -> list[dict] | None:
+    """A cell's per-item forget truth ratios as `score_runs(retain_items=...)` rows (None if absent): the retain
+    cell's, for the cells scored against it, or any cell's, for the report's late Forget Quality."""
     per_item = (result or {}).get("per_item") or {}
     values, questions = per_item.get("forget_truth_ratio"), per_item.get("forget_question")
     if not values or not questions or len(values) != len(questions):
         return None
-    run = f"retain cell {result.get('hash')}"
+    run = f"{result.get('kind', 'a')} cell {result.get('hash')}"
     return [{"task": forget_task, "question": q, "truth_ratio": float("nan") if v is None else float(v), "run": run}
             for q, v in zip(questions, values)]
 

@@ -41,6 +41,7 @@ PER_ITEM_METRICS = ("rouge_l_recall", "probability", "truth_ratio", "nll_answer"
 PER_ITEM_FILE = "per_item.jsonl"
 SCORES_FILE = "scores.json"
 HF_HINT = "plain `hf` results carry no token counts; rerun with `--model cru`"
+NO_RETAIN = "no retain model given"   # the start of that reason: the report may fill such a cell's FQ later
 
 _RESULTS_RE = re.compile(r"^results_(?P<date>.+)\.json$")
 
@@ -234,26 +235,33 @@ def _truth_ratios_by_question(items: list[dict]) -> dict[str, float]:
 
 def forget_quality_of(task: TaskOutput, retain_items: list[dict] | None, retain_source: str | None) -> dict:
     """Forget Quality of one forget task against the retain model's per-item truth ratios on the same items."""
-    from cru_harness import metrics as M
-
     if retain_items is None:
-        return unavailable("no retain model given (use --retain-run DIR or --retain-per-item FILE)")
+        return unavailable(f"{NO_RETAIN} (use --retain-run DIR or --retain-per-item FILE)")
     if not task.has_items:
         return unavailable(f"{task.task}: no samples file next to {task.results_file.name} (run lm-eval with "
                             f"--log_samples)")
-    ours = _truth_ratios_by_question(task.items)
+    return forget_quality_from_items(task.task, task.items, retain_items, retain_source)
+
+
+def forget_quality_from_items(task: str, items: list[dict], retain_items: list[dict],
+                              retain_source: str | None) -> dict:
+    """Forget Quality from two lists of `{question, truth_ratio}` rows: the items both share (by question), NaN
+    refused. The one rule for the scorer and for the report's late fill (`reporting.tables`)."""
+    from cru_harness import metrics as M
+
+    ours = _truth_ratios_by_question(items)
     theirs = _truth_ratios_by_question(retain_items)
     common = [q for q in ours if q in theirs]
     extra = {"retain_source": retain_source, "n_items": len(common), "n_model_items": len(ours),
              "n_retain_items": len(theirs)}
     if not common:
-        return unavailable(f"{task.task}: the retain model's results share no forget item with this run", **extra)
+        return unavailable(f"{task}: the retain model's results share no forget item with this run", **extra)
     a = np.array([ours[q] for q in common])
     b = np.array([theirs[q] for q in common])
     if np.isnan(a).any():
-        return unavailable(f"{task.task}: this run's truth ratios are NaN ({HF_HINT})", **extra)
+        return unavailable(f"{task}: this run's truth ratios are NaN ({HF_HINT})", **extra)
     if np.isnan(b).any():
-        return unavailable(f"{task.task}: the retain model's truth ratios are NaN ({HF_HINT})", **extra)
+        return unavailable(f"{task}: the retain model's truth ratios are NaN ({HF_HINT})", **extra)
     return available(M.forget_quality(a, b), **extra)
 
 

@@ -100,27 +100,29 @@ def forgetting_utility(benchmark: str | None, metrics: dict) -> tuple[float | No
 
 
 def fill_forget_quality(results: list[dict]) -> list[dict]:
-    """TOFU Forget Quality = KS-test p-value between a cell's per-item forget truth ratios and the retain
-    model's (same model, same split). Filled where missing and both per-item arrays are present."""
-    from scipy.stats import ks_2samp
+    """TOFU Forget Quality of the cells scored before their retain cell existed (another shard's, a later one):
+    computed here by the scorer's own rule (`score.forget_quality_from_items`: items matched by question, NaN
+    refused) from the cell's and the retain cell's (same model, same split) per-item truth ratios. A cell whose
+    scorer refused FQ for any other reason keeps its null."""
+    from .cell_scores import forget_items_from_result
+    from .score import NO_RETAIN, forget_quality_from_items
 
-    oracle = {}
-    for result in results:
-        if result.get("kind") == "retain" and result.get("status") == "ok":
-            values = (result.get("per_item") or {}).get("forget_truth_ratio")
-            if values:
-                oracle[(result["model"], result["split"])] = values
+    oracle = {(r["model"], r["split"]): r for r in results if r.get("kind") == "retain" and r.get("status") == "ok"}
     for result in results:
         if result.get("benchmark") != "tofu" or result.get("status") != "ok" or \
                 result.get("kind") in ("retain", "finetune"):
             continue
         metrics = result.setdefault("metrics", {})
-        if stats.is_number(metrics.get("forget_quality")):
+        recorded = ((result.get("details") or {}).get("scoring") or {}).get("forget_quality") or {}
+        if stats.is_number(metrics.get("forget_quality")) or \
+                (recorded and not str(recorded.get("reason") or "").startswith(NO_RETAIN)):
             continue
-        mine = (result.get("per_item") or {}).get("forget_truth_ratio")
-        reference = oracle.get((result["model"], result["split"]))
+        task = f"tofu_{result['split']}"
+        mine = forget_items_from_result(result, task)
+        retain = oracle.get((result["model"], result["split"]))
+        reference = forget_items_from_result(retain, task) if retain else None
         if mine and reference:
-            metrics["forget_quality"] = float(ks_2samp(mine, reference).pvalue)
+            metrics["forget_quality"] = forget_quality_from_items(task, mine, reference, reference[0]["run"])["value"]
     return results
 
 

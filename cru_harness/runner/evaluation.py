@@ -181,7 +181,7 @@ def score_cell(cell: Cell, lmeval_dir: Path, *, data_dir=None, original_model: s
     batch_size = int(cell.evaluation.get("batch_size", 8))
     if cell.benchmark == "tofu":
         forget_task = f"tofu_{cell.split}"
-        retain_items = cell_scores.retain_items_from_result(retain_result, forget_task) if retain_result else None
+        retain_items = cell_scores.forget_items_from_result(retain_result, forget_task) if retain_result else None
         scored = cell_scores.score_tofu_cell(lmeval_dir, split=cell.split, retain_items=retain_items,
                                              original_model=original, data_dir=data_dir, device=cell_device(cell),
                                              batch_size=batch_size, device_map=cell.model.device_map)
