@@ -145,3 +145,24 @@ def test_score_checks_its_output_dir_first(tmp_path, capsys):
     assert main(["score", str(model), "--output-dir", str(tmp_path / "file")]) == 2
     assert capsys.readouterr().err == (f"cru-harness score: error: --output-dir {tmp_path / 'file'} exists and is "
                                        "not a directory\n")
+
+
+def test_refusal_phrases_fall_back_only_without_a_local_copy(tmp_path, monkeypatch):
+    """No local TOFU and no Hub: the default stems, said in the note. A local copy without idontknow.jsonl: an
+    error naming the file, not a silent change of the refusal class."""
+    from cru_harness.metrics import DEFAULT_REFUSAL_PHRASES
+    from cru_harness.reporting import failure_modes
+
+    for var in ("CRU_HARNESS_TOFU_DIR", "CRU_HARNESS_DATA_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    failure_modes.tofu_refusal_phrases.cache_clear()
+    phrases, note = failure_modes.tofu_refusal_phrases(None)
+    assert phrases == tuple(DEFAULT_REFUSAL_PHRASES) and note.startswith("default stems only")
+    local = tmp_path / "tofu"
+    local.mkdir()
+    (local / "forget10_perturbed.json").write_text("")   # the layout marker, no idontknow.jsonl
+    failure_modes.tofu_refusal_phrases.cache_clear()
+    with pytest.raises(DataSourceError, match="idontknow.jsonl is missing"):
+        failure_modes.tofu_refusal_phrases(str(local))
+    failure_modes.tofu_refusal_phrases.cache_clear()

@@ -75,6 +75,8 @@ def load_idontknow(data_dir: str | os.PathLike | None = None) -> list[str]:
     local = resolve_local_dir("tofu", data_dir)
     if local is not None:
         path = local / "idontknow.jsonl"
+        if not path.is_file():
+            raise DataSourceError(f"{path} is missing: the local TOFU copy needs TOFU's idontknow.jsonl")
     else:
         try:
             from huggingface_hub import hf_hub_download

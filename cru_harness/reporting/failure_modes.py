@@ -26,14 +26,19 @@ from ..prompts import encode_text
 def tofu_refusal_phrases(data_dir: str | Path | None = None) -> tuple[tuple[str, ...], str]:
     """The default refusal stems plus TOFU's `idontknow` answers, and a note on what was used.
 
-    When the idontknow list cannot be read (no local copy, Hub unreachable) the defaults alone are used and the
-    note says so; the classes are then computed anyway. Cached per process (an unreachable Hub retries slowly).
+    When there is no local copy and the Hub is unreachable, the defaults alone are used and the note says so;
+    the classes are then computed anyway. A local copy without a readable list is an error, never a silent
+    fallback. Cached per process (an unreachable Hub retries slowly).
     """
-    try:
-        from cru_harness.data.tofu import load_idontknow
+    from cru_harness.data.sources import DataSourceError, resolve_local_dir
+    from cru_harness.data.tofu import load_idontknow
 
+    try:
         extra = load_idontknow(data_dir)
-    except Exception as err:  # no local copy and no Hub: the generic stems still catch most refusals
+    except DataSourceError as err:
+        if resolve_local_dir("tofu", data_dir) is not None:
+            raise
+        # no local copy and no Hub: the generic stems still catch most refusals
         return tuple(M.DEFAULT_REFUSAL_PHRASES), f"default stems only (idontknow list unavailable: {err})"
     return tuple(M.DEFAULT_REFUSAL_PHRASES) + tuple(extra), "default stems + TOFU idontknow.jsonl"
 
