@@ -392,3 +392,24 @@ def test_local_builds_lists_each_testbed_model_once(tmp_path):
         {"name": "c", "path": "smollm2", "benchmarks": ["tofu"]},
         {"name": "d", "path": str(tmp_path / "local_model")}])
     assert local_builds(cfg.validate_config(raw)) == ["zoo:llama", "zoo:llama:retain", "smollm2"]
+
+
+def test_purge_download_failing_for_a_local_reason_fails_the_cell_not_unavailable(monkeypatch):
+    """A missing repository or an unreachable Hub makes PURGE 'unavailable' (external); a local failure (a full
+    disk, permissions, a bug) propagates, so the cell is recorded as failed and the run exits non-zero."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+    def disk_full(repo_id, cache_dir=None):
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        resolve_purge_checkpoint(10, snapshot_download=disk_full, list_repos=lambda: [])
+
+    class HfHubHTTPError(Exception):   # huggingface_hub's HTTP error, matched by name as the resolver does
+        pass
+
+    def server_error(repo_id, cache_dir=None):
+        raise HfHubHTTPError("500 Server Error")
+
+    down = resolve_purge_checkpoint(10, snapshot_download=server_error, list_repos=lambda: [])
+    assert down.status == "unavailable" and "unreachable" in down.reason and "500 Server Error" in down.reason

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..data.sources import DataSourceError
+
 PURGE_AUTHOR = "strzara"
 PURGE_PREFIX = "Phi-3-mini-4k-instruct"
 PURGE_TARGETS = range(1, 21)
@@ -91,9 +93,10 @@ def _is_missing_repo(err: BaseException) -> bool:
 
 
 def _is_offline(err: BaseException) -> bool:
+    """The Hub could not be reached or answered with an HTTP error: external, the checkpoint is unavailable."""
     names = {cls.__name__ for cls in type(err).__mro__}
     return bool(names & {"LocalEntryNotFoundError", "OfflineModeIsEnabled", "ConnectionError", "ConnectError",
-                         "Timeout", "TimeoutException", "ProxyError"})
+                         "Timeout", "TimeoutException", "ProxyError", "HfHubHTTPError", "HTTPError"})
 
 
 def _hub_offline_flag() -> bool:
@@ -121,7 +124,7 @@ def resolve_purge_checkpoint(target: int, *, local_path: str | os.PathLike | Non
                                reason=f"PURGE released checkpoints for RWKU targets 1-20 only, not {target}")
     try:
         candidates = purge_candidates(target, target_folder(target, data_dir))
-    except Exception as err:
+    except (DataSourceError, LookupError) as err:   # no local RWKU copy and no Hub to name the target by
         return PurgeResolution(target, "unavailable", reason=f"cannot name target {target}'s checkpoint: {err}")
     if snapshot_download is None:
         from huggingface_hub import snapshot_download
@@ -134,13 +137,14 @@ def resolve_purge_checkpoint(target: int, *, local_path: str | os.PathLike | Non
         tried.append(repo)
         try:
             path = snapshot_download(repo_id=repo, cache_dir=cache_dir)
-        except Exception as err:  # classified below; anything else is reported, not raised
+        except Exception as err:
             if _is_missing_repo(err):
                 missing.append(repo)
             elif _is_offline(err) or _hub_offline_flag():
-                offline_errors.append(f"{repo}: {type(err).__name__}")
-            else:
-                offline_errors.append(f"{repo}: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+                offline_errors.append(f"{repo}: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
+                                      if str(err) else f"{repo}: {type(err).__name__}")
+            else:   # a local failure (disk, permissions) or a bug: the cell fails with it, not "unavailable"
+                raise
             return None
         return PurgeResolution(target, "ok", path=str(path), repo_id=repo, tried=list(tried))
 
@@ -153,6 +157,8 @@ def resolve_purge_checkpoint(target: int, *, local_path: str | os.PathLike | Non
         try:
             names = list_repos() if list_repos else _list_author_repos()
         except Exception as err:
+            if not _is_offline(err):
+                raise
             offline_errors.append(f"listing {PURGE_AUTHOR}'s repos: {type(err).__name__}")
             names = []
         pattern = re.compile(rf"{re.escape(PURGE_AUTHOR)}/{re.escape(PURGE_PREFIX)}-{target}_.+_PURGE", re.I)
