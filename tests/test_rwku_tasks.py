@@ -88,6 +88,29 @@ def test_targets_without_utility_sets(rwku_dir, caplog):
         U.load_docs("fluency", rwku_targets="10-11", data_dir=str(rwku_dir), rwku_utility_missing="error")
 
 
+@pytest.mark.shared_data
+def test_a_damaged_utility_file_is_an_error_not_a_target_without_one(rwku_dir, tmp_path):
+    """Only "RWKU has no such set for this target" drops a target from a utility probe; a damaged file of a
+    target that has the set (1-10) is an error naming it, never a silently smaller average."""
+    import shutil
+
+    from cru_harness.data.sources import DataSourceError
+
+    copy = tmp_path / "rwku"
+    (copy / "Target").mkdir(parents=True)
+    for name in ("all_intro.json", "dataset_info.json"):
+        if (rwku_dir / name).exists():
+            shutil.copy2(rwku_dir / name, copy / name)
+    for index in (9, 10):
+        (folder,) = (rwku_dir / "Target").glob(f"{index}_*")
+        shutil.copytree(folder, copy / "Target" / folder.name)
+    assert U.load_docs("triviaqa", rwku_targets="9-10", data_dir=str(copy))["test"]["target"].count(10) > 0
+    (damaged,) = (copy / "Target").glob("10_*")
+    (damaged / "triviaqa.json").write_text('[{"question": ')
+    with pytest.raises(DataSourceError, match="triviaqa.json is not valid JSON"):
+        U.load_docs("triviaqa", rwku_targets="9-10", data_dir=str(copy))
+
+
 # ------------------------------------------------------------------------------------------- lm-eval
 
 

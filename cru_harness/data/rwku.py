@@ -20,6 +20,11 @@ class TargetSelectionError(UserError, ValueError):
     """An RWKU target list or name that selects nothing valid."""
 
 
+class MissingTargetFileError(DataSourceError):
+    """RWKU has no such file for this target (e.g. utility sets exist for targets 1-10 only): the one failure
+    that means "this target lacks this set", as opposed to unreadable data or an unreachable Hub."""
+
+
 N_TARGETS = 200
 DEFAULT_TARGETS = "1-20"  # the PURGE / CRU paper protocol
 UTILITY_TARGETS = range(1, 11)  # RWKU ships its utility sets only for targets 1-10
@@ -160,12 +165,12 @@ def load_target_file(target: int | str | RWKUTarget, kind: str,
     if local is not None:
         path = local / "Target" / resolved.folder / f"{kind}.json"
         if not path.is_file():
-            raise DataSourceError(_missing_kind_message(resolved, kind, path))
+            raise MissingTargetFileError(_missing_kind_message(resolved, kind, path))
         rows = read_json_records(path)
     else:
         rows = [row for row in _hub_rows(HUB_CONFIGS[kind]) if row.get("subject", row.get("target")) == resolved.name]
         if not rows:
-            raise DataSourceError(_missing_kind_message(resolved, kind, f"Hub config {HUB_CONFIGS[kind]}"))
+            raise MissingTargetFileError(_missing_kind_message(resolved, kind, f"Hub config {HUB_CONFIGS[kind]}"))
     for index, row in enumerate(rows):
         missing = [field for field in REQUIRED_FIELDS.get(kind, ()) if field not in row]
         if missing:

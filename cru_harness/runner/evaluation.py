@@ -81,7 +81,7 @@ def rwku_tasks_with_data(cell: Cell, data_dir) -> tuple[list[str], dict[str, str
     """
     if cell.benchmark != "rwku" or cell.target is None:
         return list(cell.tasks), {}
-    from ..data.rwku import UTILITY_TARGETS, load_target_file
+    from ..data.rwku import UTILITY_TARGETS, MissingTargetFileError, load_target_file
     from ..tasks.rwku.utils import PROBE_KINDS, UTILITY_PROBES
 
     kept, dropped = [], {}
@@ -96,7 +96,7 @@ def rwku_tasks_with_data(cell: Cell, data_dir) -> tuple[list[str], dict[str, str
         for kind in kinds:
             try:
                 load_target_file(cell.target, kind, data_dir)
-            except Exception:  # noqa: BLE001 - any failure here means: no such set for this target
+            except MissingTargetFileError:   # no such set for this target; unreadable data fails the cell
                 missing.append(kind)
         if missing:
             dropped[task] = (f"RWKU has no {', '.join(missing)} for target {cell.target} "

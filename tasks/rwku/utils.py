@@ -28,7 +28,8 @@ import datasets
 import numpy as np
 from lm_eval.api.task import ConfigurableTask
 
-from cru_harness.data.rwku import ICU_INSTRUCTION, get_target, load_target_file, parse_targets
+from cru_harness.data.rwku import (ICU_INSTRUCTION, MissingTargetFileError, get_target, load_target_file,
+                                  parse_targets)
 from cru_harness.lmeval.protocol import JOINT_MARKER, template_date
 from cru_harness.prompts import RWKU_DATE, check_rwku_preset
 
@@ -173,7 +174,7 @@ def _utility_targets(probe: str, indices: list[int], origin: str, data_dir, miss
         try:
             load_target_file(index, kind, data_dir)
             available.append(index)
-        except (RuntimeError, OSError):  # DataSourceError: the file does not exist for this target
+        except MissingTargetFileError:   # only "no such set for this target"; unreadable data is an error
             pass
     lacking = [i for i in indices if i not in available]
     if not available:
