@@ -1,5 +1,7 @@
 """Issue 9: config booleans are booleans, and a dry run shows every model the run loads and whether it runs
 remote code."""
+import re
+
 import pytest
 import yaml
 
@@ -87,3 +89,34 @@ def test_cru_percentile_100_is_refused(tmp_path):
     raw["methods"] = [{"method": "CRU", "percentile": 100}]
     with pytest.raises(cfg.ConfigError, match="must be < 100"):
         cfg.validate_config(raw)
+
+
+@pytest.mark.parametrize("spec, message", [
+    (True, "expected RWKU target indices, got True"),
+    ([3.7, 2], "expected an integer target index, got 3.7"),
+    (["2"], "expected an integer target index, got '2'"),
+    ("1-x", "neither a number nor a range"),
+    ("5-2", "start is after end"),
+    ("0,3", "run from 1 to 200"),
+    ({"a": 1}, "expected RWKU targets like"),
+])
+def test_rwku_targets_have_one_parser_for_configs_and_tasks(tmp_path, spec, message):
+    """The runner's config and the lm-eval tasks read targets by the same rule (data.rwku.parse_targets): the
+    same spec is refused with the same reason, at the config's key there."""
+    from cru_harness.data.rwku import TargetSelectionError, parse_targets
+
+    with pytest.raises(TargetSelectionError, match=re.escape(message)):
+        parse_targets(spec)
+    raw = {"name": "t", "output_dir": str(tmp_path / "out"), "models": [{"name": "m", "path": "smollm2"}],
+           "benchmarks": {"rwku": {"targets": spec}}, "methods": [{"method": "GA"}]}
+    with pytest.raises(cfg.ConfigError, match=r"benchmarks\.rwku\.targets: .*" + re.escape(message)):
+        cfg.validate_config(raw)
+
+
+def test_rwku_targets_keep_their_order_for_tasks_and_sort_for_configs(tmp_path):
+    from cru_harness.data.rwku import parse_targets
+
+    assert parse_targets("5,1-2") == [5, 1, 2]
+    raw = {"name": "t", "output_dir": str(tmp_path / "out"), "models": [{"name": "m", "path": "smollm2"}],
+           "benchmarks": {"rwku": {"targets": "5,1-2"}}, "methods": [{"method": "GA"}]}
+    assert cfg.validate_config(raw).benchmarks["rwku"]["targets"] == [1, 2, 5]

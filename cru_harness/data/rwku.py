@@ -86,11 +86,17 @@ def parse_targets(spec: int | str | list | tuple | None = None) -> list[int]:
     """Target indices from `7`, `"1-20"`, `"1,3,5"`, `"1-3,7"`, `"all"`, or a list; default targets 1-20."""
     if spec is None or spec == "":
         spec = DEFAULT_TARGETS
+    if isinstance(spec, bool):   # YAML's `yes` or a stray flag: never target 1
+        raise TargetSelectionError(f"expected RWKU target indices, got {spec!r}")
     if isinstance(spec, int):
         indices = [spec]
     elif isinstance(spec, (list, tuple)):
-        indices = [int(item) for item in spec]
-    else:
+        for position, item in enumerate(spec):
+            if isinstance(item, bool) or not isinstance(item, int):
+                raise TargetSelectionError(f"RWKU target list item {position}: expected an integer target index, "
+                                           f"got {item!r}")
+        indices = list(spec)
+    elif isinstance(spec, str):
         text = str(spec).strip().lower()
         if text == "all":
             return list(range(1, N_TARGETS + 1))
@@ -107,9 +113,11 @@ def parse_targets(spec: int | str | list | tuple | None = None) -> list[int]:
                 if low > high:
                     raise TargetSelectionError(f"bad RWKU target range {part!r}: start is after end")
                 indices.extend(range(low, high + 1))
+    else:
+        raise TargetSelectionError(f"expected RWKU targets like 7, '1-20', '1,3,5', 'all' or a list, got {spec!r}")
     bad = [index for index in indices if not 1 <= index <= N_TARGETS]
     if bad:
-        raise TargetSelectionError(f"RWKU targets run from 1 to {N_TARGETS}; got {bad}")
+        raise TargetSelectionError(f"RWKU targets run from 1 to {N_TARGETS}; out of range: {bad}")
     if not indices:
         raise TargetSelectionError(f"RWKU target spec {spec!r} selects no target")
     return sorted(set(indices), key=indices.index)

@@ -15,14 +15,14 @@ from typing import Any
 
 import yaml
 
+from ..data.rwku import DEFAULT_TARGETS, TargetSelectionError, parse_targets
 from ..errors import MissingInputError, UserError
 from ..prompts import (DEFAULT_RWKU_PRESET, DEFAULT_TOFU_PRESET, PresetError, check_rwku_preset, check_tofu_preset,
                        legacy_format)
+from .purge import PURGE_TARGETS
 
 BENCHMARKS = ("tofu", "rwku")
 TOFU_SPLITS = ("forget01", "forget05", "forget10")
-RWKU_N_TARGETS = 200
-PURGE_TARGETS = range(1, 21)  # PURGE released checkpoints for RWKU targets 1-20 only
 PURGE_BASE_MODEL = "Phi-3-mini-4k-instruct"
 
 # Evaluation tasks (lm-eval task names, from tasks/) run by default per benchmark; `{split}` / `{target}` are
@@ -228,41 +228,14 @@ def _str_list(value: Any, key: str, source: str | None) -> list[str]:
 
 
 def _parse_targets(spec: Any, key: str, source: str | None) -> list[int]:
-    """RWKU targets: 7, "1-20", "1,3,5", "all", or a list; each must be in 1..200."""
-    if isinstance(spec, bool):
-        _fail(key, f"expected target indices, got {spec!r}", source)
-    if isinstance(spec, int):
-        indices = [spec]
-    elif isinstance(spec, list):
-        indices = []
-        for i, item in enumerate(spec):
-            if isinstance(item, bool) or not isinstance(item, int):
-                _fail(f"{key}[{i}]", f"expected an integer target index, got {item!r}", source)
-            indices.append(item)
-    elif isinstance(spec, str):
-        text = spec.strip().lower()
-        if text == "all":
-            return list(range(1, RWKU_N_TARGETS + 1))
-        indices = []
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            match = re.fullmatch(r"(\d+)\s*-\s*(\d+)|(\d+)", part)
-            if not match:
-                _fail(key, f"{part!r} is neither a number nor a range like 1-20", source)
-            if match.group(3):
-                indices.append(int(match.group(3)))
-            else:
-                low, high = int(match.group(1)), int(match.group(2))
-                if low > high:
-                    _fail(key, f"range {part!r} starts after it ends", source)
-                indices.extend(range(low, high + 1))
-    else:
-        _fail(key, f"expected targets like 7, '1-20', '1,3,5', 'all' or a list, got {spec!r}", source)
-    bad = [i for i in indices if not 1 <= i <= RWKU_N_TARGETS]
-    if bad:
-        _fail(key, f"RWKU targets run from 1 to {RWKU_N_TARGETS}; out of range: {bad}", source)
-    if not indices:
+    """RWKU targets by the one target parser (`data.rwku.parse_targets`: 7, "1-20", "1,3,5", "all", or a list of
+    integers in 1..200), sorted; a bad spec is a ConfigError at its key."""
+    if spec is None or spec == "":
         _fail(key, "selects no target", source)
-    return sorted(set(indices))
+    try:
+        return sorted(parse_targets(spec))
+    except TargetSelectionError as err:
+        _fail(key, str(err), source)
 
 
 def _boolean(value: Any, key: str, source: str | None, *, allow_none: bool = False) -> bool | None:
@@ -399,7 +372,7 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
                 _fail(f"{where}.splits", f"repeats a split: {splits}", source)
             resolved["splits"] = splits
         else:
-            resolved["targets"] = _parse_targets(spec.get("targets", "1-20"), f"{where}.targets", source)
+            resolved["targets"] = _parse_targets(spec.get("targets", DEFAULT_TARGETS), f"{where}.targets", source)
             resolved["select_known"] = _validate_select_known(spec.get("select_known"), resolved["targets"],
                                                               spec.get("limit"), f"{where}.select_known", source)
         tasks = _str_list(spec.get("tasks", DEFAULT_TASKS[bench]), f"{where}.tasks", source)
