@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass
 
-from cru_harness.lmeval.protocol import PINNED_DATE, pinned_clock, template_date
+from cru_harness.lmeval.protocol import PINNED_DATE, SYSTEM_PROMPT, pinned_clock, template_date
 
 from .errors import InputError, UserError
 
@@ -40,7 +40,7 @@ RWKU_PRESETS = ("reference",)
 DEFAULT_RWKU_PRESET = "reference"
 
 #: open-unlearning `configs/model/*-Instruct.yaml` `template_args.system_prompt` (every chat model it configures).
-OPEN_UNLEARNING_SYSTEM_PROMPT = "You are a helpful assistant."
+OPEN_UNLEARNING_SYSTEM_PROMPT = SYSTEM_PROMPT   # defined once, in lmeval.protocol (stdlib only)
 #: open-unlearning `configs/model/Llama-3.2-1B-Instruct.yaml:15` `date_string: 10 Apr 2025`.
 OPEN_UNLEARNING_DATE = _dt.datetime(2025, 4, 10)
 #: RWKU passes no date; Llama 3.1's template then falls back to 26 Jul 2024 (the project pins the same).

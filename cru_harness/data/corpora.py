@@ -12,11 +12,11 @@ import re
 from pathlib import Path
 
 from ..errors import InputError
+from ..prompts import plain_prompt
 from .rwku import load_target_file
 from .sources import DataSourceError, read_json_records
 from .tofu import TOFU_CONFIGS, load_tofu
 
-PLAIN_PROMPT = "Question: {question}\nAnswer:"  # protocol.md, "Prompting": models without a chat template
 
 
 class RowError(DataSourceError, ValueError):
@@ -24,13 +24,13 @@ class RowError(DataSourceError, ValueError):
 
 
 def format_qa_prompt(question: str) -> str:
-    """The plain prompt a model completes with ` {answer}`."""
-    return PLAIN_PROMPT.format(question=question)
+    """The plain prompt a model completes with ` {answer}` (`prompts.plain_prompt`, the one builder)."""
+    return plain_prompt(question)
 
 
 def format_qa(question: str, answer: str) -> str:
     """The protocol's plain prompt followed by the answer after one space."""
-    return f"{format_qa_prompt(question)} {answer}"
+    return f"{plain_prompt(question)} {answer}"
 
 
 def row_qa(row: dict, index: int, origin: str = "corpus") -> tuple[str, str]:
