@@ -107,6 +107,24 @@ def test_selection_is_made_once_saved_and_invalidated_by_its_key(tmp_path):
     assert load_selection(changed, changed.models[0]) is None
 
 
+def test_selection_answers_the_probes_as_the_cells_do(tmp_path):
+    """The selection's lm-eval run gets the cells' generation length and presets (runner.evaluation's one
+    `lmeval_settings`), and a saved choice made under other settings is stale."""
+    from cru_harness.runner.evaluation import lmeval_settings
+
+    raw = raw_config(tmp_path)
+    raw["evaluation"] = {"max_gen_toks": 16, "rwku_newline_stop": True}
+    config = cfg.validate_config(raw)
+    fake = FakeEvaluate()
+    select_known_targets(config, config.models[0], evaluate=fake, log=lambda _: None)
+    call = fake.calls[0]
+    assert call["gen_kwargs"] == {"max_gen_toks": 16} and call["presets"]["rwku_newline_stop"] is True
+    assert {k: call[k] for k in ("gen_kwargs", "presets")} == lmeval_settings(config.evaluation)
+    raw["evaluation"] = {"max_gen_toks": 16}
+    other = cfg.validate_config(raw)
+    assert load_selection(other, other.models[0]) is None
+
+
 def test_a_selection_made_by_other_code_is_remade_but_can_be_read_as_it_is(tmp_path):
     config = cfg.validate_config(raw_config(tmp_path))
     model = config.models[0]

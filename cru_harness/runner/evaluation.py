@@ -28,6 +28,13 @@ def protocol_presets(evaluation: dict) -> dict[str, Any]:
             for key, default in defaults.items()}
 
 
+def lmeval_settings(evaluation: dict) -> dict[str, Any]:
+    """The generation and preset arguments of `run_lmeval` that the config's `evaluation` block decides: one
+    place, so that RWKU target selection answers the probes exactly as the cells do."""
+    gen_kwargs = {"max_gen_toks": int(evaluation["max_gen_toks"])} if evaluation.get("max_gen_toks") else None
+    return {"gen_kwargs": gen_kwargs, "presets": protocol_presets(evaluation)}
+
+
 def use_chat_template(cell: Cell, model_path: str) -> bool:
     """Whether the cell's prompts go through the model's chat template (see `model_uses_chat_template`)."""
     return model_uses_chat_template(cell.model, cell.evaluation, model_path)
@@ -57,16 +64,13 @@ def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Pat
                   chat_template: bool) -> dict:
     """lm-eval `simple_evaluate` with the `cru` model on the cell's tasks; its outputs are saved under
     workdir/lmeval exactly as `lm_eval --output_path ... --log_samples` saves them (what the scorers read)."""
-    gen_kwargs = None
-    if cell.evaluation.get("max_gen_toks"):
-        gen_kwargs = {"max_gen_toks": int(cell.evaluation["max_gen_toks"])}
     out = workdir / "lmeval"
     tasks, unavailable = rwku_tasks_with_data(cell, data_dir)
     t0 = time.perf_counter()
     run_lmeval(cell.model, model_path, tasks, out, routers=routers, data_dir=data_dir,
                targets=None if cell.target is None else str(cell.target), limit=cell.limit,
                batch_size=cell.evaluation.get("batch_size", 8), device=cell_device(cell), chat_template=chat_template,
-               gen_kwargs=gen_kwargs, presets=protocol_presets(cell.evaluation))
+               **lmeval_settings(cell.evaluation))
     return {"output_dir": out, "wall_time_s": time.perf_counter() - t0, "artifacts": {"lmeval": str(out)},
             "tasks_unavailable": unavailable}
 

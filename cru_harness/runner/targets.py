@@ -28,13 +28,15 @@ KNOWLEDGE_METRIC = "rouge_l_recall"
 def selection_key(config: ExperimentConfig, model: ModelSpec) -> dict[str, Any]:
     """Everything that determines the selection of one model (its hash invalidates a stale saved file), the
     code version included: a selection made by other code is made again (as cells are recomputed)."""
+    from .evaluation import lmeval_settings
     from .provenance import code_version
 
     spec = config.benchmarks["rwku"]
     return {"schema": SELECTION_SCHEMA, "code_version": code_version(), "model": model.identity(), "candidates": spec["targets"],
             "select_known": spec["select_known"], "data_dir": spec["data_dir"],
             "batch_size": config.evaluation.get("batch_size", 8),
-            "apply_chat_template": config.evaluation.get("apply_chat_template")}
+            "apply_chat_template": config.evaluation.get("apply_chat_template"),
+            "lmeval_settings": lmeval_settings(config.evaluation)}
 
 
 def selection_path(config: ExperimentConfig, model: ModelSpec) -> Path:
@@ -96,7 +98,7 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
         return saved
     from ..tasks.rwku.utils import per_target_results
     from .cache import atomic_write_json, now_iso
-    from .evaluation import model_uses_chat_template, run_lmeval
+    from .evaluation import lmeval_settings, model_uses_chat_template, run_lmeval
     from .models import resolve_data_dir, resolve_device, resolve_model_path
 
     spec = config.benchmarks["rwku"]
@@ -113,7 +115,7 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
                            data_dir=resolve_data_dir(spec["data_dir"]),
                            targets=",".join(str(t) for t in candidates), limit=select["rows"],
                            batch_size=config.evaluation.get("batch_size", 8), device=resolve_device(config.device),
-                           chat_template=chat)
+                           chat_template=chat, **lmeval_settings(config.evaluation))
     per_target = per_target_results(results.get("samples") or {})
     scores = knowledge_scores(per_target, select["probes"], candidates)
     chosen = rank_targets({t: row["score"] for t, row in scores.items()}, select["top"])
