@@ -121,3 +121,19 @@ def test_real_task_manager_is_patched_when_lm_eval_is_imported():
 
     assert getattr(TaskManager.__init__, "_cru_harness_patched", False), (
         "the .pth hook did not patch TaskManager: is cru_harness_lmeval.pth installed in site-packages?")
+
+
+def test_a_late_install_reports_a_failing_action(monkeypatch, capsys):
+    """Installed after lm-eval was imported, the hook acts at once; a failure is said on stderr (as on import),
+    not swallowed."""
+    hook = _load_hook_copy()
+
+    def boom():
+        raise RuntimeError("simulated late")
+
+    monkeypatch.setattr(hook, "_ACTIONS", {"json": boom})   # a module that is surely imported already
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if type(f).__name__ != "LmEvalFinder"])
+    monkeypatch.delenv("CRU_HARNESS_NO_LMEVAL_HOOK", raising=False)
+    hook.install()
+    err = capsys.readouterr().err
+    assert "hook failed after importing json" in err and "simulated late" in err and "cru-eval" in err

@@ -269,6 +269,18 @@ def test_identical_runs_reproduce_exactly(tmp_path):
     assert json.loads((Path(run) / "reproduction.json").read_text())["reproduced"] is True
 
 
+def test_a_damaged_target_choice_is_named_not_read_as_none(tmp_path):
+    from cru_harness.errors import InputError
+    from cru_harness.runner.targets import SELECTION_DIR
+
+    reference = make_run(tmp_path, "ref", METRICS)
+    run = make_run(tmp_path, "run", METRICS)
+    (Path(run) / SELECTION_DIR).mkdir()
+    (Path(run) / SELECTION_DIR / "m.json").write_text('{"chosen": [1')
+    with pytest.raises(InputError, match="m.json: cannot read the RWKU target choice"):
+        compare_runs(run, reference)
+
+
 def test_a_difference_beyond_tolerance_is_named(tmp_path):
     reference = make_run(tmp_path, "ref", METRICS)
     changed = {**METRICS, "method": {**METRICS["method"], "forget_quality": 0.054}}

@@ -60,15 +60,19 @@ class _LoaderProxy:
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        try:
-            self._action()
-        except Exception as exc:  # never break lm-eval because of us
-            print(f"cru-harness: lm-eval integration hook failed after importing {module.__name__}: "
-                  f"{type(exc).__name__}: {exc}. Use `cru-eval` instead of `lm_eval`, or call "
-                  f"cru_harness.lmeval.registration.register().", file=sys.stderr)
+        _run_action(self._action, module.__name__)
 
     def __getattr__(self, name):  # get_code, get_source, is_package, ... for tools that ask
         return getattr(self._loader, name)
+
+
+def _run_action(action, module_name: str) -> None:
+    try:
+        action()
+    except Exception as exc:  # never break lm-eval because of us, but say so
+        print(f"cru-harness: lm-eval integration hook failed after importing {module_name}: "
+              f"{type(exc).__name__}: {exc}. Use `cru-eval` instead of `lm_eval`, or call "
+              f"cru_harness.lmeval.registration.register().", file=sys.stderr)
 
 
 class LmEvalFinder:
@@ -103,7 +107,4 @@ def install() -> None:
     # lm-eval already imported (e.g. the hook installed late, by hand): act now.
     for name, action in _ACTIONS.items():
         if name in sys.modules:
-            try:
-                action()
-            except Exception:
-                pass
+            _run_action(action, name)

@@ -11,12 +11,9 @@ from . import stats, tables
 
 
 def register(subparsers) -> None:
-    try:
-        from .score import add_score_parser  # another package's `score` subcommand, when present
-    except ImportError:
-        add_score_parser = None
-    if add_score_parser is not None:
-        add_score_parser(subparsers)
+    from .score import add_score_parser
+
+    add_score_parser(subparsers)
     report = subparsers.add_parser("report", help="leaderboards (md/csv/tex), plots and statistics of run dirs",
                                    description="Read the cells of one or more run directories and write "
                                                "leaderboard tables, plots and the method-comparison tests.")

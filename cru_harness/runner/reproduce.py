@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import MissingInputError
+from ..errors import InputError, MissingInputError
 from .cache import CellStore, atomic_write_json, atomic_write_text
 from .plan import cell_title
 from .provenance import INPUT_FIELDS, code_record
@@ -290,8 +290,8 @@ def _selections(run_store: CellStore, ref_store: CellStore) -> dict[str, tuple]:
         for path in sorted((store.root / SELECTION_DIR).glob("*.json")):
             try:
                 record = read_json(path)
-            except (OSError, ValueError):
-                continue
+            except (OSError, ValueError) as err:   # named: a damaged choice must not read as "no choice"
+                raise InputError(f"{path}: cannot read the RWKU target choice ({err})") from None
             chosen.setdefault(record.get("model", path.stem), [None, None])[side] = record.get("chosen")
     return {model: tuple(pair) for model, pair in chosen.items()}
 
