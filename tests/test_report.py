@@ -219,6 +219,16 @@ def test_point_labels_do_not_overlap_even_where_points_coincide():
     plots.plt.close(fig)
 
 
+def test_figures_are_written_whole_under_their_name(tmp_path):
+    from cru_harness.reporting import plots
+
+    fig, ax = plots.plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    path = plots.save_figure(fig, tmp_path / "a.png", dpi=50)
+    plots.plt.close(fig)
+    assert path.read_bytes().startswith(b"\x89PNG") and [p.name for p in tmp_path.iterdir()] == ["a.png"]
+
+
 def test_colours_do_not_repeat_for_any_number_of_methods():
     from cru_harness.reporting import plots
 

@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -18,6 +19,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from . import stats  # noqa: E402
 from .tables import peak_memory_bytes  # noqa: E402
+
+
+def save_figure(fig, path: str | Path, **kwargs) -> Path:
+    """`fig.savefig(path, **kwargs)` through a temporary file renamed into place: a killed report never leaves
+    half a PNG under the real name."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.partial{path.suffix}")   # same suffix: savefig reads the format from it
+    try:
+        fig.savefig(tmp, **kwargs)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 def file_slug(text: str) -> str:
@@ -126,7 +140,7 @@ def tradeoff_plots(rows: list[dict], benchmark: str, out_dir: Path) -> list[Path
         fig.tight_layout()
         label_points(ax, [(x, y, r["label"]) for r, x, y in points])
         path = out_dir / f"tradeoff_{benchmark}_{file_slug(model)}_{file_slug(unit)}.png"
-        fig.savefig(path, dpi=110, bbox_inches="tight")
+        save_figure(fig, path, dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(path)
     return written
@@ -148,7 +162,7 @@ def gate_plot(rows: list[dict], out_dir: Path) -> Path | None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = out_dir / "gates.png"
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 
@@ -169,7 +183,7 @@ def rwku_level_plot(rows: list[dict], out_dir: Path) -> Path | None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     path = out_dir / "rwku_levels.png"
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 
@@ -199,6 +213,6 @@ def resources_plot(results: list[dict], out_dir: Path) -> Path | None:
     fig.suptitle("Resources per method (training where it trains, else the whole cell)")
     fig.tight_layout()
     path = out_dir / "resources.png"
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path

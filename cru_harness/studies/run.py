@@ -301,6 +301,8 @@ def _line_plot(study: Study, groups: dict, keys, names, stem: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from ..reporting.plots import save_figure
+
     fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.8), squeeze=False)
     series: dict[tuple, list] = defaultdict(list)
     for (group, label, n, block), items in groups.items():
@@ -323,7 +325,7 @@ def _line_plot(study: Study, groups: dict, keys, names, stem: str) -> Path:
     fig.tight_layout()
     path = study.out_dir / f"{stem}.png"
     study.out_dir.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
     return path
 

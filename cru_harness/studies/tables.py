@@ -210,7 +210,7 @@ def plot_study(rows: list[dict], out_dir: Path, *, title: str, x: str | None = N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..reporting.plots import file_slug
+    from ..reporting.plots import file_slug, save_figure
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -218,7 +218,7 @@ def plot_study(rows: list[dict], out_dir: Path, *, title: str, x: str | None = N
         block_rows = [r for r in rows if r["block"] == block]
         fig = tradeoff_figure(block_rows, title=title, block=block)
         path = out_dir / f"tradeoff_{file_slug(block)}.png"
-        fig.savefig(path, dpi=120, bbox_inches="tight")
+        save_figure(fig, path, dpi=120, bbox_inches="tight")
         plt.close(fig)
         paths.append(path)
         swept = sorted((r for r in block_rows if is_number(r["x"])), key=lambda r: r["x"])
@@ -248,7 +248,7 @@ def plot_study(rows: list[dict], out_dir: Path, *, title: str, x: str | None = N
             fig.suptitle(f"{title} · {block}", fontsize=9)
             fig.tight_layout()
             path = out_dir / f"sweep_{file_slug(block)}.png"
-            fig.savefig(path, dpi=120)
+            save_figure(fig, path, dpi=120)
             plt.close(fig)
             paths.append(path)
     return paths
