@@ -139,7 +139,6 @@ def tiny_lm(tmp_path_factory):
 
 
 def test_nll_under_original_model_matches_direct_loss(tiny_lm):
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     scorer = failure_modes.AnswerNLLScorer(tiny_lm, batch_size=2)
@@ -150,20 +149,24 @@ def test_nll_under_original_model_matches_direct_loss(tiny_lm):
     tok = AutoTokenizer.from_pretrained(tiny_lm)
     model = AutoModelForCausalLM.from_pretrained(tiny_lm).eval()
     for prompt, answer, got in ((prompts[0], answers[0], nlls[0]), (prompts[2], answers[2], nlls[2])):
-        ctx = tok(prompt)["input_ids"]
-        cont = tok(answer, add_special_tokens=False)["input_ids"]
-        ids = torch.tensor([ctx + cont])
-        labels = ids.clone()
-        labels[0, : len(ctx)] = -100
-        with torch.no_grad():
-            expected = model(input_ids=ids, labels=labels).loss.item()
-        assert got == pytest.approx(expected, rel=1e-4)
+        assert got == pytest.approx(_answer_loss(model, tok(prompt)["input_ids"], tok, answer), rel=1e-4)
+
+
+def _answer_loss(model, ctx: list[int], tok, answer: str) -> float:
+    """The mean NLL of the answer's tokens after `ctx`, by the model's own loss (the reference for the scorer)."""
+    import torch
+
+    cont = tok(answer, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([ctx + cont])
+    labels = ids.clone()
+    labels[0, : len(ctx)] = -100
+    with torch.no_grad():
+        return model(input_ids=ids, labels=labels).loss.item()
 
 
 def test_nll_under_original_model_keeps_a_prompts_own_bos(tiny_lm):
     """A logged chat prompt starts with the BOS its template rendered; a BOS-adding tokenizer must not add a
     second one (lm-eval's rule, prompts.encode_text): the NLL is that of the evaluated tokens."""
-    import torch
     from tokenizers.processors import TemplateProcessing
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -176,13 +179,7 @@ def test_nll_under_original_model_keeps_a_prompts_own_bos(tiny_lm):
     (got,) = failure_modes.AnswerNLLScorer(model, tok)([prompt], [answer])
     ctx = tok(prompt, add_special_tokens=False)["input_ids"]
     assert ctx[0] == bos and ctx.count(bos) == 1
-    cont = tok(answer, add_special_tokens=False)["input_ids"]
-    ids = torch.tensor([ctx + cont])
-    labels = ids.clone()
-    labels[0, : len(ctx)] = -100
-    with torch.no_grad():
-        expected = model(input_ids=ids, labels=labels).loss.item()
-    assert got == pytest.approx(expected, rel=1e-4)
+    assert got == pytest.approx(_answer_loss(model, ctx, tok, answer), rel=1e-4)
 
 
 def test_score_with_original_model_records_nll(tmp_path, tiny_lm):

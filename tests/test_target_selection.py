@@ -139,6 +139,14 @@ def test_a_selection_made_by_other_code_is_remade_but_can_be_read_as_it_is(tmp_p
     assert resolve_selected_targets(config, run=False, any_code=True) == {model.name: [3, 1]}
     changed = cfg.validate_config(raw_config(tmp_path, probes=["rwku_fb"]))
     assert load_selection(changed, changed.models[0], any_code=True) is None  # another rule is never read
+    # a key written before the generation settings were recorded: made with the defaults, read as such
+    del saved["key"]["lmeval_settings"]
+    path.write_text(json.dumps(saved))
+    assert load_selection(config, model, any_code=True)["chosen"] == [3, 1]
+    raw = raw_config(tmp_path)
+    raw["evaluation"] = {"max_gen_toks": 16}
+    longer = cfg.validate_config(raw)
+    assert load_selection(longer, longer.models[0], any_code=True) is None   # made with other generation
 
 
 def test_plan_uses_the_chosen_targets_and_dry_run_says_what_is_pending(tmp_path, capsys):

@@ -59,8 +59,21 @@ def load_selection(config: ExperimentConfig, model: ModelSpec, *, any_code: bool
         return None  # a corrupt file is recomputed, never trusted
     key = selection_key(config, model)
     if any_code:
-        return saved if {**(saved.get("key") or {}), "code_version": None} == {**key, "code_version": None} else None
+        return saved if _same_rule(saved.get("key") or {}, key) else None
     return saved if saved.get("key_hash") == _key_hash(key) else None
+
+
+def _same_rule(saved: dict, key: dict) -> bool:
+    """Whether a selection saved by other code was made by the same rule as `key` would make it now. A key
+    written before `lmeval_settings` was recorded was made with the default ones (no generation override, the
+    default presets): the only ones that code passed."""
+    from .evaluation import lmeval_settings
+
+    def comparable(k: dict) -> dict:
+        return {**k, "code_version": None, "lmeval_settings": k.get("lmeval_settings", lmeval_settings({}))}
+
+    return json.loads(json.dumps(comparable(saved), default=str)) == \
+        json.loads(json.dumps(comparable(key), default=str))
 
 
 def rank_targets(scores: dict[int, float], top: int) -> list[int]:
