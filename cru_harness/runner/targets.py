@@ -111,7 +111,7 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
         return saved
     from ..tasks.rwku.utils import per_target_results
     from .cache import atomic_write_json, now_iso
-    from .evaluation import lmeval_settings, model_uses_chat_template, run_lmeval
+    from .evaluation import model_uses_chat_template, run_lmeval
     from .models import resolve_data_dir, resolve_device, resolve_model_path
 
     spec = config.benchmarks["rwku"]
@@ -120,6 +120,7 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
     evaluate = evaluate or run_lmeval
     model_path = resolve_model_path(model.path)
     chat = model_uses_chat_template(model, config.evaluation, model_path)
+    key = selection_key(config, model)   # what the record says it was made with is what the run is given
     log(f"target selection for {model.name}: scoring the original model on {', '.join(select['probes'])} for "
         f"{len(candidates)} candidate targets ({select['rows'] or 'all'} rows each), keeping the top {select['top']}")
     t0 = time.perf_counter()
@@ -128,13 +129,12 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
                            data_dir=resolve_data_dir(spec["data_dir"]),
                            targets=",".join(str(t) for t in candidates), limit=select["rows"],
                            batch_size=config.evaluation.get("batch_size", 8), device=resolve_device(config.device),
-                           chat_template=chat, **lmeval_settings(config.evaluation))
+                           chat_template=chat, **key["lmeval_settings"])
     per_target = per_target_results(results.get("samples") or {})
     scores = knowledge_scores(per_target, select["probes"], candidates)
     chosen = rank_targets({t: row["score"] for t, row in scores.items()}, select["top"])
     names = {t: row.get("target_name", "") for probe in select["probes"]
              for t, row in per_target.get(probe, {}).items()}
-    key = selection_key(config, model)
     record = {"schema": SELECTION_SCHEMA, "key_hash": _key_hash(key), "key": key, "model": model.name,
               "chosen": chosen, "metric": f"mean {KNOWLEDGE_METRIC} of {', '.join(select['probes'])} "
                                           f"(original model, first {select['rows'] or 'all'} rows per file)",
