@@ -100,6 +100,23 @@ def dtype_name(dtype: torch.dtype | str) -> str:
     return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
 
 
+def checkpoint_dtype(path: str, *, trust_remote_code: bool = False) -> str:
+    """The dtype name a checkpoint declares in its config, as transformers' `dtype="auto"` would load it
+    (float32 when it declares none). A declared dtype outside DTYPE_NAMES is a `DeviceError`."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    declared = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if declared is None:
+        return "float32"
+    try:
+        name = dtype_name(parse_dtype(declared))
+    except DeviceError:
+        raise DeviceError(f"checkpoint {path}: its config declares dtype {declared}, not one of "
+                          f"{', '.join(DTYPE_NAMES[1:])}; set dtype explicitly") from None
+    return "float32" if name == "auto" else name
+
+
 def check_dtype_on_device(dtype: torch.dtype | str, device: torch.device) -> None:
     """A dtype the device cannot compute in is a `DeviceError` (bf16 on a GPU older than Ampere)."""
     import torch

@@ -90,7 +90,44 @@ def test_cells_wait_for_their_finetuned_checkpoint(tmp_path, monkeypatch):
 def test_device_map_reaches_lm_eval():
     args = eval_model_args(cfg.ModelSpec("m", "p", dtype="bfloat16", device_map="auto"), "/m")
     assert args["parallelize"] is True and args["softmax_dtype"] == "float32"
-    assert "parallelize" not in eval_model_args(cfg.ModelSpec("m", "p"), "/m")
+    assert "parallelize" not in eval_model_args(cfg.ModelSpec("m", "p", dtype="float32"), "/m")
+
+
+def _config_dir(path, dtype):
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2)
+    if dtype is not None:
+        config.dtype = dtype
+    config.save_pretrained(path)
+    return str(path)
+
+
+def test_auto_dtype_is_the_base_checkpoints_for_every_phase_and_checkpoint(tmp_path):
+    """`auto` resolves against the model's own checkpoint, once: a method's checkpoint saved in float32 is
+    scored in the base's bfloat16 like the Original, and baselines train in it (they trained in float32)."""
+    from cru_harness.runner.models import model_dtype
+
+    base = _config_dir(tmp_path / "base", "bfloat16")
+    trained = _config_dir(tmp_path / "trained", "float32")
+    spec = cfg.ModelSpec("m", base)
+    assert model_dtype(spec) == "bfloat16" and model_dtype(spec, "eval") == "bfloat16"
+    args = eval_model_args(spec, trained)
+    assert args["dtype"] == "bfloat16" and args["softmax_dtype"] == "float32"
+    # an explicit dtype is left as written; eval_dtype overrides scoring only
+    split = cfg.ModelSpec("m", base, dtype="float32", eval_dtype="auto")
+    assert model_dtype(split) == "float32" and model_dtype(split, "eval") == "bfloat16"
+    with pytest.raises(ValueError, match="phase"):
+        model_dtype(spec, "score")
+
+
+def test_checkpoint_dtype_reads_the_config(tmp_path):
+    from cru_harness.devices import DeviceError, checkpoint_dtype
+
+    assert checkpoint_dtype(_config_dir(tmp_path / "a", "float16")) == "float16"
+    assert checkpoint_dtype(_config_dir(tmp_path / "b", None)) == "float32"  # transformers' default
+    with pytest.raises(DeviceError, match="float64"):
+        checkpoint_dtype(_config_dir(tmp_path / "c", "float64"))
 
 
 def tiny_finetune_plan(tmp_path):

@@ -9,7 +9,7 @@ from typing import Any
 from ..errors import InputError, MissingInputError
 from .cache import read_json
 from .config import ModelSpec
-from .models import cell_device
+from .models import cell_device, model_dtype
 from .plan import Cell
 
 #: The evaluation keys that are protocol presets / options of the tasks (lm-eval metadata of the same name).
@@ -113,11 +113,13 @@ def rwku_tasks_with_data(cell: Cell, data_dir) -> tuple[list[str], dict[str, str
 
 
 def eval_model_args(model: ModelSpec, model_path: str, routers: str | None = None) -> dict[str, Any]:
-    """`--model cru` arguments for a model spec. Scoring in bf16/fp16 keeps the log-softmax in float32:
-    lm-eval computes it in the model's dtype by default, which rounds log-probs to a few bits (-5.875)."""
-    dtype = model.eval_dtype or model.dtype
+    """`--model cru` arguments for a model spec, in its scoring dtype (`models.model_dtype`: `auto` is the
+    model's own checkpoint's, whatever dtype `model_path` was saved in). Scoring in bf16/fp16 keeps the
+    log-softmax in float32: lm-eval computes it in the model's dtype by default, which rounds log-probs to a few
+    bits (-5.875)."""
+    dtype = model_dtype(model, "eval")
     args: dict[str, Any] = {"pretrained": model_path, "dtype": dtype}
-    if dtype in ("bfloat16", "float16", "auto"):
+    if dtype in ("bfloat16", "float16"):
         args["softmax_dtype"] = "float32"
     if model.device_map == "auto":
         args["parallelize"] = True  # lm-eval's HF loader: device_map="auto" over the visible GPUs

@@ -2,9 +2,11 @@
 device and dtype a cell uses, and loading. The one place the runner turns a config's device/dtype into torch's."""
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable
 
+from .config import ModelSpec
 from .plan import Cell
 
 
@@ -89,10 +91,27 @@ def torch_dtype(name: str):
     return parse_dtype(name)
 
 
+@functools.lru_cache(maxsize=None)
+def _checkpoint_dtype(path: str, trust_remote_code: bool) -> str:
+    from ..devices import checkpoint_dtype
+
+    return checkpoint_dtype(resolve_model_path(path), trust_remote_code=trust_remote_code)
+
+
+def model_dtype(model: ModelSpec, phase: str = "train") -> str:
+    """The dtype name a model's cells use in `phase`: "train" (loading, training, the frozen base of CRU) =
+    `dtype`; "eval" (scoring) = `eval_dtype`, else `dtype`. `auto` is resolved once, against the model's own
+    checkpoint (`path`), so every method's checkpoint of the model trains and is scored in the same dtype."""
+    if phase not in ("train", "eval"):
+        raise ValueError(f"phase {phase!r}: expected 'train' or 'eval'")
+    name = (model.eval_dtype or model.dtype) if phase == "eval" else model.dtype
+    return _checkpoint_dtype(model.path, model.trust_remote_code) if name in (None, "auto") else name
+
+
 def load_model(path: str, cell: Cell, dtype: str | None = None):
     """(model, tokenizer) for a cell: on its device, or sharded by the model's `device_map`, in `dtype`
-    (default: the model's `dtype`), through `cru_harness.devices.load_causal_lm`."""
+    (default: the model's training dtype, `model_dtype`), through `cru_harness.devices.load_causal_lm`."""
     from ..devices import load_causal_lm
 
     return load_causal_lm(path, device=cell.device, device_map=cell.model.device_map,
-                          dtype=dtype or cell.model.dtype, trust_remote_code=cell.model.trust_remote_code)
+                          dtype=dtype or model_dtype(cell.model), trust_remote_code=cell.model.trust_remote_code)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .models import cell_device, load_model, resolve_model_path
+from .models import cell_device, load_model, model_dtype, resolve_model_path
 from .plan import Cell
 from .provenance import directory_fingerprint
 
@@ -66,7 +66,7 @@ def train_baseline(cell: Cell, model_path: str, workdir: Path, data_dir, outcome
     config = make_config(cell.method, cell.benchmark, cell.split, **cell.hparams)
     forget = corpus_rows(cell.corpora["forget_corpus"], data_dir)
     retain = corpus_rows(cell.corpora["retain_corpus"], data_dir)
-    dtype = cell.model.dtype if cell.model.dtype != "auto" else "float32"
+    dtype = model_dtype(cell.model)
     trained = unlearn(model_path, None, forget, retain, cell.method, config, out_dir=out, seed=cell.seed or 0,
                       data_dir=data_dir, dtype=dtype, device=cell.device, device_map=cell.model.device_map,
                       progress=False, prompt_format=prompt_format(cell, chat))
@@ -105,7 +105,7 @@ def train_finetuned_model(cell: Cell, spec: dict, source_path: str, corpus: str,
     from .evaluation import model_uses_chat_template
 
     overrides = {k: v for k, v in spec.items() if k not in ("data", "dtype")}
-    dtype = spec.get("dtype") or (cell.model.dtype if cell.model.dtype != "auto" else "float32")
+    dtype = spec.get("dtype") or model_dtype(cell.model)
     out = workdir / name
     fmt = prompt_format(cell, model_uses_chat_template(cell.model, cell.evaluation, source_path))
     result = finetune(source_path, corpus, out, config=FinetuneConfig.from_dict(overrides), seed=cell.seed or 0,
