@@ -5,12 +5,15 @@ afterwards that `--out` is a file, or not writable, loses all of it), and on mod
   directory), `cru-harness finetune` (the checkpoint directory) and `cru-harness run` (the run directory).
 - `check_model_path(path)`: a base model given as a local path must exist and hold a `config.json`; a Hub id
   is left to the Hub.
+- `write_directory(path, write)`: a checkpoint written whole or not at all (fine-tuning, baselines).
 """
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from .errors import UserError
 
@@ -92,3 +95,22 @@ def check_model_path(path: str | os.PathLike, what: str = "base model") -> str:
     if looks_local(text):
         raise ModelPathError(f"{what} {text} does not exist (no such directory)")
     return text
+
+
+def write_directory(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """`write(tmp)` fills a sibling temporary directory, which then replaces `path`: a run killed while saving
+    leaves the previous directory (or none), never a half-written checkpoint that looks whole, and an
+    overwrite leaves no stale file (a shard of a larger earlier save) behind."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.replace(path)
+    return path

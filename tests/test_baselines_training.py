@@ -174,6 +174,28 @@ def test_ga_reduces_forget_likelihood_and_saves(tokenizer, tmp_path):
     assert mean_logp(reloaded, tokenizer, FORGET) == pytest.approx(after, abs=1e-4)
 
 
+def test_saving_is_whole_or_nothing(tokenizer, tmp_path, monkeypatch):
+    """A save that dies half way leaves the earlier checkpoint as it was (not a half-written one that looks
+    whole); a save that completes leaves no stale file of the earlier one (e.g. a shard of a larger model)."""
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "model-00002-of-00002.safetensors").write_text("stale shard")
+
+    def dies(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(type(tokenizer), "save_pretrained", dies)  # the weights are written before it
+    with pytest.raises(OSError, match="disk full"):
+        B.unlearn(tiny(tokenizer), tokenizer, FORGET, RETAIN, "ga", fast_config("ga"), out_dir=out, progress=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no temporary directory left either
+    assert [p.name for p in out.iterdir()] == ["model-00002-of-00002.safetensors"]
+    monkeypatch.undo()
+    B.unlearn(tiny(tokenizer), tokenizer, FORGET, RETAIN, "ga", fast_config("ga"), out_dir=out, progress=False)
+    names = {p.name for p in out.iterdir()}
+    assert "unlearn_record.json" in names and "config.json" in names
+    assert "model-00002-of-00002.safetensors" not in names
+
+
 def test_idkdpo_prefers_refusal_and_keeps_reference_frozen(tokenizer, monkeypatch):
     seen = {}
     real = unlearn_mod.train_unlearning

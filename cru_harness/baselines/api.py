@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 from ..context import fit_to_context
 from ..devices import load_causal_lm, training_precision
 from ..errors import InputError
+from ..locations import write_directory
 from .base import BaselineConfig, UnlearningMethod
 from .data import ForgetRetainDataset, encode_qa, pick_refusals, row_to_qa
 from .registry import get_method
@@ -140,12 +141,11 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     if out_dir is not None:
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            out = Path(out_dir)
-            out.mkdir(parents=True, exist_ok=True)
-            trained.model.save_pretrained(out, save_function=accelerator.save)
-            tokenizer.save_pretrained(out)
-            tmp = out / (RECORD_FILE + ".tmp")
-            tmp.write_text(json.dumps(result.to_dict(), indent=2, default=str))
-            tmp.replace(out / RECORD_FILE)
+            def write(tmp: Path) -> None:
+                trained.model.save_pretrained(tmp, save_function=accelerator.save)
+                tokenizer.save_pretrained(tmp)
+                (tmp / RECORD_FILE).write_text(json.dumps(result.to_dict(), indent=2, default=str))
+
+            write_directory(out_dir, write)
         accelerator.wait_for_everyone()
     return result

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from ..baselines.data import collate, encode_qa, row_to_qa
 from ..baselines.losses import nll_loss
 from ..devices import load_causal_lm, training_precision
 from ..errors import InputError
+from ..locations import write_directory
 from ..prompts import DEFAULT_TOFU_PRESET
 
 RECORD_FILE = "finetune_record.json"
@@ -182,13 +182,9 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
 
 
 def _save(model, tokenizer, result: FinetuneResult, out: Path, accelerator) -> None:
-    """Written into a sibling temporary directory and renamed: a killed run never leaves a half checkpoint."""
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, save_function=accelerator.save)
-    tokenizer.save_pretrained(tmp)
-    (tmp / RECORD_FILE).write_text(json.dumps(result.to_dict(), indent=2, default=str))
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.replace(out)
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, save_function=accelerator.save)
+        tokenizer.save_pretrained(tmp)
+        (tmp / RECORD_FILE).write_text(json.dumps(result.to_dict(), indent=2, default=str))
+
+    write_directory(out, write)
