@@ -192,7 +192,7 @@ def test_report_of_one_run_uses_the_report_settings_its_config_named(tmp_path, c
     (run / "plan.json").write_text('{"config": {"report": ')   # a plan cut short (a full disk, a bad copy)
     assert main(["report", str(run)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "plan.json is not valid JSON" in err[0]
+    assert len(err) == 1 and "plan.json: cannot read the run's plan" in err[0]
 
 
 @pytest.mark.parametrize("name", ["gpu_smollm2.yaml", "gpu_smollm2_seed0.yaml", "gpu_smollm2_lr.yaml", "cpu_smollm2.yaml"])

@@ -193,6 +193,19 @@ def test_run_chooses_before_planning_and_report_shows_every_candidate(tmp_path, 
     assert lines[0].startswith("### RWKU targets of smol")
 
 
+def test_report_names_a_damaged_target_choice(tmp_path, capsys):
+    """The report shows why the RWKU targets are these: a damaged choice file stops it with one line naming the
+    file, instead of a traceback or a report silently without the choice."""
+    from cru_harness.runner.targets import SELECTION_DIR
+
+    (tmp_path / "cells").mkdir()
+    (tmp_path / SELECTION_DIR).mkdir()
+    (tmp_path / SELECTION_DIR / "smol.json").write_text('{"chosen": [1')
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "smol.json: cannot read the RWKU target choice" in err[0]
+
+
 def test_a_failing_selection_stops_the_run_with_a_message_naming_it(tmp_path, monkeypatch):
     """Bad input during the selection (here: SmolLM2's wheel missing) stops the run with one line naming the
     selection; a bug in it keeps its own type and traceback."""

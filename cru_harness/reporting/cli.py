@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
-from ..errors import InputError
+from ..runner.cache import read_recorded_json
 from . import stats, tables
 
 
@@ -25,14 +24,6 @@ def register(subparsers) -> None:
     report.set_defaults(func=cmd_report)
 
 
-def _read_json(path: Path):
-    """A JSON file a run wrote (plan, target choice): a damaged one is named in one line, not a traceback."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InputError(f"{path} is not valid JSON ({err})") from None
-
-
 def recorded_report_settings(dirs: list[Path]) -> tuple[dict, str]:
     """The report settings a single run directory's config named (its plan.json, written by `cru-harness run`), so
     that `cru-harness report DIR` rewrites the report the run wrote, the same files and bytes; the defaults for
@@ -42,7 +33,7 @@ def recorded_report_settings(dirs: list[Path]) -> tuple[dict, str]:
     plan = dirs[0] / "plan.json" if len(dirs) == 1 else None
     if plan is None or not plan.is_file():
         return report_settings(None), "the defaults"
-    recorded = _read_json(plan)
+    recorded = read_recorded_json(plan, "the run's plan")
     source = recorded.get("source") or str(plan)
     return report_settings((recorded.get("config") or {}).get("report"), source), f"the run's config ({source})"
 
@@ -103,7 +94,7 @@ def target_selection_markdown(dirs) -> list[str]:
     lines: list[str] = []
     for directory in dirs:
         for path in sorted((Path(directory) / SELECTION_DIR).glob("*.json")):
-            record = _read_json(path)
+            record = read_recorded_json(path, "the RWKU target choice")
             probes = record["key"]["select_known"]["probes"]
             scores = {int(target): row for target, row in record["scores"].items()}
             ranked = rank_targets({target: row["score"] for target, row in scores.items()}, len(scores))

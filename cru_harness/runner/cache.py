@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..errors import MissingInputError, UserError
+from ..errors import InputError, MissingInputError, UserError
 
 RESULT_FILE = "result.json"
 RECORD_FILE = "run_record.json"
@@ -87,6 +87,15 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
 
 def read_json(path: str | os.PathLike) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def read_recorded_json(path: str | os.PathLike, what: str) -> Any:
+    """A JSON file a run wrote that a command relies on (`what`: its plan, an RWKU target choice). One that
+    cannot be read or parsed is an `InputError` naming it, in one line: never a traceback, never read as absent."""
+    try:
+        return read_json(path)
+    except (OSError, ValueError) as err:  # ValueError: JSONDecodeError, UnicodeDecodeError
+        raise InputError(f"{path}: cannot read {what} ({err})") from None
 
 
 def library_versions() -> dict[str, str | None]:

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, MissingInputError
+from ..errors import MissingInputError
 from .cache import CellStore, atomic_write_json, atomic_write_text
 from .plan import cell_title
 from .provenance import INPUT_FIELDS, code_record
@@ -282,16 +282,13 @@ def compare_runs(run_dir: str | Path, reference_dir: str | Path) -> Comparison:
 
 def _selections(run_store: CellStore, ref_store: CellStore) -> dict[str, tuple]:
     """Model -> (reference's, run's) RWKU targets chosen by `select_known` (None where a side has none)."""
-    from .cache import read_json
+    from .cache import read_recorded_json
     from .targets import SELECTION_DIR
 
     chosen: dict[str, list] = {}
     for side, store in enumerate((ref_store, run_store)):
         for path in sorted((store.root / SELECTION_DIR).glob("*.json")):
-            try:
-                record = read_json(path)
-            except (OSError, ValueError) as err:   # named: a damaged choice must not read as "no choice"
-                raise InputError(f"{path}: cannot read the RWKU target choice ({err})") from None
+            record = read_recorded_json(path, "the RWKU target choice")  # damaged: named, never "no choice"
             chosen.setdefault(record.get("model", path.stem), [None, None])[side] = record.get("chosen")
     return {model: tuple(pair) for model, pair in chosen.items()}
 
