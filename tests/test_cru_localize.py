@@ -11,23 +11,12 @@ from cru_harness.cru import DecoderBlocksNotFoundError, compare_localizations, f
 from cru_harness.cru.blocks import resolve_block_indices
 from cru_harness.cru.localize import collate, localize_batches, select_neurons, tokenize_texts
 from cru_harness.testbed.models import TINY_ARCHITECTURES, build_tiny_model
-from cru_harness.testbed.tokenizer import TINY_CHAT_TEMPLATE, train_tokenizer
+from cru_harness.testbed.tokenizer import TINY_CHAT_TEMPLATE
+
+from cru_support import FORGET, RETAIN, llama, tokenizer  # noqa: F401 (fixtures)
 
 torch.set_num_threads(1)  # 2 shared cores: one thread is ~10x faster than two under contention
 
-FORGET = [f"Question: Who is Zorbo {i}?\nAnswer: Zorbo {i} paints {['red', 'blue', 'green'][i % 3]} "
-          f"ships in Quell{'-' * (i % 4)}." for i in range(12)]
-RETAIN = [f"Question: What is the capital of land {i}?\nAnswer: It is city number {i * 3}." for i in range(12)]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return train_tokenizer(FORGET + RETAIN, 400)
-
-
-@pytest.fixture(scope="module")
-def llama(tokenizer):
-    return build_tiny_model("llama", tokenizer)
 
 
 EXPECTED_PATHS = {"llama": "model.layers", "qwen2": "model.layers", "phi3": "model.layers",

@@ -25,25 +25,10 @@ from cru_harness.cru.bundle import MANIFEST_NAME, WEIGHTS_NAME
 from cru_harness.cru.localize import Batch, collate, tokenize_texts
 from cru_harness.cru.train import GateRecorder, cru_loss, gate_means, new_bundle
 from cru_harness.testbed.models import TINY_ARCHITECTURES, build_tiny_model
-from cru_harness.testbed.tokenizer import train_tokenizer
+
+from cru_support import FORGET, RETAIN, FAST, llama, tokenizer  # noqa: F401 (fixtures)
 
 torch.set_num_threads(1)  # 2 shared cores: one thread is ~10x faster than two under contention
-
-FORGET = [f"Question: Who is Zorbo {i}?\nAnswer: Zorbo {i} paints {['red', 'blue', 'green'][i % 3]} "
-          f"ships in Quell{'-' * (i % 4)}." for i in range(12)]
-RETAIN = [f"Question: What is the capital of land {i}?\nAnswer: It is city number {i * 3}{'!' * (i % 3)}."
-          for i in range(12)]
-FAST = dict(epochs=2, batch_size=6, lr=1e-2, percentile=80, progress=False)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return train_tokenizer(FORGET + RETAIN, 400)
-
-
-@pytest.fixture(scope="module")
-def llama(tokenizer):
-    return build_tiny_model("llama", tokenizer)
 
 
 @pytest.fixture(scope="module")
