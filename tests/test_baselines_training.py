@@ -10,7 +10,7 @@ import cru_harness.baselines.api as unlearn_mod
 from cru_harness.baselines.base import UnlearningMethod
 from cru_harness.baselines.data import IGNORE_INDEX, ForgetRetainDataset, collate, encode_qa, pick_refusals
 from cru_harness.baselines.losses import sequence_logprobs
-from cru_harness.baselines.trainer import train_unlearning
+from cru_harness.baselines.trainer import make_accelerator, train_unlearning
 from cru_harness.testbed.models import build_tiny_model
 from cru_harness.testbed.tokenizer import train_tokenizer
 
@@ -172,6 +172,17 @@ def test_ga_reduces_forget_likelihood_and_saves(tokenizer, tmp_path):
     assert record["method"] == "ga" and record["config"]["learning_rate"] == 3e-3
     reloaded = type(model).from_pretrained(tmp_path)
     assert mean_logp(reloaded, tokenizer, FORGET) == pytest.approx(after, abs=1e-4)
+
+
+def test_one_process_trains_in_several_precisions_in_turn():
+    """The runner trains cells one after another in one process. accelerate keeps one process-wide state and
+    refuses a second mixed precision; `make_accelerator` resets it (accelerate's internal
+    `AcceleratorState._reset_state`, which an accelerate upgrade could rename: this is where that shows)."""
+    first = make_accelerator(fast_config("ga"), 0, device="cpu")
+    assert first.mixed_precision == "no"
+    second = make_accelerator(fast_config("ga", mixed_precision="bf16"), 0, device="cpu")
+    assert second.mixed_precision == "bf16"
+    assert make_accelerator(fast_config("ga"), 0, device="cpu").mixed_precision == "no"
 
 
 def test_saving_is_whole_or_nothing(tokenizer, tmp_path, monkeypatch):

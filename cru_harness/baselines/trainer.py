@@ -67,7 +67,7 @@ def make_accelerator(config: BaselineConfig, seed: int = 0, device: str | torch.
     except ValueError as err:
         if "already been initialized" not in str(err) or PartialState().num_processes > 1:
             raise
-        AcceleratorState._reset_state(reset_partial_state=True)
+        AcceleratorState._reset_state(reset_partial_state=True)  # internal (no public reset); tested
         return Accelerator(**kwargs)
     if accelerator.device.type != target.type and accelerator.num_processes == 1:
         AcceleratorState._reset_state(reset_partial_state=True)  # an earlier run in this process used another device
