@@ -9,8 +9,9 @@ a `ValueError`, so the command lines print it as one line) that names the proble
   CPU), or a dict as transformers takes it (Python API only).
 - dtype: `auto` (the checkpoint's own), `float32`, `bfloat16`, `float16`; bf16 on a GPU without bf16 is an
   error, not a silent fp32 run.
-- `training_precision`: how a full-parameter trainer (baselines, fine-tuning) runs a dtype: bf16 weights, or
-  fp32 master weights with fp16 autocast (AdamW on fp16 weights does not train).
+- `training_precision` / `saved_dtype`: how a full-parameter trainer (baselines, fine-tuning) runs a dtype:
+  fp32 master weights under bf16 / fp16 autocast (AdamW on bf16 or fp16 weights loses most updates), saved
+  in the dtype asked for.
 """
 from __future__ import annotations
 
@@ -127,20 +128,31 @@ def check_dtype_on_device(dtype: torch.dtype | str, device: torch.device) -> Non
 
 
 def training_precision(dtype: str | torch.dtype | None) -> tuple[torch.dtype, str]:
-    """(dtype to load the trained weights in, accelerate mixed_precision) for a full-parameter trainer.
+    """(dtype the weights train in, accelerate mixed_precision) for a full-parameter trainer.
 
-    float32 / auto -> fp32 weights, no autocast; bfloat16 -> bf16 weights with bf16 autocast (as TOFU and
-    open-unlearning train); float16 -> fp32 master weights with fp16 autocast and loss scaling, because AdamW
-    cannot step fp16 weights.
+    Always fp32 master weights: float32 / auto -> no autocast; bfloat16 -> bf16 autocast; float16 -> fp16
+    autocast with loss scaling. The references train bf16 the same way (DeepSpeed ZeRO keeps fp32 master
+    weights and Adam moments; RWKU's LLaMA-Factory casts full fine-tuning to fp32): AdamW stepping bf16
+    weights loses every update smaller than half a bf16 step of the weight, i.e. most updates at lr 1e-5.
+    The trained weights are saved in `saved_dtype(dtype)`.
     """
     import torch
 
     parsed = parse_dtype(dtype)
     if parsed == torch.bfloat16:
-        return torch.bfloat16, "bf16"
+        return torch.float32, "bf16"
     if parsed == torch.float16:
         return torch.float32, "fp16"
     return torch.float32, "no"
+
+
+def saved_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    """The dtype a trainer saves its weights in: the one asked for (float32 for `auto`), as DeepSpeed saves a
+    bf16 run's weights in bf16; a checkpoint half the size of its fp32 master weights."""
+    import torch
+
+    parsed = parse_dtype(dtype)
+    return torch.float32 if parsed == "auto" else parsed
 
 
 def input_device(model: torch.nn.Module) -> torch.device:

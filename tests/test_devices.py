@@ -49,8 +49,10 @@ def test_dtypes():
     with pytest.raises(devices.DeviceError, match="dtype 'int8' is not one of"):
         devices.parse_dtype("int8")
     assert devices.training_precision("float32") == (torch.float32, "no")
-    assert devices.training_precision("bfloat16") == (torch.bfloat16, "bf16")
-    assert devices.training_precision("float16") == (torch.float32, "fp16")  # AdamW cannot step fp16 weights
+    # fp32 master weights under autocast: AdamW on bf16 / fp16 weights loses most updates
+    assert devices.training_precision("bfloat16") == (torch.float32, "bf16")
+    assert devices.training_precision("float16") == (torch.float32, "fp16")
+    assert devices.saved_dtype("bf16") is torch.bfloat16 and devices.saved_dtype("auto") is torch.float32
 
 
 def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):

@@ -109,11 +109,38 @@ def test_cli_overwrites_when_asked(checkpoint, rows_file, tmp_path, capsys):
     assert json.loads((out / "finetune_record.json").read_text())["chat_template"] is False
 
 
-def test_bf16_through_accelerate(checkpoint, rows_file):
-    result = finetune(str(checkpoint), str(rows_file), None, config=fast(num_epochs=1), dtype="bfloat16",
-                      device="cpu", progress=False)
-    assert result.config["mixed_precision"] == "bf16" and result.dtype == "bfloat16"
+@pytest.mark.parametrize("trainer", ["finetune", "unlearn"])
+def test_bf16_trains_fp32_master_weights_under_autocast_and_saves_bf16(trainer, checkpoint, rows_file, tmp_path,
+                                                                       monkeypatch):
+    """As the references' DeepSpeed bf16 runs: the optimizer steps fp32 weights under bf16 autocast (AdamW on
+    bf16 weights drops every update below half a bf16 step: most of them at lr 1e-5), and the result is
+    saved in bf16."""
+    import cru_harness.baselines.api as unlearn_api
+    import cru_harness.baselines.trainer as trainer_module
+    from cru_harness.baselines import unlearn
+    from cru_harness.baselines.trainer import train_unlearning
+
+    seen = {}
+
+    def spy(model, method, dataset, *, accelerator=None, **kw):
+        seen["weights"] = {p.dtype for p in model.parameters()}
+        seen["autocast"] = accelerator.mixed_precision
+        return train_unlearning(model, method, dataset, accelerator=accelerator, **kw)
+
+    # finetune imports the loop when it runs; unlearn at import
+    monkeypatch.setattr(trainer_module if trainer == "finetune" else unlearn_api, "train_unlearning", spy)
+    out = tmp_path / "out"
+    if trainer == "finetune":
+        result = finetune(str(checkpoint), str(rows_file), out, config=fast(num_epochs=1), dtype="bfloat16",
+                          device="cpu", progress=False)
+        assert result.config["mixed_precision"] == "bf16" and result.dtype == "bfloat16"
+    else:
+        result = unlearn(str(checkpoint), None, ROWS, None, "ga", dict(learning_rate=1e-5, num_epochs=1,
+                         effective_batch_size=4, micro_batch_size=2), out_dir=out, dtype="bfloat16", device="cpu",
+                         progress=False)
+    assert seen == {"weights": {torch.float32}, "autocast": "bf16"}
     assert next(result.model.parameters()).dtype == torch.bfloat16
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoTokenizer
 
 from ..context import fit_to_context
-from ..devices import load_causal_lm, training_precision
+from ..devices import load_causal_lm, saved_dtype, training_precision
 from ..errors import InputError
 from ..locations import write_directory
 from .base import BaselineConfig, UnlearningMethod
@@ -67,8 +67,9 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     `prompt_format`: `{"chat": bool, "preset": ..., "family": ...}` for `cru_harness.prompts.qa_texts` (default:
     the open-unlearning preset, the chat template when the tokenizer has one): pass what the evaluation uses.
     `model_path_or_model`: a checkpoint path / hub id or a model (trained in place).
-    `dtype` (`cru_harness.devices.training_precision`): float32; bfloat16 = bf16 weights + bf16 autocast;
-    float16 = fp32 weights + fp16 autocast. A config's own `mixed_precision` other than "no" wins.
+    `dtype` (`cru_harness.devices.training_precision`): float32; bfloat16 / float16 = fp32 master weights under
+    bf16 / fp16 autocast (as the references' DeepSpeed runs), the trained model then cast to `dtype` and saved
+    in it. A config's own `mixed_precision` other than "no" wins. A model object trains in its own dtype.
     `device` (auto, cpu, cuda, cuda:N) and `device_map` ("auto": sharded over the GPUs; a path only) say where
     it trains; under `accelerate launch` each process takes its own GPU (data parallel).
     `tokenizer`: a tokenizer, a path, or None (then loaded from the model path). Rows: `question`/`answer`
@@ -130,6 +131,8 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
         trained = train_unlearning(model, m, dataset, ref_model=ref_model, seed=seed, accelerator=accelerator,
                                    progress=progress)
     del ref_model
+    if isinstance(model_path_or_model, (str, os.PathLike)):
+        trained.model.to(saved_dtype(dtype))
 
     result = UnlearnResult(
         method=m.name, seed=seed, config=m.config.to_dict(), out_dir=str(out_dir) if out_dir else None,

@@ -31,8 +31,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-length", type=int, default=512, help="tokens per example (default 512)")
     p.add_argument("--seed", type=int, default=0)
     add_prompt_format_argument(p)
-    add_device_arguments(p, dtype_help="float32; bfloat16 = bf16 weights and autocast; float16 = fp32 weights "
-                                       "with fp16 autocast (default float32)")
+    add_device_arguments(p, dtype_help="float32; bfloat16 / float16 = fp32 master weights under bf16 / fp16 "
+                                       "autocast, saved in that dtype (default float32)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=run_finetune)
 

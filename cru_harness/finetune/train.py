@@ -29,7 +29,7 @@ from torch.utils.data import Dataset
 from ..baselines.base import BaselineConfig, UnlearningMethod
 from ..baselines.data import collate, encode_qa, row_to_qa
 from ..baselines.losses import nll_loss
-from ..devices import load_causal_lm, training_precision
+from ..devices import dtype_name, load_causal_lm, saved_dtype, training_precision
 from ..errors import InputError
 from ..locations import write_directory
 from ..prompts import DEFAULT_TOFU_PRESET
@@ -110,7 +110,8 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     `model`: a HF id / directory, or a model object (trained in place; then `tokenizer` is required).
     `data`: a corpus source (TOFU config, JSON/JSONL file, rwku:...) or a list of row dicts.
     `config`: a `FinetuneConfig` or a dict of overrides of TOFU's defaults. `dtype`, `device`, `device_map`:
-    as `cru_harness.baselines.unlearn` (bf16 weights, or fp32 + fp16 autocast; sharded with device_map="auto").
+    as `cru_harness.baselines.unlearn` (fp32 master weights under bf16 / fp16 autocast, saved in `dtype`;
+    sharded with device_map="auto").
     `chat_template` (None: when the tokenizer has one), `preset`, `family`: the prompt format
     (`cru_harness.prompts.qa_texts`); pass what the evaluation uses.
     """
@@ -140,7 +141,8 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     else:
         rows, description = list(data), f"{len(data)} rows given"
     accelerator = make_accelerator(config, seed, device=device)
-    if isinstance(model, (str, os.PathLike)):
+    loaded = isinstance(model, (str, os.PathLike))  # a model object trains, and stays, in its own dtype
+    if loaded:
         path = str(model)
         try:
             model, loaded_tokenizer = load_causal_lm(path, device="cpu" if device_map is None else device,
@@ -165,12 +167,14 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     method = SupervisedFinetune(config)
     with ResourceMonitor(accelerator.device, model=model) as monitor:
         trained = train_unlearning(model, method, dataset, seed=seed, accelerator=accelerator, progress=progress)
+    if loaded:
+        trained.model.to(saved_dtype(dtype))
     result = FinetuneResult(
         config=config.to_dict(), data=description, n_rows=len(rows), seed=seed,
         out_dir=str(out_dir) if out_dir is not None else None, optimizer_steps=trained.optimizer_steps,
         gradient_accumulation_steps=trained.gradient_accumulation_steps, num_processes=trained.num_processes,
         warmup_steps=trained.warmup_steps, chat_template=bool(getattr(tokenizer, "chat_template", None))
-        if chat_template is None else chat_template, dtype=str(weights_dtype).removeprefix("torch."),
+        if chat_template is None else chat_template, dtype=dtype_name(saved_dtype(dtype) if loaded else trained.model.dtype),
         resources=monitor.record.to_dict(), final_logs=trained.final_logs, history=trained.history,
         model=trained.model)
     if out_dir is not None:
