@@ -2,7 +2,9 @@
 
 forget term = -(2/beta) * mean_i log sigmoid(-beta * log pi_theta(y_i|x_i) / |y_i| - gamma)
 loss = forget_weight * forget term + alpha * NLL(retain).
-Naming: our `gamma` (the protocol's margin) is open-unlearning's `delta`; our `forget_weight` is its `gamma`.
+Naming: our `gamma` is the paper's margin, placed as the paper writes it; open-unlearning (and the SimNPO
+authors' code) write the margin inside the scaling, log sigmoid(beta * (nll/|y| - delta)), so their `delta`
+is our `gamma / beta` (equal at the default 0). Our `forget_weight` is open-unlearning's `gamma`.
 Defaults per the protocol: forget10 beta 4.5 / weight 0.125, forget05 beta 2.5 / weight 0.1375, gamma 0.
 """
 from __future__ import annotations
