@@ -94,9 +94,29 @@ def test_truncation_and_row_errors(tokenizer):
         ForgetRetainDataset(tokenizer, [FORGET[0], {"prompt": "x"}])
 
 
-def test_refusal_choice_is_deterministic_per_seed():
+def test_refusal_choice_is_deterministic_per_seed_and_epoch():
     a, b, c = pick_refusals(20, REFUSALS, 0), pick_refusals(20, REFUSALS, 0), pick_refusals(20, REFUSALS, 1)
     assert a == b and a != c and set(a) <= set(REFUSALS)
+    assert pick_refusals(20, REFUSALS, 0, epoch=1) not in (a, c)
+
+
+def test_idkdpo_redraws_each_items_refusal_every_epoch(tokenizer):
+    """As TOFU's and open-unlearning's datasets (a random refusal on every fetch): one fixed refusal per item
+    for the whole run would concentrate IdkDPO on it."""
+    rows = [{"question": f"Who is author {i}?", "answer": "A writer."} for i in range(12)]
+    dataset = ForgetRetainDataset(tokenizer, rows, refusals=REFUSALS, seed=3)
+
+    def epoch_refusals(epoch):
+        dataset.set_epoch(epoch)
+        return [tokenizer.decode(dataset[i]["alternate"].input_ids) for i in range(len(rows))]
+
+    first, second = epoch_refusals(0), epoch_refusals(1)
+    assert first != second and epoch_refusals(0) == first  # redrawn per epoch, deterministic per (seed, epoch)
+    for epoch, decoded in ((0, first), (1, second)):
+        for text, refusal in zip(decoded, pick_refusals(len(rows), REFUSALS, 3, epoch)):
+            assert refusal in text
+    with pytest.raises(ValueError, match="non-empty list of refusals"):
+        ForgetRetainDataset(tokenizer, rows, refusals=[])
 
 
 # ---------------------------------------------------------------- registry and configs

@@ -17,7 +17,7 @@ from ..devices import load_causal_lm, saved_dtype, training_precision
 from ..errors import InputError
 from ..locations import write_directory
 from .base import BaselineConfig, UnlearningMethod
-from .data import ForgetRetainDataset, encode_qa, pick_refusals, row_to_qa
+from .data import ForgetRetainDataset, encode_qa, row_to_qa
 from .registry import get_method
 from .resources import ResourceMonitor
 from .trainer import make_accelerator, train_unlearning
@@ -106,12 +106,12 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     retain_used = list(retain_rows or []) if m.uses_retain else []
     if m.uses_retain and not retain_used:
         raise InputError(f"{m.name} with alpha={m.config.alpha} needs retain rows (or set alpha=0)")
-    alternates = None
     if m.needs_alternate:
         if refusals is None:
             from cru_harness.data.tofu import load_idontknow
             refusals = load_idontknow(data_dir)
-        alternates = pick_refusals(len(forget_rows), refusals, seed)
+    else:
+        refusals = None
 
     def lengths():  # only computed when max_length exceeds the model's context
         return {side: [len(encode_qa(tokenizer, *row_to_qa(r, i, side), m.config.max_length,
@@ -120,7 +120,7 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
                 for side, rows in (("forget", forget_rows), ("retain", retain_used)) if rows}
 
     max_length = fit_to_context(model, m.config.max_length, lengths)
-    dataset = ForgetRetainDataset(tokenizer, forget_rows, retain_used, alternates=alternates,
+    dataset = ForgetRetainDataset(tokenizer, forget_rows, retain_used, refusals=refusals,
                                   max_length=max_length, seed=seed, **(prompt_format or {}))
 
     ref_model = None

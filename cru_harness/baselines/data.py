@@ -12,6 +12,7 @@ label (or any real token).
 """
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -101,23 +102,25 @@ def collate(examples: Sequence[EncodedExample], pad_token_id: int | None) -> dic
     return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
 
 
-def pick_refusals(n: int, refusals: Sequence[str], seed: int) -> list[str]:
-    """One refusal per forget item, chosen deterministically from `refusals` for a seed."""
+def pick_refusals(n: int, refusals: Sequence[str], seed: int, epoch: int = 0) -> list[str]:
+    """One refusal per forget item for an epoch, drawn from `refusals` deterministically from (seed, epoch).
+    Redrawn every epoch, as TOFU's and open-unlearning's datasets draw one at random on every fetch."""
     if not refusals:
         raise InputError("IdkDPO needs a non-empty list of refusals (TOFU's idontknow list)")
-    rng = random.Random(f"idk-{seed}")
+    rng = random.Random(f"idk-{seed}-{epoch}")
     return [refusals[rng.randrange(len(refusals))] for _ in range(n)]
 
 
 class ForgetRetainDataset(Dataset):
     """Forget items are the anchor (one epoch = one pass over them); each is paired with a retain item.
 
-    The pairing is redrawn per epoch from (seed, epoch), so it is deterministic. `alternates` (IdkDPO's
-    refusals), when given, replace the answer of the forget item with the same prompt.
+    The pairing is redrawn per epoch from (seed, epoch), so it is deterministic. `refusals` (IdkDPO's
+    `idontknow` list), when given, give each forget item an alternate answer to the same prompt, redrawn per
+    epoch the same way (`pick_refusals`).
     """
 
     def __init__(self, tokenizer, forget_rows: Sequence[dict], retain_rows: Sequence[dict] | None = None, *,
-                 alternates: Sequence[str] | None = None, max_length: int = 512, seed: int = 0,
+                 refusals: Sequence[str] | None = None, max_length: int = 512, seed: int = 0,
                  preset: str = DEFAULT_TOFU_PRESET, family: str | None = None, chat: bool | None = None):
         if not forget_rows:
             raise InputError("forget_rows is empty: nothing to unlearn")
@@ -128,12 +131,15 @@ class ForgetRetainDataset(Dataset):
         self.retain = ([encode_qa(tokenizer, *row_to_qa(r, i, "retain"), max_length, **fmt)
                         for i, r in enumerate(retain_rows)]
                        if retain_rows else [])
+        self.refusals = None
         self.alternate = None
-        if alternates is not None:
-            if len(alternates) != len(forget_qa):
-                raise InputError(f"{len(alternates)} alternates for {len(forget_qa)} forget rows")
-            self.alternate = [encode_qa(tokenizer, q, alt, max_length, **fmt)
-                              for (q, _), alt in zip(forget_qa, alternates)]
+        if refusals is not None:
+            if not refusals:
+                raise InputError("IdkDPO needs a non-empty list of refusals (TOFU's idontknow list)")
+            self.refusals = list(refusals)
+            # (forget item, refusal) -> its encoding: each pair is tokenised once, however many epochs draw it
+            self._encode_alternate = functools.lru_cache(maxsize=None)(
+                lambda i, refusal: encode_qa(tokenizer, forget_qa[i][0], refusal, max_length, **fmt))
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.set_epoch(0)
 
@@ -141,6 +147,9 @@ class ForgetRetainDataset(Dataset):
         if self.retain:
             rng = random.Random(f"retain-{self.seed}-{epoch}")
             self._retain_index = [rng.randrange(len(self.retain)) for _ in self.forget]
+        if self.refusals is not None:
+            drawn = pick_refusals(len(self.forget), self.refusals, self.seed, epoch)
+            self.alternate = [self._encode_alternate(i, refusal) for i, refusal in enumerate(drawn)]
 
     def __len__(self) -> int:
         return len(self.forget)

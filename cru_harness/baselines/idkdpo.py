@@ -2,8 +2,8 @@
 
 forget term = -(2/beta) * mean_i log sigmoid(beta * ((log pi(w_i) - log ref(w_i)) - (log pi(l_i) - log ref(l_i))))
 with w = the refusal (batch["alternate"]), l = the true answer (batch["forget"]), same prompt, sequence
-log-probs; the 2/beta scale is open-unlearning's. The refusal per forget item is chosen deterministically
-per seed (`data.pick_refusals`).
+log-probs; the 2/beta scale is open-unlearning's. The refusal per forget item is redrawn every epoch,
+deterministically from (seed, epoch) (`data.pick_refusals`), as the references draw one on every fetch.
 """
 from __future__ import annotations
 
