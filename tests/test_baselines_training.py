@@ -1,4 +1,5 @@
 """Batching, the training loop, `unlearn()`, the registry and resource records, on a tiny real model."""
+import dataclasses
 import json
 import math
 
@@ -10,7 +11,7 @@ import cru_harness.baselines.api as unlearn_mod
 from cru_harness.baselines.base import UnlearningMethod
 from cru_harness.baselines.data import IGNORE_INDEX, ForgetRetainDataset, collate, encode_qa, pick_refusals
 from cru_harness.baselines.losses import sequence_logprobs
-from cru_harness.baselines.trainer import make_accelerator, train_unlearning
+from cru_harness.baselines.trainer import make_accelerator, step_counts, train_unlearning
 from cru_harness.testbed.models import build_tiny_model
 from cru_harness.testbed.tokenizer import train_tokenizer
 
@@ -175,6 +176,31 @@ def test_missing_retain_rows_is_an_error(tokenizer):
 
 
 # ---------------------------------------------------------------- training
+
+@pytest.mark.parametrize("micro, epochs, warmup_epochs, expected", [
+    (10, 10, 1.0, (12, 1)),    # TOFU forget01 (40 rows, batch 32 = 4 x 8): TOFU's int(10 x 40) // 32 = 12
+    (50, 10, 1.0, (62, 6)),    # forget05: 200 rows
+    (100, 10, 1.0, (125, 12)),  # forget10: 400 rows
+    (100, 5, 0.0, (62, 0)),
+    (3, 1, 1.0, (1, 1)),       # fewer micro-batches than a step: one step
+])
+def test_step_counts_follow_the_example_stream(micro, epochs, warmup_epochs, expected):
+    """Steps counted over all epochs' examples, as TOFU's trainer counts them: an epoch's last micro-batches
+    share a step with the next epoch's, instead of a full-size step of their own per epoch (which doubled the
+    steps on forget01: 20 instead of 12)."""
+    config = fast_config("ga", num_epochs=epochs, warmup_epochs=warmup_epochs, effective_batch_size=32,
+                         micro_batch_size=4)
+    assert step_counts(config, micro, config.gradient_accumulation_steps()) == expected
+    assert step_counts(dataclasses.replace(config, warmup_steps=20), micro, 8)[1] == min(20, expected[0])
+
+
+def test_a_step_spans_epochs_and_the_tail_is_dropped(tokenizer):
+    """10 rows, micro-batch 2, accumulation 2, 2 epochs: 10 micro-batches in all, 5 steps of 2 (the third step
+    takes epoch 0's last micro-batch and epoch 1's first), not 3 steps per epoch."""
+    rows = [{"question": f"Q{i}?", "answer": f"A{i}."} for i in range(10)]
+    res = B.unlearn(tiny(tokenizer), tokenizer, rows, None, "ga", fast_config("ga", num_epochs=2), progress=False)
+    assert res.optimizer_steps == 5 and [h["epoch"] for h in res.history] == [0, 0, 1, 1, 1]
+
 
 def test_ga_reduces_forget_likelihood_and_saves(tokenizer, tmp_path):
     model = tiny(tokenizer)

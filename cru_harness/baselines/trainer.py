@@ -101,6 +101,23 @@ def group_totals(group: list[dict], accelerator: Accelerator) -> dict[str, tuple
     return totals
 
 
+def step_counts(config: BaselineConfig, micro_batches_per_epoch: int, accum: int) -> tuple[int, int]:
+    """(optimizer steps, warmup steps) of a run: `num_epochs` epochs of `micro_batches_per_epoch` micro-batches
+    (per process) with a step every `accum` of them: floor(epochs x micro-batches / accum) steps (at least one),
+    TOFU's floor(epochs x examples / effective batch) when the micro-batch divides the examples; warmup
+    floor(warmup_epochs x steps per epoch) (at least one when warmup_epochs > 0) unless `warmup_steps` is given. A short last micro-batch of an epoch shares a step
+    with the next epoch's first ones; giving it a step of its own would add a full-size update per epoch (twice
+    the steps on TOFU forget01: 40 examples, batch 32)."""
+    per_epoch = micro_batches_per_epoch / accum
+    total = max(1, math.floor(config.num_epochs * micro_batches_per_epoch / accum))
+    if config.warmup_steps is not None:
+        warmup = config.warmup_steps
+    else:
+        warmup = math.floor(config.warmup_epochs * per_epoch + 1e-9)
+        warmup = max(1, warmup) if config.warmup_epochs > 0 else 0
+    return total, min(warmup, total)
+
+
 def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, *, ref_model=None, seed: int = 0,
                      accelerator: Accelerator | None = None, progress: bool = True) -> TrainResult:
     """Train `model` in place with `method.compute_loss` on `dataset` (a `data.ForgetRetainDataset`)."""
@@ -125,10 +142,7 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
     if ref_model is not None and not getattr(ref_model, "hf_device_map", None):
         ref_model = ref_model.to(accelerator.device).eval()  # a sharded reference stays where its map put it
 
-    steps_per_epoch = math.ceil(len(loader) / accum)
-    total_steps = steps_per_epoch * config.num_epochs
-    warmup = config.warmup_steps if config.warmup_steps is not None else round(config.warmup_epochs * steps_per_epoch)
-    warmup = min(warmup, total_steps)
+    total_steps, warmup = step_counts(config, len(loader), accum)
     scheduler = get_scheduler(_SCHEDULER_NAMES[config.lr_scheduler], optimizer, num_warmup_steps=warmup,
                               num_training_steps=total_steps)
 
@@ -168,19 +182,23 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
         bar.update(1)
         bar.set_postfix({k: f"{step_logs[k]:.4g}" for k in step_logs if k not in ("epoch", "step", "lr", "grad_norm")})
 
+    # The epochs are one stream of micro-batches: a step every `accum` of them, across epoch boundaries, and a
+    # tail shorter than a step is dropped (see `step_counts`).
+    group: list[dict] = []
     for epoch in range(config.num_epochs):
         if hasattr(dataset, "set_epoch"):
             dataset.set_epoch(epoch)
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
-        group: list[dict] = []
         for micro in loader:
+            if result.optimizer_steps == total_steps:
+                break
             group.append(micro)
             if len(group) == accum:
                 optimizer_step(group, epoch)
                 group = []
-        if group:
-            optimizer_step(group, epoch)
+    if group and result.optimizer_steps < total_steps:  # fewer micro-batches in all than one step takes
+        optimizer_step(group, config.num_epochs - 1)
     bar.close()
     model.eval()
     result.model = accelerator.unwrap_model(model)
