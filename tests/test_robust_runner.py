@@ -221,3 +221,21 @@ def test_without_flock_a_live_holder_is_refused_and_a_dead_one_taken_over(tmp_pa
         assert json.loads(lock.read_text())["pid"] == os.getpid()
     assert logged and f"left by process {int(dead.stdout)}" in logged[0]
     assert not lock.exists()
+
+
+def test_only_runs_the_named_methods_cells_and_keeps_the_plan_whole(tmp_path, capsys):
+    """`--only IdkDPO` after a fix to IdkDPO: its cells run, every other cell stays as it is (here: not yet
+    run), plan.json still lists the whole plan; a label the config lacks is one line naming its labels."""
+    from cru_harness.cli import main
+
+    config = cfg.load_config(write_config(tmp_path, methods=[{"method": "GA"}, {"method": "IdkDPO"}]))
+    calls = []
+    assert run_config(config, executor=fake(calls), report=False, log=lambda _: None, only="IdkDPO") == 0
+    plan = build_plan(config)
+    idk = {cell.hash for cell in plan if cell.label == "IdkDPO"}
+    assert idk and set(calls) == idk and len(calls) == len(idk)
+    recorded = json.loads((config.output_dir / "plan.json").read_text())["cells"]
+    assert len(recorded) == len(plan) > len(idk)
+    assert main(["run", str(write_config(tmp_path)), "--only", "GA,Nope", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'Nope' is not a method label" in err[0] and "its labels: " in err[0]

@@ -27,6 +27,7 @@ def register(subparsers) -> None:
     run.add_argument("--shard", metavar="I/N", help="run only shard I of N (1-based; cells split by hash)")
     run.add_argument("--output-dir", help="override the config's output_dir")
     run.add_argument("--force", action="store_true", help="recompute cells even when finished")
+    add_only_argument(run)
     run.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     run.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
     run.add_argument("--reproduce", metavar="DIR",
@@ -62,6 +63,26 @@ def register(subparsers) -> None:
                            "in the checkout holding the package)")
     demo.add_argument("--dry-run", action="store_true")
     demo.set_defaults(func=cmd_demo)
+
+
+def add_only_argument(parser) -> None:
+    parser.add_argument("--only", metavar="LABELS",
+                        help="run only the cells of these method labels, comma-separated (e.g. IdkDPO,NPO after a "
+                             "fix to them); the other cells are left as they are, and the report covers all")
+
+
+def only_cells(cells, only: str | None, config) -> list:
+    """The cells whose method label is one of `only` (a comma-separated list); every cell when None. A label
+    that no method of the config has is an `InputError` naming the ones it has."""
+    if only is None:
+        return list(cells)
+    wanted = [label.strip() for label in only.split(",") if label.strip()]
+    known = list(dict.fromkeys(cell.label for cell in cells))
+    unknown = [label for label in wanted if label not in known]
+    if not wanted or unknown:
+        raise InputError(f"--only {only!r}: {', '.join(map(repr, unknown)) or 'no label'} is not a method label of "
+                         f"{config.source}; its labels: {', '.join(known)}")
+    return [cell for cell in cells if cell.label in wanted]
 
 
 def _load(path: str, output_dir: str | None):
@@ -157,11 +178,11 @@ def print_plan(summary: dict, out=None) -> None:
 
 
 def run_config(config, *, dry_run=False, shard=None, force=False, report=True, executor=None, as_json=False,
-               log=print, reproduce=None, inputs=None) -> int:
+               log=print, reproduce=None, inputs=None, only=None) -> int:
     """Plan (and unless dry_run, run) a validated config. `executor` defaults to the real one, `inputs` (what a
     finished cell's record must match to be reused) to `provenance.cell_inputs` with it (else the code version).
     `reproduce`: a run directory to compare with at the end (`reproduce.write_reproduction`); exit status 1 when
-    the run does not reproduce it.
+    the run does not reproduce it. `only`: method labels (`only_cells`) whose cells alone run.
 
     A real run first checks that its output directory can be written and takes the directory's lock
     (`cache.RunLock`): a second run on the same directory stops there, naming the process that holds it."""
@@ -171,7 +192,7 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
             raise InputError(f"--reproduce {reproduce} is the run's own output directory; compute into another "
                              "one (--output-dir) so the results to compare with are not overwritten")
     options = dict(shard=shard, force=force, report=report, executor=executor, as_json=as_json, log=log,
-                   reproduce=reproduce, inputs=inputs)
+                   reproduce=reproduce, inputs=inputs, only=only)
     if dry_run:
         return _run_config(config, dry_run=True, **options)
     from ..locations import check_output_dir
@@ -185,7 +206,7 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
         return _run_config(config, dry_run=False, **options)
 
 
-def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log, reproduce, inputs) -> int:
+def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log, reproduce, inputs, only) -> int:
     from ..data.rwku import TargetSelectionError
     from .cache import CellStore, atomic_write_json
     from .plan import build_plan
@@ -208,6 +229,7 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
     if shard:
         index, count = parse_shard(shard)
         cells = select_shard(cells, index, count)
+    to_run = only_cells(cells, only, config)  # the plan (and plan.json) stays whole
     summary = plan_summary(config, cells, selected)
     if dry_run:
         if as_json:
@@ -234,7 +256,7 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
     atomic_write_json(store.root / ("plan.json" if not shard else f"plan.shard{shard.replace('/', 'of')}.json"),
                       {"config": config.raw, "source": config.source, "shard": shard,
                        "cells": [{"hash": c.hash, "cell": c.describe()} for c in cells]})
-    counts = run_cells(cells, store, executor, log=log, force=force, **({"inputs": inputs} if inputs else {}))
+    counts = run_cells(to_run, store, executor, log=log, force=force, **({"inputs": inputs} if inputs else {}))
     log(f"done: {counts}")
     if report:
         from ..reporting.cli import write_report
@@ -255,7 +277,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.reproduce and not Path(args.reproduce).is_dir():
         raise MissingInputError(f"--reproduce {args.reproduce}: no such run directory")
     return run_config(config, dry_run=args.dry_run, shard=args.shard, force=args.force,
-                      report=not args.no_report, as_json=args.json, reproduce=args.reproduce)
+                      report=not args.no_report, as_json=args.json, reproduce=args.reproduce, only=args.only)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -98,28 +98,30 @@ def other_code_lines(output_dir, results: list[dict]) -> list[str]:
 
 
 def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard: str | None = None,
-              table_only: bool = False, log: Callable = print) -> int:
+              table_only: bool = False, log: Callable = print, only: str | None = None) -> int:
     from ..runner.cache import CellStore, load_results
     from ..runner.cli import run_config
 
     config, spec = study.config, study.spec
-    if table_only and (shard or spec.kind in ("overlap", "gate_gap") or dry_run or force):
+    if table_only and (shard or spec.kind in ("overlap", "gate_gap") or dry_run or force or only):
         raise ConfigError("--table-only", "writes a sweep's table from finished cells only: not with --shard, "
-                          "--dry-run, --force, or an overlap / gate_gap study (their analyses load models)",
+                          "--dry-run, --force, --only, or an overlap / gate_gap study (their analyses load models)",
                           config.source)
     if spec.kind == "overlap":
+        if only:
+            raise ConfigError("--only", "an overlap study trains no cells: run it without --only", config.source)
         if shard:
             raise ConfigError("study.kind", "an overlap study trains no cells, so --shard has nothing to split: "
                               "run it without --shard", config.source)
         return _run_overlap(study, force=force, dry_run=dry_run, log=log)
     if shard:
         # a shard's cells alone would make a partial table: the table waits for a run without --shard
-        status = run_config(config, dry_run=dry_run, force=force, shard=shard, report=False, log=log)
+        status = run_config(config, dry_run=dry_run, force=force, shard=shard, report=False, log=log, only=only)
         if not dry_run:
             log(f"study shard {shard} done; when every shard has finished (their cells in one directory: "
                 f"`cru-harness merge`), run `cru-harness study` without --shard to write the table")
         return status
-    status = 0 if table_only else run_config(config, dry_run=dry_run, force=force, log=log)
+    status = 0 if table_only else run_config(config, dry_run=dry_run, force=force, log=log, only=only)
     if dry_run:
         return status
     selected = _selected(config, any_code=table_only)   # --table-only reads a selection as it reads cells
