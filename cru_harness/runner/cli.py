@@ -77,7 +77,8 @@ def only_cells(cells, only: str | None, config) -> list:
     if only is None:
         return list(cells)
     wanted = [label.strip() for label in only.split(",") if label.strip()]
-    known = list(dict.fromkeys(cell.label for cell in cells))
+    # the config's labels too: a dry run whose RWKU targets are not chosen yet plans no RWKU cell
+    known = list(dict.fromkeys([cell.label for cell in cells] + [method.label for method in config.methods]))
     unknown = [label for label in wanted if label not in known]
     if not wanted or unknown:
         raise InputError(f"--only {only!r}: {', '.join(map(repr, unknown)) or 'no label'} is not a method label of "
