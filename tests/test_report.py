@@ -107,6 +107,24 @@ def test_tables_bold_best_and_reference_row():
     assert "fc_forget_refusal" in md or "forget ref." in md
 
 
+def test_rwku_forget_all_weights_fb_qa_aa_by_their_item_counts():
+    """RWKU's paper: All is the count-weighted mean of FB / QA / AA (e.g. 8, 3 and 8 items), not their plain
+    mean; it is also the RWKU Forgetting axis. A score whose count was not recorded gives no All."""
+    def rwku(counts, prefix="rwku_"):
+        per_target = {f"{prefix}{p}": {"2": {"n": n}} for p, n in zip(("fb", "qa", "aa"), counts)}
+        return {"benchmark": "rwku", "metrics": {"forget_fb": 0.5, "forget_qa": 0.2, "forget_aa": 0.1,
+                                                 "utility_mmlu": 0.4},
+                "details": {"scoring": {"per_target": per_target}}}
+
+    weighted = (8 * 0.5 + 3 * 0.2 + 8 * 0.1) / 19
+    metrics = tables.derived_metrics(rwku((8, 3, 8)))
+    assert metrics["forget_all"] == pytest.approx(weighted) and metrics["forget_all"] != pytest.approx(0.8 / 3)
+    assert metrics["forgetting"] == pytest.approx(1 - weighted) and metrics["utility"] == pytest.approx(0.4)
+    assert tables.derived_metrics(rwku((8, 3, 8), "rwku_icu_"))["forget_all"] == pytest.approx(weighted)
+    assert tables.derived_metrics(rwku((8, 8, 8)))["forget_all"] == pytest.approx(0.8 / 3)
+    assert tables.derived_metrics(rwku((8, 0, 8)))["forget_all"] is None
+
+
 def test_forget_quality_from_retain_cell():
     """The report fills FQ of a cell scored before its retain cell existed, by the scorer's rule: items matched by
     question (another order, extra items), a NaN (stored as null) refused, and another recorded reason kept."""

@@ -73,7 +73,7 @@ def derived_metrics(result: dict) -> dict[str, float | None]:
             value = metrics.get(f"forget_{key}")
             metrics[f"forget_1_{key}"] = 1 - value if stats.is_number(value) else None
     else:
-        metrics["forget_all"] = stats.finite_mean(metrics.get(k) for k in ("forget_fb", "forget_qa", "forget_aa"))
+        metrics["forget_all"] = rwku_forget_all(result, metrics)
         if metrics.get("mia_auc") is None:
             metrics["mia_auc"] = metrics.get("mia_auc_loss")
         if metrics.get("mia_fm") is None:
@@ -88,12 +88,31 @@ def derived_metrics(result: dict) -> dict[str, float | None]:
     return metrics
 
 
+def rwku_forget_all(result: dict, metrics: dict) -> float | None:
+    """RWKU's forget "All" of one cell (one target): the mean over the target's FB, QA and AA items together,
+    i.e. FB, QA and AA weighted by their item counts, as the All of RWKU's paper (its tables' All is the
+    count-weighted mean of its FB / QA / AA columns, not their plain mean). The counts are the per-target `n`
+    the scorer recorded (`details.scoring.per_target`); a score without its count gives None, not a guess."""
+    per_target = ((result.get("details") or {}).get("scoring") or {}).get("per_target") or {}
+    total = weight = 0.0
+    for probe in ("fb", "qa", "aa"):
+        value = metrics.get(f"forget_{probe}")
+        if not stats.is_number(value):
+            continue
+        rows = per_target.get(f"rwku_{probe}") or per_target.get(f"rwku_icu_{probe}") or {}
+        count = sum(row.get("n") or 0 for row in rows.values())
+        if not count:
+            return None
+        total, weight = total + value * count, weight + count
+    return total / weight if weight else None
+
+
 def forgetting_utility(benchmark: str | None, metrics: dict) -> tuple[float | None, float | None]:
-    """The trade-off axes (see stats.py): TOFU (1 - forget ROUGE-L, MU); RWKU (1 - mean forget, mean utility)."""
+    """The trade-off axes (see stats.py): TOFU (1 - forget ROUGE-L, MU); RWKU (1 - forget All, mean utility)."""
     if benchmark == "tofu":
         rouge = metrics.get("forget_rouge_l")
         return (1 - rouge if stats.is_number(rouge) else None), metrics.get("model_utility")
-    forget = stats.finite_mean(metrics.get(k) for k in ("forget_fb", "forget_qa", "forget_aa"))
+    forget = metrics.get("forget_all")
     utility = stats.finite_mean(metrics.get(k) for k in ("utility_mmlu", "utility_bbh", "utility_truthfulqa",
                                                          "utility_triviaqa"))
     return (1 - forget if forget is not None else None), utility
