@@ -105,7 +105,7 @@ def test_rwku_utility_sets_parse_and_missing_ones_are_explained(rwku_dir):
     mmlu = load_target_file(1, "retain_mmlu", rwku_dir)
     assert isinstance(mmlu[0]["choices"], list) and isinstance(mmlu[0]["examples"][0]["choices"], list)
     assert isinstance(load_target_file(1, "truthful", rwku_dir)[0]["mc1_targets"], dict)
-    with pytest.raises(DataSourceError, match="only for targets 1-10"):
+    with pytest.raises(DataSourceError, match="no utility set .retain_mmlu. for target 11 .*targets 1-10 only"):
         load_target_file(11, "retain_mmlu", rwku_dir)
     with pytest.raises(ValueError, match="valid kinds"):
         load_target_file(1, "forget_level4", rwku_dir)
@@ -195,3 +195,31 @@ def test_tofu_reduced_finetuning_set(shared_data):
     retain_eval, _ = load_corpus_rows("retain_perturbed[:8]", shared_data)
     assert len(rows) == 80 and rows[40:] == forget
     assert {r["question"] for r in retain_eval} <= {r["question"] for r in rows[:40]}
+
+
+def test_rwku_from_the_hub_reads_each_config_from_its_split(monkeypatch):
+    """On the Hub the targets and the training corpora are split `train`, the probes and utility sets `test`
+    (RWKU's process/data_process.py); asking `test` of `forget_target` failed every Hub load."""
+    import datasets
+
+    import cru_harness.data.rwku as rwku
+
+    hub = {("forget_target", "train"): [{"target": "Stephen King"}, {"target": "Confucius"}],
+           ("forget_level1", "test"): [{"subject": "Confucius", "level": "1", "type": "fb", "query": "q",
+                                        "answer": "a"}],
+           ("train_original_passage", "train"): [{"subject": "Confucius", "text": "Confucius was ..."}]}
+
+    def load_dataset(path, config, split):  # test double of the Hub: an unknown split is an error there too
+        if (config, split) not in hub:
+            raise ValueError(f'Unknown split "{split}". Should be one of [...]')
+        return hub[(config, split)]
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(rwku, "resolve_local_dir", lambda name, data_dir=None: None)
+    rwku.clear_hub_cache()
+    try:
+        assert [t.name for t in rwku.list_targets()] == ["Stephen King", "Confucius"]
+        assert rwku.load_target_file(2, "forget_level1")[0]["answer"] == "a"
+        assert rwku.load_target_file("Confucius", "passage")[0]["text"].startswith("Confucius")
+    finally:
+        rwku.clear_hub_cache()

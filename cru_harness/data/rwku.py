@@ -21,13 +21,14 @@ class TargetSelectionError(UserError, ValueError):
 
 
 class MissingTargetFileError(DataSourceError):
-    """RWKU has no such file for this target (e.g. utility sets exist for targets 1-10 only): the one failure
+    """RWKU (this copy) has no such file for this target (e.g. utility sets, which the shared copy holds for
+    targets 1-10 only): the one failure
     that means "this target lacks this set", as opposed to unreadable data or an unreachable Hub."""
 
 
 N_TARGETS = 200
 DEFAULT_TARGETS = "1-20"  # the PURGE / CRU paper protocol
-UTILITY_TARGETS = range(1, 11)  # RWKU ships its utility sets only for targets 1-10
+UTILITY_TARGETS = range(1, 11)  # targets every RWKU copy has utility sets for (the shared copy: only these)
 
 # kind (local file stem) -> Hub config
 HUB_CONFIGS = {
@@ -188,9 +189,11 @@ def load_target_file(target: int | str | RWKUTarget, kind: str,
 
 def _missing_kind_message(target: RWKUTarget, kind: str, where) -> str:
     if kind in UTILITY_KINDS and target.index not in UTILITY_TARGETS:
-        return f"RWKU ships utility sets ({kind}) only for targets 1-10, not for target {target.index} ({target.name})"
+        return (f"this RWKU copy has no utility set ({kind}) for target {target.index} ({target.name}) ({where}; "
+                "the shared copy holds them for targets 1-10 only)")
     if kind in TRAINING_KINDS:
-        return f"RWKU ships training corpora ({kind}) only for targets 1-3, not for target {target.index} ({target.name})"
+        return (f"this RWKU copy has no training corpus ({kind}) for target {target.index} ({target.name}) ({where}; "
+                "the shared copy holds them for targets 1-3 only)")
     return f"RWKU target {target.index} ({target.name}) has no {kind} data ({where})"
 
 
@@ -208,14 +211,26 @@ def _parse_literals(row: dict) -> dict:
     return parsed
 
 
+def hub_split(config: str) -> str:
+    """The split a Hub config holds its rows in: `train` for the targets and the training corpora, `test` for
+    the probes, MIA and utility sets (as RWKU's `process/data_process.py` loads them)."""
+    return "train" if config == "forget_target" or config.startswith("train_") else "test"
+
+
 @lru_cache(maxsize=32)
 def _hub_rows_cached(config: str) -> tuple:
     try:
         import datasets
 
-        return tuple(dict(row) for row in datasets.load_dataset(HUB_IDS["rwku"], config, split="test"))
+        return tuple(dict(row) for row in datasets.load_dataset(HUB_IDS["rwku"], config, split=hub_split(config)))
     except Exception as err:  # connection errors, offline mode, missing config
         raise hub_unreachable("rwku", f"RWKU config {config!r}", err) from err
+
+
+def clear_hub_cache() -> None:
+    """Forget the Hub rows and target list read so far in this process (they are cached per config)."""
+    _hub_rows_cached.cache_clear()
+    _hub_targets.cache_clear()
 
 
 def _hub_rows(config: str) -> list[dict]:

@@ -78,10 +78,11 @@ def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Pat
 def rwku_tasks_with_data(cell: Cell, data_dir) -> tuple[list[str], dict[str, str]]:
     """The cell's tasks minus RWKU utility tasks its target has no data for, with the reason for each one left out.
 
-    RWKU ships its utility sets (MMLU, BBH, TruthfulQA, TriviaQA, fluency) for targets 1-10 only. A cell of
-    another target keeps its forget, neighbour and MIA probes and records utility as unavailable, instead of
-    failing as a whole. A utility file that does not load for a target that should have one (1-10, or a copy
-    that ships more) stays in: its error then surfaces in the evaluation, never hidden here.
+    RWKU's utility sets (MMLU, BBH, TruthfulQA, TriviaQA, fluency) are per target, and a copy may lack them for
+    some targets (the shared copy holds them for targets 1-10 only). A cell of such a target keeps its forget,
+    neighbour and MIA probes and records utility as unavailable, instead of failing as a whole. A utility file
+    that does not load for a target that should have one (1-10) stays in: its error then surfaces in the
+    evaluation, never hidden here.
     """
     if cell.benchmark != "rwku" or cell.target is None:
         return list(cell.tasks), {}
@@ -103,8 +104,8 @@ def rwku_tasks_with_data(cell: Cell, data_dir) -> tuple[list[str], dict[str, str
             except MissingTargetFileError:   # no such set for this target; unreadable data fails the cell
                 missing.append(kind)
         if missing:
-            dropped[task] = (f"RWKU has no {', '.join(missing)} for target {cell.target} "
-                             "(its utility sets exist for targets 1-10 only)")
+            dropped[task] = (f"this RWKU copy has no {', '.join(missing)} for target {cell.target} "
+                             "(the shared copy holds utility sets for targets 1-10 only)")
         else:
             kept.append(task)
     if not kept:

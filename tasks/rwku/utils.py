@@ -179,13 +179,14 @@ def _utility_targets(probe: str, indices: list[int], origin: str, data_dir, miss
     lacking = [i for i in indices if i not in available]
     if not available:
         raise ValueError(
-            f"RWKU utility set {kind!r} ({probe}) exists only for targets 1-10; the selected targets "
-            f"{_compact(indices)} (from {origin}) have none. Select targets within 1-10, e.g. "
+            f"RWKU utility set {kind!r} ({probe}): this copy has it for none of the selected targets "
+            f"{_compact(indices)} (from {origin}; the shared copy has it for targets 1-10 only). Select targets that "
+            f"have it, e.g. "
             f"--metadata '{{\"rwku_targets\": \"1-10\"}}'."
         )
     if lacking:
-        message = (f"RWKU utility set {kind!r} ({probe}) exists only for targets 1-10: targets {_compact(lacking)} "
-                   f"have none")
+        message = (f"RWKU utility set {kind!r} ({probe}): this copy has none for targets {_compact(lacking)} "
+                   f"(the shared copy has it for targets 1-10 only)")
         if missing == "error":
             raise ValueError(message + " (rwku_utility_missing=error)")
         if missing != "skip":
