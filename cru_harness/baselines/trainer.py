@@ -103,11 +103,13 @@ def group_totals(group: list[dict], accelerator: Accelerator) -> dict[str, tuple
 
 def step_counts(config: BaselineConfig, micro_batches_per_epoch: int, accum: int) -> tuple[int, int]:
     """(optimizer steps, warmup steps) of a run: `num_epochs` epochs of `micro_batches_per_epoch` micro-batches
-    (per process) with a step every `accum` of them: floor(epochs x micro-batches / accum) steps (at least one),
-    TOFU's floor(epochs x examples / effective batch) when the micro-batch divides the examples; warmup
-    floor(warmup_epochs x steps per epoch) (at least one when warmup_epochs > 0) unless `warmup_steps` is given. A short last micro-batch of an epoch shares a step
-    with the next epoch's first ones; giving it a step of its own would add a full-size update per epoch (twice
-    the steps on TOFU forget01: 40 examples, batch 32)."""
+    (per process) with a step every `accum` of them.
+
+    Steps: floor(epochs x micro-batches / accum), at least one; TOFU's floor(epochs x examples / effective
+    batch) when the micro-batch divides the examples. Warmup: floor(warmup_epochs x steps per epoch), at least
+    one when warmup_epochs > 0, unless `warmup_steps` is given. An epoch's short last group of micro-batches
+    shares a step with the next epoch's first ones: a step of its own would add a full-size update per epoch
+    (twice the steps on TOFU forget01: 40 examples, batch 32)."""
     per_epoch = micro_batches_per_epoch / accum
     total = max(1, math.floor(config.num_epochs * micro_batches_per_epoch / accum))
     if config.warmup_steps is not None:

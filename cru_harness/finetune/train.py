@@ -174,7 +174,8 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
         out_dir=str(out_dir) if out_dir is not None else None, optimizer_steps=trained.optimizer_steps,
         gradient_accumulation_steps=trained.gradient_accumulation_steps, num_processes=trained.num_processes,
         warmup_steps=trained.warmup_steps, chat_template=bool(getattr(tokenizer, "chat_template", None))
-        if chat_template is None else chat_template, dtype=dtype_name(saved_dtype(dtype) if loaded else trained.model.dtype),
+        if chat_template is None else chat_template,
+        dtype=dtype_name(saved_dtype(dtype) if loaded else trained.model.dtype),
         resources=monitor.record.to_dict(), final_logs=trained.final_logs, history=trained.history,
         model=trained.model)
     if out_dir is not None:

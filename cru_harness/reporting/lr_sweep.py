@@ -6,8 +6,8 @@ Rule, per (model, split or target) block that holds baseline cells at two or mor
 learning rate, the median over the baselines of their kept-knowledge score (each method's mean over its seeds);
 the chosen learning rate is the largest whose median is >= `RATIO` x the Original model's score, else the smallest
 of the grid. The score is TOFU's Model Utility, and on RWKU the mean neighbour ROUGE-L recall (FB and QA: what must
-survive next to the target; the shared RWKU copy has utility sets for targets 1-10 only, and a sweep runs on a target the report
-never scores). Forget metrics are never read.
+survive next to the target; the shared RWKU copy has utility sets for targets 1-10 only, and a sweep runs on a
+target the report never scores). Forget metrics are never read.
 """
 from __future__ import annotations
 

@@ -5,8 +5,9 @@
 - Trade-off score of a cell, for the rank tests: the harmonic mean of Forgetting and Utility (0 when either
   is 0, so a broken model that "forgets" everything with no utility left ranks last, as it should).
   TOFU: Forgetting = 1 - forget ROUGE-L recall, Utility = Model Utility.
-  RWKU: Forgetting = 1 - forget All (FB, QA, AA weighted by their item counts), Utility = mean of the accuracy-type utility scores present
-  (MMLU, BBH, TruthfulQA, TriviaQA; fluency is an entropy, not in [0, 1], and is left out).
+  RWKU: Forgetting = 1 - forget All (FB, QA, AA weighted by their item counts), Utility = mean of the
+  accuracy-type utility scores present (MMLU, BBH, TruthfulQA, TriviaQA; fluency is an entropy, not in [0, 1],
+  and is left out).
 - Friedman (`scipy.stats.friedmanchisquare`) over blocks = (model, split) on TOFU and (model, target) on RWKU,
   using only blocks where every compared method has a score; mean ranks with 1 = best.
 - Wilcoxon signed-rank (`scipy.stats.wilcoxon`, two-sided) of the best-ranked method against each other.
