@@ -93,15 +93,17 @@ def test_tables_bold_best_and_reference_row():
     # Original has the highest MU (0.99) but is a reference: never bold; CRU's 0.90 MU is the block's best
     assert "**" not in original and "0.99" in original
     assert "**0.90**" in cru and "front" in cru and "dominated" in ga
-    # direction: forget_truth_ratio is 'down' -> the smallest is bold
+    # direction: forget_truth_ratio is mean(min(R, 1/R)), 1 = forgotten -> the largest is bold
     results[1]["metrics"]["forget_truth_ratio"] = 0.2
-    results[2]["metrics"]["forget_truth_ratio"] = 0.1
+    results[2]["metrics"]["forget_truth_ratio"] = 0.9
     results[3]["metrics"]["forget_truth_ratio"] = 0.3
     rows = tables.aggregate(results, "tofu")
     ga_row = next(r for r in rows if r["model"] == "M1" and r["unit"] == "forget01" and r["label"] == "GA")
     assert "forget_truth_ratio" in ga_row["best"]
+    assert not any("forget_truth_ratio" in r["best"] for r in rows if r is not ga_row and r["model"] == "M1"
+                   and r["unit"] == "forget01")
     tex = tables.to_latex(rows, "tofu")
-    assert "\\textbf{0.10}" in tex and "Original" in tex and "\\toprule" in tex and "Real Authors" in tex
+    assert "\\textbf{0.90}" in tex and "Original" in tex and "\\toprule" in tex and "Real Authors" in tex
     csv_text = tables.to_csv(rows, "tofu")
     assert csv_text.splitlines()[0].startswith("model,unit,method,label,reference")
     assert "fc_forget_refusal" in md or "forget ref." in md

@@ -32,7 +32,8 @@ def _fc_columns(where: str) -> list[Column]:
 TOFU_COLUMNS = [
     Column("forget_1_rouge_l", "1-ROUGE-L ↑", "(1-Rouge-L)$\\uparrow$", "up", "Forget"),
     Column("forget_1_prob", "1-Prob. ↑", "(1-Prob.)$\\uparrow$", "up", "Forget"),
-    Column("forget_truth_ratio", "Truth ratio ↓", "Truth ratio$\\downarrow$", "down", "Forget"),
+    # mean(min(R, 1/R)): 1 = no preference of the true answer over perturbed ones (TOFU, open-unlearning)
+    Column("forget_truth_ratio", "Truth ratio ↑", "Truth ratio$\\uparrow$", "up", "Forget"),
     Column("forget_quality", "FQ ↑", "FQ$\\uparrow$", "up", "Forget"),
     *_fc_columns("forget"),
     *[Column(f"{s}_{m}", f"{name} {mh} ↑", f"{ml}$\\uparrow$", "up", name)
