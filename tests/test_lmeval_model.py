@@ -257,3 +257,21 @@ def test_bf16_scoring_with_float32_softmax_is_finer_than_bf16_softmax(tiny_dir):
 
     assert off_grid(coarse.loglikelihood(_ll(PAIRS))) == 0
     assert off_grid(fine.loglikelihood(_ll(PAIRS))) > 0
+
+
+NO_SYSTEM_TEMPLATE = (  # Gemma-style: no system role
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}<{{ m['role'] }}>{{ m['content'] }}<end>{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def test_a_template_without_a_system_role_renders_prompt_and_scored_turn_alike(cru, monkeypatch):
+    """lm-eval drops the system turn when a template refuses it (Gemma); the finished conversation TOFU scores
+    must drop it too, or it crashes (and its prefix would differ from the prompt's)."""
+    monkeypatch.setattr(cru.tokenizer, "chat_template", NO_SYSTEM_TEMPLATE)
+    chat = [{"role": "system", "content": "Be helpful."}, {"role": "user", "content": "Who?"}]
+    prompt = cru.apply_chat_template(chat)
+    finished = cru.apply_chat_template(chat + [{"role": "assistant", "content": "Her."}], add_generation_prompt=False,
+                                       close_final_turn=True)
+    assert prompt == "<user>Who?<end><assistant>" and finished == "<user>Who?<end><assistant>Her.<end>"

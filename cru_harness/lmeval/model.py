@@ -49,6 +49,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -470,9 +471,15 @@ class CRULM(HFLM):
         try:
             with pinned_clock():
                 if close_final_turn:
-                    return self.tokenizer.apply_chat_template(chat_history, tokenize=False,
-                                                              add_generation_prompt=False,
-                                                              **self.chat_template_args)
+                    def render(history):
+                        return self.tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=False,
+                                                                  **self.chat_template_args)
+                    try:
+                        return render(chat_history)
+                    except jinja2.exceptions.TemplateError:
+                        # as HFLM renders the prompt: a template without a system role (Gemma) drops that turn,
+                        # so the scored conversation keeps the prompt's prefix
+                        return render([turn for turn in chat_history if turn.get("role") != "system"])
                 return super().apply_chat_template(chat_history, add_generation_prompt=add_generation_prompt)
         finally:
             self.chat_template_args = saved
