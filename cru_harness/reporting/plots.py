@@ -131,7 +131,7 @@ def tradeoff_plots(rows: list[dict], benchmark: str, out_dir: Path) -> list[Path
         if len(front) > 1:
             ax.step([p[0] for p in front], [p[1] for p in front], where="post", linestyle="--", color="grey",
                     label="Pareto front")
-        ax.set_xlabel("Forgetting (1 - forget ROUGE-L)" if benchmark == "tofu" else "Forgetting (1 - mean forget ROUGE-L)")
+        ax.set_xlabel("Forgetting (1 - forget ROUGE-L)" if benchmark == "tofu" else "Forgetting (1 - forget All ROUGE-L)")
         ax.set_ylabel("Model Utility" if benchmark == "tofu" else "Utility (mean)")
         ax.set_title(f"{benchmark.upper()} {model} {unit}")
         # outside the axes: inside, it hid the points under it

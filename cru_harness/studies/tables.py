@@ -123,7 +123,8 @@ def fmt(mean, sd) -> str:
 def to_markdown(rows: list[dict], header: list[str], x: str | None = None) -> str:
     """One table per block, under `header` lines (model, scale, seeds) that every study table states."""
     lines = [*header, "Pareto front: no other variant of the block has both more forgetting and more utility "
-             "(TOFU: 1 - forget ROUGE-L and MU; RWKU: 1 - mean forget score and mean utility; means over seeds).", ""]
+             "(TOFU: 1 - forget ROUGE-L and MU; RWKU: 1 - forget All, FB / QA / AA weighted by their item "
+             "counts, and mean utility; means over seeds).", ""]
     for block in dict.fromkeys(r["block"] for r in rows):
         block_rows = [r for r in rows if r["block"] == block]
         keys = KEYS[block_rows[0]["benchmark"]]
@@ -190,7 +191,7 @@ def tradeoff_figure(block_rows: list[dict], *, title: str, block: str):
     for (row, f, fs, u, us), color in zip(drawn, distinct_colors(len(drawn))):
         ax.errorbar([f], [u], xerr=[fs or 0.0], yerr=[us or 0.0], marker="s" if row["label"] in
                     REFERENCE_ROWS else "o", capsize=3, linestyle="none", color=color, label=row["label"])
-    ax.set_xlabel("forgetting (TOFU: 1 - forget ROUGE-L; RWKU: 1 - mean forget score)")
+    ax.set_xlabel("forgetting (TOFU: 1 - forget ROUGE-L; RWKU: 1 - forget All)")
     ax.set_ylabel("utility (TOFU: MU; RWKU: mean utility)")
     ax.set_title(f"{title}\n{block}", fontsize=9)
     pad_limits(ax)
