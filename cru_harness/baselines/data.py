@@ -134,9 +134,7 @@ class ForgetRetainDataset(Dataset):
         self.refusals = None
         self.alternate = None
         if refusals is not None:
-            if not refusals:
-                raise InputError("IdkDPO needs a non-empty list of refusals (TOFU's idontknow list)")
-            self.refusals = list(refusals)
+            self.refusals = list(refusals)  # an empty list is refused by `pick_refusals` below
             # (forget item, refusal) -> its encoding: each pair is tokenised once, however many epochs draw it
             self._encode_alternate = functools.lru_cache(maxsize=None)(
                 lambda i, refusal: encode_qa(tokenizer, forget_qa[i][0], refusal, max_length, **fmt))

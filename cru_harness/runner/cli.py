@@ -80,8 +80,10 @@ def only_cells(cells, only: str | None, config) -> list:
     # the config's labels too: a dry run whose RWKU targets are not chosen yet plans no RWKU cell
     known = list(dict.fromkeys([cell.label for cell in cells] + [method.label for method in config.methods]))
     unknown = [label for label in wanted if label not in known]
-    if not wanted or unknown:
-        raise InputError(f"--only {only!r}: {', '.join(map(repr, unknown)) or 'no label'} is not a method label of "
+    if not wanted:
+        raise InputError(f"--only {only!r} names no method label; {config.source}'s labels: {', '.join(known)}")
+    if unknown:
+        raise InputError(f"--only {only!r}: {', '.join(map(repr, unknown))} is not a method label of "
                          f"{config.source}; its labels: {', '.join(known)}")
     return [cell for cell in cells if cell.label in wanted]
 
