@@ -114,7 +114,12 @@ def test_the_rwku_report_is_options_reports_rwku_rows_reduced_only_as_its_header
             rates.add(cell.hparams["learning_rate"])
             cut["learning_rate"] = cell.hparams["learning_rate"]
         assert cell.hparams == {**reference[scaled.get(cell.label, cell.label)].hparams, **cut}, cell.label
-    assert rates == {1e-5}     # cpu_smollm2_rwku_lr.yaml's choice, one for all four
+    # one for all four: the rate cpu_smollm2_rwku_lr.yaml's rule chooses on its committed cells
+    from cru_harness.reporting.lr_sweep import sweep_choices
+    from cru_harness.runner.cache import load_results
+
+    (choice,) = sweep_choices(load_results(Path(__file__).resolve().parents[1] / "results" / "cpu_smollm2_rwku_lr"))
+    assert rates == {choice["chosen"]} == {1e-4}
     rwku_paper = {"lam": 50, "percentile": 90, "d_r": 256, "last_k": 4, "max_length": 128}
     by_label = {c.label: c for c in cells}
     assert {k: by_label["CRU-paper"].hparams.get(k) for k in rwku_paper} == rwku_paper
