@@ -5,7 +5,8 @@ afterwards that `--out` is a file, or not writable, loses all of it), and on mod
   directory), `cru-harness finetune` (the checkpoint directory) and `cru-harness run` (the run directory).
 - `check_model_path(path)`: a base model given as a local path must exist and hold a `config.json`; a Hub id
   is left to the Hub.
-- `write_directory(path, write)`: a checkpoint written whole or not at all (fine-tuning, baselines).
+- `write_directory(path, write)`: a directory written whole or not at all; `save_checkpoint` writes a trained
+  model, its tokenizer and its record that way (fine-tuning, baselines).
 """
 from __future__ import annotations
 
@@ -114,3 +115,17 @@ def write_directory(path: str | os.PathLike, write: Callable[[Path], None]) -> P
         shutil.rmtree(path)
     tmp.replace(path)
     return path
+
+
+def save_checkpoint(path: str | os.PathLike, model, tokenizer, record_name: str, record: dict,
+                    save_function: Callable) -> Path:
+    """A trained model (saved with accelerate's `save_function`), its tokenizer and its JSON record
+    (`record_name`), written whole (`write_directory`)."""
+    import json
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, save_function=save_function)
+        tokenizer.save_pretrained(tmp)
+        (tmp / record_name).write_text(json.dumps(record, indent=2, default=str))
+
+    return write_directory(path, write)

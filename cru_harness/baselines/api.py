@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,7 +13,7 @@ from transformers import AutoTokenizer
 from ..context import fit_to_context
 from ..devices import load_causal_lm, saved_dtype, training_precision
 from ..errors import InputError
-from ..locations import write_directory
+from ..locations import save_checkpoint
 from .base import BaselineConfig, UnlearningMethod
 from .data import ForgetRetainDataset, encode_qa, row_to_qa
 from .registry import get_method
@@ -144,11 +142,6 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     if out_dir is not None:
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            def write(tmp: Path) -> None:
-                trained.model.save_pretrained(tmp, save_function=accelerator.save)
-                tokenizer.save_pretrained(tmp)
-                (tmp / RECORD_FILE).write_text(json.dumps(result.to_dict(), indent=2, default=str))
-
-            write_directory(out_dir, write)
+            save_checkpoint(out_dir, trained.model, tokenizer, RECORD_FILE, result.to_dict(), accelerator.save)
         accelerator.wait_for_everyone()
     return result

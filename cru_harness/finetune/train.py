@@ -17,10 +17,8 @@ answer tokens and one EOS, the question masked; AdamW lr 1e-5, weight decay 0.01
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,7 +29,7 @@ from ..baselines.data import collate, encode_qa, row_to_qa
 from ..baselines.losses import nll_loss
 from ..devices import dtype_name, load_causal_lm, saved_dtype, training_precision
 from ..errors import InputError
-from ..locations import write_directory
+from ..locations import save_checkpoint
 from ..prompts import DEFAULT_TOFU_PRESET
 
 RECORD_FILE = "finetune_record.json"
@@ -181,15 +179,8 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     if out_dir is not None:
         accelerator.wait_for_everyone()
         if PartialState().is_main_process:
-            _save(trained.model, tokenizer, result, out, accelerator)
+            save_checkpoint(out, trained.model, tokenizer, RECORD_FILE, result.to_dict(), accelerator.save)
         accelerator.wait_for_everyone()
     return result
 
 
-def _save(model, tokenizer, result: FinetuneResult, out: Path, accelerator) -> None:
-    def write(tmp: Path) -> None:
-        model.save_pretrained(tmp, save_function=accelerator.save)
-        tokenizer.save_pretrained(tmp)
-        (tmp / RECORD_FILE).write_text(json.dumps(result.to_dict(), indent=2, default=str))
-
-    write_directory(out, write)

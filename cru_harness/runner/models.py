@@ -84,13 +84,6 @@ def cell_device(cell: Cell) -> str:
     return resolve_device(cell.device)
 
 
-def torch_dtype(name: str):
-    """A dtype name as torch's (`auto` stays "auto": the checkpoint's own)."""
-    from ..devices import parse_dtype
-
-    return parse_dtype(name)
-
-
 @functools.lru_cache(maxsize=None)
 def _checkpoint_dtype(path: str, trust_remote_code: bool) -> str:
     from ..devices import checkpoint_dtype
