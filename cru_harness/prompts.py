@@ -10,6 +10,8 @@ is evaluated on. References (read, not copied; file:line at the commits in docs/
   whole conversation's tokens after the prompt's token count, plus EOS when the conversation does not already end
   with it (`utils.py:61-124`). Models without a chat template: `Question: {q}\\nAnswer:` and the answer after one
   space, scored the same way.
+  `tofu_model_family` names one of open-unlearning's model configs that set `apply_chat_template: False`
+  (`configs/model/Llama-2-7b-chat-hf.yaml`, ...): its `template_args` tags, verbatim (`utils.py:72-111`).
 - `tofu: legacy`: locuslab/tofu `config/model_config.yaml` (per model family), `data_module.py:8-32` (span:
   the tokens of `question_start + q + question_end + answer_tag + a` after those of the question part, plus one
   EOS), `evaluate_util.py:304-332` (generation prompt; `max_length` 200 in total, `config/eval_everything.yaml:
@@ -28,10 +30,11 @@ from .errors import InputError, UserError
 
 __all__ = [
     "TOFU_PRESETS", "DEFAULT_TOFU_PRESET", "RWKU_PRESETS", "DEFAULT_RWKU_PRESET", "PresetError",
-    "check_tofu_preset", "check_rwku_preset", "LegacyFormat", "LEGACY_FORMATS", "legacy_format",
+    "check_tofu_preset", "check_rwku_preset", "LegacyFormat", "LEGACY_FORMATS", "legacy_format", "TagFormat",
+    "OPEN_UNLEARNING_FORMATS", "tofu_format", "format_refuses_chat_message",
     "LEGACY_MAX_LENGTH", "LEGACY_DS_SIZE", "OPEN_UNLEARNING_SYSTEM_PROMPT", "OPEN_UNLEARNING_DATE", "RWKU_DATE",
     "PLAIN_PROMPT", "plain_prompt", "tofu_messages", "render_chat", "QATexts", "qa_texts", "uses_chat",
-    "encode_qa_ids", "encode_text",
+    "encode_qa_ids", "encode_text", "PROMPT_FORMATS", "add_prompt_format_argument", "prompt_format_choice",
 ]
 
 TOFU_PRESETS = ("open-unlearning", "legacy")
@@ -86,6 +89,9 @@ class LegacyFormat:
     def question_text(self, question: str) -> str:
         return self.question_start + question + self.question_end
 
+    def text(self, question: str, answer: str) -> str:
+        return self.question_text(question) + self.answer_tag + answer
+
     def generation_prompt(self, question: str) -> str:
         full = self.question_text(question) + self.answer_tag
         head = full.split(self.split_symbol)[0]
@@ -110,6 +116,62 @@ def legacy_format(family: str | None) -> LegacyFormat:
             f"(set tofu_model_family, or use tofu_preset=open-unlearning)"
         )
     return LEGACY_FORMATS[family]
+
+
+@dataclass(frozen=True)
+class TagFormat:
+    """open-unlearning's `template_args` for a model it runs without a chat template (`src/data/utils.py:72-111`):
+    the prompt is `user_start + q + user_end + asst_start`, the answer follows it directly, and the scored span
+    is the answer's tokens after the prompt's. Same methods as `LegacyFormat`, so one code path serves both."""
+
+    user_start: str
+    user_end: str
+    asst_start: str
+
+    def question_text(self, question: str) -> str:   # what the scored span starts after
+        return self.user_start + question + self.user_end + self.asst_start
+
+    def text(self, question: str, answer: str) -> str:
+        return self.question_text(question) + answer
+
+    def generation_prompt(self, question: str) -> str:   # `predict_with_generate`: the prompt's ids (utils.py:119-120)
+        return self.question_text(question)
+
+
+_OU_QA_TAGS = TagFormat("Question: ", "\n", "Answer: ")
+#: open-unlearning's model configs with `apply_chat_template: False`, by file name (`configs/model/<name>.yaml`).
+#: Their tags are used verbatim, the trailing space of `Answer: ` included (unlike `PLAIN_PROMPT`, see docs).
+OPEN_UNLEARNING_FORMATS: dict[str, TagFormat] = {
+    "Llama-2-7b-chat-hf": TagFormat("[INST] ", " [/INST]", ""),   # Llama-2-7b-chat-hf.yaml:7-14
+    "Llama-2-7b-hf": _OU_QA_TAGS,                                # Llama-2-7b-hf.yaml:7-12
+    "Llama-2-13b-hf": _OU_QA_TAGS,                               # Llama-2-13b-hf.yaml:7-12
+    "phi-1_5": _OU_QA_TAGS,                                      # phi-1_5.yaml:5-10
+}
+
+
+def tofu_format(preset: str | None, family: str | None) -> LegacyFormat | TagFormat | None:
+    """The fixed text format a TOFU preset and model family prescribe, or None where the prompt is the chat
+    template or the plain prompt (open-unlearning without a family). The one place that checks a family: an unknown
+    one fails naming the valid ones."""
+    preset = check_tofu_preset(preset)
+    if preset == "legacy":
+        return legacy_format(family)
+    if family in (None, ""):
+        return None
+    if family not in OPEN_UNLEARNING_FORMATS:
+        raise PresetError(
+            f"the TOFU open-unlearning preset has no format for model family {family!r}; valid: "
+            f"{', '.join(OPEN_UNLEARNING_FORMATS)} (open-unlearning's model configs without a chat template; leave "
+            f"tofu_model_family unset for a model whose chat template open-unlearning applies)"
+        )
+    return OPEN_UNLEARNING_FORMATS[family]
+
+
+def format_refuses_chat_message(preset: str, family: str | None) -> str:
+    """The one line that says a fixed format and `--apply_chat_template` do not go together."""
+    what = ("TOFU's own per-family formats" if check_tofu_preset(preset) == "legacy"
+            else f"open-unlearning's own format for {family}")
+    return f"tofu_preset={preset} with tofu_model_family={family} writes {what}: run it without --apply_chat_template"
 
 
 def plain_prompt(question: str) -> str:
@@ -138,11 +200,22 @@ PROMPT_FORMATS = {"auto": None, "chat": True, "plain": False}  # the `chat` argu
 
 
 def add_prompt_format_argument(parser, *, evaluated_with: str = "--apply_chat_template") -> None:
-    """`--prompt-format auto|chat|plain`, the same on every command that writes question/answer rows."""
-    parser.add_argument("--prompt-format", choices=tuple(PROMPT_FORMATS), default="auto",
+    """`--prompt-format auto|chat|plain|<open-unlearning family>`, the same on every command that writes
+    question/answer rows (read back with `prompt_format_choice`)."""
+    parser.add_argument("--prompt-format", choices=(*PROMPT_FORMATS, *OPEN_UNLEARNING_FORMATS), default="auto",
                         help="how question/answer rows are written (cru_harness.prompts), as the evaluation will "
                              "show them. auto: the chat template when the tokenizer has one (evaluate with "
-                             f"{evaluated_with}); plain: Question:/Answer: (default: auto)")
+                             f"{evaluated_with}); plain: Question:/Answer:; a model config name "
+                             f"({', '.join(OPEN_UNLEARNING_FORMATS)}): open-unlearning's tags for that model "
+                             "(evaluate with --metadata '{\"tofu_model_family\": NAME}') (default: auto)")
+
+
+def prompt_format_choice(choice: str) -> dict:
+    """`{"chat": ..., "family": ...}` for `qa_texts` from a `--prompt-format` value (open-unlearning preset)."""
+    if choice in PROMPT_FORMATS:
+        return {"chat": PROMPT_FORMATS[choice], "family": None}
+    tofu_format(DEFAULT_TOFU_PRESET, choice)   # an unknown name fails naming the valid ones
+    return {"chat": False, "family": choice}
 
 
 def uses_chat(tokenizer, chat: bool | None = None) -> bool:
@@ -172,12 +245,12 @@ def qa_texts(tokenizer, question: str, answer: str, *, preset: str = DEFAULT_TOF
              family: str | None = None, chat: bool | None = None) -> QATexts:
     """The prompt and full text of one question-answer pair under a TOFU preset (see the module docstring)."""
     preset = check_tofu_preset(preset)
-    if preset == "legacy":
+    fmt = tofu_format(preset, family)
+    if fmt is not None:
         if chat:
-            raise PresetError("the TOFU legacy preset uses TOFU's own per-family formats, not a chat template")
-        fmt = legacy_format(family)
-        prompt = fmt.question_text(question)
-        return QATexts(prompt, prompt + fmt.answer_tag + answer, fmt.generation_prompt(question), True, False)
+            raise PresetError(format_refuses_chat_message(preset, family))
+        return QATexts(fmt.question_text(question), fmt.text(question, answer), fmt.generation_prompt(question),
+                       True, False)
     if uses_chat(tokenizer, chat):
         prompt = render_chat(tokenizer, tofu_messages(question), add_generation_prompt=True)
         text = render_chat(tokenizer, tofu_messages(question, answer), add_generation_prompt=False)

@@ -106,3 +106,22 @@ def test_only_the_projects_error_types_become_one_line(monkeypatch, capsys):
         monkeypatch.setattr(cru_cli, "run_inspect", raising(err))
         assert main(["inspect", "somewhere"]) == 2
         assert capsys.readouterr().err == f"cru-harness inspect: error: {' '.join(str(err).split(chr(10)))}\n"
+
+
+def test_unlearn_prompt_format_can_name_an_open_unlearning_model_config(setup, monkeypatch):
+    """`--prompt-format Llama-2-7b-chat-hf`: QA rows are written in that config's tags (`[INST] q [/INST]a`), as
+    the TOFU tasks score them under `tofu_model_family`; text rows stay as they are."""
+    import cru_harness.cru.train as cru_train   # the command imports train_routers from here when it runs
+
+    root, base, forget, retain = setup
+    seen, real = {}, cru_train.train_routers
+
+    def spy(model, tokenizer, forget_texts, retain_texts, config):
+        seen["forget"], seen["retain"] = forget_texts, retain_texts
+        return real(model, tokenizer, forget_texts, retain_texts, config)
+
+    monkeypatch.setattr(cru_train, "train_routers", spy)
+    assert main(_unlearn_args(base, forget, retain, root / "inst", "--prompt-format", "Llama-2-7b-chat-hf")) == 0
+    row = FORGET_ROWS[0]
+    assert seen["forget"][0] == f"[INST] {row['question']} [/INST]{row['answer']}"
+    assert seen["retain"][0] == RETAIN_ROWS[0]["text"]

@@ -97,16 +97,31 @@ def test_existing_output_is_refused_before_training(checkpoint, rows_file, tmp_p
     assert code == 2 and (out / "keep.txt").exists()
 
 
-def test_cli_overwrites_when_asked(checkpoint, rows_file, tmp_path, capsys):
+@pytest.mark.parametrize("prompt_format", ["plain", "Llama-2-7b-chat-hf"])
+def test_cli_overwrites_when_asked(prompt_format, checkpoint, rows_file, tmp_path, capsys, monkeypatch):
+    """Also: `--prompt-format` names an open-unlearning model config (its tags, as `tofu_model_family`)."""
+    import cru_harness.baselines.data as baselines_data
+
+    seen, real_qa_texts = [], baselines_data.qa_texts
+
+    def spy(tokenizer, question, answer, **kw):  # the texts the rows are trained on
+        texts = real_qa_texts(tokenizer, question, answer, **kw)
+        seen.append(texts.text)
+        return texts
+
+    monkeypatch.setattr(baselines_data, "qa_texts", spy)
     out = tmp_path / "ft"
     out.mkdir()
     (out / "old.txt").write_text("x")
     code = main(["finetune", "--model", str(checkpoint), "--data", str(rows_file), "--out", str(out),
                  "--overwrite", "--epochs", "1", "--batch-size", "4", "--micro-batch-size", "2", "--lr", "1e-3",
-                 "--prompt-format", "plain", "--device", "cpu", "--no-progress"])
+                 "--prompt-format", prompt_format, "--device", "cpu", "--no-progress"])
     assert code == 0 and "saved fine-tuned model" in capsys.readouterr().out
     assert not (out / "old.txt").exists() and (out / "config.json").exists()
-    assert json.loads((out / "finetune_record.json").read_text())["chat_template"] is False
+    record = json.loads((out / "finetune_record.json").read_text())
+    assert record["chat_template"] is False
+    assert record["family"] == (None if prompt_format == "plain" else prompt_format)
+    assert seen and all(t.startswith("[INST] " if record["family"] else "Question: ") for t in seen)
 
 
 @pytest.mark.parametrize("trainer", ["finetune", "unlearn"])

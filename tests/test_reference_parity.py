@@ -151,7 +151,8 @@ def _answers(task: str, doc: dict) -> list[str]:
 
 def ou_preprocess(tokenizer, template: dict, question: str, answer: str, date: str | None = None):
     """open-unlearning src/data/utils.py:17-140 (`preprocess_chat_instance`), one QA pair, no in-context examples.
-    Returns (prompt_ids = the generation input, :119-120; scored ids = labels != -100, :124)."""
+    Returns (prompt_ids = the generation input, :119-120; the scoring input = chat_ids, :121-123, whose first
+    len(prompt_ids) positions are masked; scored ids = labels != -100, :124)."""
     if template["apply_chat_template"]:  # :51-70
         chat = [{"role": "system", "content": template["system_prompt"]}] if template.get("system_prompt") else []
         chat += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
@@ -167,7 +168,7 @@ def ou_preprocess(tokenizer, template: dict, question: str, answer: str, date: s
     chat_ids = list(chat_ids)
     if chat_ids[-1] != tokenizer.eos_token_id:  # :113-114
         chat_ids += [tokenizer.eos_token_id]
-    return list(prompt_ids), chat_ids[len(prompt_ids):]  # :116,124
+    return list(prompt_ids), chat_ids, chat_ids[len(prompt_ids):]  # :116,124
 
 
 # open-unlearning configs/model/*-Instruct.yaml (system_prompt) and Llama-3.2-1B-Instruct.yaml:15 (date_string)
@@ -191,20 +192,73 @@ def test_tofu_open_unlearning_token_for_token(name, tofu_data):
             doc = insts[0].doc
             gen, likelihoods = insts[0], insts[1:]
             # generation: input ids, EOS as the only stop, 200 new tokens (configs/generation/default.yaml:1-5)
-            ref_prompt, _ = ou_preprocess(tok, OU_CHAT if chat else PROJECT_PLAIN, doc["question"],
+            ref_prompt, _, _ = ou_preprocess(tok, OU_CHAT if chat else PROJECT_PLAIN, doc["question"],
                                           "" if chat else " ", OU_DATE)
             assert _gen_ids(lm, gen.arguments[0]) == ref_prompt, (task, doc_id)
             assert gen.arguments[1]["until"] == [] and gen.arguments[1]["max_gen_toks"] == 200
             answers = _answers(task, doc)
             assert len(likelihoods) == len(answers)
             for inst, answer in zip(likelihoods, answers):
-                ref_prompt, ref_scored = ou_preprocess(tok, OU_CHAT if chat else PROJECT_PLAIN, doc["question"],
+                ref_prompt, _, ref_scored = ou_preprocess(tok, OU_CHAT if chat else PROJECT_PLAIN, doc["question"],
                                                        answer if chat else " " + answer, OU_DATE)
                 ctx_ids, scored = lm.encode_request(*inst.arguments)
                 assert ctx_ids == ref_prompt, (task, doc_id, answer)
                 assert scored == ref_scored, (task, doc_id, answer, tok.convert_ids_to_tokens(scored),
                                               tok.convert_ids_to_tokens(ref_scored))
                 assert scored[-1] == tok.eos_token_id
+
+
+# open-unlearning configs/model/Llama-2-7b-chat-hf.yaml:7-14 and phi-1_5.yaml:5-10 (`template_args`, as read there)
+OU_TAGS = {
+    "Llama-2-7b-chat-hf": {"apply_chat_template": False, "user_start_tag": "[INST] ", "user_end_tag": " [/INST]",
+                           "asst_start_tag": ""},
+    "phi-1_5": {"apply_chat_template": False, "user_start_tag": "Question: ", "user_end_tag": "\n",
+                "asst_start_tag": "Answer: "},
+}
+
+
+@pytest.mark.parametrize("family", list(OU_TAGS))
+@pytest.mark.parametrize("name", ALL)
+def test_tofu_open_unlearning_model_family_token_for_token(name, family, tofu_data):
+    """`tofu_model_family` under the open-unlearning preset: that model config's tags verbatim (no D1 here: the
+    trailing space of `Answer: ` stays in the prompt), whatever chat template the tokenizer has; every row, and
+    open-unlearning's generation settings. Training rows are written the same way."""
+    from cru_harness.baselines.data import encode_qa
+
+    lm = _lm(name)
+    tok = lm.tokenizer
+    requests = _tofu_requests(tofu_data, lm, chat=False, family=family)
+    assert {task: len(docs) for task, docs in requests.items()} == {task: len(TOFU_ROWS) for task in TOFU_TASKS}
+    for task, docs in requests.items():
+        for doc_id, insts in docs.items():
+            doc = insts[0].doc
+            ref_prompt, _, _ = ou_preprocess(tok, OU_TAGS[family], doc["question"], "")
+            assert _gen_ids(lm, insts[0].arguments[0]) == ref_prompt, (task, doc_id)
+            assert insts[0].arguments[1]["until"] == [] and insts[0].arguments[1]["max_gen_toks"] == 200
+            assert "max_length" not in insts[0].arguments[1]   # legacy's 200-in-total rule is not open-unlearning's
+            for inst, answer in zip(insts[1:], _answers(task, doc), strict=True):
+                # the reference scores the whole text's ids after the prompt's token count (`Answer: ` + a word can
+                # merge across the boundary: the context is the whole text's first ids, not the prompt's own)
+                _, ref_input, ref_scored = ou_preprocess(tok, OU_TAGS[family], doc["question"], answer)
+                ctx_ids, scored = lm.encode_request(*inst.arguments)
+                assert (ctx_ids + scored, scored) == (ref_input, ref_scored), (task, doc_id, answer)
+    example = encode_qa(tok, TOFU_ROWS[1]["question"], TOFU_ROWS[1]["answer"], family=family)
+    _, ref_input, ref_scored = ou_preprocess(tok, OU_TAGS[family], TOFU_ROWS[1]["question"], TOFU_ROWS[1]["answer"])
+    assert example.input_ids == ref_input and example.labels[-len(ref_scored):] == ref_scored
+
+
+def test_tofu_model_family_refuses_the_chat_template_and_names_the_choices(tofu_data):
+    from lm_eval.tasks import TaskManager
+
+    from cru_harness.prompts import PresetError
+
+    lm = _lm("testbed-chat")
+    with pytest.raises(PresetError, match="open-unlearning's own format for Llama-2-7b-chat-hf: run it without "
+                                          "--apply_chat_template"):
+        _tofu_requests(tofu_data, lm, chat=True, family="Llama-2-7b-chat-hf")
+    with pytest.raises(Exception, match="valid: Llama-2-7b-chat-hf, Llama-2-7b-hf, Llama-2-13b-hf, phi-1_5"):
+        TaskManager(include_path=str(TOFU_TASKS_DIR), include_defaults=False,
+                    metadata={"data_dir": str(tofu_data), "tofu_model_family": "llama2-7b"}).load(["tofu_retain"])
 
 
 @pytest.mark.parametrize("name", CHAT)
@@ -216,7 +270,7 @@ def test_tofu_chat_span_is_what_lm_eval_alone_would_get_wrong(name, tofu_data):
     inst = _tofu_requests(tofu_data, lm, chat=True)["tofu_real_authors"][0][1]
     ctx, _ = inst.arguments
     _, lm_eval_scored = lm._encode_pair(ctx, inst.doc["answer"])
-    _, ref_scored = ou_preprocess(tok, OU_CHAT, inst.doc["question"], inst.doc["answer"], OU_DATE)
+    _, _, ref_scored = ou_preprocess(tok, OU_CHAT, inst.doc["question"], inst.doc["answer"], OU_DATE)
     assert tok.decode(lm_eval_scored[:1]) == "\n" and lm_eval_scored != ref_scored
     assert lm.encode_request(*inst.arguments)[1] == ref_scored
 
@@ -225,7 +279,7 @@ def test_tofu_system_instruction_given_explicitly_is_used_everywhere(tofu_data):
     lm = _lm("testbed-chat")
     inst = _tofu_requests(tofu_data, lm, chat=True, system_instruction="Be brief.")["tofu_retain"][0]
     assert "Be brief." in inst[0].arguments[0] and "helpful assistant" not in inst[0].arguments[0]
-    ref_prompt, ref_scored = ou_preprocess(lm.tokenizer, {**OU_CHAT, "system_prompt": "Be brief."},
+    ref_prompt, _, ref_scored = ou_preprocess(lm.tokenizer, {**OU_CHAT, "system_prompt": "Be brief."},
                                            inst[0].doc["question"], inst[0].doc["answer"], OU_DATE)
     assert lm.encode_request(*inst[1].arguments) == (ref_prompt, ref_scored)
 

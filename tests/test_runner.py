@@ -56,6 +56,8 @@ def base_config(tmp_path, **extra):
     (lambda r: r.update(evaluation={"tofu_preset": "tofu2"}), "evaluation", "valid: open-unlearning, legacy"),
     (lambda r: r.update(evaluation={"tofu_preset": "legacy"}), "evaluation", "valid: llama2-7b, phi, stablelm"),
     (lambda r: r.update(evaluation={"rwku_preset": "paper"}), "evaluation", "valid: reference"),
+    (lambda r: r.update(evaluation={"tofu_model_family": "llama2-7b"}), "evaluation",
+     "valid: Llama-2-7b-chat-hf, Llama-2-7b-hf, Llama-2-13b-hf, phi-1_5"),
 ])
 def test_config_errors_name_the_key(tmp_path, mutate, key, words):
     raw = base_config(tmp_path)
@@ -116,6 +118,29 @@ def test_plan_cells_and_hashes(tmp_path):
     changed = {c.hash for c in build_plan(cfg.validate_config(raw))}
     assert {c.hash for c in cells if c.method != "CRU"} <= changed
     assert not {c.hash for c in cells if c.method == "CRU"} & changed
+
+
+def test_a_tofu_model_family_fixes_the_tofu_cells_format_and_leaves_rwku_on_the_chat_template(tmp_path):
+    """open-unlearning's Llama-2-7b-chat config writes `[INST] q [/INST]`, not the chat template: the runner
+    trains and evaluates the TOFU cells that way (no --apply_chat_template), while RWKU keeps the template."""
+    from cru_harness.runner.evaluation import use_chat_template
+    from cru_harness.runner.training import prompt_format
+
+    raw = base_config(tmp_path, evaluation={"tofu_model_family": "Llama-2-7b-chat-hf"})
+    raw["models"][0]["chat_template"] = True
+    raw["benchmarks"]["rwku"] = {"targets": [1]}
+    cells = [c for c in build_plan(cfg.validate_config(raw)) if c.method == "GA"]
+    by_bench = {c.benchmark: c for c in cells}
+    tofu, rwku = by_bench["tofu"], by_bench["rwku"]
+    assert use_chat_template(tofu, "unused") is False
+    assert prompt_format(tofu, True) == {"chat": False, "preset": "open-unlearning", "family": "Llama-2-7b-chat-hf"}
+    assert use_chat_template(rwku, "unused") is True
+    assert prompt_format(rwku, True) == {"chat": True, "preset": "open-unlearning", "family": None}
+    # without a family the TOFU cells follow the model's chat template as before
+    plain = [c for c in build_plan(cfg.validate_config(base_config(tmp_path, models=[
+        {"name": "m", "path": "zoo:llama", "chat_template": True, "retain": {"checkpoint": "zoo:llama:retain"}}])))
+        if c.method == "GA"][0]
+    assert use_chat_template(plain, "unused") is True
 
 
 # ------------------------------------------------------------------------------------------- cache + resume

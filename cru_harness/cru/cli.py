@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from cru_harness.devices import add_device_arguments
-from cru_harness.prompts import PROMPT_FORMATS, add_prompt_format_argument
+from cru_harness.prompts import add_prompt_format_argument, prompt_format_choice
 
 from ..errors import InputError
 
@@ -124,12 +124,12 @@ def run_unlearn(args: argparse.Namespace) -> int:
     except OSError as err:
         from cru_harness.cli import CLIError
         raise CLIError(f"cannot load base model {args.base!r}: {err}") from None
-    chat = PROMPT_FORMATS[args.prompt_format]
-    if chat and not tokenizer.chat_template:
+    fmt = prompt_format_choice(args.prompt_format)
+    if fmt["chat"] and not tokenizer.chat_template:
         from cru_harness.cli import CLIError
         raise CLIError(f"--prompt-format chat: the tokenizer of {args.base!r} has no chat template")
-    forget = rows_to_texts(*forget_rows, tokenizer=tokenizer, chat=chat)
-    retain = rows_to_texts(*retain_rows, tokenizer=tokenizer, chat=chat)
+    forget = rows_to_texts(*forget_rows, tokenizer=tokenizer, **fmt)
+    retain = rows_to_texts(*retain_rows, tokenizer=tokenizer, **fmt)
     model.eval()
     bundle = train_routers(model, tokenizer, forget, retain, config)
     bundle.config.base_model = str(args.base)

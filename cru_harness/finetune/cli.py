@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ..devices import add_device_arguments
-from ..prompts import PROMPT_FORMATS, add_prompt_format_argument
+from ..prompts import add_prompt_format_argument, prompt_format_choice
 
 
 def register(subparsers) -> None:
@@ -38,7 +38,7 @@ def register(subparsers) -> None:
 
 
 def run_finetune(args: argparse.Namespace) -> int:
-    chat = PROMPT_FORMATS[args.prompt_format]
+    fmt = prompt_format_choice(args.prompt_format)
     from accelerate.state import PartialState
 
     from .train import FinetuneConfig, finetune
@@ -48,8 +48,8 @@ def run_finetune(args: argparse.Namespace) -> int:
                             warmup_epochs=args.warmup_epochs, lr_scheduler=args.scheduler,
                             max_length=args.max_length)
     result = finetune(args.model, args.data, args.out, config=config, seed=args.seed, data_dir=args.data_dir,
-                      dtype=args.dtype, device=args.device, device_map=args.device_map, chat_template=chat,
-                      overwrite=args.overwrite, progress=not args.no_progress)
+                      dtype=args.dtype, device=args.device, device_map=args.device_map, chat_template=fmt["chat"],
+                      family=fmt["family"], overwrite=args.overwrite, progress=not args.no_progress)
 
     if PartialState().is_main_process:
         print(f"saved fine-tuned model to {args.out}: {result.n_rows} rows, {result.optimizer_steps} steps "

@@ -92,6 +92,8 @@ class FinetuneResult:
     dtype: str
     resources: dict[str, Any]
     final_logs: dict[str, float]
+    preset: str = DEFAULT_TOFU_PRESET   # the prompt format beside `chat_template` (`prompts.qa_texts`)
+    family: str | None = None
     history: list[dict] = field(default_factory=list)
     model: torch.nn.Module | None = field(default=None, repr=False)
 
@@ -174,7 +176,8 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
         warmup_steps=trained.warmup_steps, chat_template=bool(getattr(tokenizer, "chat_template", None))
         if chat_template is None else chat_template,
         dtype=dtype_name(saved_dtype(dtype) if loaded else trained.model.dtype),
-        resources=monitor.record.to_dict(), final_logs=trained.final_logs, history=trained.history,
+        resources=monitor.record.to_dict(), final_logs=trained.final_logs, preset=preset, family=family,
+        history=trained.history,
         model=trained.model)
     if out_dir is not None:
         accelerator.wait_for_everyone()

@@ -18,7 +18,7 @@ import yaml
 from ..data.rwku import DEFAULT_TARGETS, TargetSelectionError, parse_targets
 from ..errors import MissingInputError, UserError
 from ..prompts import (DEFAULT_RWKU_PRESET, DEFAULT_TOFU_PRESET, PresetError, check_rwku_preset, check_tofu_preset,
-                       legacy_format)
+                       tofu_format)
 from .purge import PURGE_TARGETS
 
 BENCHMARKS = ("tofu", "rwku")
@@ -529,11 +529,11 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
     evaluation = {"batch_size": 8, "limit": None, "max_gen_toks": None, "failure_classes": True,
                   "apply_chat_template": None, "tofu_preset": DEFAULT_TOFU_PRESET, "tofu_model_family": None,
                   "rwku_preset": DEFAULT_RWKU_PRESET, "rwku_newline_stop": False, **evaluation}
-    try:  # protocol presets (cru_harness.prompts): an unknown name or legacy family fails here, naming the choices
+    try:  # protocol presets (cru_harness.prompts): an unknown name or TOFU family fails here, naming the choices
         check_tofu_preset(evaluation["tofu_preset"])
         check_rwku_preset(evaluation["rwku_preset"])
-        if evaluation["tofu_preset"] == "legacy" and "tofu" in benchmarks:
-            legacy_format(evaluation["tofu_model_family"])
+        if "tofu" in benchmarks:
+            tofu_format(evaluation["tofu_preset"], evaluation["tofu_model_family"])
     except PresetError as err:
         _fail("evaluation", str(err), source)
     _number(evaluation["batch_size"], "evaluation.batch_size", source, low=1, integer=True)

@@ -36,7 +36,14 @@ def lmeval_settings(evaluation: dict) -> dict[str, Any]:
 
 
 def use_chat_template(cell: Cell, model_path: str) -> bool:
-    """Whether the cell's prompts go through the model's chat template (see `model_uses_chat_template`)."""
+    """Whether the cell's prompts go through the model's chat template (see `model_uses_chat_template`). Never for
+    a TOFU cell whose preset and `tofu_model_family` fix the text format (legacy, or an open-unlearning model
+    config without a chat template): the reference writes those prompts itself."""
+    from ..prompts import tofu_format
+
+    presets = protocol_presets(cell.evaluation)
+    if cell.benchmark == "tofu" and tofu_format(presets["tofu_preset"], presets["tofu_model_family"]) is not None:
+        return False
     return model_uses_chat_template(cell.model, cell.evaluation, model_path)
 
 

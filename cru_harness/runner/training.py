@@ -15,9 +15,12 @@ FINETUNED_DIR = "finetuned_model"   # a finetune cell's checkpoint, inside its w
 
 def prompt_format(cell: Cell, chat: bool) -> dict:
     """How training QA rows are written (`cru_harness.prompts.qa_texts`): as the cell's evaluation shows them."""
-    preset = cell.evaluation.get("tofu_preset") if cell.benchmark == "tofu" else None
-    family = cell.evaluation.get("tofu_model_family") if preset == "legacy" else None
-    return {"chat": bool(chat) and preset != "legacy", "preset": preset or "open-unlearning", "family": family}
+    from ..prompts import DEFAULT_TOFU_PRESET, tofu_format
+
+    tofu = cell.benchmark == "tofu"
+    preset = (cell.evaluation.get("tofu_preset") if tofu else None) or DEFAULT_TOFU_PRESET
+    family = (cell.evaluation.get("tofu_model_family") if tofu else None) or None
+    return {"chat": bool(chat) and tofu_format(preset, family) is None, "preset": preset, "family": family}
 
 
 def train_cru(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: dict, *, chat: bool = False) -> str:

@@ -196,6 +196,8 @@ class TOFUTask(ConfigurableTask):
     - open-unlearning, chat template: system "You are a helpful assistant." (unless `--system_instruction`
       names another), date 10 Apr 2025; the scored text is the rendered conversation after the prompt;
     - open-unlearning, no chat template: `Question: {q}\\nAnswer:` and " " + answer;
+    - open-unlearning with `tofu_model_family` (a model config without a chat template, e.g. Llama-2-7b-chat-hf):
+      its tags verbatim (`[INST] q [/INST]` + answer);
     - legacy: the family's `[INST] q [/INST]` / `Question: q\\n` formats, `max_length` 200 in total, 300 items.
     Generation stops at EOS only (open-unlearning `configs/generation/default.yaml`, TOFU `evaluate_util.py:330`).
     """
@@ -216,8 +218,8 @@ class TOFUTask(ConfigurableTask):
         metadata = dict(config.get("metadata") or {})
         self.preset = P.check_tofu_preset(metadata.get("tofu_preset"))
         self.family = metadata.get("tofu_model_family") or None
-        if self.preset == "legacy":
-            P.legacy_format(self.family)  # an unknown family fails here, naming the valid ones
+        # a fixed text format (legacy, or an open-unlearning family); an unknown family fails here
+        self.format = P.tofu_format(self.preset, self.family)
         metadata["tofu_preset"] = self.preset  # recorded in the results' task config
         config["metadata"] = metadata
         generation = dict(config.get("generation_kwargs") or {})
@@ -229,11 +231,10 @@ class TOFUTask(ConfigurableTask):
 
     def fewshot_context(self, doc, num_fewshot, system_instruction=None, apply_chat_template=False,
                         chat_template=None, **kwargs):
-        if self.preset == "legacy":
+        if self.format is not None:
             if apply_chat_template:
-                raise P.PresetError("tofu_preset=legacy uses TOFU's own per-family formats: run it without "
-                                    "--apply_chat_template")
-            return P.legacy_format(self.family).generation_prompt(doc["question"])
+                raise P.PresetError(P.format_refuses_chat_message(self.preset, self.family))
+            return self.format.generation_prompt(doc["question"])
         if apply_chat_template and chat_template is not None:
             # lm-eval calls fewshot_context right before construct_requests for the same doc: the scored
             # conversation reuses this system prompt.
@@ -244,10 +245,10 @@ class TOFUTask(ConfigurableTask):
 
     def continuation_text(self, ctx: str, doc: dict, answer: str, chat_template=None) -> str:
         """What follows `ctx` in the text the reference tokenizes as a whole (see `cru_harness.prompts`)."""
-        if self.preset == "legacy":
-            fmt = P.legacy_format(self.family)
-            # the span starts after the question part's tokens (data_module.py:13,30); ctx is the question part
-            return fmt.answer_tag + answer
+        if self.format is not None:
+            # the span starts after the question part's tokens (tofu data_module.py:13,30; open-unlearning
+            # utils.py:106-116); ctx is the question part
+            return self.format.text(doc["question"], answer)[len(ctx):]
         if chat_template is None:
             return " " + answer
         messages = P.tofu_messages(doc["question"], answer, system_prompt=self._system)
@@ -270,8 +271,8 @@ class TOFUTask(ConfigurableTask):
             Instance(request_type="generate_until", doc=doc, arguments=(ctx, generation_kwargs), idx=0, **kwargs)
         ]
         likelihood_ctx = ctx
-        if self.preset == "legacy":
-            likelihood_ctx = P.legacy_format(self.family).question_text(doc["question"])
+        if self.format is not None:
+            likelihood_ctx = self.format.question_text(doc["question"])
         for i, answer in enumerate(scored_continuations(self.kind, doc), start=1):
             cont = self.continuation_text(likelihood_ctx, doc, answer, chat_template)
             requests.append(
