@@ -74,3 +74,23 @@ def test_missing_bundle_directory_is_named(setup, tmp_path):
     model_dir = setup[0]
     with pytest.raises(BundleError, match="nope"):
         CRULM(base=str(model_dir), routers=str(tmp_path / "nope"), device="cpu")
+
+
+def test_routed_scores_and_generations_do_not_depend_on_the_batch(setup):
+    """Batches pad: gates run on every position, pad tokens included, and generation pads on the left. A routed
+    model must still score and answer each request as it does alone (pads are masked, positions follow the mask)."""
+    model_dir, a, _, _ = setup
+    prompts = ["Question: How many legs has a cat?\nAnswer:", "Question: Why?\nAnswer:",
+               "Question: What colour is the sky over the sea at noon in summer?\nAnswer:", "Bees"]
+    pairs = [(p, " four") for p in prompts] + PAIRS
+    gen = [Instance("generate_until", {}, (p, {"until": [], "max_gen_toks": 8, "do_sample": False}), i)
+           for i, p in enumerate(prompts)]
+    likelihood = [Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)]
+    one = CRULM(base=str(model_dir), routers=str(a), device="cpu", batch_size=1)
+    many = CRULM(base=str(model_dir), routers=str(a), device="cpu", batch_size=len(pairs))
+    assert one.generate_until(gen) == many.generate_until(gen)
+    alone, batched = one.loglikelihood(likelihood), many.loglikelihood(likelihood)
+    assert [r[1] for r in alone] == [r[1] for r in batched]
+    assert [r[0] for r in alone] == pytest.approx([r[0] for r in batched], abs=1e-4)
+    with many.without_routers():
+        assert [r[0] for r in many.loglikelihood(likelihood)] != pytest.approx([r[0] for r in batched], abs=1e-4)
