@@ -202,6 +202,28 @@ def test_report_cli(tmp_path, capsys):
     assert not (tmp_path / "nothing").exists()   # a mistyped directory is not created (with a report/ inside)
 
 
+def test_a_label_run_under_two_settings_is_two_rows_never_one_average(tmp_path):
+    """A config edited between runs into one directory (here GA's learning rate) leaves cells of one label with
+    different settings: the report names each variant's setting and never averages them."""
+    cells = []
+    for seed in (0, 1):
+        for lr, forgetting in ((1e-4, 0.9), (1e-5, 0.1)):
+            cell = tofu_result("M", "forget01", "GA", forgetting, 0.5, seed=seed)
+            cells.append({**cell, "hash": f"ga-{lr}-{seed}", "hparams": {"learning_rate": lr, "max_length": 128}})
+    cells.append(tofu_result("M", "forget01", "Original", 0.0, 0.6, kind="original"))
+    write_cells(tmp_path / "run", cells)
+    write_report([tmp_path / "run"], tmp_path / "out", formats=("csv",), plots=False, log=lambda *_: None)
+    import csv
+
+    with open(tmp_path / "out" / "leaderboard_tofu.csv", newline="") as handle:
+        rows = {row["label"]: row for row in csv.DictReader(handle)}
+    assert set(rows) == {"Original", "GA (learning_rate=0.0001)", "GA (learning_rate=1e-05)"}
+    assert float(rows["GA (learning_rate=0.0001)"]["forget_1_rouge_l"]) == pytest.approx(0.9)   # 2 seeds each
+    assert float(rows["GA (learning_rate=1e-05)"]["forget_1_rouge_l"]) == pytest.approx(0.1)
+    # one setting per label (the usual case): labels stay as they are
+    assert tables.split_label_variants(cells[::2] + cells[-1:]) == cells[::2] + cells[-1:]
+
+
 def test_peak_memory_on_cpu_is_the_cells_own_not_the_process_peak_to_date():
     # Training's CPU figure is ru_maxrss (earlier, larger cells of the run included); the cell's sampled peak is
     # its own. On a GPU, training's CUDA peak is the cell's.

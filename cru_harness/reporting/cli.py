@@ -118,7 +118,8 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
     from ..runner.provenance import provenance_lines
     from .lr_sweep import sweep_markdown
 
-    results = tables.fill_forget_quality(load_results(*dirs))  # first: a mistyped run directory creates nothing
+    # first: a mistyped run directory creates nothing
+    results = tables.split_label_variants(tables.fill_forget_quality(load_results(*dirs)))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written: dict[str, str] = {}
