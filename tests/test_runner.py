@@ -136,6 +136,15 @@ def test_a_tofu_model_family_fixes_the_tofu_cells_format_and_leaves_rwku_on_the_
     assert prompt_format(tofu, True) == {"chat": False, "preset": "open-unlearning", "family": "Llama-2-7b-chat-hf"}
     assert use_chat_template(rwku, "unused") is True
     assert prompt_format(rwku, True) == {"chat": True, "preset": "open-unlearning", "family": None}
+    # the model it starts from is fine-tuned in the same format (the finetune cell carries the family)
+    raw["models"][0]["finetune"] = {"data": "full", "epochs": 1}
+    finetune = next(c for c in build_plan(cfg.validate_config(raw)) if c.kind == "finetune")
+    assert finetune.evaluation == {"tofu_model_family": "Llama-2-7b-chat-hf"}
+    assert prompt_format(finetune, True)["chat"] is False and prompt_format(finetune, True)["family"]
+    # a config at the default presets leaves its finetune cell as it was: the committed run's cell, by hash
+    committed = next(c for c in build_plan(cfg.load_config(REPO / "configs" / "cpu_smollm2.yaml"))
+                     if c.kind == "finetune")
+    assert committed.evaluation == {} and (REPO / "results" / "cpu_smollm2" / "cells" / committed.hash).is_dir()
     # without a family the TOFU cells follow the model's chat template as before
     plain = [c for c in build_plan(cfg.validate_config(base_config(tmp_path, models=[
         {"name": "m", "path": "zoo:llama", "chat_template": True, "retain": {"checkpoint": "zoo:llama:retain"}}])))
