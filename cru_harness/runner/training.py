@@ -14,7 +14,9 @@ FINETUNED_DIR = "finetuned_model"   # a finetune cell's checkpoint, inside its w
 
 
 def prompt_format(cell: Cell, chat: bool) -> dict:
-    """How training QA rows are written (`cru_harness.prompts.qa_texts`): as the cell's evaluation shows them."""
+    """How training QA rows are written (`cru_harness.prompts.qa_texts`): as the cell's TOFU evaluation shows them.
+    An RWKU cell's QA rows (a retain cover's neighbour questions) take TOFU's default preset too: RWKU trains on
+    passages and has no reference format for questions (docs/protocol.md)."""
     from ..prompts import DEFAULT_TOFU_PRESET, tofu_format
 
     tofu = cell.benchmark == "tofu"
