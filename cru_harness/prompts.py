@@ -33,7 +33,7 @@ __all__ = [
     "check_tofu_preset", "check_rwku_preset", "LegacyFormat", "LEGACY_FORMATS", "legacy_format", "TagFormat",
     "OPEN_UNLEARNING_FORMATS", "tofu_format", "format_refuses_chat_message",
     "LEGACY_MAX_LENGTH", "LEGACY_DS_SIZE", "OPEN_UNLEARNING_SYSTEM_PROMPT", "OPEN_UNLEARNING_DATE", "RWKU_DATE",
-    "PLAIN_PROMPT", "plain_prompt", "tofu_messages", "render_chat", "QATexts", "qa_texts", "uses_chat",
+    "PLAIN_PROMPT", "plain_prompt", "tofu_messages", "render_chat", "QATexts", "qa_texts", "uses_chat", "writes_chat",
     "encode_qa_ids", "encode_text", "PROMPT_FORMATS", "add_prompt_format_argument", "prompt_format_choice",
 ]
 
@@ -58,7 +58,7 @@ LEGACY_DS_SIZE = 300     # TOFU config/eval_everything.yaml:30 `ds_size`
 
 
 class PresetError(UserError, ValueError):
-    """An unknown preset name or a model family the legacy preset has no format for."""
+    """An unknown preset name, or a TOFU model family the preset has no format for."""
 
 
 def check_tofu_preset(name: str | None) -> str:
@@ -227,6 +227,18 @@ def uses_chat(tokenizer, chat: bool | None = None) -> bool:
     return bool(chat)
 
 
+def writes_chat(tokenizer, *, preset: str = DEFAULT_TOFU_PRESET, family: str | None = None,
+                chat: bool | None = None) -> bool:
+    """Whether `qa_texts` writes through the chat template: never under a fixed format (legacy, or an
+    open-unlearning family), where `chat=True` is an error; otherwise as `uses_chat`."""
+    preset = check_tofu_preset(preset)
+    if tofu_format(preset, family) is not None:
+        if chat:
+            raise PresetError(format_refuses_chat_message(preset, family))
+        return False
+    return uses_chat(tokenizer, chat)
+
+
 @dataclass(frozen=True)
 class QATexts:
     """`prompt`: what the model is given; `text`: prompt + answer (+ the template's end of turn) as the reference
@@ -247,8 +259,7 @@ def qa_texts(tokenizer, question: str, answer: str, *, preset: str = DEFAULT_TOF
     preset = check_tofu_preset(preset)
     fmt = tofu_format(preset, family)
     if fmt is not None:
-        if chat:
-            raise PresetError(format_refuses_chat_message(preset, family))
+        writes_chat(tokenizer, preset=preset, family=family, chat=chat)   # refuses chat=True
         return QATexts(fmt.question_text(question), fmt.text(question, answer), fmt.generation_prompt(question),
                        True, False)
     if uses_chat(tokenizer, chat):

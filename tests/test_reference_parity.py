@@ -252,10 +252,16 @@ def test_tofu_model_family_refuses_the_chat_template_and_names_the_choices(tofu_
 
     from cru_harness.prompts import PresetError
 
+    from cru_harness.prompts import writes_chat
+
     lm = _lm("testbed-chat")
     with pytest.raises(PresetError, match="open-unlearning's own format for Llama-2-7b-chat-hf: run it without "
                                           "--apply_chat_template"):
         _tofu_requests(tofu_data, lm, chat=True, family="Llama-2-7b-chat-hf")
+    # what training records: a family's rows never go through the tokenizer's chat template
+    assert writes_chat(lm.tokenizer) is True and writes_chat(lm.tokenizer, family="Llama-2-7b-chat-hf") is False
+    with pytest.raises(PresetError, match="run it without --apply_chat_template"):
+        writes_chat(lm.tokenizer, family="phi-1_5", chat=True)
     with pytest.raises(Exception, match="valid: Llama-2-7b-chat-hf, Llama-2-7b-hf, Llama-2-13b-hf, phi-1_5"):
         TaskManager(include_path=str(TOFU_TASKS_DIR), include_defaults=False,
                     metadata={"data_dir": str(tofu_data), "tofu_model_family": "llama2-7b"}).load(["tofu_retain"])

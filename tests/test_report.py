@@ -220,8 +220,11 @@ def test_a_label_run_under_two_settings_is_two_rows_never_one_average(tmp_path):
     assert set(rows) == {"Original", "GA (learning_rate=0.0001)", "GA (learning_rate=1e-05)"}
     assert float(rows["GA (learning_rate=0.0001)"]["forget_1_rouge_l"]) == pytest.approx(0.9)   # 2 seeds each
     assert float(rows["GA (learning_rate=1e-05)"]["forget_1_rouge_l"]) == pytest.approx(0.1)
-    # one setting per label (the usual case): labels stay as they are
-    assert tables.split_label_variants(cells[::2] + cells[-1:]) == cells[::2] + cells[-1:]
+    # one setting per label and split (the usual case, per-split `overrides` included): labels stay as they are
+    forget10 = [{**tofu_result("M", "forget10", "GA", 0.5, 0.5, seed=seed), "hash": f"ga10-{seed}",
+                 "hparams": {"learning_rate": 1e-4, "max_length": 128, "beta": 4.5}} for seed in (0, 1)]
+    usual = cells[::2] + cells[-1:] + forget10
+    assert tables.split_label_variants(usual) == usual
 
 
 def test_peak_memory_on_cpu_is_the_cells_own_not_the_process_peak_to_date():

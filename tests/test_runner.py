@@ -132,15 +132,18 @@ def test_a_tofu_model_family_fixes_the_tofu_cells_format_and_leaves_rwku_on_the_
     cells = [c for c in build_plan(cfg.validate_config(raw)) if c.method == "GA"]
     by_bench = {c.benchmark: c for c in cells}
     tofu, rwku = by_bench["tofu"], by_bench["rwku"]
+    def training_rows(cell):   # what the trainers pass the prompt builder
+        return prompt_format(cell, use_chat_template(cell, "unused"))
+
     assert use_chat_template(tofu, "unused") is False
-    assert prompt_format(tofu, True) == {"chat": False, "preset": "open-unlearning", "family": "Llama-2-7b-chat-hf"}
+    assert training_rows(tofu) == {"chat": False, "preset": "open-unlearning", "family": "Llama-2-7b-chat-hf"}
     assert use_chat_template(rwku, "unused") is True
-    assert prompt_format(rwku, True) == {"chat": True, "preset": "open-unlearning", "family": None}
+    assert training_rows(rwku) == {"chat": True, "preset": "open-unlearning", "family": None}
     # the model it starts from is fine-tuned in the same format (the finetune cell carries the family)
     raw["models"][0]["finetune"] = {"data": "full", "epochs": 1}
     finetune = next(c for c in build_plan(cfg.validate_config(raw)) if c.kind == "finetune")
     assert finetune.evaluation == {"tofu_model_family": "Llama-2-7b-chat-hf"}
-    assert prompt_format(finetune, True)["chat"] is False and prompt_format(finetune, True)["family"]
+    assert training_rows(finetune) == {"chat": False, "preset": "open-unlearning", "family": "Llama-2-7b-chat-hf"}
     # a config at the default presets leaves its finetune cell as it was: the committed run's cell, by hash
     committed = next(c for c in build_plan(cfg.load_config(REPO / "configs" / "cpu_smollm2.yaml"))
                      if c.kind == "finetune")

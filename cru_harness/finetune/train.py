@@ -30,7 +30,7 @@ from ..baselines.losses import nll_loss
 from ..devices import dtype_name, load_causal_lm, saved_dtype, training_precision
 from ..errors import InputError
 from ..locations import save_checkpoint
-from ..prompts import DEFAULT_TOFU_PRESET
+from ..prompts import DEFAULT_TOFU_PRESET, writes_chat
 
 RECORD_FILE = "finetune_record.json"
 
@@ -64,6 +64,7 @@ class QADataset(Dataset):
         if chat is True and not getattr(tokenizer, "chat_template", None):
             raise InputError("finetune: chat_template=True but the tokenizer has no chat template")
         fmt = {"chat": chat, "preset": preset, "family": family}
+        self.chat = writes_chat(tokenizer, **fmt)   # recorded: whether the rows went through the chat template
         self.examples = [encode_qa(tokenizer, *row_to_qa(r, i), max_length, **fmt) for i, r in enumerate(rows)]
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
@@ -173,8 +174,7 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
         config=config.to_dict(), data=description, n_rows=len(rows), seed=seed,
         out_dir=str(out_dir) if out_dir is not None else None, optimizer_steps=trained.optimizer_steps,
         gradient_accumulation_steps=trained.gradient_accumulation_steps, num_processes=trained.num_processes,
-        warmup_steps=trained.warmup_steps, chat_template=bool(getattr(tokenizer, "chat_template", None))
-        if chat_template is None else chat_template,
+        warmup_steps=trained.warmup_steps, chat_template=dataset.chat,
         dtype=dtype_name(saved_dtype(dtype) if loaded else trained.model.dtype),
         resources=monitor.record.to_dict(), final_logs=trained.final_logs, preset=preset, family=family,
         history=trained.history,

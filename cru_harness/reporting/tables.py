@@ -151,21 +151,24 @@ _VARIANT_KEYS = ("method", "model_path")   # beside `hparams`: what makes two ce
 
 
 def split_label_variants(results: list[dict]) -> list[dict]:
-    """Results whose label covers cells run under different settings (a config edited between runs into one
-    directory, e.g. a learning rate changed) get labels naming the settings that differ, e.g.
-    `NPO-scaled (learning_rate=1e-05)`, so that no row, rank or plot averages two configurations."""
+    """Results whose label covers cells run under different settings on one split or target (a config edited
+    between runs into one directory, e.g. a learning rate changed) get labels naming the settings that differ,
+    e.g. `NPO-scaled (learning_rate=1e-05)`, so that no row, rank or plot averages two configurations. Settings
+    that differ between splits (a method's per-split `overrides`) are one configuration and keep the label."""
     import json
 
     def identity(result: dict) -> str:
         return json.dumps([result.get(k) for k in _VARIANT_KEYS] + [result.get("hparams") or {}], sort_keys=True,
                           default=str)
 
+    def where(result: dict) -> tuple:
+        return result.get("benchmark"), result.get("model"), result.get("unit"), result.get("label")
+
     groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for result in results:
-        groups[(result.get("benchmark"), result.get("model"), result.get("label"))].setdefault(identity(result),
-                                                                                               result)
+        groups[where(result)].setdefault(identity(result), result)
     renamed: dict[tuple, str] = {}
-    for (benchmark, model, label), variants in groups.items():
+    for (benchmark, model, unit, label), variants in groups.items():
         if len(variants) < 2:
             continue
         settings = [{**{k: v.get(k) for k in _VARIANT_KEYS}, **(v.get("hparams") or {})} for v in variants.values()]
@@ -173,10 +176,10 @@ def split_label_variants(results: list[dict]) -> list[dict]:
         differing = [k for k in keys if len({json.dumps(s.get(k), default=str) for s in settings}) > 1]
         for ident, setting in zip(variants, settings):
             named = ", ".join(f"{k}={_setting(setting.get(k))}" for k in differing)
-            renamed[(benchmark, model, label, ident)] = f"{label} ({named})"
+            renamed[(benchmark, model, unit, label, ident)] = f"{label} ({named})"
     out = []
     for result in results:
-        key = (result.get("benchmark"), result.get("model"), result.get("label"), identity(result))
+        key = (*where(result), identity(result))
         out.append(dict(result, label=renamed[key]) if key in renamed else result)
     return out
 

@@ -89,6 +89,10 @@ SELECT_PROBES = ("rwku_fb", "rwku_qa", "rwku_aa")
 _EVAL_KEYS = ("batch_size", "limit", "max_gen_toks", "failure_classes", "apply_chat_template", "tofu_preset",
               "tofu_model_family", "rwku_preset", "rwku_newline_stop")
 _REPORT_KEYS = ("formats", "plots", "stats")
+#: The evaluation settings that decide how prompts are written, with their defaults: the one place for them
+#: (validation fills them in; the cells' presets and the finetune cell read them from here).
+PROMPTING_DEFAULTS = {"apply_chat_template": None, "tofu_preset": DEFAULT_TOFU_PRESET, "tofu_model_family": None,
+                      "rwku_preset": DEFAULT_RWKU_PRESET, "rwku_newline_stop": False}
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
 _REPORT_FORMATS = ("md", "csv", "tex")
 
@@ -527,8 +531,10 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
 
     evaluation = _check_keys(raw.get("evaluation") or {}, _EVAL_KEYS, "evaluation", source)
     evaluation = {"batch_size": 8, "limit": None, "max_gen_toks": None, "failure_classes": True,
-                  "apply_chat_template": None, "tofu_preset": DEFAULT_TOFU_PRESET, "tofu_model_family": None,
-                  "rwku_preset": DEFAULT_RWKU_PRESET, "rwku_newline_stop": False, **evaluation}
+                  **PROMPTING_DEFAULTS, **evaluation}
+    for key, default in PROMPTING_DEFAULTS.items():   # an empty value means the default, as the tasks read it
+        if evaluation[key] is None or evaluation[key] == "":
+            evaluation[key] = default
     try:  # protocol presets (cru_harness.prompts): an unknown name or TOFU family fails here, naming the choices
         check_tofu_preset(evaluation["tofu_preset"])
         check_rwku_preset(evaluation["rwku_preset"])

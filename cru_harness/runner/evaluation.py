@@ -20,10 +20,9 @@ def protocol_presets(evaluation: dict) -> dict[str, Any]:
     """The presets a run uses (defaults filled in): passed to the tasks as lm-eval metadata and recorded in every
     cell's `details.prompting`. System prompts are the tasks' own (TOFU open-unlearning: "You are a helpful
     assistant."; RWKU: none), so the runner passes no `system_instruction`."""
-    from ..prompts import DEFAULT_RWKU_PRESET, DEFAULT_TOFU_PRESET
+    from .config import PROMPTING_DEFAULTS
 
-    defaults = {"tofu_preset": DEFAULT_TOFU_PRESET, "tofu_model_family": None, "rwku_preset": DEFAULT_RWKU_PRESET,
-                "rwku_newline_stop": False}
+    defaults = {key: PROMPTING_DEFAULTS[key] for key in PRESET_KEYS}
     return {key: evaluation.get(key, default) if evaluation.get(key) is not None else default
             for key, default in defaults.items()}
 
@@ -53,7 +52,7 @@ def model_uses_chat_template(model: ModelSpec, evaluation: dict, model_path: str
     Order: the model's `chat_template` setting, then `evaluation.apply_chat_template`, then automatic: testbed
     checkpoints (`zoo:`) are fine-tuned on the plain `Question: ...\nAnswer:` template (their tokenizer's chat
     template exists to exercise chat code paths), so they are evaluated plain; any other model uses its chat
-    template when its tokenizer has one.
+    template when its tokenizer has one. A cell's TOFU prompts may still be fixed by its preset: `use_chat_template`.
     """
     if model.chat_template is not None:
         return bool(model.chat_template)

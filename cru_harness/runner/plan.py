@@ -14,8 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from ..prompts import DEFAULT_TOFU_PRESET
-from .config import ExperimentConfig, MethodSpec, ModelSpec
+from .config import PROMPTING_DEFAULTS, ExperimentConfig, MethodSpec, ModelSpec
 
 HASH_SCHEMA = 1          # bump when the meaning of a resolved cell changes (invalidates caches)
 HASH_LENGTH = 16
@@ -134,17 +133,17 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
     return cells
 
 
-#: The evaluation settings that decide how a finetune cell writes its TOFU rows (`runner.training.prompt_format`),
-#: with their defaults: only those a config changes enter the cell, so a default config's hash stays as it was.
-_FINETUNE_PROMPTING = {"apply_chat_template": None, "tofu_preset": DEFAULT_TOFU_PRESET, "tofu_model_family": None}
+#: The evaluation settings that decide how a finetune cell writes its TOFU rows (`runner.training.prompt_format`):
+#: only those a config changes from their defaults enter the cell, so a default config's hash stays as it was.
+_FINETUNE_PROMPTING = ("apply_chat_template", "tofu_preset", "tofu_model_family")
 
 
 def _finetune_cell(config: ExperimentConfig, model: ModelSpec) -> Cell:
     """The cell that fine-tunes `model.path` on `model.finetune["data"]` (TOFU's recipe): no evaluation, but the
     prompt format the TOFU evaluation uses (a legacy or open-unlearning model family, a forced chat choice)."""
     bench = "tofu" if "tofu" in model.benchmarks else model.benchmarks[0]
-    prompting = {key: config.evaluation.get(key, default) for key, default in _FINETUNE_PROMPTING.items()
-                 if bench == "tofu" and config.evaluation.get(key, default) != default}
+    prompting = {key: config.evaluation[key] for key in _FINETUNE_PROMPTING
+                 if bench == "tofu" and config.evaluation[key] != PROMPTING_DEFAULTS[key]}
     return Cell(kind="finetune", model=model, benchmark=bench, split=None, target=None, method="Finetune",
                 label="Finetune", seed=config.seeds[0], hparams=dict(model.finetune),
                 corpora={"train_corpus": model.finetune["data"]}, tasks=(), limit=None, evaluation=prompting,

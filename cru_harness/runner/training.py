@@ -14,15 +14,14 @@ FINETUNED_DIR = "finetuned_model"   # a finetune cell's checkpoint, inside its w
 
 
 def prompt_format(cell: Cell, chat: bool) -> dict:
-    """How training QA rows are written (`cru_harness.prompts.qa_texts`): as the cell's TOFU evaluation shows them.
+    """How training QA rows are written (`cru_harness.prompts.qa_texts`): as the cell's TOFU evaluation shows them
+    (`chat`: `runner.evaluation.use_chat_template(cell, ...)`, which is False under a fixed TOFU format).
     An RWKU cell's QA rows (a retain cover's neighbour questions) take TOFU's default preset too: RWKU trains on
     passages and has no reference format for questions (docs/protocol.md)."""
-    from ..prompts import DEFAULT_TOFU_PRESET, tofu_format
+    from .evaluation import protocol_presets
 
-    tofu = cell.benchmark == "tofu"
-    preset = (cell.evaluation.get("tofu_preset") if tofu else None) or DEFAULT_TOFU_PRESET
-    family = (cell.evaluation.get("tofu_model_family") if tofu else None) or None
-    return {"chat": bool(chat) and tofu_format(preset, family) is None, "preset": preset, "family": family}
+    presets = protocol_presets(cell.evaluation if cell.benchmark == "tofu" else {})
+    return {"chat": bool(chat), "preset": presets["tofu_preset"], "family": presets["tofu_model_family"]}
 
 
 def train_cru(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: dict, *, chat: bool = False) -> str:
@@ -88,10 +87,13 @@ def train_baseline(cell: Cell, model_path: str, workdir: Path, data_dir, outcome
 def train_retain_model(cell: Cell, spec: dict, workdir: Path, data_dir, outcome: dict) -> str:
     from ..data.corpora import load_corpus
     from ..testbed.finetune import finetune_causal_lm
+    from .evaluation import use_chat_template
 
     source = resolve_model_path(spec.get("from", cell.model.path))
     model, tokenizer = load_model(source, cell)
-    texts = load_corpus(cell.corpora["retain_corpus"], data_dir)
+    # the rows as the evaluation writes them (a testbed model: the plain template, which `format_qa` also writes)
+    texts = load_corpus(cell.corpora["retain_corpus"], data_dir, tokenizer=tokenizer,
+                        **prompt_format(cell, use_chat_template(cell, source)))
     t0 = time.perf_counter()
     kwargs = {k: spec[k] for k in ("epochs", "lr", "batch_size", "max_length") if k in spec}
     finetune_causal_lm(model, tokenizer, texts, seed=cell.seed or 0, **kwargs)
@@ -107,12 +109,12 @@ def train_finetuned_model(cell: Cell, spec: dict, source_path: str, corpus: str,
     """`source_path` fine-tuned on `corpus` with TOFU's recipe (`cru_harness.finetune`), overridden by `spec`;
     saved under workdir/`name`. The prompt is the one the cell's evaluation uses (chat template or plain)."""
     from ..finetune import FinetuneConfig, finetune
-    from .evaluation import model_uses_chat_template
+    from .evaluation import use_chat_template
 
     overrides = {k: v for k, v in spec.items() if k not in ("data", "dtype")}
     dtype = spec.get("dtype") or model_dtype(cell.model)
     out = workdir / name
-    fmt = prompt_format(cell, model_uses_chat_template(cell.model, cell.evaluation, source_path))
+    fmt = prompt_format(cell, use_chat_template(cell, source_path))
     result = finetune(source_path, corpus, out, config=FinetuneConfig.from_dict(overrides), seed=cell.seed or 0,
                       data_dir=data_dir, dtype=dtype, device=cell.device, device_map=cell.model.device_map,
                       chat_template=fmt["chat"], preset=fmt["preset"], family=fmt["family"], overwrite=True,
