@@ -256,16 +256,14 @@ class QATexts:
 def qa_texts(tokenizer, question: str, answer: str, *, preset: str = DEFAULT_TOFU_PRESET,
              family: str | None = None, chat: bool | None = None) -> QATexts:
     """The prompt and full text of one question-answer pair under a TOFU preset (see the module docstring)."""
-    preset = check_tofu_preset(preset)
-    fmt = tofu_format(preset, family)
-    if fmt is not None:
-        writes_chat(tokenizer, preset=preset, family=family, chat=chat)   # refuses chat=True
-        return QATexts(fmt.question_text(question), fmt.text(question, answer), fmt.generation_prompt(question),
-                       True, False)
-    if uses_chat(tokenizer, chat):
+    if writes_chat(tokenizer, preset=preset, family=family, chat=chat):
         prompt = render_chat(tokenizer, tofu_messages(question), add_generation_prompt=True)
         text = render_chat(tokenizer, tofu_messages(question, answer), add_generation_prompt=False)
         return QATexts(prompt, text, prompt, False, True)
+    fmt = tofu_format(preset, family)
+    if fmt is not None:
+        return QATexts(fmt.question_text(question), fmt.text(question, answer), fmt.generation_prompt(question),
+                       True, False)
     prompt = plain_prompt(question)
     return QATexts(prompt, f"{prompt} {answer}", prompt, True, False)
 
