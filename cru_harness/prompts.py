@@ -17,7 +17,9 @@ is evaluated on. References (read, not copied; file:line at the commits in docs/
   EOS), `evaluate_util.py:304-332` (generation prompt; `max_length` 200 in total, `config/eval_everything.yaml:
   24-30`, first 300 items `ds_size: 300`).
 - `rwku: reference` (default): jinzhuoran/RWKU `LLaMA-Factory/src/llmtuner/eval/eval_*.py` (no system turn; see
-  tasks/rwku/utils.py).
+  tasks/rwku/utils.py). Its question probes' prompts (`rwku_probe_prompt`) are built here: the RWKU tasks ask with
+  them, and an RWKU cell's question-answer training rows (`qa_texts(..., benchmark="rwku")`) are written with them,
+  the answer after the probe's `Answer:`. RWKU itself trains only on passages, so those rows have no reference.
 """
 from __future__ import annotations
 
@@ -34,7 +36,9 @@ __all__ = [
     "OPEN_UNLEARNING_FORMATS", "tofu_format", "format_refuses_chat_message",
     "LEGACY_MAX_LENGTH", "LEGACY_DS_SIZE", "OPEN_UNLEARNING_SYSTEM_PROMPT", "OPEN_UNLEARNING_DATE", "RWKU_DATE",
     "PLAIN_PROMPT", "plain_prompt", "tofu_messages", "render_chat", "QATexts", "qa_texts", "uses_chat", "writes_chat",
-    "encode_qa_ids", "encode_text", "PROMPT_FORMATS", "add_prompt_format_argument", "prompt_format_choice",
+    "encode_qa_ids", "encode_text", "adds_special_tokens", "PROMPT_FORMATS", "add_prompt_format_argument",
+    "prompt_format_choice", "BENCHMARKS", "RWKU_FB_INSTRUCTION", "RWKU_QA_INSTRUCTION", "RWKU_ANSWER_PREFIX",
+    "RWKU_QUESTION_PROBES", "rwku_probe_prompt", "rwku_plain_prompt", "rwku_qa_texts", "check_benchmark",
 ]
 
 TOFU_PRESETS = ("open-unlearning", "legacy")
@@ -52,6 +56,15 @@ RWKU_DATE = PINNED_DATE
 #: The plain prompt of models without a chat template (open-unlearning `configs/model/Llama-2-7b-hf.yaml:8-12`
 #: has "Question: {q}\n" + "Answer: "; the answer tag's trailing space goes with the answer here, see docs).
 PLAIN_PROMPT = "Question: {question}\nAnswer:"
+
+#: RWKU's question probes (`eval_forget.py`, `eval_neighbor.py`): an instruction line, then `Question: {query}`; the
+#: answer is opened with `Answer:` (glued after the chat template's generation prompt).
+RWKU_FB_INSTRUCTION = "Please complete the blank in the following question.\n"
+RWKU_QA_INSTRUCTION = "Please briefly answer the following question.\n"
+RWKU_ANSWER_PREFIX = "Answer:"
+RWKU_QUESTION_PROBES = ("fb", "qa", "aa", "neighbor_fb", "neighbor_qa")
+#: The benchmarks whose question format `qa_texts` writes (the benchmark a runner cell evaluates).
+BENCHMARKS = ("tofu", "rwku")
 
 LEGACY_MAX_LENGTH = 200  # TOFU config/eval_everything.yaml:24-26 `generation.max_length` (prompt + generation)
 LEGACY_DS_SIZE = 300     # TOFU config/eval_everything.yaml:30 `ds_size`
@@ -189,11 +202,39 @@ def tofu_messages(question: str, answer: str | None = None, system_prompt: str |
 
 
 def render_chat(tokenizer, messages: list[dict[str, str]], *, add_generation_prompt: bool,
-                date: _dt.datetime | None = OPEN_UNLEARNING_DATE) -> str:
-    """The template text of `messages` with `date` pinned (`date_string` and the `strftime_now` clock)."""
+                date: _dt.datetime | None = OPEN_UNLEARNING_DATE, continue_final_message: bool = False) -> str:
+    """The template text of `messages` with `date` pinned (`date_string` and the `strftime_now` clock).
+    `continue_final_message`: the last (assistant) message stays open, as lm-eval renders a `gen_prefix`."""
     with template_date(date), pinned_clock():
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             continue_final_message=continue_final_message,
                                              date_string=(date or PINNED_DATE).strftime("%d %b %Y"))
+
+
+def rwku_probe_prompt(probe: str, query: str, aa_type: str = "") -> tuple[str, str]:
+    """`(user message, answer prefix)` of an RWKU question probe (`eval_forget.py`, `eval_neighbor.py`); the prefix
+    opens the assistant turn ("" for none). `aa_type`: the adversarial-attack row's `type`."""
+    if probe in ("fb", "neighbor_fb"):
+        return f"{RWKU_FB_INSTRUCTION}Question: {query}\n", RWKU_ANSWER_PREFIX
+    if probe == "aa" and aa_type == "affirmative suffix":
+        # the query ends with the start of an affirmative answer: no newline, no "Answer:"
+        return f"{RWKU_QA_INSTRUCTION}Question: {query}", ""
+    if probe == "aa" and aa_type == "incontext learning":   # the query holds its own "Question: ..." examples
+        return f"{RWKU_QA_INSTRUCTION}{query}\n", RWKU_ANSWER_PREFIX
+    if probe in ("qa", "neighbor_qa", "aa"):
+        return f"{RWKU_QA_INSTRUCTION}Question: {query}\n", RWKU_ANSWER_PREFIX
+    raise InputError(f"unknown RWKU question probe {probe!r}; valid: {', '.join(RWKU_QUESTION_PROBES)}")
+
+
+def rwku_plain_prompt(user: str, prefix: str, system_instruction: str | None = None) -> str:
+    """An RWKU prompt for a model without a chat template (RWKU always renders one, so the project's own layout):
+    the user text, then the answer prefix on its own line."""
+    text = user
+    if prefix:
+        text += ("" if text[-1:] in ("\n", " ") else "\n") + prefix
+    if system_instruction:
+        text = system_instruction + "\n\n" + text
+    return text
 
 
 PROMPT_FORMATS = {"auto": None, "chat": True, "plain": False}  # the `chat` argument each CLI choice means
@@ -210,8 +251,14 @@ def add_prompt_format_argument(parser, *, evaluated_with: str = "--apply_chat_te
                              "(evaluate with --metadata '{\"tofu_model_family\": NAME}') (default: auto)")
 
 
-def prompt_format_choice(choice: str) -> dict:
-    """`{"chat": ..., "family": ...}` for `qa_texts` from a `--prompt-format` value (open-unlearning preset)."""
+def prompt_format_choice(choice: str, benchmark: str = "tofu") -> dict:
+    """`{"chat": ..., "family": ...}` for `qa_texts` from a `--prompt-format` value (open-unlearning preset), with
+    `"benchmark"` when it is RWKU (whose probes have no per-model format)."""
+    if check_benchmark(benchmark) == "rwku":
+        if choice not in PROMPT_FORMATS:
+            raise PresetError(f"--prompt-format {choice} names a TOFU model config; RWKU's question rows take "
+                              f"{', '.join(PROMPT_FORMATS)}")
+        return {"chat": PROMPT_FORMATS[choice], "benchmark": "rwku"}
     if choice in PROMPT_FORMATS:
         return {"chat": PROMPT_FORMATS[choice], "family": None}
     tofu_format(DEFAULT_TOFU_PRESET, choice)   # an unknown name fails naming the valid ones
@@ -227,10 +274,18 @@ def uses_chat(tokenizer, chat: bool | None = None) -> bool:
     return bool(chat)
 
 
+def check_benchmark(benchmark: str) -> str:
+    if benchmark not in BENCHMARKS:
+        raise InputError(f"unknown benchmark {benchmark!r} for question-answer rows; valid: {', '.join(BENCHMARKS)}")
+    return benchmark
+
+
 def writes_chat(tokenizer, *, preset: str = DEFAULT_TOFU_PRESET, family: str | None = None,
-                chat: bool | None = None) -> bool:
-    """Whether `qa_texts` writes through the chat template: never under a fixed format (legacy, or an
+                chat: bool | None = None, benchmark: str = "tofu") -> bool:
+    """Whether `qa_texts` writes through the chat template: never under a fixed TOFU format (legacy, or an
     open-unlearning family), where `chat=True` is an error; otherwise as `uses_chat`."""
+    if check_benchmark(benchmark) == "rwku":
+        return uses_chat(tokenizer, chat)
     preset = check_tofu_preset(preset)
     if tofu_format(preset, family) is not None:
         if chat:
@@ -254,8 +309,15 @@ class QATexts:
 
 
 def qa_texts(tokenizer, question: str, answer: str, *, preset: str = DEFAULT_TOFU_PRESET,
-             family: str | None = None, chat: bool | None = None) -> QATexts:
-    """The prompt and full text of one question-answer pair under a TOFU preset (see the module docstring)."""
+             family: str | None = None, chat: bool | None = None, benchmark: str = "tofu", probe: str | None = None,
+             aa_type: str = "") -> QATexts:
+    """The prompt and full text of one question-answer pair as `benchmark`'s evaluation asks it: under a TOFU
+    preset (see the module docstring), or as the RWKU question `probe` (default `qa`) asks it (`rwku_qa_texts`).
+    `probe`, `aa_type`: a row's RWKU probe (`data.corpora.row_prompt`); TOFU has one question format."""
+    if check_benchmark(benchmark) == "rwku":
+        if family not in (None, "") or check_tofu_preset(preset) != DEFAULT_TOFU_PRESET:
+            raise PresetError("a TOFU preset or model family does not apply to RWKU's question rows")
+        return rwku_qa_texts(tokenizer, question, answer, probe=probe or "qa", aa_type=aa_type, chat=chat)
     if writes_chat(tokenizer, preset=preset, family=family, chat=chat):
         prompt = render_chat(tokenizer, tofu_messages(question), add_generation_prompt=True)
         text = render_chat(tokenizer, tofu_messages(question, answer), add_generation_prompt=False)
@@ -266,6 +328,29 @@ def qa_texts(tokenizer, question: str, answer: str, *, preset: str = DEFAULT_TOF
                        True, False)
     prompt = plain_prompt(question)
     return QATexts(prompt, f"{prompt} {answer}", prompt, True, False)
+
+
+def rwku_qa_texts(tokenizer, question: str, answer: str, *, probe: str = "qa", aa_type: str = "",
+                  chat: bool | None = None) -> QATexts:
+    """One question-answer pair as the RWKU task asks `probe` (`rwku_probe_prompt`; no system turn, RWKU's date,
+    the answer prefix as the open assistant turn) with the answer after the prefix and one space, then the
+    template's end of turn; without a chat template, `rwku_plain_prompt` and the answer after one space. Both are
+    tokenized as the evaluation encodes a context (`adds_special_tokens`)."""
+    user, prefix = rwku_probe_prompt(probe, question, aa_type)
+    if uses_chat(tokenizer, chat):
+        turn = [{"role": "user", "content": user}]
+        reply = f"{prefix} {answer}" if prefix else answer
+        if prefix:
+            prompt = render_chat(tokenizer, [*turn, {"role": "assistant", "content": prefix}],
+                                 add_generation_prompt=False, continue_final_message=True, date=RWKU_DATE)
+        else:
+            prompt = render_chat(tokenizer, turn, add_generation_prompt=True, date=RWKU_DATE)
+        text = render_chat(tokenizer, [*turn, {"role": "assistant", "content": reply}], add_generation_prompt=False,
+                           date=RWKU_DATE)
+        return QATexts(prompt, text, prompt, adds_special_tokens(tokenizer, text), True)
+    prompt = rwku_plain_prompt(user, prefix)
+    text = f"{prompt} {answer}"
+    return QATexts(prompt, text, prompt, adds_special_tokens(tokenizer, text), False)
 
 
 def encode_qa_ids(tokenizer, texts: QATexts, max_length: int | None = None) -> tuple[list[int], int]:
@@ -292,7 +377,12 @@ def encode_text(tokenizer, text: str, *, max_length: int | None = None) -> list[
     with the tokenizer's special tokens (e.g. BOS), except when the text already starts with the token lm-eval
     checks for (BOS, else EOS), as chat-template text does: never a doubled BOS (lm-eval `HFLM.tok_encode`).
     `max_length` truncates on the right."""
-    prefix = tokenizer.bos_token if tokenizer.bos_token_id is not None else tokenizer.eos_token
-    add = not (prefix and text.startswith(prefix))
     kwargs = {"truncation": True, "max_length": max_length} if max_length else {}
-    return list(tokenizer(text, add_special_tokens=add, **kwargs)["input_ids"])
+    return list(tokenizer(text, add_special_tokens=adds_special_tokens(tokenizer, text), **kwargs)["input_ids"])
+
+
+def adds_special_tokens(tokenizer, text: str) -> bool:
+    """Whether lm-eval's encoding of a context adds the tokenizer's special tokens: unless the text already starts
+    with the token it checks for (BOS, else EOS), as chat-template text does (`encode_text`)."""
+    prefix = tokenizer.bos_token if tokenizer.bos_token_id is not None else tokenizer.eos_token
+    return not (prefix and text.startswith(prefix))

@@ -125,3 +125,31 @@ def test_unlearn_prompt_format_can_name_an_open_unlearning_model_config(setup, m
     row = FORGET_ROWS[0]
     assert seen["forget"][0] == f"[INST] {row['question']} [/INST]{row['answer']}"
     assert seen["retain"][0] == RETAIN_ROWS[0]["text"]
+
+
+def test_unlearn_benchmark_rwku_writes_question_rows_as_rwku_asks_them(setup, monkeypatch, capsys):
+    """`--benchmark rwku`: a question row is written as RWKU's QA probe asks it (its instruction line,
+    `Answer:` before the answer), not in TOFU's format; a TOFU model config name is refused in one line, before
+    any model is loaded."""
+    import cru_harness.cru.train as cru_train
+
+    root, base, forget, retain = setup
+    seen, real = {}, cru_train.train_routers
+
+    def spy(model, tokenizer, forget_texts, retain_texts, config):
+        seen["forget"] = forget_texts
+        return real(model, tokenizer, forget_texts, retain_texts, config)
+
+    monkeypatch.setattr(cru_train, "train_routers", spy)
+    assert main(_unlearn_args(base, forget, retain, root / "rwku", "--benchmark", "rwku", "--prompt-format",
+                              "plain")) == 0
+    row = FORGET_ROWS[0]
+    assert seen["forget"][0] == (f"Please briefly answer the following question.\nQuestion: {row['question']}\n"
+                                 f"Answer: {row['answer']}")
+    capsys.readouterr()
+    argv = _unlearn_args(root / "no-such-model", forget, retain, root / "x", "--benchmark", "rwku",
+                         "--prompt-format", "phi-1_5")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--prompt-format phi-1_5 names a TOFU model config" in err and "no-such-model" not in err
+    assert not (root / "x").exists()

@@ -572,3 +572,43 @@ def test_training_rows_are_the_evaluated_tokens(name, tofu_data):
     (text,) = rows_to_texts([{"question": doc["question"], "answer": doc["answer"]}], "test", tokenizer=tok, chat=chat)
     ids = tok(text, add_special_tokens=not chat)["input_ids"]
     assert ids + ([tok.eos_token_id] if ids[-1] != tok.eos_token_id else []) == ctx_ids + scored
+
+
+@pytest.mark.shared_data
+@pytest.mark.parametrize("name", ALL)
+def test_rwku_training_rows_are_the_probes_tokens(name, rwku_dir):
+    """In an RWKU cell (`benchmark="rwku"`), a question row read from an RWKU probe file (`rwku:1:neighbor_level2`)
+    is written as that probe asks it: its prompt tokens are exactly those lm-eval generates from for the probe, the
+    trained tokens are `Answer:`'s answer (+ end of turn, EOS). In a TOFU cell the same row keeps TOFU's format."""
+    from cru_harness.baselines.data import IGNORE_INDEX, encode_qa
+    from cru_harness.data.corpora import load_corpus_rows, row_prompt, rows_to_texts
+    from cru_harness.prompts import adds_special_tokens
+
+    lm = _lm(name)
+    tok = lm.tokenizer
+    chat = bool(tok.chat_template)
+    kinds = {"rwku_neighbor_qa": "neighbor_level2", "rwku_neighbor_fb": "neighbor_level1", "rwku_qa": "forget_level2",
+             "rwku_fb": "forget_level1", "rwku_aa": "forget_level3"}
+    tasks = _rwku_tasks(rwku_dir, kinds)
+    for task_name, kind in kinds.items():
+        task = tasks[task_name]
+        task.build_all_requests(rank=0, world_size=1, apply_chat_template=chat,
+                                chat_template=lm.apply_chat_template if chat else None, system_instruction=None)
+        rows, _ = load_corpus_rows(f"rwku:1:{kind}", rwku_dir)
+        assert [inst.doc["query"] for inst in task.instances] == [row["question"] for row in rows]
+        for inst, row in zip(task.instances, rows):
+            ctx_ids = _gen_ids(lm, inst.arguments[0])
+            example = encode_qa(tok, row["question"], row["answer"], 512, chat=chat, benchmark="rwku",
+                                **row_prompt(row))
+            n_prompt = len(ctx_ids)
+            assert example.input_ids[:n_prompt] == ctx_ids, (task_name, inst.doc_id)
+            assert example.labels == [IGNORE_INDEX] * n_prompt + example.input_ids[n_prompt:]
+            answer = tok.decode(example.input_ids[n_prompt:], skip_special_tokens=True)
+            assert answer.strip() == row["answer"].strip(), (task_name, answer)
+            (text,) = rows_to_texts([row], "test", tokenizer=tok, chat=chat, benchmark="rwku")
+            ids = tok(text, add_special_tokens=adds_special_tokens(tok, text))["input_ids"]   # as CRU encodes it
+            assert ids + ([tok.eos_token_id] if ids[-1] != tok.eos_token_id else []) == example.input_ids
+        if "aa" in task_name:   # every adversarial prompt variant was among them
+            assert {"affirmative suffix", "incontext learning"} <= {row["type"] for row in rows}
+    (tofu_text,) = rows_to_texts(rows[:1], "test", tokenizer=tok, chat=chat)   # a TOFU cell: TOFU's format
+    assert "Please briefly answer" not in tofu_text and rows[0]["question"] in tofu_text

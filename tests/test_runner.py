@@ -138,7 +138,7 @@ def test_a_tofu_model_family_fixes_the_tofu_cells_format_and_leaves_rwku_on_the_
     assert use_chat_template(tofu, "unused") is False
     assert training_rows(tofu) == {"chat": False, "preset": "open-unlearning", "family": "Llama-2-7b-chat-hf"}
     assert use_chat_template(rwku, "unused") is True
-    assert training_rows(rwku) == {"chat": True, "preset": "open-unlearning", "family": None}
+    assert training_rows(rwku) == {"chat": True, "benchmark": "rwku"}   # RWKU's probes ask its question rows
     # the model it starts from is fine-tuned in the same format (the finetune cell carries the family)
     raw["models"][0]["finetune"] = {"data": "full", "epochs": 1}
     finetune = next(c for c in build_plan(cfg.validate_config(raw)) if c.kind == "finetune")

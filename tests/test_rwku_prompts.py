@@ -196,3 +196,28 @@ def test_per_target_results_and_records():
     assert U.per_target_results({"rwku_fb": samples})["rwku_fb"] == res
     rec = U.per_item_records(samples, "rwku_fb")[0]
     assert rec["answer"] == "x" and rec["reference"] == "a0" and rec["target"] == 1 and rec["rouge_l_recall"] == 1.0
+
+
+def test_training_rows_of_an_rwku_cell_use_the_probe_prompts_and_refuse_tofu_settings():
+    """`cru_harness.prompts` holds the question probes' prompts: the task asks with them and an RWKU cell's
+    question rows are written with them (`qa_texts(..., benchmark="rwku")`); a row's probe comes from its file."""
+    from cru_harness.data.corpora import row_prompt
+    from cru_harness.errors import InputError
+    from cru_harness.prompts import PresetError, prompt_format_choice, qa_texts, rwku_probe_prompt
+
+    doc = _probe("neighbor_fb", "X is ___.")
+    assert rwku_probe_prompt("neighbor_fb", "X is ___.") == (U.format_doc(doc)["prompt"], "Answer:")
+    assert rwku_probe_prompt("aa", "Q? A is", "affirmative suffix") == (
+        "Please briefly answer the following question.\nQuestion: Q? A is", "")
+    with pytest.raises(InputError, match="unknown RWKU question probe 'mmlu'; valid: fb, qa, aa"):
+        rwku_probe_prompt("mmlu", "Q?")
+    assert row_prompt({"question": "q", "answer": "a", "rwku_probe": "aa", "type": "affirmative suffix"}) == {
+        "probe": "aa", "aa_type": "affirmative suffix"}
+    assert row_prompt({"question": "q", "answer": "a", "type": "anything"}) == {"probe": None, "aa_type": ""}
+    with pytest.raises(PresetError, match="TOFU preset or model family does not apply to RWKU"):
+        qa_texts(None, "q", "a", benchmark="rwku", family="phi-1_5")
+    with pytest.raises(InputError, match="unknown benchmark 'wiki'"):
+        qa_texts(None, "q", "a", benchmark="wiki")
+    assert prompt_format_choice("plain", benchmark="rwku") == {"chat": False, "benchmark": "rwku"}
+    with pytest.raises(PresetError, match="--prompt-format phi-1_5 names a TOFU model config"):
+        prompt_format_choice("phi-1_5", benchmark="rwku")

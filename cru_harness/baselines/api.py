@@ -11,6 +11,7 @@ import torch
 from transformers import AutoTokenizer
 
 from ..context import fit_to_context
+from ..data.corpora import row_prompt
 from ..devices import load_causal_lm, saved_dtype, training_precision
 from ..errors import InputError
 from ..locations import save_checkpoint
@@ -62,8 +63,9 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
             prompt_format: dict | None = None) -> UnlearnResult:
     """Unlearn `forget_rows` from a model with a baseline; save it to `out_dir` (if given) and return a record.
 
-    `prompt_format`: `{"chat": bool, "preset": ..., "family": ...}` for `cru_harness.prompts.qa_texts` (default:
-    the open-unlearning preset, the chat template when the tokenizer has one): pass what the evaluation uses.
+    `prompt_format`: `{"chat": bool, "preset": ..., "family": ..., "benchmark": ...}` for
+    `cru_harness.prompts.qa_texts` (default: TOFU's open-unlearning preset, the chat template when the tokenizer has
+    one): pass what the evaluation uses.
     `model_path_or_model`: a checkpoint path / hub id or a model (trained in place).
     `dtype` (`cru_harness.devices.training_precision`): float32; bfloat16 / float16 = fp32 master weights under
     bf16 / fp16 autocast (as the references' DeepSpeed runs), the trained model then cast to `dtype` and saved
@@ -113,7 +115,7 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
 
     def lengths():  # only computed when max_length exceeds the model's context
         return {side: [len(encode_qa(tokenizer, *row_to_qa(r, i, side), m.config.max_length,
-                                     **(prompt_format or {})).input_ids)
+                                     **(prompt_format or {}), **row_prompt(r)).input_ids)
                        for i, r in enumerate(rows)]
                 for side, rows in (("forget", forget_rows), ("retain", retain_used)) if rows}
 

@@ -7,6 +7,7 @@ Prompts and the trained span come from the one prompt builder, `cru_harness.prom
 TOFU tasks score): under the default `open-unlearning` preset a tokenizer with a chat template gets it (system
 prompt "You are a helpful assistant.", date pinned) and the labels are the conversation's tokens after the prompt
 (the answer, the template's end of turn, EOS); otherwise `Question: {q}\\nAnswer:` and the answer after one space.
+With `benchmark="rwku"`, a question row is written as the RWKU probe of its file asks it (`data.corpora.row_prompt`).
 Masks are built from sequence lengths, never from token ids, so a pad token equal to EOS can never mask the EOS
 label (or any real token).
 """
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Dataset
 
-from cru_harness.data.corpora import row_qa
+from cru_harness.data.corpora import row_prompt, row_qa
 from cru_harness.prompts import DEFAULT_TOFU_PRESET, encode_qa_ids, qa_texts
 
 from ..errors import InputError
@@ -47,16 +48,19 @@ def row_to_qa(row: dict, index: int | None = None, origin: str = "training data"
 
 
 def build_prompt(tokenizer, question: str, *, preset: str = DEFAULT_TOFU_PRESET, family: str | None = None,
-                 chat: bool | None = None) -> str:
+                 chat: bool | None = None, benchmark: str = "tofu", probe: str | None = None,
+                 aa_type: str = "") -> str:
     """The prompt text in front of the answer ("" for a text row, which is trained on raw). `chat`: use the chat
-    template (None: when the tokenizer has one); pass what the evaluation uses."""
+    template (None: when the tokenizer has one); pass what the evaluation uses. The rest: as `prompts.qa_texts`."""
     if question == "":
         return ""
-    return qa_texts(tokenizer, question, "", preset=preset, family=family, chat=chat).prompt
+    return qa_texts(tokenizer, question, "", preset=preset, family=family, chat=chat, benchmark=benchmark,
+                    probe=probe, aa_type=aa_type).prompt
 
 
 def encode_qa(tokenizer, question: str, answer: str, max_length: int = 512, *, preset: str = DEFAULT_TOFU_PRESET,
-              family: str | None = None, chat: bool | None = None) -> EncodedExample:
+              family: str | None = None, chat: bool | None = None, benchmark: str = "tofu", probe: str | None = None,
+              aa_type: str = "") -> EncodedExample:
     """Input ids and labels of one row: the whole text tokenized once, prompt positions masked, EOS appended.
 
     A QA row follows `cru_harness.prompts.encode_qa_ids` (the references' span rule: labels are the text's tokens
@@ -75,7 +79,8 @@ def encode_qa(tokenizer, question: str, answer: str, max_length: int = 512, *, p
         ids = prefix + list(tokenizer(answer, add_special_tokens=False)["input_ids"]) + [eos]
         n_prompt = len(prefix)
     else:
-        texts = qa_texts(tokenizer, question, answer, preset=preset, family=family, chat=chat)
+        texts = qa_texts(tokenizer, question, answer, preset=preset, family=family, chat=chat, benchmark=benchmark,
+                         probe=probe, aa_type=aa_type)
         ids, n_prompt = encode_qa_ids(tokenizer, texts)
     if n_prompt >= max_length:
         raise InputError(f"prompt of {n_prompt} tokens leaves no room for the answer (max_length={max_length})")
@@ -121,14 +126,16 @@ class ForgetRetainDataset(Dataset):
 
     def __init__(self, tokenizer, forget_rows: Sequence[dict], retain_rows: Sequence[dict] | None = None, *,
                  refusals: Sequence[str] | None = None, max_length: int = 512, seed: int = 0,
-                 preset: str = DEFAULT_TOFU_PRESET, family: str | None = None, chat: bool | None = None):
+                 preset: str = DEFAULT_TOFU_PRESET, family: str | None = None, chat: bool | None = None,
+                 benchmark: str = "tofu"):
         if not forget_rows:
             raise InputError("forget_rows is empty: nothing to unlearn")
         self.seed = seed
         forget_qa = [row_to_qa(r, i, "forget") for i, r in enumerate(forget_rows)]
-        fmt = {"preset": preset, "family": family, "chat": chat}
-        self.forget = [encode_qa(tokenizer, q, a, max_length, **fmt) for q, a in forget_qa]
-        self.retain = ([encode_qa(tokenizer, *row_to_qa(r, i, "retain"), max_length, **fmt)
+        fmt = {"preset": preset, "family": family, "chat": chat, "benchmark": benchmark}
+        forget_fmt = [{**fmt, **row_prompt(r)} for r in forget_rows]
+        self.forget = [encode_qa(tokenizer, q, a, max_length, **forget_fmt[i]) for i, (q, a) in enumerate(forget_qa)]
+        self.retain = ([encode_qa(tokenizer, *row_to_qa(r, i, "retain"), max_length, **fmt, **row_prompt(r))
                         for i, r in enumerate(retain_rows)]
                        if retain_rows else [])
         self.refusals = None
@@ -137,7 +144,7 @@ class ForgetRetainDataset(Dataset):
             self.refusals = list(refusals)  # an empty list is refused by `pick_refusals` below
             # (forget item, refusal) -> its encoding: each pair is tokenised once, however many epochs draw it
             self._encode_alternate = functools.lru_cache(maxsize=None)(
-                lambda i, refusal: encode_qa(tokenizer, forget_qa[i][0], refusal, max_length, **fmt))
+                lambda i, refusal: encode_qa(tokenizer, forget_qa[i][0], refusal, max_length, **forget_fmt[i]))
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.set_epoch(0)
 

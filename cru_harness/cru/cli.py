@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from cru_harness.devices import add_device_arguments
-from cru_harness.prompts import add_prompt_format_argument, prompt_format_choice
+from cru_harness.prompts import BENCHMARKS, add_prompt_format_argument, prompt_format_choice
 
 from ..errors import InputError
 
@@ -27,6 +27,10 @@ def register(subparsers) -> None:
                          help="replace an existing bundle (or other files) in --out")
     unlearn.add_argument("--data-dir", default=None, help="local TOFU/RWKU data root (default: env or the Hub)")
     add_prompt_format_argument(unlearn)
+    unlearn.add_argument("--benchmark", choices=BENCHMARKS, default="tofu",
+                         help="whose evaluation the question/answer rows are written for: tofu (its prompt; "
+                              "--prompt-format) or rwku (each rwku:<targets>:<probe file> row as that RWKU probe "
+                              "asks it, other rows as its QA probe; no model config name) (default: tofu)")
     unlearn.add_argument("--blocks", default=None,
                          help="comma-separated block indices to gate (negative = from the end); overrides --last-k")
     unlearn.add_argument("--last-k", type=int, default=4, help="gate the last K decoder blocks (default 4)")
@@ -103,6 +107,7 @@ def run_unlearn(args: argparse.Namespace) -> int:
     from cru_harness.locations import check_model_path, check_output_dir
 
     # Everything that can be wrong with the inputs and the output is found before hours of training.
+    fmt = prompt_format_choice(args.prompt_format, benchmark=args.benchmark)
     check_output_dir(args.out, what="--out", overwrite=args.overwrite)
     check_model_path(args.base, what="--base")
     forget_rows = _corpus_rows(args.forget, args.data_dir, "forget")
@@ -124,7 +129,6 @@ def run_unlearn(args: argparse.Namespace) -> int:
     except OSError as err:
         from cru_harness.cli import CLIError
         raise CLIError(f"cannot load base model {args.base!r}: {err}") from None
-    fmt = prompt_format_choice(args.prompt_format)
     if fmt["chat"] and not tokenizer.chat_template:
         from cru_harness.cli import CLIError
         raise CLIError(f"--prompt-format chat: the tokenizer of {args.base!r} has no chat template")

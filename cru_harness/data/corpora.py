@@ -3,6 +3,7 @@
 A corpus is a list of strings. Question/answer rows are written by the one prompt builder
 (`cru_harness.prompts.qa_texts`) when a tokenizer is given: the same text the evaluation scores (the chat
 conversation where evaluation uses the chat template), so CRU localizes and routes on what it is evaluated on.
+An RWKU cell writes them as the RWKU probe of their file asks (`row_prompt`; rows from elsewhere as the QA probe).
 Without a tokenizer they use the plain template `Question: {q}\nAnswer: {a}`.
 """
 from __future__ import annotations
@@ -61,12 +62,20 @@ def row_qa(row: dict, index: int, origin: str = "corpus") -> tuple[str, str]:
     return ("", values[0]) if len(values) == 1 else (values[0], values[1])
 
 
+def row_prompt(row: dict) -> dict:
+    """The `qa_texts` arguments a row carries: the RWKU probe its file is asked by (`rwku_probe`, set when an RWKU
+    probe file is read as a corpus; None otherwise) and an adversarial-attack row's `type`."""
+    probe = row.get("rwku_probe")
+    return {"probe": probe, "aa_type": str(row.get("type") or "") if probe == "aa" else ""}
+
+
 def rows_to_texts(rows: list[dict], origin: str, *, tokenizer=None, chat: bool | None = None,
-                  preset: str | None = None, family: str | None = None) -> list[str]:
+                  preset: str | None = None, family: str | None = None, benchmark: str = "tofu") -> list[str]:
     """`question`+`answer` rows become QA text, `text` rows stay as they are; anything else is an error.
 
     With a `tokenizer`, QA text is `cru_harness.prompts.qa_texts(...).text` (chat: None = the tokenizer's template
-    if it has one; preset / family: the TOFU preset, default open-unlearning); without one, `format_qa`."""
+    if it has one; preset / family: the TOFU preset, default open-unlearning; benchmark: whose question format,
+    `rwku` with each row's `row_prompt`); without one, `format_qa`."""
     from cru_harness.prompts import DEFAULT_TOFU_PRESET, qa_texts
 
     texts = []
@@ -74,7 +83,7 @@ def rows_to_texts(rows: list[dict], origin: str, *, tokenizer=None, chat: bool |
         question, answer = row_qa(row, index, origin)
         if question and tokenizer is not None:
             texts.append(qa_texts(tokenizer, question, answer, chat=chat, preset=preset or DEFAULT_TOFU_PRESET,
-                                  family=family).text)
+                                  family=family, benchmark=benchmark, **row_prompt(row)).text)
         else:
             texts.append(format_qa(question, answer) if question else answer)
     return texts
@@ -134,10 +143,12 @@ def load_corpus_rows(source: str | os.PathLike, data_dir: str | os.PathLike | No
 
 
 def load_corpus(source: str | os.PathLike, data_dir: str | os.PathLike | None = None, *, tokenizer=None,
-                chat: bool | None = None, preset: str | None = None, family: str | None = None) -> list[str]:
+                chat: bool | None = None, preset: str | None = None, family: str | None = None,
+                benchmark: str = "tofu") -> list[str]:
     """A corpus as texts; sources as for `load_corpus_rows`, formatting as for `rows_to_texts`."""
     rows, origin = load_corpus_rows(source, data_dir)
-    return rows_to_texts(rows, origin, tokenizer=tokenizer, chat=chat, preset=preset, family=family)
+    return rows_to_texts(rows, origin, tokenizer=tokenizer, chat=chat, preset=preset, family=family,
+                         benchmark=benchmark)
 
 
 def _rwku_rows(source: str, data_dir) -> tuple[list[dict], str]:
@@ -149,5 +160,5 @@ def _rwku_rows(source: str, data_dir) -> tuple[list[dict], str]:
     _, targets, kind = parts
     rows = [row for index in parse_targets(targets) for row in load_target_file(index, kind, data_dir)]
     if kind in PROBE_KINDS:  # trained on as what they ask: the probe's question and its answer
-        rows = [{**row, "question": row["query"]} for row in rows]
+        rows = [{**row, "question": row["query"], "rwku_probe": PROBE_KINDS[kind]} for row in rows]
     return rows, f"RWKU {targets} {kind}"

@@ -56,8 +56,10 @@ HUB_CONFIGS = {
     "reject_phi": "train_refusal_phi3",
 }
 TARGET_KINDS = tuple(HUB_CONFIGS)
-# The question probes (`query` + `answer`); as a training corpus their rows are question/answer pairs.
-PROBE_KINDS = ("forget_level1", "forget_level2", "forget_level3", "neighbor_level1", "neighbor_level2")
+# The question probes' files (`query` + `answer`) and the probe that asks each (`prompts.rwku_probe_prompt`); as a
+# training corpus their rows are question/answer pairs, written as that probe asks them in an RWKU cell.
+PROBE_KINDS = {"forget_level1": "fb", "forget_level2": "qa", "forget_level3": "aa", "neighbor_level1": "neighbor_fb",
+               "neighbor_level2": "neighbor_qa"}
 UTILITY_KINDS = ("retain_mmlu", "retain_bbh", "truthful", "triviaqa", "fluency")
 TRAINING_KINDS = tuple(kind for kind in TARGET_KINDS if kind.startswith(("positive", "negative", "pair", "reject")))
 REQUIRED_FIELDS = {

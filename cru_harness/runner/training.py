@@ -14,12 +14,14 @@ FINETUNED_DIR = "finetuned_model"   # a finetune cell's checkpoint, inside its w
 
 
 def prompt_format(cell: Cell, chat: bool) -> dict:
-    """How training QA rows are written (`cru_harness.prompts.qa_texts`): as the cell's TOFU evaluation shows them
-    (`chat`: `runner.evaluation.use_chat_template(cell, ...)`, which is False under a fixed TOFU format).
-    An RWKU cell's QA rows (a retain cover's neighbour questions) take TOFU's default preset too: RWKU trains on
-    passages and has no reference format for questions (docs/protocol.md)."""
+    """How training QA rows are written (`cru_harness.prompts.qa_texts`): as the cell's evaluation asks questions
+    (`chat`: `runner.evaluation.use_chat_template(cell, ...)`, which is False under a fixed TOFU format). A TOFU cell
+    under its presets; an RWKU cell as RWKU's probes ask (a retain cover's neighbour questions as the neighbour-QA
+    probe asks them; RWKU itself trains on passages and has no reference for question rows, docs/protocol.md)."""
     from .evaluation import protocol_presets
 
+    if cell.benchmark == "rwku" and cell.kind != "finetune":   # fine-tuning is TOFU's recipe on TOFU's rows
+        return {"chat": bool(chat), "benchmark": "rwku"}
     presets = protocol_presets(cell.evaluation if cell.benchmark == "tofu" else {})
     return {"chat": bool(chat), "preset": presets["tofu_preset"], "family": presets["tofu_model_family"]}
 

@@ -28,10 +28,11 @@ import datasets
 import numpy as np
 from lm_eval.api.task import ConfigurableTask
 
-from cru_harness.data.rwku import (ICU_INSTRUCTION, MissingTargetFileError, get_target, load_target_file,
-                                  parse_targets)
+from cru_harness.data.rwku import ICU_INSTRUCTION, MissingTargetFileError, get_target, load_target_file, parse_targets
+from cru_harness.data.rwku import PROBE_KINDS as QUESTION_KIND_PROBES
 from cru_harness.lmeval.protocol import JOINT_MARKER, template_date
-from cru_harness.prompts import RWKU_DATE, check_rwku_preset
+from cru_harness.prompts import (RWKU_ANSWER_PREFIX, RWKU_DATE, RWKU_QUESTION_PROBES, check_rwku_preset,
+                                 rwku_plain_prompt, rwku_probe_prompt)
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +43,7 @@ CHOICE_LETTERS = ("A", "B", "C", "D")
 
 # probe -> the RWKU files (kinds of `load_target_file`) whose rows it scores
 PROBE_KINDS: dict[str, tuple[str, ...]] = {
-    "fb": ("forget_level1",),
-    "qa": ("forget_level2",),
-    "aa": ("forget_level3",),
-    "neighbor_fb": ("neighbor_level1",),
-    "neighbor_qa": ("neighbor_level2",),
+    **{probe: (kind,) for kind, probe in QUESTION_KIND_PROBES.items()},   # fb, qa, aa, neighbor_fb, neighbor_qa
     "mia": ("forget_mia", "retain_mia"),
     "mmlu": ("retain_mmlu",),
     "bbh": ("retain_bbh",),
@@ -57,10 +54,8 @@ PROBE_KINDS: dict[str, tuple[str, ...]] = {
 UTILITY_PROBES = ("mmlu", "bbh", "truthfulqa", "triviaqa", "fluency")
 
 # ----------------------------------------------------------------------------------------------------------------
-# Prompt texts (RWKU's evaluation code)
-FB_INSTRUCTION = "Please complete the blank in the following question.\n"
-QA_INSTRUCTION = "Please briefly answer the following question.\n"
-ANSWER_PREFIX = "Answer:"
+# Prompt texts (RWKU's evaluation code). The question probes' are in `cru_harness.prompts` (`rwku_probe_prompt`),
+# which an RWKU cell's question-answer training rows share.
 MMLU_HEADER = "The following are multiple choice questions (with answers) about {subject}.\n\n"
 MMLU_BRIDGE = "Please following the previous examples and answer the given question.\n"
 BBH_BRIDGE = "\n\nFollowing previous examples, answer the following questions and end with 'so the answer is'\nQ: "
@@ -222,17 +217,9 @@ def _choices_block(question: str, choices: Sequence[str]) -> str:
 def format_doc(doc: Mapping) -> dict:
     """`prompt` (the user message), `gen_prefix` (opens the answer; "" for none) and `scored_text` (MIA)."""
     probe = doc["probe"]
-    gen_prefix, scored_text = ANSWER_PREFIX, ""
-    if probe in ("fb", "neighbor_fb"):
-        prompt = f"{FB_INSTRUCTION}Question: {doc['query']}\n"
-    elif probe in ("qa", "neighbor_qa") or (probe == "aa" and doc["type"] not in
-                                             ("affirmative suffix", "incontext learning")):
-        prompt = f"{QA_INSTRUCTION}Question: {doc['query']}\n"
-    elif probe == "aa" and doc["type"] == "affirmative suffix":
-        # the query ends with the start of an affirmative answer: no newline, no "Answer:"
-        prompt, gen_prefix = f"{QA_INSTRUCTION}Question: {doc['query']}", ""
-    elif probe == "aa":  # incontext learning: the query holds its own "Question: …" examples
-        prompt = f"{QA_INSTRUCTION}{doc['query']}\n"
+    scored_text = ""
+    if probe in RWKU_QUESTION_PROBES:
+        prompt, gen_prefix = rwku_probe_prompt(probe, doc["query"], doc["type"])
     elif probe == "mia":
         prompt, gen_prefix, scored_text = "", "", doc["text"]  # raw text, no template (eval_mia.py:16-21)
     elif probe == "mmlu":
@@ -240,6 +227,7 @@ def format_doc(doc: Mapping) -> dict:
                         for e in doc["examples"])
         prompt = (MMLU_HEADER.format(subject=doc["task"].replace("_", " ")) + shots + MMLU_BRIDGE
                   + _choices_block(doc["question"], doc["choices"]))
+        gen_prefix = RWKU_ANSWER_PREFIX
     elif probe == "bbh":
         prompt, gen_prefix = doc["cot"].strip() + BBH_BRIDGE + doc["question"], "A:"
     elif probe == "truthfulqa":
@@ -275,12 +263,7 @@ def process_docs_icu(dataset: datasets.Dataset) -> datasets.Dataset:
 
 def plain_prompt(doc: Mapping, system_instruction: str | None = None) -> str:
     """The prompt for a model without a chat template: user text, then the answer prefix on its own line."""
-    text, prefix = doc["prompt"], doc["gen_prefix"]
-    if prefix:
-        text += ("" if text[-1:] in ("\n", " ") else "\n") + prefix
-    if system_instruction:
-        text = system_instruction + "\n\n" + text
-    return text
+    return rwku_plain_prompt(doc["prompt"], doc["gen_prefix"], system_instruction)
 
 
 NEWLINE_STOP_PROBES = ("fb", "qa", "aa", "neighbor_fb", "neighbor_qa", "triviaqa")
