@@ -275,3 +275,26 @@ def test_a_template_without_a_system_role_renders_prompt_and_scored_turn_alike(c
     finished = cru.apply_chat_template(chat + [{"role": "assistant", "content": "Her."}], add_generation_prompt=False,
                                        close_final_turn=True)
     assert prompt == "<user>Who?<end><assistant>" and finished == "<user>Who?<end><assistant>Her.<end>"
+
+
+def test_generation_ends_at_a_stop_token_the_decoding_drops(cru, hf, monkeypatch):
+    """A stop string that is one special token other than EOS (`<|eot_id|>` where EOS is `<|end_of_text|>`): the
+    decoded text drops it, so lm-eval's cut on text cannot see it, and a batch goes on until every sequence has
+    stopped. `cru` ends each sequence at its first such id (as RWKU's generate call does); HFLM keeps what follows."""
+    tok = cru.tokenizer
+    stop = next(t for t in tok.all_special_tokens if t not in (tok.eos_token, tok.pad_token, tok.bos_token))
+    stop_id = tok.convert_tokens_to_ids(stop)
+    words = [i for t, i in sorted(tok.get_vocab().items()) if t.isalpha() and len(t) > 2][:2]
+    after_stop = {"one": [words[0], stop_id, words[1], words[1]], "two": [words[0], words[1], words[1], words[0]]}
+
+    def fake_generate(self, context, max_length, stop, **kwargs):   # what a model would generate for each context
+        rows = [after_stop["one" if row[-len(self.tok_encode("one")):].tolist() == self.tok_encode("one") else "two"]
+                for row in context]
+        return torch.cat([context, torch.tensor(rows)], dim=1)
+
+    monkeypatch.setattr(HFLM, "_model_generate", fake_generate)
+    requests = [Instance("generate_until", {}, (ctx, {"until": [stop], "max_gen_toks": 4}), i)
+                for i, ctx in enumerate(["one", "two"])]
+    assert cru.dropped_stop_ids([stop, "not a token"]) == [stop_id]
+    assert cru.generate_until(requests) == [tok.decode([words[0]]), tok.decode(after_stop["two"])]
+    assert hf.generate_until(requests)[0] == tok.decode(after_stop["one"], skip_special_tokens=True)   # the rest kept

@@ -447,6 +447,27 @@ class CRULM(HFLM):
         out["until"] = self.resolve_stops(until)
         return out
 
+    def dropped_stop_ids(self, stop: list[str]) -> list[int]:
+        """The ids of stop strings that are one token the decoding drops (`skip_special_tokens`), e.g.
+        `<|eot_id|>` where EOS is `<|end_of_text|>`: lm-eval's cut on the decoded text cannot see them."""
+        vocab = self.tokenizer.get_vocab()
+        ids = [vocab[s] for s in stop or [] if s in vocab]
+        return [i for i in ids if self.tokenizer.decode([i], skip_special_tokens=True) == ""]
+
+    def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs):
+        """HFLM's generation, each sequence cut at its first dropped stop id (`dropped_stop_ids`): the rest is
+        overwritten with that id, which the decoding then drops. HFLM stops a batch only when every sequence has
+        stopped, and a stop the decoding removed would leave the text generated after it; RWKU stops at the id."""
+        out = super()._model_generate(context, max_length, stop, **generation_kwargs)
+        ids = self.dropped_stop_ids(stop)
+        if not ids:
+            return out
+        generated = out[:, context.shape[1]:]
+        after = torch.isin(generated, torch.tensor(ids, device=out.device)).cumsum(dim=1) > 0
+        out = out.clone()
+        out[:, context.shape[1]:] = generated.masked_fill(after, ids[0])
+        return out
+
     def generate_until(self, requests, disable_tqdm: bool = False):
         """HFLM's generation, generation kwargs through `resolve_generation_kwargs`."""
         for req in requests:
