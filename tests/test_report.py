@@ -109,6 +109,18 @@ def test_tables_bold_best_and_reference_row():
     assert "fc_forget_refusal" in md or "forget ref." in md
 
 
+def test_a_column_some_cells_lack_is_a_mean_over_the_others_and_the_row_says_so():
+    results = [tofu_result("M", "forget01", "GA", 0.5, 0.4, seed=seed) for seed in range(3)]
+    results[1]["metrics"]["model_utility"] = None
+    row = tables.aggregate(results, "tofu")[0]
+    assert row["metrics"]["model_utility"] == pytest.approx(0.4)
+    assert row["partial"] == ["MU ↑: mean over 2 of 3 cells"]
+    line = next(line for line in tables.to_markdown([row], "tofu").splitlines() if "| GA |" in line)
+    assert line.rstrip(" |").endswith("MU ↑: mean over 2 of 3 cells")
+    results[1]["metrics"]["model_utility"] = 0.4
+    assert tables.aggregate(results, "tofu")[0]["partial"] == []
+
+
 def test_rwku_forget_all_weights_fb_qa_aa_by_their_item_counts():
     """RWKU's paper: All is the count-weighted mean of FB / QA / AA (e.g. 8, 3 and 8 items), not their plain
     mean; it is also the RWKU Forgetting axis. A score whose count was not recorded gives no All."""

@@ -233,6 +233,18 @@ def test_study_rows_are_mean_and_sample_sd_over_seeds():
     assert single["stats"]["forget_1_rouge_l"][1] is None          # one seed: no spread claimed
 
 
+def test_a_mean_over_fewer_seeds_than_the_row_has_says_so():
+    """A metric one seed's cell lacks is averaged over the seeds that have it, and the table cell says how many."""
+    from cru_harness.studies.tables import to_markdown
+
+    rows = study_rows([_cell("CRU", 0, forget_rouge_l=0.2, model_utility=0.5),
+                       _cell("CRU", 1, forget_rouge_l=0.4, model_utility=None),
+                       _cell("CRU", 2, forget_rouge_l=0.3, model_utility=0.7)], ["CRU"])
+    assert rows[0]["stats"]["model_utility"] == (pytest.approx(0.6), pytest.approx(math.sqrt(0.02)), 2)
+    line = next(line for line in to_markdown(rows, []).splitlines() if line.startswith("| CRU |"))
+    assert "0.600 ± 0.141 (2 of 3 seeds)" in line and "0.700 ± 0.100 |" in line   # 1-ROUGE-L: all three
+
+
 def test_tradeoff_figure_keys_every_drawn_variant_in_a_legend_even_where_points_coincide():
     import matplotlib.pyplot as plt
 

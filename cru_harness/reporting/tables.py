@@ -212,7 +212,8 @@ def aggregate(results: list[dict], benchmark: str) -> list[dict]:
                              for k in RESOURCE_KEYS},
                "gate_means": _gate_means(ok),
                "reasons": sorted({m.get("reason") for m in members if m.get("reason")}),
-               "partial": _partial_tasks(ok), "refinetuned": _refinetuned(ok)}
+               "partial": _partial_tasks(ok) + _partial_columns(derived, COLUMNS[benchmark]),
+               "refinetuned": _refinetuned(ok)}
         rows.append(row)
     order = _method_order(results)
     rows.sort(key=lambda r: (r["model"], str(r["unit"]), not r["reference"], order.get(r["label"], 99), r["label"]))
@@ -232,6 +233,17 @@ def _partial_tasks(results: list[dict]) -> list[str]:
         lacking = sorted({r.get("target") for r in results if task in unavailable(r)})
         notes.append(f"{task}: no data for target(s) {', '.join(map(str, lacking))}, "
                      f"mean over {sum(task not in unavailable(r) for r in results)} cell(s)")
+    return notes
+
+
+def _partial_columns(derived: list[dict], columns: list[Column]) -> list[str]:
+    """A note for each column whose mean covers fewer of the row's cells than the row has (a metric some cells
+    lack): the mean is over the cells that have it, and the table says so rather than averaging silently."""
+    notes = []
+    for column in columns:
+        n = sum(stats.is_number(d.get(column.key)) for d in derived)
+        if 0 < n < len(derived):
+            notes.append(f"{column.header}: mean over {n} of {len(derived)} cells")
     return notes
 
 

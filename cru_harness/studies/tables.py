@@ -113,11 +113,13 @@ def mark_pareto(rows: list[dict]) -> None:
             row["pareto"] = (not dominated[row["label"]]) if complete else None
 
 
-def fmt(mean, sd) -> str:
+def fmt(mean, sd, n: int | None = None, of: int | None = None) -> str:
+    """`mean ± sd`; with `n` of `of` seeds when fewer seeds than the row's have the value (not averaged silently)."""
     if mean is None:
         return "–"
     digits = 1 if abs(mean) >= 10 else 3
-    return f"{mean:.{digits}f}" if sd is None else f"{mean:.{digits}f} ± {sd:.{digits}f}"
+    text = f"{mean:.{digits}f}" if sd is None else f"{mean:.{digits}f} ± {sd:.{digits}f}"
+    return text + (f" ({n} of {of} seeds)" if n is not None and of is not None and n < of else "")
 
 
 def to_markdown(rows: list[dict], header: list[str], x: str | None = None) -> str:
@@ -134,7 +136,7 @@ def to_markdown(rows: list[dict], header: list[str], x: str | None = None) -> st
         for row in block_rows:
             cells = [row["label"], *([str(row["x"]) if row["x"] is not None else "–"] if x else []),
                      ",".join(map(str, row["seeds"])),
-                     *[fmt(*row["stats"][k][:2]) for k, _ in keys], fmt(row["collapsed_gate"], None),
+                     *[fmt(*row["stats"][k], len(row["seeds"])) for k, _ in keys], fmt(row["collapsed_gate"], None),
                      _pareto_text(row.get("pareto"))]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
