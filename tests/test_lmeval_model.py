@@ -296,5 +296,6 @@ def test_generation_ends_at_a_stop_token_the_decoding_drops(cru, hf, monkeypatch
     requests = [Instance("generate_until", {}, (ctx, {"until": [stop], "max_gen_toks": 4}), i)
                 for i, ctx in enumerate(["one", "two"])]
     assert cru.dropped_stop_ids([stop, "not a token"]) == [stop_id]
+    assert cru.dropped_stop_ids([tok.eos_token]) == [tok.eos_token_id]   # lm-eval adds EOS to every task's stops
     assert cru.generate_until(requests) == [tok.decode([words[0]]), tok.decode(after_stop["two"])]
     assert hf.generate_until(requests)[0] == tok.decode(after_stop["one"], skip_special_tokens=True)   # the rest kept

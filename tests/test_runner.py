@@ -418,6 +418,7 @@ def test_rwku_cell_beyond_target_10_keeps_its_probes_and_records_utility_unavail
                 "details": {"tasks_unavailable": dropped} if t == 17 else {}} for t in (2, 17)]
     table = to_markdown(aggregate(results, "rwku"), "rwku")
     assert "rwku_utility_mmlu: no data for target(s) 17, mean over 1 cell(s)" in table
+    assert "mean over 1 of 2 cells" not in table   # the same gap, not noted twice
 
 
 def test_local_builds_lists_each_testbed_model_once(tmp_path):

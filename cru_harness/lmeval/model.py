@@ -448,11 +448,17 @@ class CRULM(HFLM):
         return out
 
     def dropped_stop_ids(self, stop: list[str]) -> list[int]:
-        """The ids of stop strings that are one token the decoding drops (`skip_special_tokens`), e.g.
-        `<|eot_id|>` where EOS is `<|end_of_text|>`: lm-eval's cut on the decoded text cannot see them."""
-        vocab = self.tokenizer.get_vocab()
-        ids = [vocab[s] for s in stop or [] if s in vocab]
-        return [i for i in ids if self.tokenizer.decode([i], skip_special_tokens=True) == ""]
+        """The ids of stop strings that are one token the decoding drops (`skip_special_tokens`): lm-eval's cut on
+        the decoded text cannot see them. E.g. `<|eot_id|>` where EOS is `<|end_of_text|>`, SmolLM2's unknown token
+        (RWKU's newline stop), and the tokenizer's EOS itself (lm-eval adds it to every `until`; `generate` already
+        ends there unless the model's generation config names other EOS ids)."""
+        key = tuple(stop or ())
+        cache = self.__dict__.setdefault("_dropped_stop_ids", {})
+        if key not in cache:   # get_vocab() builds the whole vocabulary: once per stop list, not per batch
+            vocab = self.tokenizer.get_vocab()
+            ids = [vocab[s] for s in key if s in vocab]
+            cache[key] = [i for i in ids if self.tokenizer.decode([i], skip_special_tokens=True) == ""]
+        return cache[key]
 
     def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs):
         """HFLM's generation, each sequence cut at its first dropped stop id (`dropped_stop_ids`): the rest is

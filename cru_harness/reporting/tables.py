@@ -212,7 +212,7 @@ def aggregate(results: list[dict], benchmark: str) -> list[dict]:
                              for k in RESOURCE_KEYS},
                "gate_means": _gate_means(ok),
                "reasons": sorted({m.get("reason") for m in members if m.get("reason")}),
-               "partial": _partial_tasks(ok) + _partial_columns(derived, COLUMNS[benchmark]),
+               "partial": _partial_tasks(ok) + _partial_columns(ok, derived, COLUMNS[benchmark]),
                "refinetuned": _refinetuned(ok)}
         rows.append(row)
     order = _method_order(results)
@@ -236,13 +236,15 @@ def _partial_tasks(results: list[dict]) -> list[str]:
     return notes
 
 
-def _partial_columns(derived: list[dict], columns: list[Column]) -> list[str]:
+def _partial_columns(results: list[dict], derived: list[dict], columns: list[Column]) -> list[str]:
     """A note for each column whose mean covers fewer of the row's cells than the row has (a metric some cells
-    lack): the mean is over the cells that have it, and the table says so rather than averaging silently."""
+    lack): the mean is over the cells that have it, and the table says so rather than averaging silently. Cells
+    with a task they could not run are noted by `_partial_tasks` instead (not twice)."""
     notes = []
+    explained = [bool((r.get("details") or {}).get("tasks_unavailable")) for r in results]
     for column in columns:
         n = sum(stats.is_number(d.get(column.key)) for d in derived)
-        if 0 < n < len(derived):
+        if 0 < n and any(not stats.is_number(d.get(column.key)) and not e for d, e in zip(derived, explained)):
             notes.append(f"{column.header}: mean over {n} of {len(derived)} cells")
     return notes
 

@@ -114,7 +114,8 @@ def mark_pareto(rows: list[dict]) -> None:
 
 
 def fmt(mean, sd, n: int | None = None, of: int | None = None) -> str:
-    """`mean ± sd`; with `n` of `of` seeds when fewer seeds than the row's have the value (not averaged silently)."""
+    """`mean ± sd`; with `n` of `of` seeds when fewer seeds than the row's have the value (not averaged silently).
+    Within a seed an RWKU value is the mean over the targets that have it (the report notes tasks a target lacks)."""
     if mean is None:
         return "–"
     digits = 1 if abs(mean) >= 10 else 3
