@@ -11,12 +11,11 @@ import torch
 from transformers import AutoTokenizer
 
 from ..context import fit_to_context
-from ..data.corpora import row_prompt
 from ..devices import load_causal_lm, saved_dtype, training_precision
 from ..errors import InputError
 from ..locations import save_checkpoint
 from .base import BaselineConfig, UnlearningMethod
-from .data import ForgetRetainDataset, encode_qa, row_to_qa
+from .data import ForgetRetainDataset, encode_row
 from .registry import get_method
 from .resources import ResourceMonitor
 from .trainer import make_accelerator, train_unlearning
@@ -114,8 +113,7 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
         refusals = None
 
     def lengths():  # only computed when max_length exceeds the model's context
-        return {side: [len(encode_qa(tokenizer, *row_to_qa(r, i, side), m.config.max_length,
-                                     **(prompt_format or {}), **row_prompt(r)).input_ids)
+        return {side: [len(encode_row(tokenizer, r, i, side, m.config.max_length, **(prompt_format or {})).input_ids)
                        for i, r in enumerate(rows)]
                 for side, rows in (("forget", forget_rows), ("retain", retain_used)) if rows}
 

@@ -90,6 +90,12 @@ def encode_qa(tokenizer, question: str, answer: str, max_length: int = 512, *, p
     return EncodedExample(input_ids=ids, labels=[IGNORE_INDEX] * n_prompt + ids[n_prompt:])
 
 
+def encode_row(tokenizer, row: dict, index: int, origin: str, max_length: int = 512, **fmt) -> EncodedExample:
+    """One training row as `encode_qa` writes it, with the prompt arguments the row carries
+    (`data.corpora.row_prompt`: an RWKU probe file's rows are asked as their probe asks them)."""
+    return encode_qa(tokenizer, *row_to_qa(row, index, origin), max_length, **fmt, **row_prompt(row))
+
+
 def collate(examples: Sequence[EncodedExample], pad_token_id: int | None) -> dict[str, torch.Tensor]:
     """Right-pad to the longest example. Padding: attention 0, label -100, decided by length only."""
     if not examples:
@@ -131,20 +137,19 @@ class ForgetRetainDataset(Dataset):
         if not forget_rows:
             raise InputError("forget_rows is empty: nothing to unlearn")
         self.seed = seed
-        forget_qa = [row_to_qa(r, i, "forget") for i, r in enumerate(forget_rows)]
         fmt = {"preset": preset, "family": family, "chat": chat, "benchmark": benchmark}
-        forget_fmt = [{**fmt, **row_prompt(r)} for r in forget_rows]
-        self.forget = [encode_qa(tokenizer, q, a, max_length, **forget_fmt[i]) for i, (q, a) in enumerate(forget_qa)]
-        self.retain = ([encode_qa(tokenizer, *row_to_qa(r, i, "retain"), max_length, **fmt, **row_prompt(r))
-                        for i, r in enumerate(retain_rows)]
+        self.forget = [encode_row(tokenizer, r, i, "forget", max_length, **fmt) for i, r in enumerate(forget_rows)]
+        self.retain = ([encode_row(tokenizer, r, i, "retain", max_length, **fmt) for i, r in enumerate(retain_rows)]
                        if retain_rows else [])
         self.refusals = None
         self.alternate = None
         if refusals is not None:
+            forget_question = [row_to_qa(r, i, "forget")[0] for i, r in enumerate(forget_rows)]
             self.refusals = list(refusals)  # an empty list is refused by `pick_refusals` below
             # (forget item, refusal) -> its encoding: each pair is tokenised once, however many epochs draw it
             self._encode_alternate = functools.lru_cache(maxsize=None)(
-                lambda i, refusal: encode_qa(tokenizer, forget_qa[i][0], refusal, max_length, **forget_fmt[i]))
+                lambda i, refusal: encode_qa(tokenizer, forget_question[i], refusal, max_length, **fmt,
+                                             **row_prompt(forget_rows[i])))
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.set_epoch(0)
 
