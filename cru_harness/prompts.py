@@ -340,11 +340,9 @@ def rwku_qa_texts(tokenizer, question: str, answer: str, *, probe: str = "qa", a
     if uses_chat(tokenizer, chat):
         turn = [{"role": "user", "content": user}]
         reply = f"{prefix} {answer}" if prefix else answer
-        if prefix:
-            prompt = render_chat(tokenizer, [*turn, {"role": "assistant", "content": prefix}],
-                                 add_generation_prompt=False, continue_final_message=True, date=RWKU_DATE)
-        else:
-            prompt = render_chat(tokenizer, turn, add_generation_prompt=True, date=RWKU_DATE)
+        opening = [{"role": "assistant", "content": prefix}] if prefix else []   # lm-eval's gen_prefix rendering
+        prompt = render_chat(tokenizer, [*turn, *opening], add_generation_prompt=not prefix,
+                             continue_final_message=bool(prefix), date=RWKU_DATE)
         text = render_chat(tokenizer, [*turn, {"role": "assistant", "content": reply}], add_generation_prompt=False,
                            date=RWKU_DATE)
         return QATexts(prompt, text, prompt, adds_special_tokens(tokenizer, text), True)

@@ -217,6 +217,7 @@ class CRULM(HFLM):
         self.router_sources: list[str] = []
         self.bundles: list = []
         self._router_handle = None
+        self._dropped_stop_ids: dict[tuple, list[int]] = {}   # stop list -> ids (`dropped_stop_ids`)
         if entries:
             self.bundles = bundles
             self.router_sources = [str(e) if isinstance(e, (str, Path)) else repr(e) for e in entries]
@@ -453,12 +454,11 @@ class CRULM(HFLM):
         (RWKU's newline stop), and the tokenizer's EOS itself (lm-eval adds it to every `until`; `generate` already
         ends there unless the model's generation config names other EOS ids)."""
         key = tuple(stop or ())
-        cache = self.__dict__.setdefault("_dropped_stop_ids", {})
-        if key not in cache:   # get_vocab() builds the whole vocabulary: once per stop list, not per batch
+        if key not in self._dropped_stop_ids:   # get_vocab() builds the whole vocabulary: once per stop list
             vocab = self.tokenizer.get_vocab()
             ids = [vocab[s] for s in key if s in vocab]
-            cache[key] = [i for i in ids if self.tokenizer.decode([i], skip_special_tokens=True) == ""]
-        return cache[key]
+            self._dropped_stop_ids[key] = [i for i in ids if self.tokenizer.decode([i], skip_special_tokens=True) == ""]
+        return self._dropped_stop_ids[key]
 
     def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs):
         """HFLM's generation, each sequence cut at its first dropped stop id (`dropped_stop_ids`): the rest is

@@ -222,17 +222,19 @@ def aggregate(results: list[dict], benchmark: str) -> list[dict]:
     return rows
 
 
+def _tasks_unavailable(result: dict) -> dict:
+    """The tasks a cell could not run, with why (`details.tasks_unavailable`)."""
+    return (result.get("details") or {}).get("tasks_unavailable") or {}
+
+
 def _partial_tasks(results: list[dict]) -> list[str]:
     """A note for tasks some cells of a row could not run (RWKU utility beyond target 10): their means cover fewer
     targets than the row's other columns."""
-    def unavailable(result):
-        return (result.get("details") or {}).get("tasks_unavailable", {})
-
     notes = []
-    for task in sorted({t for r in results for t in unavailable(r)}):
-        lacking = sorted({r.get("target") for r in results if task in unavailable(r)})
+    for task in sorted({t for r in results for t in _tasks_unavailable(r)}):
+        lacking = sorted({r.get("target") for r in results if task in _tasks_unavailable(r)})
         notes.append(f"{task}: no data for target(s) {', '.join(map(str, lacking))}, "
-                     f"mean over {sum(task not in unavailable(r) for r in results)} cell(s)")
+                     f"mean over {sum(task not in _tasks_unavailable(r) for r in results)} cell(s)")
     return notes
 
 
@@ -241,7 +243,7 @@ def _partial_columns(results: list[dict], derived: list[dict], columns: list[Col
     lack): the mean is over the cells that have it, and the table says so rather than averaging silently. Cells
     with a task they could not run are noted by `_partial_tasks` instead (not twice)."""
     notes = []
-    explained = [bool((r.get("details") or {}).get("tasks_unavailable")) for r in results]
+    explained = [bool(_tasks_unavailable(r)) for r in results]
     for column in columns:
         n = sum(stats.is_number(d.get(column.key)) for d in derived)
         if 0 < n and any(not stats.is_number(d.get(column.key)) and not e for d, e in zip(derived, explained)):
