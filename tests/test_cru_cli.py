@@ -146,6 +146,9 @@ def test_unlearn_benchmark_rwku_writes_question_rows_as_rwku_asks_them(setup, mo
     row = FORGET_ROWS[0]
     assert seen["forget"][0] == (f"Please briefly answer the following question.\nQuestion: {row['question']}\n"
                                  f"Answer: {row['answer']}")
+    # the paper's RWKU setting where a flag leaves it unset (lambda 50, d_r 256; --percentile 80 was given)
+    manifest = json.loads((root / "rwku" / "cru_bundle.json").read_text())
+    assert (manifest["lam"], manifest["d_r"], manifest["percentile"]) == (50, 256, 80)
     capsys.readouterr()
     argv = _unlearn_args(root / "no-such-model", forget, retain, root / "x", "--benchmark", "rwku",
                          "--prompt-format", "phi-1_5")

@@ -120,6 +120,25 @@ def test_plan_cells_and_hashes(tmp_path):
     assert not {c.hash for c in cells if c.method == "CRU"} & changed
 
 
+def test_a_cru_cell_without_a_setting_takes_the_papers_setting_of_its_benchmark(tmp_path):
+    """RWKU's CRU cells get the paper's RWKU setting (lambda 50, p 90, d_r 256) where the config leaves it unset, in
+    their hparams (so in their hashes); a stated value wins, and TOFU cells keep RouterTrainingConfig's defaults."""
+    from cru_harness.cru.train import RouterTrainingConfig
+
+    raw = base_config(tmp_path, benchmarks={"tofu": {"splits": ["forget01"]}, "rwku": {"targets": [1]}})
+    raw["methods"][1] = {"method": "CRU", "percentile": 85}
+    cells = {c.benchmark: c for c in build_plan(cfg.validate_config(raw)) if c.method == "CRU" and c.seed == 0}
+    assert cells["rwku"].hparams == {"lam": 50, "percentile": 85, "d_r": 256}
+    assert cells["tofu"].hparams == {"percentile": 85}
+    config = RouterTrainingConfig(**cells["rwku"].hparams)
+    assert (config.lam, config.percentile, config.d_r) == (50, 85, 256)
+    # every key names a RouterTrainingConfig field, and the TOFU setting is the dataclass's own
+    assert set(cfg.CRU_BENCHMARK_DEFAULTS) == set(cfg.BENCHMARKS) and cfg.CRU_BENCHMARK_DEFAULTS["tofu"] == {}
+    assert set(cfg.CRU_BENCHMARK_DEFAULTS["rwku"]) <= set(cfg.METHOD_HPARAMS["CRU"])
+    tofu = RouterTrainingConfig()
+    assert (tofu.lam, tofu.percentile, tofu.d_r) == (1.0, 95.0, 32)
+
+
 def test_a_tofu_model_family_fixes_the_tofu_cells_format_and_leaves_rwku_on_the_chat_template(tmp_path):
     """open-unlearning's Llama-2-7b-chat config writes `[INST] q [/INST]`, not the chat template: the runner
     trains and evaluates the TOFU cells that way (no --apply_chat_template), while RWKU keeps the template."""

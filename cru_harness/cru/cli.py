@@ -34,10 +34,13 @@ def register(subparsers) -> None:
     unlearn.add_argument("--blocks", default=None,
                          help="comma-separated block indices to gate (negative = from the end); overrides --last-k")
     unlearn.add_argument("--last-k", type=int, default=4, help="gate the last K decoder blocks (default 4)")
-    unlearn.add_argument("--percentile", type=float, default=95.0, help="variance percentile p (default 95)")
+    unlearn.add_argument("--percentile", type=float, default=None,
+                         help="variance percentile p (default: the paper's, 95; 90 with --benchmark rwku)")
     unlearn.add_argument("--selection", choices=("variance", "random"), default="variance")
-    unlearn.add_argument("--d-r", type=int, default=32, help="router bottleneck width (default 32)")
-    unlearn.add_argument("--lambda", dest="lam", type=float, default=1.0, help="retain weight λ (default 1)")
+    unlearn.add_argument("--d-r", type=int, default=None,
+                         help="router bottleneck width (default: the paper's, 32; 256 with --benchmark rwku)")
+    unlearn.add_argument("--lambda", dest="lam", type=float, default=None,
+                         help="retain weight λ (default: the paper's, 1; 50 with --benchmark rwku)")
     unlearn.add_argument("--epochs", type=int, default=5)
     unlearn.add_argument("--lr", type=float, default=1e-3)
     unlearn.add_argument("--batch-size", type=int, default=8)
@@ -113,11 +116,15 @@ def run_unlearn(args: argparse.Namespace) -> int:
     forget_rows = _corpus_rows(args.forget, args.data_dir, "forget")
     retain_rows = _corpus_rows(args.retain, args.data_dir, "retain")
 
+    from cru_harness.runner.config import CRU_BENCHMARK_DEFAULTS
+
     from .train import RouterTrainingConfig, train_routers
 
+    given = {name: getattr(args, name) for name in ("percentile", "d_r", "lam") if getattr(args, name) is not None}
     config = RouterTrainingConfig(
-        last_k=args.last_k, blocks=_parse_blocks(args.blocks), percentile=args.percentile,
-        selection=args.selection, d_r=args.d_r, lam=args.lam, epochs=args.epochs, lr=args.lr,
+        **{**CRU_BENCHMARK_DEFAULTS[args.benchmark], **given},   # the paper's setting for --benchmark
+        last_k=args.last_k, blocks=_parse_blocks(args.blocks),
+        selection=args.selection, epochs=args.epochs, lr=args.lr,
         batch_size=args.batch_size, max_length=args.max_length, seed=args.seed, input_norm=args.input_norm,
         suppress_loss=args.suppress_loss, pass_loss=args.pass_loss,
         exclude_top_magnitude=args.exclude_top_magnitude, gate_site=args.gate_site,

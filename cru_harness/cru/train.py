@@ -38,7 +38,8 @@ from .sites import validate_gate_site
 
 @dataclass
 class RouterTrainingConfig:
-    """Hyper-parameters of `train_routers` (defaults follow the TOFU setting of `cru_method.md`)."""
+    """Hyper-parameters of `train_routers` (defaults follow the TOFU setting of `cru_method.md`; the RWKU setting
+    differs in `runner.config.CRU_BENCHMARK_DEFAULTS`)."""
     last_k: int = 4
     blocks: list[int] | None = None
     percentile: float = 95.0

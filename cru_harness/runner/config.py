@@ -60,6 +60,10 @@ METHOD_HPARAMS: dict[str, tuple[str, ...]] = {
     "ICU": (),                                             # prompt-only: no training at all
     "PURGE": (),                                           # published checkpoints: nothing to tune
 }
+#: CRU's settings per benchmark where the paper's RWKU setting differs from its TOFU one (paper: lambda 50, p 90,
+#: d_r 256 on RWKU; `RouterTrainingConfig`'s defaults are the TOFU setting). A CRU cell, and `cru-harness unlearn
+#: --benchmark`, take them where the config or the flags leave them unset. Static, as METHOD_HPARAMS.
+CRU_BENCHMARK_DEFAULTS: dict[str, dict[str, Any]] = {"tofu": {}, "rwku": {"lam": 50, "percentile": 90, "d_r": 256}}
 # Aliases accepted in configs (the paper writes lambda and lr); results record the canonical names.
 _BASELINE_ALIASES = {"lr": "learning_rate", "epochs": "num_epochs"}
 HPARAM_ALIASES = {"CRU": {"lambda": "lam"}, **{m: _BASELINE_ALIASES for m in ("GA", "GD", "NPO", "SimNPO", "IdkDPO")}}

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .config import PROMPTING_DEFAULTS, ExperimentConfig, MethodSpec, ModelSpec
+from .config import CRU_BENCHMARK_DEFAULTS, PROMPTING_DEFAULTS, ExperimentConfig, MethodSpec, ModelSpec
 
 HASH_SCHEMA = 1          # bump when the meaning of a resolved cell changes (invalidates caches)
 HASH_LENGTH = 16
@@ -171,6 +171,8 @@ def pending_selections(config: ExperimentConfig, selected_targets: dict[str, lis
 def _method_cells(config: ExperimentConfig, method: MethodSpec, common: dict, split, target) -> Iterable[Cell]:
     bench = common["benchmark"]
     hparams = method.hparams_for(bench, split)
+    if method.method == "CRU":   # in the cell's hparams, so its hash says which setting it trained with
+        hparams = {**CRU_BENCHMARK_DEFAULTS[bench], **hparams}
     corpora = {}
     if method.method not in SEEDLESS_METHODS:
         for key in ("forget_corpus", "retain_corpus"):
