@@ -30,7 +30,7 @@ torch.set_num_threads(1)  # 2 shared cores: as tests/test_runner_e2e.py, one thr
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STUDIES = REPO_ROOT / "configs" / "studies"
-NAMES = ("percentile", "lambda", "random_control", "blocks", "overlap", "gate_gap", "loss_shape", "options",
+NAMES = ("percentile", "lambda", "random_control", "blocks", "overlap", "gate_gap", "loss_shape", "options", "router_lr",
          "options_report")
 
 
@@ -295,7 +295,8 @@ def tiny_study(name: str, out: Path, *, seeds=(0,), keep=None) -> Path:
     for method in raw["methods"]:
         method.pop("overrides", None)
         if method["method"] == "CRU":
-            method.update(d_r=8, epochs=1, lr=1e-2)
+            method.update(d_r=8, epochs=1)
+            method.setdefault("lr", 1e-2)   # a study that sweeps the learning rate keeps its values
             if "blocks" in method:
                 method["blocks"] = [b % 8 for b in method["blocks"]][:2]
             method["last_k"] = min(method.get("last_k", 4), 8)
@@ -435,6 +436,27 @@ def test_options_study_end_to_end(tmp_path):
     ratios = {r["label"]: json.loads((Path(r["artifacts"]["routers"]) / "cru_bundle.json").read_text())
               ["training"]["retain_batch_ratio"] for r in _results(out) if r["kind"] == "method" and r["method"] == "CRU"}
     assert ratios["CRU-retain-batch4"] == 4 and ratios["CRU-paper"] == 1
+
+
+@pytest.mark.slow
+def test_router_lr_study_trains_at_each_learning_rate_and_the_report_applies_the_rule(tmp_path):
+    """configs/studies/router_lr_cpu.yaml end to end on the tiny testbed: each cell's routers trained at its own
+    learning rate, and the report chooses by cru_harness.reporting.router_lr (the objective, not the table)."""
+    from cru_harness.reporting.router_lr import router_lr_choices
+
+    out = tmp_path / "router_lr_cpu"
+    assert main(["study", str(tiny_study("router_lr_cpu", out))]) == 0
+    _check_sweep(out, ["CRU-lr1e-5", "CRU-lr1e-2"])
+    results = [r for r in _results(out) if r["kind"] == "method"]
+    trained = {json.loads((Path(r["artifacts"]["routers"]) / "cru_bundle.json").read_text())["training"]["lr"]
+               for r in results}
+    assert trained == {1e-5, 1e-2}
+    (entry,) = router_lr_choices(results)
+    assert entry["chosen"] in (1e-5, 1e-2) and [row["seeds"] for row in entry["rows"]] == [1, 1]
+    assert main(["report", str(out), "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert f"Chosen: **{entry['chosen']:g}** (the lowest median objective)" in report
+    assert list((out / "study").glob("sweep_*.png"))
 
 
 def test_reduced_options_study_trains_the_retain_cover_option_on_its_own_corpus(tmp_path):

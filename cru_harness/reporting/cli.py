@@ -117,6 +117,7 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
     from ..runner.cache import atomic_write_json, atomic_write_text, load_results
     from ..runner.provenance import provenance_lines
     from .lr_sweep import sweep_markdown
+    from .router_lr import router_lr_markdown
 
     # first: a mistyped run directory creates nothing
     results = tables.split_label_variants(tables.fill_forget_quality(load_results(*dirs)))
@@ -145,6 +146,7 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
             summary += tables.regime_check_markdown(results)
         of_benchmark = [r for r in results if r.get("benchmark") == benchmark]
         summary += sweep_markdown(of_benchmark)
+        summary += router_lr_markdown(of_benchmark)
         for status in ("unavailable", "failed"):
             for r in (r for r in of_benchmark if r.get("status") == status):
                 summary.append(f"- {status}: {r['model']} {r.get('unit')} {r['label']}: {r.get('reason')}")

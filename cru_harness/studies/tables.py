@@ -246,7 +246,7 @@ def plot_study(rows: list[dict], out_dir: Path, *, title: str, x: str | None = N
             right.set_ylim(-0.02, 1.02)
             right.legend(fontsize=8)
             right.set_title("mean gates", fontsize=9)
-            if x == "lam" and max(xs) / max(min(xs), 1e-9) >= 20:
+            if min(xs) > 0 and max(xs) / min(xs) >= 20:   # lambda, learning rates: decades apart
                 left.set_xscale("log")
                 right.set_xscale("log")
             fig.suptitle(f"{title} · {block}", fontsize=9)
