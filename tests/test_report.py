@@ -214,6 +214,25 @@ def test_report_cli(tmp_path, capsys):
     assert not (tmp_path / "nothing").exists()   # a mistyped directory is not created (with a report/ inside)
 
 
+def test_a_cell_file_that_is_not_valid_is_named_once_and_in_the_report_and_no_cells_is_an_error(tmp_path, capsys):
+    """A truncated result.json drops its cell from every table: the console names it once, and report.md's
+    provenance says so (the tables change, so the report must). A directory without one valid cell is refused."""
+    from cru_harness.cli import main
+
+    results = synthetic_blocks()
+    write_cells(tmp_path / "run", results)
+    damaged = tmp_path / "run" / "cells" / results[0]["hash"] / "result.json"
+    damaged.write_text(damaged.read_text()[:40])
+    assert main(["report", str(tmp_path / "run"), "--no-plots", "--formats", "md"]) == 0
+    assert capsys.readouterr().err.count(f"{damaged} is not a valid cell file") == 1
+    report = (tmp_path / "run" / "report" / "report.md").read_text()
+    assert "**1 cell file(s) are not valid**" in report and f"{damaged} (unreadable" in report
+    (tmp_path / "empty" / "cells").mkdir(parents=True)
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert "no valid cell results under" in capsys.readouterr().err
+    assert not (tmp_path / "empty" / "report").exists()
+
+
 def test_a_label_run_under_two_settings_is_two_rows_never_one_average(tmp_path):
     """A config edited between runs into one directory (here GA's learning rate) leaves cells of one label with
     different settings: the report names each variant's setting and never averages them."""

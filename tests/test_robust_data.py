@@ -147,6 +147,17 @@ def test_score_checks_its_output_dir_first(tmp_path, capsys):
                                        "not a directory\n")
 
 
+def test_score_checks_the_original_model_path_before_reading_runs(tmp_path, capsys):
+    from cru_harness.cli import main
+
+    model = write_run(tmp_path / "m", suite([1.0, 2.0]))
+    missing = tmp_path / "no-such-model"
+    assert main(["score", str(model), "--original-model", str(missing)]) == 2
+    assert capsys.readouterr().err == (f"cru-harness score: error: --original-model {missing} does not exist (no "
+                                       "such directory)\n")
+    assert not (model / "scores.json").exists()
+
+
 def test_refusal_phrases_fall_back_only_without_a_local_copy(tmp_path, monkeypatch):
     """No local TOFU and no Hub: the default stems, said in the note. A local copy without idontknow.jsonl: an
     error naming the file, not a silent change of the refusal class."""

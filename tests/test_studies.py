@@ -69,6 +69,8 @@ def _raw(**study):
     ({**_raw(), "study": None}, "study"),
     (_raw(kind="sweeps"), "study.kind"),
     (_raw(collapse_line=True), "study.collapse_line"),          # the line needs x: lam
+    (_raw(x="lamda"), "study.x"),                                # not a CRU hyperparameter: no x column, no plot
+    (_raw(x="lam", collapse_line="yes please"), "study.collapse_line"),
     (_raw(x="lam", examples=[1]), "study.examples"),
     (_raw(colour="red"), "study.colour"),
     (_raw(note=""), "study.note"),
@@ -81,6 +83,12 @@ def test_bad_study_blocks_name_the_key(raw, key):
     with pytest.raises(ConfigError) as err:
         validate_study(raw, source="s.yaml")
     assert err.value.key == key
+
+
+def test_a_sweeps_x_may_use_the_alias_the_methods_use_and_is_read_by_its_recorded_name():
+    assert validate_study(_raw(x="lambda")).spec.x == "lam"   # results record `lam`: the table reads that column
+    with pytest.raises(ConfigError, match="expected true or false, got 'yes please'"):
+        validate_study(_raw(x="lam", collapse_line="yes please"))
 
 
 def test_study_cli_reports_a_bad_config_in_one_line(tmp_path, capsys):

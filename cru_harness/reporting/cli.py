@@ -5,6 +5,7 @@ import argparse
 from collections import defaultdict
 from pathlib import Path
 
+from ..errors import MissingInputError
 from ..runner.cache import read_recorded_json
 from . import stats, tables
 
@@ -49,7 +50,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         settings = report_settings({**settings, "formats": formats}, "--formats")
     print(f"report settings: {origin}{'; --formats given' if args.formats is not None else ''}")
     write_report(dirs, out, formats=settings["formats"], plots=settings["plots"] and not args.no_plots,
-                 stats=settings["stats"])
+                 stats=settings["stats"], require_cells=True)
     return 0
 
 
@@ -112,8 +113,10 @@ def target_selection_markdown(dirs) -> list[str]:
     return lines
 
 
-def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, stats=True, log=print) -> dict:
-    """Write the whole report for the cells under `dirs`. Returns {name: path}."""
+def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, stats=True, log=print,
+                 require_cells: bool = False) -> dict:
+    """Write the whole report for the cells under `dirs`. Returns {name: path}. `require_cells`: refuse, in one
+    line, directories without one valid cell result (`cru-harness report`; a run reports whatever it has)."""
     from ..runner.cache import atomic_write_json, atomic_write_text, load_results
     from ..runner.provenance import provenance_lines
     from .lr_sweep import sweep_markdown
@@ -121,6 +124,8 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
 
     # first: a mistyped run directory creates nothing
     results = tables.split_label_variants(tables.fill_forget_quality(load_results(*dirs)))
+    if require_cells and not results:   # an empty report would read as a run with nothing in it
+        raise MissingInputError(f"no valid cell results under {', '.join(str(d) for d in dirs)}: nothing to report")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written: dict[str, str] = {}

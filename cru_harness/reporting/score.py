@@ -472,6 +472,10 @@ def run_score(args: argparse.Namespace) -> int:
         from cru_harness.locations import check_output_dir
 
         check_output_dir(args.output_dir, what="--output-dir", allow_existing=True)
+    if args.original_model is not None:   # a missing directory in one line, before any run is read
+        from cru_harness.locations import check_model_path
+
+        check_model_path(args.original_model, what="--original-model")
     report = score_runs(
         args.runs, retain_run=args.retain_run, retain_per_item=args.retain_per_item,
         original_model=args.original_model, data_dir=args.data_dir, device=args.device,

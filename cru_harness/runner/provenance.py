@@ -240,10 +240,11 @@ def provenance_lines(dirs) -> list[str]:
     from .cache import CellStore
 
     current = code_version()
-    stale, dirty, records = [], [], []
+    stale, dirty, records, invalid = [], [], [], {}
     for directory in dirs:
         directory = Path(directory)
-        store = CellStore(directory.parent if directory.name == "cells" else directory)
+        # silent: the report's reading of the same cells (load_results) has already warned about bad files
+        store = CellStore(directory.parent if directory.name == "cells" else directory, log=lambda _message: None)
         for cell_hash, result in store.iter_results():
             record = store.load_record(cell_hash) or {}
             records.append(record)
@@ -252,10 +253,15 @@ def provenance_lines(dirs) -> list[str]:
                 stale.append(label)
             if (record.get("git") or {}).get("dirty"):
                 dirty.append(label)
-    if not records:
+        invalid.update(store.invalid)
+    if not records and not invalid:
         return []
     total = len(records)
     lines = ["## Provenance", "", f"This checkout's code version: {current}."]
+    if invalid:   # a cell the tables silently lacked would change them without a word
+        lines.append(f"- **{len(invalid)} cell file(s) are not valid**: a cell whose result.json is among them is left "
+                     "out of every table, and `cru-harness run` recomputes it: " + "; ".join(f"{path} ({problem})" for path, problem in
+                                                          sorted(invalid.items())))
     for version, commits in sorted(code_commits(records).items()):
         lines.append(f"- code version {version}: commit {', '.join(sorted(commits))}")
     if stale:

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from ..errors import MissingInputError
-from ..runner.config import ConfigError, ExperimentConfig, validate_config
+from ..runner.config import HPARAM_ALIASES, METHOD_HPARAMS, ConfigError, ExperimentConfig, validate_config
 
 KINDS = ("sweep", "overlap", "gate_gap")
 _KEYS = ("kind", "title", "x", "collapse_line", "examples", "rows", "scale", "note")
@@ -64,10 +64,15 @@ def validate_study(raw: Any, source: str | None = None) -> Study:
     if not isinstance(title, str):
         _fail("title", f"expected a string, got {title!r}", source)
     x = block.get("x")
-    if x is not None and (kind != "sweep" or not isinstance(x, str)):
-        _fail("x", "a sweep's x axis: the name of a CRU hyperparameter (e.g. lam, percentile)", source)
+    if x is not None:
+        x = HPARAM_ALIASES["CRU"].get(x, x) if isinstance(x, str) else x   # `lambda`: the name results record
+        if kind != "sweep" or x not in METHOD_HPARAMS["CRU"]:
+            _fail("x", f"a sweep's x axis: the name of a CRU hyperparameter ({', '.join(METHOD_HPARAMS['CRU'])}), "
+                  f"got {block['x']!r}", source)
     collapse = block.get("collapse_line", False)
-    if not isinstance(collapse, bool) or (collapse and x != "lam"):
+    if not isinstance(collapse, bool):
+        _fail("collapse_line", f"expected true or false, got {collapse!r}", source)
+    if collapse and x != "lam":
         _fail("collapse_line", "true only with x: lam (the line 1 - 1/(2 lam) is a function of lambda)", source)
     examples = block.get("examples", [40, "all"])
     if not isinstance(examples, list) or not examples or not all(
