@@ -74,6 +74,10 @@ def test_unlearn_bad_inputs_are_plain_errors(setup, capsys):
         (_unlearn_args(base, empty, retain, root / "x"), "empty"),
         (_unlearn_args(base, forget, retain, root / "x") + ["--percentile", "100"], "percentile"),
         (_unlearn_args(root / "no-such-model", forget, retain, root / "x"), "no-such-model"),
+        # the seed rule of configs' `seeds` (runner.config.seed_problem), not accelerate's or numpy's traceback
+        (_unlearn_args(base, forget, retain, root / "x") + ["--seed", "99999999999999999999999"],
+         "--seed must be an integer from 0 to 2**32 - 1, got 99999999999999999999999"),
+        (_unlearn_args(base, forget, retain, root / "x") + ["--seed", "-1"], "--seed must be an integer from 0"),
         (["inspect", str(root)], "cru_bundle.json is missing"),
     ]
     for argv, message in cases:

@@ -10,6 +10,7 @@ import torch
 import cru_harness.finetune.train as ft_train
 from cru_harness.baselines.data import IGNORE_INDEX, encode_qa
 from cru_harness.cli import main
+from cru_harness.errors import InputError
 from cru_harness.finetune import FinetuneConfig, QADataset, finetune
 from cru_harness.locations import OutputLocationError
 from cru_harness.testbed.models import build_tiny_model, save_tiny_model
@@ -95,6 +96,40 @@ def test_existing_output_is_refused_before_training(checkpoint, rows_file, tmp_p
         finetune(str(checkpoint), str(rows_file), out, config=fast())
     code = main(["finetune", "--model", str(checkpoint), "--data", str(rows_file), "--out", str(out)])
     assert code == 2 and (out / "keep.txt").exists()
+
+
+def test_recipe_values_are_checked_where_every_front_end_builds_them():
+    """FinetuneConfig is a BaselineConfig: a value AdamW or the schedule cannot use is refused when the config is
+    built (the runner, `cru-harness finetune` and the baselines' API all build one), naming the field. Weight
+    decay reaches AdamW per parameter group, which torch does not check."""
+    for field, value, message in [("weight_decay", -1, "weight_decay: must be >= 0, got -1"),
+                                  ("warmup_epochs", -0.5, "warmup_epochs: must be >= 0, got -0.5"),
+                                  ("warmup_steps", -1, "warmup_steps: must be >= 0, got -1"),
+                                  ("max_grad_norm", 0, "max_grad_norm: must be > 0, got 0"),
+                                  ("adam_eps", 0, "adam_eps: must be > 0, got 0"),
+                                  ("adam_betas", (0.9, 1.0), "adam_betas: expected two numbers in [0, 1)"),
+                                  ("num_epochs", 0, "num_epochs: must be >= 1, got 0"),
+                                  ("learning_rate", 0, "learning_rate: must be > 0, got 0")]:
+        with pytest.raises(InputError) as info:
+            fast(**{field: value})
+        assert str(info.value).startswith(message), str(info.value)
+    c = fast(warmup_steps=None, max_grad_norm=None, weight_decay=0, warmup_epochs=0)  # None: unset, as documented
+    assert (c.warmup_steps, c.max_grad_norm) == (None, None)
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--weight-decay", "-1", "weight_decay: must be >= 0, got -1.0"),
+    ("--warmup-epochs", "-1", "warmup_epochs: must be >= 0, got -1.0"),
+    ("--seed", "-1", "--seed must be an integer from 0 to 2**32 - 1, got -1"),
+    ("--seed", str(2**32), f"--seed must be an integer from 0 to 2**32 - 1, got {2**32}"),
+])
+def test_cli_refuses_a_bad_value_in_one_line_before_training(flag, value, message, checkpoint, rows_file, tmp_path,
+                                                            capsys, monkeypatch):
+    monkeypatch.setattr(ft_train, "load_causal_lm", lambda *a, **k: pytest.fail("loaded a model before checking"))
+    out = tmp_path / "ft"
+    code = main(["finetune", "--model", str(checkpoint), "--data", str(rows_file), "--out", str(out), flag, value])
+    assert code == 2 and capsys.readouterr().err == f"cru-harness finetune: error: {message}\n"
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("prompt_format", ["plain", "Llama-2-7b-chat-hf"])

@@ -64,6 +64,54 @@ def test_dry_run_shows_what_is_loaded_and_trust_remote_code(tmp_path, capsys):
     assert "models[1].trust_remote_code: expected true or false" in capsys.readouterr().err
 
 
+def test_dry_run_warns_of_a_local_model_or_a_device_this_machine_lacks(tmp_path, capsys, monkeypatch):
+    """The dry run, which validates without loading a model, says in one line each what would fail a run's cells
+    on this machine: a local model path that is not a model directory (locations.check_model_path), a device it
+    lacks (devices.resolve_device, the rule the cells load models by). Warnings, exit 0: the plan may be for
+    another machine."""
+    import torch
+
+    from cru_harness import devices
+    from cru_harness.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(devices, "load_causal_lm", lambda *a, **k: pytest.fail("the dry run loaded a model"))
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "config.json").write_text("{}")
+    raw = raw_config(tmp_path, retain={"checkpoint": str(good)})
+    raw["models"] += [{"name": "n", "path": str(good)}, {"name": "h", "path": "org/model"}]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["run", str(path), "--dry-run"]) == 0
+    assert capsys.readouterr().err == ""   # a built-in model, a model directory, a Hub id: nothing to say
+    raw["device"] = "cuda"
+    raw["models"][0]["retain"] = {"checkpoint": str(tmp_path / "gone")}
+    raw["models"][1]["path"] = str(tmp_path)   # a directory, but no model's
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["run", str(path), "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert "experiment t: " in out  # still planned
+    prefix = f"warning: a run on this machine would fail: {path}: "
+    lines = err.splitlines()
+    assert lines[:2] == [
+        f"{prefix}models[0].retain.forget01: model {tmp_path / 'gone'} does not exist (no such directory)",
+        (f"{prefix}models[1]: model directory {tmp_path} holds no config.json: not a Hugging Face model "
+         "checkpoint (save one with save_pretrained)")]
+    assert len(lines) == 3 and lines[2].startswith(f"{prefix}device: device 'cuda': ") and "CUDA" in lines[2]
+
+
+@pytest.mark.parametrize("extra", [[], ["--output-dir", "out"]])
+def test_a_config_that_is_not_a_mapping_is_one_line(tmp_path, capsys, extra):
+    from cru_harness.cli import main
+
+    path = tmp_path / "list.yaml"
+    path.write_text("- name: t\n- models: []\n")
+    assert main(["run", str(path), *extra]) == 2
+    assert capsys.readouterr().err == (f"cru-harness run: error: {path}: expected a mapping of settings (name, "
+                                       "models, benchmarks, methods, ...) at the top level, got a list\n")
+
+
 def test_cru_prefix_cache_hparams_are_validated(tmp_path):
     """CRU's prefix-cache switches are hyperparameters a config may set (the runner passes them to
     RouterTrainingConfig); a quoted boolean or an unknown placement is refused naming the key."""

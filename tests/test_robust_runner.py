@@ -239,3 +239,20 @@ def test_only_runs_the_named_methods_cells_and_keeps_the_plan_whole(tmp_path, ca
     assert main(["run", str(write_config(tmp_path)), "--only", "GA,Nope", "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'Nope' is not a method label" in err[0] and "its labels: " in err[0]
+
+
+def test_an_unknown_only_label_is_refused_before_anything_slow(tmp_path, monkeypatch):
+    """`--only` is checked against the config's labels before the testbed models are built (minutes) or anything
+    is locked or written; a label the plan only has once RWKU targets are chosen (Original) is known already."""
+    from cru_harness.errors import InputError
+    from cru_harness.runner import models
+    from cru_harness.runner.cli import check_only
+
+    monkeypatch.setattr(models, "prebuild_local_models", lambda *a, **k: pytest.fail("built models before --only"))
+    config = cfg.load_config(write_config(tmp_path))
+    with pytest.raises(InputError, match=r"--only 'GAA': 'GAA' is not a method label of .*its labels: Original, GA"):
+        run_config(config, only="GAA", report=False, log=lambda _: None)
+    assert not config.output_dir.exists()
+    pending = cfg.load_config(write_config(tmp_path, benchmarks={"rwku": {"targets": "1-3", "select_known": {"top": 1}}},
+                                           methods=[{"method": "GA"}]))
+    assert check_only("Original,GA", pending) == ["Original", "GA"]

@@ -58,6 +58,14 @@ def base_config(tmp_path, **extra):
     (lambda r: r.update(evaluation={"rwku_preset": "paper"}), "evaluation", "valid: reference"),
     (lambda r: r.update(evaluation={"tofu_model_family": "llama2-7b"}), "evaluation",
      "valid: Llama-2-7b-chat-hf, Llama-2-7b-hf, Llama-2-13b-hf, phi-1_5"),
+
+    # bounds a trained cell would otherwise hit only after its models were built
+    (lambda r: r["methods"][0].update(num_epochs=0), "methods[0].num_epochs", "must be >= 1, got 0"),
+    (lambda r: r["methods"][0].update(lr=0), "methods[0].lr", "must be > 0, got 0"),
+    (lambda r: r["methods"][1].update(percentile=0), "methods[1].percentile", "must be > 0, got 0"),
+    (lambda r: r["methods"][0].update(adam_betas=[0.9, 1.0]), "methods[0].adam_betas", "two numbers in [0, 1)"),
+    (lambda r: r.update(seeds=[0, -1]), "seeds[1]", "must be an integer from 0 to 2**32 - 1, got -1"),
+    (lambda r: r.update(seeds=[2**32]), "seeds[0]", "must be an integer from 0 to 2**32 - 1"),
 ])
 def test_config_errors_name_the_key(tmp_path, mutate, key, words):
     raw = base_config(tmp_path)
@@ -98,6 +106,57 @@ def test_static_hparams_match_the_dataclasses():
     runner_set = {"seed", "forget_description", "retain_description", "progress"}
     fields = {f.name for f in dataclasses.fields(RouterTrainingConfig)} - runner_set
     assert set(cfg.METHOD_HPARAMS["CRU"]) == fields
+
+
+def test_config_bounds_agree_with_the_dataclasses():
+    """A hyperparameter value the config accepts is one the method's dataclass accepts, so no cell fails on it after
+    its models were built; the baselines' dataclass reads the config's own table, so for them the reverse holds
+    too (a config never refuses what the Python API takes)."""
+    from cru_harness.baselines.registry import get_method
+    from cru_harness.cru.train import RouterTrainingConfig
+    from cru_harness.errors import InputError
+
+    def config_accepts(method, key, value):
+        raw = {"name": "t", "models": [{"name": "m", "path": "zoo:llama"}], "benchmarks": {"tofu": {}},
+               "methods": [{"method": method, key: value}]}
+        try:
+            return cfg.validate_config(raw).methods[0].hparams[key]
+        except cfg.ConfigError as err:
+            assert err.key == f"methods[0].{key}", str(err)
+            return "refused"
+
+    def dataclass_accepts(klass, key, value):
+        try:
+            klass(**{key: value})
+            return True
+        except InputError:
+            return False
+
+    probes = [-1, 0, 1e-9, 0.5, 1, 2.5, 7, 8, 99.5, 100, 2**40, float("nan"), None, [0.9, 0.999], [0.9, 1]]
+    for name in ("GA", "GD", "NPO", "SimNPO", "IdkDPO", "CRU"):
+        klass = RouterTrainingConfig if name == "CRU" else get_method(name).Config
+        numeric = [k for k in cfg.METHOD_HPARAMS[name] if k in cfg.HPARAM_BOUNDS or k == "adam_betas"]
+        assert numeric, name
+        for key in numeric:
+            for value in probes:
+                accepted = config_accepts(name, key, value)
+                if accepted != "refused":
+                    assert dataclass_accepts(klass, key, accepted), (name, key, value)
+                elif name != "CRU":
+                    assert not dataclass_accepts(klass, key, value), (name, key, value)
+
+
+def test_one_seed_rule_for_configs_and_commands(tmp_path):
+    from cru_harness.errors import InputError
+
+    for seed in (0, 2**32 - 1):
+        assert cfg.validate_config(base_config(tmp_path, seeds=[seed])).seeds == (seed,)
+        assert cfg.check_seed(seed) == seed
+    for seed in (-1, 2**32, 10**23, 1.5, True):
+        with pytest.raises(cfg.ConfigError, match=r"seeds\[0\]: must be an integer from 0 to 2\*\*32 - 1"):
+            cfg.validate_config(base_config(tmp_path, seeds=[seed]))
+        with pytest.raises(InputError, match=r"^--seed must be an integer from 0 to 2\*\*32 - 1"):
+            cfg.check_seed(seed)
 
 
 # ------------------------------------------------------------------------------------------- plan + hashing
@@ -366,10 +425,18 @@ def test_purge_offline_is_reported_per_target_not_raised(tmp_path):
 # ------------------------------------------------------------------------------------------- dry runs
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_dry_run_on_every_shipped_config(path, capsys):
+    import torch
+
     from cru_harness.cli import main
 
     assert main(["run", str(path), "--dry-run", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
+    # Warned, not refused: a GPU config still plans on a machine without CUDA, the paper's on one without its
+    # fine-tuned checkpoints; nothing else is missing.
+    lacks_cuda = yaml.safe_load(path.read_text()).get("device") == "cuda" and not torch.cuda.is_available()
+    assert lacks_cuda == any(": device: device 'cuda': " in problem for problem in plan["problems"])
+    for problem in plan["problems"]:
+        assert ": device: " in problem or (": model checkpoints/" in problem and "does not exist" in problem)
     # an RWKU-only config whose targets select_known picks plans its cells when the run starts
     assert plan["n_cells"] > 0 or plan["pending_selection"]
     assert len(plan["cells"]) == plan["n_cells"]

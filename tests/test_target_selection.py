@@ -196,9 +196,13 @@ def test_run_chooses_before_planning_and_report_shows_every_candidate(tmp_path, 
 def test_report_names_a_damaged_target_choice(tmp_path, capsys):
     """The report shows why the RWKU targets are these: a damaged choice file stops it with one line naming the
     file, instead of a traceback or a report silently without the choice."""
+    from cru_harness.runner.cache import CellStore
     from cru_harness.runner.targets import SELECTION_DIR
 
-    (tmp_path / "cells").mkdir()
+    original = {"hash": "c1", "kind": "original", "method": "Original", "label": "Original", "model": "smol",
+                "benchmark": "rwku", "split": None, "target": 1, "unit": "target1", "seed": None, "status": "ok",
+                "metrics": {"forget_fb": 0.5}}
+    CellStore(tmp_path).write("c1", original, {"hash": "c1"})   # a run with a cell: only the choice is damaged
     (tmp_path / SELECTION_DIR).mkdir()
     (tmp_path / SELECTION_DIR / "smol.json").write_text('{"chosen": [1')
     assert main(["report", str(tmp_path)]) == 2

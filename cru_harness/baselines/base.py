@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..errors import InputError
+from ..runner.config import HPARAM_BOUNDS, adam_betas_problem, bound_problem
 
 SCHEDULERS = ("linear", "cosine", "constant")
 MIXED_PRECISION = ("no", "fp16", "bf16")
@@ -54,9 +55,16 @@ class BaselineConfig:
             raise InputError(f"lr_scheduler {self.lr_scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
         if self.mixed_precision not in MIXED_PRECISION:
             raise InputError(f"mixed_precision {self.mixed_precision!r}: choose one of {', '.join(MIXED_PRECISION)}")
-        for name in ("learning_rate", "effective_batch_size", "micro_batch_size", "num_epochs", "max_length"):
-            if not getattr(self, name) > 0:
-                raise InputError(f"{name} must be positive, got {getattr(self, name)!r}")
+        # Every numeric field, a subclass's (alpha, beta, ...) too, by the runner config's table (kept there,
+        # torch-free, so validating a config imports no torch): a config, `cru-harness finetune` and this API
+        # refuse the same values. Weight decay, for one, reaches AdamW per parameter group, unchecked by torch.
+        for field in dataclasses.fields(self):
+            if field.name in HPARAM_BOUNDS:
+                problem = bound_problem(getattr(self, field.name), **HPARAM_BOUNDS[field.name])
+                if problem:
+                    raise InputError(f"{field.name}: {problem}")
+        if adam_betas_problem(self.adam_betas):
+            raise InputError(f"adam_betas: {adam_betas_problem(self.adam_betas)}")
         self.adam_betas = tuple(self.adam_betas)
 
     def gradient_accumulation_steps(self, num_processes: int = 1) -> int:

@@ -108,8 +108,10 @@ def run_unlearn(args: argparse.Namespace) -> int:
     from cru_harness.data.corpora import rows_to_texts
     from cru_harness.devices import load_causal_lm
     from cru_harness.locations import check_model_path, check_output_dir
+    from cru_harness.runner.config import check_seed
 
     # Everything that can be wrong with the inputs and the output is found before hours of training.
+    check_seed(args.seed)
     fmt = prompt_format_choice(args.prompt_format, benchmark=args.benchmark)
     check_output_dir(args.out, what="--out", overwrite=args.overwrite)
     check_model_path(args.base, what="--base")

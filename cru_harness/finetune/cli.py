@@ -38,6 +38,9 @@ def register(subparsers) -> None:
 
 
 def run_finetune(args: argparse.Namespace) -> int:
+    from ..runner.config import check_seed
+
+    check_seed(args.seed)
     fmt = prompt_format_choice(args.prompt_format)
     from accelerate.state import PartialState
 

@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..errors import InputError, MissingInputError, UserError
+from ..errors import InputError, MissingInputError, UserError, one_line
 
 # configs/ ships inside the package as cru_harness.configs, so the demo also runs from a wheel install.
 DEMO_CONFIG = Path(importlib.resources.files("cru_harness.configs") / "demo.yaml")
@@ -71,21 +71,58 @@ def add_only_argument(parser) -> None:
                              "fix to them); the other cells are left as they are, and the report covers all")
 
 
-def only_cells(cells, only: str | None, config) -> list:
-    """The cells whose method label is one of `only` (a comma-separated list); every cell when None. A label
-    that no method of the config has is an `InputError` naming the ones it has."""
-    if only is None:
-        return list(cells)
+def check_only(only: str, config) -> list[str]:
+    """The labels `only` names (a comma-separated list); one that no cell of the config can have is an
+    `InputError` naming the ones it has. Needs the config alone, so a run checks it before anything slow."""
+    from .plan import build_plan
+
     wanted = [label.strip() for label in only.split(",") if label.strip()]
-    # the config's labels too: a dry run whose RWKU targets are not chosen yet plans no RWKU cell
-    known = list(dict.fromkeys([cell.label for cell in cells] + [method.label for method in config.methods]))
+    # Planned as if every RWKU candidate were chosen: a config whose targets are chosen when the run starts
+    # still has its RWKU cells' labels (Original, ...). Planning touches no model.
+    every = {m.name: config.benchmarks["rwku"]["targets"] for m in config.models} if "rwku" in config.benchmarks \
+        else None
+    known = list(dict.fromkeys([cell.label for cell in build_plan(config, every)]
+                               + [method.label for method in config.methods]))
     unknown = [label for label in wanted if label not in known]
     if not wanted:
         raise InputError(f"--only {only!r} names no method label; {config.source}'s labels: {', '.join(known)}")
     if unknown:
         raise InputError(f"--only {only!r}: {', '.join(map(repr, unknown))} is not a method label of "
                          f"{config.source}; its labels: {', '.join(known)}")
+    return wanted
+
+
+def only_cells(cells, only: str | None, config) -> list:
+    """The cells whose method label is one of `only` (`check_only`); every cell when None."""
+    if only is None:
+        return list(cells)
+    wanted = check_only(only, config)
     return [cell for cell in cells if cell.label in wanted]
+
+
+def machine_problems(config) -> list[UserError]:
+    """What would fail the config's cells on this machine, found without loading a model: a local model path that
+    is not a model directory (`locations.check_model_path`), a device this machine lacks (`devices.
+    resolve_device`), each naming its key."""
+    from ..devices import DeviceError, resolve_device
+    from ..locations import ModelPathError, check_model_path
+    from .config import ConfigError
+
+    problems: list[UserError] = []
+    checked = set()
+    for entry in security_summary(config):   # every model the run loads, with its key
+        if entry["origin"] == "built-in testbed model" or entry["path"] in checked:
+            continue
+        checked.add(entry["path"])
+        try:
+            check_model_path(entry["path"], what="model")
+        except ModelPathError as err:
+            problems.append(ConfigError(entry["key"], str(err), config.source))
+    try:
+        resolve_device(config.device)
+    except DeviceError as err:
+        problems.append(ConfigError("device", str(err), config.source))
+    return problems
 
 
 def _load(path: str, output_dir: str | None):
@@ -194,6 +231,8 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
         if reproduce.resolve() == Path(config.output_dir).resolve():
             raise InputError(f"--reproduce {reproduce} is the run's own output directory; compute into another "
                              "one (--output-dir) so the results to compare with are not overwritten")
+    if only is not None:  # before the testbed models are built and RWKU targets chosen (minutes)
+        check_only(only, config)
     options = dict(shard=shard, force=force, report=report, executor=executor, as_json=as_json, log=log,
                    reproduce=reproduce, inputs=inputs, only=only)
     if dry_run:
@@ -235,10 +274,15 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
     to_run = only_cells(cells, only, config)  # the plan (and plan.json) stays whole
     summary = plan_summary(config, cells, selected)
     if dry_run:
+        # A warning, not a refusal: a dry run may plan the run for another machine (a GPU config on a laptop).
+        problems = machine_problems(config)
+        summary["problems"] = [one_line(err) for err in problems]
         if as_json:
             print(json.dumps(summary, indent=1))
         else:
             print_plan(summary)
+        for problem in summary["problems"]:
+            print(f"warning: a run on this machine would fail: {problem}", file=sys.stderr)
         return 0
     from .execute import PlanExecutor
     from .loop import run_cells

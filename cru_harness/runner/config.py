@@ -7,6 +7,7 @@ The schema is documented key by key in `SCHEMA` below and in `docs/results_schem
 from __future__ import annotations
 
 import copy
+import numbers
 import os
 import re
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from typing import Any
 import yaml
 
 from ..data.rwku import DEFAULT_TARGETS, TargetSelectionError, parse_targets
-from ..errors import MissingInputError, UserError
+from ..errors import InputError, MissingInputError, UserError
 from ..prompts import (DEFAULT_RWKU_PRESET, DEFAULT_TOFU_PRESET, PresetError, check_rwku_preset, check_tofu_preset,
                        tofu_format)
 from .purge import PURGE_TARGETS
@@ -107,7 +108,8 @@ class ConfigError(UserError, ValueError):
     def __init__(self, key: str, message: str, source: str | None = None):
         self.key = key
         where = f"{source}: " if source else ""
-        super().__init__(f"{where}{key}: {message}")
+        what = f"{key}: " if key else ""   # "" is the config as a whole
+        super().__init__(f"{where}{what}{message}")
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,7 @@ def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise ConfigError("<file>", f"not valid YAML: {err}", str(path)) from err
-    if overrides:
+    if overrides and (raw is None or isinstance(raw, dict)):  # anything else is refused by validate_config
         raw = {**(raw or {}), **overrides}
     return validate_config(raw, source=str(path))
 
@@ -255,36 +257,88 @@ def _boolean(value: Any, key: str, source: str | None, *, allow_none: bool = Fal
     _fail(key, f"expected {expected} (a YAML boolean, unquoted), got {value!r}", source)
 
 
-def _number(value: Any, key: str, source: str | None, *, low=None, high=None, integer=False, below_high=False):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        # YAML reads 1e-5 (no dot) as a string: accept numeric strings.
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                _fail(key, f"expected a number, got {value!r}", source)
-        else:
-            _fail(key, f"expected a number, got {value!r}", source)
-    if integer and float(value) != int(value):
-        _fail(key, f"expected an integer, got {value!r}", source)
-    if low is not None and value < low:
-        _fail(key, f"must be >= {low}, got {value!r}", source)
-    if high is not None and (value >= high if below_high else value > high):
-        _fail(key, f"must be {'<' if below_high else '<='} {high}, got {value!r}", source)
-    return int(value) if integer else value
+def bound_problem(value: Any, *, low=None, above=None, high=None, below_high=False, integer=False,
+                  optional=False) -> str | None:
+    """What is wrong with `value` under one numeric rule (an entry of `HPARAM_BOUNDS`), as a phrase to put after
+    its name ("must be > 0, got 0"), or None. `low` / `above`: >= / >; `high`: <=, or < with `below_high`;
+    `optional`: None is allowed (the dataclass's "unset")."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return f"expected a number, got {value!r}"
+    if integer and not isinstance(value, numbers.Integral):
+        return f"expected an integer, got {value!r}"
+    # `not >=`: NaN fails every bound
+    if low is not None and not value >= low:
+        return f"must be >= {low}, got {value!r}"
+    if above is not None and not value > above:
+        return f"must be > {above}, got {value!r}"
+    if high is not None and not (value < high if below_high else value <= high):
+        return f"must be {'<' if below_high else '<='} {high}, got {value!r}"
+    return None
 
 
-_NUMERIC_HPARAMS = {
-    "learning_rate": dict(low=0), "lr": dict(low=0), "weight_decay": dict(low=0), "num_epochs": dict(low=0),
-    "epochs": dict(low=1, integer=True), "warmup_epochs": dict(low=0), "warmup_steps": dict(low=0, integer=True),
+def adam_betas_problem(betas: Any) -> str | None:
+    """What is wrong with AdamW's betas (two numbers in [0, 1), torch's rule), or None."""
+    if (isinstance(betas, (list, tuple)) and len(betas) == 2
+            and not any(bound_problem(beta, low=0, high=1, below_high=True) for beta in betas)):
+        return None
+    return f"expected two numbers in [0, 1), got {betas!r}"
+
+
+#: The rule of every numeric hyperparameter, one table for both front ends: a config's values are checked against
+#: it here (`_number`), and the baselines' dataclass checks its fields against it (`BaselineConfig.__post_init__`:
+#: the runner, `cru-harness finetune` and the baselines' API), so a value a config lets through is one training
+#: accepts. CRU's names (lr, epochs, batch_size, lam, percentile, ...) follow `cru.train.RouterTrainingConfig`'s
+#: checks. Static, as METHOD_HPARAMS: validating a config imports no torch.
+HPARAM_BOUNDS: dict[str, dict[str, Any]] = {
+    "learning_rate": dict(above=0), "weight_decay": dict(low=0), "num_epochs": dict(low=1, integer=True),
+    "warmup_epochs": dict(low=0), "warmup_steps": dict(low=0, integer=True, optional=True),
     "effective_batch_size": dict(low=1, integer=True), "micro_batch_size": dict(low=1, integer=True),
-    "batch_size": dict(low=1, integer=True), "max_length": dict(low=8, integer=True), "max_grad_norm": dict(low=0),
-    "adam_eps": dict(low=0), "alpha": dict(low=0), "forget_weight": dict(low=0), "beta": dict(low=0),
-    "gamma": dict(), "lam": dict(low=0), "percentile": dict(low=0, high=100, below_high=True), "d_r": dict(low=1, integer=True),
-    "last_k": dict(low=1, integer=True), "final_retain_rows": dict(low=1, integer=True),
-    "prefix_cache_max_gib": dict(low=0), "exclude_top_magnitude": dict(low=0, high=100, below_high=True),
-    "retain_batch_ratio": dict(low=1, integer=True),
+    "max_length": dict(low=8, integer=True), "max_grad_norm": dict(above=0, optional=True),
+    "adam_eps": dict(above=0), "alpha": dict(low=0), "forget_weight": dict(low=0),
+    "beta": dict(above=0),   # NPO / SimNPO / IdkDPO scale their forget term by 2 / beta
+    "gamma": dict(),
+    "lr": dict(above=0), "epochs": dict(low=1, integer=True), "batch_size": dict(low=1, integer=True),
+    "lam": dict(low=0), "percentile": dict(above=0, high=100, below_high=True), "d_r": dict(low=1, integer=True),
+    "last_k": dict(low=1, integer=True), "final_retain_rows": dict(low=1, integer=True, optional=True),
+    "prefix_cache_max_gib": dict(above=0, optional=True),
+    "exclude_top_magnitude": dict(low=0, high=100, below_high=True), "retain_batch_ratio": dict(low=1, integer=True),
 }
+
+
+def seed_problem(seed: Any) -> str | None:
+    """What is wrong with a seed, or None: the one rule for a config's `seeds` and every command's --seed, the
+    range numpy and accelerate's set_seed accept (outside it every trained cell would fail there)."""
+    if bound_problem(seed, low=0, high=2**32, below_high=True, integer=True):
+        return f"must be an integer from 0 to 2**32 - 1, got {seed!r}"
+    return None
+
+
+def check_seed(seed: Any, what: str = "--seed") -> int:
+    """`seed` if `seed_problem` finds nothing, else an `InputError` naming `what` (a command's flag)."""
+    problem = seed_problem(seed)
+    if problem:
+        raise InputError(f"{what} {problem}")
+    return seed
+
+
+def _number(value: Any, key: str, source: str | None, **rule):
+    """A number under `rule` (see `bound_problem`), or a ConfigError at `key`."""
+    # YAML reads 1e-5 (no dot) as a string: accept numeric strings.
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            _fail(key, f"expected a number, got {value!r}", source)
+    if rule.get("integer") and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    problem = bound_problem(value, **rule)
+    if problem:
+        _fail(key, problem, source)
+    return value
+
+
 _BOOLEAN_HPARAMS = ("prefix_cache",)
 # cru.localize.SELECTIONS, cru.router.INPUT_NORMS, cru.losses.LOSS_SHAPES, cru.sites.GATE_SITES (tests check)
 _CHOICES = {"selection": ("variance", "random"), "input_norm": ("none", "rms", "rms_learned"),
@@ -314,8 +368,10 @@ def _validate_hparams(method: str, hparams: dict, where: str, source: str | None
                   f"{', '.join(allowed) or 'nothing'}", source)
         if canon in resolved:
             _fail(path, f"given twice (as {canon!r} and an alias)", source)
-        if canon in _NUMERIC_HPARAMS:
-            value = _number(value, path, source, **_NUMERIC_HPARAMS[canon])
+        if canon in HPARAM_BOUNDS:
+            value = _number(value, path, source, **HPARAM_BOUNDS[canon])
+        if canon == "adam_betas" and adam_betas_problem(value):
+            _fail(path, adam_betas_problem(value), source)
         if canon in _BOOLEAN_HPARAMS:
             value = _boolean(value, path, source)
         if canon in _CHOICES and value not in _CHOICES[canon]:
@@ -328,6 +384,9 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
     """Validate a parsed config and resolve its defaults. Raises `ConfigError` naming the key."""
     if raw is None:
         _fail("<root>", "the config is empty", source)
+    if not isinstance(raw, dict):
+        _fail("", f"expected a mapping of settings (name, models, benchmarks, methods, ...) at the top level, "
+              f"got a {type(raw).__name__}", source)
     raw = copy.deepcopy(raw)
     _check_keys(raw, _TOP_KEYS, "", source)
     for required in ("name", "models", "benchmarks", "methods"):
@@ -347,8 +406,8 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
     if not isinstance(seeds, list) or not seeds:
         _fail("seeds", f"expected a non-empty list of integers, got {seeds!r}", source)
     for i, seed in enumerate(seeds):
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            _fail(f"seeds[{i}]", f"expected an integer, got {seed!r}", source)
+        if seed_problem(seed):
+            _fail(f"seeds[{i}]", seed_problem(seed), source)
     if len(set(seeds)) != len(seeds):
         _fail("seeds", f"repeats a seed: {seeds}", source)
 
@@ -663,7 +722,7 @@ def _validate_retain(value: Any, where: str, benchmarks: dict, model_benches: tu
             val = dict(_check_keys(val or {}, _RETAIN_TRAIN_KEYS, f"{w}.train", source))
             for key in ("epochs", "lr", "batch_size", "max_length", "weight_decay"):
                 if key in val:
-                    val[key] = _number(val[key], f"{w}.train.{key}", source, low=0)
+                    val[key] = _number(val[key], f"{w}.train.{key}", source, **HPARAM_BOUNDS[key])
         elif not isinstance(val, str) or not val:
             _fail(f"{w}.{kind}", "expected a path", source)
         resolved[split] = RetainSpec(kind, val)
@@ -690,10 +749,8 @@ def _validate_finetune(value: Any, where: str, source: str | None, *, needs_data
         elif canon == "lr_scheduler":
             if val not in ("linear", "cosine", "constant"):
                 _fail(f"{where}.lr_scheduler", f"expected linear, cosine or constant, got {val!r}", source)
-        else:
-            integer = canon in ("num_epochs", "effective_batch_size", "micro_batch_size", "max_length")
-            val = _number(val, f"{where}.{key}", source, low=0 if canon in ("weight_decay", "warmup_epochs") else
-                          (1 if integer else 0), integer=integer)
+        else:  # FinetuneConfig's fields: the baselines' rules
+            val = _number(val, f"{where}.{key}", source, **HPARAM_BOUNDS[canon])
         resolved[canon] = val
     if needs_data and "data" not in resolved:
         _fail(f"{where}.data", "is required: what to fine-tune on (e.g. full)", source)
