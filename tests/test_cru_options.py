@@ -259,6 +259,29 @@ def test_mlp_site_without_a_findable_mlp_is_one_clear_line(tokenizer):
 
 
 # -- runner config and CLI ---------------------------------------------------------------------------------------
+def test_open_router_init_starts_every_gate_at_open_gate_and_training_moves_them(llama, tokenizer, paper):
+    """`router_init="open"`: W2 = 0 and b2 = logit(OPEN_GATE), so every gate starts at 0.99 on any token (the
+    default init shuts some from the start); W1 keeps the seeded default init; training then separates the gates."""
+    from cru_harness.cru.train import OPEN_GATE, new_bundle
+
+    config = RouterTrainingConfig(**FAST, router_init="open")
+    localization = localize(llama, tokenizer, FORGET, last_k=FAST.get("last_k", 4), percentile=FAST["percentile"])
+    fresh, default = new_bundle(llama, localization, config), new_bundle(llama, localization, RouterTrainingConfig(**FAST))
+    for block in localization.block_indices:
+        open_router, default_router = fresh.router(block), default.router(block)
+        assert torch.equal(open_router.w1.weight, default_router.w1.weight)
+        gates = open_router(torch.randn(3, 5, open_router.hidden_size) * 100)
+        assert torch.allclose(gates, torch.full_like(gates, OPEN_GATE))
+    assert paper.config.training["router_init"] == "default"
+    # from the open start the tiny model's routers need more steps than FAST's 4 (20 at lr 0.1: forget 0.04, retain
+    # 0.87); the point is that they leave 0.99 and separate the corpora
+    trained = train_routers(llama, tokenizer, FORGET, RETAIN, RouterTrainingConfig(
+        **{**FAST, "epochs": 10, "lr": 0.1}, router_init="open"))
+    metrics = trained.config.metrics
+    assert trained.config.training["router_init"] == "open"
+    assert metrics["forget_gate_mean"] < 0.5 < metrics["retain_gate_mean"] < OPEN_GATE
+
+
 def test_runner_accepts_the_options_and_names_a_bad_value(tmp_path):
     raw = {"name": "t", "output_dir": str(tmp_path / "run"), "models": [{"name": "m", "path": "zoo:llama"}],
            "benchmarks": {"tofu": {"splits": ["forget01"]}},
@@ -273,7 +296,8 @@ def test_runner_accepts_the_options_and_names_a_bad_value(tmp_path):
                                 ("exclude_top_magnitude", 100, "must be < 100, got 100"),
                                 ("exclude_top_magnitude", -1, "must be >= 0"),
                                 ("retain_batch_ratio", 0, "must be >= 1"),
-                                ("retain_batch_ratio", 1.5, "expected an integer")]:
+                                ("retain_batch_ratio", 1.5, "expected an integer"),
+                                ("router_init", "closed", "expected one of default, open")]:
         raw["methods"] = [{"method": "CRU", key: value}]
         with pytest.raises(cfg.ConfigError, match=message) as info:
             cfg.validate_config(raw)
@@ -288,7 +312,8 @@ def test_unlearn_flags_and_inspect(llama, tokenizer, tmp_path, capsys):
     args = ["unlearn", "--base", str(base), "--forget", str(tmp_path / "f.jsonl"), "--retain",
             str(tmp_path / "r.jsonl"), "--out", str(out), "--epochs", "1", "--percentile", "80", "--no-progress",
             "--suppress-loss", "quadratic", "--pass-loss", "linear", "--input-norm", "rms_learned",
-            "--retain-batch-ratio", "2", "--exclude-top-magnitude", "2", "--gate-site", "mlp", "--last-k", "2"]
+            "--retain-batch-ratio", "2", "--exclude-top-magnitude", "2", "--gate-site", "mlp", "--router-init", "open",
+            "--last-k", "2"]
     assert main(args) == 0
     manifest = json.loads((out / MANIFEST_NAME).read_text())
     assert (manifest["suppress_loss"], manifest["pass_loss"], manifest["input_norm"], manifest["gate_site"],
@@ -300,7 +325,7 @@ def test_unlearn_flags_and_inspect(llama, tokenizer, tmp_path, capsys):
     assert "gate site      : mlp (256 coordinates per block)" in text
     assert "excluded       : top 2.0% by mean |activation| (6: 6, 7: 6)" in text
     assert "training       : 1 epochs, lr 0.001, batch 8 forget + 16 retain rows per step" in text
-    assert manifest["training"]["retain_batch_ratio"] == 2
+    assert manifest["training"]["retain_batch_ratio"] == 2 and manifest["training"]["router_init"] == "open"
     assert main(args[:-4] + ["--exclude-top-magnitude", "100", "--overwrite"]) == 2
     assert "exclude_top_magnitude must be a percentage in [0, 100)" in capsys.readouterr().err
 
@@ -308,9 +333,10 @@ def test_unlearn_flags_and_inspect(llama, tokenizer, tmp_path, capsys):
 def test_runner_accepts_every_value_the_library_does(tmp_path):
     """The runner's static choice lists (kept torch-free) accept each value the library knows."""
     from cru_harness.cru import GATE_SITES, INPUT_NORMS, LOSS_SHAPES
+    from cru_harness.cru.train import ROUTER_INITS
 
     for key, values in (("input_norm", INPUT_NORMS), ("gate_site", GATE_SITES), ("suppress_loss", LOSS_SHAPES),
-                        ("pass_loss", LOSS_SHAPES)):
+                        ("pass_loss", LOSS_SHAPES), ("router_init", ROUTER_INITS)):
         for value in values:
             raw = {"name": "t", "output_dir": str(tmp_path), "models": [{"name": "m", "path": "zoo:llama"}],
                    "benchmarks": {"tofu": {"splits": ["forget01"]}}, "methods": [{"method": "CRU", key: value}]}

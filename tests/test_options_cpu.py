@@ -4,6 +4,8 @@ model never saw), the report's reuse of results/cpu_smollm2's cells, one option 
 corpus that never trains on an evaluated probe."""
 from pathlib import Path
 
+import pytest
+
 from cru_harness.data.corpora import load_corpus_rows
 from cru_harness.data.tofu import load_tofu
 from cru_harness.runner import config as cfg
@@ -76,19 +78,25 @@ def test_the_retain_cover_corpus_never_trains_on_an_evaluated_probe(tofu_dir):
             assert len(trained & {r["question"] for r in load_tofu(source, tofu_dir)}) == 20
 
 
-def test_the_batch_composition_studies_share_the_options_cells_and_change_one_thing():
-    """retain_batch_choice_cpu / retain_batch_cpu: the paper setting's cells are options_cpu's / options_report_cpu's
-    (same hashes, so the recomputation is a reproduction check), and the option changes only retain_batch_ratio."""
-    for name, reference, n_shared in (("retain_batch_choice_cpu.yaml", "options_cpu.yaml", 4),
-                                      ("retain_batch_cpu.yaml", "options_report_cpu.yaml", 3 + 3)):
-        cells, shared = build_plan(_load(name)), {c.hash for c in build_plan(_load(reference))}
-        added = [c for c in cells if c.hash not in shared]
-        assert {c.label for c in added} == {"CRU-retain-batch4"} and len(added) == len(_load(name).seeds)
-        assert len(cells) - len(added) == n_shared
-        assert {c.kind for c in cells if c.hash in shared} == {"finetune", "retain", "original", "method"}
-        (paper,) = {c.hash: c for c in cells if c.label == "CRU" and c.seed == 0}.values()
-        for cell in added:
-            assert cell.hparams == {**paper.hparams, "retain_batch_ratio": 4} and cell.corpora == paper.corpora
+@pytest.mark.parametrize("name, reference, n_shared, label, change", [
+    ("retain_batch_choice_cpu.yaml", "options_cpu.yaml", 4, "CRU-retain-batch4", {"retain_batch_ratio": 4}),
+    ("retain_batch_cpu.yaml", "options_report_cpu.yaml", 3 + 3, "CRU-retain-batch4", {"retain_batch_ratio": 4}),
+    ("router_init_choice_cpu.yaml", "options_cpu.yaml", 4, "CRU-open-init", {"router_init": "open"}),
+    ("router_init_cpu.yaml", "options_report_cpu.yaml", 3 + 3, "CRU-open-init", {"router_init": "open"}),
+])
+def test_later_option_studies_share_the_options_cells_and_change_one_thing(name, reference, n_shared, label,
+                                                                               change):
+    """The batch-composition and router-init studies: the paper setting's cells are options_cpu's /
+    options_report_cpu's (same hashes, so the recomputation is a reproduction check), and the option changes one
+    hyperparameter."""
+    cells, shared = build_plan(_load(name)), {c.hash for c in build_plan(_load(reference))}
+    added = [c for c in cells if c.hash not in shared]
+    assert {c.label for c in added} == {label} and len(added) == len(_load(name).seeds)
+    assert len(cells) - len(added) == n_shared
+    assert {c.kind for c in cells if c.hash in shared} == {"finetune", "retain", "original", "method"}
+    (paper,) = {c.hash: c for c in cells if c.label == "CRU" and c.seed == 0}.values()
+    for cell in added:
+        assert cell.hparams == {**paper.hparams, **change} and cell.corpora == paper.corpora
 
 
 def test_the_rwku_report_is_options_reports_rwku_rows_reduced_only_as_its_header_says():

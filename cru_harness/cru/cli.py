@@ -62,6 +62,9 @@ def register(subparsers) -> None:
                               "of the MLP's down projection)")
     options.add_argument("--retain-batch-ratio", type=int, default=1, metavar="R",
                          help="batch composition: R retain rows per forget row in each step (default 1, paper)")
+    options.add_argument("--router-init", choices=("default", "open"), default="default",
+                         help="how new routers start: default (PyTorch's init, as so far; the paper does not say) "
+                              "or open (every gate at 0.99, the base nearly untouched)")
     unlearn.add_argument("--no-prefix-cache", action="store_true",
                          help="recompute the frozen blocks below the gated ones at every step instead of once per "
                               "example (same routers, less memory, slower)")
@@ -130,7 +133,7 @@ def run_unlearn(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, max_length=args.max_length, seed=args.seed, input_norm=args.input_norm,
         suppress_loss=args.suppress_loss, pass_loss=args.pass_loss,
         exclude_top_magnitude=args.exclude_top_magnitude, gate_site=args.gate_site,
-        retain_batch_ratio=args.retain_batch_ratio, forget_description=str(args.forget),
+        retain_batch_ratio=args.retain_batch_ratio, router_init=args.router_init, forget_description=str(args.forget),
         retain_description=str(args.retain), progress=not args.no_progress, prefix_cache=not args.no_prefix_cache)
     try:
         model, tokenizer = load_causal_lm(args.base, device=args.device, device_map=args.device_map,

@@ -57,7 +57,7 @@ METHOD_HPARAMS: dict[str, tuple[str, ...]] = {
     "CRU": ("last_k", "blocks", "percentile", "selection", "d_r", "lam", "epochs", "lr", "batch_size",
             "max_length", "input_norm", "final_retain_rows", "prefix_cache", "prefix_cache_placement",
             "prefix_cache_max_gib", "suppress_loss", "pass_loss", "exclude_top_magnitude", "gate_site",
-            "retain_batch_ratio"),
+            "retain_batch_ratio", "router_init"),
     "ICU": (),                                             # prompt-only: no training at all
     "PURGE": (),                                           # published checkpoints: nothing to tune
 }
@@ -340,10 +340,11 @@ def _number(value: Any, key: str, source: str | None, **rule):
 
 
 _BOOLEAN_HPARAMS = ("prefix_cache",)
-# cru.localize.SELECTIONS, cru.router.INPUT_NORMS, cru.losses.LOSS_SHAPES, cru.sites.GATE_SITES (tests check)
+# cru.localize.SELECTIONS, cru.router.INPUT_NORMS, cru.losses.LOSS_SHAPES, cru.sites.GATE_SITES,
+# cru.train.ROUTER_INITS (tests check)
 _CHOICES = {"selection": ("variance", "random"), "input_norm": ("none", "rms", "rms_learned"),
             "suppress_loss": ("linear", "quadratic"), "pass_loss": ("linear", "quadratic"),
-            "gate_site": ("residual", "mlp"),
+            "gate_site": ("residual", "mlp"), "router_init": ("default", "open"),
             "lr_scheduler": ("linear", "cosine", "constant"), "mixed_precision": ("no", "fp16", "bf16"),
             "prefix_cache_placement": ("auto", "cpu", "device")}  # cru.prefix.CACHE_PLACEMENTS
 
