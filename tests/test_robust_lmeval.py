@@ -1,8 +1,10 @@
 """Issue 9, under lm-eval: the `cru` model refuses bad input before loading anything (misspelt argument, missing
-or empty base path, a file given as `routers=`), with the project's own error types, and lm-eval's command
-line prints those as one line while any other error keeps its traceback."""
+or empty base path, a file given as `routers=`, a dtype, `max_length` or device that cannot be used), a base
+that cannot be read and a misspelt `--metadata` key of the tasks are named, with the project's own error types,
+and lm-eval's command line prints those as one line while any other error keeps its traceback."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -11,9 +13,12 @@ import pytest
 from test_lmeval_support import shared_tiny_dir
 
 from cru_harness.cru.bundle import BundleConfig, BundleError, RouterBundle, base_fingerprint
-from cru_harness.errors import UserError
+from cru_harness.devices import DeviceError
+from cru_harness.errors import InputError, UserError
 from cru_harness.lmeval.errors import install_excepthook
-from cru_harness.lmeval.model import CRULM, ModelArgumentError
+from cru_harness.lmeval.metadata import METADATA_KEYS, SUITE_PREFIXES, check_metadata_keys
+from cru_harness.lmeval.model import (CRULM, FROM_PRETRAINED_KWARGS, ModelArgumentError, check_argument_values,
+                                      known_arguments)
 from cru_harness.locations import ModelPathError
 
 
@@ -42,6 +47,38 @@ def test_an_argument_no_one_takes_is_named(model_dir):
     with pytest.raises(ModelArgumentError, match=r"cru model: unknown argument 'foo' in --model_args \(not an "
                                                   r"argument of cru, HFLM or the model: .*'foo'"):
         CRULM(base=str(model_dir), device="cpu", foo=1)
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"dtype": "float17"}, DeviceError, "dtype='float17' in --model_args is not one of auto, float32, bfloat16, "
+                                        "float16"),
+    ({"softmax_dtype": "float17"}, DeviceError, "softmax_dtype='float17' in --model_args is not one of float32,"),
+    ({"mixed_precision_dtype": "auto"}, DeviceError, "mixed_precision_dtype='auto' in --model_args is not one of"),
+    ({"max_length": "abc"}, ModelArgumentError, "max_length='abc' in --model_args is not a positive integer"),
+    ({"max_length": 0}, ModelArgumentError, "max_length=0 in --model_args is not a positive integer"),
+    ({"device": "cuda:99"}, DeviceError, "device 'cuda:99': "),
+    ({"device": "tpu"}, DeviceError, "device 'tpu' is not one of auto, cpu, cuda, cuda:N"),
+])
+def test_unusable_values_are_refused_before_loading(model_dir, kwargs, error, words, monkeypatch):
+    monkeypatch.setattr("lm_eval.models.huggingface.HFLM.__init__", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(error) as info:
+        CRULM(base=str(model_dir), **{"device": "cpu", **kwargs})
+    assert words in str(info.value) and isinstance(info.value, UserError)
+
+
+def test_usable_values_reach_lm_eval_in_its_spelling():
+    import torch
+
+    kwargs = {"dtype": "bf16", "softmax_dtype": "torch.float32", "max_length": "128", "device": "auto"}
+    check_argument_values(kwargs)
+    assert kwargs == {"dtype": "bfloat16", "softmax_dtype": "float32", "max_length": 128,
+                      "device": "cuda" if torch.cuda.is_available() else "cpu"}
+    default = {"device": "cuda:0"}  # lm_eval's command line without --device: HFLM's CPU fallback is kept
+    check_argument_values(default)
+    assert default == {"device": "cuda:0" if torch.cuda.is_available() else "cpu"}
+    unset = {}   # simple_evaluate(model="cru") without device=: where `auto` runs, not HFLM's `cuda`
+    check_argument_values(unset)
+    assert unset == {"device": "cuda" if torch.cuda.is_available() else "cpu"}
 
 
 def test_base_paths_are_named(tmp_path, monkeypatch):
@@ -90,16 +127,63 @@ def test_excepthook_prints_project_errors_as_one_line_and_keeps_other_tracebacks
     assert seen == [KeyError]
 
 
+def _load_tasks(tasks, metadata):
+    from lm_eval.tasks import TaskManager
+
+    from cru_harness.lmeval.registration import tasks_dir
+
+    return TaskManager(include_path=tasks_dir(), include_defaults=False, metadata=metadata).load(tasks)
+
+
+@pytest.mark.parametrize("tasks, key, close", [
+    (["rwku_fb"], "rwku_target", "rwku_targets"),
+    (["tofu_forget01"], "tofu_prest", "tofu_preset"),
+    (["tofu_forget01"], "rwku_item_per_target", "rwku_items_per_target"),  # either suite's key, in either suite
+])
+def test_a_misspelt_metadata_key_is_refused_not_ignored(tmp_path, tasks, key, close):
+    # refused before any data is read: the data directory is empty
+    with pytest.raises(InputError) as info:
+        _load_tasks(tasks, {"data_dir": str(tmp_path), key: "5", "version": 1.0, "base": "m", "dtype": "auto"})
+    message = str(info.value)
+    assert message.startswith(f"unknown --metadata key {key!r} (did you mean {close!r}?); the TOFU and RWKU tasks "
+                              "read data_dir, tofu_preset, tofu_model_family, rwku_targets,")
+    assert "\n" not in message
+
+
+def test_metadata_keys_of_both_suites_and_other_tools_pass():
+    check_metadata_keys({key: "x" for key in METADATA_KEYS} | {"version": 1.0, "base": "m", "routers": "r",
+                                                                 "pretrained": "m", "other_tool_key": 1})
+    with pytest.raises(InputError, match=r"^unknown --metadata key 'tofu_zzz'; the TOFU"):  # no close match
+        check_metadata_keys({"tofu_zzz": 1})
+    # model arguments land in the tasks' metadata too: none may look like a suite's key
+    import inspect
+
+    from transformers import PreTrainedModel
+
+    arguments = (known_arguments() | FROM_PRETRAINED_KWARGS
+                 | set(inspect.signature(PreTrainedModel.from_pretrained).parameters))
+    assert not [name for name in arguments if name.startswith(SUITE_PREFIXES)]
+
+
 @pytest.mark.slow
-def test_lm_eval_command_line_prints_one_line(model_dir, tmp_path):
+@pytest.mark.parametrize("model_args, extra, last_line", [
+    ("base={model},routers={file}", [], "{file} is a file, not a router bundle directory (a directory holding "
+                                        "cru_bundle.json and routers.safetensors)"),
+    ("base={model},softmax_dtype=float17", [], "cru model: softmax_dtype='float17' in --model_args is not one of "
+                                               "float32, bfloat16, float16"),
+    ("base={model}", ["--device", "cuda:99"], "device 'cuda:99': "),
+    ("base=no-such-org/no-such-model", [], "cannot load base model 'no-such-org/no-such-model': "),
+    ("base={model}", ["--metadata", '{{"data_dir": "{data}", "rwku_target": "5"}}'],
+     "unknown --metadata key 'rwku_target' (did you mean 'rwku_targets'?); "),
+])
+def test_lm_eval_command_line_prints_one_line(model_dir, tmp_path, model_args, extra, last_line):
     """The real `python -m lm_eval` (the .pth hook installs the reporting): one line, non-zero exit."""
     (tmp_path / "file").write_text("x")
-    env_cmd = [sys.executable, "-m", "lm_eval", "--model", "cru", "--tasks", "tofu_forget01", "--device", "cpu",
-               "--model_args"]
-    proc = subprocess.run(env_cmd + [f"base={model_dir},routers={tmp_path / 'file'}"], capture_output=True,
-                          text=True, timeout=300)
+    names = {"model": model_dir, "file": tmp_path / "file", "data": tmp_path}
+    cmd = [sys.executable, "-m", "lm_eval", "--model", "cru", "--tasks", "tofu_forget01,rwku_fb", "--device", "cpu",
+           "--model_args", model_args.format(**names)] + [arg.format(**names) for arg in extra]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1] == (
-        f"lm_eval: error: {tmp_path / 'file'} is a file, not a router bundle directory (a directory holding "
-        "cru_bundle.json and routers.safetensors)")
+    assert proc.stderr.strip().splitlines()[-1].startswith("lm_eval: error: " + last_line.format(**names))
     assert "Traceback" not in proc.stderr

@@ -78,13 +78,16 @@ def test_target_selection(rwku_dir, monkeypatch):
 
 @pytest.mark.shared_data
 def test_targets_without_utility_sets(rwku_dir, caplog):
-    with pytest.raises(ValueError, match="has it for none of the selected targets 15,16"):
+    """A selection without the utility set is the user's: the project's InputError, one line under lm_eval."""
+    from cru_harness.errors import InputError
+
+    with pytest.raises(InputError, match="has it for none of the selected targets 15,16"):
         U.load_docs("mmlu", rwku_targets="15-16", data_dir=str(rwku_dir))
     with caplog.at_level(logging.WARNING):
         docs = U.load_docs("triviaqa", rwku_targets="10-11", data_dir=str(rwku_dir), rwku_items_per_target=1)
     assert docs["test"]["target"] == [10]
     assert any("has none for targets 11 " in r.getMessage() for r in caplog.records)
-    with pytest.raises(ValueError, match="rwku_utility_missing=error"):
+    with pytest.raises(InputError, match="rwku_utility_missing=error"):
         U.load_docs("fluency", rwku_targets="10-11", data_dir=str(rwku_dir), rwku_utility_missing="error")
 
 

@@ -16,9 +16,11 @@ Use::
   Python API. Without `routers` the model is exactly the base model.
 - A bundle that does not fit the base (other architecture, hidden size, block count) fails with the bundle's
   own `BundleError`, naming the mismatch. Bundles are read and validated before the base is loaded, a local
-  base path is checked first (`locations.check_model_path`), and a model argument that is a near miss of a
-  known one (`router=`) is refused (`ModelArgumentError`). These are the project's `UserError`s: the `lm_eval`
-  and `cru-eval` command lines print them as one line (`cru_harness.lmeval.errors`).
+  base path is checked first (`locations.check_model_path`), a model argument that is a near miss of a
+  known one (`router=`) is refused (`ModelArgumentError`), dtype names, `max_length` and the device go through the
+  project's rules (`check_argument_values`, `devices.py`), and a base that cannot be read (a Hub id while
+  offline) is named. These are the project's `UserError`s: the `lm_eval` and `cru-eval` command lines print them
+  as one line (`cru_harness.lmeval.errors`).
 
 What `cru` reports beyond `--model hf` (see `protocol.py` and docs/lm_eval.md):
 
@@ -133,6 +135,61 @@ def check_arguments(kwargs: dict) -> None:
                                      f"{best!r}?)")
 
 
+# lm-eval takes these as dtype names and looks them up on `torch` only when it loads the model or scores.
+DTYPE_ARGUMENTS = ("dtype", "softmax_dtype", "mixed_precision_dtype")
+# What lm-eval's command line passes when `--device` is not given; HFLM then falls back to the CPU without CUDA.
+LMEVAL_DEFAULT_DEVICE = "cuda:0"
+
+
+def check_argument_values(kwargs: dict, *, check_device: bool = True) -> None:
+    """Validate (and normalise, in place) the `--model_args` values lm-eval would only trip over later.
+
+    - `dtype`, `softmax_dtype`, `mixed_precision_dtype`: the project's dtype rule (`devices.parse_dtype`), passed
+      on by canonical name (`bf16` -> `bfloat16`); `auto` (the checkpoint's own) is a weight dtype only. lm-eval
+      would fail on `float17` with an AttributeError, the softmax one only when it scores.
+    - `max_length`: a positive integer (lm-eval fails with a TypeError midway through generation).
+    - `device`: the project's device rule (`devices.resolve_device`), so a device that is not there is refused
+      before loading; `auto`, and no device at all (HFLM's own default would be `cuda`), become the device `auto`
+      resolves to. lm-eval's command-line default
+      `LMEVAL_DEFAULT_DEVICE` without CUDA stays HFLM's fallback to the CPU: a run without `--device` must work.
+      A dtype the device cannot compute in (bf16 on a pre-Ampere GPU) is refused too.
+    """
+    from cru_harness.devices import (DTYPE_NAMES, DeviceError, check_dtype_on_device, dtype_name, parse_dtype,
+                                     resolve_device)
+
+    for name in DTYPE_ARGUMENTS:
+        value = kwargs.get(name)
+        if value is None:
+            continue
+        choices = DTYPE_NAMES if name == "dtype" else DTYPE_NAMES[1:]
+        try:
+            canonical = dtype_name(parse_dtype(value))
+        except DeviceError:
+            canonical = None
+        if canonical not in choices:
+            raise DeviceError(f"cru model: {name}={value!r} in --model_args is not one of {', '.join(choices)}")
+        kwargs[name] = canonical
+    length = kwargs.get("max_length")
+    if length is not None:
+        if isinstance(length, bool) or not (isinstance(length, int) or str(length).strip().isdigit()) \
+                or int(length) <= 0:
+            raise ModelArgumentError(f"cru model: max_length={length!r} in --model_args is not a positive integer")
+        kwargs["max_length"] = int(length)
+    if not check_device:
+        return
+    import torch
+
+    device = kwargs.get("device") or "auto"   # none given (simple_evaluate without device=): a GPU if there is one
+    if device == LMEVAL_DEFAULT_DEVICE and not torch.cuda.is_available():
+        kwargs["device"] = "cpu"
+        eval_logger.warning(f"device {device!r} (lm-eval's default) is not available: running on the CPU")
+        return
+    resolved = resolve_device(device)
+    kwargs["device"] = str(resolved)  # HFLM falls back to any device for `auto`, and takes strings only
+    if kwargs.get("dtype") not in (None, "auto"):
+        check_dtype_on_device(parse_dtype(kwargs["dtype"]), resolved)
+
+
 def parse_router_spec(routers) -> list:
     """`routers=` as given (None, `"a+b"`, a path, a RouterBundle, or a list of those) -> a list of entries."""
     if routers is None or routers == "" or routers is False:
@@ -190,6 +247,8 @@ class CRULM(HFLM):
         if pretrained is None:
             raise ModelArgumentError("the cru model needs base=<HF model id or local directory> (alias: pretrained=)")
         check_arguments(kwargs)
+        # HFLM takes the device of a model object it is given as is
+        check_argument_values(kwargs, check_device=isinstance(pretrained, (str, Path)))
         if isinstance(pretrained, (str, Path)) and not kwargs.get("gguf_file"):
             from cru_harness.locations import check_model_path
 
@@ -222,6 +281,14 @@ class CRULM(HFLM):
             self.bundles = bundles
             self.router_sources = [str(e) if isinstance(e, (str, Path)) else repr(e) for e in entries]
             self._attach()
+
+    def _get_config(self, pretrained, **kwargs) -> None:
+        try:
+            super()._get_config(pretrained, **kwargs)
+        except OSError as err:
+            # a Hub id that cannot be fetched (offline, no such repo, gated) or an unreadable directory: reported
+            # in one line, as `cru-harness unlearn` reports its --base
+            raise ModelArgumentError(f"cannot load base model {pretrained!r}: {err}") from None
 
     # ------------------------------------------------------------------ routers
     def _attach(self) -> None:

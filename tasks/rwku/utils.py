@@ -30,6 +30,8 @@ from lm_eval.api.task import ConfigurableTask
 
 from cru_harness.data.rwku import ICU_INSTRUCTION, MissingTargetFileError, get_target, load_target_file, parse_targets
 from cru_harness.data.rwku import PROBE_KINDS as QUESTION_KIND_PROBES
+from cru_harness.errors import InputError
+from cru_harness.lmeval.metadata import check_metadata_keys
 from cru_harness.lmeval.protocol import JOINT_MARKER, template_date
 from cru_harness.prompts import (RWKU_ANSWER_PREFIX, RWKU_DATE, RWKU_QUESTION_PROBES, check_rwku_preset,
                                  rwku_plain_prompt, rwku_probe_prompt)
@@ -101,7 +103,7 @@ def resolve_target_spec(rwku_targets=None) -> tuple[list[int], str]:
         try:
             return parse_targets(env), "env"
         except ValueError as err:
-            raise ValueError(f"{ENV_TARGETS}={env!r}: {err}") from err
+            raise InputError(f"{ENV_TARGETS}={env!r}: {err}") from None
     return parse_targets(None), "default"
 
 
@@ -158,7 +160,7 @@ def load_rows(probe: str, rwku_targets=None, data_dir=None, rwku_items_per_targe
                 rows = rows[:per_target]
             docs.extend(_rows_for(probe, target, kind, rows))
     if not docs:
-        raise ValueError(f"RWKU probe {probe!r}: the selected targets {indices} yield no items")
+        raise InputError(f"RWKU probe {probe!r}: the selected targets {indices} yield no items")
     return docs
 
 
@@ -172,8 +174,8 @@ def _utility_targets(probe: str, indices: list[int], origin: str, data_dir, miss
         except MissingTargetFileError:   # only "no such set for this target"; unreadable data is an error
             pass
     lacking = [i for i in indices if i not in available]
-    if not available:
-        raise ValueError(
+    if not available:   # the user's selection of targets: one line (InputError), not a traceback
+        raise InputError(
             f"RWKU utility set {kind!r} ({probe}): this copy has it for none of the selected targets "
             f"{_compact(indices)} (from {origin}; the shared copy has it for targets 1-10 only). Select targets that "
             f"have it, e.g. "
@@ -183,9 +185,9 @@ def _utility_targets(probe: str, indices: list[int], origin: str, data_dir, miss
         message = (f"RWKU utility set {kind!r} ({probe}): this copy has none for targets {_compact(lacking)} "
                    f"(the shared copy has it for targets 1-10 only)")
         if missing == "error":
-            raise ValueError(message + " (rwku_utility_missing=error)")
+            raise InputError(message + " (rwku_utility_missing=error)")
         if missing != "skip":
-            raise ValueError(f"rwku_utility_missing must be 'skip' or 'error', not {missing!r}")
+            raise InputError(f"rwku_utility_missing must be 'skip' or 'error', not {missing!r}")
         log.warning("%s; scoring %s on targets %s only.", message, probe, _compact(available))
     return available
 
@@ -195,9 +197,12 @@ def _compact(indices: Sequence[int]) -> str:
 
 
 def load_docs(rwku_probe: str, rwku_targets=None, data_dir=None, rwku_items_per_target=None,
-              rwku_utility_missing: str = "skip", **_ignored) -> datasets.DatasetDict:
+              rwku_utility_missing: str = "skip", **metadata) -> datasets.DatasetDict:
     """lm-eval `custom_dataset`: called with the task's metadata (`--metadata` JSON, TaskManager(metadata=…),
-    and with `simple_evaluate(task_manager=None)` also the model args) plus `dataset_kwargs` (`rwku_probe`)."""
+    and with `simple_evaluate(task_manager=None)` also the model args) plus `dataset_kwargs` (`rwku_probe`).
+    Other keys (version, model args, TOFU's keys, ...) are ignored, but a misspelt `tofu_`/`rwku_` key is refused
+    (`check_metadata_keys`): `rwku_target` would leave the default targets in force."""
+    check_metadata_keys(metadata)
     docs = load_rows(rwku_probe, rwku_targets, data_dir, rwku_items_per_target, rwku_utility_missing)
     for doc in docs:
         doc["probe"] = rwku_probe

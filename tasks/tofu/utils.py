@@ -27,6 +27,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.task import ConfigurableTask
 
 from cru_harness import metrics as M
+from cru_harness.lmeval.metadata import check_metadata_keys
 # `cru` scores a continuation ending in EOS_MARKER with the tokenizer's EOS id appended (TOFU counts EOS).
 from cru_harness.lmeval.protocol import EOS_MARKER, JOINT_MARKER, has_token_stats, template_date
 from cru_harness import prompts as P
@@ -56,16 +57,18 @@ _warned_plain_results = False
 
 
 def load_tofu_dataset(tofu_config: str | None = None, data_dir: str | None = None, tofu_preset: str | None = None,
-                      **_metadata) -> datasets.DatasetDict:
+                      **metadata) -> datasets.DatasetDict:
     """`custom_dataset` of every TOFU task: `{"train": rows of tofu_config}`.
 
     lm-eval 0.4.13 calls it as `custom_dataset(**metadata, **dataset_kwargs)`: `tofu_config` comes from the
     task's `dataset_kwargs`; `data_dir` from the run's metadata (`--metadata '{"data_dir": "..."}'` or
-    `TaskManager(metadata=...)`); other metadata keys (version, model args, ...) are ignored. Without a
+    `TaskManager(metadata=...)`); other metadata keys (version, model args, RWKU's keys, ...) are ignored, but a
+    misspelt `tofu_`/`rwku_` key is refused (`check_metadata_keys`): it would leave a default in force. Without a
     `data_dir`, `cru_harness.data.tofu.load_tofu` reads CRU_HARNESS_TOFU_DIR / CRU_HARNESS_DATA_DIR, else the Hub.
     """
     from cru_harness.data.tofu import load_tofu
 
+    check_metadata_keys(metadata)
     if tofu_config not in PROBE_KINDS:
         raise ValueError(
             f"TOFU task: dataset_kwargs.tofu_config must be one of {', '.join(PROBE_KINDS)}; got {tofu_config!r}"

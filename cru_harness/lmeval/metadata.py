@@ -1,0 +1,36 @@
+"""The lm-eval metadata keys the project's TOFU and RWKU tasks read (`--metadata '{...}'`, `TaskManager(metadata=...)`),
+and the check that refuses a misspelt one.
+
+lm-eval hands each task the whole run's metadata merged with the model's `--model_args` and its own keys
+(`version`, ...), and one command may run both suites (`--tasks tofu_forget10,rwku_aa`), so an unknown key cannot
+be refused as such. A key with a suite's prefix that neither suite reads is a misspelling, though, and would leave
+the default in force (`rwku_target` evaluates target 1): `check_metadata_keys` refuses it. No `cru`/`hf` model
+argument or lm-eval key starts with these prefixes. Stdlib only (the task files import it).
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+
+from cru_harness.errors import InputError
+
+#: Read by the TOFU tasks (tasks/tofu/utils.py); `tofu_config` comes from each task's YAML, not the metadata.
+TOFU_METADATA_KEYS = ("tofu_preset", "tofu_model_family")
+#: Read by the RWKU tasks (tasks/rwku/utils.py); `rwku_probe` comes from each task's YAML, not the metadata.
+RWKU_METADATA_KEYS = ("rwku_targets", "rwku_items_per_target", "rwku_utility_missing", "rwku_preset",
+                      "rwku_newline_stop")
+#: Every key the project's tasks read from the metadata (`data_dir`: both suites).
+METADATA_KEYS = ("data_dir",) + TOFU_METADATA_KEYS + RWKU_METADATA_KEYS
+#: Keys with these prefixes must be in METADATA_KEYS.
+SUITE_PREFIXES = ("tofu_", "rwku_")
+
+
+def check_metadata_keys(metadata: Mapping) -> None:
+    """Refuse a `tofu_`/`rwku_` key that is not in METADATA_KEYS (an `InputError` naming it, a close match and the
+    valid keys); any other key (model arguments, lm-eval's own, another tool's) passes."""
+    for key in sorted(k for k in metadata if isinstance(k, str)):
+        if key.startswith(SUITE_PREFIXES) and key not in METADATA_KEYS:
+            close = difflib.get_close_matches(key, METADATA_KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise InputError(f"unknown --metadata key {key!r}{hint}; the TOFU and RWKU tasks read "
+                             f"{', '.join(METADATA_KEYS)}")
