@@ -340,6 +340,15 @@ def test_sharded_runs_merge_into_one_report(tmp_path):
     assert {r["hash"] for r in load_results(tmp_path / "merged")} == {c.hash for c in cells}
 
 
+def test_merge_with_a_mistyped_input_creates_nothing(tmp_path, capsys):
+    from cru_harness.cli import main
+
+    (tmp_path / "shard1" / "cells").mkdir(parents=True)
+    assert main(["merge", str(tmp_path / "shard1"), str(tmp_path / "shrad2"), "--out", str(tmp_path / "m")]) == 2
+    assert f"{tmp_path / 'shrad2'} holds no cells/ directory" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+
+
 # ------------------------------------------------------------------------------------------- PURGE
 class RepositoryNotFoundError(Exception):
     """Named like huggingface_hub's: the resolver classifies errors by class name."""

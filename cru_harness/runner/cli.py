@@ -336,19 +336,30 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0 if write_reproduction(args.run, args.reference).reproduced else 1
 
 
-def merge_dirs(dirs, out) -> dict[str, int]:
-    """Copy cells from several run directories into `out`; a duplicate keeps its 'ok' copy."""
-    from .cache import CELLS_DIR, RESULT_FILE, CellStore, atomic_write_text
-    from .targets import SELECTION_DIR
+def run_stores(dirs) -> list:
+    """The cell stores of run directories (each a run's root or its cells/), or a `MissingInputError` naming the
+    first one that is not a cru-harness run."""
+    from .cache import CELLS_DIR, CellStore
 
-    out_store = CellStore(out)
-    out_store.cells_dir.mkdir(parents=True, exist_ok=True)
-    counts = {"copied": 0, "duplicates": 0}
-    for directory in dirs:
-        directory = Path(directory)
+    stores = []
+    for directory in map(Path, dirs):
         store = CellStore(directory.parent if directory.name == CELLS_DIR else directory)
         if not store.cells_dir.is_dir():
             raise MissingInputError(f"{directory} holds no cells/ directory (not a cru-harness run)")
+        stores.append(store)
+    return stores
+
+
+def merge_dirs(dirs, out) -> dict[str, int]:
+    """Copy cells from several run directories into `out`; a duplicate keeps its 'ok' copy."""
+    from .cache import RESULT_FILE, CellStore, atomic_write_text
+    from .targets import SELECTION_DIR
+
+    stores = run_stores(dirs)   # every input checked before `out` is created
+    out_store = CellStore(out)
+    out_store.cells_dir.mkdir(parents=True, exist_ok=True)
+    counts = {"copied": 0, "duplicates": 0}
+    for store in stores:
         selections = store.root / SELECTION_DIR
         if selections.is_dir():  # why the RWKU targets are these (runner.targets); identical across shards
             (out_store.root / SELECTION_DIR).mkdir(parents=True, exist_ok=True)
@@ -382,6 +393,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from .cache import RunLock
 
     check_output_dir(args.out, what="--out", allow_existing=True)
+    run_stores(args.dirs)   # a mistyped input creates no --out (the lock below would)
     with RunLock(args.out):  # no run may write into the merged directory meanwhile
         counts = merge_dirs(args.dirs, args.out)
     print(f"merged {len(args.dirs)} directories into {args.out}: {counts}")
