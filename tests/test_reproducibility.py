@@ -390,6 +390,8 @@ def test_demo_never_computes_into_the_committed_results(tmp_path, monkeypatch, c
     assert "-> results/demo-run" in capsys.readouterr().out
     assert main(["demo", "--dry-run", "--output-dir", "results/demo"]) == 2
     assert "holds the results to compare with" in capsys.readouterr().err
+    assert main(["demo", "--dry-run", "--reproduce", "no-such-run"]) == 2   # what the real run would meet
+    assert "--reproduce no-such-run: no such run directory" in capsys.readouterr().err
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in Path(reference).rglob("*") if p.is_file()}
     assert after == before
 

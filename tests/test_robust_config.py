@@ -99,6 +99,18 @@ def test_dry_run_warns_of_a_local_model_or_a_device_this_machine_lacks(tmp_path,
         (f"{prefix}models[1]: model directory {tmp_path} holds no config.json: not a Hugging Face model "
          "checkpoint (save one with save_pretrained)")]
     assert len(lines) == 3 and lines[2].startswith(f"{prefix}device: device 'cuda': ") and "CUDA" in lines[2]
+    (tmp_path / "run").write_text("x")   # output_dir is a file here
+    assert main(["run", str(path), "--dry-run", "--output-dir", str(tmp_path / "run")]) == 0
+    assert (f"warning: a run on this machine would fail: output_dir {tmp_path / 'run'} exists and is not a "
+            "directory") in capsys.readouterr().err
+
+
+def test_a_config_path_that_is_a_directory_says_so(tmp_path, capsys):
+    from cru_harness.cli import main
+
+    assert main(["run", str(tmp_path), "--dry-run"]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"{tmp_path} is a directory, not a config file (a YAML file "
+                                                    "such as configs/demo.yaml)")
 
 
 @pytest.mark.parametrize("extra", [[], ["--output-dir", "out"]])

@@ -103,9 +103,9 @@ def only_cells(cells, only: str | None, config) -> list:
 def machine_problems(config) -> list[UserError]:
     """What would fail the config's cells on this machine, found without loading a model: a local model path that
     is not a model directory (`locations.check_model_path`), a device this machine lacks (`devices.
-    resolve_device`), each naming its key."""
+    resolve_device`), an output_dir that cannot be written (`locations.check_output_dir`), each naming its key."""
     from ..devices import DeviceError, resolve_device
-    from ..locations import ModelPathError, check_model_path
+    from ..locations import ModelPathError, OutputLocationError, check_model_path, check_output_dir
     from .config import ConfigError
 
     problems: list[UserError] = []
@@ -122,6 +122,10 @@ def machine_problems(config) -> list[UserError]:
         resolve_device(config.device)
     except DeviceError as err:
         problems.append(ConfigError("device", str(err), config.source))
+    try:
+        check_output_dir(config.output_dir, what="output_dir", allow_existing=True)
+    except OutputLocationError as err:
+        problems.append(err)
     return problems
 
 
@@ -420,12 +424,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     reference = Path(args.reproduce) if args.reproduce else committed_results(committed)
     if reference is not None and reference.resolve() == Path(config.output_dir).resolve():
         raise InputError(f"--output-dir {args.output_dir} holds the results to compare with; choose a fresh one")
+    if reference is not None and not reference.is_dir():   # a dry run too: it is what the real run would meet
+        raise MissingInputError(f"--reproduce {reference}: no such run directory")
     if args.dry_run:
         return run_config(config, dry_run=True)
     if reference is None:
         print(f"no committed results at {committed} (a wheel install has none): the demo runs without comparison")
-    elif not reference.is_dir():
-        raise MissingInputError(f"--reproduce {reference}: no such run directory")
     else:
         print(f"computing into {config.output_dir}; at the end every cell is compared with {reference}")
     return run_config(config, reproduce=reference)

@@ -186,6 +186,8 @@ class ExperimentConfig:
 def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """Read and validate a YAML config. Relative `output_dir`/`data_dir` are relative to the working directory."""
     path = Path(path)
+    if path.is_dir():
+        raise MissingInputError(f"{path} is a directory, not a config file (a YAML file such as configs/demo.yaml)")
     if not path.is_file():
         raise MissingInputError(f"config file not found: {path}")
     try:
