@@ -27,32 +27,53 @@ def test_objective_is_the_papers_loss_on_the_block_means():
         == pytest.approx((0.04 + 0.16) / 2 + (0.1 + 0.3) / 2)
     assert objective(_cell(1e-3, 0, [0.2, float("nan")], [0.9, 0.7])) is None
     assert objective({"hparams": {}, "gate_means": {"raw": {}}}) is None
+    # damaged or foreign results are missing, not a traceback: unknown settings, blocks that do not match
+    assert objective(_cell(1e-3, 0, [0.2], [0.9], pass_loss="cubic")) is None
+    mismatched = _cell(1e-3, 0, [0.2, 0.4], [0.9, 0.7])
+    del mismatched["gate_means"]["raw"]["retain_gate_mean_per_block"]["1"]
+    assert objective(mismatched) is None
+    assert objective(dict(_cell(1e-3, 0, [0.2], [0.9]), hparams={"lam": 1, "some_future_option": 3})) \
+        == pytest.approx(0.2 + 0.01)
 
 
-def test_the_lowest_median_over_seeds_is_chosen_and_a_failed_seed_is_missing_not_low():
+def test_the_lowest_median_over_seeds_is_chosen_and_a_failed_seed_counts_against_its_rate():
     cells = [
-        # 1e-4: medians of [0.6, 0.7, 0.65] -> 0.65
-        *(_cell(1e-4, s, [f], [1.0]) for s, f in enumerate([0.6, 0.7, 0.65])),
-        # 1e-3: one seed very low, the median 0.5 still the lowest
-        *(_cell(1e-3, s, [f], [1.0]) for s, f in enumerate([0.05, 0.5, 0.55])),
-        # 1e-2: two seeds at 0.52, and a diverged seed that must not count as a low objective
-        _cell(1e-2, 0, [0.52], [1.0]), _cell(1e-2, 1, [0.52], [1.0]), _cell(1e-2, 2, [float("nan")], [1.0]),
-        _cell(1e-2, 3, [0.0], [1.0], status="failed"),
+        # 1e-5: medians of [0.6, 0.7, 0.65] -> 0.65
+        *(_cell(1e-5, s, [f], [1.0]) for s, f in enumerate([0.6, 0.7, 0.65])),
+        # 1e-4: one seed very low, the median 0.5 still the lowest
+        *(_cell(1e-4, s, [f], [1.0]) for s, f in enumerate([0.05, 0.5, 0.55])),
+        # 1e-3: two seeds far lower, but a diverged and a failed seed count as infinite: median of
+        # [0.1, 0.1, inf, inf] = inf, so the rate that survived on two seeds of four is never chosen
+        _cell(1e-3, 0, [0.1], [1.0]), _cell(1e-3, 1, [0.1], [1.0]), _cell(1e-3, 2, [float("nan")], [1.0]),
+        _cell(1e-3, 3, [0.0], [1.0], status="failed"),
+        # 1e-2: one failed seed of three: median of [0.6, 0.6, inf] = 0.6
+        _cell(1e-2, 0, [0.6], [1.0]), _cell(1e-2, 1, [0.6], [1.0]), _cell(1e-2, 2, [0.0], [1.0], status="failed"),
     ]
     (entry,) = router_lr_choices(cells)
-    assert entry["chosen"] == 1e-3
+    assert entry["chosen"] == 1e-4 and entry["reason"] == "the lowest median objective"   # not at an end
     rows = {row["lr"]: row for row in entry["rows"]}
-    assert rows[1e-4]["median_objective"] == pytest.approx(0.65)
-    assert rows[1e-2]["median_objective"] == pytest.approx(0.52) and rows[1e-2]["missing"] == [2, 3]
+    assert rows[1e-5]["median_objective"] == pytest.approx(0.65)
+    assert rows[1e-3]["median_objective"] is None and rows[1e-3]["missing"] == [2, 3]
+    assert rows[1e-2]["median_objective"] == pytest.approx(0.6)
     text = "\n".join(router_lr_markdown(cells))
-    assert "Chosen: **0.001** (the lowest median objective)" in text and "| 0.01 | 0.5200 | 2 | 2, 3 |" in text
+    assert "Chosen: **0.0001** (the lowest median objective)." in text and "| 0.001 | -- | 2 | 2, 3 |" in text
+    # a choice at an end of the grid says so
+    (edge,) = router_lr_choices(cells[:6])
+    assert edge["chosen"] == 1e-4 and "the largest rate of the grid: one beyond it was not tried" in edge["reason"]
 
 
-def test_an_exact_tie_goes_to_the_smaller_learning_rate_and_a_missing_lr_is_the_default():
-    cells = [_cell(1e-2, 0, [0.3], [1.0]), _cell(None, 0, [0.3], [1.0], label="CRU")]
+def test_an_exact_tie_goes_to_the_smaller_learning_rate_and_a_cell_is_read_at_its_recorded_rate():
+    recorded = _cell(None, 0, [0.3], [1.0], label="CRU")
+    recorded["details"] = {"router_training": {"lr": 1e-3, "lam": 1.0}}   # what the routers trained with
+    cells = [_cell(1e-2, 0, [0.3], [1.0]), recorded, _cell(1e-2, 1, [0.3], [1.0])]
     (entry,) = router_lr_choices(cells)
-    assert [row["lr"] for row in entry["rows"]] == [1e-3, 1e-2]   # RouterTrainingConfig's default lr
-    assert entry["chosen"] == 1e-3
+    assert [row["lr"] for row in entry["rows"]] == [1e-3, 1e-2]
+    assert entry["chosen"] == 1e-3 and entry["unrecorded"] == 0
+    # a cell that records no rate (from before the record) is left out and counted, never read at today's default
+    unknown = _cell(None, 1, [0.0], [1.0], label="CRU")
+    (entry,) = router_lr_choices(cells + [unknown])
+    assert entry["unrecorded"] == 1 and [row["seeds"] for row in entry["rows"]] == [1, 2]
+    assert "1 CRU cell(s) of this block record no learning rate" in "\n".join(router_lr_markdown(cells + [unknown]))
 
 
 def test_no_choice_without_a_sweep_of_the_learning_rate_alone():

@@ -49,6 +49,8 @@ def train_cru(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: dic
     outcome["resources"]["trainable_params"] = sum(p.numel() for p in bundle.parameters())
     outcome["resources"]["total_params"] = sum(p.numel() for p in model.parameters()) + \
         outcome["resources"]["trainable_params"]
+    # what the routers trained with, defaults included: read by reporting.router_lr, whatever the defaults become
+    outcome["details"]["router_training"] = dict(bundle.config.training)
     metrics = dict(getattr(bundle.config, "metrics", {}) or {})
     outcome["gate_means"] = {"forget": metrics.get("forget_gate_mean"), "retain": metrics.get("retain_gate_mean"),
                              "raw": metrics}
