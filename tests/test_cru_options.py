@@ -324,17 +324,29 @@ def test_unlearn_flags_and_inspect(llama, tokenizer, tmp_path, capsys):
     assert "loss shape     : suppress quadratic, pass linear" in text
     assert "gate site      : mlp (256 coordinates per block)" in text
     assert "excluded       : top 2.0% by mean |activation| (6: 6, 7: 6)" in text
-    assert "training       : 1 epochs, lr 0.001, batch 8 forget + 16 retain rows per step" in text
+    assert ("training       : 1 epochs, lr 0.001, batch 8 forget + 16 retain rows per step, routers started open"
+            in text)
     assert manifest["training"]["retain_batch_ratio"] == 2 and manifest["training"]["router_init"] == "open"
     assert main(args[:-4] + ["--exclude-top-magnitude", "100", "--overwrite"]) == 2
     assert "exclude_top_magnitude must be a percentage in [0, 100)" in capsys.readouterr().err
 
 
 def test_runner_accepts_every_value_the_library_does(tmp_path):
-    """The runner's static choice lists (kept torch-free) accept each value the library knows."""
+    """The runner's static choice lists (kept torch-free) and `unlearn`'s flags accept each value the library
+    knows."""
     from cru_harness.cru import GATE_SITES, INPUT_NORMS, LOSS_SHAPES
     from cru_harness.cru.train import ROUTER_INITS
 
+    import argparse
+
+    from cru_harness.cru.cli import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    unlearn = parser._subparsers._group_actions[0].choices["unlearn"]   # argparse has no public lookup
+    flags = {action.dest: action.choices for action in unlearn._actions if action.choices}
+    assert tuple(flags["router_init"]) == ROUTER_INITS and tuple(flags["input_norm"]) == INPUT_NORMS
+    assert tuple(flags["gate_site"]) == GATE_SITES and tuple(flags["pass_loss"]) == LOSS_SHAPES
     for key, values in (("input_norm", INPUT_NORMS), ("gate_site", GATE_SITES), ("suppress_loss", LOSS_SHAPES),
                         ("pass_loss", LOSS_SHAPES), ("router_init", ROUTER_INITS)):
         for value in values:

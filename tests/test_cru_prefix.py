@@ -147,7 +147,7 @@ def test_schedule_and_public_step(tokenizer):
     config = RouterTrainingConfig(batch_size=4, epochs=2, retain_batch_ratio=3)
     assert schedule_for(10, 30, config) == wide
     assert schedule_for(10, 7, RouterTrainingConfig(batch_size=4, epochs=2)) == steps  # ratio 1: the paper's
-    with pytest.raises(ValueError, match="retain_batch_ratio must be a positive integer"):
+    with pytest.raises(ValueError, match="retain_batch_ratio: must be >= 1, got 0"):
         RouterTrainingConfig(retain_batch_ratio=0)
     model = build_tiny_model("gpt2", tokenizer)
     bundle = _bundle(model, tokenizer)

@@ -50,10 +50,13 @@ def test_an_argument_no_one_takes_is_named(model_dir):
 
 
 @pytest.mark.parametrize("kwargs, error, words", [
-    ({"dtype": "float17"}, DeviceError, "dtype='float17' in --model_args is not one of auto, float32, bfloat16, "
-                                        "float16"),
-    ({"softmax_dtype": "float17"}, DeviceError, "softmax_dtype='float17' in --model_args is not one of float32,"),
-    ({"mixed_precision_dtype": "auto"}, DeviceError, "mixed_precision_dtype='auto' in --model_args is not one of"),
+    ({"dtype": "float17"}, DeviceError, "dtype='float17' in --model_args is not a torch floating dtype (e.g. auto, "
+                                        "float32, bfloat16, float16)"),
+    ({"softmax_dtype": "float17"}, DeviceError, "softmax_dtype='float17' in --model_args is not a torch floating "
+                                                "dtype (e.g. float32,"),
+    ({"softmax_dtype": "int64"}, DeviceError, "softmax_dtype='int64' in --model_args is not a torch floating dtype"),
+    ({"mixed_precision_dtype": "auto"}, DeviceError, "mixed_precision_dtype='auto' in --model_args is not a torch"),
+    ({"device": 0}, DeviceError, "device 0 is not one of"),   # not a device name: refused, not read as none
     ({"max_length": "abc"}, ModelArgumentError, "max_length='abc' in --model_args is not a positive integer"),
     ({"max_length": 0}, ModelArgumentError, "max_length=0 in --model_args is not a positive integer"),
     ({"device": "cuda:99"}, DeviceError, "device 'cuda:99': "),
@@ -73,6 +76,9 @@ def test_usable_values_reach_lm_eval_in_its_spelling():
     check_argument_values(kwargs)
     assert kwargs == {"dtype": "bfloat16", "softmax_dtype": "float32", "max_length": 128,
                       "device": "cuda" if torch.cuda.is_available() else "cpu"}
+    wide = {"softmax_dtype": "float64", "dtype": "torch.float64", "device": "cpu"}   # lm-eval takes these too
+    check_argument_values(wide)
+    assert wide == {"softmax_dtype": "float64", "dtype": "float64", "device": "cpu"}
     default = {"device": "cuda:0"}  # lm_eval's command line without --device: HFLM's CPU fallback is kept
     check_argument_values(default)
     assert default == {"device": "cuda:0" if torch.cuda.is_available() else "cpu"}
@@ -163,14 +169,30 @@ def test_metadata_keys_of_both_suites_and_other_tools_pass():
     arguments = (known_arguments() | FROM_PRETRAINED_KWARGS
                  | set(inspect.signature(PreTrainedModel.from_pretrained).parameters))
     assert not [name for name in arguments if name.startswith(SUITE_PREFIXES)]
+    # and every setting the runner passes the tasks is one they read (else its own runs would be refused)
+    from cru_harness.runner.evaluation import PRESET_KEYS
+
+    assert set(PRESET_KEYS) <= set(METADATA_KEYS)
+
+
+def test_metadata_values_are_read_as_meant_or_refused():
+    from cru_harness.lmeval.metadata import metadata_count, metadata_flag
+
+    assert [metadata_flag(v, "k") for v in (True, "true", "Yes", 1, "1")] == [True] * 5
+    assert [metadata_flag(v, "k") for v in (False, None, "false", "0", 0, "")] == [False] * 6   # "false" is false
+    assert [metadata_count(v, "k") for v in (None, "", 0, "0", 5, "12")] == [None, None, None, None, 5, 12]
+    for bad, call in (("maybe", metadata_flag), (-1, metadata_count), ("abc", metadata_count), (2.5, metadata_count),
+                      (True, metadata_count)):
+        with pytest.raises(InputError, match="^--metadata k="):
+            call(bad, "k")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_args, extra, last_line", [
     ("base={model},routers={file}", [], "{file} is a file, not a router bundle directory (a directory holding "
                                         "cru_bundle.json and routers.safetensors)"),
-    ("base={model},softmax_dtype=float17", [], "cru model: softmax_dtype='float17' in --model_args is not one of "
-                                               "float32, bfloat16, float16"),
+    ("base={model},softmax_dtype=float17", [], "cru model: softmax_dtype='float17' in --model_args is not a torch "
+                                               "floating dtype (e.g. float32, bfloat16, float16)"),
     ("base={model}", ["--device", "cuda:99"], "device 'cuda:99': "),
     ("base=no-such-org/no-such-model", [], "cannot load base model 'no-such-org/no-such-model': "),
     ("base={model}", ["--metadata", '{{"data_dir": "{data}", "rwku_target": "5"}}'],

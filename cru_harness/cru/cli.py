@@ -234,7 +234,8 @@ def run_inspect(args: argparse.Namespace) -> int:
     if training:   # a bundle trained before retain_batch_ratio existed drew one retain row per forget row
         lines.append(f"  training       : {training.get('epochs')} epochs, lr {training.get('lr')}, batch "
                      f"{training.get('batch_size')} forget + "
-                     f"{training.get('batch_size', 0) * training.get('retain_batch_ratio', 1)} retain rows per step")
+                     f"{training.get('batch_size', 0) * training.get('retain_batch_ratio', 1)} retain rows per step, "
+                     f"routers started {training.get('router_init', 'default')}")   # older bundles: the default
     data = manifest.get("training_data", {})
     for side in ("forget", "retain"):
         if side in data:

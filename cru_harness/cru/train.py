@@ -17,13 +17,14 @@ import hashlib
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import InputError
+from ..runner.config import HPARAM_BOUNDS, bound_problem, seed_problem
 from ..context import fit_to_context
 from ..reductions import thread_invariant_sum
 from .attach import attach_bundles
@@ -97,20 +98,18 @@ class RouterTrainingConfig:
         validate_gate_site(self.gate_site)
         if self.router_init not in ROUTER_INITS:
             raise InputError(f"router_init must be one of {', '.join(ROUTER_INITS)}, got {self.router_init!r}")
-        for name in ("d_r", "epochs", "batch_size", "max_length", "retain_batch_ratio"):
-            if int(getattr(self, name)) < 1:
-                raise InputError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if not self.lr > 0:
-            raise InputError(f"lr must be positive, got {self.lr!r}")
-        if self.final_retain_rows is not None and int(self.final_retain_rows) < 1:
-            raise InputError(f"final_retain_rows must be a positive integer or None, got {self.final_retain_rows!r}")
         if self.prefix_cache_placement not in CACHE_PLACEMENTS:
             raise InputError(f"prefix_cache_placement must be one of {', '.join(CACHE_PLACEMENTS)}, "
                              f"got {self.prefix_cache_placement!r}")
-        if self.prefix_cache_max_gib is not None and not self.prefix_cache_max_gib > 0:
-            raise InputError(f"prefix_cache_max_gib must be positive, got {self.prefix_cache_max_gib!r}")
-        if not self.lam >= 0:
-            raise InputError(f"lam (lambda) must be non-negative, got {self.lam!r}")
+        # Every numeric field by the runner config's table, so a config, `cru-harness unlearn` and this API refuse
+        # the same values (d_r, epochs, lr, lam, max_length, last_k, ...), and the one seed rule.
+        for item in fields(self):
+            if item.name in HPARAM_BOUNDS:
+                problem = bound_problem(getattr(self, item.name), **HPARAM_BOUNDS[item.name])
+                if problem:
+                    raise InputError(f"{item.name}: {problem}")
+        if seed_problem(self.seed):
+            raise InputError(f"seed {seed_problem(self.seed)}")
 
 
 class GateRecorder:

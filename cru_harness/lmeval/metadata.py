@@ -34,3 +34,26 @@ def check_metadata_keys(metadata: Mapping) -> None:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise InputError(f"unknown --metadata key {key!r}{hint}; the TOFU and RWKU tasks read "
                              f"{', '.join(METADATA_KEYS)}")
+
+
+def metadata_flag(value, key: str) -> bool:
+    """A yes/no metadata value: a JSON boolean, or the strings true/false (yes/no, 1/0) a shell or an env var gives;
+    anything else is an `InputError` (the string "false" would otherwise read as true)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "1"):
+        return True
+    if text in ("false", "no", "0", ""):
+        return False
+    raise InputError(f"--metadata {key}={value!r}: expected true or false")
+
+
+def metadata_count(value, key: str) -> int | None:
+    """A row count in the metadata: a positive integer (or its digits); None, "" and 0 mean no limit. Anything else
+    is an `InputError` (-1 would otherwise drop each file's last row, "abc" end in a traceback)."""
+    if value in (None, "", 0, "0"):
+        return None
+    if isinstance(value, bool) or not (isinstance(value, int) or str(value).strip().isdigit()) or int(value) < 1:
+        raise InputError(f"--metadata {key}={value!r}: expected a positive integer (or 0 for every row)")
+    return int(value)

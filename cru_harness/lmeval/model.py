@@ -150,24 +150,30 @@ def check_argument_values(kwargs: dict, *, check_device: bool = True) -> None:
     - `max_length`: a positive integer (lm-eval fails with a TypeError midway through generation).
     - `device`: the project's device rule (`devices.resolve_device`), so a device that is not there is refused
       before loading; `auto`, and no device at all (HFLM's own default would be `cuda`), become the device `auto`
-      resolves to. lm-eval's command-line default
-      `LMEVAL_DEFAULT_DEVICE` without CUDA stays HFLM's fallback to the CPU: a run without `--device` must work.
+      resolves to. lm-eval's command-line default `LMEVAL_DEFAULT_DEVICE` without CUDA stays HFLM's fallback to
+      the CPU: a run without `--device` must work. (The command line passes that same string for an explicit
+      `--device cuda:0`, which therefore falls back too; `cuda`, `cuda:1`, ... are refused.)
       A dtype the device cannot compute in (bf16 on a pre-Ampere GPU) is refused too.
     """
     from cru_harness.devices import (DTYPE_NAMES, DeviceError, check_dtype_on_device, dtype_name, parse_dtype,
                                      resolve_device)
 
+    import torch
+
     for name in DTYPE_ARGUMENTS:
         value = kwargs.get(name)
         if value is None:
             continue
-        choices = DTYPE_NAMES if name == "dtype" else DTYPE_NAMES[1:]
         try:
             canonical = dtype_name(parse_dtype(value))
-        except DeviceError:
-            canonical = None
-        if canonical not in choices:
-            raise DeviceError(f"cru model: {name}={value!r} in --model_args is not one of {', '.join(choices)}")
+        except DeviceError:   # beyond the project's names, any torch floating dtype lm-eval takes (float64, ...)
+            text = str(value).strip().lower().removeprefix("torch.")
+            found = getattr(torch, text, None)
+            canonical = text if isinstance(found, torch.dtype) and found.is_floating_point else None
+        if canonical is None or (canonical == "auto" and name != "dtype"):
+            choices = DTYPE_NAMES if name == "dtype" else DTYPE_NAMES[1:]
+            raise DeviceError(f"cru model: {name}={value!r} in --model_args is not a torch floating dtype (e.g. "
+                              f"{', '.join(choices)})")
         kwargs[name] = canonical
     length = kwargs.get("max_length")
     if length is not None:
@@ -177,16 +183,16 @@ def check_argument_values(kwargs: dict, *, check_device: bool = True) -> None:
         kwargs["max_length"] = int(length)
     if not check_device:
         return
-    import torch
-
-    device = kwargs.get("device") or "auto"   # none given (simple_evaluate without device=): a GPU if there is one
+    device = kwargs.get("device")
+    if device is None:   # none given (simple_evaluate without device=): a GPU if there is one
+        device = "auto"
     if device == LMEVAL_DEFAULT_DEVICE and not torch.cuda.is_available():
         kwargs["device"] = "cpu"
         eval_logger.warning(f"device {device!r} (lm-eval's default) is not available: running on the CPU")
         return
     resolved = resolve_device(device)
     kwargs["device"] = str(resolved)  # HFLM falls back to any device for `auto`, and takes strings only
-    if kwargs.get("dtype") not in (None, "auto"):
+    if kwargs.get("dtype") in DTYPE_NAMES[1:]:
         check_dtype_on_device(parse_dtype(kwargs["dtype"]), resolved)
 
 
@@ -282,7 +288,7 @@ class CRULM(HFLM):
             self.router_sources = [str(e) if isinstance(e, (str, Path)) else repr(e) for e in entries]
             self._attach()
 
-    def _get_config(self, pretrained, **kwargs) -> None:
+    def _get_config(self, pretrained, **kwargs) -> None:   # HFLM's own (lm-eval 0.4.13, pinned), narrowed
         try:
             super()._get_config(pretrained, **kwargs)
         except OSError as err:

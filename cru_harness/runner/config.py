@@ -7,6 +7,7 @@ The schema is documented key by key in `SCHEMA` below and in `docs/results_schem
 from __future__ import annotations
 
 import copy
+import math
 import numbers
 import os
 import re
@@ -270,6 +271,8 @@ def bound_problem(value: Any, *, low=None, above=None, high=None, below_high=Fal
         return f"expected a number, got {value!r}"
     if integer and not isinstance(value, numbers.Integral):
         return f"expected an integer, got {value!r}"
+    if not math.isfinite(value):   # inf / nan pass an open bound (or have none, as gamma)
+        return f"expected a finite number, got {value!r}"
     # `not >=`: NaN fails every bound
     if low is not None and not value >= low:
         return f"must be >= {low}, got {value!r}"

@@ -31,7 +31,7 @@ from lm_eval.api.task import ConfigurableTask
 from cru_harness.data.rwku import ICU_INSTRUCTION, MissingTargetFileError, get_target, load_target_file, parse_targets
 from cru_harness.data.rwku import PROBE_KINDS as QUESTION_KIND_PROBES
 from cru_harness.errors import InputError
-from cru_harness.lmeval.metadata import check_metadata_keys
+from cru_harness.lmeval.metadata import check_metadata_keys, metadata_count, metadata_flag
 from cru_harness.lmeval.protocol import JOINT_MARKER, template_date
 from cru_harness.prompts import (RWKU_ANSWER_PREFIX, RWKU_DATE, RWKU_QUESTION_PROBES, check_rwku_preset,
                                  rwku_plain_prompt, rwku_probe_prompt)
@@ -150,7 +150,7 @@ def load_rows(probe: str, rwku_targets=None, data_dir=None, rwku_items_per_targe
     indices, origin = resolve_target_spec(rwku_targets)
     if probe in UTILITY_PROBES:
         indices = _utility_targets(probe, indices, origin, data_dir, rwku_utility_missing)
-    per_target = None if rwku_items_per_target in (None, "", 0) else int(rwku_items_per_target)
+    per_target = metadata_count(rwku_items_per_target, "rwku_items_per_target")
     docs: list[dict] = []
     for index in indices:
         target = get_target(index, data_dir)
@@ -290,7 +290,7 @@ class RWKUTask(ConfigurableTask):
         metadata = dict(config.get("metadata") or {})
         metadata["rwku_preset"] = check_rwku_preset(metadata.get("rwku_preset"))  # recorded in the results
         probe = (config.get("dataset_kwargs") or {}).get("rwku_probe")
-        if metadata.get("rwku_newline_stop") and probe in NEWLINE_STOP_PROBES:
+        if metadata_flag(metadata.get("rwku_newline_stop"), "rwku_newline_stop") and probe in NEWLINE_STOP_PROBES:
             generation = dict(config.get("generation_kwargs") or {})
             generation["until"] = list(generation.get("until") or []) + ["\n"]
             config["generation_kwargs"] = generation
