@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..errors import InputError
-from ..runner.config import HPARAM_BOUNDS, adam_betas_problem, bound_problem
+from ..runner.config import adam_betas_problem, fields_problem
 
 SCHEDULERS = ("linear", "cosine", "constant")
 MIXED_PRECISION = ("no", "fp16", "bf16")
@@ -58,11 +58,8 @@ class BaselineConfig:
         # Every numeric field, a subclass's (alpha, beta, ...) too, by the runner config's table (kept there,
         # torch-free, so validating a config imports no torch): a config, `cru-harness finetune` and this API
         # refuse the same values. Weight decay, for one, reaches AdamW per parameter group, unchecked by torch.
-        for field in dataclasses.fields(self):
-            if field.name in HPARAM_BOUNDS:
-                problem = bound_problem(getattr(self, field.name), **HPARAM_BOUNDS[field.name])
-                if problem:
-                    raise InputError(f"{field.name}: {problem}")
+        if fields_problem(self):
+            raise InputError(fields_problem(self))
         if adam_betas_problem(self.adam_betas):
             raise InputError(f"adam_betas: {adam_betas_problem(self.adam_betas)}")
         self.adam_betas = tuple(self.adam_betas)

@@ -17,14 +17,14 @@ import hashlib
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import InputError
-from ..runner.config import HPARAM_BOUNDS, bound_problem, seed_problem
+from ..runner.config import fields_problem, seed_problem
 from ..context import fit_to_context
 from ..reductions import thread_invariant_sum
 from .attach import attach_bundles
@@ -103,11 +103,8 @@ class RouterTrainingConfig:
                              f"got {self.prefix_cache_placement!r}")
         # Every numeric field by the runner config's table, so a config, `cru-harness unlearn` and this API refuse
         # the same values (d_r, epochs, lr, lam, max_length, last_k, ...), and the one seed rule.
-        for item in fields(self):
-            if item.name in HPARAM_BOUNDS:
-                problem = bound_problem(getattr(self, item.name), **HPARAM_BOUNDS[item.name])
-                if problem:
-                    raise InputError(f"{item.name}: {problem}")
+        if fields_problem(self):
+            raise InputError(fields_problem(self))
         if seed_problem(self.seed):
             raise InputError(f"seed {seed_problem(self.seed)}")
 

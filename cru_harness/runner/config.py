@@ -312,6 +312,19 @@ HPARAM_BOUNDS: dict[str, dict[str, Any]] = {
 }
 
 
+def fields_problem(settings: Any) -> str | None:
+    """What is wrong with a dataclass of settings (the baselines' and CRU's configs), "name: problem" for its first
+    field outside its `HPARAM_BOUNDS` rule, or None: the one check both dataclasses run in `__post_init__`."""
+    import dataclasses
+
+    for item in dataclasses.fields(settings):
+        if item.name in HPARAM_BOUNDS:
+            problem = bound_problem(getattr(settings, item.name), **HPARAM_BOUNDS[item.name])
+            if problem:
+                return f"{item.name}: {problem}"
+    return None
+
+
 def seed_problem(seed: Any) -> str | None:
     """What is wrong with a seed, or None: the one rule for a config's `seeds` and every command's --seed, the
     range numpy and accelerate's set_seed accept (outside it every trained cell would fail there)."""
