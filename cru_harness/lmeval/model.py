@@ -145,7 +145,8 @@ def check_argument_values(kwargs: dict, *, check_device: bool = True) -> None:
     """Validate (and normalise, in place) the `--model_args` values lm-eval would only trip over later.
 
     - `dtype`, `softmax_dtype`, `mixed_precision_dtype`: the project's dtype rule (`devices.parse_dtype`), passed
-      on by canonical name (`bf16` -> `bfloat16`); `auto` (the checkpoint's own) is a weight dtype only. lm-eval
+      on by canonical name (`bf16` -> `bfloat16`), or any other torch floating dtype lm-eval takes (`float64`);
+      `auto` (the checkpoint's own) is a weight dtype only. lm-eval
       would fail on `float17` with an AttributeError, the softmax one only when it scores.
     - `max_length`: a positive integer (lm-eval fails with a TypeError midway through generation).
     - `device`: the project's device rule (`devices.resolve_device`), so a device that is not there is refused
@@ -155,10 +156,10 @@ def check_argument_values(kwargs: dict, *, check_device: bool = True) -> None:
       `--device cuda:0`, which therefore falls back too; `cuda`, `cuda:1`, ... are refused.)
       A dtype the device cannot compute in (bf16 on a pre-Ampere GPU) is refused too.
     """
+    import torch
+
     from cru_harness.devices import (DTYPE_NAMES, DeviceError, check_dtype_on_device, dtype_name, parse_dtype,
                                      resolve_device)
-
-    import torch
 
     for name in DTYPE_ARGUMENTS:
         value = kwargs.get(name)
