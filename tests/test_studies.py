@@ -463,7 +463,9 @@ def test_router_lr_study_trains_at_each_learning_rate_and_the_report_applies_the
     assert entry["chosen"] in (1e-5, 1e-2) and [row["seeds"] for row in entry["rows"]] == [1, 1]
     assert main(["report", str(out), "--out", str(tmp_path / "report")]) == 0
     report = (tmp_path / "report" / "report.md").read_text()
-    assert f"Chosen: **{entry['chosen']:g}** (the lowest median objective)" in report
+    # two rates: the choice is always at an end of the grid, and says so
+    assert f"Chosen: **{entry['chosen']:g}** (the lowest median objective; the " in report
+    assert "rate of the grid: one beyond it was not tried)" in report
     assert list((out / "study").glob("sweep_*.png"))
 
 
