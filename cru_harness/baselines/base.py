@@ -58,10 +58,10 @@ class BaselineConfig:
         # Every numeric field, a subclass's (alpha, beta, ...) too, by the runner config's table (kept there,
         # torch-free, so validating a config imports no torch): a config, `cru-harness finetune` and this API
         # refuse the same values. Weight decay, for one, reaches AdamW per parameter group, unchecked by torch.
-        if fields_problem(self):
-            raise InputError(fields_problem(self))
-        if adam_betas_problem(self.adam_betas):
-            raise InputError(f"adam_betas: {adam_betas_problem(self.adam_betas)}")
+        if problem := fields_problem(self):
+            raise InputError(problem)
+        if problem := adam_betas_problem(self.adam_betas):
+            raise InputError(f"adam_betas: {problem}")
         self.adam_betas = tuple(self.adam_betas)
 
     def gradient_accumulation_steps(self, num_processes: int = 1) -> int:

@@ -24,7 +24,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import InputError
-from ..runner.config import fields_problem, seed_problem
+from ..runner.config import check_seed, fields_problem
 from ..context import fit_to_context
 from ..reductions import thread_invariant_sum
 from .attach import attach_bundles
@@ -103,10 +103,9 @@ class RouterTrainingConfig:
                              f"got {self.prefix_cache_placement!r}")
         # Every numeric field by the runner config's table, so a config, `cru-harness unlearn` and this API refuse
         # the same values (d_r, epochs, lr, lam, max_length, last_k, ...), and the one seed rule.
-        if fields_problem(self):
-            raise InputError(fields_problem(self))
-        if seed_problem(self.seed):
-            raise InputError(f"seed {seed_problem(self.seed)}")
+        if problem := fields_problem(self):
+            raise InputError(problem)
+        check_seed(self.seed, what="seed")
 
 
 class GateRecorder:

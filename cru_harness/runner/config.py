@@ -291,11 +291,11 @@ def adam_betas_problem(betas: Any) -> str | None:
     return f"expected two numbers in [0, 1), got {betas!r}"
 
 
-#: The rule of every numeric hyperparameter, one table for both front ends: a config's values are checked against
-#: it here (`_number`), and the baselines' dataclass checks its fields against it (`BaselineConfig.__post_init__`:
-#: the runner, `cru-harness finetune` and the baselines' API), so a value a config lets through is one training
-#: accepts. CRU's names (lr, epochs, batch_size, lam, percentile, ...) follow `cru.train.RouterTrainingConfig`'s
-#: checks. Static, as METHOD_HPARAMS: validating a config imports no torch.
+#: The rule of every numeric hyperparameter, one table for every front end: a config's values are checked against
+#: it here (`_number`), and the baselines' and CRU's dataclasses check their fields against it (`fields_problem`, in
+#: `BaselineConfig` and `RouterTrainingConfig`: the runner, `cru-harness finetune` / `unlearn` and the Python API),
+#: so a value a config lets through is one training accepts. Static, as METHOD_HPARAMS: validating a config imports
+#: no torch.
 HPARAM_BOUNDS: dict[str, dict[str, Any]] = {
     "learning_rate": dict(above=0), "weight_decay": dict(low=0), "num_epochs": dict(low=1, integer=True),
     "warmup_epochs": dict(low=0), "warmup_steps": dict(low=0, integer=True, optional=True),
@@ -389,8 +389,8 @@ def _validate_hparams(method: str, hparams: dict, where: str, source: str | None
             _fail(path, f"given twice (as {canon!r} and an alias)", source)
         if canon in HPARAM_BOUNDS:
             value = _number(value, path, source, **HPARAM_BOUNDS[canon])
-        if canon == "adam_betas" and adam_betas_problem(value):
-            _fail(path, adam_betas_problem(value), source)
+        if canon == "adam_betas" and (problem := adam_betas_problem(value)):
+            _fail(path, problem, source)
         if canon in _BOOLEAN_HPARAMS:
             value = _boolean(value, path, source)
         if canon in _CHOICES and value not in _CHOICES[canon]:
@@ -425,8 +425,8 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
     if not isinstance(seeds, list) or not seeds:
         _fail("seeds", f"expected a non-empty list of integers, got {seeds!r}", source)
     for i, seed in enumerate(seeds):
-        if seed_problem(seed):
-            _fail(f"seeds[{i}]", seed_problem(seed), source)
+        if problem := seed_problem(seed):
+            _fail(f"seeds[{i}]", problem, source)
     if len(set(seeds)) != len(seeds):
         _fail("seeds", f"repeats a seed: {seeds}", source)
 

@@ -259,9 +259,9 @@ def provenance_lines(dirs) -> list[str]:
     total = len(records)
     lines = ["## Provenance", "", f"This checkout's code version: {current}."]
     if invalid:   # a cell the tables silently lacked would change them without a word
+        named = "; ".join(f"{path} ({problem})" for path, problem in sorted(invalid.items()))
         lines.append(f"- **{len(invalid)} cell file(s) are not valid**: a cell whose result.json is among them is left "
-                     "out of every table, and `cru-harness run` recomputes it: " + "; ".join(f"{path} ({problem})" for path, problem in
-                                                          sorted(invalid.items())))
+                     f"out of every table, and `cru-harness run` recomputes it: {named}")
     for version, commits in sorted(code_commits(records).items()):
         lines.append(f"- code version {version}: commit {', '.join(sorted(commits))}")
     if stale:
