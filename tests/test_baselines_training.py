@@ -220,6 +220,29 @@ def test_ga_reduces_forget_likelihood_and_saves(tokenizer, tmp_path):
     assert mean_logp(reloaded, tokenizer, FORGET) == pytest.approx(after, abs=1e-4)
 
 
+def test_a_mixed_precision_model_comes_back_plain_and_is_freed_with_its_last_reference(tokenizer, tmp_path):
+    """accelerate's unwrap_model keeps an autocast wrapper on `forward` by default: the returned model would keep
+    running under bf16 autocast, and the wrapper's reference cycle would keep it (on a GPU, its memory) alive
+    until the cyclic collector ran, into the runner's next cell."""
+    import gc
+    import weakref
+
+    model = tiny(tokenizer)
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    res = B.unlearn(str(tmp_path / "m"), None, FORGET, RETAIN, "ga", fast_config("ga", num_epochs=1), seed=0,
+                    dtype="bfloat16", device="cpu", progress=False)
+    assert res.config["mixed_precision"] == "bf16" and next(res.model.parameters()).dtype == torch.bfloat16
+    assert "forward" not in vars(res.model)   # the class's forward, no autocast wrapper
+    alive = weakref.ref(res.model)
+    gc.disable()
+    try:
+        del res
+        assert alive() is None
+    finally:
+        gc.enable()
+
+
 def test_one_process_trains_in_several_precisions_in_turn():
     """The runner trains cells one after another in one process. accelerate keeps one process-wide state and
     refuses a second mixed precision; `make_accelerator` resets it (accelerate's internal

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,6 @@ import yaml
 from test_lmeval_support import CORPUS, shared_tiny_dir
 
 import cru_harness.baselines as B
-from cru_harness.cli import main
 from cru_harness.finetune import FinetuneConfig, finetune
 
 pytestmark = pytest.mark.gpu
@@ -43,7 +44,8 @@ def _flat(model) -> torch.Tensor:
 def test_one_optimizer_step_of_every_baseline_on_cuda(tiny_dir, name, dtype):
     from transformers import AutoModelForCausalLM
 
-    start = _flat(AutoModelForCausalLM.from_pretrained(tiny_dir))
+    # the start in the dtype the result comes back in: bf16 rounding alone must not read as training
+    start = _flat(AutoModelForCausalLM.from_pretrained(tiny_dir).to(getattr(torch, dtype)))
     config = B.get_method(name).Config(learning_rate=1e-3, num_epochs=1, warmup_epochs=0.0, effective_batch_size=4,
                                        micro_batch_size=2, lr_scheduler="constant")
     res = B.unlearn(str(tiny_dir), None, ROWS, ROWS, name, config, seed=0, refusals=REFUSALS, dtype=dtype,
@@ -56,11 +58,17 @@ def test_one_optimizer_step_of_every_baseline_on_cuda(tiny_dir, name, dtype):
 
 
 def test_finetune_one_epoch_on_cuda(tiny_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    start = _flat(AutoModelForCausalLM.from_pretrained(tiny_dir).to(torch.bfloat16))
     out = tmp_path / "ft"
     res = finetune(str(tiny_dir), ROWS, out, config=FinetuneConfig(num_epochs=1, effective_batch_size=4,
                                                                    micro_batch_size=2, learning_rate=1e-3),
                    device="cuda", dtype="bfloat16", progress=False)
     assert res.optimizer_steps == 1 and res.resources["device"].startswith("cuda")
+    assert res.config["mixed_precision"] == "bf16" and res.dtype == "bfloat16"
+    saved = AutoModelForCausalLM.from_pretrained(out, dtype="auto")
+    assert next(saved.parameters()).dtype == torch.bfloat16 and not torch.equal(_flat(saved), start)
     assert (out / "finetune_record.json").is_file()
 
 
@@ -116,11 +124,16 @@ def test_ci_minimal_on_cuda(tmp_path):
     config = tmp_path / "ci_cuda.yaml"
     config.write_text(yaml.safe_dump(raw))
     out = tmp_path / "run"
-    assert main(["run", str(config), "--output-dir", str(out), "--no-report"]) == 0
+    # in a process of its own: the first cell is then the first use of CUDA in it, as in a user's run
+    done = subprocess.run([sys.executable, "-m", "cru_harness", "run", str(config), "--output-dir", str(out),
+                           "--no-report"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads(p.read_text()) for p in (out / "cells").glob("*/result.json")]
     assert {r["label"] for r in results} == {"Retain", "Original", "GA", "CRU"}
     for r in results:
         assert r["status"] == "ok", (r["label"], r.get("reason"), r.get("error"))
+        assert r["resources"]["gpu_name"] == torch.cuda.get_device_name(0)
+        assert r["resources"]["cell_peak_cuda_memory_bytes"] > 0
 
 
 def test_device_map_split_over_two_gpus(tiny_dir, tmp_path):

@@ -92,6 +92,8 @@ class _FakeCuda:
     def patch(self, monkeypatch):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+        monkeypatch.setattr(torch.cuda, "init", lambda: None)
+        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
         monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda i: self.resets.append(i))
         monkeypatch.setattr(torch.cuda, "synchronize", lambda i=None: None)
         monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda i: (3 if i == 0 else 5) * 2**20)
@@ -126,6 +128,61 @@ def test_cuda_cells_record_gpu_name_and_peak_memory(tmp_path, monkeypatch):
                                           "resources": {"cell_peak_cuda_memory_bytes": 5 * 2**20,
                                                         "gpu_name": "NVIDIA H200"}}])
     assert "| tofu | m | GA | NVIDIA H200 | 5.0 | 1 |" in resources
+
+
+class _LazyFakeCuda:
+    """torch.cuda as a fresh process sees it (test double): resetting a counter before CUDA is initialised raises,
+    as the real allocator does; peaks follow `allocate`."""
+
+    def __init__(self):
+        self.initialized, self.current, self.peak = False, 0, 0
+
+    def _init(self):
+        self.initialized = True
+
+    def _reset(self, index):
+        if not self.initialized:
+            raise RuntimeError(f"Invalid device argument {index}: did you call init?")
+        self.peak = self.current
+
+    def allocate(self, transient: int, kept: int):
+        self.peak, self.current = max(self.peak, transient), kept
+
+    def patch(self, monkeypatch):
+        for name, value in {"is_available": lambda: True, "device_count": lambda: 1, "init": self._init,
+                            "is_initialized": lambda: self.initialized, "current_device": lambda: 0,
+                            "reset_peak_memory_stats": self._reset, "synchronize": lambda i=None: self._init(),
+                            "max_memory_allocated": lambda i=None: self.peak, "empty_cache": lambda: None,
+                            "get_device_name": lambda i=None: "NVIDIA H200"}.items():
+            monkeypatch.setattr(torch.cuda, name, value)
+
+
+def test_a_cells_gpu_peak_in_a_fresh_process_covers_loading_and_training(tmp_path, monkeypatch):
+    from cru_harness.baselines.resources import ResourceMonitor
+
+    config = cfg.validate_config({"name": "g", "output_dir": str(tmp_path / "run"), "device": "cpu",
+                                  "models": [{"name": "m", "path": "zoo:llama"}],
+                                  "benchmarks": {"tofu": {"splits": ["forget01"]}}, "methods": ["GA"]})
+    cell = build_plan(config)[-1]
+    fake = _LazyFakeCuda()
+    fake.patch(monkeypatch)
+    seen = {}
+
+    def executor(c, w):
+        fake.allocate(transient=150, kept=100)        # loading: a transient peak above the weights it keeps
+        with ResourceMonitor("cuda:0") as monitor:    # training resets the same counter
+            fake.allocate(transient=120, kept=100)
+        seen["train_peak"] = monitor.record.peak_memory_bytes
+        return {"metrics": {}}
+
+    result, _ = run_one(cell, tmp_path, executor, device="cuda:0")
+    # the first cell of a process that never touched CUDA: no "did you call init?" crash
+    assert result["status"] == "ok" and fake.initialized
+    assert seen["train_peak"] == 120                                  # training's own peak
+    assert result["resources"]["cell_peak_cuda_memory_bytes"] == 150  # the cell's: loading included
+    # the next cell starts its own measurement
+    result, _ = run_one(cell, tmp_path, lambda c, w: fake.allocate(transient=110, kept=100) or {}, device="cuda:0")
+    assert result["resources"]["cell_peak_cuda_memory_bytes"] == 110
 
 
 def test_report_checks_the_regime_and_names_failed_cells(tmp_path):

@@ -22,6 +22,42 @@ def peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
+# The CUDA allocator keeps one high-water mark per GPU. A whole runner cell (`runner.loop.CudaPeak`) and the
+# training inside it (`ResourceMonitor`) both measure with it, so an inner reset keeps the peak it discards here,
+# for the outer measurement to read back (else a cell's peak would omit what ran before its training).
+_DISCARDED_PEAKS: dict[int, int] = {}
+
+
+def _cuda_index(device) -> int:
+    index = device if isinstance(device, int) else torch.device(device).index
+    return torch.cuda.current_device() if index is None else index
+
+
+def begin_cuda_peak(device) -> None:
+    """Start measuring GPU `device`'s peak allocated memory from now (`cuda_peak` reads it). Initialises CUDA
+    first: resetting an uninitialised device's counter raises ("did you call init?"), as it would on the first
+    cell of a process that has not touched the GPU yet."""
+    torch.cuda.init()
+    index = _cuda_index(device)
+    _DISCARDED_PEAKS.pop(index, None)
+    torch.cuda.reset_peak_memory_stats(index)
+
+
+def restart_cuda_peak(device) -> None:
+    """Reset GPU `device`'s counter for a measurement nested in another (training inside a cell), keeping the
+    discarded peak for the outer one's `cuda_peak`."""
+    torch.cuda.init()
+    index = _cuda_index(device)
+    _DISCARDED_PEAKS[index] = max(_DISCARDED_PEAKS.get(index, 0), int(torch.cuda.max_memory_allocated(index)))
+    torch.cuda.reset_peak_memory_stats(index)
+
+
+def cuda_peak(device) -> int:
+    """Peak allocated bytes on GPU `device` since `begin_cuda_peak`, nested restarts included."""
+    index = _cuda_index(device)
+    return max(int(torch.cuda.max_memory_allocated(index)), _DISCARDED_PEAKS.get(index, 0))
+
+
 def count_parameters(model: torch.nn.Module, trainable_only: bool = True) -> int:
     """Number of parameters (trainable ones only by default); shared tensors counted once."""
     seen: set[int] = set()
@@ -74,7 +110,7 @@ class ResourceMonitor:
     def __enter__(self) -> "ResourceMonitor":
         if self._cuda:
             torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
+            restart_cuda_peak(self.device)
             self._start_mem = torch.cuda.max_memory_allocated(self.device)
         else:
             self._start_mem = peak_rss_bytes()

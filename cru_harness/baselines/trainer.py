@@ -120,6 +120,22 @@ def step_counts(config: BaselineConfig, micro_batches_per_epoch: int, accum: int
     return total, min(warmup, total)
 
 
+def _without_autocast(model: torch.nn.Module) -> torch.nn.Module:
+    """The model as it was before mixed precision put an autocast wrapper on its `forward` (accelerate keeps the
+    previous one as `_original_forward`). Left on, the model would go on running under autocast, and the wrapper,
+    a method bound on the instance, is a reference cycle that keeps the model (its GPU memory) alive until the
+    cyclic collector runs: into the runner's next cell. accelerate's own `keep_fp32_wrapper=False` is not used:
+    it unwraps every `__wrapped__`, transformers' decorators on the class's forward included."""
+    original = vars(model).pop("_original_forward", None)
+    if original is None:
+        return model
+    if getattr(original, "__self__", None) is model and getattr(original, "__func__", None) is type(model).forward:
+        vars(model).pop("forward", None)   # the class's own forward serves, bound on each call
+    else:
+        model.forward = original            # a forward the instance had before (e.g. accelerate's device hooks)
+    return model
+
+
 def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, *, ref_model=None, seed: int = 0,
                      accelerator: Accelerator | None = None, progress: bool = True) -> TrainResult:
     """Train `model` in place with `method.compute_loss` on `dataset` (a `data.ForgetRetainDataset`)."""
@@ -203,6 +219,6 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
         optimizer_step(group, config.num_epochs - 1)
     bar.close()
     model.eval()
-    result.model = accelerator.unwrap_model(model)
+    result.model = _without_autocast(accelerator.unwrap_model(model))
     result.final_logs = dict(result.history[-1]) if result.history else {}
     return result

@@ -9,6 +9,7 @@ The real executor is `runner.execute.PlanExecutor`; tests inject fake executors 
 """
 from __future__ import annotations
 
+import gc
 import threading
 import time
 import traceback
@@ -63,9 +64,11 @@ class PeakRSSSampler:
 
 
 class CudaPeak:
-    """Peak GPU memory of a block on every visible GPU (torch's allocator high-water mark, reset at the start), and
-    the GPUs' names: what a cell on `cuda` used, evaluation included (training's own peak is `train_peak_*`).
-    Inactive (records nothing) when the cell's device is not CUDA."""
+    """Peak GPU memory of a block on every visible GPU (torch's allocator high-water mark from the start, training's
+    own reset included: `baselines.resources.cuda_peak`), and the GPUs' names: what a cell on `cuda` used, loading
+    and evaluation included (training's own peak is `train_peak_*`). What an earlier cell left unreferenced is
+    collected and its cached blocks released first, so that it is not counted. Inactive (records nothing) when
+    the cell's device is not CUDA."""
 
     def __init__(self, device: str):
         self.active = str(device).startswith("cuda")
@@ -76,21 +79,27 @@ class CudaPeak:
         if self.active:
             import torch
 
+            from ..baselines.resources import begin_cuda_peak
+
             self.active = torch.cuda.is_available()
             if self.active:
+                gc.collect()  # a model kept alive only by a reference cycle would otherwise stay on the GPU
+                torch.cuda.empty_cache()
                 for index in range(torch.cuda.device_count()):
-                    torch.cuda.reset_peak_memory_stats(index)
+                    begin_cuda_peak(index)
         return self
 
     def __exit__(self, *exc):
         if self.active:
             import torch
 
+            from ..baselines.resources import cuda_peak
+
             try:
                 count = torch.cuda.device_count()
                 for index in range(count):
                     torch.cuda.synchronize(index)
-                self.peak_bytes = max(int(torch.cuda.max_memory_allocated(index)) for index in range(count))
+                self.peak_bytes = max(cuda_peak(index) for index in range(count))
                 self.gpus = [torch.cuda.get_device_name(index) for index in range(count)]
             except RuntimeError:  # a CUDA error left by the failed cell: its own error is what gets recorded
                 self.peak_bytes, self.gpus = None, []
