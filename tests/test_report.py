@@ -5,7 +5,7 @@ import math
 import pytest
 
 from cru_harness.reporting import stats, tables
-from cru_harness.reporting.cli import compare_methods, write_report
+from cru_harness.reporting.cli import compare_methods, stats_markdown, write_report
 from cru_harness.runner.cache import CellStore
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -49,12 +49,15 @@ def test_friedman_statistic_hand_computed():
     # Ranks (1 = best) per block: CRU 1,1,1,1 (R=4); GA 2,2,3,3 (R=10); NPO 3,3,2,2 (R=10).
     # n = 4 blocks, k = 3 methods, no ties:
     #   chi2 = 12 / (n k (k+1)) * sum R_j^2 - 3 n (k+1) = 12/48 * (16 + 100 + 100) - 48 = 54 - 48 = 6.0
-    # p = P(chi2_2 > 6) = exp(-6/2) = 0.049787
+    # chi-square approximation: P(chi2_2 > 6) = exp(-6/2) = 0.049787. The permutation p is exact here: of the
+    # 3!**4 = 1296 arrangements of each block's scores, 90 give chi2 >= 6 (the rank sums' spread is as large),
+    # so p = 90 / 1296 = 0.0694: the approximation claims 0.05 where the exact test does not reach it.
     comparison = compare_methods(synthetic_blocks(), "tofu")
     f = comparison["friedman"]
     assert f["status"] == "ok" and f["n_blocks"] == 4
     assert f["statistic"] == pytest.approx(6.0)
-    assert f["pvalue"] == pytest.approx(math.exp(-3.0))
+    assert f["pvalue_chi2"] == pytest.approx(math.exp(-3.0))
+    assert f["pvalue"] == pytest.approx(90 / 1296) and f["pvalue_method"].startswith("exact over all 1,296")
     assert f["mean_ranks"] == {"CRU": 1.0, "GA": 2.5, "NPO": 2.5}
     # Wilcoxon: only 4 pairs per comparison -> too few (min exact two-sided p with 4 pairs is 0.125)
     w = comparison["wilcoxon"]
@@ -71,6 +74,49 @@ def test_too_few_blocks_says_so():
     two_methods = [r for r in synthetic_blocks() if r["label"] != "NPO"]
     f = compare_methods(two_methods, "tofu")["friedman"]
     assert f["status"] == "too_few" and "at least 3" in f["message"]
+
+
+def test_friedman_p_by_random_arrangements_when_there_are_too_many():
+    # 7 methods x 6 blocks: 5040**6 arrangements, so PERMUTATIONS random ones (seeded: the same p every time)
+    scores = {b: {m: ((b * 7 + i * 3) % 11) / 10 for i, m in enumerate("ABCDEFG")} for b in range(6)}
+    first, again = stats.friedman(scores), stats.friedman(scores)
+    assert first["status"] == "ok" and first["pvalue"] == again["pvalue"]
+    assert "9,999 random" in first["pvalue_method"] and 1 / 10000 <= first["pvalue"] <= 1
+
+
+def test_a_method_scored_on_few_blocks_is_left_out_not_every_block():
+    # one extra NPO setting on one of five splits: leaving the blocks that lack it would leave none
+    scores = {b: {"GA": 0.1 * b, "GD": 0.5, "NPO": 0.9 - 0.1 * b} for b in range(5)}
+    scores[0]["NPO (learning_rate=1e-05)"] = 0.4
+    f = stats.friedman(scores)
+    assert f["status"] == "ok" and f["n_blocks"] == 5 and f["methods"] == ["GA", "GD", "NPO"]
+    assert f["dropped_methods"] == ["NPO (learning_rate=1e-05)"] and f["dropped_blocks"] == []
+    assert "left out, scored in fewer than half of the blocks: NPO (learning_rate=1e-05)" in \
+        stats_markdown({"benchmark": "tofu", "friedman": f, "wilcoxon": stats.wilcoxon_posthoc(scores)})
+    # scored in half of the blocks or more: kept, and the blocks without it are left out instead
+    for b in (1, 2):
+        scores[b]["NPO (learning_rate=1e-05)"] = 0.4
+    f = stats.friedman(scores)
+    assert f["dropped_methods"] == [] and f["n_blocks"] == 3 and f["dropped_blocks"] == [3, 4]
+    # no cell with a trade-off score (e.g. RWKU without utility sets): that is the reason given
+    assert "no method has a trade-off score" in stats.friedman({})["message"]
+
+
+def test_holm_adjustment_hand_computed():
+    # sorted 0.01, 0.03, 0.04 -> 3 x 0.01 = 0.03; 2 x 0.03 = 0.06; 1 x 0.04 = 0.04, kept monotone -> 0.06
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])
+
+
+def test_wilcoxon_p_values_are_holm_adjusted_and_a_tie_for_best_is_said():
+    scores = {b: {"A": 0.9 + 0.001 * b, "B": 0.5 + 0.002 * b, "C": 0.4, "D": 0.3} for b in range(8)}
+    w = stats.wilcoxon_posthoc(scores)
+    assert [c["pvalue"] for c in w["comparisons"]] == pytest.approx([2 / 2**8] * 3)
+    assert [c["pvalue_holm"] for c in w["comparisons"]] == pytest.approx([3 * 2 / 2**8] * 3)
+    assert "Holm-adjusted over 3 test(s)" in w["comparisons"][0]["message"] and "tie" not in w["message"]
+    tied = {b: {"A": 0.9, "B": 0.9, "C": 0.1 * (b % 3)} for b in range(8)}
+    w = stats.wilcoxon_posthoc(tied)
+    assert w["best"] == "A" and w["tied_best"] == ["A", "B"] and "A, B tie on mean rank" in w["message"]
 
 
 def test_wilcoxon_runs_with_enough_pairs():
@@ -137,6 +183,15 @@ def test_rwku_forget_all_weights_fb_qa_aa_by_their_item_counts():
     assert tables.derived_metrics(rwku((8, 3, 8), "rwku_icu_"))["forget_all"] == pytest.approx(weighted)
     assert tables.derived_metrics(rwku((8, 8, 8)))["forget_all"] == pytest.approx(0.8 / 3)
     assert tables.derived_metrics(rwku((8, 0, 8)))["forget_all"] is None
+    # a cell without one of the three has no All (FB and AA alone would be another number)
+    without_qa = rwku((8, 3, 8))
+    del without_qa["metrics"]["forget_qa"]
+    assert tables.derived_metrics(without_qa)["forget_all"] is None
+    # the counts are the cell's target's, not every target's the scorer recorded
+    two_targets = rwku((8, 3, 8))
+    two_targets["target"] = 2
+    two_targets["details"]["scoring"]["per_target"]["rwku_qa"]["7"] = {"n": 100}
+    assert tables.derived_metrics(two_targets)["forget_all"] == pytest.approx(weighted)
 
 
 def test_forget_quality_from_retain_cell():

@@ -76,8 +76,13 @@ def stats_markdown(comparison: dict) -> str:
     f, w = comparison["friedman"], comparison["wilcoxon"]
     lines = [f"### {comparison['benchmark'].upper()}: method comparison (trade-off = hmean(Forgetting, Utility))", ""]
     lines.append(f"- {f['message']}")
+    if f.get("dropped_methods"):
+        lines.append(f"- left out, scored in fewer than half of the blocks: {', '.join(f['dropped_methods'])}")
     if f.get("dropped_blocks"):
         lines.append(f"- {len(f['dropped_blocks'])} block(s) left out: not every method has a score there")
+    if comparison["benchmark"] == "tofu" and f.get("status") == "ok":
+        lines.append("- the blocks are not independent samples: one model's splits share authors (forget01 is in "
+                     "forget05, forget05 in forget10), so the p-values describe these runs; they do not generalise")
     if f.get("mean_ranks"):
         ranks = ", ".join(f"{m} {r:.2f}" for m, r in sorted(f["mean_ranks"].items(), key=lambda kv: kv[1]))
         lines.append(f"- mean ranks (1 = best): {ranks}")

@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -129,7 +130,9 @@ def tradeoff_plots(rows: list[dict], benchmark: str, out_dir: Path) -> list[Path
                            label=r["label"] + ("" if not flags[r["label"]] else " (dominated)"))
         front = sorted((xy for label, xy in competitors.items() if not flags[label]), key=lambda p: p[0])
         if len(front) > 1:
-            ax.step([p[0] for p in front], [p[1] for p in front], where="post", linestyle="--", color="grey",
+            # the edge of what the front dominates: down from each point, then across to the next ("post" would
+            # run through the undominated corner beyond each point)
+            ax.step([p[0] for p in front], [p[1] for p in front], where="pre", linestyle="--", color="grey",
                     label="Pareto front")
         ax.set_xlabel("Forgetting (1 - forget ROUGE-L)" if benchmark == "tofu" else "Forgetting (1 - forget All ROUGE-L)")
         ax.set_ylabel("Model Utility" if benchmark == "tofu" else "Utility (mean)")
@@ -153,8 +156,11 @@ def gate_plot(rows: list[dict], out_dir: Path) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(items)), 3.5))
     xs = range(len(items))
-    ax.bar([x - 0.2 for x in xs], [g.get("forget") or 0 for _, g in items], width=0.4, label="forget inputs")
-    ax.bar([x + 0.2 for x in xs], [g.get("retain") or 0 for _, g in items], width=0.4, label="retain inputs")
+    def mean(gates: dict, key: str) -> float:   # a missing mean draws no bar (a bar of 0 would read as shut gates)
+        return gates[key] if stats.is_number(gates.get(key)) else math.nan
+
+    ax.bar([x - 0.2 for x in xs], [mean(g, "forget") for _, g in items], width=0.4, label="forget inputs")
+    ax.bar([x + 0.2 for x in xs], [mean(g, "retain") for _, g in items], width=0.4, label="retain inputs")
     ax.set_xticks(list(xs), [name for name, _ in items], rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("mean gate")
     ax.set_ylim(0, 1.05)

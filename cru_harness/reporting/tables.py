@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -93,19 +92,21 @@ def rwku_forget_all(result: dict, metrics: dict) -> float | None:
     """RWKU's forget "All" of one cell (one target): the mean over the target's FB, QA and AA items together,
     i.e. FB, QA and AA weighted by their item counts, as the All of RWKU's paper (its tables' All is the
     count-weighted mean of its FB / QA / AA columns, not their plain mean). The counts are the per-target `n`
-    the scorer recorded (`details.scoring.per_target`); a score without its count gives None, not a guess."""
+    the scorer recorded (`details.scoring.per_target`) for the cell's target (every target's, for a result without
+    one). A cell lacking FB, QA or AA, or a count, gives None: an "All" of what is there would be another number."""
     per_target = ((result.get("details") or {}).get("scoring") or {}).get("per_target") or {}
+    target = result.get("target")
     total = weight = 0.0
     for probe in ("fb", "qa", "aa"):
         value = metrics.get(f"forget_{probe}")
-        if not stats.is_number(value):
-            continue
         rows = per_target.get(f"rwku_{probe}") or per_target.get(f"rwku_icu_{probe}") or {}
+        if target is not None:
+            rows = {key: row for key, row in rows.items() if str(key) == str(target)}
         count = sum(row.get("n") or 0 for row in rows.values())
-        if not count:
+        if not stats.is_number(value) or not count:
             return None
         total, weight = total + value * count, weight + count
-    return total / weight if weight else None
+    return total / weight
 
 
 def forgetting_utility(benchmark: str | None, metrics: dict) -> tuple[float | None, float | None]:
@@ -280,7 +281,9 @@ def _block(rows: list[dict]) -> dict[tuple, list[dict]]:
 
 
 def _mark_best(rows: list[dict], columns: list[Column]) -> None:
-    """row["best"] = set of column keys where the row is best in its block (ties: all bold); reference rows never."""
+    """row["best"] = set of column keys where the row is best in its block, compared as printed (two values that
+    print the same are both bold, or neither); a column where every method prints the same has none; reference
+    rows never."""
     for row in rows:
         row["best"] = set()
     for block in _block(rows).values():
@@ -289,14 +292,14 @@ def _mark_best(rows: list[dict], columns: list[Column]) -> None:
             if col.direction is None:
                 continue
             values = [(r, r["metrics"].get(col.key)) for r in competitors]
-            values = [(r, v) for r, v in values if stats.is_number(v)]
-            if len(values) < 2:
+            values = [(r, float(fmt(v, col.key))) for r, v in values if stats.is_number(v)]
+            if len(values) < 2 or len({v for _, v in values}) == 1:
                 continue
             def goodness(v):
                 return v if col.direction == "up" else (-v if col.direction == "down" else -abs(v - 0.5))
             best = max(goodness(v) for _, v in values)
             for r, v in values:
-                if math.isclose(goodness(v), best, rel_tol=0, abs_tol=1e-12):
+                if goodness(v) == best:
                     r["best"].add(col.key)
 
 

@@ -63,7 +63,8 @@ def study_rows(results: list[dict], label_order: list[str], x: str | None = None
     for result in results:
         if result.get("kind") == "finetune":
             continue
-        grouped[(block_name(result), result["benchmark"], result["label"])][result.get("seed") or 0].append(result)
+        # the references (Original, Retain) have no seed: None, shown as "–"
+        grouped[(block_name(result), result["benchmark"], result["label"])][result.get("seed")].append(result)
     order = {label: i for i, label in enumerate([*REFERENCE_ROWS, *label_order])}
     rows = []
     for (block, benchmark, label), by_seed in sorted(grouped.items(),
@@ -76,7 +77,8 @@ def study_rows(results: list[dict], label_order: list[str], x: str | None = None
             row_stats[key] = mean_sd(seed_means)
         any_cell = next(iter(by_seed.values()))[0]
         xs = {(r.get("hparams") or {}).get(x) for cells in by_seed.values() for r in cells} if x else set()
-        rows.append({"block": block, "benchmark": benchmark, "label": label, "seeds": sorted(by_seed),
+        rows.append({"block": block, "benchmark": benchmark, "label": label,
+                     "seeds": sorted(by_seed, key=lambda seed: (seed is not None, seed or 0)),
                      "collapsed_gate": router_null_gate(any_cell),
                      "n_units": max(len(cells) for cells in by_seed.values()),
                      "x": xs.pop() if len(xs) == 1 else None, "hparams": any_cell.get("hparams") or {},
@@ -113,13 +115,14 @@ def mark_pareto(rows: list[dict]) -> None:
             row["pareto"] = (not dominated[row["label"]]) if complete else None
 
 
-def fmt(mean, sd, n: int | None = None, of: int | None = None) -> str:
+def fmt(mean, sd, n: int | None = None, of: int | None = None, key: str = "") -> str:
     """`mean ± sd`; with `n` of `of` seeds when fewer seeds than the row's have the value (not averaged silently).
-    Within a seed an RWKU value is the mean over the targets that have it (the report notes tasks a target lacks)."""
+    Within a seed an RWKU value is the mean over the targets that have it (the report notes tasks a target lacks).
+    A Forget Quality below 0.01 is written in scientific notation, as in the leaderboard (0.000 would hide it)."""
     if mean is None:
         return "–"
-    digits = 1 if abs(mean) >= 10 else 3
-    text = f"{mean:.{digits}f}" if sd is None else f"{mean:.{digits}f} ± {sd:.{digits}f}"
+    spec = ".1e" if key == "forget_quality" and 0 < mean < 0.01 else ".1f" if abs(mean) >= 10 else ".3f"
+    text = f"{mean:{spec}}" if sd is None else f"{mean:{spec}} ± {sd:{spec}}"
     return text + (f" ({n} of {of} seeds)" if n is not None and of is not None and n < of else "")
 
 
@@ -136,12 +139,18 @@ def to_markdown(rows: list[dict], header: list[str], x: str | None = None) -> st
         lines += [f"### {block}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for row in block_rows:
             cells = [row["label"], *([str(row["x"]) if row["x"] is not None else "–"] if x else []),
-                     ",".join(map(str, row["seeds"])),
-                     *[fmt(*row["stats"][k], len(row["seeds"])) for k, _ in keys], fmt(row["collapsed_gate"], None),
+                     seeds_text(row["seeds"], ","),
+                     *[fmt(*row["stats"][k], len(row["seeds"]), key=k) for k, _ in keys],
+                     fmt(row["collapsed_gate"], None),
                      _pareto_text(row.get("pareto"))]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def seeds_text(seeds: list, separator: str) -> str:
+    """A row's seeds; a reference row (no seed) as "–"."""
+    return separator.join("–" if seed is None else str(seed) for seed in seeds)
 
 
 def _pareto_text(flag) -> str:
@@ -160,7 +169,7 @@ def to_csv(rows: list[dict], x: str | None = None) -> str:
             mean, sd, _ = row["stats"].get(key, (None, None, 0))
             values += ["" if mean is None else mean, "" if sd is None else sd]
         writer.writerow([row["block"], row["benchmark"], row["label"], *([row["x"]] if x else []),
-                         " ".join(map(str, row["seeds"])), len(row["seeds"]), *values,
+                         seeds_text(row["seeds"], " "), len(row["seeds"]), *values,
                          "" if row["collapsed_gate"] is None else row["collapsed_gate"],
                          {True: "true", False: "false"}.get(row.get("pareto"), "")])
     return out.getvalue()
