@@ -17,6 +17,10 @@ SUBCOMMAND_MODULES = (
 )
 
 
+#: Subcommands that resume where an interrupted run stopped.
+RESUMABLE = ("run", "study", "demo")
+
+
 class CLIError(UserError):
     """A user error: printed as one line, exit status 2, no traceback."""
 
@@ -51,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         # anything else is a bug, or a library's own failure, and keeps its traceback.
         report_user_error(f"cru-harness {args.command}", err)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C is the user's stop, not a bug: one line (files are written whole, so what finished is kept)
+        hint = "; the same command resumes from the cells already done" if args.command in RESUMABLE else ""
+        print(f"cru-harness {args.command}: interrupted{hint}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

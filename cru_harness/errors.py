@@ -9,6 +9,7 @@ a bug and keeps its traceback. Stdlib only: imported at start-up.
 """
 from __future__ import annotations
 
+import errno
 import sys
 
 
@@ -22,6 +23,16 @@ class InputError(UserError, ValueError):
 
 class MissingInputError(UserError, FileNotFoundError):
     """A file or directory the user named that is not there."""
+
+
+class OutputWriteError(UserError, OSError):
+    """A file the project writes could not be written for a reason of the machine's, not the code's: the disk or
+    quota is full, the file system is read-only, permission is denied."""
+
+
+#: The errnos of OSError that `OutputWriteError` stands for.
+WRITE_ERRNOS = frozenset(getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM")
+                         if hasattr(errno, name))
 
 
 def one_line(err: BaseException) -> str:

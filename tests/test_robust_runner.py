@@ -163,6 +163,91 @@ def test_an_invalid_result_is_named_recomputed_and_never_counted(tmp_path, damag
     assert len(load_results(config.output_dir)) == len(cells)
 
 
+def test_a_recomputation_killed_before_its_result_is_written_is_not_a_finished_cell(tmp_path, monkeypatch):
+    """The record is written before the result. A cell recomputed (here --force; also: other code, other inputs)
+    and killed between the two used to leave the OLD result beside the NEW record: the next run skipped it as
+    finished and the report showed the old numbers as current."""
+    import cru_harness.runner.cache as cache
+
+    config = cfg.load_config(write_config(tmp_path))
+    cells = build_plan(config)[:1]
+    store = CellStore(config.output_dir, log=lambda *_: None)
+    run_cells(cells, store, fake([]), log=lambda *_: None)
+    assert store.is_finished(cells[0].hash)
+    real = cache.atomic_write_json
+
+    def killed_at_the_result(path, obj):
+        if Path(path).name == "result.json":
+            raise KeyboardInterrupt   # what the kill leaves: the record written, the result not
+        real(path, obj)
+
+    monkeypatch.setattr(cache, "atomic_write_json", killed_at_the_result)
+    with pytest.raises(KeyboardInterrupt):
+        run_cells(cells, store, fake([]), log=lambda *_: None, force=True)
+    monkeypatch.setattr(cache, "atomic_write_json", real)
+    store = CellStore(config.output_dir, log=lambda *_: None)
+    assert not store.is_finished(cells[0].hash) and store.was_interrupted(cells[0].hash)
+    calls = []
+    run_cells(cells, store, fake(calls), log=lambda *_: None)
+    assert calls == [cells[0].hash]
+
+
+def test_written_files_take_the_umask_and_merge_leaves_a_killed_writes_leftovers(tmp_path):
+    from cru_harness.runner.cache import atomic_write_text
+    from cru_harness.runner.cli import merge_dirs
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "a.txt", "x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o644   # mkstemp's 0600 hid results from a group
+    config = cfg.load_config(write_config(tmp_path))
+    cells = build_plan(config)[:1]
+    run_cells(cells, CellStore(config.output_dir), fake([]), log=lambda *_: None)
+    cell_dir = config.output_dir / "cells" / cells[0].hash
+    (cell_dir / ".result.json.abcd1234.tmp").write_text("{")   # a write killed half-way
+    merge_dirs([config.output_dir], tmp_path / "merged")
+    merged = tmp_path / "merged" / "cells" / cells[0].hash
+    assert (merged / "result.json").is_file() and not list(merged.glob(".*.tmp"))
+    # recomputing the cell clears it from the cell's own directory
+    run_cells(cells, CellStore(config.output_dir), fake([]), log=lambda *_: None, force=True)
+    assert not list(cell_dir.glob(".*.tmp"))
+
+
+def test_a_full_disk_and_ctrl_c_are_one_line_each(tmp_path, monkeypatch, capsys):
+    import errno
+
+    import cru_harness.reporting.cli as report_cli
+    from cru_harness.cli import main
+    from cru_harness.errors import OutputWriteError
+    from cru_harness.runner.cache import atomic_write_text
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "replace", full)
+        with pytest.raises(OutputWriteError, match="cannot write .*a.txt: No space left on device"):
+            atomic_write_text(tmp_path / "a.txt", "x")
+    assert list(tmp_path.iterdir()) == []   # no temporary file left behind
+    config = cfg.load_config(write_config(tmp_path))
+    run_cells(build_plan(config), CellStore(config.output_dir), fake([]), log=lambda *_: None)
+    capsys.readouterr()
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "replace", full)
+        assert main(["report", str(config.output_dir), "--no-plots", "--formats", "md"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No space left on device" in err[0] and "Traceback" not in err[0]
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report_cli, "write_report", interrupted)
+    assert main(["report", str(config.output_dir)]) == 130
+    assert capsys.readouterr().err.strip() == "cru-harness report: interrupted"
+
+
 def test_report_command_survives_invalid_results(tmp_path, capsys):
     from cru_harness.cli import main
 

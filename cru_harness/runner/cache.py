@@ -18,16 +18,16 @@ import json
 import math
 import os
 import platform
+import secrets
 import shutil
 import socket
 import sys
-import tempfile
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..errors import InputError, MissingInputError, UserError
+from ..errors import WRITE_ERRNOS, InputError, MissingInputError, OutputWriteError, UserError
 
 RESULT_FILE = "result.json"
 RECORD_FILE = "run_record.json"
@@ -66,18 +66,28 @@ def _jsonable(value: Any) -> Any:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write `path` whole or not at all: a temporary file beside it (`.NAME.RANDOM.tmp`), then a rename. The file
+    gets the permissions the umask gives (mkstemp's 0600 would keep results from the rest of a shared group)."""
+    path, tmp = Path(path), None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        while tmp is None:
+            tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                tmp = None
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as err:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.errno in WRITE_ERRNOS:   # the machine's, not a bug: one line
+            raise OutputWriteError(f"cannot write {path}: {err.strerror}; what was written before is kept (a "
+                                   "run resumes from its finished cells)") from err
         raise
 
 
@@ -243,6 +253,12 @@ class CellStore:
             (cdir / RUNNING_FILE).exists() or (cdir / WORK_DIR).exists())
 
     def mark_running(self, cell_hash: str) -> None:
+        """The cell is being computed (again): its previous result goes first, so that a run killed before the new
+        one is written finds the cell interrupted, not finished with the old result beside the new record; so do
+        temporary files a killed write left in it."""
+        cdir = self.cell_dir(cell_hash)
+        for leftover in [cdir / RESULT_FILE, *cdir.glob(".*.tmp")]:
+            leftover.unlink(missing_ok=True)
         atomic_write_json(self.cell_dir(cell_hash) / RUNNING_FILE, {"pid": os.getpid(), "started": now_iso(),
                                                                    "host": socket.gethostname()})
 

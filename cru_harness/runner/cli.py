@@ -383,7 +383,7 @@ def merge_dirs(dirs, out) -> dict[str, int]:
             tmp = target.with_name(target.name + ".merging")
             if tmp.exists():
                 shutil.rmtree(tmp)
-            shutil.copytree(store.cell_dir(cell_hash), tmp, ignore=shutil.ignore_patterns("work"))
+            shutil.copytree(store.cell_dir(cell_hash), tmp, ignore=shutil.ignore_patterns("work", ".*.tmp"))
             if (tmp / RESULT_FILE).is_file():
                 if target.exists():
                     shutil.rmtree(target)
