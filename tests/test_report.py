@@ -313,6 +313,45 @@ def test_a_label_run_under_two_settings_is_two_rows_never_one_average(tmp_path):
     assert tables.split_label_variants(usual) == usual
 
 
+def test_cells_evaluated_or_finetuned_differently_are_two_rows(tmp_path):
+    """result.json does not hold the evaluation settings or the model's recipe; the cell's record does (its hash
+    covers them). A limit edited between runs into one directory had been pooled into one row (n=2, seeds [0])."""
+    store = CellStore(tmp_path / "run")
+    for limit, forgetting in ((8, 0.9), (4, 0.1)):
+        cell = {**tofu_result("M", "forget01", "GA", forgetting, 0.5), "hash": f"ga-{limit}"}
+        resolved = {"model": {"name": "M", "finetune": {"data": "full"}}, "limit": limit,
+                    "evaluation": {"batch_size": 8}, "corpora": {"forget_corpus": "forget01"}}
+        store.write(cell["hash"], cell, {"hash": cell["hash"], "resolved_config": resolved})
+    cell = {**tofu_result("M", "forget01", "NPO", 0.5, 0.5), "hash": "npo-recipe"}
+    for recipe, forgetting in (("full", 0.5), ("forget01", 0.2)):
+        resolved = {"model": {"name": "M", "finetune": {"data": recipe}}, "limit": 8}
+        store.write(f"npo-{recipe}", {**cell, "hash": f"npo-{recipe}", "metrics": {
+            **cell["metrics"], "forget_rouge_l": 1 - forgetting}}, {"hash": f"npo-{recipe}", "resolved_config": resolved})
+    write_report([tmp_path / "run"], tmp_path / "out", formats=("csv",), plots=False, log=lambda *_: None)
+    import csv
+
+    with open(tmp_path / "out" / "leaderboard_tofu.csv", newline="") as handle:
+        rows = {row["label"]: row for row in csv.DictReader(handle)}
+    assert set(rows) == {"GA (limit=4)", "GA (limit=8)", "NPO (model.finetune.data=forget01)",
+                         "NPO (model.finetune.data=full)"}
+    assert float(rows["GA (limit=8)"]["forget_1_rouge_l"]) == pytest.approx(0.9)
+    assert float(rows["NPO (model.finetune.data=forget01)"]["forget_1_rouge_l"]) == pytest.approx(0.2)
+
+
+def test_a_report_of_an_unfinished_run_names_the_planned_cells_without_a_result(tmp_path):
+    results = synthetic_blocks()[:4]
+    write_cells(tmp_path / "run", results)
+    cells = [{"hash": r["hash"], "cell": f"{r['model']} | tofu {r['split']} | {r['label']}"} for r in results]
+    cells += [{"hash": "not-run-yet", "cell": "M1 | tofu forget01 | NPO seed=1"}]
+    (tmp_path / "run" / "plan.json").write_text(json.dumps({"config": {}, "source": "c.yaml", "cells": cells}))
+    write_report([tmp_path / "run"], tmp_path / "out", formats=("md",), plots=False, log=lambda *_: None)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "**1 of 5 planned cell(s) of" in report and "M1 | tofu forget01 | NPO seed=1" in report
+    (tmp_path / "run" / "plan.json").write_text(json.dumps({"config": {}, "source": "c.yaml", "cells": cells[:4]}))
+    write_report([tmp_path / "run"], tmp_path / "out", formats=("md",), plots=False, log=lambda *_: None)
+    assert "planned cell(s)" not in (tmp_path / "out" / "report.md").read_text()
+
+
 def test_peak_memory_on_cpu_is_the_cells_own_not_the_process_peak_to_date():
     # Training's CPU figure is ru_maxrss (earlier, larger cells of the run included); the cell's sampled peak is
     # its own. On a GPU, training's CUDA peak is the cell's.

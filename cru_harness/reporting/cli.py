@@ -93,6 +93,27 @@ def stats_markdown(comparison: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def unfinished_plan_lines(dirs, results: list[dict]) -> list[str]:
+    """Lines naming the cells a run directory's plan (plan.json, and each shard's) holds without a result here:
+    not run yet, interrupted, or invalid. A report of an unfinished run would otherwise read as the whole run."""
+    from ..runner.cache import read_recorded_json
+
+    done = {r["hash"] for r in results}
+    lines = []
+    for directory in dirs:
+        root = Path(directory).parent if Path(directory).name == "cells" else Path(directory)
+        planned: dict[str, str] = {}
+        for plan in sorted(root.glob("plan*.json")):
+            for cell in read_recorded_json(plan, "the run's plan").get("cells") or []:
+                planned.setdefault(cell["hash"], cell.get("cell") or cell["hash"])
+        missing = [name for cell_hash, name in planned.items() if cell_hash not in done]
+        if missing:
+            shown = "; ".join(missing[:10]) + (f"; and {len(missing) - 10} more" if len(missing) > 10 else "")
+            lines.append(f"**{len(missing)} of {len(planned)} planned cell(s) of {directory} have no result** (not "
+                         f"run yet, interrupted, or invalid; `cru-harness run` computes them): {shown}\n")
+    return lines
+
+
 def target_selection_markdown(dirs) -> list[str]:
     """Why the RWKU targets are these: the saved `select_known` choices (runner.targets) of the run dirs."""
     from ..runner.targets import SELECTION_DIR, rank_targets
@@ -139,6 +160,7 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
     for r in results:
         statuses[r.get("status")] += 1
     summary.append("Cells by status: " + ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items())) + "\n")
+    summary += unfinished_plan_lines(dirs, results)
     summary += target_selection_markdown(dirs)
     summary += provenance_lines(dirs)
     comparisons = {}

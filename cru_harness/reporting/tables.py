@@ -149,18 +149,41 @@ def fill_forget_quality(results: list[dict]) -> list[dict]:
 
 # ------------------------------------------------------------------------------------------------ aggregation
 _VARIANT_KEYS = ("method", "model_path")   # beside `hparams`: what makes two cells of one label different runs
+# ... and beside those, what the cell's record says it ran with (`resolved_config`, which its hash covers): the
+# model's recipe, the corpora, tasks, limit and evaluation settings. Not the data folder's path (a location).
+_RECORDED_KEYS = ("model", "corpora", "tasks", "limit", "evaluation", "extra")
+
+
+def variant_settings(result: dict) -> dict:
+    """The settings that make a cell's run what it is, flat (`evaluation.batch_size`, `model.finetune.data`):
+    method, model path, hyperparameters, and what its record resolved (`_RECORDED_KEYS`)."""
+    flat = {k: result.get(k) for k in _VARIANT_KEYS}
+    flat.update(result.get("hparams") or {})
+
+    def add(prefix: str, value) -> None:
+        if isinstance(value, dict) and value:
+            for key, inner in value.items():
+                add(f"{prefix}.{key}", inner)
+        else:
+            flat[prefix] = value
+
+    resolved = result.get("resolved_config") or {}
+    for key in _RECORDED_KEYS:
+        if key in resolved:
+            add(key, resolved[key])
+    return flat
 
 
 def split_label_variants(results: list[dict]) -> list[dict]:
     """Results whose label covers cells run under different settings on one split or target (a config edited
-    between runs into one directory, e.g. a learning rate changed) get labels naming the settings that differ,
-    e.g. `NPO-scaled (learning_rate=1e-05)`, so that no row, rank or plot averages two configurations. Settings
-    that differ between splits (a method's per-split `overrides`) are one configuration and keep the label."""
+    between runs into one directory: a learning rate, an evaluation limit, a fine-tuning recipe changed) get
+    labels naming the settings that differ, e.g. `NPO-scaled (learning_rate=1e-05)` or `GA (limit=4)`, so that
+    no row, rank or plot averages two configurations. Settings that differ between splits (a method's per-split
+    `overrides`, each split's corpora) are one configuration and keep the label."""
     import json
 
     def identity(result: dict) -> str:
-        return json.dumps([result.get(k) for k in _VARIANT_KEYS] + [result.get("hparams") or {}], sort_keys=True,
-                          default=str)
+        return json.dumps(variant_settings(result), sort_keys=True, default=str)
 
     def where(result: dict) -> tuple:
         return result.get("benchmark"), result.get("model"), result.get("unit"), result.get("label")
@@ -172,7 +195,7 @@ def split_label_variants(results: list[dict]) -> list[dict]:
     for (benchmark, model, unit, label), variants in groups.items():
         if len(variants) < 2:
             continue
-        settings = [{**{k: v.get(k) for k in _VARIANT_KEYS}, **(v.get("hparams") or {})} for v in variants.values()]
+        settings = [variant_settings(v) for v in variants.values()]
         keys = sorted({k for s in settings for k in s})
         differing = [k for k in keys if len({json.dumps(s.get(k), default=str) for s in settings}) > 1]
         for ident, setting in zip(variants, settings):

@@ -283,7 +283,8 @@ class CellStore:
 
 def load_results(*dirs: str | os.PathLike, log: Callable[[str], None] | None = None) -> list[dict]:
     """Valid results of one or more run directories (or a `cells/` dir), deduplicated by hash: "ok" wins.
-    Invalid result files are reported through `log` (stderr by default) and left out."""
+    Invalid result files are reported through `log` (stderr by default) and left out. Each result carries its
+    record's `resolved_config` (all that determined it: the report tells settings apart by it)."""
     by_hash: dict[str, dict] = {}
     for directory in dirs:
         directory = Path(directory)
@@ -294,7 +295,8 @@ def load_results(*dirs: str | os.PathLike, log: Callable[[str], None] | None = N
         if not store.cells_dir.is_dir():
             raise MissingInputError(f"{directory} holds no `{CELLS_DIR}/` directory (not a cru-harness run)")
         for cell_hash, result in store.iter_results():
-            result = dict(result, hash=result.get("hash", cell_hash))
+            record = store.load_record(cell_hash) or {}
+            result = dict(result, hash=result.get("hash", cell_hash), resolved_config=record.get("resolved_config"))
             previous = by_hash.get(cell_hash)
             if previous is None or (previous.get("status") != "ok" and result.get("status") == "ok"):
                 by_hash[cell_hash] = result
