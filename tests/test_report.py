@@ -117,6 +117,9 @@ def test_wilcoxon_p_values_are_holm_adjusted_and_a_tie_for_best_is_said():
     tied = {b: {"A": 0.9, "B": 0.9, "C": 0.1 * (b % 3)} for b in range(8)}
     w = stats.wilcoxon_posthoc(tied)
     assert w["best"] == "A" and w["tied_best"] == ["A", "B"] and "A, B tie on mean rank" in w["message"]
+    # no test run (too few pairs): no header claiming p-values, each comparison says why
+    w = stats.wilcoxon_posthoc({b: {"A": 0.9, "B": 0.5} for b in range(3)})
+    assert "message" not in w and "too few pairs" in w["comparisons"][0]["message"]
 
 
 def test_wilcoxon_runs_with_enough_pairs():

@@ -169,11 +169,8 @@ def wilcoxon_posthoc(scores: Mapping[Any, Mapping[str, float]], methods: list[st
     tied = [m for m, r in zip(methods, mean_ranks) if math.isclose(r, mean_ranks.min(), abs_tol=1e-12)]
     best = best or tied[0]
     out["best"] = best
-    out["message"] = (f"Wilcoxon signed-rank tests of the best mean rank, {best}, against each other method over "
-                      f"the same {len(blocks)} blocks it was chosen on; Holm-adjusted p over the tests run")
     if best in tied and len(tied) > 1:
         out["tied_best"] = tied
-        out["message"] += f" ({', '.join(tied)} tie on mean rank: the first in name order is taken)"
     b = methods.index(best)
     for j, other in enumerate(methods):
         if j == b:
@@ -190,6 +187,12 @@ def wilcoxon_posthoc(scores: Mapping[Any, Mapping[str, float]], methods: list[st
             entry.update(status="ok", statistic=float(result.statistic), pvalue=float(result.pvalue))
         out["comparisons"].append(entry)
     tested = [c for c in out["comparisons"] if c["status"] == "ok"]
+    if tested:   # what the p-values below are (with no test run, each comparison says why)
+        out["message"] = (f"Wilcoxon signed-rank tests of the best mean rank, {best}, against each other method "
+                          f"over the same {len(blocks)} block(s) it was chosen on; Holm-adjusted p over the "
+                          f"{len(tested)} test(s) run")
+        if out.get("tied_best"):
+            out["message"] += f" ({', '.join(tied)} tie on mean rank: the first in name order is taken)"
     for entry, adjusted in zip(tested, holm([c["pvalue"] for c in tested])):
         entry.update(pvalue_holm=adjusted, message=f"{best} vs {entry['method']}: W = {entry['statistic']:.3g}, "
                      f"p = {entry['pvalue']:.3g}, Holm-adjusted over {len(tested)} test(s) {adjusted:.3g}")
