@@ -223,3 +223,65 @@ def test_rwku_from_the_hub_reads_each_config_from_its_split(monkeypatch):
         assert rwku.load_target_file("Confucius", "passage")[0]["text"].startswith("Confucius")
     finally:
         rwku.clear_hub_cache()
+
+
+# What the Hub holds, written from the references, not from this package's constants: locuslab/TOFU's README
+# (`configs:`, one JSON file per config, split `train`; the holdout sets added in 2025, as open-unlearning loads
+# them) and RWKU's process/data_process.py (each config with the split it loads).
+TOFU_ON_THE_HUB = {"full", "forget01", "forget05", "forget10", "retain90", "retain95", "retain99", "world_facts",
+                   "real_authors", "forget01_perturbed", "forget05_perturbed", "forget10_perturbed",
+                   "retain_perturbed", "world_facts_perturbed", "real_authors_perturbed", "holdout01", "holdout05",
+                   "holdout10"}
+RWKU_ON_THE_HUB = {"forget_target": "train", "forget_level1": "test", "forget_level2": "test",
+                   "forget_level3": "test", "neighbor_level1": "test", "neighbor_level2": "test",
+                   "mia_forget": "test", "mia_retain": "test", "utility_general": "test", "utility_reason": "test",
+                   "utility_truthfulness": "test", "utility_factuality": "test", "utility_fluency": "test",
+                   "train_original_passage": "train", "train_positive_llama3": "train",
+                   "train_negative_llama3": "train", "train_pair_llama3": "train", "train_refusal_llama3": "train",
+                   "train_positive_phi3": "train", "train_negative_phi3": "train", "train_pair_phi3": "train",
+                   "train_refusal_phi3": "train"}
+
+
+def test_every_hub_request_names_a_dataset_config_split_and_file_that_exist(monkeypatch, tmp_path):
+    """No test here reaches the Hub; a mistyped config name (or a file the dataset does not hold: TOFU's refusal
+    list is not in locuslab/TOFU) would fail every user with internet at step one. Each loader's Hub branch asks a
+    double that holds only what the references load."""
+    import datasets
+    import huggingface_hub
+
+    import cru_harness.data.rwku as rwku
+    import cru_harness.data.tofu as tofu
+
+    asked = []
+    row = {"question": "q", "answer": "a", "paraphrased_answer": "p", "perturbed_answer": ["x", "y"],
+           "option1": "1", "option2": "2", "option3": "3", "option4": "4", "subject": "Confucius",
+           "target": "Confucius", "intro": "Confucius was ...", "query": "q", "type": "fb", "level": "1", "text": "t"}
+
+    def load_dataset(path, config, split):   # test double of the Hub
+        asked.append((path, config, split))
+        known = {"locuslab/TOFU": {c: "train" for c in TOFU_ON_THE_HUB}, "jinzhuoran/RWKU": RWKU_ON_THE_HUB}
+        if known.get(path, {}).get(config) != split:
+            raise ValueError(f"the Hub has no {path} {config} {split}")
+        return [dict(row)]
+
+    def hf_hub_download(repo_id, filename, repo_type=None):
+        if (repo_id, filename, repo_type) != ("open-unlearning/idk", "idk.jsonl", "dataset"):
+            raise FileNotFoundError(f"404: {repo_id} has no {filename}")
+        path = tmp_path / "idk.jsonl"
+        path.write_text("I don't know.\n")
+        return str(path)
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hf_hub_download)
+    monkeypatch.setattr(tofu, "resolve_local_dir", lambda name, data_dir=None: None)
+    monkeypatch.setattr(rwku, "resolve_local_dir", lambda name, data_dir=None: None)
+    for config in tofu.TOFU_CONFIGS:
+        assert tofu.load_tofu(config)[0]["question"] == "q"
+    assert tofu.load_idontknow() == ["I don't know."]
+    rwku.clear_hub_cache()
+    try:
+        for kind in rwku.TARGET_KINDS:
+            rwku.load_target_file("Confucius", kind)
+    finally:
+        rwku.clear_hub_cache()
+    assert {c for _, c, _ in asked} == set(TOFU_ON_THE_HUB) | set(RWKU_ON_THE_HUB)

@@ -24,9 +24,10 @@ class DataSourceError(UserError, RuntimeError):
     """The data cannot be read: no local copy was given and the Hub did not answer (or a file is unreadable)."""
 
 
-def hub_unreachable(benchmark: Benchmark, what: str, cause: BaseException) -> DataSourceError:
+def hub_unreachable(benchmark: Benchmark, what: str, cause: BaseException, repo: str | None = None
+                    ) -> DataSourceError:
     return DataSourceError(
-        f"could not load {what} from the Hugging Face Hub ({HUB_IDS[benchmark]}): {cause}. "
+        f"could not load {what} from the Hugging Face Hub ({repo or HUB_IDS[benchmark]}): {cause}. "
         f"If the Hub is unreachable, point cru-harness at a local copy: set {ENV_BENCHMARK_DIR[benchmark]} "
         f"to the {benchmark} folder (or {ENV_DATA_DIR} to a folder holding tofu/ and rwku/), or pass "
         f"data_dir=... (lm-eval: --metadata '{{\"data_dir\": \"...\"}}'; cru-harness: --data-dir)."

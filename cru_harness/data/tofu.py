@@ -70,8 +70,14 @@ def _load_from_hub(config: str) -> list[dict]:
         raise hub_unreachable("tofu", f"TOFU config {config!r}", err) from err
 
 
+# TOFU's refusal answers are not in the locuslab/TOFU dataset: TOFU's GitHub repository ships them
+# (data/idontknow.jsonl), and open-unlearning's setup_data.py fetches the Hub copy it reads from this dataset.
+IDK_HUB = ("open-unlearning/idk", "idk.jsonl")
+
+
 def load_idontknow(data_dir: str | os.PathLike | None = None) -> list[str]:
-    """TOFU's refusal answers (`idontknow.jsonl`, one per line), used by IdkDPO and the refusal class."""
+    """TOFU's refusal answers (`idontknow.jsonl` in a local copy, one per line; from the Hub, open-unlearning's
+    `idk.jsonl`, `IDK_HUB`), used by IdkDPO and the refusal class."""
     local = resolve_local_dir("tofu", data_dir)
     if local is not None:
         path = local / "idontknow.jsonl"
@@ -81,9 +87,9 @@ def load_idontknow(data_dir: str | os.PathLike | None = None) -> list[str]:
         try:
             from huggingface_hub import hf_hub_download
 
-            path = hf_hub_download(HUB_IDS["tofu"], "idontknow.jsonl", repo_type="dataset")
+            path = hf_hub_download(IDK_HUB[0], IDK_HUB[1], repo_type="dataset")
         except Exception as err:
-            raise hub_unreachable("tofu", "idontknow.jsonl", err) from err
+            raise hub_unreachable("tofu", f"TOFU's refusal answers ({IDK_HUB[1]})", err, repo=IDK_HUB[0]) from err
     with open(path, encoding="utf-8") as handle:
         lines = [line.strip() for line in handle if line.strip()]
     if not lines:
