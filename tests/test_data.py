@@ -7,7 +7,7 @@ from cru_harness.data import (
     DataSourceError, list_targets, load_corpus, load_corpus_rows, load_idontknow, load_target_file, load_tofu,
     parse_targets, resolve_local_dir, retain_config_for,
 )
-from cru_harness.data.rwku import TARGET_KINDS, UTILITY_KINDS
+from cru_harness.data.rwku import TARGET_KINDS
 
 TOFU_ROW_COUNTS = {
     "forget01": 40, "forget05": 200, "forget10": 400, "retain90": 3600, "retain99": 3960, "full": 4000,
@@ -280,7 +280,7 @@ def test_every_hub_request_names_a_dataset_config_split_and_file_that_exist(monk
     assert tofu.load_idontknow() == ["I don't know."]
     rwku.clear_hub_cache()
     try:
-        for kind in rwku.TARGET_KINDS:
+        for kind in TARGET_KINDS:
             rwku.load_target_file("Confucius", kind)
     finally:
         rwku.clear_hub_cache()
