@@ -370,6 +370,9 @@ def test_purge_resolution_tries_candidates_then_lists(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     tried = []
 
+    (tmp_path / "snap").mkdir()
+    (tmp_path / "snap" / "config.json").write_text("{}")
+
     def fake_download(repo_id, cache_dir=None):  # test double for huggingface_hub.snapshot_download
         tried.append(repo_id)
         if repo_id.endswith("10_Prince_Harry_PURGE"):
@@ -381,12 +384,20 @@ def test_purge_resolution_tries_candidates_then_lists(tmp_path, monkeypatch):
     assert found.tried[0].endswith("Prince_Harry,_Duke_of_Sussex_PURGE")
 
     renamed = "strzara/Phi-3-mini-4k-instruct-7_Marie_Osmond_v2_PURGE"
+    # a repository uploaded as the trainer's checkpoint folder: the model is the one folder holding config.json
+    (tmp_path / "snap2" / "checkpoint-1000").mkdir(parents=True)
+    (tmp_path / "snap2" / "checkpoint-1000" / "config.json").write_text("{}")
     def download2(repo_id, cache_dir=None):
         if repo_id == renamed:
-            return "/snap"
+            return str(tmp_path / "snap2")
         raise RepositoryNotFoundError(repo_id)
     found = resolve_purge_checkpoint(7, snapshot_download=download2, list_repos=lambda: [renamed, "x/y"])
     assert found.status == "ok" and found.repo_id == renamed
+    assert found.path == str(tmp_path / "snap2" / "checkpoint-1000")
+    # a repository without a model: unavailable, saying so (not a crash when the cell loads it)
+    (tmp_path / "snap2" / "checkpoint-1000" / "config.json").unlink()
+    empty = resolve_purge_checkpoint(7, snapshot_download=download2, list_repos=lambda: [renamed])
+    assert empty.status == "unavailable" and "holds no model: no config.json" in empty.reason
 
     missing = resolve_purge_checkpoint(7, snapshot_download=download2, list_repos=lambda: [])
     assert missing.status == "unavailable" and "no PURGE checkpoint published for target 7" in missing.reason

@@ -132,6 +132,7 @@ def resolve_purge_checkpoint(target: int, *, local_path: str | os.PathLike | Non
     tried: list[str] = []
     offline_errors: list[str] = []
     missing: list[str] = []
+    unusable: list[str] = []
 
     def attempt(repo: str) -> PurgeResolution | None:
         tried.append(repo)
@@ -146,7 +147,11 @@ def resolve_purge_checkpoint(target: int, *, local_path: str | os.PathLike | Non
             else:   # a local failure (disk, permissions) or a bug: the cell fails with it, not "unavailable"
                 raise
             return None
-        return PurgeResolution(target, "ok", path=str(path), repo_id=repo, tried=list(tried))
+        model = model_dir(Path(path))
+        if model is None:
+            unusable.append(repo)
+            return None
+        return PurgeResolution(target, "ok", path=str(model), repo_id=repo, tried=list(tried))
 
     for repo in candidates:
         found = attempt(repo)
@@ -167,6 +172,11 @@ def resolve_purge_checkpoint(target: int, *, local_path: str | os.PathLike | Non
                 found = attempt(repo)
                 if found:
                     return found
+    if unusable:
+        return PurgeResolution(target, "unavailable", tried=tried, reason=(
+            f"PURGE checkpoint of target {target} downloaded but holds no model: no config.json at the root of "
+            f"{', '.join(unusable)} or in one folder below it. Give a local copy with `purge_checkpoints: "
+            f"{{{target}: /path}}`"))
     if offline_errors:
         hint = " (HF_HUB_OFFLINE is set)" if _hub_offline_flag() else ""
         reason = (f"Hugging Face Hub unreachable{hint} and the checkpoint is not in the local cache; tried "
@@ -175,6 +185,15 @@ def resolve_purge_checkpoint(target: int, *, local_path: str | os.PathLike | Non
     else:
         reason = (f"no PURGE checkpoint published for target {target}: none of {', '.join(tried)} exists on the Hub")
     return PurgeResolution(target, "unavailable", tried=tried, reason=reason)
+
+
+def model_dir(path: Path) -> Path | None:
+    """The model in a downloaded repository: its root, or the one folder below it holding config.json (a repo
+    uploaded as its trainer's `checkpoint-N/` folder); None when neither holds one."""
+    if (path / "config.json").is_file():
+        return path
+    found = sorted(config.parent for config in path.glob("*/config.json"))
+    return found[0] if len(found) == 1 else None
 
 
 def _list_author_repos() -> list[str]:
