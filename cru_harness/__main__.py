@@ -1,6 +1,4 @@
 """`python -m cru_harness` is `cru-harness`."""
-import sys
+from cru_harness.cli import console_main
 
-from cru_harness.cli import main
-
-sys.exit(main())
+console_main()

@@ -19,6 +19,8 @@ SUBCOMMAND_MODULES = (
 
 #: Subcommands that resume where an interrupted run stopped.
 RESUMABLE = ("run", "study", "demo")
+#: `main`'s status after Ctrl-C (128 + SIGINT, what a shell reports for a process SIGINT ended).
+INTERRUPTED = 130
 
 
 class CLIError(UserError):
@@ -59,11 +61,24 @@ def main(argv: list[str] | None = None) -> int:
         # Ctrl-C is the user's stop, not a bug: one line (files are written whole, so what finished is kept)
         hint = "; the same command resumes from the cells already done" if args.command in RESUMABLE else ""
         print(f"cru-harness {args.command}: interrupted{hint}", file=sys.stderr)
-        return 130
+        return INTERRUPTED
+
+
+def console_main() -> None:
+    """The `cru-harness` command: `main`, and after Ctrl-C (its line printed) the process ends by SIGINT, as an
+    uncaught KeyboardInterrupt would end it, so that a calling shell loop stops too instead of going on."""
+    status = main()
+    if status == INTERRUPTED:
+        import os
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(status)
 
 
 if __name__ == "__main__":
     # Run through the imported module so its CLIError is the one subcommands raise.
-    from cru_harness.cli import main as _main
+    from cru_harness.cli import console_main as _console_main
 
-    sys.exit(_main())
+    _console_main()

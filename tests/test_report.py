@@ -339,6 +339,30 @@ def test_cells_evaluated_or_finetuned_differently_are_two_rows(tmp_path):
                          "NPO (model.finetune.data=full)"}
     assert float(rows["GA (limit=8)"]["forget_1_rouge_l"]) == pytest.approx(0.9)
     assert float(rows["NPO (model.finetune.data=forget01)"]["forget_1_rouge_l"]) == pytest.approx(0.2)
+    # absent (a record older than the key) and unset are one setting; locations are no setting
+    def cell(name, resolved):
+        return {**tofu_result("M", "forget10", "GD", 0.5, 0.5, seed=int(name[-1])), "hash": name,
+                "resolved_config": resolved}
+
+    same = [cell("gd-0", {"model": {"name": "M", "eval_dtype": None}, "extra": {}}),
+            cell("gd-1", {"model": {"name": "M"}}),
+            cell("gd-2", {"model": {"name": "M", "path": "/elsewhere"}, "extra": {"purge_local_checkpoint": "/p"}})]
+    assert {r["label"] for r in tables.split_label_variants(same)} == {"GD"}
+
+
+def test_bold_marks_what_prints_best_and_nothing_where_all_print_the_same():
+    results = [tofu_result("M", "forget01", "Original", 0.1, 0.9, kind="original"),
+               tofu_result("M", "forget01", "A", 0.6251, 0.40, forget_truth_ratio=0.5),
+               tofu_result("M", "forget01", "B", 0.6249, 0.30, forget_truth_ratio=0.5)]
+    rows = {r["label"]: r for r in tables.aggregate(results, "tofu")}
+    # 1 - forget ROUGE-L prints 0.63 and 0.62: A alone; truth ratio prints 0.50 for both: neither
+    assert "forget_1_rouge_l" in rows["A"]["best"] and "forget_1_rouge_l" not in rows["B"]["best"]
+    assert "forget_truth_ratio" not in rows["A"]["best"] | rows["B"]["best"]
+    # 0.6251 and 0.6252 both print 0.63, above C's 0.30: both bold
+    results[2:] = [tofu_result("M", "forget01", "B", 0.6252, 0.30), tofu_result("M", "forget01", "C", 0.3, 0.2)]
+    rows = {r["label"]: r for r in tables.aggregate(results, "tofu")}
+    assert "forget_1_rouge_l" in rows["A"]["best"] and "forget_1_rouge_l" in rows["B"]["best"]
+    assert "forget_1_rouge_l" not in rows["C"]["best"]
 
 
 def test_a_report_of_an_unfinished_run_names_the_planned_cells_without_a_result(tmp_path):

@@ -248,6 +248,15 @@ def test_a_full_disk_and_ctrl_c_are_one_line_each(tmp_path, monkeypatch, capsys)
     assert capsys.readouterr().err.strip() == "cru-harness report: interrupted"
 
 
+def test_the_command_ends_by_sigint_after_ctrl_c_so_a_calling_shell_loop_stops():
+    import signal
+
+    interrupted = "import cru_harness.cli as c; c.main = lambda argv=None: c.INTERRUPTED; c.console_main()"
+    assert subprocess.run([sys.executable, "-c", interrupted]).returncode == -signal.SIGINT
+    other = "import cru_harness.cli as c; c.main = lambda argv=None: 2; c.console_main()"
+    assert subprocess.run([sys.executable, "-c", other]).returncode == 2
+
+
 def test_report_command_survives_invalid_results(tmp_path, capsys):
     from cru_harness.cli import main
 

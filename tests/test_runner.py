@@ -338,6 +338,18 @@ def test_sharded_runs_merge_into_one_report(tmp_path):
     counts = merge_dirs(dirs, tmp_path / "merged")
     assert counts["copied"] == len(cells)
     assert {r["hash"] for r in load_results(tmp_path / "merged")} == {c.hash for c in cells}
+    # the shards' plans travel too: the merged report names a planned cell no shard finished
+    from cru_harness.reporting.cli import unfinished_plan_lines
+
+    for i, directory in enumerate(dirs, start=1):
+        planned = [{"hash": c.hash, "cell": c.describe()} for c in select_shard(cells, i, 2)]
+        planned += [{"hash": "never-run", "cell": "m | tofu forget01 | GA seed=9"}] if i == 2 else []
+        (directory / f"plan.shard{i}of2.json").write_text(json.dumps({"cells": planned}))
+    merge_dirs(dirs, tmp_path / "merged2")
+    assert sorted(p.name for p in (tmp_path / "merged2").glob("plan*.json")) == ["plan.shard1of2.json",
+                                                                                 "plan.shard2of2.json"]
+    lines = unfinished_plan_lines([tmp_path / "merged2"], load_results(tmp_path / "merged2"))
+    assert len(lines) == 1 and f"1 of {len(cells) + 1} planned" in lines[0] and "GA seed=9" in lines[0]
 
 
 def test_merge_with_a_mistyped_input_creates_nothing(tmp_path, capsys):
@@ -395,9 +407,20 @@ def test_purge_resolution_tries_candidates_then_lists(tmp_path, monkeypatch):
     assert found.status == "ok" and found.repo_id == renamed
     assert found.path == str(tmp_path / "snap2" / "checkpoint-1000")
     # a repository without a model: unavailable, saying so (not a crash when the cell loads it)
-    (tmp_path / "snap2" / "checkpoint-1000" / "config.json").unlink()
+    # two such folders: which one is meant cannot be told
+    (tmp_path / "snap2" / "checkpoint-500").mkdir()
+    (tmp_path / "snap2" / "checkpoint-500" / "config.json").write_text("{}")
+    two = resolve_purge_checkpoint(7, snapshot_download=download2, list_repos=lambda: [renamed])
+    assert two.status == "unavailable" and "exactly one folder below it" in two.reason
+    # a repository without a model: unavailable, saying so (not a crash when the cell loads it)
+    for folder in ("checkpoint-500", "checkpoint-1000"):
+        (tmp_path / "snap2" / folder / "config.json").unlink()
     empty = resolve_purge_checkpoint(7, snapshot_download=download2, list_repos=lambda: [renamed])
-    assert empty.status == "unavailable" and "holds no model: no config.json" in empty.reason
+    assert empty.status == "unavailable" and "holds no one model (no config.json at its root" in empty.reason
+    # a local copy follows the same rule
+    (tmp_path / "snap2" / "checkpoint-1000" / "config.json").write_text("{}")
+    local = resolve_purge_checkpoint(7, local_path=tmp_path / "snap2")
+    assert local.status == "ok" and local.path == str(tmp_path / "snap2" / "checkpoint-1000")
 
     missing = resolve_purge_checkpoint(7, snapshot_download=download2, list_repos=lambda: [])
     assert missing.status == "unavailable" and "no PURGE checkpoint published for target 7" in missing.reason

@@ -241,6 +241,23 @@ def test_study_rows_are_mean_and_sample_sd_over_seeds():
     assert single["stats"]["forget_1_rouge_l"][1] is None          # one seed: no spread claimed
 
 
+def test_references_have_no_seed_and_a_small_forget_quality_shows():
+    """Original / Retain have no seed (shown "–", an empty CSV field; they had read as seed 0), and an FQ below
+    0.01 is written as the leaderboard writes it (three decimals would print 0.000)."""
+    from cru_harness.studies.tables import to_csv, to_markdown
+
+    reference = {**_cell("Original", 0, forget_rouge_l=0.8, model_utility=0.4, forget_quality=0.0004),
+                 "kind": "original", "seed": None, "gate_means": None}
+    rows = study_rows([reference, _cell("CRU", 0, forget_rouge_l=0.2, model_utility=0.5, forget_quality=0.3)],
+                      ["CRU"])
+    assert rows[0]["label"] == "Original" and rows[0]["seeds"] == [None]
+    table = to_markdown(rows, ["# t"])
+    line = next(x for x in table.splitlines() if x.startswith("| Original |"))
+    assert line.split(" | ")[1] == "–" and "4.0e-04" in line and "0.000 " not in line
+    csv_line = next(x for x in to_csv(rows).splitlines() if ",Original," in x)
+    assert ",Original,," in csv_line
+
+
 def test_a_mean_over_fewer_seeds_than_the_row_has_says_so():
     """A metric one seed's cell lacks is averaged over the seeds that have it, and the table cell says how many."""
     from cru_harness.studies.tables import to_markdown

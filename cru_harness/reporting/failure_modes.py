@@ -40,7 +40,7 @@ def tofu_refusal_phrases(data_dir: str | Path | None = None) -> tuple[tuple[str,
             raise
         # no local copy and no Hub: the generic stems still catch most refusals
         return tuple(M.DEFAULT_REFUSAL_PHRASES), f"default stems only (idontknow list unavailable: {err})"
-    return tuple(M.DEFAULT_REFUSAL_PHRASES) + tuple(extra), "default stems + TOFU idontknow.jsonl"
+    return tuple(M.DEFAULT_REFUSAL_PHRASES) + tuple(extra), "default stems + TOFU's idontknow answers"
 
 
 class AnswerNLLScorer:

@@ -11,8 +11,8 @@
 - Friedman over blocks = (model, split) on TOFU and (model, target) on RWKU; mean ranks with 1 = best. Its p-value
   is a permutation p (`scipy.stats.permutation_test` of `friedmanchisquare`'s statistic, the methods' scores
   rearranged within each block): exact over every arrangement when there are at most `PERMUTATIONS` of them, else
-  that many random ones (seeded). The chi-square approximation's p is kept beside it; with few blocks it is too
-  small (4 blocks x 3 methods: 0.018 where the exact p is 0.005 for chi2 = 8, 0.050 against 0.069 for chi2 = 6).
+  that many random ones (seeded). The chi-square approximation's p is kept beside it; with few blocks it is off
+  either way (4 blocks x 3 methods: 0.050 where the exact p is 0.069 for chi2 = 6, 0.018 against 0.005 for 8).
 - Which methods and blocks enter: a method with a score in fewer than half of the blocks is left out (a setting
   run on one split only would otherwise leave no block where every method has a score), then every block where
   a remaining method has none. Both are named.

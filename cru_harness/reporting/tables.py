@@ -150,27 +150,33 @@ def fill_forget_quality(results: list[dict]) -> list[dict]:
 # ------------------------------------------------------------------------------------------------ aggregation
 _VARIANT_KEYS = ("method", "model_path")   # beside `hparams`: what makes two cells of one label different runs
 # ... and beside those, what the cell's record says it ran with (`resolved_config`, which its hash covers): the
-# model's recipe, the corpora, tasks, limit and evaluation settings. Not the data folder's path (a location).
+# model's recipe, the corpora, tasks, limit and evaluation settings. Not locations: the data folder, a local
+# PURGE copy, the model's path again (`model_path`).
 _RECORDED_KEYS = ("model", "corpora", "tasks", "limit", "evaluation", "extra")
+_LOCATION_KEYS = ("model.path", "extra.purge_local_checkpoint")
 
 
 def variant_settings(result: dict) -> dict:
     """The settings that make a cell's run what it is, flat (`evaluation.batch_size`, `model.finetune.data`):
-    method, model path, hyperparameters, and what its record resolved (`_RECORDED_KEYS`)."""
-    flat = {k: result.get(k) for k in _VARIANT_KEYS}
-    flat.update(result.get("hparams") or {})
+    method, model path, hyperparameters, and what its record resolved (`_RECORDED_KEYS`). A setting that is
+    unset (None, an empty dict, or absent, as in a record written before the key existed) is left out, so that
+    absent and unset are one setting."""
+    flat: dict = {}
 
     def add(prefix: str, value) -> None:
-        if isinstance(value, dict) and value:
+        if isinstance(value, dict):
             for key, inner in value.items():
                 add(f"{prefix}.{key}", inner)
-        else:
+        elif value is not None and prefix not in _LOCATION_KEYS:
             flat[prefix] = value
 
+    for key in _VARIANT_KEYS:
+        add(key, result.get(key))
+    for key, value in (result.get("hparams") or {}).items():
+        add(key, value)
     resolved = result.get("resolved_config") or {}
     for key in _RECORDED_KEYS:
-        if key in resolved:
-            add(key, resolved[key])
+        add(key, resolved.get(key))
     return flat
 
 
@@ -198,7 +204,7 @@ def split_label_variants(results: list[dict]) -> list[dict]:
         settings = [variant_settings(v) for v in variants.values()]
         keys = sorted({k for s in settings for k in s})
         differing = [k for k in keys if len({json.dumps(s.get(k), default=str) for s in settings}) > 1]
-        for ident, setting in zip(variants, settings):
+        for ident, setting in zip(variants, settings):   # (identities differ, so some key does)
             named = ", ".join(f"{k}={_setting(setting.get(k))}" for k in differing)
             renamed[(benchmark, model, unit, label, ident)] = f"{label} ({named})"
     out = []
@@ -339,12 +345,16 @@ def _mark_pareto(rows: list[dict]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ rendering
+def scientific(key: str, value: float) -> bool:
+    """Whether a table writes `value` in scientific notation: a Forget Quality (a p-value) below 0.01, which fixed
+    decimals would print as 0.00."""
+    return key == "forget_quality" and 0 < value < 0.01
+
+
 def fmt(value, key: str = "") -> str:
     if not stats.is_number(value):
         return "--"
-    if key == "forget_quality" and 0 < value < 0.01:
-        return f"{value:.1e}"
-    return f"{value:.2f}"
+    return f"{value:.1e}" if scientific(key, value) else f"{value:.2f}"
 
 
 def _present_columns(rows: list[dict], columns: list[Column]) -> list[Column]:

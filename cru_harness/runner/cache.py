@@ -86,8 +86,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(err, OSError) and err.errno in WRITE_ERRNOS:   # the machine's, not a bug: one line
-            raise OutputWriteError(f"cannot write {path}: {err.strerror}; what was written before is kept (a "
-                                   "run resumes from its finished cells)") from err
+            raise OutputWriteError(f"cannot write {path}: {err.strerror} (what was written before it is "
+                                   "kept whole)") from err
         raise
 
 

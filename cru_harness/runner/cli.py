@@ -363,7 +363,15 @@ def merge_dirs(dirs, out) -> dict[str, int]:
     out_store = CellStore(out)
     out_store.cells_dir.mkdir(parents=True, exist_ok=True)
     counts = {"copied": 0, "duplicates": 0}
-    for store in stores:
+    for position, store in enumerate(stores):
+        for plan in sorted(store.root.glob("plan*.json")):   # so that the report names planned cells left undone
+            destination = out_store.root / plan.name
+            if destination.resolve() == plan.resolve():
+                continue
+            text = plan.read_text()
+            if destination.is_file() and destination.read_text() != text:   # another run's plan of that name
+                destination = out_store.root / f"{plan.stem}.input{position}.json"
+            atomic_write_text(destination, text)
         selections = store.root / SELECTION_DIR
         if selections.is_dir():  # why the RWKU targets are these (runner.targets); identical across shards
             (out_store.root / SELECTION_DIR).mkdir(parents=True, exist_ok=True)

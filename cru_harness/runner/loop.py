@@ -84,9 +84,12 @@ class CudaPeak:
             self.active = torch.cuda.is_available()
             if self.active:
                 gc.collect()  # a model kept alive only by a reference cycle would otherwise stay on the GPU
-                torch.cuda.empty_cache()
-                for index in range(torch.cuda.device_count()):
-                    begin_cuda_peak(index)
+                try:
+                    torch.cuda.empty_cache()
+                    for index in range(torch.cuda.device_count()):
+                        begin_cuda_peak(index)
+                except RuntimeError:  # CUDA broken (an earlier cell's error): the cell records its own failure
+                    self.active = False
         return self
 
     def __exit__(self, *exc):

@@ -115,10 +115,11 @@ def resolve_purge_checkpoint(target: int, *, local_path: str | os.PathLike | Non
     target = int(target)
     if local_path is not None:
         path = Path(local_path).expanduser()
-        if path.is_dir() and (path / "config.json").is_file():
-            return PurgeResolution(target, "ok", path=str(path), tried=[str(path)])
+        model = model_dir(path) if path.is_dir() else None
+        if model is not None:
+            return PurgeResolution(target, "ok", path=str(model), tried=[str(path)])
         return PurgeResolution(target, "unavailable", tried=[str(path)],
-                               reason=f"local PURGE checkpoint {path} is not a model directory (no config.json)")
+                               reason=f"local PURGE checkpoint {path} is not a model directory ({NO_MODEL})")
     if target not in PURGE_TARGETS:
         return PurgeResolution(target, "unavailable",
                                reason=f"PURGE released checkpoints for RWKU targets 1-20 only, not {target}")
@@ -174,9 +175,8 @@ def resolve_purge_checkpoint(target: int, *, local_path: str | os.PathLike | Non
                     return found
     if unusable:
         return PurgeResolution(target, "unavailable", tried=tried, reason=(
-            f"PURGE checkpoint of target {target} downloaded but holds no model: no config.json at the root of "
-            f"{', '.join(unusable)} or in one folder below it. Give a local copy with `purge_checkpoints: "
-            f"{{{target}: /path}}`"))
+            f"PURGE checkpoint of target {target} downloaded but {', '.join(unusable)} holds no one model "
+            f"({NO_MODEL}). Give a local copy with `purge_checkpoints: {{{target}: /path}}`"))
     if offline_errors:
         hint = " (HF_HUB_OFFLINE is set)" if _hub_offline_flag() else ""
         reason = (f"Hugging Face Hub unreachable{hint} and the checkpoint is not in the local cache; tried "
@@ -187,9 +187,13 @@ def resolve_purge_checkpoint(target: int, *, local_path: str | os.PathLike | Non
     return PurgeResolution(target, "unavailable", tried=tried, reason=reason)
 
 
+NO_MODEL = "no config.json at its root, nor in exactly one folder below it"
+
+
 def model_dir(path: Path) -> Path | None:
-    """The model in a downloaded repository: its root, or the one folder below it holding config.json (a repo
-    uploaded as its trainer's `checkpoint-N/` folder); None when neither holds one."""
+    """The model in a checkpoint directory (downloaded or local): its root, or the one folder below it holding
+    config.json (a repo uploaded as its trainer's `checkpoint-N/` folder); None when neither holds one, or when
+    several folders do (which one is meant cannot be told)."""
     if (path / "config.json").is_file():
         return path
     found = sorted(config.parent for config in path.glob("*/config.json"))

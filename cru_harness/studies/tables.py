@@ -15,7 +15,7 @@ import numpy as np
 
 from ..cru.losses import collapsed_gate
 from ..reporting.stats import is_number
-from ..reporting.tables import FAILURE_CLASSES, derived_metrics, fill_forget_quality
+from ..reporting.tables import FAILURE_CLASSES, derived_metrics, fill_forget_quality, scientific
 
 # (key in the derived metrics, header). Forget and utility axes first, then the retain / neighbour scores the
 # issue asks to watch, the forget answers' failure classes, the gates and the cost.
@@ -121,7 +121,7 @@ def fmt(mean, sd, n: int | None = None, of: int | None = None, key: str = "") ->
     A Forget Quality below 0.01 is written in scientific notation, as in the leaderboard (0.000 would hide it)."""
     if mean is None:
         return "–"
-    spec = ".1e" if key == "forget_quality" and 0 < mean < 0.01 else ".1f" if abs(mean) >= 10 else ".3f"
+    spec = ".1e" if scientific(key, mean) else ".1f" if abs(mean) >= 10 else ".3f"
     text = f"{mean:{spec}}" if sd is None else f"{mean:{spec}} ± {sd:{spec}}"
     return text + (f" ({n} of {of} seeds)" if n is not None and of is not None and n < of else "")
 
@@ -148,9 +148,9 @@ def to_markdown(rows: list[dict], header: list[str], x: str | None = None) -> st
     return "\n".join(lines)
 
 
-def seeds_text(seeds: list, separator: str) -> str:
-    """A row's seeds; a reference row (no seed) as "–"."""
-    return separator.join("–" if seed is None else str(seed) for seed in seeds)
+def seeds_text(seeds: list, separator: str, unseeded: str = "–") -> str:
+    """A row's seeds; a reference row (no seed) as `unseeded` ("–" in tables, empty in CSV)."""
+    return separator.join(unseeded if seed is None else str(seed) for seed in seeds)
 
 
 def _pareto_text(flag) -> str:
@@ -169,7 +169,7 @@ def to_csv(rows: list[dict], x: str | None = None) -> str:
             mean, sd, _ = row["stats"].get(key, (None, None, 0))
             values += ["" if mean is None else mean, "" if sd is None else sd]
         writer.writerow([row["block"], row["benchmark"], row["label"], *([row["x"]] if x else []),
-                         seeds_text(row["seeds"], " "), len(row["seeds"]), *values,
+                         seeds_text(row["seeds"], " ", unseeded=""), len(row["seeds"]), *values,
                          "" if row["collapsed_gate"] is None else row["collapsed_gate"],
                          {True: "true", False: "false"}.get(row.get("pareto"), "")])
     return out.getvalue()
