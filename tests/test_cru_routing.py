@@ -135,6 +135,15 @@ def test_attach_refuses_other_base(tokenizer, trained):
     assert all(not b._forward_hooks for b in find_decoder_blocks(wider)[1])
 
 
+def test_a_trained_bundle_records_a_sample_of_its_bases_weights(llama, trained):
+    """What tells another base of the same shape apart (`bundle.base_weights_problem`): the last gated block's
+    first weight matrix, sampled from the base the routers trained on."""
+    sample = trained.config.base_weights
+    assert sample["block"] == trained.block_indices[-1] and len(sample["values"]) == min(256, sample["numel"])
+    param = dict(find_decoder_blocks(llama)[1][sample["block"]].named_parameters())[sample["parameter"]]
+    assert sample["values"][0] == param.reshape(-1)[0].item() and sample["values"][-1] == param.reshape(-1)[-1].item()
+
+
 # -- training invariants -----------------------------------------------------------------------------------------
 def test_training_leaves_base_untouched_and_only_routers_get_grads(tokenizer, monkeypatch):
     model = build_tiny_model("gpt2", tokenizer)

@@ -199,3 +199,41 @@ def test_unlearn_refuses_an_unwritable_out_before_training(setup, tmp_path, caps
     assert capsys.readouterr().err == (f"cru-harness unlearn: error: --out {tmp_path / 'new'} cannot be created: "
                                        f"{tmp_path} is not writable\n")
     assert not (tmp_path / "new").exists()
+
+
+def test_routers_attached_to_another_base_of_the_same_shape_warn(setup):
+    """The structure cannot tell the released model from its fine-tune: a sample of the base's weights in the
+    manifest can. A dtype cast of the same base is the same base; a manifest without a sample warns of nothing."""
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    from cru_harness.cru import BaseWeightsWarning, attach_bundles
+    from cru_harness.cru.bundle import sample_base_weights
+
+    _, base, _, good, _ = setup
+    model = AutoModelForCausalLM.from_pretrained(base)
+    bundle = RouterBundle.from_pretrained(good)
+    bundle.config.base_weights = sample_base_weights(model, 7)
+    assert len(bundle.config.base_weights["values"]) == 256 and bundle.config.base_weights["dtype"] == "float32"
+
+    def warned(target) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            attach_bundles(target, bundle).remove()
+        return [str(w.message) for w in caught if issubclass(w.category, BaseWeightsWarning)]
+
+    assert warned(model) == []
+    assert warned(AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)) == []   # the same base, cast
+    tuned = AutoModelForCausalLM.from_pretrained(base)
+    with torch.no_grad():   # a short fine-tune's worth of change (well below bf16's rounding step on most weights)
+        for param in tuned.parameters():
+            param.mul_(1 + 1e-3 * torch.randn_like(param))
+    [message] = warned(tuned)
+    assert "sampled weights of block 7" in message and "differ from those of the base" in message
+    assert warned(tuned.to(torch.bfloat16))          # still told apart in the coarser dtype
+    # the manifest keeps the sample; one written before it existed warns of nothing
+    saved = RouterBundle.from_pretrained(bundle.save_pretrained(setup[0] / "sampled"))
+    assert saved.config.base_weights == bundle.config.base_weights
+    bundle.config.base_weights = {}
+    assert warned(tuned) == []

@@ -13,6 +13,7 @@ from .bundle import (
     RouterBundle,
     UnsupportedFormatError,
     WeightShapeError,
+    BaseWeightsWarning,
     base_fingerprint,
 )
 from .localize import BlockComparison, Localization, compare_localizations, localize
@@ -24,7 +25,7 @@ from .train import (GateRecorder, RouterTrainer, RouterTrainingConfig, StepResul
                     router_schedule, schedule_for, train_routers)
 
 __all__ = [
-    "GATE_SITES", "INPUT_NORMS", "LOSS_SHAPES", "GateSiteError", "BlockComparison", "BundleConfig", "BundleError",
+    "GATE_SITES", "INPUT_NORMS", "LOSS_SHAPES", "GateSiteError", "BaseWeightsWarning", "BlockComparison", "BundleConfig", "BundleError",
     "BundleFileError", "DecoderBlocksNotFoundError",
     "FingerprintMismatchError", "GateRecorder", "HiddenSizeMismatchError", "IncompatibleBaseError",
     "LayerCountMismatchError", "Localization", "PrefixCacheError", "RoutedModel", "Router", "RouterBundle",

@@ -10,6 +10,7 @@ the hooks, so the model is exactly the base again.
 from __future__ import annotations
 
 import contextlib
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 from .blocks import block_device, block_output_tensor, find_decoder_blocks, replace_block_output
-from .bundle import IncompatibleBaseError, RouterBundle
+from .bundle import BaseWeightsWarning, IncompatibleBaseError, RouterBundle, base_weights_problem
 from .router import Router
 from .sites import mlp_down_projection, mlp_width
 
@@ -163,6 +164,11 @@ def attach_bundles(model: nn.Module, bundles: RouterBundle | Iterable[RouterBund
             raise TypeError(f"expected RouterBundle objects, got {type(bundle).__name__}")
         if check:
             bundle.check_compatible(model)
+            problem = base_weights_problem(bundle.config.base_weights, model)
+            if problem:   # a warning, not a refusal: gating another base can be the experiment
+                warnings.warn(f"{problem} ({bundle.config.base_model}): the routers gate another model than the one "
+                              "they were trained on (e.g. the released model instead of its fine-tune), so the "
+                              "numbers are not the bundle's", BaseWeightsWarning, stacklevel=2)
     _, blocks = find_decoder_blocks(model)
     attached: list[tuple[nn.Module, _Entry]] = []
     for bundle in bundles:

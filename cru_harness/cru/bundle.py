@@ -71,6 +71,61 @@ def base_fingerprint(model: nn.Module) -> dict:
     return fingerprint
 
 
+#: Elements of one base weight matrix a manifest records (`sample_base_weights`): another base of the same shape
+#: (the released model where the routers were trained on its fine-tune) passes every structural check.
+WEIGHT_SAMPLE_SIZE = 256
+
+
+class BaseWeightsWarning(UserWarning):
+    """The routers are attached to a base whose weights differ from the one they were trained on."""
+
+
+def _weight_positions(numel: int) -> torch.Tensor:
+    return torch.linspace(0, numel - 1, min(WEIGHT_SAMPLE_SIZE, numel)).round().long()
+
+
+def sample_base_weights(model: nn.Module, block_index: int) -> dict:
+    """Evenly spaced elements of block `block_index`'s first weight matrix, as floats, with the dtype they had:
+    what `base_weights_problem` compares another base with. Empty where there is none to read (meta weights)."""
+    _, blocks = _blocks.find_decoder_blocks(model)
+    for name, param in blocks[block_index].named_parameters():
+        if param.is_floating_point() and param.dim() >= 2 and param.device.type != "meta":
+            flat = param.detach().reshape(-1)
+            values = flat[_weight_positions(flat.numel()).to(flat.device)].float().cpu().tolist()
+            return {"block": int(block_index), "parameter": name, "numel": int(flat.numel()),
+                    "dtype": str(param.dtype).removeprefix("torch."), "values": values}
+    return {}
+
+
+def base_weights_problem(sample: dict, model: nn.Module) -> str | None:
+    """How `model`'s weights differ from the `sample` a bundle recorded of its own base, or None (they match, or
+    cannot be compared: no sample, another structure, weights not in memory, quantized, fp16 against bf16).
+    Both sides are compared in the coarser of the two dtypes, exactly: a cast of the same base rounds the same
+    way, while a fine-tune of it moves some weights across a rounding step."""
+    if not sample:
+        return None
+    _, blocks = _blocks.find_decoder_blocks(model)
+    if not 0 <= sample["block"] < len(blocks):
+        return None
+    param = dict(blocks[sample["block"]].named_parameters()).get(sample["parameter"])
+    recorded = getattr(torch, str(sample.get("dtype")), None)
+    if param is None or not param.is_floating_point() or param.device.type == "meta" or \
+            param.numel() != sample["numel"] or not isinstance(recorded, torch.dtype):
+        return None
+    dtypes = sorted({recorded, param.dtype}, key=lambda d: torch.finfo(d).eps)
+    if len(dtypes) == 2 and torch.finfo(dtypes[0]).bits == torch.finfo(dtypes[1]).bits:
+        return None   # float16 against bfloat16: neither holds the other's values
+    coarse = dtypes[-1]
+    flat = param.detach().reshape(-1)
+    ours = flat[_weight_positions(flat.numel()).to(flat.device)].to(coarse).cpu()
+    theirs = torch.tensor(sample["values"], dtype=torch.float32).to(coarse)
+    differ = int((ours != theirs).sum()) if ours.shape == theirs.shape else len(sample["values"])
+    if not differ:
+        return None
+    return (f"{differ} of {len(sample['values'])} sampled weights of block {sample['block']} "
+            f"({sample['parameter']}) differ from those of the base the routers were trained on")
+
+
 def library_versions() -> dict:
     import safetensors
     import transformers
@@ -104,6 +159,7 @@ class BundleConfig:
     gate_site: str = "residual"
     site_width: int | None = None      # coordinates per block at gate_site (None: the hidden size)
     excluded: dict[int, list[int]] = field(default_factory=dict)  # per block: coordinates kept out of selection
+    base_weights: dict = field(default_factory=dict)  # `sample_base_weights` of the base (absent: not recorded)
     training_data: dict = field(default_factory=dict)
     training: dict = field(default_factory=dict)     # lr, epochs, batch size, max length, steps
     metrics: dict = field(default_factory=dict)      # final forget/retain gate means, loss

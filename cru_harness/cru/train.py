@@ -29,7 +29,7 @@ from ..context import fit_to_context
 from ..reductions import thread_invariant_sum
 from .attach import attach_bundles
 from .blocks import find_decoder_blocks, run_until
-from .bundle import BundleConfig, RouterBundle, base_fingerprint
+from .bundle import BundleConfig, RouterBundle, base_fingerprint, sample_base_weights
 from .localize import (SELECTIONS, Batch, Localization, collate, input_device, localize, pad_token_id,
                        tokenize_texts, validate_exclusion, validate_percentile)
 from .losses import cru_loss, validate_loss_shape
@@ -184,6 +184,7 @@ def new_bundle(model: nn.Module, localization: Localization, config: RouterTrain
         exclude_top_magnitude=float(localization.exclude_top_magnitude), gate_site=localization.site,
         site_width=localization.width(),
         excluded={b: localization.excluded[b].tolist() for b in sorted(localization.excluded)},
+        base_weights=sample_base_weights(model, localization.block_indices[-1]),
         base_parameters=sum(p.numel() for p in model.parameters()))
     torch.manual_seed(config.seed)
     routers = {b: Router(fingerprint["hidden_size"], len(bundle_config.neurons[b]), config.d_r,
