@@ -101,7 +101,14 @@ def test_lmeval_cru_with_a_bundle_on_cuda(tiny_dir, tmp_path):
     bundle = train_routers(model, tok, CORPUS[:8], CORPUS[8:], cfg)
     bundle.save_pretrained(tmp_path / "bundle")
     register()
-    lm = CRULM(base=str(tiny_dir), routers=str(tmp_path / "bundle"), device="cuda", batch_size=4)
+    import warnings
+
+    from cru_harness.cru import BaseWeightsWarning
+
+    with warnings.catch_warnings(record=True) as caught:   # the base the routers trained on, read again on CUDA
+        warnings.simplefilter("always")
+        lm = CRULM(base=str(tiny_dir), routers=str(tmp_path / "bundle"), device="cuda", batch_size=4)
+    assert not [w for w in caught if issubclass(w.category, BaseWeightsWarning)]
     assert lm.get_model_info()["cru_routers"] == [str(tmp_path / "bundle")]
     assert all(p.device.type == "cuda" for p in lm.model.parameters())
     tasks = sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))[:1]
