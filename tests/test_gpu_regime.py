@@ -100,11 +100,16 @@ class _FakeCuda:
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H200")
 
 
-def test_cuda_cells_record_gpu_name_and_peak_memory(tmp_path, monkeypatch):
+def _ga_cell(tmp_path):
+    """A GA cell of a one-split plan: what the fake-CUDA tests run through the loop."""
     config = cfg.validate_config({"name": "g", "output_dir": str(tmp_path / "run"), "device": "cpu",
                                   "models": [{"name": "m", "path": "zoo:llama"}],
                                   "benchmarks": {"tofu": {"splits": ["forget01"]}}, "methods": ["GA"]})
-    cell = build_plan(config)[-1]
+    return build_plan(config)[-1]
+
+
+def test_cuda_cells_record_gpu_name_and_peak_memory(tmp_path, monkeypatch):
+    cell = _ga_cell(tmp_path)
     fake = _FakeCuda()
     fake.patch(monkeypatch)
     result, record = run_one(cell, tmp_path, lambda c, w: {"metrics": {}}, device="cuda:0")
@@ -160,10 +165,7 @@ class _LazyFakeCuda:
 def test_a_cells_gpu_peak_in_a_fresh_process_covers_loading_and_training(tmp_path, monkeypatch):
     from cru_harness.baselines.resources import ResourceMonitor
 
-    config = cfg.validate_config({"name": "g", "output_dir": str(tmp_path / "run"), "device": "cpu",
-                                  "models": [{"name": "m", "path": "zoo:llama"}],
-                                  "benchmarks": {"tofu": {"splits": ["forget01"]}}, "methods": ["GA"]})
-    cell = build_plan(config)[-1]
+    cell = _ga_cell(tmp_path)
     fake = _LazyFakeCuda()
     fake.patch(monkeypatch)
     seen = {}
