@@ -25,8 +25,8 @@ from .train import (GateRecorder, RouterTrainer, RouterTrainingConfig, StepResul
                     router_schedule, schedule_for, train_routers)
 
 __all__ = [
-    "GATE_SITES", "INPUT_NORMS", "LOSS_SHAPES", "GateSiteError", "BaseWeightsWarning", "BlockComparison", "BundleConfig", "BundleError",
-    "BundleFileError", "DecoderBlocksNotFoundError",
+    "GATE_SITES", "INPUT_NORMS", "LOSS_SHAPES", "GateSiteError", "BaseWeightsWarning", "BlockComparison",
+    "BundleConfig", "BundleError", "BundleFileError", "DecoderBlocksNotFoundError",
     "FingerprintMismatchError", "GateRecorder", "HiddenSizeMismatchError", "IncompatibleBaseError",
     "LayerCountMismatchError", "Localization", "PrefixCacheError", "RoutedModel", "Router", "RouterBundle",
     "RouterTrainer", "RouterTrainingConfig", "RoutingHandle", "StepResult", "UnsupportedFormatError",

@@ -81,7 +81,9 @@ class BaseWeightsWarning(UserWarning):
 
 
 def _weight_positions(numel: int) -> torch.Tensor:
-    return torch.linspace(0, numel - 1, min(WEIGHT_SAMPLE_SIZE, numel)).round().long()
+    """Evenly spaced positions, in integers (a float linspace could place them differently in another torch)."""
+    count = min(WEIGHT_SAMPLE_SIZE, numel)
+    return torch.tensor([i * (numel - 1) // max(count - 1, 1) for i in range(count)], dtype=torch.long)
 
 
 def sample_base_weights(model: nn.Module, block_index: int) -> dict:

@@ -108,7 +108,7 @@ def friedman(scores: Mapping[Any, Mapping[str, float]], methods: list[str] | Non
     """Friedman test over blocks. `scores[block][method]`, higher = better."""
     from scipy.stats import friedmanchisquare, permutation_test
 
-    dropped_methods = [] if methods is not None else compared_methods(scores)[1]
+    methods, dropped_methods = (methods, []) if methods is not None else compared_methods(scores)
     methods, blocks, matrix, dropped = complete_blocks(scores, methods)
     out: dict[str, Any] = {"test": "friedman", "methods": methods, "n_blocks": len(blocks), "blocks": blocks,
                            "dropped_blocks": dropped, "dropped_methods": dropped_methods, "statistic": None,
