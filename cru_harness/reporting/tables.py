@@ -188,28 +188,26 @@ def split_label_variants(results: list[dict]) -> list[dict]:
     `overrides`, each split's corpora) are one configuration and keep the label."""
     import json
 
-    def identity(result: dict) -> str:
-        return json.dumps(variant_settings(result), sort_keys=True, default=str)
-
     def where(result: dict) -> tuple:
         return result.get("benchmark"), result.get("model"), result.get("unit"), result.get("label")
 
+    settings = [variant_settings(result) for result in results]   # once per cell: its identity and its name
+    identities = [json.dumps(setting, sort_keys=True, default=str) for setting in settings]
     groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
-    for result in results:
-        groups[where(result)].setdefault(identity(result), result)
+    for result, identity, setting in zip(results, identities, settings):
+        groups[where(result)].setdefault(identity, setting)
     renamed: dict[tuple, str] = {}
     for (benchmark, model, unit, label), variants in groups.items():
         if len(variants) < 2:
             continue
-        settings = [variant_settings(v) for v in variants.values()]
-        keys = sorted({k for s in settings for k in s})
-        differing = [k for k in keys if len({json.dumps(s.get(k), default=str) for s in settings}) > 1]
-        for ident, setting in zip(variants, settings):   # (identities differ, so some key does)
+        keys = sorted({k for s in variants.values() for k in s})
+        differing = [k for k in keys if len({json.dumps(s.get(k), default=str) for s in variants.values()}) > 1]
+        for identity, setting in variants.items():   # (identities differ, so some key does)
             named = ", ".join(f"{k}={_setting(setting.get(k))}" for k in differing)
-            renamed[(benchmark, model, unit, label, ident)] = f"{label} ({named})"
+            renamed[(benchmark, model, unit, label, identity)] = f"{label} ({named})"
     out = []
-    for result in results:
-        key = (*where(result), identity(result))
+    for result, identity in zip(results, identities):
+        key = (*where(result), identity)
         out.append(dict(result, label=renamed[key]) if key in renamed else result)
     return out
 
