@@ -201,6 +201,49 @@ def test_other_model_fingerprint_makes_a_cell_stale(tmp_path):
     assert calls == [cells[0].hash]
 
 
+def fake_hub_cache(root: Path, repo_type: str, repo: str, sha: str, filename: str) -> None:
+    """The layout huggingface_hub leaves after a download: refs/main names the snapshot the file sits in."""
+    folder = root / f"{repo_type}s--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(sha)
+    (folder / "snapshots" / sha).mkdir(parents=True)
+    (folder / "snapshots" / sha / filename).write_text("{}")
+
+
+def test_the_record_keeps_the_hub_revision_each_hub_input_resolved_to(tmp_path, monkeypatch):
+    """Hub data and models are fingerprinted as "hub" / "hub:<id>" (nothing to hash before the download); the run
+    record keeps the commit the local Hub cache resolved `main` to, so a dataset or model changed on the Hub is
+    visible between two runs."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    fake_hub_cache(tmp_path / "hub", "dataset", "locuslab/TOFU", "a1" * 20, "README.md")
+    fake_hub_cache(tmp_path / "hub", "model", "org/base", "b2" * 20, "config.json")
+    inputs = {"code_version": "c", "data": "hub",
+              "models": {"model": "hub:org/base", "retain": "hub:org/oracle", "purge": "sha:1234", "x": "hub:/gone"}}
+    assert provenance.hub_revisions("tofu", inputs) == {
+        "dataset:locuslab/TOFU": "a1" * 20, "dataset:open-unlearning/idk": "not in the Hub cache",
+        "model:org/base": "b2" * 20, "model:org/oracle": "not in the Hub cache"}
+    # Local data and local models name no Hub revision.
+    assert provenance.hub_revisions("rwku", {"data": "sha:99", "models": {"model": "sha:1"}}) == {}
+
+    config = small_config(tmp_path)
+    cells = build_plan(config)[:1]
+    store = CellStore(config.output_dir)
+    run_cells(cells, store, executor_with({}), inputs=lambda cell: inputs, log=lambda *_: None)
+    record = json.loads((store.cell_dir(cells[0].hash) / "run_record.json").read_text())
+    assert record["hub_revisions"]["dataset:locuslab/TOFU"] == "a1" * 20
+    assert record["hub_revisions"]["model:org/base"] == "b2" * 20
+    lines = provenance.provenance_lines([store.root])
+    assert f"- Hub dataset:locuslab/TOFU read at {'a1' * 6} (1 cell)" in lines
+    assert "- Hub dataset:open-unlearning/idk read at not in the Hub cache (1 cell)" in lines
+    # Not among the inputs: the next run reuses the cell although the cache moved on.
+    (tmp_path / "hub" / "datasets--locuslab--TOFU" / "refs" / "main").write_text("c3" * 20)
+    calls = []
+    run_cells(cells, store, executor_with({}, calls), inputs=lambda cell: inputs, log=lambda *_: None)
+    assert calls == []
+
+
 def test_undeterminable_inputs_recompute_instead_of_crashing(tmp_path):
     config = small_config(tmp_path)
     cells = build_plan(config)[:1]
@@ -267,6 +310,20 @@ def test_identical_runs_reproduce_exactly(tmp_path):
     text = (Path(run) / "reproduction.md").read_text()
     assert comparison.verdict in text and "0 (exact)" in text
     assert json.loads((Path(run) / "reproduction.json").read_text())["reproduced"] is True
+
+
+def test_another_hub_revision_is_named_among_the_inputs_that_differ(tmp_path):
+    reference = make_run(tmp_path, "ref", METRICS)
+    run = make_run(tmp_path, "run", METRICS)
+    for root, sha in ((reference, "a1" * 20), (run, "c3" * 20)):
+        for path in Path(root).glob("cells/*/run_record.json"):
+            record = json.loads(path.read_text())
+            path.write_text(json.dumps({**record, "hub_revisions": {"dataset:locuslab/TOFU": sha}}))
+    comparison = write_reproduction(run, reference, log=lambda *_: None)
+    assert all(c.inputs_differ == ["hub_revisions"] for c in comparison.cells)
+    assert "| 0 | hub_revisions" in (Path(run) / "reproduction.md").read_text()
+    # the same revision on both sides is no difference
+    assert not any(c.inputs_differ for c in write_reproduction(reference, reference, log=lambda *_: None).cells)
 
 
 def test_a_damaged_target_choice_is_named_not_read_as_none(tmp_path):

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 from .cache import RESULT_SCHEMA_VERSION, CellStore, environment_record, now_iso
 from .plan import Cell
 from .models import resolve_device
-from .provenance import code_version, stale_fields
+from .provenance import code_version, hub_revisions, stale_fields
 
 Executor = Callable[[Cell, Path], dict]
 
@@ -162,6 +162,8 @@ def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, lo
             device = cell.device
         result, record = run_one(cell, workdir, executor, device=device)
         record["inputs"] = current
+        if "error" not in current and (revisions := hub_revisions(cell.benchmark, current)):
+            record["hub_revisions"] = revisions
         record["device"] = device
         store.write(cell.hash, result, record)
         counts[result["status"]] += 1

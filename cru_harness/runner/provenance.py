@@ -9,7 +9,9 @@ decided by its *inputs* (`cell_inputs`), saved in its run record:
   hash). It is the same from a git checkout and from a wheel, and README or results edits do not change it;
 - `models`: a content hash of every local model directory the cell reads (testbed builds, SmolLM2, local
   checkpoints); Hub ids are recorded as ids;
-- `data`: a content hash of the local benchmark folder (or the testbed world), or "hub";
+- `data`: a content hash of the local benchmark folder (or the testbed world), or "hub" (Hub data and Hub models
+  are named, not hashed: the record keeps, beside the inputs, the revision each resolved to, `hub_revisions`,
+  which `report` and `--reproduce` show);
 - `libraries`: the versions of the libraries that compute the numbers.
 
 A finished cell whose saved inputs differ from the current ones was computed by other code (or models, data,
@@ -209,6 +211,40 @@ def cell_inputs(cell) -> dict[str, Any]:
             "libraries": key_libraries()}
 
 
+def hub_repositories(benchmark: str, inputs: dict) -> list[tuple[str, str, str]]:
+    """(repo type, repo id, a file every copy of it holds) for each Hub repository `inputs` name: the benchmark's
+    datasets when its data came from the Hub, and each model given as a Hub id."""
+    from ..data.sources import HUB_IDS
+    from ..data.tofu import IDK_HUB
+
+    repos = []
+    if inputs.get("data") == "hub" and benchmark in HUB_IDS:
+        repos.append(("dataset", HUB_IDS[benchmark], "README.md"))
+        if benchmark == "tofu":
+            repos.append(("dataset", IDK_HUB[0], IDK_HUB[1]))
+    for fingerprint in dict.fromkeys((inputs.get("models") or {}).values()):
+        if fingerprint.startswith("hub:"):
+            repos.append(("model", fingerprint.removeprefix("hub:"), "config.json"))
+    return repos
+
+
+def hub_revisions(benchmark: str, inputs: dict) -> dict[str, str]:
+    """`"<type>:<repo>"` -> the commit the local Hub cache resolves `main` to, for each Hub repository of
+    `hub_repositories`; read after the cell ran, so it is the revision the cell read (loads name no revision, so
+    they resolve `main`, online or offline). Kept in the run record beside `inputs` but not among them: an
+    offline rerun could not tell another revision from none, and a cache emptied since would recompute."""
+    from huggingface_hub import try_to_load_from_cache
+
+    revisions = {}
+    for repo_type, repo, filename in hub_repositories(benchmark, inputs):
+        try:
+            path = try_to_load_from_cache(repo, filename, repo_type=repo_type)
+        except ValueError:  # not a valid Hub id (a local path that is missing): the cell's own error says so
+            continue
+        revisions[f"{repo_type}:{repo}"] = Path(path).parent.name if isinstance(path, str) else "not in the Hub cache"
+    return revisions
+
+
 def stale_fields(record: dict | None, current: dict) -> list[str]:
     """The input fields (`code_version`, `models`, ...) in which a cell's saved record differs from `current`;
     every field of `current` counts as differing when the record has no inputs (computed before they existed)."""
@@ -270,4 +306,13 @@ def provenance_lines(dirs) -> list[str]:
     if dirty:
         lines.append(f"- **{len(dirty)} cells come from a dirty tree** (uncommitted changes to the package): not "
                      "reproducible from any commit; do not commit them: " + "; ".join(dirty))
+    hub: dict[str, dict[str, int]] = {}
+    for record in records:
+        for repo, revision in (record.get("hub_revisions") or {}).items():
+            hub.setdefault(repo, {}).setdefault(revision, 0)
+            hub[repo][revision] += 1
+    for repo, revisions in sorted(hub.items()):
+        read = ", ".join(f"{revision[:12] if len(revision) == 40 else revision} ({count} cell{'s' * (count != 1)})"
+                         for revision, count in sorted(revisions.items()))
+        lines.append(f"- Hub {repo} read at {read}" + (" — **more than one revision**" if len(revisions) > 1 else ""))
     return lines + [""]

@@ -20,8 +20,9 @@ through training, so GPU cells get a tolerance per metric (`GPU_TOLERANCES`; an 
 project: the CI and the demo run on CPU).
 
 Besides the numbers, each cell's saved inputs (code version, model and data fingerprints, library versions;
-`runner.provenance`) are compared, so a mismatch says whether the reference was computed by other code (a
-stale reference, to be regenerated) or from a dirty tree (never reproducible from a commit).
+`runner.provenance`) and the Hub revisions its record names are compared, so a mismatch says whether the
+reference was computed by other code (a stale reference, to be regenerated) or from a dirty tree (never
+reproducible from a commit).
 """
 from __future__ import annotations
 
@@ -185,10 +186,11 @@ class Comparison:
         dirty = sum(1 for c in self.cells if c.reference_dirty)
         if dirty:
             why.append(f"{dirty} reference cells come from a dirty tree")
-        for name in ("models", "data", "libraries"):
+        for name, words in (("models", "models"), ("data", "data"), ("libraries", "libraries"),
+                            ("hub_revisions", "Hub revisions")):
             k = sum(1 for c in self.cells if name in c.inputs_differ)
             if k:
-                why.append(f"{k} with other {name}")
+                why.append(f"{k} with other {words}")
         return "NOT REPRODUCED: " + "; ".join(parts) + (f" [{'; '.join(why)}]" if why else "")
 
     def to_dict(self) -> dict:
@@ -234,6 +236,10 @@ def compare_cell(cell_hash: str, reference: dict, ref_record: dict | None, resul
         {"code_version": run_code_version} if run_code_version else {})
     comparison.inputs_differ = [name for name in INPUT_FIELDS
                                 if name in saved_run and saved_ref.get(name) != saved_run.get(name)]
+    # Hub data and models are fingerprinted by name only; the revisions the records name tell two apart.
+    ref_hub, run_hub = ((r or {}).get("hub_revisions") or {} for r in (ref_record, record))
+    if any(ref_hub[repo] != run_hub[repo] for repo in ref_hub.keys() & run_hub.keys()):
+        comparison.inputs_differ.append("hub_revisions")
     if result is None:
         comparison.status = "missing"
         return comparison
@@ -352,8 +358,9 @@ def comparison_markdown(comparison: Comparison) -> str:
     if comparison.extra:
         lines += ["", "## Cells of this run the reference does not have", ""] + [f"- {e}" for e in comparison.extra]
     lines += ["", "Cells are paired by the hash of their resolved config. \"inputs that differ\": the saved code "
-              "version, model/data fingerprints or library versions of the reference cell differ from this run's "
-              "(runner.provenance); a reference computed by other code is stale and should be regenerated.", ""]
+              "version, model/data fingerprints, library versions or Hub revisions of the reference cell differ "
+              "from this run's (runner.provenance); a reference computed by other code is stale and should be "
+              "regenerated.", ""]
     return "\n".join(lines)
 
 
