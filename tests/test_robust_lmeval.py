@@ -156,6 +156,24 @@ def test_a_misspelt_metadata_key_is_refused_not_ignored(tmp_path, tasks, key, cl
     assert "\n" not in message
 
 
+@pytest.mark.parametrize("key, message", [
+    ("tofu_prest", "unknown --metadata key 'tofu_prest' (did you mean 'tofu_preset'?)"),
+    ("tofu_config", "--metadata key 'tofu_config' is not a setting: the TOFU task chooses the split"),
+    ("rwku_probe", "--metadata key 'rwku_probe' is not a setting: the RWKU task chooses the probe"),
+])
+def test_the_task_manager_refuses_a_bad_metadata_key_when_it_is_built(key, message):
+    """lm-eval's command line builds the TaskManager before loading the model, so the check runs there, not
+    first in a task's loader after the load (and a YAML-set key no longer reaches lm-eval's own crash)."""
+    from lm_eval.tasks import TaskManager
+
+    from cru_harness.lmeval.registration import tasks_dir
+
+    with pytest.raises(InputError) as info:
+        TaskManager(metadata={"data_dir": "/nowhere", key: "x"})
+    assert str(info.value).startswith(message)
+    TaskManager(include_path=tasks_dir(), include_defaults=False, metadata={"rwku_targets": "1", "base": "m"})
+
+
 def test_metadata_keys_of_both_suites_and_other_tools_pass():
     check_metadata_keys({key: "x" for key in METADATA_KEYS} | {"version": 1.0, "base": "m", "routers": "r",
                                                                  "pretrained": "m", "other_tool_key": 1})
@@ -195,8 +213,11 @@ def test_metadata_values_are_read_as_meant_or_refused():
                                                "floating dtype (e.g. float32, bfloat16, float16)"),
     ("base={model}", ["--device", "cuda:99"], "device 'cuda:99': "),
     ("base=no-such-org/no-such-model", [], "cannot load base model 'no-such-org/no-such-model': "),
-    ("base={model}", ["--metadata", '{{"data_dir": "{data}", "rwku_target": "5"}}'],
+    # metadata is checked before the model loads: a base that does not exist is never reached
+    ("base=no-such-org/no-such-model", ["--metadata", '{{"data_dir": "{data}", "rwku_target": "5"}}'],
      "unknown --metadata key 'rwku_target' (did you mean 'rwku_targets'?); "),
+    ("base=no-such-org/no-such-model", ["--metadata", '{{"rwku_probe": "qa"}}'],
+     "--metadata key 'rwku_probe' is not a setting: the RWKU task chooses the probe (rwku_fb, "),
 ])
 def test_lm_eval_command_line_prints_one_line(model_dir, tmp_path, model_args, extra, last_line):
     """The real `python -m lm_eval` (the .pth hook installs the reporting): one line, non-zero exit."""

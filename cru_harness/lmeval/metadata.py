@@ -23,12 +23,19 @@ RWKU_METADATA_KEYS = ("rwku_targets", "rwku_items_per_target", "rwku_utility_mis
 METADATA_KEYS = ("data_dir",) + TOFU_METADATA_KEYS + RWKU_METADATA_KEYS
 #: Keys with these prefixes must be in METADATA_KEYS.
 SUITE_PREFIXES = ("tofu_", "rwku_")
+#: Set by each task's YAML (`dataset_kwargs`), never by the metadata: the task one runs chooses them.
+TASK_KEYS = {"tofu_config": "the TOFU task chooses the split (tofu_forget01, tofu_forget10, tofu_retain, ...)",
+             "rwku_probe": "the RWKU task chooses the probe (rwku_fb, rwku_qa, rwku_aa, rwku_mia, ...)"}
 
 
 def check_metadata_keys(metadata: Mapping) -> None:
     """Refuse a `tofu_`/`rwku_` key that is not in METADATA_KEYS (an `InputError` naming it, a close match and the
-    valid keys); any other key (model arguments, lm-eval's own, another tool's) passes."""
+    valid keys), and a key the task's own YAML sets (`TASK_KEYS`); any other key (model arguments, lm-eval's own,
+    another tool's) passes. Called where lm-eval builds its TaskManager (before it loads the model) and again by
+    each task's loader (a TaskManager built elsewhere)."""
     for key in sorted(k for k in metadata if isinstance(k, str)):
+        if key in TASK_KEYS:
+            raise InputError(f"--metadata key {key!r} is not a setting: {TASK_KEYS[key]}")
         if key.startswith(SUITE_PREFIXES) and key not in METADATA_KEYS:
             close = difflib.get_close_matches(key, METADATA_KEYS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""

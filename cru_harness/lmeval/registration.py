@@ -19,6 +19,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from .metadata import check_metadata_keys
+
 MODEL_NAME = "cru"
 MODEL_TARGET = "cru_harness.lmeval.model:CRULM"
 
@@ -54,7 +56,8 @@ _PATCH_FLAG = "_cru_harness_patched"
 
 
 def patch_task_manager(task_manager_cls=None) -> None:
-    """Make `TaskManager(include_defaults=True, ...)` also index `tasks_dir()`. Idempotent."""
+    """Make `TaskManager(include_defaults=True, ...)` also index `tasks_dir()`, and check its metadata's keys
+    (`check_metadata_keys`). Idempotent."""
     if task_manager_cls is None:
         from lm_eval.tasks.manager import TaskManager as task_manager_cls
     if getattr(task_manager_cls.__init__, _PATCH_FLAG, False):
@@ -63,6 +66,9 @@ def patch_task_manager(task_manager_cls=None) -> None:
 
     @functools.wraps(original)
     def __init__(self, verbosity=None, include_path=None, include_defaults=True, metadata=None, *args, **kwargs):
+        # lm-eval's command line builds the TaskManager before it loads the model: a misspelt key fails here in
+        # seconds, not after the load (and before lm-eval's own "multiple values" crash on a YAML-set key).
+        check_metadata_keys(metadata or {})
         if include_defaults:
             include_path = with_project_tasks(include_path)
         original(self, verbosity, include_path, include_defaults, metadata, *args, **kwargs)
