@@ -404,7 +404,7 @@ def test_blocks_study_gates_the_blocks_it_names(tmp_path):
 
 
 @pytest.mark.slow
-def test_overlap_study_localizes_without_training(tmp_path):
+def test_overlap_study_localizes_without_training(tmp_path, monkeypatch):
     out = tmp_path / "overlap"
     assert main(["study", str(tiny_study("overlap", out))]) == 0
     assert not list((out / "cells").glob("*/result.json"))      # no router trained, nothing evaluated
@@ -422,10 +422,39 @@ def test_overlap_study_localizes_without_training(tmp_path):
     assert {p: (p.stat().st_mtime_ns, p.read_text()) for p in saved} == saved
     assert main(["study", str(out.parent / "overlap.yaml"), "--force"]) == 0
     assert all(p.stat().st_mtime_ns != stamp and p.read_text() == text for p, (stamp, text) in saved.items())
+    _check_table_only(out, "table", monkeypatch)
+
+
+def _check_table_only(out, stem, monkeypatch):
+    """`--table-only` rewrites an analysis study's table from its saved analyses alone (nothing loaded: the
+    checkpoints and bundles a clone lacks are gone), names analyses computed by other code, and refuses, in one
+    line, when a CRU cell has none."""
+    import shutil
+
+    import cru_harness.studies.analyses as analyses
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("--table-only loaded a model")
+
+    monkeypatch.setattr(analyses, "load_cell_model", no_model)
+    config = str(out.parent / f"{out.name}.yaml")
+    table = (out / "study" / f"{stem}.md").read_text()
+    for work in out.glob("cells/*/work"):
+        shutil.rmtree(work)
+    (out / "study" / f"{stem}.md").unlink()
+    assert main(["study", config, "--table-only"]) == 0
+    assert (out / "study" / f"{stem}.md").read_text() == table
+    path = next((out / "study" / "analysis").glob("*.json"))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "code_version": "0123456789abcdef"}))
+    assert main(["study", config, "--table-only"]) == 0
+    assert "- analyses computed by other code than this table's" in (out / "study" / f"{stem}.md").read_text()
+    assert "code version 0123456789abcdef (1 of" in (out / "study" / f"{stem}.md").read_text()
+    path.unlink()
+    assert main(["study", config, "--table-only"]) == 2
 
 
 @pytest.mark.slow
-def test_gate_gap_study_token_gates_agree_with_the_bundles_own_measurement(tmp_path):
+def test_gate_gap_study_token_gates_agree_with_the_bundles_own_measurement(tmp_path, monkeypatch):
     from cru_harness.cru.bundle import RouterBundle
 
     out = tmp_path / "gate_gap"
@@ -449,6 +478,7 @@ def test_gate_gap_study_token_gates_agree_with_the_bundles_own_measurement(tmp_p
     rows = _table_rows(out, "gate_gap")
     assert [r["block"] for r in rows] == ["all", "4", "5", "6", "7"]
     assert (out / "study" / "gate_gap.png").is_file() and (out / "study" / "table.md").is_file()
+    _check_table_only(out, "gate_gap", monkeypatch)
 
 
 @pytest.mark.slow

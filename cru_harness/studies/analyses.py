@@ -14,12 +14,23 @@ from typing import Callable
 
 import numpy as np
 
+from ..errors import MissingInputError
 from ..runner.cache import atomic_write_json
+from ..runner.provenance import code_version
 from ..runner.plan import Cell
 
 
 def analysis_path(out_dir: Path, kind: str, cell: Cell) -> Path:
     return out_dir / "analysis" / f"{kind}_{cell.hash}.json"
+
+
+def saved_analysis(out_dir: Path, kind: str, cell: Cell) -> dict:
+    """A cell's saved analysis as it is (`study --table-only`: nothing is loaded or recomputed)."""
+    path = analysis_path(out_dir, kind, cell)
+    if not path.is_file():
+        raise MissingInputError(f"cell {cell.hash} ({cell.describe()}) has no saved {kind} analysis ({path}): run "
+                                "the study without --table-only")
+    return json.loads(path.read_text())
 
 
 def load_cell_model(cell: Cell, base_path: str):
@@ -62,8 +73,8 @@ def overlap_cell(cell: Cell, base_path: str, examples, out_dir: Path, log: Calla
 
     model, tokenizer, forget, retain, config = load_cell_model(cell, base_path)
     seed = cell.seed or 0
-    result = {"cell": cell.hash, "base": base_path, "label": cell.label, "seed": seed, "selection": config.selection,
-              "percentile": config.percentile, "by_examples": {}}
+    result = {"cell": cell.hash, "code_version": code_version(), "base": base_path, "label": cell.label, "seed": seed,
+              "selection": config.selection, "percentile": config.percentile, "by_examples": {}}
     with torch.no_grad():
         for n in examples:
             f_texts, r_texts = subsample(forget, n, seed), subsample(retain, n, seed + 1)
@@ -191,8 +202,8 @@ def gate_gap_cell(cell: Cell, base_path: str, routers: str, rows, out_dir: Path,
     kwargs = dict(batch_size=config.batch_size, max_length=config.max_length)
     blocks = list(bundle.block_indices)
     f_gates = token_gates(model, tokenizer, bundle, take(forget), **kwargs)
-    result = {"cell": cell.hash, "weights_sha256": weights, "rows": rows, "label": cell.label,
-              "seed": cell.seed or 0, "n_forget_rows": len(take(forget))}
+    result = {"cell": cell.hash, "code_version": code_version(), "weights_sha256": weights, "rows": rows,
+              "label": cell.label, "seed": cell.seed or 0, "n_forget_rows": len(take(forget))}
     for name, indices in (("retain_seen", seen), ("retain_held_out", held_out)):
         chosen = take(indices)
         r_gates = token_gates(model, tokenizer, bundle, [retain[i] for i in chosen], **kwargs) if chosen else \

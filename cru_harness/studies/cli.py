@@ -26,7 +26,8 @@ def register(subparsers) -> None:
                             "on several machines; no table is written: run the study once more without --shard "
                             "(after merging the shards' cells) to write it from the finished cells")
     study.add_argument("--table-only", action="store_true",
-                       help="write the table and plots from the cells already finished, running none (cells "
+                       help="write the table and plots from the cells already finished (an overlap / gate_gap "
+                            "study: from its saved analyses), running and loading none (cells and analyses "
                             "computed by other code are read as they are, and the table says so), e.g. to "
                             "regenerate a committed study's table")
     study.add_argument("--dry-run", action="store_true", help="validate and print the plan; touches no model")

@@ -103,9 +103,9 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
     from ..runner.cli import run_config
 
     config, spec = study.config, study.spec
-    if table_only and (shard or spec.kind in ("overlap", "gate_gap") or dry_run or force or only):
-        raise ConfigError("--table-only", "writes a sweep's table from finished cells only: not with --shard, "
-                          "--dry-run, --force, --only, or an overlap / gate_gap study (their analyses load models)",
+    if table_only and (shard or dry_run or force or only):
+        raise ConfigError("--table-only", "writes a study's tables from finished cells (and an overlap / gate_gap "
+                          "study's saved analyses) only: not with --shard, --dry-run, --force or --only",
                           config.source)
     if spec.kind == "overlap":
         if only:
@@ -113,7 +113,7 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
         if shard:
             raise ConfigError("study.kind", "an overlap study trains no cells, so --shard has nothing to split: "
                               "run it without --shard", config.source)
-        return _run_overlap(study, force=force, dry_run=dry_run, log=log)
+        return _run_overlap(study, force=force, dry_run=dry_run, log=log, table_only=table_only)
     if shard:
         # a shard's cells alone would make a partial table: the table waits for a run without --shard
         status = run_config(config, dry_run=dry_run, force=force, shard=shard, report=False, log=log, only=only)
@@ -139,7 +139,7 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
     plots = plot_study(rows, study.out_dir, title=spec.title, x=spec.x, collapse_line=spec.collapse_line)
     log(f"study table: {study.out_dir / 'table.md'}; plots: {', '.join(p.name for p in plots)}")
     if spec.kind == "gate_gap":
-        from .analyses import gate_gap_cell
+        from .analyses import gate_gap_cell, saved_analysis
 
         store = CellStore(config.output_dir)
         by_hash = {r["hash"]: r for r in results}
@@ -148,6 +148,9 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
             result = by_hash.get(cell.hash) or {}
             routers = (result.get("artifacts") or {}).get("routers")
             if cell.method != "CRU" or result.get("status") != "ok":
+                continue
+            if table_only:   # the routers are not committed; the saved analysis is what the table reads
+                analyses.append((cell, saved_analysis(study.out_dir, "gate_gap", cell)))
                 continue
             if not routers or not Path(routers).is_dir():
                 raise MissingInputError(f"cell {cell.hash} ({cell.describe()}) has no router bundle on disk "
@@ -187,9 +190,10 @@ def _stat_cells(values) -> tuple[str, float | None, float | None]:
     return fmt(mean, sd), mean, sd
 
 
-def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable) -> int:
+def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable, table_only: bool = False) -> int:
     """Localization only: the models' finetune cells (if any) run through the runner, then per CRU cell of the
-    plan the forget- and retain-derived localizations are compared (no router is trained)."""
+    plan the forget- and retain-derived localizations are compared (no router is trained). `table_only`: the
+    table from the saved analyses, nothing run."""
     from ..locations import check_output_dir
     from ..runner.cache import CellStore, RunLock
     from ..runner.execute import PlanExecutor
@@ -198,8 +202,14 @@ def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable) -> 
     from .analyses import overlap_cell
 
     config, spec = study.config, study.spec
-    cells = _plan(config)
+    cells = _plan(config, _selected(config, any_code=table_only))
     cru = [c for c in cells if c.kind == "method" and c.method == "CRU"]
+    if table_only:
+        from .analyses import saved_analysis
+
+        write_overlap(study, [(cell, saved_analysis(study.out_dir, "overlap", cell)) for cell in cru])
+        log(f"study table: {study.out_dir / 'table.md'} (from the saved analyses)")
+        return 0
     if dry_run:
         log(f"study {config.name} (overlap): {len(cru)} CRU cells localized on forget and retain with "
             f"{list(spec.examples)} examples each; finetune cells: "
@@ -224,6 +234,20 @@ def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable) -> 
     return 0
 
 
+def analysis_code_lines(analyses: list) -> list[str]:
+    """Which code computed the analyses a table reads (saved in each analysis; older ones did not record it)."""
+    from ..runner.provenance import code_version
+
+    versions: dict[str, int] = defaultdict(int)
+    for _, result in analyses:
+        versions[result.get("code_version") or "not recorded"] += 1
+    current = code_version()
+    if set(versions) <= {current}:
+        return []
+    named = "; ".join(f"{version} ({count} of {len(analyses)})" for version, count in sorted(versions.items()))
+    return [f"- analyses computed by other code than this table's ({current}), read as saved: code version {named}"]
+
+
 def write_overlap(study: Study, analyses: list) -> None:
     """Table: per (model, split, variant, examples, block) overlap coefficient and Spearman rho, mean ± sd over
     seeds; plot: both along the blocks, one line per example count."""
@@ -237,7 +261,8 @@ def write_overlap(study: Study, analyses: list) -> None:
         "- overlap coefficient |C_f ∩ C_r| / |C_f| (`cru.localize.compare_localizations`; one percentile gives "
         "equal sizes, so this is |∩| / min) of the coordinates selected from forget and from retain texts; "
         "Spearman ρ of the two per-coordinate variance vectors "
-        "(scipy.stats.spearmanr); examples: drawn per seed from each corpus ('all' = the whole corpus)", ""]
+        "(scipy.stats.spearmanr); examples: drawn per seed from each corpus ('all' = the whole corpus)",
+        *analysis_code_lines(analyses), ""]
     md = header + ["| block group | variant | examples (forget/retain) | block | overlap | Spearman ρ |",
                    "|---|---|---|---|---|---|"]
     csv_lines = ["group,variant,examples,n_forget,n_retain,block,n_seeds,overlap_mean,overlap_sd,rho_mean,rho_sd"]
@@ -279,7 +304,7 @@ def write_gate_gap(study: Study, analyses: list) -> None:
         "training's own seeded schedule); a token's gate = its mean over the block's selected coordinates; "
         "block 'all' = the token's mean over the gated blocks",
         "- AUC: P(a retain token's gate > a forget token's gate), ties half (Mann–Whitney U / (n_f n_r), "
-        "scipy.stats.mannwhitneyu); 0.5 = the gate cannot tell the corpora apart", ""]
+        "scipy.stats.mannwhitneyu); 0.5 = the gate cannot tell the corpora apart", *analysis_code_lines(analyses), ""]
     md = header + ["| block group | variant | rows (forget / retain trained / held out) | block | " +
                    " | ".join(name for _, name in GATE_GAP_COLUMNS) + " |", "|---|---|---|---|" + "---|" * 5]
     csv_lines = ["group,variant,block,n_seeds," + ",".join(f"{k}_mean,{k}_sd" for k, _ in GATE_GAP_COLUMNS)]
