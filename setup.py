@@ -61,17 +61,18 @@ class build_py(_build_py):
         return outputs
 
 
-class editable_wheel(_editable_wheel):
-    def _run_build_commands(self, dist_name, unpacked_wheel, build_lib, tmp_dir):
-        result = super()._run_build_commands(dist_name, unpacked_wheel, build_lib, tmp_dir)
-        _write_pth(unpacked_wheel)
-        return result
-
-
-if not hasattr(_editable_wheel, "_run_build_commands"):  # pragma: no cover - guards a setuptools change
-    raise RuntimeError(
-        "this setuptools has no editable_wheel._run_build_commands; setup.py cannot place "
-        f"{PTH_NAME} for editable installs. Install a setuptools within the tested range (68-84)."
-    )
+if hasattr(_editable_wheel, "_run_build_commands"):
+    class editable_wheel(_editable_wheel):
+        def _run_build_commands(self, dist_name, unpacked_wheel, build_lib, tmp_dir):
+            result = super()._run_build_commands(dist_name, unpacked_wheel, build_lib, tmp_dir)
+            _write_pth(unpacked_wheel)
+            return result
+else:  # pragma: no cover - guards a setuptools change; a regular (non-editable) build is unaffected
+    class editable_wheel(_editable_wheel):
+        def run(self):
+            raise RuntimeError(
+                "this setuptools has no editable_wheel._run_build_commands; setup.py cannot place "
+                f"{PTH_NAME} for editable installs. Install a setuptools within the tested range (77-84), or "
+                "install without -e.")
 
 setup(cmdclass={"build_py": build_py, "editable_wheel": editable_wheel})

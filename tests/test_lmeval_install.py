@@ -100,10 +100,33 @@ def test_wheel_install_in_venv_registers_model_and_tasks(wheel, tmp_path):
         missing = [n for n in ("tofu_forget10", "rwku_aa", "hellaswag") if n not in tm.all_tasks]
         assert not missing, (missing, tm.include_path)
         assert Path(tm.task_index["tofu_forget10"].yaml_path).resolve().is_relative_to(site)
+        from cru_harness.runner import provenance
+        assert Path(provenance.__file__).resolve().is_relative_to(site)
+        print("code-version", provenance.code_version())
         print("wheel-ok")
     """)
     proc = run([str(py), "-c", code], cwd=tmp_path)
     assert "wheel-ok" in proc.stdout
+    # the same source gives the same code version from the wheel as from this checkout: cells computed from one
+    # (a GPU machine installs the wheel) are not stale for the other
+    from cru_harness.runner.provenance import code_version
+
+    assert f"code-version {code_version()}" in proc.stdout
     # the command line from that install alone: every subcommand registers (one missing package broke them all)
     usage = run([str(venv / "bin" / "cru-harness"), "--help"], cwd=tmp_path).stdout
     assert all(sub in usage for sub in ("unlearn", "finetune", "score", "report", "run", "demo", "study")), usage
+    # the README's commands name shipped configs as configs/...: from that install, outside any checkout, they
+    # resolve to the configs the wheel ships
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    plan = run([str(venv / "bin" / "cru-harness"), "run", "configs/ci_minimal.yaml", "--dry-run",
+                "--output-dir", str(outside / "run")], cwd=outside).stdout
+    assert "ci_minimal" in plan
+    demo = run([str(venv / "bin" / "cru-harness"), "demo", "--dry-run"], cwd=outside).stdout
+    assert "no committed results at results/demo (a wheel install has none)" in demo
+    # a source tree without configs/ first on sys.path (the checkout's root as cwd, beside a regular install)
+    # still starts: nothing looks the shipped configs up at import time
+    shadow = tmp_path / "shadow"
+    shutil.copytree(REPO / "cru_harness", shadow / "cru_harness", ignore=shutil.ignore_patterns("__pycache__"))
+    usage = run([str(py), "-m", "cru_harness", "--help"], cwd=shadow).stdout
+    assert "demo" in usage

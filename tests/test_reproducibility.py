@@ -260,6 +260,35 @@ def test_undeterminable_inputs_recompute_instead_of_crashing(tmp_path):
     assert "model directory vanished" in record["inputs"]["error"]
 
 
+def test_only_a_checkout_that_tracks_the_package_names_a_commit(tmp_path):
+    """An installed package inside some other repository (a venv in a project) must not record that repository's
+    commit as its code's, clean, as if it were a checkout."""
+    def git(cwd, *args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    project = tmp_path / "project"
+    installed = project / ".venv" / "lib" / "python3" / "site-packages" / "cru_harness"
+    installed.mkdir(parents=True)
+    (installed / "__init__.py").write_text("")
+    (project / ".gitignore").write_text(".venv/\n")
+    git(project, "init", "-q")
+    git(project, "add", ".gitignore")
+    git(project, "commit", "-qm", "x")
+    assert provenance.checkout_state(installed) == {"commit": None, "dirty": None, "dirty_files": []}
+
+    checkout = tmp_path / "checkout"
+    (checkout / "cru_harness").mkdir(parents=True)
+    (checkout / "cru_harness" / "__init__.py").write_text("")
+    git(checkout, "init", "-q")
+    git(checkout, "add", ".")
+    git(checkout, "commit", "-qm", "x")
+    state = provenance.checkout_state(checkout / "cru_harness")
+    assert state["commit"] == git(checkout, "rev-parse", "HEAD") and state["dirty"] is False
+    (checkout / "cru_harness" / "__init__.py").write_text("x = 1\n")
+    assert provenance.checkout_state(checkout / "cru_harness")["dirty"] is True
+
+
 def test_report_lists_stale_and_dirty_cells(tmp_path):
     config = small_config(tmp_path)
     cells = build_plan(config)

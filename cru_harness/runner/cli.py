@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import json
 import shutil
 import sys
@@ -10,8 +9,9 @@ from pathlib import Path
 
 from ..errors import InputError, MissingInputError, UserError, one_line
 
-# configs/ ships inside the package as cru_harness.configs, so the demo also runs from a wheel install.
-DEMO_CONFIG = Path(importlib.resources.files("cru_harness.configs") / "demo.yaml")
+# configs/ ships inside the package as cru_harness.configs, so the demo also runs from a wheel install
+# (`config.config_path` finds the shipped file where ./configs/demo.yaml is absent).
+DEMO_CONFIG = "configs/demo.yaml"
 # `cru-harness demo` computes here (never into the committed results/demo) and compares with results/demo.
 DEMO_RUN_DIR = "results/demo-run"
 
@@ -56,7 +56,7 @@ def register(subparsers) -> None:
                                              f"{DEMO_RUN_DIR}; an interrupted demo resumes there) and compare it "
                                              "with the committed results/demo: reproduction.md, one-line verdict, "
                                              "exit status 1 when they differ.")
-    demo.add_argument("--config", default=str(DEMO_CONFIG), help="demo config (default: configs/demo.yaml)")
+    demo.add_argument("--config", default=DEMO_CONFIG, help=f"demo config (default: {DEMO_CONFIG})")
     demo.add_argument("--output-dir", default=DEMO_RUN_DIR, help=f"where to compute (default: {DEMO_RUN_DIR})")
     demo.add_argument("--reproduce", metavar="DIR",
                       help="the results to compare with (default: the config's output_dir, results/demo, here or "
@@ -434,10 +434,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise InputError(f"--output-dir {args.output_dir} holds the results to compare with; choose a fresh one")
     if reference is not None and not reference.is_dir():   # a dry run too: it is what the real run would meet
         raise MissingInputError(f"--reproduce {reference}: no such run directory")
+    if reference is None:   # a dry run says it too: it is what the real run would do
+        print(f"no committed results at {committed} (a wheel install has none): the demo runs without comparison")
     if args.dry_run:
         return run_config(config, dry_run=True)
-    if reference is None:
-        print(f"no committed results at {committed} (a wheel install has none): the demo runs without comparison")
-    else:
+    if reference is not None:
         print(f"computing into {config.output_dir}; at the end every cell is compared with {reference}")
     return run_config(config, reproduce=reference)

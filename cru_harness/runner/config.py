@@ -184,9 +184,25 @@ class ExperimentConfig:
     source: str | None = None
 
 
-def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
-    """Read and validate a YAML config. Relative `output_dir`/`data_dir` are relative to the working directory."""
+def config_path(path: str | os.PathLike) -> Path:
+    """`path` as given when it exists; else, for a relative `configs/...` path (the README's commands, typed
+    outside a checkout), the config the package ships under that name (`cru_harness.configs`)."""
     path = Path(path)
+    if path.exists() or path.is_absolute() or len(path.parts) < 2 or path.parts[0] != "configs":
+        return path
+    import importlib.resources
+
+    try:
+        packaged = Path(str(importlib.resources.files("cru_harness.configs"))).joinpath(*path.parts[1:])
+    except ModuleNotFoundError:   # a source tree without configs/ shadows the installed package
+        return path
+    return packaged if packaged.is_file() else path
+
+
+def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Read and validate a YAML config (`config_path`: `configs/...` also names a shipped one). Relative
+    `output_dir`/`data_dir` are relative to the working directory."""
+    given, path = str(path), config_path(path)
     if path.is_dir():
         raise MissingInputError(f"{path} is a directory, not a config file (a YAML file such as configs/demo.yaml)")
     if not path.is_file():
@@ -197,7 +213,7 @@ def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None
         raise ConfigError("<file>", f"not valid YAML: {err}", str(path)) from err
     if overrides and (raw is None or isinstance(raw, dict)):  # anything else is refused by validate_config
         raw = {**(raw or {}), **overrides}
-    return validate_config(raw, source=str(path))
+    return validate_config(raw, source=given)
 
 
 def _fail(key: str, message: str, source: str | None):

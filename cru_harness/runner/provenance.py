@@ -66,12 +66,16 @@ def code_files() -> dict[str, Path]:
     inside the package. Both give the same names, hence the same code version. `cru_harness.configs` is left out.
     """
     files: dict[str, Path] = {}
-    configs = _configs_dir()
-    for prefix, root in (("cru_harness", _package_dir()), ("cru_harness/tasks", _tasks_dir())):
+    configs, tasks = _configs_dir(), _tasks_dir()
+    for prefix, root in (("cru_harness", _package_dir()), ("cru_harness/tasks", tasks)):
         for path in sorted(root.rglob("*")):
             if not path.is_file() or path.suffix not in CODE_SUFFIXES or "__pycache__" in path.parts:
                 continue
-            if configs is not None and configs in path.resolve().parents:
+            parents = path.resolve().parents
+            if configs is not None and configs in parents:
+                continue
+            # in a wheel the tasks sit inside the package: hashed after it, in the same order as from a checkout
+            if root != tasks and tasks in parents:
                 continue
             files[f"{prefix}/{path.relative_to(root).as_posix()}"] = path
     return files
@@ -113,15 +117,25 @@ def _git(args: list[str], cwd: Path) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def git_state() -> dict[str, Any]:
-    """The commit of the checkout holding the package, and whether the package's own files (source, tasks,
-    configs) differ from it. Changes elsewhere (README, results/) do not make a tree dirty: they do not decide
-    numbers. Outside a git checkout (a wheel): commit and dirty are None."""
-    package = _package_dir()
+    """`checkout_state` of this package, once per process."""
+    return checkout_state(_package_dir())
+
+
+def checkout_state(package: Path) -> dict[str, Any]:
+    """The commit of the checkout holding the package directory `package`, and whether the package's own files
+    (source, tasks, configs) differ from it. Changes elsewhere (README, results/) do not make a tree dirty: they
+    do not decide numbers. Outside a git checkout that tracks the package (a wheel, also one installed into a
+    venv inside some repository): commit and dirty are None."""
+    package = Path(package).resolve()
     top = _git(["rev-parse", "--show-toplevel"], package)
     commit = _git(["rev-parse", "HEAD"], package)
     if top is None or commit is None:
         return {"commit": None, "dirty": None, "dirty_files": []}
     top_path = Path(top.strip()).resolve()
+    # an installed package inside some other repository (a venv in a project): that repository's commit is not
+    # this code's, so only a checkout that tracks the package's own files names a commit
+    if _git(["ls-files", "--error-unmatch", os.path.relpath(package / "__init__.py", top_path)], top_path) is None:
+        return {"commit": None, "dirty": None, "dirty_files": []}
     paths = [p for p in (package, _tasks_dir(), _configs_dir()) if p is not None and top_path in (p, *p.parents)]
     status = _git(["status", "--porcelain", "--untracked-files=all", "--",
                    *[os.path.relpath(p, top_path) for p in paths]], top_path)

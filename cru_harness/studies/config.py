@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 
 from ..errors import MissingInputError
-from ..runner.config import HPARAM_ALIASES, METHOD_HPARAMS, ConfigError, ExperimentConfig, validate_config
+from ..runner.config import (HPARAM_ALIASES, METHOD_HPARAMS, ConfigError, ExperimentConfig, config_path,
+                             validate_config)
 
 KINDS = ("sweep", "overlap", "gate_gap")
 _KEYS = ("kind", "title", "x", "collapse_line", "examples", "rows", "scale", "note")
@@ -96,6 +97,7 @@ def validate_study(raw: Any, source: str | None = None) -> Study:
 
 
 def _read_yaml(path: Path, what: str) -> Any:
+    path = config_path(path)
     if not path.is_file():
         raise MissingInputError(f"{what} not found: {path}")
     try:
