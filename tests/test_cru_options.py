@@ -121,6 +121,17 @@ def test_rms_learned_scale_is_a_saved_counted_router_parameter(llama, tokenizer,
     assert all(torch.equal(loaded.router(b).norm_scale, s) for b, s in zip(bundle.block_indices, scales))
 
 
+def test_router_math_stays_float32_inside_an_autocast_region():
+    """lm-eval's `mixed_precision_dtype` runs the model call under autocast; the routers must not follow it."""
+    torch.manual_seed(0)
+    router = Router(64, 5, 8)
+    hidden = torch.randn(2, 3, 64) * 40
+    plain = router(hidden)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = router(hidden)
+    assert inside.dtype == torch.float32 and torch.equal(inside, plain)
+
+
 # -- exclude_top_magnitude ---------------------------------------------------------------------------------------
 def _mean_abs_outputs(model, tokenizer, texts, blocks):
     """Mean |block output| per coordinate over all real tokens, from `output_hidden_states` (not the hooks)."""

@@ -15,6 +15,8 @@ from cru_harness.lmeval.model import CRULM, parse_router_spec
 from cru_harness.lmeval.protocol import (
     EOS_MARKER,
     PINNED_DATE,
+    TOKENIZER_EOS,
+    UNK_STOP,
     LoglikelihoodResult,
     RollingResult,
     has_token_stats,
@@ -299,3 +301,28 @@ def test_generation_ends_at_a_stop_token_the_decoding_drops(cru, hf, monkeypatch
     assert cru.dropped_stop_ids([tok.eos_token]) == [tok.eos_token_id]   # lm-eval adds EOS to every task's stops
     assert cru.generate_until(requests) == [tok.decode([words[0]]), tok.decode(after_stop["two"])]
     assert hf.generate_until(requests)[0] == tok.decode(after_stop["one"], skip_special_tokens=True)   # the rest kept
+
+
+def test_resolved_stop_markers_leave_the_callers_requests_as_they_were(cru, tmp_path, monkeypatch):
+    """The protocol's stop markers (every RWKU generation task) are resolved on copies: lm-eval's `--use_cache`
+    looks a request up under the arguments it stored it with, and `--log_samples` records them."""
+    from lm_eval.api.model import CachingLM
+
+    calls = []
+
+    def fake_generate(self, context, max_length, stop, **kwargs):
+        calls.append((stop, kwargs.get("eos_token_id")))
+        return torch.cat([context, torch.full((len(context), 2), self.tokenizer.eos_token_id)], dim=1)
+
+    monkeypatch.setattr(HFLM, "_model_generate", fake_generate)
+    arguments = ("Who?", {"until": ["\n", UNK_STOP, TOKENIZER_EOS], "max_gen_toks": 2})
+    request = Instance("generate_until", {}, arguments, 0)
+    cru.generate_until([request])
+    assert request.arguments == arguments                             # untouched
+    (stop, eos), = calls
+    assert UNK_STOP not in stop and TOKENIZER_EOS not in stop and eos == cru.tokenizer.eos_token_id   # resolved
+
+    cached = CachingLM(cru, str(tmp_path / "cache"))
+    for _ in range(2):
+        cached.generate_until([Instance("generate_until", {}, arguments, 0)])
+    assert len(calls) == 2                                            # the second run came from the cache

@@ -35,12 +35,14 @@ class Router(nn.Module):
             self.norm_scale = nn.Parameter(torch.ones(hidden_size, dtype=torch.float32))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        hidden = hidden.float()
-        if self.input_norm in ("rms", "rms_learned"):
-            hidden = hidden * torch.rsqrt(hidden.pow(2).mean(dim=-1, keepdim=True) + 1e-6)
-        if self.input_norm == "rms_learned":
-            hidden = hidden * self.norm_scale
-        return torch.sigmoid(_linear(torch.relu(_linear(hidden, self.w1)), self.w2))
+        # float32 inside an autocast region too (lm-eval's `mixed_precision_dtype` wraps the model call in one)
+        with torch.autocast(hidden.device.type, enabled=False):
+            hidden = hidden.float()
+            if self.input_norm in ("rms", "rms_learned"):
+                hidden = hidden * torch.rsqrt(hidden.pow(2).mean(dim=-1, keepdim=True) + 1e-6)
+            if self.input_norm == "rms_learned":
+                hidden = hidden * self.norm_scale
+            return torch.sigmoid(_linear(torch.relu(_linear(hidden, self.w1)), self.w2))
 
     def extra_repr(self) -> str:
         return f"d={self.hidden_size}, d_r={self.d_r}, n_selected={self.n_selected}, input_norm={self.input_norm}"

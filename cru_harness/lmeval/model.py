@@ -46,6 +46,7 @@ groups; with equal-length continuations both agree.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import re
 from pathlib import Path
@@ -549,14 +550,16 @@ class CRULM(HFLM):
         return out
 
     def generate_until(self, requests, disable_tqdm: bool = False):
-        """HFLM's generation, generation kwargs through `resolve_generation_kwargs`."""
+        """HFLM's generation, generation kwargs through `resolve_generation_kwargs`. The resolved kwargs go to
+        copies of the requests: the caller's keep their own arguments, under which lm-eval's `--use_cache` looks
+        them up and `--log_samples` records them (as for `--model hf`)."""
+        resolved_requests = []
         for req in requests:
             context, gen_kwargs = req.args
-            if isinstance(gen_kwargs, dict):
-                resolved = self.resolve_generation_kwargs(gen_kwargs)
-                if resolved is not gen_kwargs:
-                    req.arguments = (context, resolved)
-        return super().generate_until(requests, disable_tqdm=disable_tqdm)
+            resolved = self.resolve_generation_kwargs(gen_kwargs) if isinstance(gen_kwargs, dict) else gen_kwargs
+            resolved_requests.append(req if resolved is gen_kwargs else
+                                     dataclasses.replace(req, arguments=(context, resolved)))
+        return super().generate_until(resolved_requests, disable_tqdm=disable_tqdm)
 
     # ------------------------------------------------------------ chat template
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True,
