@@ -12,7 +12,7 @@ from cru_harness.cru import (RouterBundle, RouterTrainingConfig, attach_bundles,
                              routed, train_routers)
 from cru_harness.cru.bundle import MANIFEST_NAME, WEIGHTS_NAME, BundleFileError
 from cru_harness.cru.losses import cru_loss
-from cru_harness.cru.train import measure_gate_means
+from cru_harness.cru.train import GateRecorder, measure_gate_means
 from cru_harness.cru.router import Router
 from cru_harness.cru.sites import GateSiteError, mlp_down_projection
 from cru_harness.runner import config as cfg
@@ -206,6 +206,16 @@ def test_mlp_site_end_to_end_through_the_lm_eval_model(llama, tokenizer, tmp_pat
     full = measure_gate_means(llama, tokenizer, bundle, FORGET, batch_size=6)
     for block, value in full["per_block"].items():
         assert bundle.config.metrics["forget_gate_mean_per_block"][block] == pytest.approx(value, abs=1e-5)
+
+    class Counting(GateRecorder):   # a caller's own recorder sees every pass of the same measurement
+        passes = 0
+
+        def __call__(self, block, bundle, gates):
+            super().__call__(block, bundle, gates)
+            Counting.passes += 1
+
+    assert measure_gate_means(llama, tokenizer, bundle, FORGET, batch_size=6, recorder=Counting()) == full
+    assert Counting.passes == len(bundle.block_indices) * -(-len(FORGET) // 6)
     # the prefix cache (cached first gated block input, routers reading block inputs) changes nothing
     uncached = train_routers(llama, tokenizer, FORGET, RETAIN, RouterTrainingConfig(**FAST, gate_site="mlp",
                                                                                      last_k=3, prefix_cache=False))

@@ -69,8 +69,8 @@ class RouterTrainingConfig:
     # routers see and how noisy its mean is, not the weight of the two terms.
     retain_batch_ratio: int = 1
     # How new routers start (the paper does not say): "default" is PyTorch's nn.Linear init, under which routers
-    # reading SmolLM2's raw residual stream start with 22-42 % of their gates below 0.05 (blocks 26-28, fine-tuned
-    # on TOFU); "open" zeroes W2 and sets b2 so that every gate starts at OPEN_GATE, the base nearly untouched.
+    # reading SmolLM2's raw residual stream start with 20-36 % of their gates below 0.05 (blocks 26-28, fine-tuned
+    # on TOFU; benchmarks/results/doc_measurements.md); "open" zeroes W2 and sets b2 so that every gate starts at OPEN_GATE, the base nearly untouched.
     router_init: str = "default"
     forget_description: str = ""    # recorded in the manifest (e.g. "tofu:forget10")
     retain_description: str = ""
@@ -201,11 +201,12 @@ def new_bundle(model: nn.Module, localization: Localization, config: RouterTrain
 
 @torch.no_grad()
 def measure_gate_means(model: nn.Module, tokenizer, bundle: RouterBundle, texts: Sequence[str], *,
-                       batch_size: int = 8, max_length: int = 256) -> dict:
-    """Mean gate over all `texts` (eval mode): overall and per block, weighted by non-padding tokens."""
+                       batch_size: int = 8, max_length: int = 256, recorder: GateRecorder | None = None) -> dict:
+    """Mean gate over all `texts` (eval mode): overall and per block, weighted by non-padding tokens. `recorder`:
+    a `GateRecorder` (subclass) that may collect more of each pass's gates."""
     ids = tokenize_texts(tokenizer, texts, max_length)
     pad = pad_token_id(tokenizer)
-    recorder = GateRecorder()
+    recorder = recorder if recorder is not None else GateRecorder()
     sums = {b: 0.0 for b in bundle.block_indices}
     counts = {b: 0.0 for b in bundle.block_indices}
     was_training = bundle.training
