@@ -445,10 +445,15 @@ def _check_table_only(out, stem, monkeypatch):
     assert main(["study", config, "--table-only"]) == 0
     assert (out / "study" / f"{stem}.md").read_text() == table
     path = next((out / "study" / "analysis").glob("*.json"))
-    path.write_text(json.dumps({**json.loads(path.read_text()), "code_version": "0123456789abcdef"}))
+    saved = json.loads(path.read_text())
+    path.write_text(json.dumps({**saved, "code_version": "0123456789abcdef"}))
     assert main(["study", config, "--table-only"]) == 0
     assert "- analyses computed by other code than this table's" in (out / "study" / f"{stem}.md").read_text()
     assert "code version 0123456789abcdef (1 of" in (out / "study" / f"{stem}.md").read_text()
+    # an analysis computed with other settings than the study's is refused, not described as the study's
+    other = {"rows": 3} if "rows" in saved else {"by_examples": {"7": next(iter(saved["by_examples"].values()))}}
+    path.write_text(json.dumps({**saved, **other}))
+    assert main(["study", config, "--table-only"]) == 2
     path.unlink()
     assert main(["study", config, "--table-only"]) == 2
 

@@ -70,7 +70,8 @@ class RouterTrainingConfig:
     retain_batch_ratio: int = 1
     # How new routers start (the paper does not say): "default" is PyTorch's nn.Linear init, under which routers
     # reading SmolLM2's raw residual stream start with 20-36 % of their gates below 0.05 (blocks 26-28, fine-tuned
-    # on TOFU; benchmarks/results/doc_measurements.md); "open" zeroes W2 and sets b2 so that every gate starts at OPEN_GATE, the base nearly untouched.
+    # on TOFU; benchmarks/results/doc_measurements.md); "open" zeroes W2 and sets b2 so that every gate starts at
+    # OPEN_GATE, the base nearly untouched.
     router_init: str = "default"
     forget_description: str = ""    # recorded in the manifest (e.g. "tofu:forget10")
     retain_description: str = ""

@@ -30,6 +30,7 @@ import io
 import os
 import subprocess
 import tokenize
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +256,9 @@ def hub_revisions(benchmark: str, inputs: dict) -> dict[str, str]:
             path = try_to_load_from_cache(repo, filename, repo_type=repo_type)
         except ValueError:  # not a valid Hub id (a local path that is missing): the cell's own error says so
             continue
+        except OSError as err:  # an unreadable cache must not cost the finished cell its result
+            revisions[f"{repo_type}:{repo}"] = f"unreadable Hub cache ({err})"
+            continue
         revisions[f"{repo_type}:{repo}"] = Path(path).parent.name if isinstance(path, str) else "not in the Hub cache"
     return revisions
 
@@ -320,10 +324,9 @@ def provenance_lines(dirs) -> list[str]:
     if dirty:
         lines.append(f"- **{len(dirty)} cells come from a dirty tree** (uncommitted changes to the package): not "
                      "reproducible from any commit; do not commit them: " + "; ".join(dirty))
-    hub: dict[str, dict[str, int]] = {}
+    hub: dict[str, Counter] = defaultdict(Counter)
     for record in records:
         for repo, revision in (record.get("hub_revisions") or {}).items():
-            hub.setdefault(repo, {}).setdefault(revision, 0)
             hub[repo][revision] += 1
     for repo, revisions in sorted(hub.items()):
         read = ", ".join(f"{revision[:12] if len(revision) == 40 else revision} ({count} cell{'s' * (count != 1)})"

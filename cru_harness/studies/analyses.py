@@ -24,13 +24,19 @@ def analysis_path(out_dir: Path, kind: str, cell: Cell) -> Path:
     return out_dir / "analysis" / f"{kind}_{cell.hash}.json"
 
 
-def saved_analysis(out_dir: Path, kind: str, cell: Cell) -> dict:
-    """A cell's saved analysis as it is (`study --table-only`: nothing is loaded or recomputed)."""
+def saved_analysis(out_dir: Path, kind: str, cell: Cell, **settings) -> dict:
+    """A cell's saved analysis as it is (`study --table-only`: nothing is loaded or recomputed); `settings` (e.g.
+    `rows=...`) must be the ones it was computed with, or the table would describe another analysis."""
     path = analysis_path(out_dir, kind, cell)
     if not path.is_file():
         raise MissingInputError(f"cell {cell.hash} ({cell.describe()}) has no saved {kind} analysis ({path}): run "
                                 "the study without --table-only")
-    return json.loads(path.read_text())
+    saved = json.loads(path.read_text())
+    for key, value in settings.items():
+        if saved.get(key) != value:
+            raise MissingInputError(f"{path} was computed with {key}={saved.get(key)!r}, the study asks "
+                                    f"{key}={value!r}: run the study without --table-only")
+    return saved
 
 
 def load_cell_model(cell: Cell, base_path: str):

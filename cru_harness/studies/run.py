@@ -2,7 +2,7 @@
 runner's), then the study's table (markdown + csv) and plots under `<output_dir>/study/`."""
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Callable
 
@@ -150,7 +150,7 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
             if cell.method != "CRU" or result.get("status") != "ok":
                 continue
             if table_only:   # the routers are not committed; the saved analysis is what the table reads
-                analyses.append((cell, saved_analysis(study.out_dir, "gate_gap", cell)))
+                analyses.append((cell, saved_analysis(study.out_dir, "gate_gap", cell, rows=spec.rows)))
                 continue
             if not routers or not Path(routers).is_dir():
                 raise MissingInputError(f"cell {cell.hash} ({cell.describe()}) has no router bundle on disk "
@@ -207,7 +207,14 @@ def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable, tab
     if table_only:
         from .analyses import saved_analysis
 
-        write_overlap(study, [(cell, saved_analysis(study.out_dir, "overlap", cell)) for cell in cru])
+        analyses = [(cell, saved_analysis(study.out_dir, "overlap", cell)) for cell in cru]
+        examples = [str(n) for n in spec.examples]
+        for cell, saved in analyses:
+            if list(saved.get("by_examples") or {}) != examples:
+                raise MissingInputError(f"cell {cell.hash}'s saved overlap analysis has examples "
+                                        f"{list(saved.get('by_examples') or {})}, the study asks {examples}: run "
+                                        "the study without --table-only")
+        write_overlap(study, analyses)
         log(f"study table: {study.out_dir / 'table.md'} (from the saved analyses)")
         return 0
     if dry_run:
@@ -238,9 +245,7 @@ def analysis_code_lines(analyses: list) -> list[str]:
     """Which code computed the analyses a table reads (saved in each analysis; older ones did not record it)."""
     from ..runner.provenance import code_version
 
-    versions: dict[str, int] = defaultdict(int)
-    for _, result in analyses:
-        versions[result.get("code_version") or "not recorded"] += 1
+    versions = Counter(result.get("code_version") or "not recorded" for _, result in analyses)
     current = code_version()
     if set(versions) <= {current}:
         return []
