@@ -226,6 +226,16 @@ def test_the_record_keeps_the_hub_revision_each_hub_input_resolved_to(tmp_path, 
         "model:org/base": "b2" * 20, "model:org/oracle": "not in the Hub cache"}
     # Local data and local models name no Hub revision.
     assert provenance.hub_revisions("rwku", {"data": "sha:99", "models": {"model": "sha:1"}}) == {}
+    # An unreadable cache is named, never raised: the cell has already run and its result is not yet written.
+    import huggingface_hub
+
+    def unreadable(*args, **kwargs):
+        raise PermissionError("denied")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(huggingface_hub, "try_to_load_from_cache", unreadable)
+        assert provenance.hub_revisions("rwku", {"data": "hub"}) == {
+            "dataset:jinzhuoran/RWKU": "unreadable Hub cache (denied)"}
 
     config = small_config(tmp_path)
     cells = build_plan(config)[:1]
