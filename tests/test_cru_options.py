@@ -132,6 +132,22 @@ def test_router_math_stays_float32_inside_an_autocast_region():
     assert inside.dtype == torch.float32 and torch.equal(inside, plain)
 
 
+def test_a_router_runs_where_torch_has_no_autocast_for_the_device(monkeypatch):
+    """mps before torch 2.5 (pyproject allows 2.4): `torch.autocast("mps", ...)` raises there, even disabled."""
+    def unavailable(device_type):
+        return False
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("User specified an unsupported autocast device_type")
+
+    router = Router(64, 5, 8)
+    hidden = torch.randn(2, 3, 64)
+    plain = router(hidden)
+    monkeypatch.setattr(torch.amp, "is_autocast_available", unavailable)
+    monkeypatch.setattr(torch, "autocast", refused)
+    assert torch.equal(router(hidden), plain)
+
+
 # -- exclude_top_magnitude ---------------------------------------------------------------------------------------
 def _mean_abs_outputs(model, tokenizer, texts, blocks):
     """Mean |block output| per coordinate over all real tokens, from `output_hidden_states` (not the hooks)."""

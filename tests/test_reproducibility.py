@@ -125,6 +125,9 @@ def test_code_version_covers_package_source_and_tasks_not_configs():
     names = set(provenance.code_files())
     assert "cru_harness/runner/loop.py" in names
     assert any(n.startswith("cru_harness/tasks/tofu/") and n.endswith(".yaml") for n in names)
+    # the task templates (named *_yaml so lm-eval does not index them) set generation kwargs and metrics
+    assert {"cru_harness/tasks/tofu/_default_template_yaml", "cru_harness/tasks/tofu/_forget_template_yaml",
+            "cru_harness/tasks/rwku/_default_template_yaml"} <= names
     assert not any(n.startswith("cru_harness/configs/") or n.endswith("demo.yaml") for n in names)
     assert len(provenance.code_version()) == 16
 
@@ -245,8 +248,8 @@ def test_the_record_keeps_the_hub_revision_each_hub_input_resolved_to(tmp_path, 
     assert record["hub_revisions"]["dataset:locuslab/TOFU"] == "a1" * 20
     assert record["hub_revisions"]["model:org/base"] == "b2" * 20
     lines = provenance.provenance_lines([store.root])
-    assert f"- Hub dataset:locuslab/TOFU read at {'a1' * 6} (1 cell)" in lines
-    assert "- Hub dataset:open-unlearning/idk read at not in the Hub cache (1 cell)" in lines
+    assert f"- Hub dataset:locuslab/TOFU: {'a1' * 6} (1 cell)" in lines
+    assert "- Hub dataset:open-unlearning/idk: not in the Hub cache (1 cell)" in lines
     # Not among the inputs: the next run reuses the cell although the cache moved on.
     (tmp_path / "hub" / "datasets--locuslab--TOFU" / "refs" / "main").write_text("c3" * 20)
     calls = []
@@ -351,18 +354,30 @@ def test_identical_runs_reproduce_exactly(tmp_path):
     assert json.loads((Path(run) / "reproduction.json").read_text())["reproduced"] is True
 
 
-def test_another_hub_revision_is_named_among_the_inputs_that_differ(tmp_path):
-    reference = make_run(tmp_path, "ref", METRICS)
-    run = make_run(tmp_path, "run", METRICS)
-    for root, sha in ((reference, "a1" * 20), (run, "c3" * 20)):
-        for path in Path(root).glob("cells/*/run_record.json"):
-            record = json.loads(path.read_text())
-            path.write_text(json.dumps({**record, "hub_revisions": {"dataset:locuslab/TOFU": sha}}))
-    comparison = write_reproduction(run, reference, log=lambda *_: None)
-    assert all(c.inputs_differ == ["hub_revisions"] for c in comparison.cells)
-    assert "| 0 | hub_revisions" in (Path(run) / "reproduction.md").read_text()
-    # the same revision on both sides is no difference
-    assert not any(c.inputs_differ for c in write_reproduction(reference, reference, log=lambda *_: None).cells)
+def _with_hub_revisions(root, revisions):
+    for path in Path(root).glob("cells/*/run_record.json"):
+        record = json.loads(path.read_text())
+        path.write_text(json.dumps({**record, "hub_revisions": revisions}))
+
+
+@pytest.mark.parametrize("reference, run, differ", [
+    ({"dataset:locuslab/TOFU": "a1" * 20}, {"dataset:locuslab/TOFU": "c3" * 20}, True),
+    ({"dataset:locuslab/TOFU": "a1" * 20}, {"dataset:locuslab/TOFU": "a1" * 20}, False),
+    ({"dataset:locuslab/TOFU": "a1" * 20}, {"dataset:locuslab/TOFU": "not in the Hub cache"}, True),
+    ({"dataset:locuslab/TOFU": "a1" * 20}, None, False),                  # one side recorded nothing: unknown
+    ({"dataset:locuslab/TOFU": None}, {"dataset:locuslab/TOFU": "a1" * 20}, False),   # damaged: ignored
+])
+def test_another_hub_revision_is_named_among_the_inputs_that_differ(tmp_path, reference, run, differ):
+    reference_dir = make_run(tmp_path, "ref", METRICS)
+    run_dir = make_run(tmp_path, "run", METRICS)
+    _with_hub_revisions(reference_dir, reference)
+    if run is not None:
+        _with_hub_revisions(run_dir, run)
+    comparison = write_reproduction(run_dir, reference_dir, log=lambda *_: None)
+    assert all(c.inputs_differ == (["hub_revisions"] if differ else []) for c in comparison.cells)
+    assert ("| 0 | hub_revisions" in (Path(run_dir) / "reproduction.md").read_text()) == differ
+    # a damaged record does not break the report either
+    assert provenance.provenance_lines([reference_dir])
 
 
 def test_a_damaged_target_choice_is_named_not_read_as_none(tmp_path):

@@ -453,9 +453,11 @@ def _check_table_only(out, stem, monkeypatch):
     # an analysis computed with other settings than the study's is refused, not described as the study's
     other = {"rows": 3} if "rows" in saved else {"by_examples": {"7": next(iter(saved["by_examples"].values()))}}
     path.write_text(json.dumps({**saved, **other}))
+    written = {p: p.stat().st_mtime_ns for p in (out / "study").glob("*.md")}
     assert main(["study", config, "--table-only"]) == 2
     path.unlink()
     assert main(["study", config, "--table-only"]) == 2
+    assert {p: p.stat().st_mtime_ns for p in (out / "study").glob("*.md")} == written   # nothing half-rewritten
 
 
 @pytest.mark.slow

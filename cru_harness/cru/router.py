@@ -1,6 +1,8 @@
 """The CRU routing MLP: `R_l(h) = sigmoid(W2 relu(W1 h + b1) + b2)`, one gate per selected coordinate."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -36,7 +38,7 @@ class Router(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # float32 inside an autocast region too (lm-eval's `mixed_precision_dtype` wraps the model call in one)
-        with torch.autocast(hidden.device.type, enabled=False):
+        with _no_autocast(hidden.device.type):
             hidden = hidden.float()
             if self.input_norm in ("rms", "rms_learned"):
                 hidden = hidden * torch.rsqrt(hidden.pow(2).mean(dim=-1, keepdim=True) + 1e-6)
@@ -46,6 +48,14 @@ class Router(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d={self.hidden_size}, d_r={self.d_r}, n_selected={self.n_selected}, input_norm={self.input_norm}"
+
+
+def _no_autocast(device_type: str):
+    """A region where autocast is off on `device_type`; nothing where torch has no autocast for it (mps before
+    torch 2.5, meta), since no autocast can be on there either."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 class _CPULinear(torch.autograd.Function):

@@ -9,6 +9,8 @@ package declares for later versions), so two things are patched in, both idempot
 - `patch_task_manager()`: every `TaskManager(...)` that includes lm-eval's built-in tasks (the default,
   `include_defaults=True`) also indexes `tasks_dir()`, so `--tasks tofu_forget10,rwku_aa` resolve without
   `--include_path`. Names the user passes with `--include_path` are indexed after ours and win on a clash.
+  It also checks the metadata's keys (`metadata.check_metadata_keys`) there: lm-eval's command line builds its
+  TaskManager before loading the model, so a misspelt `tofu_`/`rwku_` key fails before the load.
 
 Who calls them: the `.pth` import hook (`_hook.py`, installed into site-packages) when lm-eval's modules are
 imported; `cru-eval` (`cli.py`) explicitly; importing `cru_harness.lmeval.model` calls `register()` too.

@@ -162,7 +162,11 @@ def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, lo
             device = cell.device
         result, record = run_one(cell, workdir, executor, device=device)
         record["inputs"] = current
-        if "error" not in current and (revisions := hub_revisions(cell.benchmark, current)):
+        try:   # after the cell ran, before its result is written: nothing here may cost the result
+            revisions = {} if "error" in current else hub_revisions(cell.benchmark, current)
+        except Exception as err:  # noqa: BLE001 - named in the record, as undeterminable inputs are
+            revisions = {"error": f"{type(err).__name__}: {err}"}
+        if revisions:
             record["hub_revisions"] = revisions
         record["device"] = device
         store.write(cell.hash, result, record)

@@ -35,6 +35,14 @@ from pathlib import Path
 from typing import Any
 
 CODE_SUFFIXES = (".py", ".yaml", ".yml", ".jinja", ".json", ".txt")
+# lm-eval task templates are named `_default_template_yaml` (no suffix, so lm-eval does not index them as tasks);
+# they set generation kwargs and metrics, so they are code too.
+CODE_NAME_ENDINGS = ("_yaml",)
+
+
+def is_code_file(name: str) -> bool:
+    """Whether a file of the package or its tasks is part of the code version (and of the dirty check)."""
+    return Path(name).suffix in CODE_SUFFIXES or name.endswith(CODE_NAME_ENDINGS)
 # Files in a model directory that are not the model: build logs with timings.
 _NOT_MODEL_FILES = ("testbed_recipe.json", "finetune_record.json")
 # The libraries whose versions decide the numbers (the project's own version is its code_version).
@@ -70,7 +78,7 @@ def code_files() -> dict[str, Path]:
     configs, tasks = _configs_dir(), _tasks_dir()
     for prefix, root in (("cru_harness", _package_dir()), ("cru_harness/tasks", tasks)):
         for path in sorted(root.rglob("*")):
-            if not path.is_file() or path.suffix not in CODE_SUFFIXES or "__pycache__" in path.parts:
+            if not path.is_file() or not is_code_file(path.name) or "__pycache__" in path.parts:
                 continue
             parents = path.resolve().parents
             if configs is not None and configs in parents:
@@ -141,7 +149,7 @@ def checkout_state(package: Path) -> dict[str, Any]:
     status = _git(["status", "--porcelain", "--untracked-files=all", "--",
                    *[os.path.relpath(p, top_path) for p in paths]], top_path)
     changed = [line[3:] for line in (status or "").splitlines()
-               if line[3:].rsplit(".", 1)[-1] in {s.lstrip(".") for s in CODE_SUFFIXES}]
+               if is_code_file(line[3:])]
     return {"commit": commit.strip(), "dirty": bool(changed) if status is not None else None,
             "dirty_files": changed[:20]}
 
@@ -231,6 +239,7 @@ def hub_repositories(benchmark: str, inputs: dict) -> list[tuple[str, str, str]]
     datasets when its data came from the Hub, and each model given as a Hub id."""
     from ..data.sources import HUB_IDS
     from ..data.tofu import IDK_HUB
+    from .plan import is_hub_id
 
     repos = []
     if inputs.get("data") == "hub" and benchmark in HUB_IDS:
@@ -238,7 +247,8 @@ def hub_repositories(benchmark: str, inputs: dict) -> list[tuple[str, str, str]]
         if benchmark == "tofu":
             repos.append(("dataset", IDK_HUB[0], IDK_HUB[1]))
     for fingerprint in dict.fromkeys((inputs.get("models") or {}).values()):
-        if fingerprint.startswith("hub:"):
+        # `model_fingerprint` names any path that is not on disk "hub:"; only a Hub-shaped one is looked up
+        if isinstance(fingerprint, str) and fingerprint.startswith("hub:") and is_hub_id(fingerprint[4:]):
             repos.append(("model", fingerprint.removeprefix("hub:"), "config.json"))
     return repos
 
@@ -261,6 +271,14 @@ def hub_revisions(benchmark: str, inputs: dict) -> dict[str, str]:
             continue
         revisions[f"{repo_type}:{repo}"] = Path(path).parent.name if isinstance(path, str) else "not in the Hub cache"
     return revisions
+
+
+def recorded_hub_revisions(record: dict | None) -> dict[str, str]:
+    """A run record's `hub_revisions`, its well-formed entries only (a damaged record must not break a report)."""
+    saved = (record or {}).get("hub_revisions")
+    if not isinstance(saved, dict):
+        return {}
+    return {repo: revision for repo, revision in saved.items() if isinstance(repo, str) and isinstance(revision, str)}
 
 
 def stale_fields(record: dict | None, current: dict) -> list[str]:
@@ -326,10 +344,10 @@ def provenance_lines(dirs) -> list[str]:
                      "reproducible from any commit; do not commit them: " + "; ".join(dirty))
     hub: dict[str, Counter] = defaultdict(Counter)
     for record in records:
-        for repo, revision in (record.get("hub_revisions") or {}).items():
+        for repo, revision in recorded_hub_revisions(record).items():
             hub[repo][revision] += 1
     for repo, revisions in sorted(hub.items()):
         read = ", ".join(f"{revision[:12] if len(revision) == 40 else revision} ({count} cell{'s' * (count != 1)})"
                          for revision, count in sorted(revisions.items()))
-        lines.append(f"- Hub {repo} read at {read}" + (" — **more than one revision**" if len(revisions) > 1 else ""))
+        lines.append(f"- Hub {repo}: {read}" + (" — **more than one revision**" if len(revisions) > 1 else ""))
     return lines + [""]

@@ -35,7 +35,7 @@ from typing import Any
 from ..errors import MissingInputError
 from .cache import CellStore, atomic_write_json, atomic_write_text
 from .plan import cell_title
-from .provenance import INPUT_FIELDS, code_record
+from .provenance import INPUT_FIELDS, code_record, recorded_hub_revisions
 
 REPORT_FILE = "reproduction.md"
 JSON_FILE = "reproduction.json"
@@ -130,7 +130,7 @@ class CellComparison:
     status: str                     # match | differs | missing | status
     n_numbers: int = 0
     diffs: list[NumberDiff] = field(default_factory=list)
-    inputs_differ: list[str] = field(default_factory=list)   # code_version, models, data, libraries
+    inputs_differ: list[str] = field(default_factory=list)   # INPUT_FIELDS, and hub_revisions
     reference_dirty: bool = False
     device: str | None = None
     threads: tuple = (None, None)   # torch threads of the reference's and the run's cell
@@ -237,7 +237,7 @@ def compare_cell(cell_hash: str, reference: dict, ref_record: dict | None, resul
     comparison.inputs_differ = [name for name in INPUT_FIELDS
                                 if name in saved_run and saved_ref.get(name) != saved_run.get(name)]
     # Hub data and models are fingerprinted by name only; the revisions the records name tell two apart.
-    ref_hub, run_hub = ((r or {}).get("hub_revisions") or {} for r in (ref_record, record))
+    ref_hub, run_hub = recorded_hub_revisions(ref_record), recorded_hub_revisions(record)
     if any(ref_hub[repo] != run_hub[repo] for repo in ref_hub.keys() & run_hub.keys()):
         comparison.inputs_differ.append("hub_revisions")
     if result is None:

@@ -24,19 +24,31 @@ def analysis_path(out_dir: Path, kind: str, cell: Cell) -> Path:
     return out_dir / "analysis" / f"{kind}_{cell.hash}.json"
 
 
-def saved_analysis(out_dir: Path, kind: str, cell: Cell, **settings) -> dict:
-    """A cell's saved analysis as it is (`study --table-only`: nothing is loaded or recomputed); `settings` (e.g.
-    `rows=...`) must be the ones it was computed with, or the table would describe another analysis."""
+def analysis_settings(kind: str, saved: dict) -> dict:
+    """What a saved analysis was computed with, the one rule for reusing it: gate_gap, the bundle's weights and
+    the rows; overlap, the base model and the example counts."""
+    if kind == "overlap":
+        return {"base": saved.get("base"), "examples": list(saved.get("by_examples") or {})}
+    return {"weights_sha256": saved.get("weights_sha256"), "rows": saved.get("rows")}
+
+
+def saved_analysis(out_dir: Path, kind: str, cell: Cell, *, required: bool = False, **expected) -> dict | None:
+    """A cell's saved analysis when it was computed with the `expected` settings (`analysis_settings`), else
+    None. `required` (`study --table-only`: nothing is loaded or recomputed): a missing one, or one computed with
+    other settings, raises instead, since the table would describe another analysis."""
     path = analysis_path(out_dir, kind, cell)
     if not path.is_file():
-        raise MissingInputError(f"cell {cell.hash} ({cell.describe()}) has no saved {kind} analysis ({path}): run "
-                                "the study without --table-only")
+        if required:
+            raise MissingInputError(f"cell {cell.hash} ({cell.describe()}) has no saved {kind} analysis ({path}): "
+                                    "run the study without --table-only")
+        return None
     saved = json.loads(path.read_text())
-    for key, value in settings.items():
-        if saved.get(key) != value:
-            raise MissingInputError(f"{path} was computed with {key}={saved.get(key)!r}, the study asks "
-                                    f"{key}={value!r}: run the study without --table-only")
-    return saved
+    settings = analysis_settings(kind, saved)
+    differ = [key for key, value in expected.items() if settings.get(key) != value]
+    if differ and required:
+        named = ", ".join(f"{key}={settings.get(key)!r} (the study: {expected[key]!r})" for key in differ)
+        raise MissingInputError(f"{path} was computed with {named}: run the study without --table-only")
+    return None if differ else saved
 
 
 def load_cell_model(cell: Cell, base_path: str):
@@ -69,10 +81,10 @@ def overlap_cell(cell: Cell, base_path: str, examples, out_dir: Path, log: Calla
     """Per block and per example count: the overlap coefficient of the forget- and retain-derived selections
     and Spearman's rho of their per-coordinate variance vectors (`cru.localize.compare_localizations`)."""
     path = analysis_path(out_dir, "overlap", cell)
-    if path.is_file() and not force:
-        saved = json.loads(path.read_text())
-        if saved.get("base") == base_path and list(saved.get("by_examples", {})) == [str(n) for n in examples]:
-            return saved
+    saved = None if force else saved_analysis(out_dir, "overlap", cell, base=base_path,
+                                              examples=[str(n) for n in examples])
+    if saved is not None:
+        return saved
     import torch
 
     from ..cru.localize import compare_localizations, localize
@@ -192,10 +204,9 @@ def gate_gap_cell(cell: Cell, base_path: str, routers: str, rows, out_dir: Path,
     # a saved analysis is reused only for the same bundle (a re-trained cell has new weights) and rows
     weights = json.loads((Path(routers) / MANIFEST_NAME).read_text()).get("weights_sha256")
     path = analysis_path(out_dir, "gate_gap", cell)
-    if path.is_file() and not force:
-        saved = json.loads(path.read_text())
-        if saved.get("weights_sha256") == weights and saved.get("rows") == rows:
-            return saved
+    saved = None if force else saved_analysis(out_dir, "gate_gap", cell, weights_sha256=weights, rows=rows)
+    if saved is not None:
+        return saved
 
     model, tokenizer, forget, retain, config = load_cell_model(cell, base_path)
     bundle = RouterBundle.from_pretrained(routers)

@@ -131,6 +131,16 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
     results = [r for r in load_results(config.output_dir) if r["hash"] in planned]
     labels = [m.label for m in config.methods]
     rows = study_rows(results, labels, spec.x)
+    by_hash = {r["hash"]: r for r in results}
+    analysed = [c for c in cells if c.method == "CRU" and (by_hash.get(c.hash) or {}).get("status") == "ok"]
+    gate_gap = None
+    if spec.kind == "gate_gap" and table_only:
+        # read before anything is written: a missing or mismatching analysis leaves the outputs as they were;
+        # the routers are not committed, the saved analysis is what the table reads
+        from .analyses import saved_analysis
+
+        gate_gap = [(cell, saved_analysis(study.out_dir, "gate_gap", cell, required=True, rows=spec.rows))
+                    for cell in analysed]
     header = header_lines(study, selected) + [
         "- gate means: the bundle's final measurement (the whole forget set; the retain rows training drew); "
         "cost: training and whole-cell wall seconds on this run's device", *missing_lines(cells, results),
@@ -139,25 +149,19 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
     plots = plot_study(rows, study.out_dir, title=spec.title, x=spec.x, collapse_line=spec.collapse_line)
     log(f"study table: {study.out_dir / 'table.md'}; plots: {', '.join(p.name for p in plots)}")
     if spec.kind == "gate_gap":
-        from .analyses import gate_gap_cell, saved_analysis
+        if gate_gap is None:
+            from .analyses import gate_gap_cell
 
-        store = CellStore(config.output_dir)
-        by_hash = {r["hash"]: r for r in results}
-        analyses = []
-        for cell in cells:
-            result = by_hash.get(cell.hash) or {}
-            routers = (result.get("artifacts") or {}).get("routers")
-            if cell.method != "CRU" or result.get("status") != "ok":
-                continue
-            if table_only:   # the routers are not committed; the saved analysis is what the table reads
-                analyses.append((cell, saved_analysis(study.out_dir, "gate_gap", cell, rows=spec.rows)))
-                continue
-            if not routers or not Path(routers).is_dir():
-                raise MissingInputError(f"cell {cell.hash} ({cell.describe()}) has no router bundle on disk "
-                                   f"({routers}); re-run it with --force")
-            analyses.append((cell, gate_gap_cell(cell, base_path_for(cell, cells, store), routers, spec.rows,
-                                                 study.out_dir, log=log, force=force)))
-        write_gate_gap(study, analyses)
+            store = CellStore(config.output_dir)
+            gate_gap = []
+            for cell in analysed:
+                routers = (by_hash[cell.hash].get("artifacts") or {}).get("routers")
+                if not routers or not Path(routers).is_dir():
+                    raise MissingInputError(f"cell {cell.hash} ({cell.describe()}) has no router bundle on disk "
+                                            f"({routers}); re-run it with --force")
+                gate_gap.append((cell, gate_gap_cell(cell, base_path_for(cell, cells, store), routers, spec.rows,
+                                                     study.out_dir, log=log, force=force)))
+        write_gate_gap(study, gate_gap)
     return status
 
 
@@ -207,14 +211,9 @@ def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable, tab
     if table_only:
         from .analyses import saved_analysis
 
-        analyses = [(cell, saved_analysis(study.out_dir, "overlap", cell)) for cell in cru]
         examples = [str(n) for n in spec.examples]
-        for cell, saved in analyses:
-            if list(saved.get("by_examples") or {}) != examples:
-                raise MissingInputError(f"cell {cell.hash}'s saved overlap analysis has examples "
-                                        f"{list(saved.get('by_examples') or {})}, the study asks {examples}: run "
-                                        "the study without --table-only")
-        write_overlap(study, analyses)
+        write_overlap(study, [(cell, saved_analysis(study.out_dir, "overlap", cell, required=True, examples=examples))
+                              for cell in cru])
         log(f"study table: {study.out_dir / 'table.md'} (from the saved analyses)")
         return 0
     if dry_run:
