@@ -108,7 +108,7 @@ def test_wheel_install_in_venv_registers_model_and_tasks(wheel, tmp_path):
     proc = run([str(py), "-c", code], cwd=tmp_path)
     assert "wheel-ok" in proc.stdout
     # the same source gives the same code version from the wheel as from this checkout: cells computed from one
-    # (a GPU machine installs the wheel) are not stale for the other
+    # (a user's wheel install, a checkout's runs) are not stale for the other
     from cru_harness.runner.provenance import code_version
 
     assert f"code-version {code_version()}" in proc.stdout
