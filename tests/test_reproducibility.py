@@ -109,6 +109,12 @@ def test_testbed_cache_entry_is_keyed_on_the_code_that_builds_it(monkeypatch):
     before = zoo.recipe_hash(zoo.WorldRecipe(), recipe)
     monkeypatch.setattr(zoo, "builder_fingerprint", lambda: "other-builder-code")
     assert zoo.recipe_hash(zoo.WorldRecipe(), recipe) != before
+    # and on the transformers that saved it: another version may not read its tokenizer back
+    import transformers
+
+    other_code = zoo.recipe_hash(zoo.WorldRecipe(), recipe)
+    monkeypatch.setattr(transformers, "__version__", "4.56.2")
+    assert zoo.recipe_hash(zoo.WorldRecipe(), recipe) != other_code
 
 
 # ------------------------------------------------------------------------------------------- code version

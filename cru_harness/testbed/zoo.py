@@ -98,9 +98,13 @@ def builder_fingerprint() -> str:
 
 
 def recipe_hash(*parts) -> str:
-    """Short stable hash of the recipe dataclasses plus `RECIPE_VERSION` and `builder_fingerprint()`: the cache
-    entry's name."""
-    payload = json.dumps([RECIPE_VERSION, builder_fingerprint(),
+    """Short stable hash of the recipe dataclasses plus `RECIPE_VERSION`, `builder_fingerprint()` and the
+    transformers / tokenizers versions (a tokenizer saved by transformers 5 names a class 4.x cannot load, so two
+    environments sharing one cache must not share its entries): the cache entry's name."""
+    import tokenizers
+    import transformers
+
+    payload = json.dumps([RECIPE_VERSION, builder_fingerprint(), transformers.__version__, tokenizers.__version__,
                           *[asdict(p) if hasattr(p, "__dataclass_fields__") else p for p in parts]], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
