@@ -80,10 +80,13 @@ class BaseWeightsWarning(UserWarning):
     """The routers are attached to a base whose weights differ from the one they were trained on."""
 
 
-def _weight_positions(numel: int) -> torch.Tensor:
-    """Evenly spaced positions, in integers (a float linspace could place them differently in another torch)."""
-    count = min(WEIGHT_SAMPLE_SIZE, numel)
-    return torch.tensor([i * (numel - 1) // max(count - 1, 1) for i in range(count)], dtype=torch.long)
+def _sampled_elements(param: torch.Tensor) -> torch.Tensor:
+    """`param`'s elements at evenly spaced positions of its flat view, the positions in integers (a float linspace
+    could place them differently in another torch)."""
+    flat = param.detach().reshape(-1)
+    count = min(WEIGHT_SAMPLE_SIZE, flat.numel())
+    positions = [i * (flat.numel() - 1) // max(count - 1, 1) for i in range(count)]
+    return flat[torch.tensor(positions, dtype=torch.long, device=flat.device)]
 
 
 def sample_base_weights(model: nn.Module, block_index: int) -> dict:
@@ -92,9 +95,8 @@ def sample_base_weights(model: nn.Module, block_index: int) -> dict:
     _, blocks = _blocks.find_decoder_blocks(model)
     for name, param in blocks[block_index].named_parameters():
         if param.is_floating_point() and param.dim() >= 2 and param.device.type != "meta":
-            flat = param.detach().reshape(-1)
-            values = flat[_weight_positions(flat.numel()).to(flat.device)].float().cpu().tolist()
-            return {"block": int(block_index), "parameter": name, "numel": int(flat.numel()),
+            values = _sampled_elements(param).float().cpu().tolist()
+            return {"block": int(block_index), "parameter": name, "numel": int(param.numel()),
                     "dtype": str(param.dtype).removeprefix("torch."), "values": values}
     return {}
 
@@ -118,8 +120,7 @@ def base_weights_problem(sample: dict, model: nn.Module) -> str | None:
     if len(dtypes) == 2 and torch.finfo(dtypes[0]).bits == torch.finfo(dtypes[1]).bits:
         return None   # float16 against bfloat16: neither holds the other's values
     coarse = dtypes[-1]
-    flat = param.detach().reshape(-1)
-    ours = flat[_weight_positions(flat.numel()).to(flat.device)].to(coarse).cpu()
+    ours = _sampled_elements(param).to(coarse).cpu()
     theirs = torch.tensor(sample["values"], dtype=torch.float32).to(coarse)
     differ = int((ours != theirs).sum()) if ours.shape == theirs.shape else len(sample["values"])
     if not differ:

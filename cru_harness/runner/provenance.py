@@ -43,6 +43,8 @@ CODE_NAME_ENDINGS = ("_yaml",)
 def is_code_file(name: str) -> bool:
     """Whether a file of the package or its tasks is part of the code version (and of the dirty check)."""
     return Path(name).suffix in CODE_SUFFIXES or name.endswith(CODE_NAME_ENDINGS)
+
+
 # Files in a model directory that are not the model: build logs with timings.
 _NOT_MODEL_FILES = ("testbed_recipe.json", "finetune_record.json")
 # The libraries whose versions decide the numbers (the project's own version is its code_version).
@@ -248,8 +250,10 @@ def hub_repositories(benchmark: str, inputs: dict) -> list[tuple[str, str, str]]
             repos.append(("dataset", IDK_HUB[0], IDK_HUB[1]))
     for fingerprint in dict.fromkeys((inputs.get("models") or {}).values()):
         # `model_fingerprint` names any path that is not on disk "hub:"; only a Hub-shaped one is looked up
-        if isinstance(fingerprint, str) and fingerprint.startswith("hub:") and is_hub_id(fingerprint[4:]):
-            repos.append(("model", fingerprint.removeprefix("hub:"), "config.json"))
+        if isinstance(fingerprint, str) and fingerprint.startswith("hub:"):
+            repo = fingerprint.removeprefix("hub:")
+            if is_hub_id(repo):
+                repos.append(("model", repo, "config.json"))
     return repos
 
 

@@ -186,11 +186,10 @@ class Comparison:
         dirty = sum(1 for c in self.cells if c.reference_dirty)
         if dirty:
             why.append(f"{dirty} reference cells come from a dirty tree")
-        for name, words in (("models", "models"), ("data", "data"), ("libraries", "libraries"),
-                            ("hub_revisions", "Hub revisions")):
+        for name in ("models", "data", "libraries", "hub_revisions"):
             k = sum(1 for c in self.cells if name in c.inputs_differ)
             if k:
-                why.append(f"{k} with other {words}")
+                why.append(f"{k} with other {name.replace('hub_revisions', 'Hub revisions')}")
         return "NOT REPRODUCED: " + "; ".join(parts) + (f" [{'; '.join(why)}]" if why else "")
 
     def to_dict(self) -> dict:
