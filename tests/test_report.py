@@ -433,3 +433,56 @@ def test_colours_do_not_repeat_for_any_number_of_methods():
     assert len(set(plots.distinct_colors(20))) == 20
     assert len(set(plots.distinct_colors(31))) == 31   # past tab20: no colour comes round again
     assert plots.distinct_colors(13)[:10] == plots.distinct_colors(20)[:10]   # strong shades first
+
+
+def test_rows_follow_the_configured_method_order_even_across_shards(tmp_path):
+    """The cells are read in hash order, which says nothing; the tables and plots list methods as the config
+    does. A shard's plan holds only its own cells, so the order comes from the config's `methods`."""
+    cells = [tofu_result("M", "forget01", label, 0.5, 0.5, kind="original" if label == "Original" else "method")
+             for label in ("Original", "NPO", "CRU", "GA")]
+    cells = [{**cell, "hash": f"h{index}"} for index, cell in zip((3, 0, 2, 1), cells)]   # GA's hash first
+    write_cells(tmp_path / "run", cells)
+    config = {"methods": [{"method": "CRU"}, {"method": "NPO", "label": "NPO"}, {"method": "GA"}]}
+    for shard, hashes in ((1, ["h3", "h1"]), (2, ["h0", "h2"])):    # each shard: some cells, in its own order
+        plan = {"config": config, "source": "c.yaml", "cells": [{"hash": h, "cell": h} for h in hashes]}
+        (tmp_path / "run" / f"plan.shard{shard}of2.json").write_text(json.dumps(plan))
+    write_report([tmp_path / "run"], tmp_path / "out", formats=("md",), plots=False, log=lambda *_: None)
+    table = (tmp_path / "out" / "leaderboard_tofu.md").read_text()
+    assert [line.split(" | ")[2] for line in table.splitlines()[2:]] == ["Original (reference)", "CRU", "NPO", "GA"]
+
+
+def test_resources_plot_draws_a_method_that_does_not_train_by_its_whole_cell():
+    """ICU trains nothing (train time 0): its wall-time bar is the cell's, not an empty bar; a training method
+    shows both, its training part over its cell."""
+    from cru_harness.reporting import plots
+
+    def cell(label, train, whole):
+        return {"kind": "method", "status": "ok", "benchmark": "rwku", "label": label,
+                "resources": {"train_wall_time_s": train, "cell_wall_time_s": whole, "cell_peak_rss_bytes": 2**30}}
+
+    fig = plots.resources_figure([cell("ICU", 0.0, 165.0), cell("GA", 120.0, 250.0), cell("GA", 130.0, 260.0)])
+    times = fig.axes[0]
+    whole, training = (sorted((round(bar.get_y(), 1), bar.get_width()) for bar in container)
+                       for container in times.containers)
+    names = [tick.get_text() for tick in times.get_yticklabels()]
+    assert names == ["rwku ICU", "rwku GA"]                 # top to bottom
+    assert whole == [(-0.4, 165.0), (0.6, 255.0)]           # ICU below GA's row: y 0 is the bottom
+    assert training[1] == (0.8, 125.0) and math.isnan(training[0][1])
+    plots.plt.close(fig)
+
+
+def test_legends_sit_beside_the_axes_however_many_methods():
+    """With twenty-odd methods, a legend inside the axes covered every line of the probe-level plot."""
+    from cru_harness.reporting import plots
+
+    rows = [{"model": "Smol", "label": f"Method-{i}", "reference": i == 0,
+             "metrics": {"forget_fb": i / 30, "forget_qa": 0.0, "forget_aa": 0.3},
+             "unit": "all targets", "gate_means": {"forget": 0.9, "retain": 0.99}} for i in range(22)]
+    for fig in (plots.rwku_level_figure(rows), plots.gate_figure(rows)):
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        assert not ax.get_legend().get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
+        plots.plt.close(fig)
+    fig = plots.rwku_level_figure(rows)
+    assert fig.axes[0].get_yticklabels()[0].get_text() == "Smol Method-0 (reference)"   # the reference on top
+    plots.plt.close(fig)

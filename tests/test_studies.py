@@ -566,3 +566,23 @@ def test_random_draws_repeats_random_controls_random_rows_with_more_seeds(scale)
     early = [c for c in build_plan(draws) if c.seed in (0, 1, 2) and c.method == "CRU"]
     assert len(early) == 2 * len(draws.benchmarks["tofu"]["splits"]) * 3
     assert all(control_cells.get(c.hash) == (c.label, c.seed) for c in early)
+
+
+def test_block_plots_name_what_has_no_values_and_show_coinciding_series():
+    """gate_gap at a scale with no held-out retain rows: the panel says so in its title (not an empty frame), and
+    overlap's 40-example and 'all' series, equal where a corpus has 40 rows, are both drawn, told apart by style."""
+    from cru_harness.reporting.plots import plt
+    from cru_harness.studies.run import line_figure
+
+    groups = {("M", "CRU", n, block): [{"forget_mean": 0.3, "retain_mean": 0.6, "held_mean": None}]
+              for n in ("40", "all") for block in (26, 27, 28)}
+    fig = line_figure(groups, [("mean gate", [("forget_mean", "forget"), ("retain_mean", "retain"),
+                                              ("held_mean", "retain, held out")], True, None),
+                               ("overlap", [("retain_mean", "")], True, 0.5)], title="T")
+    gates, overlap = fig.axes[:2]
+    assert gates.get_title() == "mean gate\n(no values at this scale: retain, held out)"
+    assert overlap.get_title() == "overlap" and fig._suptitle.get_text() == "T"
+    drawn = [container.lines[0] for container in overlap.containers]     # each errorbar's data line
+    assert len(drawn) == 2 and {line.get_linestyle() for line in drawn} == {"-", "--"}
+    assert all(float(t) == int(t) for t in gates.get_xticks())       # blocks: whole numbers only
+    plt.close(fig)

@@ -93,19 +93,44 @@ def stats_markdown(comparison: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def read_plans(dirs) -> list[dict]:
+    """The run directories' plans (plan.json, and each shard's), in directory and file-name order."""
+    plans = []
+    for directory in dirs:
+        root = Path(directory).parent if Path(directory).name == "cells" else Path(directory)
+        plans += [read_recorded_json(plan, "the run's plan") for plan in sorted(root.glob("plan*.json"))]
+    return plans
+
+
+def planned_cells(dirs) -> dict[str, str]:
+    """{cell hash: cell name} of the run directories' plans."""
+    planned: dict[str, str] = {}
+    for plan in read_plans(dirs):
+        for cell in plan.get("cells") or []:
+            planned.setdefault(cell["hash"], cell.get("cell") or cell["hash"])
+    return planned
+
+
+def configured_order(dirs, results: list[dict]) -> list[dict]:
+    """`results` with methods in the order their configuration lists them (the tables and plots follow it), and
+    within a method in plan order; a shard's plan holds only its own cells, so the methods' order comes from the
+    configuration itself. Cells no plan names keep the order they were read in, after the planned ones."""
+    plans = read_plans(dirs)
+    labels: dict[str, int] = {}
+    for plan in plans:
+        for entry in (plan.get("config") or {}).get("methods") or []:
+            labels.setdefault(entry.get("label", entry.get("method")), len(labels))
+    cells = {cell["hash"]: index for index, cell in enumerate(c for plan in plans for c in plan.get("cells") or [])}
+    return sorted(results, key=lambda r: (labels.get(r.get("label"), len(labels)), cells.get(r["hash"], len(cells))))
+
+
 def unfinished_plan_lines(dirs, results: list[dict]) -> list[str]:
     """Lines naming the cells a run directory's plan (plan.json, and each shard's) holds without a result here:
     not run yet, interrupted, or invalid. A report of an unfinished run would otherwise read as the whole run."""
-    from ..runner.cache import read_recorded_json
-
     done = {r["hash"] for r in results}
     lines = []
     for directory in dirs:
-        root = Path(directory).parent if Path(directory).name == "cells" else Path(directory)
-        planned: dict[str, str] = {}
-        for plan in sorted(root.glob("plan*.json")):
-            for cell in read_recorded_json(plan, "the run's plan").get("cells") or []:
-                planned.setdefault(cell["hash"], cell.get("cell") or cell["hash"])
+        planned = planned_cells([directory])
         missing = [name for cell_hash, name in planned.items() if cell_hash not in done]
         if missing:
             shown = "; ".join(missing[:10]) + (f"; and {len(missing) - 10} more" if len(missing) > 10 else "")
@@ -149,7 +174,7 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
     from .router_lr import router_lr_markdown
 
     # first: a mistyped run directory creates nothing
-    results = tables.split_label_variants(tables.fill_forget_quality(load_results(*dirs)))
+    results = tables.split_label_variants(configured_order(dirs, tables.fill_forget_quality(load_results(*dirs))))
     if require_cells and not results:   # an empty report would read as a run with nothing in it
         raise MissingInputError(f"no valid cell results under {', '.join(str(d) for d in dirs)}: nothing to report")
     out_dir = Path(out_dir)

@@ -4,7 +4,8 @@
   original model as an open circle, dominated methods as crosses; labels placed apart (`label_points`).
 - gates.png: CRU's mean gate on forget vs retain inputs, per cell group.
 - rwku_levels.png: RWKU forget ROUGE-L per probe level (FB, QA, AA) per method.
-- resources.png: wall time and peak memory per method.
+- resources.png: wall time (the cell's, its training part over it) and peak memory per method.
+Legends sit beside the axes: inside, with the many methods of a report, they covered the data.
 """
 from __future__ import annotations
 
@@ -149,7 +150,8 @@ def tradeoff_plots(rows: list[dict], benchmark: str, out_dir: Path) -> list[Path
     return written
 
 
-def gate_plot(rows: list[dict], out_dir: Path) -> Path | None:
+def gate_figure(rows: list[dict]):
+    """CRU's mean gate on forget and on retain inputs, one pair of bars per CRU row; None without gates."""
     items = [(f"{r['model']} {r['unit']} {r['label']}", r["gate_means"]) for r in rows if r.get("gate_means")]
     items = [(name, g) for name, g in items if stats.is_number(g.get("forget")) or stats.is_number(g.get("retain"))]
     if not items:
@@ -165,60 +167,87 @@ def gate_plot(rows: list[dict], out_dir: Path) -> Path | None:
     ax.set_ylabel("mean gate")
     ax.set_ylim(0, 1.05)
     ax.set_title("CRU gates: forget vs retain")
-    ax.legend(fontsize=8)
+    # outside the axes: inside, it hid the bars of gates near 1
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
-    path = out_dir / "gates.png"
-    save_figure(fig, path, dpi=110)
+    return fig
+
+
+def gate_plot(rows: list[dict], out_dir: Path) -> Path | None:
+    return _write(gate_figure(rows), out_dir / "gates.png")
+
+
+def _write(fig, path: Path) -> Path | None:
+    if fig is None:
+        return None
+    save_figure(fig, path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def rwku_level_figure(rows: list[dict]):
+    """One row per method (the reference first), one marker per probe level: a dot plot stays readable with the
+    twenty-odd methods of a report, where one line per method did not."""
+    levels = [("forget_fb", "FB", "o"), ("forget_qa", "QA", "s"), ("forget_aa", "AA", "^")]
+    rows = [r for r in rows if any(stats.is_number(r["metrics"].get(k)) for k, _, _ in levels)]
+    if not rows:
+        return None
+    rows = sorted(rows, key=lambda r: not r["reference"])        # stable: the report's order otherwise
+    names = [f"{r['model']} {r['label']}" + (" (reference)" if r["reference"] else "") for r in rows]
+    fig, ax = plt.subplots(figsize=(7, max(2.5, 0.28 * len(rows) + 1.2)))
+    ys = list(range(len(rows)))[::-1]                            # the first row on top
+    for (key, name, marker), color in zip(levels, distinct_colors(len(levels))):
+        values = [r["metrics"].get(key) for r in rows]
+        ax.scatter([v if stats.is_number(v) else math.nan for v in values], ys, marker=marker, s=30,
+                   facecolors="none" if marker != "o" else color, edgecolors=color, label=name)
+    for y, r in zip(ys, rows):
+        if r["reference"]:
+            ax.axhspan(y - 0.5, y + 0.5, color="0.92", zorder=0)
+    ax.set_yticks(ys, names, fontsize=7)
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.set_xlabel("forget ROUGE-L recall (lower = more forgotten)")
+    ax.set_title("RWKU forget score per probe level")
+    ax.grid(axis="x", color="0.9")
+    ax.legend(fontsize=7, title="probe level", title_fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+              borderaxespad=0.0)
+    fig.tight_layout()
+    return fig
 
 
 def rwku_level_plot(rows: list[dict], out_dir: Path) -> Path | None:
-    levels = [("forget_fb", "FB"), ("forget_qa", "QA"), ("forget_aa", "AA")]
-    rows = [r for r in rows if any(stats.is_number(r["metrics"].get(k)) for k, _ in levels)]
-    if not rows:
-        return None
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for r in rows:
-        ys = [r["metrics"].get(k) for k, _ in levels]
-        ax.plot([name for _, name in levels], [y if stats.is_number(y) else float("nan") for y in ys], marker="o",
-                linestyle=":" if r["reference"] else "-", label=f"{r['model']} {r['label']}")
-    ax.set_ylabel("forget ROUGE-L recall (lower = more forgotten)")
-    ax.set_xlabel("probe level")
-    ax.set_title("RWKU forget score per probe level")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out_dir / "rwku_levels.png"
-    save_figure(fig, path, dpi=110)
-    plt.close(fig)
-    return path
+    return _write(rwku_level_figure(rows), out_dir / "rwku_levels.png")
 
 
-def resources_plot(results: list[dict], out_dir: Path) -> Path | None:
+def resources_figure(results: list[dict]):
+    """Per method: the cell's wall time with its training part drawn over it (a method that does not train,
+    such as ICU, has only the cell's bar), and the peak memory. Horizontal bars: the method names stay
+    readable however many there are."""
     groups: dict[str, list[dict]] = {}
     for r in results:
         if r.get("kind") == "method" and r.get("status") == "ok":
             groups.setdefault(f"{r['benchmark']} {r['label']}", []).append(r.get("resources") or {})
     if not groups:
         return None
+    labels = sorted(groups, reverse=True)   # barh draws from the bottom up: this reads A..Z from the top
+    def mean_of(key):
+        return [stats.finite_mean(i.get(key) for i in groups[label]) for label in labels]
 
-    def first(item, *keys):   # training time where the method trains, else the whole cell's
-        return next((item.get(k) for k in keys if stats.is_number(item.get(k))), None)
-
-    labels = sorted(groups)
-    times = [stats.finite_mean(first(i, "train_wall_time_s", "cell_wall_time_s") for i in groups[l]) or 0.0
-             for l in labels]
-    memory = [(stats.finite_mean(peak_memory_bytes(i) for i in groups[l]) or 0.0) / 2**20 for l in labels]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(max(6, 0.9 * len(labels) * 2), 3.5))
-    a.bar(labels, times)
-    a.set_ylabel("wall time (s)")
-    b.bar(labels, memory, color="tab:orange")
-    b.set_ylabel("peak memory (MiB)")
-    for axis in (a, b):
-        axis.tick_params(axis="x", rotation=40, labelsize=7)
-    fig.suptitle("Resources per method (training where it trains, else the whole cell)")
+    cells, trains = mean_of("cell_wall_time_s"), mean_of("train_wall_time_s")
+    memory = [(stats.finite_mean(peak_memory_bytes(i) for i in groups[label]) or math.nan) / 2**20
+              for label in labels]
+    ys = range(len(labels))
+    fig, (a, b) = plt.subplots(1, 2, sharey=True, figsize=(10, max(2.5, 0.28 * len(labels) + 1.2)))
+    a.barh(ys, [c if c is not None else math.nan for c in cells], color="tab:blue", alpha=0.35, label="whole cell")
+    a.barh(ys, [t if t else math.nan for t in trains], height=0.5, color="tab:blue", label="training")
+    a.set_xlabel("wall time (s)")
+    a.legend(fontsize=7, loc="lower right")
+    b.barh(ys, memory, color="tab:orange")
+    b.set_xlabel("peak memory (MiB)")
+    a.set_yticks(list(ys), labels, fontsize=7)
+    fig.suptitle("Resources per method (mean over its cells)", fontsize=10)
     fig.tight_layout()
-    path = out_dir / "resources.png"
-    save_figure(fig, path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
+
+
+def resources_plot(results: list[dict], out_dir: Path) -> Path | None:
+    return _write(resources_figure(results), out_dir / "resources.png")

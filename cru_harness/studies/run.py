@@ -280,7 +280,8 @@ def write_overlap(study: Study, analyses: list) -> None:
             f'"{group}"', label, n, items[0]["n_forget"], items[0]["n_retain"], block, len(items),
             o_mean, o_sd, r_mean, r_sd)))
     write_outputs(study, "table", "\n".join(md) + "\n", "\n".join(csv_lines) + "\n")
-    _line_plot(study, groups, ("overlap", "spearman_rho"), ("overlap coefficient", "Spearman ρ"), "overlap")
+    _line_plot(study, groups, [("overlap coefficient", [("overlap", "")], True, None),
+                               ("Spearman ρ", [("spearman_rho", "")], False, None)], "overlap")
 
 
 GATE_GAP_COLUMNS = (("forget_mean", "forget gate"), ("retain_seen_mean", "retain gate (trained rows)"),
@@ -291,7 +292,7 @@ GATE_GAP_COLUMNS = (("forget_mean", "forget gate"), ("retain_seen_mean", "retain
 def write_gate_gap(study: Study, analyses: list) -> None:
     """Table: per (model, split, variant, block | all) mean gate on forget tokens, on retain tokens of rows
     training drew and of rows it never drew, and the per-token AUC against each; mean ± sd over seeds. Plot: the
-    gates and the held-out AUC along the blocks."""
+    gates and both AUCs along the blocks."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for cell, result in analyses:
         seen, held = result["retain_seen"], result["retain_held_out"]
@@ -321,42 +322,72 @@ def write_gate_gap(study: Study, analyses: list) -> None:
             f'"{group}"', label, name, len(items), *[x for c in cols for x in c[1:]])))
     write_outputs(study, "gate_gap", "\n".join(md) + "\n", "\n".join(csv_lines) + "\n")
     per_block = {k: v for k, v in groups.items() if k[3] >= 0}
-    _line_plot(study, per_block, ("forget_mean", "retain_seen_mean", "retain_held_out_mean", "auc_held_out"),
-               ("forget gate", "retain gate (trained rows)", "retain gate (held-out rows)", "per-token AUC (held out)"),
-               "gate_gap")
+    _line_plot(study, per_block, [
+        ("mean gate", [("forget_mean", "forget"), ("retain_seen_mean", "retain, trained rows"),
+                       ("retain_held_out_mean", "retain, held-out rows")], True, None),
+        ("per-token AUC (0.5: the gates cannot tell the corpora apart)",
+         [("auc_seen", "AUC, retain trained rows"), ("auc_held_out", "AUC, retain held-out rows")], True, 0.5)], "gate_gap")
 
 
-def _line_plot(study: Study, groups: dict, keys, names, stem: str) -> Path:
-    import matplotlib
+def _line_plot(study: Study, groups: dict, panels, stem: str) -> Path:
+    from ..reporting.plots import plt, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..reporting.plots import save_figure
-
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.8), squeeze=False)
-    series: dict[tuple, list] = defaultdict(list)
-    for (group, label, n, block), items in groups.items():
-        series[(group, label, n)].append((block, items))
-    for ax, key, name in zip(axes[0], keys, names):
-        for (group, label, n), points in sorted(series.items()):
-            points.sort(key=lambda p: p[0])
-            stats = [mean_sd([i[key] for i in items]) for _, items in points]
-            xs = [b for (b, _), s in zip(points, stats) if s[0] is not None]
-            ys = [s[0] for s in stats if s[0] is not None]
-            es = [s[1] or 0.0 for s in stats if s[0] is not None]
-            tag = f"{label}" + (f", {n} ex." if n != "all" or stem == "overlap" else "")
-            ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=f"{group}: {tag}")
-        ax.set_xlabel("block")
-        ax.set_title(name, fontsize=9)
-        if key.startswith("auc"):
-            ax.axhline(0.5, color="k", linestyle="--", linewidth=1)
-    axes[0][0].legend(fontsize=6)
-    fig.suptitle(study.spec.title, fontsize=9)
-    fig.tight_layout()
+    fig = line_figure(groups, panels, title=study.spec.title)
     path = study.out_dir / f"{stem}.png"
     study.out_dir.mkdir(parents=True, exist_ok=True)
-    save_figure(fig, path, dpi=120)
+    save_figure(fig, path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 
+
+def line_figure(groups: dict, panels, *, title: str):
+    """{(group, variant, examples, block): [per-seed values]} along the blocks, one panel per (title, lines,
+    unit interval?, chance line?). `lines`: (key, name) drawn for every (group, variant, examples), one colour
+    per variant and one line style per key or example count, so that two series with the same values (40
+    examples and 'all' where a corpus has at most 40) both show. A line with no values is left out and the
+    panel's title says so; the legend sits below the panels."""
+    from matplotlib.ticker import MaxNLocator
+
+    from ..reporting.plots import distinct_colors, plt
+
+    series: dict[tuple, list] = defaultdict(list)
+    for (group, label, n, block), items in groups.items():
+        series[(group, label, n)].append((block, items))
+    variants = list(dict.fromkeys((group, label) for group, label, _ in sorted(series)))
+    counts = list(dict.fromkeys(n for _, _, n in sorted(series)))
+    colours = dict(zip(variants, distinct_colors(len(variants))))
+    styles = [("-", "o", "full"), ("--", "s", "none"), (":", "^", "full"), ("-.", "D", "none")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
+    handles: dict[str, object] = {}
+    for ax, (heading, lines, unit, chance) in zip(axes[0], panels):
+        missing = []
+        for (group, label, n), points in sorted(series.items()):
+            points.sort(key=lambda p: p[0])
+            for line, (key, name) in enumerate(lines):
+                stats = [mean_sd([i[key] for i in items]) for _, items in points]
+                xs = [b for (b, _), s in zip(points, stats) if s[0] is not None]
+                if not xs:
+                    missing.append(name or heading)
+                    continue
+                ys = [s[0] for s in stats if s[0] is not None]
+                es = [s[1] or 0.0 for s in stats if s[0] is not None]
+                linestyle, marker, fill = styles[(line if len(lines) > 1 else counts.index(n)) % len(styles)]
+                tag = ", ".join(t for t in (name, f"{n} ex." if len(counts) > 1 or n != "all" else "") if t)
+                text = f"{group}: {label}" + (f" ({tag})" if tag else "")
+                handles[text] = ax.errorbar(xs, ys, yerr=es, capsize=3, color=colours[(group, label)],
+                                            linestyle=linestyle, marker=marker, fillstyle=fill, label=text,
+                                            markersize=5 if fill == "full" else 8)   # a hollow one rings a full one
+        if unit:
+            ax.set_ylim(-0.02, 1.02)
+        if chance is not None:
+            ax.axhline(chance, color="k", linestyle="--", linewidth=1)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # blocks are whole numbers
+        ax.set_xlabel("block")
+        absent = f"\n(no values at this scale: {', '.join(dict.fromkeys(missing))})" if missing else ""
+        ax.set_title(heading + absent, fontsize=9)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    if handles:
+        fig.legend(list(handles.values()), list(handles), fontsize=7, loc="upper center", frameon=False,
+                   bbox_to_anchor=(0.5, 0.0), ncol=max(1, min(3, len(handles))))
+    return fig

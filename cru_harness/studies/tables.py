@@ -29,6 +29,11 @@ COMMON_KEYS = [*[(f"fc_forget_{c}", f"forget {c}") for c in FAILURE_CLASSES],
                ("train_wall_time_s", "train s"), ("cell_wall_time_s", "cell s")]
 KEYS = {"tofu": TOFU_KEYS + COMMON_KEYS, "rwku": RWKU_KEYS + COMMON_KEYS}
 REFERENCE_ROWS = ("Original", "Retain")
+#: A sweep plot's axis name for the CRU hyper-parameters a sweep varies (the config's key is the fallback).
+AXIS_NAMES = {"lam": "λ (weight of the retain term)", "lr": "router learning rate",
+              "percentile": "selection percentile p", "d_r": "router width d_r", "epochs": "epochs",
+              "last_k": "gated blocks (the last k)", "retain_batch_ratio": "retain rows per forget row in a batch",
+              "exclude_top_magnitude": "% of largest-magnitude coordinates excluded"}
 
 
 def cell_values(result: dict) -> dict[str, float | None]:
@@ -240,7 +245,7 @@ def plot_study(rows: list[dict], out_dir: Path, *, title: str, x: str | None = N
             xs = [r["x"] for r in swept]
             for key, name in (("forgetting", "forgetting"), ("utility", "utility")):
                 _errorbar(left, xs, [r["stats"][key] for r in swept], label=name)
-            left.set_xlabel(x)
+            left.set_xlabel(AXIS_NAMES.get(x, x))
             left.legend(fontsize=8)
             left.set_title("forget and utility", fontsize=9)
             for key, name in (("gate_forget", "forget gate"), ("gate_retain", "retain gate")):
@@ -251,7 +256,7 @@ def plot_study(rows: list[dict], out_dir: Path, *, title: str, x: str | None = N
                 grid = np.geomspace(min(xs), max(xs), 200) if min(xs) > 0 else np.linspace(min(xs), max(xs), 200)
                 name = "collapsed router" + ("" if shape else " (paper loss: 1 - 1/(2λ))")
                 right.plot(grid, [collapsed_gate(float(v), **shape) for v in grid], "k--", linewidth=1, label=name)
-            right.set_xlabel(x)
+            right.set_xlabel(AXIS_NAMES.get(x, x))
             right.set_ylim(-0.02, 1.02)
             right.legend(fontsize=8)
             right.set_title("mean gates", fontsize=9)
