@@ -486,3 +486,10 @@ def test_legends_sit_beside_the_axes_however_many_methods():
     fig = plots.rwku_level_figure(rows)
     assert fig.axes[0].get_yticklabels()[0].get_text() == "Smol Method-0 (reference)"   # the reference on top
     plots.plt.close(fig)
+
+
+def test_a_mean_over_cells_does_not_depend_on_the_order_they_were_read_in():
+    values = [1e16, 1.0, -1e16, 0.1, 0.2, 0.3]
+    means = {stats.finite_mean(order) for order in (values, values[::-1], sorted(values))}
+    assert means == {1.6 / 6}        # a plain running sum gives 0.1 or 0.0 depending on the order
+    assert stats.finite_mean([None, float("nan"), 2.0]) == 2.0 and stats.finite_mean([None]) is None

@@ -64,7 +64,7 @@ def block_scores(results: list[dict], benchmark: str) -> dict[tuple, dict[str, f
         if score is not None:
             unit = result.get("split") if benchmark == "tofu" else f"target{result.get('target')}"
             collected[(result["model"], unit)][result["label"]].append(score)
-    return {block: {m: sum(v) / len(v) for m, v in methods.items()} for block, methods in collected.items()}
+    return {block: {m: stats.finite_mean(v) for m, v in methods.items()} for block, methods in collected.items()}
 
 
 def compare_methods(results: list[dict], benchmark: str) -> dict:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from .stats import is_number
+from .stats import finite_mean, is_number
 
 BASELINES = ("GA", "GD", "NPO", "SimNPO", "IdkDPO")
 RATIO = 0.9
@@ -57,7 +57,7 @@ def sweep_choices(results: list[dict], ratio: float = RATIO) -> list[dict]:
                  "original_score": original, "ratio": ratio, "rows": [], "chosen": None, "reason": None}
         methods_seen = sorted({m for per_method in grid.values() for m in per_method})
         for lr in sorted(grid):
-            means = {m: sum(v) / len(v) for m, v in grid[lr].items()}
+            means = {m: finite_mean(v) for m, v in grid[lr].items()}
             median = statistics.median(means.values())
             entry["rows"].append({"learning_rate": lr, "median_score": median, "methods": sorted(means),
                                   "missing": [m for m in methods_seen if m not in means],

@@ -42,9 +42,10 @@ def is_number(value) -> bool:
 
 
 def finite_mean(values: Iterable) -> float | None:
-    """The mean of the values that are numbers (`is_number`); None when there are none."""
+    """The mean of the values that are numbers (`is_number`); None when there are none. The sum is exact
+    (`math.fsum`), so the mean does not depend on the order the cells were read in."""
     kept = [v for v in values if is_number(v)]
-    return sum(kept) / len(kept) if kept else None
+    return math.fsum(kept) / len(kept) if kept else None
 
 
 def pareto_dominated(points: Mapping[str, tuple[float, float]]) -> dict[str, bool]:

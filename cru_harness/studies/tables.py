@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import csv
 import io
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from ..cru.losses import collapsed_gate
-from ..reporting.stats import is_number
+from ..reporting.stats import finite_mean, is_number
 from ..reporting.tables import FAILURE_CLASSES, derived_metrics, fill_forget_quality, scientific
 
 # (key in the derived metrics, header). Forget and utility axes first, then the retain / neighbour scores the
@@ -48,11 +49,12 @@ def cell_values(result: dict) -> dict[str, float | None]:
 
 
 def mean_sd(values) -> tuple[float | None, float | None, int]:
-    """Mean and sample sd (ddof 1; None for one value) of the finite values, and how many there were."""
+    """Mean and sample sd (ddof 1; None for one value) of the finite values, and how many there were. Both are
+    computed exactly before rounding (`finite_mean`, `statistics.stdev`): the order of the seeds does not matter."""
     finite = [float(v) for v in values if is_number(v)]
     if not finite:
         return None, None, 0
-    return float(np.mean(finite)), (float(np.std(finite, ddof=1)) if len(finite) > 1 else None), len(finite)
+    return finite_mean(finite), (statistics.stdev(finite) if len(finite) > 1 else None), len(finite)
 
 
 def block_name(result: dict) -> str:
