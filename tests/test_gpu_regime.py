@@ -383,3 +383,24 @@ def test_rwku_lr_sweep_is_on_a_target_gpu_smollm2_never_scores():
     assert set(grid) == {"GA", "GD", "NPO", "SimNPO"} and len({frozenset(v) for v in grid.values()}) == 1
     assert len(grid["GA"]) == 5
     assert "LARGEST" in (CONFIGS / "gpu_smollm2_rwku_lr.yaml").read_text().split("\nname:")[0]
+
+
+GPU_STUDIES = sorted(p.name for p in (CONFIGS / "studies").glob("*.yaml") if "cpu" not in p.name)
+
+
+@pytest.mark.parametrize("name", GPU_STUDIES)
+def test_every_gpu_study_plans_the_real_regime_runs_own_model_oracles_and_baselines(name):
+    """Issue 11 uses the real-regime run's fine-tuned model and oracles: a study's cells other than its CRU
+    variants are gpu_smollm2's by hash (or its learning-rate sweep's, on forget05), so `cru-harness merge` hands
+    them over instead of a second GPU fine-tune, whose weights need not be bitwise the same, and its baseline rows
+    are the report's. An evaluation setting that differs (the batch size) would change every hash."""
+    from cru_harness.studies.config import load_study
+
+    runs = {c.hash for path in ("gpu_smollm2.yaml", "gpu_smollm2_lr.yaml")
+            for c in build_plan(cfg.load_config(CONFIGS / path))}
+    cells = build_plan(load_study(CONFIGS / "studies" / name).config)
+    others = [c for c in cells if c.method != "CRU"]
+    assert {c.kind for c in others} >= {"finetune", "retain", "original"}
+    # options.yaml's baselines on forget05 run at the sweep's one chosen rate, which no plan fixes yet
+    unshared = [c.describe() for c in others if c.hash not in runs and not (c.kind == "method" and c.split == "forget05")]
+    assert unshared == []
