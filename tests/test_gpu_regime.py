@@ -404,3 +404,21 @@ def test_every_gpu_study_plans_the_real_regime_runs_own_model_oracles_and_baseli
     # options.yaml's baselines on forget05 run at the sweep's one chosen rate, which no plan fixes yet
     unshared = [c.describe() for c in others if c.hash not in runs and not (c.kind == "method" and c.split == "forget05")]
     assert unshared == []
+
+
+def test_every_gpu_run_writes_where_git_ignores_it_until_it_is_committed():
+    """On the GPU machine each call gets a fresh copy of the tree, and only git-ignored paths survive from one call
+    to the next: a run's cells must be there to resume (benchmarks/gpu_session/run.sh). The CPU results stay
+    tracked."""
+    from cru_harness.studies.config import load_study
+
+    repo = CONFIGS.parent
+    if not (repo / ".git").exists():
+        pytest.skip("not a git checkout: .gitignore cannot be asked")
+    outputs = [cfg.load_config(path).output_dir for path in sorted(CONFIGS.glob("gpu_*.yaml"))]
+    outputs += [load_study(CONFIGS / "studies" / name).config.output_dir for name in GPU_STUDIES]
+    assert len(outputs) >= 15
+    ignored = subprocess.run(["git", "check-ignore", *map(str, outputs)], cwd=repo, capture_output=True, text=True)
+    assert sorted(ignored.stdout.split()) == sorted(map(str, outputs))
+    committed = ["results/cpu_smollm2", "results/studies/lambda-cpu_smollm2", "results/demo"]
+    assert subprocess.run(["git", "check-ignore", *committed], cwd=repo).returncode == 1   # none ignored

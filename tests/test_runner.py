@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cru_harness.errors import InputError, MissingInputError
 from cru_harness.runner import config as cfg
 from cru_harness.runner.cache import CellStore, load_results
 from cru_harness.runner.loop import CellUnavailable, run_cells
@@ -580,3 +581,36 @@ def test_purge_download_failing_for_a_local_reason_fails_the_cell_not_unavailabl
 
     down = resolve_purge_checkpoint(10, snapshot_download=server_error, list_repos=lambda: [])
     assert down.status == "unavailable" and "unreachable" in down.reason and "500 Server Error" in down.reason
+
+
+def test_reuse_copies_the_finished_cells_the_plan_shares_and_computes_the_rest(tmp_path):
+    """A study starting from the real-regime run: `--reuse DIR` copies DIR's finished cells that this plan holds
+    (same hash), never a failed one and never one this plan lacks; the rest are computed here."""
+    from cru_harness.runner.cli import run_config
+
+    first = cfg.validate_config(base_config(tmp_path, output_dir=str(tmp_path / "real"), seeds=[0]))
+    shared = build_plan(first)
+
+    def executor(cell, workdir):   # test double: the first run's GA cell on forget10 fails
+        if cell.label == "GA" and cell.split == "forget10":
+            raise RuntimeError("boom")
+        return fake_executor([])(cell, workdir)
+
+    run_cells(shared, CellStore(first.output_dir), executor, log=lambda *_: None)
+    study = cfg.validate_config(base_config(tmp_path, output_dir=str(tmp_path / "study"), seeds=[0], methods=[
+        {"method": "GA", "lr": 1e-4}, {"method": "CRU", "lambda": 1, "percentile": 95},
+        {"method": "CRU", "label": "CRU-p90", "lambda": 1, "percentile": 90}]))
+    calls, logged = [], []
+    assert run_config(study, executor=fake_executor(calls), reuse=first.output_dir, report=False,
+                      log=logged.append) == 0
+    failed = next(c.hash for c in shared if c.label == "GA" and c.split == "forget10")
+    new = [c.hash for c in build_plan(study) if c.label == "CRU-p90"]
+    assert sorted(calls) == sorted(new + [failed])
+    assert f"--reuse {first.output_dir}: copied {len(shared) - 1} finished cell(s) of this plan" in logged
+    copied = CellStore(study.output_dir).cell_dir(shared[0].hash)
+    assert (copied / "result.json").read_bytes() == (CellStore(first.output_dir).cell_dir(shared[0].hash)
+                                                     / "result.json").read_bytes()
+    with pytest.raises(InputError, match="own output directory"):
+        run_config(study, executor=fake_executor([]), reuse=study.output_dir)
+    with pytest.raises(MissingInputError, match="not a cru-harness run"):
+        run_config(study, executor=fake_executor([]), reuse=tmp_path / "nowhere")

@@ -290,3 +290,28 @@ def test_a_killed_fine_tuning_re_run_leaves_nothing_a_later_cell_would_use(tmp_p
     path, origin = execute.PlanExecutor(store, cells).finetuned_checkpoint(cells[1], ft)
     assert len(calls) == 1 and origin["fine_tuned_again"] is True
     assert sorted(p.name for p in Path(path).iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_a_study_analysis_on_a_later_lease_fine_tunes_the_missing_checkpoint_as_the_runner_does(tmp_path,
+                                                                                                 monkeypatch):
+    """overlap / gate_gap analyses load the fine-tuned model outside the runner's cells: where its checkpoint is
+    not on this machine they fine-tune it again as a cell would, instead of stopping the study."""
+    import shutil
+
+    from cru_harness.studies.run import base_path_for
+
+    cells = tiny_finetune_plan(tmp_path)
+    ft, _, ga = cells
+    store = CellStore(tmp_path / "run")
+    store.write(ft.hash, *run_one(ft, store.work_dir(ft.hash), execute.PlanExecutor(store, cells)))
+    shutil.rmtree(store.work_dir(ft.hash))
+    real, finetunes = execute.execute_cell, []
+
+    def execute_cell(cell, workdir, **kw):   # the real fine-tuning, counted
+        finetunes.append(cell.hash)
+        return real(cell, workdir, **kw)
+
+    monkeypatch.setattr(execute, "execute_cell", execute_cell)
+    path = base_path_for(ga, cells, store)
+    assert finetunes == [ft.hash] and path == str(store.work_dir(ft.hash) / "finetuned_model")
+    assert base_path_for(ga, cells, store) == path and finetunes == [ft.hash]   # then reused

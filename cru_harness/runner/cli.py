@@ -30,6 +30,7 @@ def register(subparsers) -> None:
     add_only_argument(run)
     run.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     run.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
+    add_reuse_argument(run)
     run.add_argument("--reproduce", metavar="DIR",
                      help="after the run, compare every cell and number with the run in DIR (e.g. committed "
                           "results) and write reproduction.md beside the run; exit status 1 when they differ")
@@ -63,6 +64,14 @@ def register(subparsers) -> None:
                            "in the checkout holding the package)")
     demo.add_argument("--dry-run", action="store_true")
     demo.set_defaults(func=cmd_demo)
+
+
+def add_reuse_argument(parser) -> None:
+    parser.add_argument("--reuse", metavar="DIR",
+                        help="before running, copy from run directory DIR the finished cells this plan holds (same "
+                             "hash) and its saved RWKU target choice, e.g. a study starting from "
+                             "results/gpu_smollm2's fine-tuned model, oracles and baselines; a copied cell is "
+                             "reused as the output directory's own are (recomputed if other code made it)")
 
 
 def add_only_argument(parser) -> None:
@@ -222,11 +231,12 @@ def print_plan(summary: dict, out=None) -> None:
 
 
 def run_config(config, *, dry_run=False, shard=None, force=False, report=True, executor=None, as_json=False,
-               log=print, reproduce=None, inputs=None, only=None) -> int:
+               log=print, reproduce=None, inputs=None, only=None, reuse=None) -> int:
     """Plan (and unless dry_run, run) a validated config. `executor` defaults to the real one, `inputs` (what a
     finished cell's record must match to be reused) to `provenance.cell_inputs` with it (else the code version).
     `reproduce`: a run directory to compare with at the end (`reproduce.write_reproduction`); exit status 1 when
-    the run does not reproduce it. `only`: method labels (`only_cells`) whose cells alone run.
+    the run does not reproduce it. `only`: method labels (`only_cells`) whose cells alone run. `reuse`: a run
+    directory whose finished cells of this plan are copied in first (`reuse_cells`).
 
     A real run first checks that its output directory can be written and takes the directory's lock
     (`cache.RunLock`): a second run on the same directory stops there, naming the process that holds it."""
@@ -237,8 +247,12 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
                              "one (--output-dir) so the results to compare with are not overwritten")
     if only is not None:  # before the testbed models are built and RWKU targets chosen (minutes)
         check_only(only, config)
+    if reuse is not None:
+        reuse = run_stores([reuse])[0].root   # a mistyped directory stops here, before anything runs
+        if reuse.resolve() == Path(config.output_dir).resolve():
+            raise InputError(f"--reuse {reuse} is the run's own output directory")
     options = dict(shard=shard, force=force, report=report, executor=executor, as_json=as_json, log=log,
-                   reproduce=reproduce, inputs=inputs, only=only)
+                   reproduce=reproduce, inputs=inputs, only=only, reuse=reuse)
     if dry_run:
         return _run_config(config, dry_run=True, **options)
     from ..locations import check_output_dir
@@ -252,7 +266,8 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
         return _run_config(config, dry_run=False, **options)
 
 
-def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log, reproduce, inputs, only) -> int:
+def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log, reproduce, inputs, only,
+                reuse) -> int:
     from ..data.rwku import TargetSelectionError
     from .cache import CellStore, atomic_write_json
     from .plan import build_plan
@@ -265,6 +280,8 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
         from .models import prebuild_local_models
 
         prebuild_local_models(config, log=log)
+    if reuse is not None and not dry_run:   # its saved target choice first: the choice is the same, and costly
+        copy_target_choices(CellStore(reuse), CellStore(config.output_dir))
     try:
         selected = resolve_selected_targets(config, run=not dry_run, log=log)
     except UserError as err:  # no RWKU cell can be planned without its targets: stop here, saying why (a bug
@@ -307,6 +324,9 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
     atomic_write_json(store.root / ("plan.json" if not shard else f"plan.shard{shard.replace('/', 'of')}.json"),
                       {"config": config.raw, "source": config.source, "shard": shard,
                        "cells": [{"hash": c.hash, "cell": c.describe()} for c in cells]})
+    if reuse is not None:
+        copied = sum(copy_cell(CellStore(reuse), store, cell.hash, keep_ok=True) for cell in to_run)
+        log(f"--reuse {reuse}: copied {copied} finished cell(s) of this plan")
     counts = run_cells(to_run, store, executor, log=log, force=force, **({"inputs": inputs} if inputs else {}))
     log(f"done: {counts}")
     if report:
@@ -328,7 +348,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.reproduce and not Path(args.reproduce).is_dir():
         raise MissingInputError(f"--reproduce {args.reproduce}: no such run directory")
     return run_config(config, dry_run=args.dry_run, shard=args.shard, force=args.force,
-                      report=not args.no_report, as_json=args.json, reproduce=args.reproduce, only=args.only)
+                      report=not args.no_report, as_json=args.json, reproduce=args.reproduce, only=args.only,
+                      reuse=args.reuse)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -356,8 +377,7 @@ def run_stores(dirs) -> list:
 
 def merge_dirs(dirs, out) -> dict[str, int]:
     """Copy cells from several run directories into `out`; a duplicate keeps its 'ok' copy."""
-    from .cache import RESULT_FILE, CellStore, atomic_write_text
-    from .targets import SELECTION_DIR
+    from .cache import CellStore, atomic_write_text
 
     stores = run_stores(dirs)   # every input checked before `out` is created
     out_store = CellStore(out)
@@ -372,32 +392,55 @@ def merge_dirs(dirs, out) -> dict[str, int]:
             if destination.is_file() and destination.read_text() != text:   # another run's plan of that name
                 destination = out_store.root / f"{plan.stem}.input{position}.json"
             atomic_write_text(destination, text)
-        selections = store.root / SELECTION_DIR
-        if selections.is_dir():  # why the RWKU targets are these (runner.targets); identical across shards
-            (out_store.root / SELECTION_DIR).mkdir(parents=True, exist_ok=True)
-            for path in selections.glob("*.json"):
-                destination = out_store.root / SELECTION_DIR / path.name
-                if destination.resolve() != path.resolve():
-                    atomic_write_text(destination, path.read_text())
+        copy_target_choices(store, out_store)   # identical across shards
         for cell_hash, result in store.iter_results():
-            target = out_store.cell_dir(cell_hash)
-            existing = out_store.load_result(cell_hash)
-            if existing is not None:
+            if out_store.load_result(cell_hash) is not None:
                 counts["duplicates"] += 1
-                if existing.get("status") == "ok" or result.get("status") != "ok":
-                    continue
-            if target.resolve() == store.cell_dir(cell_hash).resolve():
-                continue
-            tmp = target.with_name(target.name + ".merging")
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            shutil.copytree(store.cell_dir(cell_hash), tmp, ignore=shutil.ignore_patterns("work", ".*.tmp"))
-            if (tmp / RESULT_FILE).is_file():
-                if target.exists():
-                    shutil.rmtree(target)
-                tmp.rename(target)
-                counts["copied"] += 1
+            counts["copied"] += copy_cell(store, out_store, cell_hash, keep_ok=False)
     return counts
+
+
+def copy_target_choices(store, out_store) -> None:
+    """The saved RWKU target choices (`runner.targets`) of one run directory into another."""
+    from .cache import atomic_write_text
+    from .targets import SELECTION_DIR
+
+    selections = store.root / SELECTION_DIR
+    if selections.is_dir():
+        (out_store.root / SELECTION_DIR).mkdir(parents=True, exist_ok=True)
+        for path in selections.glob("*.json"):
+            destination = out_store.root / SELECTION_DIR / path.name
+            if destination.resolve() != path.resolve():
+                atomic_write_text(destination, path.read_text())
+
+
+def copy_cell(store, out_store, cell_hash: str, *, keep_ok: bool) -> bool:
+    """Copy one cell (its result and record, not its work/ files) from `store` into `out_store`, whole or not
+    at all. Nothing is copied when `store` has no result for it, or when `out_store`'s is 'ok' or the copy's is
+    not; with `keep_ok`, only an 'ok' result is copied at all. Returns whether it copied."""
+    from .cache import RESULT_FILE
+
+    result = store.load_result(cell_hash)
+    if result is None or (keep_ok and result.get("status") != "ok"):
+        return False
+    existing = out_store.load_result(cell_hash)
+    if existing is not None and (existing.get("status") == "ok" or result.get("status") != "ok"):
+        return False
+    target = out_store.cell_dir(cell_hash)
+    if target.resolve() == store.cell_dir(cell_hash).resolve():
+        return False
+    tmp = target.with_name(target.name + ".merging")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(store.cell_dir(cell_hash), tmp, ignore=shutil.ignore_patterns("work", ".*.tmp"))
+    if not (tmp / RESULT_FILE).is_file():
+        shutil.rmtree(tmp)
+        return False
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.rename(target)
+    return True
 
 
 def cmd_merge(args: argparse.Namespace) -> int:

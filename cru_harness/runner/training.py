@@ -11,6 +11,7 @@ from .plan import Cell
 from .provenance import directory_fingerprint
 
 FINETUNED_DIR = "finetuned_model"   # a finetune cell's checkpoint, inside its work directory
+ROUTERS_DIR = "routers"             # a CRU cell's router bundle, inside its work directory
 
 
 def prompt_format(cell: Cell, chat: bool) -> dict:
@@ -41,7 +42,7 @@ def train_cru(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: dic
                                   retain_description=cell.corpora["retain_corpus"])
     with ResourceMonitor(cell_device(cell)) as monitor:
         bundle = train_routers(model, tokenizer, forget, retain, config)
-    out = workdir / "routers"
+    out = workdir / ROUTERS_DIR
     bundle.save_pretrained(out)
     record = monitor.record.to_dict()
     outcome["resources"].update({f"train_{k}" if k in ("wall_time_s", "peak_memory_bytes") else k: v

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import InputError
-from ..runner.cli import add_only_argument
+from ..runner.cli import add_only_argument, add_reuse_argument
 
 
 def register(subparsers) -> None:
@@ -21,6 +21,7 @@ def register(subparsers) -> None:
     study.add_argument("--seeds", help="override the seeds, e.g. 0 or 0,1,2")
     study.add_argument("--force", action="store_true", help="recompute finished cells and analyses")
     add_only_argument(study)
+    add_reuse_argument(study)
     study.add_argument("--shard", metavar="I/N",
                        help="run only shard I of N of the study's cells (1-based, as `run --shard`), in parallel or "
                             "on several machines; no table is written: run the study once more without --shard "
@@ -48,4 +49,4 @@ def cmd_study(args: argparse.Namespace) -> int:
             raise InputError(f"--seeds {args.seeds!r}: expected integers separated by commas, e.g. 0,1,2") from None
     study = load_study(args.config, overrides or None, scale=args.scale)
     return run_study(study, force=args.force, dry_run=args.dry_run, shard=args.shard, table_only=args.table_only,
-                     only=args.only)
+                     only=args.only, reuse=args.reuse)

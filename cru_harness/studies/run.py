@@ -54,19 +54,17 @@ def data_source(benchmark: str, data_dir: str | None) -> str:
 
 
 def base_path_for(cell, cells, store) -> str:
-    """The model a cell starts from: its model's fine-tuned checkpoint (finetune cell) or the path as given."""
+    """The model a cell starts from: its model's fine-tuned checkpoint (finetune cell) or the path as given. A
+    finished finetune cell whose checkpoint is not on this machine (a later GPU lease, cells reused from another
+    run) is fine-tuned again as the runner does (`PlanExecutor.finetuned_checkpoint`)."""
+    from ..runner.execute import PlanExecutor
     from ..runner.models import resolve_model_path
     from ..runner.plan import finetune_cell_for
 
     source = finetune_cell_for(cell, cells)
     if source is None:
         return resolve_model_path(cell.model.path)
-    loaded = store.load_result(source.hash) or {}
-    checkpoint = (loaded.get("artifacts") or {}).get("checkpoint")
-    if loaded.get("status") != "ok" or not checkpoint or not Path(checkpoint).is_dir():
-        raise RuntimeError(f"model {cell.model.name}: its finetune cell {source.hash} has no checkpoint "
-                           f"(status {loaded.get('status', 'not run')})")
-    return checkpoint
+    return PlanExecutor(store, cells).finetuned_checkpoint(cell, source)[0]
 
 
 def _selected(config, *, any_code: bool = False) -> dict[str, list[int]]:
@@ -98,14 +96,16 @@ def other_code_lines(output_dir, results: list[dict]) -> list[str]:
 
 
 def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard: str | None = None,
-              table_only: bool = False, log: Callable = print, only: str | None = None) -> int:
-    from ..runner.cache import CellStore, load_results
+              table_only: bool = False, log: Callable = print, only: str | None = None,
+              reuse: str | None = None) -> int:
+    from ..runner.cache import WORK_DIR, CellStore, load_results
     from ..runner.cli import run_config
+    from ..runner.training import ROUTERS_DIR
 
     config, spec = study.config, study.spec
-    if table_only and (shard or dry_run or force or only):
+    if table_only and (shard or dry_run or force or only or reuse):
         raise ConfigError("--table-only", "writes a study's tables from finished cells (and an overlap / gate_gap "
-                          "study's saved analyses) only: not with --shard, --dry-run, --force or --only",
+                          "study's saved analyses) only: not with --shard, --dry-run, --force, --only or --reuse",
                           config.source)
     if spec.kind == "overlap":
         if only:
@@ -113,15 +113,16 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
         if shard:
             raise ConfigError("study.kind", "an overlap study trains no cells, so --shard has nothing to split: "
                               "run it without --shard", config.source)
-        return _run_overlap(study, force=force, dry_run=dry_run, log=log, table_only=table_only)
+        return _run_overlap(study, force=force, dry_run=dry_run, log=log, table_only=table_only, reuse=reuse)
     if shard:
         # a shard's cells alone would make a partial table: the table waits for a run without --shard
-        status = run_config(config, dry_run=dry_run, force=force, shard=shard, report=False, log=log, only=only)
+        status = run_config(config, dry_run=dry_run, force=force, shard=shard, report=False, log=log, only=only,
+                            reuse=reuse)
         if not dry_run:
             log(f"study shard {shard} done; when every shard has finished (their cells in one directory: "
                 f"`cru-harness merge`), run `cru-harness study` without --shard to write the table")
         return status
-    status = 0 if table_only else run_config(config, dry_run=dry_run, force=force, log=log, only=only)
+    status = 0 if table_only else run_config(config, dry_run=dry_run, force=force, log=log, only=only, reuse=reuse)
     if dry_run:
         return status
     selected = _selected(config, any_code=table_only)   # --table-only reads a selection as it reads cells
@@ -156,6 +157,9 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
             gate_gap = []
             for cell in analysed:
                 routers = (by_hash[cell.hash].get("artifacts") or {}).get("routers")
+                if not routers or not Path(routers).is_dir():   # recorded on another machine: its place here
+                    here = store.cell_dir(cell.hash) / WORK_DIR / ROUTERS_DIR
+                    routers = str(here) if here.is_dir() else routers
                 if not routers or not Path(routers).is_dir():
                     raise MissingInputError(f"cell {cell.hash} ({cell.describe()}) has no router bundle on disk "
                                             f"({routers}); re-run it with --force")
@@ -194,7 +198,8 @@ def _stat_cells(values) -> tuple[str, float | None, float | None]:
     return fmt(mean, sd), mean, sd
 
 
-def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable, table_only: bool = False) -> int:
+def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable, table_only: bool = False,
+                 reuse: str | None = None) -> int:
     """Localization only: the models' finetune cells (if any) run through the runner, then per CRU cell of the
     plan the forget- and retain-derived localizations are compared (no router is trained). `table_only`: the
     table from the saved analyses, nothing run."""
@@ -228,6 +233,12 @@ def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable, tab
     analyses = []
     with RunLock(config.output_dir, log=log):
         finetune = [c for c in cells if c.kind == "finetune"]
+        if reuse is not None:
+            from ..runner.cli import copy_cell, run_stores
+
+            source = run_stores([reuse])[0]
+            log(f"--reuse {reuse}: copied {sum(copy_cell(source, store, c.hash, keep_ok=True) for c in finetune)} "
+                "finished cell(s) of this plan")
         if finetune:
             counts = run_cells(finetune, store, PlanExecutor(store, cells), log=log, force=force, inputs=cell_inputs)
             if counts["failed"]:
