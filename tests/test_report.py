@@ -1,6 +1,8 @@
 """Reporting on a synthetic results set: Pareto flags, Friedman statistic, 'too few' messages, tables, plots."""
+import io
 import json
 import math
+import statistics
 
 import pytest
 
@@ -493,3 +495,43 @@ def test_a_mean_over_cells_does_not_depend_on_the_order_they_were_read_in():
     means = {stats.finite_mean(order) for order in (values, values[::-1], sorted(values))}
     assert means == {1.6 / 6}        # a plain running sum gives 0.1 or 0.0 depending on the order
     assert stats.finite_mean([None, float("nan"), 2.0]) == 2.0 and stats.finite_mean([None]) is None
+
+
+def test_rows_of_several_seeds_print_their_spread_over_seeds():
+    """Seeds 0-2 of a method print mean ± sample sd; RWKU's spread is over each seed's mean over targets (the
+    targets' own differences are not seed noise); a row of one seed prints its mean alone."""
+    results = [tofu_result("M", "forget01", "Original", 0.1, 0.6, kind="original")]
+    results += [{**tofu_result("M", "forget01", "GA", f, 0.5, seed=seed)} for seed, f in enumerate((0.2, 0.4, 0.6))]
+    results += [tofu_result("M", "forget01", "NPO", 0.3, 0.5)]
+    rows = {r["label"]: r for r in tables.aggregate(results, "tofu")}
+    assert rows["GA"]["metrics_sd"]["forget_1_rouge_l"] == pytest.approx(0.2)
+    assert rows["NPO"]["metrics_sd"] == {} and rows["Original"]["metrics_sd"] == {}
+    table = tables.to_markdown(list(rows.values()), "tofu")
+    assert "| **0.40** ± 0.20 |" in table and "| 0.30 |" in table and "Mean ± sample sd (ddof 1) over seeds" in table
+    assert "\\textbf{0.40}$\\pm$0.20" in tables.to_latex(list(rows.values()), "tofu")
+    csv_rows = {r["label"]: r for r in __import__("csv").DictReader(io.StringIO(tables.to_csv(list(rows.values()),
+                                                                                                "tofu")))}
+    assert float(csv_rows["GA"]["forget_1_rouge_l_sd"]) == pytest.approx(0.2) and csv_rows["GA"]["seeds"] == "0;1;2"
+    assert csv_rows["NPO"]["forget_1_rouge_l_sd"] == ""
+    # RWKU: two targets per seed; the per-seed means are 0.3 and 0.5, whatever the targets' spread
+    rwku = [{"hash": f"{t}{s}", "kind": "method", "method": "GA", "label": "GA", "model": "M", "benchmark": "rwku",
+             "split": None, "target": t, "unit": f"target{t}", "seed": s, "status": "ok",
+             "metrics": {"forget_fb": value, "forget_qa": value, "forget_aa": value}, "failure_classes": {},
+             "gate_means": None, "resources": {}}
+            for s, values in ((0, (0.1, 0.5)), (1, (0.3, 0.7))) for t, value in zip((1, 2), values)]
+    (row,) = tables.aggregate(rwku, "rwku")
+    assert row["metrics_sd"]["forget_fb"] == pytest.approx(statistics.stdev([0.3, 0.5]))
+
+
+def test_a_configured_method_without_a_row_is_named_with_its_reason(tmp_path):
+    cells = [tofu_result("M", "forget01", label, 0.5, 0.5, kind="original" if label == "Original" else "method")
+             for label in ("Original", "GA")]
+    write_cells(tmp_path / "run", cells)
+    config = {"benchmarks": {"tofu": {}, "rwku": {}},
+              "methods": [{"method": "GA"}, {"method": "icu"}, {"method": "IdkDPO", "benchmarks": ["rwku"]},
+                          {"method": "NPO", "label": "NPO-scaled"}]}
+    (tmp_path / "run" / "plan.json").write_text(json.dumps({"config": config, "source": "c.yaml", "cells": []}))
+    write_report([tmp_path / "run"], tmp_path / "out", formats=("md",), plots=False, log=lambda *_: None)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert ("Configured methods without a row here: ICU (ICU does not run on TOFU); IdkDPO (its entry runs it on "
+            "rwku only); NPO-scaled (configured for this benchmark, but no cell of it has a result here).") in report

@@ -124,6 +124,36 @@ def configured_order(dirs, results: list[dict]) -> list[dict]:
     return sorted(results, key=lambda r: (labels.get(r.get("label"), len(labels)), cells.get(r["hash"], len(cells))))
 
 
+def absent_method_lines(dirs, rows: list[dict], benchmark: str) -> list[str]:
+    """A line naming the methods the run's configuration lists that this benchmark's table has no row of, and why:
+    a table never drops a configured method without saying so."""
+    from ..runner.config import METHOD_BENCHMARKS, canonical_method
+
+    present = {row["label"] for row in rows}
+    absent: dict[str, str] = {}
+    for plan in read_plans(dirs):
+        config = plan.get("config") or {}
+        if benchmark not in (config.get("benchmarks") or {}):
+            continue
+        for entry in config.get("methods") or []:
+            entry = {"method": entry} if isinstance(entry, str) else entry
+            method = canonical_method(entry.get("method"))
+            label = entry.get("label", method)
+            if label in present or any(name.startswith(f"{label} (") for name in present):
+                continue
+            if "benchmarks" in entry and benchmark not in entry["benchmarks"]:
+                why = f"its entry runs it on {', '.join(entry['benchmarks'])} only"
+            elif method is not None and benchmark not in METHOD_BENCHMARKS[method]:
+                why = f"{method} does not run on {benchmark.upper()}"
+            else:
+                why = "configured for this benchmark, but no cell of it has a result here"
+            absent.setdefault(label, why)
+    if not absent:
+        return []
+    return ["Configured methods without a row here: " + "; ".join(f"{label} ({why})" for label, why in absent.items())
+            + ".", ""]
+
+
 def unfinished_plan_lines(dirs, results: list[dict]) -> list[str]:
     """Lines naming the cells a run directory's plan (plan.json, and each shard's) holds without a result here:
     not run yet, interrupted, or invalid. A report of an unfinished run would otherwise read as the whole run."""
@@ -198,7 +228,8 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
             path = out_dir / f"leaderboard_{benchmark}.{fmt}"
             atomic_write_text(path, renderers[fmt](rows, benchmark))
             written[f"leaderboard_{benchmark}.{fmt}"] = str(path)
-        summary += [f"## {benchmark.upper()}", "", tables.to_markdown(rows, benchmark)]
+        summary += [f"## {benchmark.upper()}", "", tables.to_markdown(rows, benchmark),
+                    *absent_method_lines(dirs, rows, benchmark)]
         if benchmark == "tofu":
             summary += tables.regime_check_markdown(results)
         of_benchmark = [r for r in results if r.get("benchmark") == benchmark]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -236,6 +237,7 @@ def aggregate(results: list[dict], benchmark: str) -> list[dict]:
                "seeds": sorted({m.get("seed") for m in ok if m.get("seed") is not None}),
                "targets": sorted({m.get("target") for m in ok if m.get("target") is not None}),
                "metrics": {k: stats.finite_mean(d.get(k) for d in derived) for k in keys},
+               "metrics_sd": seed_spread(ok, derived, keys),
                "resources": {k: stats.finite_mean((m.get("resources") or {}).get(k) for m in ok)
                              for k in RESOURCE_KEYS},
                "gate_means": _gate_means(ok),
@@ -285,6 +287,22 @@ def _refinetuned(results: list[dict]) -> list[str]:
     GPU kernels need not be bitwise deterministic, so those cells started from a slightly other model."""
     n = sum(((r.get("details") or {}).get("finetuned_from") or {}).get("matches_recorded") is False for r in results)
     return [f"{n} cell(s) from a fine-tuning re-run whose weights differ from the recorded checkpoint's"] if n else []
+
+
+def seed_spread(results: list[dict], derived: list[dict], keys) -> dict[str, float]:
+    """Per metric, the sample sd (ddof 1) over seeds of the seed's mean (RWKU: its mean over targets first), where
+    two or more seeds have a value; nothing for a row of one seed (or none: the reference)."""
+    by_seed: dict = defaultdict(list)
+    for result, values in zip(results, derived):
+        if result.get("seed") is not None:
+            by_seed[result["seed"]].append(values)
+    spread = {}
+    for key in keys:
+        means = [stats.finite_mean(values.get(key) for values in group) for group in by_seed.values()]
+        means = [m for m in means if m is not None]
+        if len(means) >= 2:
+            spread[key] = statistics.stdev(means)
+    return spread
 
 
 def _gate_means(results: list[dict]) -> dict | None:
@@ -386,11 +404,16 @@ def to_markdown(rows: list[dict], benchmark: str) -> str:
         cells = []
         for c in columns:
             text = fmt(row["metrics"].get(c.key), c.key)
-            cells.append(f"**{text}**" if c.key in row["best"] else text)
+            sd = row.get("metrics_sd", {}).get(c.key)
+            cells.append((f"**{text}**" if c.key in row["best"] else text) + (f" ± {fmt(sd, c.key)}" if sd is not None
+                                                                                else ""))
         label = f"{row['label']} (reference)" if row["reference"] else row["label"]
         pareto = "" if row["pareto"] is None else ("front" if row["pareto"] else "dominated")
         lines.append("| " + " | ".join([row["model"], _unit_label(row), label, *cells, pareto,
                                           str(row["n_ok"]), _row_note(row)]) + " |")
+    if any(row.get("metrics_sd") for row in rows):
+        lines += ["", "Mean ± sample sd (ddof 1) over seeds (RWKU: of each seed's mean over targets); a row without ±"
+                  " ran one seed. Bold, ranks and the Pareto column read the means."]
     return "\n".join(lines) + "\n"
 
 
@@ -400,7 +423,8 @@ def to_csv(rows: list[dict], benchmark: str) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(["model", "unit", "method", "label", "reference", *[c.key for c in columns], *extra, "pareto_front",
-                     "best_in", "n_ok", "n_unavailable", "n_failed", *RESOURCE_KEYS])
+                     "best_in", "n_ok", "n_unavailable", "n_failed", *RESOURCE_KEYS, "seeds",
+                     *[f"{c.key}_sd" for c in columns]])
     for row in rows:
         values = [row["metrics"].get(c.key) for c in columns] + [row["metrics"].get(k) for k in extra]
         writer.writerow([row["model"], row["unit"], row["method"], row["label"], int(row["reference"]),
@@ -408,7 +432,10 @@ def to_csv(rows: list[dict], benchmark: str) -> str:
                          "" if row["pareto"] is None else int(row["pareto"]), ";".join(sorted(row["best"])),
                          row["n_ok"], row["n_unavailable"], row["n_failed"],
                          *["" if not stats.is_number(row["resources"].get(k)) else row["resources"][k]
-                           for k in RESOURCE_KEYS]])
+                           for k in RESOURCE_KEYS],
+                         ";".join(map(str, row["seeds"])),
+                         *["" if c.key not in row.get("metrics_sd", {}) else repr(float(row["metrics_sd"][c.key]))
+                           for c in columns]])
     return buffer.getvalue()
 
 
@@ -426,7 +453,9 @@ def to_latex(rows: list[dict], benchmark: str, caption: str | None = None) -> st
             groups.append((c.group, 1))
     spec = "lll" + "c" * len(columns)
     out = ["\\begin{table}[t]", "\\centering", "\\small"]
-    out.append(f"\\caption{{{caption or _default_caption(benchmark)}}}")
+    spread = " Mean $\\pm$ sample sd over seeds where a row ran more than one." if any(
+        row.get("metrics_sd") for row in rows) else ""
+    out.append(f"\\caption{{{caption or _default_caption(benchmark) + spread}}}")
     out += ["\\resizebox{\\textwidth}{!}{%", f"\\begin{{tabular}}{{{spec}}}", "\\toprule"]
     head, rules, start = [" & & "], [], 4
     for name, width in groups:
@@ -449,7 +478,9 @@ def to_latex(rows: list[dict], benchmark: str, caption: str | None = None) -> st
         cells = []
         for c in columns:
             text = fmt(row["metrics"].get(c.key), c.key)
-            cells.append(f"\\textbf{{{text}}}" if c.key in row["best"] else text)
+            sd = row.get("metrics_sd", {}).get(c.key)
+            cells.append((f"\\textbf{{{text}}}" if c.key in row["best"] else text)
+                         + (f"$\\pm${fmt(sd, c.key)}" if sd is not None else ""))
         out.append(" & ".join([_latex_escape(row["model"]) if first else "",
                                _latex_escape(_unit_label(row)) if first else "",
                                _latex_escape(row["label"]), *cells]) + " \\\\")

@@ -74,6 +74,11 @@ METHOD_BENCHMARKS = {"GA": BENCHMARKS, "GD": BENCHMARKS, "NPO": BENCHMARKS, "Sim
 TRAINED_METHODS = ("GA", "GD", "NPO", "SimNPO", "IdkDPO", "CRU")
 _METHOD_CANON = {name.lower(): name for name in METHOD_HPARAMS}
 
+
+def canonical_method(name) -> str | None:
+    """A method's canonical name (`ga` -> `GA`), None for an unknown one."""
+    return _METHOD_CANON.get(str(name).lower())
+
 _METHOD_ENTRY_KEYS = ("method", "label", "benchmarks", "overrides", "forget_corpus", "retain_corpus")
 _TOP_KEYS = ("name", "output_dir", "data_dir", "seeds", "device", "include_original", "models", "benchmarks",
              "methods", "purge_checkpoints", "evaluation", "report", "description")
@@ -576,7 +581,7 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
             _fail(where, f"expected a mapping with at least `method`, got {entry!r}", source)
         if "method" not in entry:
             _fail(f"{where}.method", f"is required (one of {', '.join(METHOD_HPARAMS)})", source)
-        method = _METHOD_CANON.get(str(entry["method"]).lower())
+        method = canonical_method(entry["method"])
         if method is None:
             _fail(f"{where}.method", f"unknown method {entry['method']!r}; known: {', '.join(METHOD_HPARAMS)}",
                   source)
