@@ -16,7 +16,8 @@ def main(run_dir: str, reference_dir: str, out: str) -> int:
     comparison = replace(comparison, cells=shared)
     Path(out).write_text(comparison_markdown(comparison)
                          + f"\nOnly the {len(shared)} cells both runs hold are compared; the reference's other cells "
-                           "were not part of this run.\n")
+                           "were not part of this run.\n\nWritten by `python benchmarks/reproduce_shared_cells.py "
+                           f"{run_dir} {reference_dir} {out}`.\n")
     print(comparison.verdict)
     return 0 if comparison.reproduced else 1
 

@@ -546,3 +546,17 @@ def test_each_cell_is_named_by_where_it_evaluates_and_the_finetune_cell_by_its_m
     assert {c.cell for c in comparison.cells} == logged == {
         "m | rwku target3 | GA seed=0", "m | rwku target3 | Original", "m | tofu | Finetune seed=0",
         "m | tofu forget10 | GA seed=0", "m | tofu forget10 | Original"}
+
+
+def test_the_verdict_names_the_code_of_the_runs_cells_not_of_the_process_comparing(tmp_path):
+    """A comparison run later, by other code, still names the code and commit the run's cells were computed by
+    (a verdict once named the comparing checkout's commit as the run's)."""
+    reference = make_run(tmp_path, "ref", METRICS, code_version="a" * 16)
+    run = make_run(tmp_path, "run", METRICS, code_version="b" * 16)
+    for path in Path(run).glob("cells/*/run_record.json"):
+        path.write_text(json.dumps({**json.loads(path.read_text()), "git": {"commit": "c0ffee", "dirty": False}}))
+    comparison = write_reproduction(run, reference, log=lambda *_: None)
+    assert comparison.run_code_versions == ["b" * 16] and comparison.run_commits == ["c0ffee"]
+    text = (Path(run) / "reproduction.md").read_text()
+    assert f"- this run's cells: code version(s) {'b' * 16}; commit(s) c0ffee" in text
+    assert f"- compared by code version {provenance.code_version()}" in text

@@ -146,6 +146,9 @@ class Comparison:
     reference_code_versions: list[str]
     reference_commits: list[str]
     selections: dict[str, tuple] = field(default_factory=dict)   # model -> (reference's, run's) RWKU targets
+    # what computed the run's compared cells, from their records (`run_code` is the comparing process's)
+    run_code_versions: list[str] = field(default_factory=list)
+    run_commits: list[str] = field(default_factory=list)
 
     @property
     def reproduced(self) -> bool:
@@ -195,6 +198,7 @@ class Comparison:
     def to_dict(self) -> dict:
         return {"run": self.run, "reference": self.reference, "verdict": self.verdict,
                 "reproduced": self.reproduced, "run_code": self.run_code,
+                "run_code_versions": self.run_code_versions, "run_commits": self.run_commits,
                 "reference_code_versions": self.reference_code_versions,
                 "reference_commits": self.reference_commits, "extra_cells": self.extra,
                 "rwku_selections": {m: list(pair) for m, pair in self.selections.items()},
@@ -270,19 +274,27 @@ def compare_runs(run_dir: str | Path, reference_dir: str | Path) -> Comparison:
         raise MissingInputError(f"{reference_dir} holds no cells/ directory (not a cru-harness run)")
     run_results = dict(run_store.iter_results())
     run_code = code_record()
-    cells, code_versions, commits = [], set(), set()
+    cells = []
+    code: dict[str, tuple[set, set]] = {"reference": (set(), set()), "run": (set(), set())}
+
+    def note(side: str, record: dict | None) -> None:   # the code and commit a cell's record names
+        git = (record or {}).get("git") or {}
+        code[side][0].add(str(saved_inputs(record).get("code_version") or "not recorded"))
+        code[side][1].add(f"{git.get('commit') or 'unknown'}{' (dirty)' if git.get('dirty') else ''}")
+
     for cell_hash, reference in ref_store.iter_results():
-        ref_record = ref_store.load_record(cell_hash)
-        code_versions.add(str(saved_inputs(ref_record).get("code_version") or "not recorded"))
-        git = (ref_record or {}).get("git") or {}
-        commits.add(f"{git.get('commit') or 'unknown'}{' (dirty)' if git.get('dirty') else ''}")
-        cells.append(compare_cell(cell_hash, reference, ref_record, run_results.get(cell_hash),
-                                  run_store.load_record(cell_hash), run_code["code_version"]))
+        ref_record, record = ref_store.load_record(cell_hash), run_store.load_record(cell_hash)
+        note("reference", ref_record)
+        if cell_hash in run_results:
+            note("run", record)
+        cells.append(compare_cell(cell_hash, reference, ref_record, run_results.get(cell_hash), record,
+                                  run_code["code_version"]))
     reference_hashes = {c.hash for c in cells}
     extra = [_describe(result) for cell_hash, result in run_results.items() if cell_hash not in reference_hashes]
     return Comparison(run=str(run_dir), reference=str(reference_dir), cells=cells, extra=extra,
-                      run_code=run_code, reference_code_versions=sorted(code_versions),
-                      reference_commits=sorted(commits), selections=_selections(run_store, ref_store))
+                      run_code=run_code, reference_code_versions=sorted(code["reference"][0]),
+                      reference_commits=sorted(code["reference"][1]), selections=_selections(run_store, ref_store),
+                      run_code_versions=sorted(code["run"][0]), run_commits=sorted(code["run"][1]))
 
 
 def _selections(run_store: CellStore, ref_store: CellStore) -> dict[str, tuple]:
@@ -309,12 +321,15 @@ def _cell(text: str) -> str:
 
 def comparison_markdown(comparison: Comparison) -> str:
     git = comparison.run_code.get("git") or {}
+    dirty = any(commit.endswith("(dirty)") for commit in comparison.run_commits)
     lines = [f"# Reproduction of `{comparison.reference}` by `{comparison.run}`", "", f"**{comparison.verdict}**", "",
-             f"- this run: code version {comparison.run_code.get('code_version')}, commit {git.get('commit')}"
-             + (" **(dirty tree: not reproducible from a commit; never commit these cells)**" if git.get("dirty")
-                else ""),
+             f"- this run's cells: code version(s) {', '.join(comparison.run_code_versions) or '(none)'}; "
+             f"commit(s) {', '.join(comparison.run_commits) or '(none)'}"
+             + (" **(dirty tree: not reproducible from a commit; never commit these cells)**" if dirty else ""),
              f"- reference: code version(s) {', '.join(comparison.reference_code_versions)}; "
-             f"commit(s) {', '.join(comparison.reference_commits)}", ""]
+             f"commit(s) {', '.join(comparison.reference_commits)}",
+             f"- compared by code version {comparison.run_code.get('code_version')}, commit {git.get('commit')}"
+             + (" (dirty)" if git.get("dirty") else ""), ""]
     for model, (reference, run) in sorted(comparison.selections.items()):
         same = "same" if reference == run else "**differ**"
         lines.append(f"- RWKU targets chosen for {model} (`select_known`): reference {reference}, this run {run} "
