@@ -5,7 +5,8 @@ forget10 rows, each method at its TOFU defaults and each in its own process (so 
     python benchmarks/bench_gpu_cost.py --dtypes float32 --methods CRU,GD
     python benchmarks/bench_gpu_cost.py --shape tiny --device cpu --rows 8 --epochs 1 --out /tmp/x.json  # smoke
 
-Writes a list of records (`--out`, default benchmarks/results/gpu_cost.json):
+Writes a list of records (`--out`, default benchmarks/results/gpu_cost.json, or $OUT/gpu_cost.json where $OUT is
+set), rewritten after each method so that a run cut short keeps what finished:
     gpu, shape, dtype, method, peak_gib (CUDA max allocated; on the CPU the process's peak RSS), weights_gib,
     s_per_row_epoch (whole unlearning wall time / (forget rows x epochs)), steps, ...
 and for CRU the wall time split into localization, prefix passes, router steps and the final gate measurement.
@@ -32,7 +33,9 @@ METHODS = ("CRU", "GD", "NPO")
 DTYPES = ("float32", "bfloat16")
 GOAL_TIME_RATIO = 0.25   # CRU s_per_row_epoch / GD's
 GOAL_PEAK_RATIO = 1.05   # CRU peak / weights
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gpu_cost.json"
+# On the lent GPU machine only $OUT comes back (benchmarks/gpu_session): the default goes there when it is set.
+DEFAULT_OUT = (Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(__file__).resolve().parent / "results") \
+    / "gpu_cost.json"
 
 # Phi-3-mini-4k-instruct's shape (3.82B parameters); "tiny" is the same family, small, for the smoke run.
 SHAPES = {
@@ -212,6 +215,14 @@ def main(argv=None) -> int:
         if value is not None:
             passthrough += [flag, str(value)]
     records = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:   # whole or not at all, after every method
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(records, indent=2) + "\n")
+        tmp.replace(out)
+
     for dtype in dtypes:
         for method in methods:
             proc = subprocess.run([sys.executable, __file__, "--one", method, dtype, *passthrough],
@@ -223,11 +234,7 @@ def main(argv=None) -> int:
                 records.append({"shape": args.shape, "dtype": dtype, "method": method, "error": error[:500]})
             print(f"{dtype} {method}: " + ("ok" if proc.returncode == 0 else f"FAILED: {records[-1]['error']}"),
                   flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(records, indent=2) + "\n")
-    tmp.replace(out)
+            save()
     print(_table(records))
     print(f"wrote {out}")
     return 0 if all("error" not in r for r in records) else 1

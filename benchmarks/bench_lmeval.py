@@ -497,8 +497,9 @@ def main(argv=None) -> int:
     except DeviceError as err:
         parser.error(str(err))
     args.device = str(device)
-    if device.type == "cuda" and args.json_out is None:
-        args.json_out = str(REPO / "benchmarks" / "results" / "lmeval_overhead_gpu.json")
+    if device.type == "cuda" and args.json_out is None:   # on the lent GPU machine only $OUT comes back
+        args.json_out = str(Path(os.environ["OUT"]) / "lmeval_overhead_gpu.json" if os.environ.get("OUT")
+                            else REPO / "benchmarks" / "results" / "lmeval_overhead_gpu.json")
     if args.threads:
         torch.set_num_threads(args.threads)
     from cru_harness.lmeval.registration import register
