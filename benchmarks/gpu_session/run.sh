@@ -39,11 +39,14 @@ fi
 if [ -f .gpR/results.tgz ] && [ ! -d "$out_dir" ]; then tar xzf .gpR/results.tgz && echo "resuming $out_dir from .gpR"; fi
 # The output directory as $OUT/results_TAG.tgz: work/ (weights, raw lm-eval logs), locks and half-written files
 # left out; a gate_gap study keeps its cells' router bundles, which its analysis reads, on a later lease too.
+# Each snapshot writes its own temporary files (a killed one's tar cannot write into the next one's), then
+# moves the tarball into place whole.
 snapshot() {
+  local part="$T/snapshot_${tag}_$BASHPID"
   { find "$out_dir" -path '*/work' -prune -o -type f ! -name .lock ! -name '.lock.shard*' ! -name '.*.tmp' -print
     if [ "$kind" = gate_gap ]; then find "$out_dir" -path '*/work/routers/*' -type f -print; fi
-  } > "$T/snapshot_$tag.list"
-  tar czf "$T/snapshot_$tag.tgz" -T "$T/snapshot_$tag.list" && mv "$T/snapshot_$tag.tgz" "$OUT/results_$tag.tgz"
+  } > "$part.list"
+  tar czf "$part.tgz" -T "$part.list" && mv "$part.tgz" "$OUT/results_$tag.tgz"; rm -f "$part.list"
 }
 # Every minute meanwhile: a call the tool ends early (its device time spent) still returns what $OUT holds.
 ( while sleep 60; do [ -d "$out_dir" ] && snapshot 2>/dev/null; done ) & snapshots=$!
