@@ -211,8 +211,11 @@ def main(argv=None) -> int:
     say(f"localization / plain forward over the same {args.steps + 1} batches: time "
           f"{loc['seconds'] / fwd['seconds']:.3f}x, peak RSS {loc['peak_rss_mib'] / fwd['peak_rss_mib']:.3f}x")
     say(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} after")
-    if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
+    if args.out:   # whole or not at all
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_name(out.name + ".tmp").write_text("\n".join(lines) + "\n")
+        out.with_name(out.name + ".tmp").replace(out)
     return 0
 
 

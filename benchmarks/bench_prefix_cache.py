@@ -33,6 +33,8 @@ def main(argv=None) -> int:
     parser.add_argument("--data-dir", default=None, help="folder holding tofu/ (default: env, see data.sources)")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: at least 1 round of both arms")
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -73,8 +75,7 @@ def main(argv=None) -> int:
     identical = len({json.dumps({k: v.hex() for k, v in b.items()}) for b in bundles.values()}) == 1
     wall = {(r["round"], r["prefix_cache"]): r["wall_s"] for r in runs}
     ratios = [wall[(i, False)] / wall[(i, True)] for i in range(args.repeats)]
-    record = {"machine": f"{platform.machine()} CPU, {os.cpu_count()} cores, {args.threads} torch thread(s), shared "
-                         "with other jobs",
+    record = {"machine": f"{platform.machine()} CPU, {os.cpu_count()} cores, {args.threads} torch thread(s)",
               "load_average_1_5_15_min": {"before": [round(x, 2) for x in load_before],
                                           "after": [round(x, 2) for x in os.getloadavg()]},
               "command": "python benchmarks/bench_prefix_cache.py " + " ".join(argv if argv is not None

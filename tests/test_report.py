@@ -467,8 +467,8 @@ def test_resources_plot_draws_a_method_that_does_not_train_by_its_whole_cell():
     whole, training = (sorted((round(bar.get_y(), 1), bar.get_width()) for bar in container)
                        for container in times.containers)
     names = [tick.get_text() for tick in times.get_yticklabels()]
-    assert names == ["rwku ICU", "rwku GA"]                 # top to bottom
-    assert whole == [(-0.4, 165.0), (0.6, 255.0)]           # ICU below GA's row: y 0 is the bottom
+    assert names == ["rwku ICU", "rwku GA"]                 # bottom to top: A..Z reads from the top
+    assert whole == [(-0.4, 165.0), (0.6, 255.0)]           # bars start at y - 0.4
     assert training[1] == (0.8, 125.0) and math.isnan(training[0][1])
     plots.plt.close(fig)
 

