@@ -17,8 +17,9 @@
 # Each call leaves its log and a tarball of the results (work/ left out) under $OUT: unpack the last one at the
 # repository root here. The output directory stays git-ignored on the machine while the run is under way (the tool
 # keeps ignored files between calls); un-ignore it in .gitignore when its results are committed.
-# A later lease (a fresh machine) resumes the same run: copy the last tarball to .gpR/results.tgz before running
-# this, and carry [.gpC, .gpR] in call 3; run.sh unpacks it where the machine has no output directory yet. The
+# A later lease (a fresh machine) resumes the same run: copy the last tarball to .gpR/results.tgz (and for a study
+# run with --reuse, the reused run's tarball beside it, any name ending .tgz) before running this, and carry
+# [.gpC, .gpR] in call 3; run.sh unpacks each run directory where the machine has none yet. The
 # first cell that needs the fine-tuned model fine-tunes it again (runner.execute.PlanExecutor.finetuned_checkpoint).
 # rehearse.sh plays these calls here on the CPU, in a copy of the machine's Python: run it after changing them.
 set -euo pipefail

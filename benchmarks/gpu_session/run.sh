@@ -35,9 +35,15 @@ PY
 if command -v git >/dev/null && [ -d .git ] && ! git check-ignore -q "$out_dir"; then
   echo "$out_dir is not git-ignored: the next call's copy of the tree would drop its cells (.gitignore)"; exit 6
 fi
-# A later lease resumes an earlier one's run from its tarball (carried as .gpR/results.tgz), unpacked only where the
-# machine has no output directory yet: never over the newer cells of an earlier call of this lease.
-if [ -f .gpR/results.tgz ] && [ ! -d "$out_dir" ]; then tar xzf .gpR/results.tgz && echo "resuming $out_dir from .gpR"; fi
+# A later lease resumes an earlier one's runs from their tarballs (carried as .gpR/*.tgz: the run's own, and for
+# `--reuse` the run it reuses), each run directory unpacked only where the machine has none yet: never over the
+# newer cells of an earlier call of this lease.
+for archive in .gpR/*.tgz; do
+  [ -f "$archive" ] || continue
+  for run in $(tar tzf "$archive" | sed -n 's|/cells/.*||p' | sort -u); do
+    if [ ! -d "$run" ]; then tar xzf "$archive" "$run" && echo "resuming $run from $archive"; fi
+  done
+done
 # The output directory as $OUT/results_TAG.tgz: work/ (weights, raw lm-eval logs), locks and half-written files
 # left out; a gate_gap study keeps its cells' router bundles, which its analysis reads, on a later lease too.
 # Each snapshot writes its own temporary files (a killed one's tar cannot write into the next one's), then
