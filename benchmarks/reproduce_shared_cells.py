@@ -8,19 +8,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from cru_harness.runner.cache import CellStore
-from cru_harness.runner.reproduce import compare_runs, comparison_markdown, saved_inputs
+from cru_harness.runner.reproduce import compare_runs, comparison_markdown, records_code
 
 
 def main(run_dir: str, reference_dir: str, out: str) -> int:
     comparison = compare_runs(run_dir, reference_dir)
     shared = [cell for cell in comparison.cells if cell.status != "missing"]
     # the reference's code and commits: of the compared cells, not of every cell the reference holds
-    records = [CellStore(reference_dir).load_record(cell.hash) for cell in shared]
-    versions = {str(saved_inputs(record).get("code_version") or "not recorded") for record in records}
-    commits = {f"{(record or {}).get('git', {}).get('commit') or 'unknown'}"
-               f"{' (dirty)' if (record or {}).get('git', {}).get('dirty') else ''}" for record in records}
-    comparison = replace(comparison, cells=shared, reference_code_versions=sorted(versions),
-                         reference_commits=sorted(commits))
+    versions, commits = records_code(CellStore(reference_dir).load_record(cell.hash) for cell in shared)
+    comparison = replace(comparison, cells=shared, reference_code_versions=versions, reference_commits=commits)
     Path(out).write_text(comparison_markdown(comparison)
                          + f"\nOnly the {len(shared)} cells both runs hold are compared; the reference's other cells "
                            "were not part of this run.\n\nWritten by `python benchmarks/reproduce_shared_cells.py "

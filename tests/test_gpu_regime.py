@@ -402,7 +402,8 @@ def test_every_gpu_study_plans_the_real_regime_runs_own_model_oracles_and_baseli
     others = [c for c in cells if c.method != "CRU"]
     assert {c.kind for c in others} >= {"finetune", "retain", "original"}
     # options.yaml's baselines on forget05 run at the sweep's one chosen rate, which no plan fixes yet
-    unshared = [c.describe() for c in others if c.hash not in runs and not (c.kind == "method" and c.split == "forget05")]
+    unshared = [c.describe() for c in others
+                if c.hash not in runs and not (c.kind == "method" and c.split == "forget05")]
     assert unshared == []
 
 

@@ -535,3 +535,42 @@ def test_a_configured_method_without_a_row_is_named_with_its_reason(tmp_path):
     report = (tmp_path / "out" / "report.md").read_text()
     assert ("Configured methods without a row here: ICU (ICU does not run on TOFU); IdkDPO (its entry runs it on "
             "rwku only); NPO-scaled (configured for this benchmark, but no cell of it has a result here).") in report
+
+
+def test_a_cell_scored_before_its_retain_cell_reproduces_one_scored_after(tmp_path):
+    """A shard may score a cell before the retain cell exists: its file has no Forget Quality, which its report
+    computes from the truth ratios. The reproduction check compares what the reports show, so such a cell
+    reproduces one whose file holds the same value; without the retain cell it still differs."""
+    from cru_harness.reporting.score import NO_RETAIN
+    from cru_harness.runner.reproduce import compare_runs
+
+    def cells(late: bool, with_retain: bool = True):
+        retain = tofu_result("M", "forget01", "Retain", 0.0, 0.5, kind="retain")
+        retain["per_item"] = {"forget_truth_ratio": [0.5, 0.4, 0.3], "forget_question": ["q1", "q2", "q3"]}
+        ga = tofu_result("M", "forget01", "GA", 0.0, 0.5, forget_quality=None if late else 1.0)
+        ga["per_item"] = {"forget_truth_ratio": [0.5, 0.4, 0.3], "forget_question": ["q1", "q2", "q3"]}
+        ga["details"] = {"scoring": {"forget_quality": {"value": None, "reason": f"{NO_RETAIN} ..."}}} if late else {}
+        return [ga, retain] if with_retain else [ga]
+
+    write_cells(tmp_path / "reference", cells(late=False))
+    write_cells(tmp_path / "run", cells(late=True))
+    assert compare_runs(tmp_path / "run", tmp_path / "reference").reproduced
+    write_cells(tmp_path / "alone", cells(late=True, with_retain=False))
+    comparison = compare_runs(tmp_path / "alone", tmp_path / "reference")
+    assert not comparison.reproduced and [d.name for c in comparison.cells for d in c.diffs] == [
+        "metrics.forget_quality"]
+
+
+def test_string_and_lowercase_method_entries_order_the_rows_and_name_absent_methods(tmp_path):
+    """`methods: [ga, CRU]` and `benchmarks: rwku` (a single name) are valid configs: the report reads them as the
+    runner does (`runner.config.configured_methods`)."""
+    cells = [tofu_result("M", "forget01", label, 0.5, 0.5, kind="original" if label == "Original" else "method")
+             for label in ("Original", "GA", "CRU")]
+    write_cells(tmp_path / "run", cells)
+    config = {"benchmarks": {"tofu": {}, "rwku": {}},
+              "methods": ["CRU", {"method": "ga"}, {"method": "npo", "benchmarks": "rwku"}]}
+    (tmp_path / "run" / "plan.json").write_text(json.dumps({"config": config, "source": "c.yaml", "cells": []}))
+    write_report([tmp_path / "run"], tmp_path / "out", formats=("md",), plots=False, log=lambda *_: None)
+    table = (tmp_path / "out" / "leaderboard_tofu.md").read_text()
+    assert [line.split(" | ")[2] for line in table.splitlines()[2:5]] == ["Original (reference)", "CRU", "GA"]
+    assert "Configured methods without a row here: NPO (its entry runs it on rwku only)." in table

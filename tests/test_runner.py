@@ -614,3 +614,21 @@ def test_reuse_copies_the_finished_cells_the_plan_shares_and_computes_the_rest(t
         run_config(study, executor=fake_executor([]), reuse=study.output_dir)
     with pytest.raises(MissingInputError, match="not a cru-harness run"):
         run_config(study, executor=fake_executor([]), reuse=tmp_path / "nowhere")
+
+
+def test_reuse_keeps_a_target_choice_the_run_has_already_made(tmp_path):
+    """The RWKU cells of a run were planned from its saved target choice: `--reuse` copies the other run's choice
+    only where the run has none (a merge of shards, which share one choice, still takes the copy)."""
+    from cru_harness.runner.cli import copy_target_choices
+    from cru_harness.runner.targets import SELECTION_DIR
+
+    source, own = CellStore(tmp_path / "real"), CellStore(tmp_path / "study")
+    for store, text in ((source, '{"chosen": [1]}'), (own, '{"chosen": [2]}')):
+        (store.root / SELECTION_DIR).mkdir(parents=True)
+        (store.root / SELECTION_DIR / "M.json").write_text(text)
+    (source.root / SELECTION_DIR / "N.json").write_text('{"chosen": [3]}')
+    copy_target_choices(source, own, overwrite=False)
+    assert (own.root / SELECTION_DIR / "M.json").read_text() == '{"chosen": [2]}'
+    assert (own.root / SELECTION_DIR / "N.json").read_text() == '{"chosen": [3]}'
+    copy_target_choices(source, own)
+    assert (own.root / SELECTION_DIR / "M.json").read_text() == '{"chosen": [1]}'

@@ -315,3 +315,20 @@ def test_a_study_analysis_on_a_later_lease_fine_tunes_the_missing_checkpoint_as_
     path = base_path_for(ga, cells, store)
     assert finetunes == [ft.hash] and path == str(store.work_dir(ft.hash) / "finetuned_model")
     assert base_path_for(ga, cells, store) == path and finetunes == [ft.hash]   # then reused
+
+
+def test_a_study_analysis_says_when_the_model_fine_tuned_again_is_not_the_recorded_one(tmp_path, monkeypatch):
+    """On a GPU a second fine-tune need not give the recorded weights: the analysis still reads it, and says so."""
+    from cru_harness.studies.run import base_path_for
+
+    cells = tiny_finetune_plan(tmp_path)
+    ft, _, ga = cells
+    origin = {"cell": ft.hash, "fine_tuned_again": True, "matches_recorded": False}
+    monkeypatch.setattr(execute.PlanExecutor, "finetuned_checkpoint", lambda self, cell, source: ("/x", origin))
+    logged = []
+    assert base_path_for(ga, cells, CellStore(tmp_path / "run"), logged.append) == "/x"
+    assert len(logged) == 1 and "weights differ from those its finetune cell" in logged[0]
+    origin["matches_recorded"] = True
+    logged.clear()
+    base_path_for(ga, cells, CellStore(tmp_path / "run"), logged.append)
+    assert logged == []

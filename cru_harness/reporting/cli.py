@@ -112,14 +112,16 @@ def planned_cells(dirs) -> dict[str, str]:
 
 
 def configured_order(dirs, results: list[dict]) -> list[dict]:
-    """`results` with methods in the order their configuration lists them (the tables and plots follow it), and
-    within a method in plan order; a shard's plan holds only its own cells, so the methods' order comes from the
-    configuration itself. Cells no plan names keep the order they were read in, after the planned ones."""
+    """`results` with methods in the order their configuration lists them (the tables and trade-off plots follow
+    it), and within a method in plan order; a shard's plan holds only its own cells, so the methods' order comes
+    from the configuration itself. Cells no plan names keep the order they were read in, after the planned ones."""
+    from ..runner.config import configured_methods
+
     plans = read_plans(dirs)
     labels: dict[str, int] = {}
     for plan in plans:
-        for entry in (plan.get("config") or {}).get("methods") or []:
-            labels.setdefault(entry.get("label", entry.get("method")), len(labels))
+        for entry in configured_methods(plan.get("config") or {}):
+            labels.setdefault(entry["label"], len(labels))
     cells = {cell["hash"]: index for index, cell in enumerate(c for plan in plans for c in plan.get("cells") or [])}
     return sorted(results, key=lambda r: (labels.get(r.get("label"), len(labels)), cells.get(r["hash"], len(cells))))
 
@@ -127,7 +129,7 @@ def configured_order(dirs, results: list[dict]) -> list[dict]:
 def absent_method_lines(dirs, rows: list[dict], benchmark: str) -> list[str]:
     """A line naming the methods the run's configuration lists that this benchmark's table has no row of, and why:
     a table never drops a configured method without saying so."""
-    from ..runner.config import METHOD_BENCHMARKS, canonical_method
+    from ..runner.config import configured_methods
 
     present = {row["label"] for row in rows}
     absent: dict[str, str] = {}
@@ -135,18 +137,16 @@ def absent_method_lines(dirs, rows: list[dict], benchmark: str) -> list[str]:
         config = plan.get("config") or {}
         if benchmark not in (config.get("benchmarks") or {}):
             continue
-        for entry in config.get("methods") or []:
-            entry = {"method": entry} if isinstance(entry, str) else entry
-            method = canonical_method(entry.get("method"))
-            label = entry.get("label", method)
+        for entry in configured_methods(config):
+            label = entry["label"]
             if label in present or any(name.startswith(f"{label} (") for name in present):
                 continue
-            if "benchmarks" in entry and benchmark not in entry["benchmarks"]:
-                why = f"its entry runs it on {', '.join(entry['benchmarks'])} only"
-            elif method is not None and benchmark not in METHOD_BENCHMARKS[method]:
-                why = f"{method} does not run on {benchmark.upper()}"
-            else:
+            if benchmark in entry["benchmarks"]:
                 why = "configured for this benchmark, but no cell of it has a result here"
+            elif entry["explicit"]:
+                why = f"its entry runs it on {', '.join(entry['benchmarks'])} only"
+            else:
+                why = f"{entry['method']} does not run on {benchmark.upper()}"
             absent.setdefault(label, why)
     if not absent:
         return []
@@ -224,12 +224,13 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
         if not rows:
             continue
         renderers = {"md": tables.to_markdown, "csv": tables.to_csv, "tex": tables.to_latex}
+        absent = absent_method_lines(dirs, rows, benchmark)
         for fmt in formats:
             path = out_dir / f"leaderboard_{benchmark}.{fmt}"
-            atomic_write_text(path, renderers[fmt](rows, benchmark))
+            text = renderers[fmt](rows, benchmark)
+            atomic_write_text(path, text + ("\n" + "\n".join(absent) if fmt == "md" and absent else ""))
             written[f"leaderboard_{benchmark}.{fmt}"] = str(path)
-        summary += [f"## {benchmark.upper()}", "", tables.to_markdown(rows, benchmark),
-                    *absent_method_lines(dirs, rows, benchmark)]
+        summary += [f"## {benchmark.upper()}", "", tables.to_markdown(rows, benchmark), *absent]
         if benchmark == "tofu":
             summary += tables.regime_check_markdown(results)
         of_benchmark = [r for r in results if r.get("benchmark") == benchmark]

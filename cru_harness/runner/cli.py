@@ -281,7 +281,7 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
 
         prebuild_local_models(config, log=log)
     if reuse is not None and not dry_run:   # its saved target choice first: the choice is the same, and costly
-        copy_target_choices(CellStore(reuse), CellStore(config.output_dir))
+        copy_target_choices(CellStore(reuse), CellStore(config.output_dir), overwrite=False)
     try:
         selected = resolve_selected_targets(config, run=not dry_run, log=log)
     except UserError as err:  # no RWKU cell can be planned without its targets: stop here, saying why (a bug
@@ -400,8 +400,9 @@ def merge_dirs(dirs, out) -> dict[str, int]:
     return counts
 
 
-def copy_target_choices(store, out_store) -> None:
-    """The saved RWKU target choices (`runner.targets`) of one run directory into another."""
+def copy_target_choices(store, out_store, *, overwrite: bool = True) -> None:
+    """The saved RWKU target choices (`runner.targets`) of one run directory into another; without `overwrite`,
+    a choice the other directory has already made is kept (its cells were planned from it)."""
     from .cache import atomic_write_text
     from .targets import SELECTION_DIR
 
@@ -410,7 +411,7 @@ def copy_target_choices(store, out_store) -> None:
         (out_store.root / SELECTION_DIR).mkdir(parents=True, exist_ok=True)
         for path in selections.glob("*.json"):
             destination = out_store.root / SELECTION_DIR / path.name
-            if destination.resolve() != path.resolve():
+            if destination.resolve() != path.resolve() and (overwrite or not destination.exists()):
                 atomic_write_text(destination, path.read_text())
 
 

@@ -79,6 +79,29 @@ def canonical_method(name) -> str | None:
     """A method's canonical name (`ga` -> `GA`), None for an unknown one."""
     return _METHOD_CANON.get(str(name).lower())
 
+
+def default_benchmarks(method: str, benchmarks) -> list[str]:
+    """The configured benchmarks a method entry without `benchmarks:` runs on: those the method supports."""
+    return [bench for bench in benchmarks if bench in METHOD_BENCHMARKS[method]]
+
+
+def configured_methods(raw: dict) -> list[dict]:
+    """Each `methods` entry of a raw config (a plan.json's, as the run read it) as validation reads it: `label`
+    (the method's canonical name unless given), `method` (canonical, None if unknown), `benchmarks` (a list: the
+    entry's own, a single name or several, else `default_benchmarks`) and `explicit` (whether the entry names
+    them). For readers of finished runs (the report); `validate_config` checks the entries themselves."""
+    configured = list((raw.get("benchmarks") or {}))
+    entries = []
+    for entry in raw.get("methods") or []:
+        entry = {"method": entry} if isinstance(entry, str) else (entry if isinstance(entry, dict) else {})
+        method = canonical_method(entry.get("method"))
+        given = entry.get("benchmarks")
+        benches = [given] if isinstance(given, str) else list(given) if given else (
+            default_benchmarks(method, configured) if method else [])
+        entries.append({"label": entry.get("label", method), "method": method, "benchmarks": benches,
+                        "explicit": given is not None})
+    return entries
+
 _METHOD_ENTRY_KEYS = ("method", "label", "benchmarks", "overrides", "forget_corpus", "retain_corpus")
 _TOP_KEYS = ("name", "output_dir", "data_dir", "seeds", "device", "include_original", "models", "benchmarks",
              "methods", "purge_checkpoints", "evaluation", "report", "description")
@@ -589,8 +612,8 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         if not isinstance(label, str) or not label or label.lower() in ("original", "retain"):
             _fail(f"{where}.label", f"expected a row name other than Original/Retain, got {label!r}", source)
         allowed_benches = METHOD_BENCHMARKS[method]
-        default_benches = [b for b in benchmarks if b in allowed_benches]
-        method_benches = _str_list(entry.get("benchmarks", default_benches), f"{where}.benchmarks", source)
+        method_benches = _str_list(entry.get("benchmarks", default_benchmarks(method, benchmarks)),
+                                   f"{where}.benchmarks", source)
         for j, bench in enumerate(method_benches):
             if bench not in benchmarks:
                 _fail(f"{where}.benchmarks[{j}]", f"benchmark {bench!r} is not configured under `benchmarks`",

@@ -272,29 +272,46 @@ def compare_runs(run_dir: str | Path, reference_dir: str | Path) -> Comparison:
     run_store, ref_store = CellStore(run_dir), CellStore(reference_dir)
     if not ref_store.cells_dir.is_dir():
         raise MissingInputError(f"{reference_dir} holds no cells/ directory (not a cru-harness run)")
-    run_results = dict(run_store.iter_results())
+    run_results, ref_results = _as_reported(run_store), _as_reported(ref_store)
     run_code = code_record()
-    cells = []
-    code: dict[str, tuple[set, set]] = {"reference": (set(), set()), "run": (set(), set())}
-
-    def note(side: str, record: dict | None) -> None:   # the code and commit a cell's record names
-        git = (record or {}).get("git") or {}
-        code[side][0].add(str(saved_inputs(record).get("code_version") or "not recorded"))
-        code[side][1].add(f"{git.get('commit') or 'unknown'}{' (dirty)' if git.get('dirty') else ''}")
-
-    for cell_hash, reference in ref_store.iter_results():
+    cells, ref_records, run_records = [], [], []
+    for cell_hash, reference in ref_results.items():
         ref_record, record = ref_store.load_record(cell_hash), run_store.load_record(cell_hash)
-        note("reference", ref_record)
+        ref_records.append(ref_record)
         if cell_hash in run_results:
-            note("run", record)
+            run_records.append(record)
         cells.append(compare_cell(cell_hash, reference, ref_record, run_results.get(cell_hash), record,
                                   run_code["code_version"]))
     reference_hashes = {c.hash for c in cells}
     extra = [_describe(result) for cell_hash, result in run_results.items() if cell_hash not in reference_hashes]
+    (ref_versions, ref_commits), (run_versions, run_commits) = records_code(ref_records), records_code(run_records)
     return Comparison(run=str(run_dir), reference=str(reference_dir), cells=cells, extra=extra,
-                      run_code=run_code, reference_code_versions=sorted(code["reference"][0]),
-                      reference_commits=sorted(code["reference"][1]), selections=_selections(run_store, ref_store),
-                      run_code_versions=sorted(code["run"][0]), run_commits=sorted(code["run"][1]))
+                      run_code=run_code, reference_code_versions=ref_versions, reference_commits=ref_commits,
+                      selections=_selections(run_store, ref_store), run_code_versions=run_versions,
+                      run_commits=run_commits)
+
+
+def _as_reported(store: CellStore) -> dict[str, dict]:
+    """A run's results by hash with the Forget Quality the report fills in (`reporting.tables.fill_forget_quality`):
+    a cell scored before its retain cell existed (another shard's) has none in its file, and its report computes
+    it from the two cells' truth ratios. Compared as reported, such a cell is not a difference."""
+    from ..reporting.tables import fill_forget_quality
+
+    results = {cell_hash: dict(result, hash=cell_hash, metrics=dict(result.get("metrics") or {}))
+               for cell_hash, result in store.iter_results()}
+    fill_forget_quality(list(results.values()))
+    return results
+
+
+def records_code(records) -> tuple[list[str], list[str]]:
+    """The code versions and commits (a dirty tree marked) that run records name, sorted: what computed a set of
+    cells."""
+    versions, commits = set(), set()
+    for record in records:
+        git = (record or {}).get("git") or {}
+        versions.add(str(saved_inputs(record).get("code_version") or "not recorded"))
+        commits.add(f"{git.get('commit') or 'unknown'}{' (dirty)' if git.get('dirty') else ''}")
+    return sorted(versions), sorted(commits)
 
 
 def _selections(run_store: CellStore, ref_store: CellStore) -> dict[str, tuple]:

@@ -53,10 +53,11 @@ def data_source(benchmark: str, data_dir: str | None) -> str:
     return "the Hugging Face Hub"
 
 
-def base_path_for(cell, cells, store) -> str:
+def base_path_for(cell, cells, store, log: Callable = print) -> str:
     """The model a cell starts from: its model's fine-tuned checkpoint (finetune cell) or the path as given. A
     finished finetune cell whose checkpoint is not on this machine (a later GPU lease, cells reused from another
-    run) is fine-tuned again as the runner does (`PlanExecutor.finetuned_checkpoint`)."""
+    run) is fine-tuned again as the runner does (`PlanExecutor.finetuned_checkpoint`); if its weights are not the
+    ones the finetune cell recorded (a GPU's kernels need not be bitwise deterministic), the log says so."""
     from ..runner.execute import PlanExecutor
     from ..runner.models import resolve_model_path
     from ..runner.plan import finetune_cell_for
@@ -64,7 +65,11 @@ def base_path_for(cell, cells, store) -> str:
     source = finetune_cell_for(cell, cells)
     if source is None:
         return resolve_model_path(cell.model.path)
-    return PlanExecutor(store, cells).finetuned_checkpoint(cell, source)[0]
+    path, origin = PlanExecutor(store, cells).finetuned_checkpoint(cell, source)
+    if origin["matches_recorded"] is False:
+        log(f"warning: {cell.describe()}: the analysis reads model {cell.model.name} fine-tuned again here, whose "
+            f"weights differ from those its finetune cell {source.hash} recorded (and its routers trained on)")
+    return path
 
 
 def _selected(config, *, any_code: bool = False) -> dict[str, list[int]]:
@@ -163,7 +168,7 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
                 if not routers or not Path(routers).is_dir():
                     raise MissingInputError(f"cell {cell.hash} ({cell.describe()}) has no router bundle on disk "
                                             f"({routers}); re-run it with --force")
-                gate_gap.append((cell, gate_gap_cell(cell, base_path_for(cell, cells, store), routers, spec.rows,
+                gate_gap.append((cell, gate_gap_cell(cell, base_path_for(cell, cells, store, log), routers, spec.rows,
                                                      study.out_dir, log=log, force=force)))
         write_gate_gap(study, gate_gap)
     return status
@@ -245,7 +250,7 @@ def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable, tab
                 log(f"finetune cells failed: {counts}")
                 return 1
         for cell in cru:
-            analyses.append((cell, overlap_cell(cell, base_path_for(cell, cells, store), spec.examples,
+            analyses.append((cell, overlap_cell(cell, base_path_for(cell, cells, store, log), spec.examples,
                                                 study.out_dir, log=log, force=force)))
     write_overlap(study, analyses)
     return 0
@@ -337,7 +342,8 @@ def write_gate_gap(study: Study, analyses: list) -> None:
         ("mean gate", [("forget_mean", "forget"), ("retain_seen_mean", "retain, trained rows"),
                        ("retain_held_out_mean", "retain, held-out rows")], True, None),
         ("per-token AUC (0.5: the gates cannot tell the corpora apart)",
-         [("auc_seen", "AUC, retain trained rows"), ("auc_held_out", "AUC, retain held-out rows")], True, 0.5)], "gate_gap")
+         [("auc_seen", "AUC, retain trained rows"), ("auc_held_out", "AUC, retain held-out rows")], True, 0.5)],
+        "gate_gap")
 
 
 def _line_plot(study: Study, groups: dict, panels, stem: str) -> Path:
@@ -355,8 +361,8 @@ def line_figure(groups: dict, panels, *, title: str):
     """{(group, variant, examples, block): [per-seed values]} along the blocks, one panel per (title, lines,
     unit interval?, chance line?). `lines`: (key, name) drawn for every (group, variant, examples), one colour
     per variant and one line style per key or example count, so that two series with the same values (40
-    examples and 'all' where a corpus has at most 40) both show. A line with no values is left out and the
-    panel's title says so; the legend sits below the panels."""
+    examples and 'all' where a corpus has at most 40) both show. A series with no values is left out; a line no
+    variant has values for is named in the panel's title. The legend sits below the panels."""
     from matplotlib.ticker import MaxNLocator
 
     from ..reporting.plots import distinct_colors, plt
@@ -371,15 +377,15 @@ def line_figure(groups: dict, panels, *, title: str):
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
     handles: dict[str, object] = {}
     for ax, (heading, lines, unit, chance) in zip(axes[0], panels):
-        missing = []
+        drawn = set()
         for (group, label, n), points in sorted(series.items()):
             points.sort(key=lambda p: p[0])
             for line, (key, name) in enumerate(lines):
                 stats = [mean_sd([i[key] for i in items]) for _, items in points]
                 xs = [b for (b, _), s in zip(points, stats) if s[0] is not None]
                 if not xs:
-                    missing.append(name or heading)
                     continue
+                drawn.add(key)
                 ys = [s[0] for s in stats if s[0] is not None]
                 es = [s[1] or 0.0 for s in stats if s[0] is not None]
                 linestyle, marker, fill = styles[(line if len(lines) > 1 else counts.index(n)) % len(styles)]
@@ -394,7 +400,8 @@ def line_figure(groups: dict, panels, *, title: str):
             ax.axhline(chance, color="k", linestyle="--", linewidth=1)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # blocks are whole numbers
         ax.set_xlabel("block")
-        absent = f"\n(no values at this scale: {', '.join(dict.fromkeys(missing))})" if missing else ""
+        missing = [name or heading for key, name in lines if key not in drawn]   # no variant has a value
+        absent = f"\n(no values at this scale: {', '.join(missing)})" if missing else ""
         ax.set_title(heading + absent, fontsize=9)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
