@@ -175,17 +175,8 @@ def main(argv=None) -> int:
     for line in lines:
         print(line)
     results = {}
-    passthrough = []   # the sides get every flag but --out (they print JSON; only this process writes it)
-    skip = False
-    for token in given:
-        if skip or token.startswith("--out="):
-            skip = False
-            continue
-        skip = token == "--out"
-        if not skip:
-            passthrough.append(token)
-    for side in SIDES:
-        proc = subprocess.run([sys.executable, __file__, "--side", side, *passthrough],
+    for side in SIDES:   # a side prints its JSON and returns before anything reads --out
+        proc = subprocess.run([sys.executable, __file__, "--side", side, *given],
                               capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             print(proc.stderr, file=sys.stderr)

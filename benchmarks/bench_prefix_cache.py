@@ -72,7 +72,8 @@ def main(argv=None) -> int:
                 print(f"round {round_ + 1}/{args.repeats} prefix cache {'on ' if cache else 'off'}: {wall:7.1f} s  "
                       f"(localization {timings['localization_s']:.1f}, prefix {timings['prefix_s']:.1f}, steps "
                       f"{timings['steps_s']:.1f}, final gates {timings['final_gates_s']:.1f})", flush=True)
-    identical = len({json.dumps({k: v.hex() for k, v in b.items()}) for b in bundles.values()}) == 1
+    first = next(iter(bundles.values()))
+    identical = all(b == first for b in bundles.values())
     wall = {(r["round"], r["prefix_cache"]): r["wall_s"] for r in runs}
     ratios = [wall[(i, False)] / wall[(i, True)] for i in range(args.repeats)]
     record = {"machine": f"{platform.machine()} CPU, {os.cpu_count()} cores, {args.threads} torch thread(s)",

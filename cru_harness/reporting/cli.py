@@ -111,13 +111,12 @@ def planned_cells(dirs) -> dict[str, str]:
     return planned
 
 
-def configured_order(dirs, results: list[dict]) -> list[dict]:
+def configured_order(plans: list[dict], results: list[dict]) -> list[dict]:
     """`results` with methods in the order their configuration lists them (the tables and trade-off plots follow
     it), and within a method in plan order; a shard's plan holds only its own cells, so the methods' order comes
     from the configuration itself. Cells no plan names keep the order they were read in, after the planned ones."""
     from ..runner.config import configured_methods
 
-    plans = read_plans(dirs)
     labels: dict[str, int] = {}
     for plan in plans:
         for entry in configured_methods(plan.get("config") or {}):
@@ -126,14 +125,14 @@ def configured_order(dirs, results: list[dict]) -> list[dict]:
     return sorted(results, key=lambda r: (labels.get(r.get("label"), len(labels)), cells.get(r["hash"], len(cells))))
 
 
-def absent_method_lines(dirs, rows: list[dict], benchmark: str) -> list[str]:
+def absent_method_lines(plans: list[dict], rows: list[dict], benchmark: str) -> list[str]:
     """A line naming the methods the run's configuration lists that this benchmark's table has no row of, and why:
     a table never drops a configured method without saying so."""
     from ..runner.config import configured_methods
 
     present = {row["label"] for row in rows}
     absent: dict[str, str] = {}
-    for plan in read_plans(dirs):
+    for plan in plans:
         config = plan.get("config") or {}
         if benchmark not in (config.get("benchmarks") or {}):
             continue
@@ -204,7 +203,9 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
     from .router_lr import router_lr_markdown
 
     # first: a mistyped run directory creates nothing
-    results = tables.split_label_variants(configured_order(dirs, tables.fill_forget_quality(load_results(*dirs))))
+    results = tables.fill_forget_quality(load_results(*dirs))
+    plans = read_plans(dirs)   # the configs' method order and lists, read once
+    results = tables.split_label_variants(configured_order(plans, results))
     if require_cells and not results:   # an empty report would read as a run with nothing in it
         raise MissingInputError(f"no valid cell results under {', '.join(str(d) for d in dirs)}: nothing to report")
     out_dir = Path(out_dir)
@@ -224,7 +225,7 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
         if not rows:
             continue
         renderers = {"md": tables.to_markdown, "csv": tables.to_csv, "tex": tables.to_latex}
-        absent = absent_method_lines(dirs, rows, benchmark)
+        absent = absent_method_lines(plans, rows, benchmark)
         for fmt in formats:
             path = out_dir / f"leaderboard_{benchmark}.{fmt}"
             text = renderers[fmt](rows, benchmark)

@@ -325,8 +325,7 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
                       {"config": config.raw, "source": config.source, "shard": shard,
                        "cells": [{"hash": c.hash, "cell": c.describe()} for c in cells]})
     if reuse is not None:
-        copied = sum(copy_cell(CellStore(reuse), store, cell.hash, keep_ok=True) for cell in to_run)
-        log(f"--reuse {reuse}: copied {copied} finished cell(s) of this plan")
+        reuse_cells(reuse, store, to_run, log)
     counts = run_cells(to_run, store, executor, log=log, force=force, **({"inputs": inputs} if inputs else {}))
     log(f"done: {counts}")
     if report:
@@ -398,6 +397,17 @@ def merge_dirs(dirs, out) -> dict[str, int]:
                 counts["duplicates"] += 1
             counts["copied"] += copy_cell(store, out_store, cell_hash, keep_ok=False)
     return counts
+
+
+def reuse_cells(source, store, cells, log=print) -> int:
+    """`--reuse`: copy the finished ('ok') cells of run directory `source` that `cells` plan into `store`; returns
+    how many it copied."""
+    from .cache import CellStore
+
+    source = CellStore(source)
+    copied = sum(copy_cell(source, store, cell.hash, keep_ok=True) for cell in cells)
+    log(f"--reuse {source.root}: copied {copied} finished cell(s) of this plan")
+    return copied
 
 
 def copy_target_choices(store, out_store, *, overwrite: bool = True) -> None:

@@ -161,10 +161,9 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
             store = CellStore(config.output_dir)
             gate_gap = []
             for cell in analysed:
-                routers = (by_hash[cell.hash].get("artifacts") or {}).get("routers")
-                if not routers or not Path(routers).is_dir():   # recorded on another machine: its place here
-                    here = store.cell_dir(cell.hash) / WORK_DIR / ROUTERS_DIR
-                    routers = str(here) if here.is_dir() else routers
+                recorded = (by_hash[cell.hash].get("artifacts") or {}).get("routers")
+                here = store.cell_dir(cell.hash) / WORK_DIR / ROUTERS_DIR   # recorded on another machine: here
+                routers = next((str(p) for p in (recorded, here) if p and Path(p).is_dir()), recorded)
                 if not routers or not Path(routers).is_dir():
                     raise MissingInputError(f"cell {cell.hash} ({cell.describe()}) has no router bundle on disk "
                                             f"({routers}); re-run it with --force")
@@ -239,11 +238,9 @@ def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable, tab
     with RunLock(config.output_dir, log=log):
         finetune = [c for c in cells if c.kind == "finetune"]
         if reuse is not None:
-            from ..runner.cli import copy_cell, run_stores
+            from ..runner.cli import reuse_cells, run_stores
 
-            source = run_stores([reuse])[0]
-            log(f"--reuse {reuse}: copied {sum(copy_cell(source, store, c.hash, keep_ok=True) for c in finetune)} "
-                "finished cell(s) of this plan")
+            reuse_cells(run_stores([reuse])[0].root, store, finetune, log)
         if finetune:
             counts = run_cells(finetune, store, PlanExecutor(store, cells), log=log, force=force, inputs=cell_inputs)
             if counts["failed"]:
