@@ -160,3 +160,53 @@ def test_unlearn_benchmark_rwku_writes_question_rows_as_rwku_asks_them(setup, mo
     err = capsys.readouterr().err
     assert "--prompt-format phi-1_5 names a TOFU model config" in err and "no-such-model" not in err
     assert not (root / "x").exists()
+
+
+class _Stop(Exception):
+    """Raised by a stand-in for training: the test has what it needed."""
+
+
+def test_unlearn_takes_its_defaults_from_the_config_dataclass(setup, monkeypatch, capsys):
+    """The flags copy no default: with RouterTrainingConfig's defaults changed, a command without the flags
+    trains with the new ones and its help prints them; `--benchmark rwku` brings RWKU's setting, a flag wins."""
+    import dataclasses
+    import functools
+
+    import cru_harness.cru.cli as cru_cli
+    import cru_harness.cru.train as cru_train
+
+    @dataclasses.dataclass
+    class Changed(cru_train.RouterTrainingConfig):
+        lr: float = 0.25
+        epochs: int = 2
+        gate_site: str = "mlp"
+
+    seen = []
+
+    def capture(model, tokenizer, forget, retain, config):
+        seen.append(config)
+        raise _Stop
+
+    monkeypatch.setattr(cru_train, "RouterTrainingConfig", Changed)
+    monkeypatch.setattr(cru_train, "train_routers", capture)
+    # a fresh cache (help reads the defaults once), the module's own restored after the test
+    monkeypatch.setattr(cru_cli, "unlearn_defaults", functools.cache(cru_cli.unlearn_defaults.__wrapped__))
+    root, base, forget, retain = setup
+    plain = ["unlearn", "--base", str(base), "--forget", str(forget), "--retain", str(retain), "--out",
+             str(root / "never"), "--no-progress"]
+    for argv in (plain, plain + ["--benchmark", "rwku"], plain + ["--benchmark", "rwku", "--lambda", "3"]):
+        with pytest.raises(_Stop):
+            main(argv)
+    tofu, rwku, rwku_lam3 = seen
+    assert (tofu.lr, tofu.epochs, tofu.gate_site, tofu.lam, tofu.percentile, tofu.d_r) == (0.25, 2, "mlp", 1.0, 95, 32)
+    assert (rwku.lr, rwku.lam, rwku.percentile, rwku.d_r) == (0.25, 50, 90, 256)
+    assert (rwku_lam3.lam, rwku_lam3.percentile) == (3.0, 90)
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["unlearn", "--help"])
+    text = " ".join(capsys.readouterr().out.split())   # argparse wraps lines
+    for shown in ("the routers' learning rate (default 0.25)", "epochs over the forget set (default 2)",
+                  "down projection) (default mlp)", "retain weight λ (default 1.0; 50 with --benchmark rwku)",
+                  "router bottleneck width (default 32; 256 with --benchmark rwku)"):
+        assert shown in text, shown

@@ -132,6 +132,52 @@ def test_cli_refuses_a_bad_value_in_one_line_before_training(flag, value, messag
     assert not out.exists()
 
 
+class _Stop(Exception):
+    """Raised by a stand-in for training: the test has what it needed."""
+
+
+def test_cli_takes_its_defaults_from_the_config_dataclass(checkpoint, rows_file, tmp_path, capsys, monkeypatch):
+    """The flags copy no default: with FinetuneConfig's defaults changed, a command without the flags trains with
+    the new ones and its help prints them; a flag still wins."""
+    import dataclasses
+    import functools
+
+    import cru_harness.finetune.cli as ft_cli
+
+    @dataclasses.dataclass
+    class Changed(FinetuneConfig):
+        learning_rate: float = 0.125
+        num_epochs: int = 7
+        lr_scheduler: str = "cosine"
+
+    seen = []
+
+    def capture(model, data, out_dir, *, config, **kwargs):
+        seen.append(config)
+        raise _Stop
+
+    monkeypatch.setattr(ft_train, "FinetuneConfig", Changed)
+    monkeypatch.setattr(ft_train, "finetune", capture)
+    # a fresh cache (help reads the defaults once), the module's own restored after the test
+    monkeypatch.setattr(ft_cli, "finetune_defaults", functools.cache(ft_cli.finetune_defaults.__wrapped__))
+    argv = ["finetune", "--model", str(checkpoint), "--data", str(rows_file), "--out", str(tmp_path / "ft")]
+    for extra in ([], ["--epochs", "2", "--batch-size", "8"]):
+        with pytest.raises(_Stop):
+            main(argv + extra)
+    plain, given = seen
+    assert (plain.learning_rate, plain.num_epochs, plain.lr_scheduler, plain.effective_batch_size) == \
+        (0.125, 7, "cosine", 32)
+    assert (given.learning_rate, given.num_epochs, given.effective_batch_size) == (0.125, 2, 8)
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())   # argparse wraps lines
+    for shown in ("learning rate (default 0.125)", "epochs (default 7)", "decay after the warm-up (default cosine)",
+                  "effective batch size (default 32)"):
+        assert shown in text, shown
+
+
 @pytest.mark.parametrize("prompt_format", ["plain", "Llama-2-7b-chat-hf"])
 def test_cli_overwrites_when_asked(prompt_format, checkpoint, rows_file, tmp_path, capsys, monkeypatch):
     """Also: `--prompt-format` names an open-unlearning model config (its tags, as `tofu_model_family`)."""

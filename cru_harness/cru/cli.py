@@ -2,20 +2,37 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 
+from cru_harness.cli import config_defaults_help, field_defaults, given_fields
 from cru_harness.devices import add_device_arguments
 from cru_harness.prompts import BENCHMARKS, add_prompt_format_argument, prompt_format_choice
 
 from ..errors import InputError
 
 
+@functools.cache
+def unlearn_defaults() -> dict[str, str]:
+    """`unlearn`'s option defaults: `RouterTrainingConfig`'s (the paper's TOFU setting) and, where RWKU's differs,
+    `CRU_BENCHMARK_DEFAULTS`' (read when help is printed: both modules are the source, the flags copy nothing)."""
+    from cru_harness.runner.config import CRU_BENCHMARK_DEFAULTS
+
+    from .train import RouterTrainingConfig
+
+    text = field_defaults(RouterTrainingConfig)
+    for name, value in CRU_BENCHMARK_DEFAULTS["rwku"].items():
+        text[name] = f"{text[name]}; {value} with --benchmark rwku"
+    return text
+
+
 def register(subparsers) -> None:
     unlearn = subparsers.add_parser(
         "unlearn", help="train CRU routers for a forget set and save them as a router bundle",
         description="Localize the forget set's neurons in a frozen base model, train routers that close them on "
-                    "forget inputs and keep them open on retain inputs, and save the bundle to --out.")
+                    "forget inputs and keep them open on retain inputs, and save the bundle to --out.",
+        formatter_class=config_defaults_help(unlearn_defaults))
     unlearn.add_argument("--base", required=True, help="HF model id or local checkpoint directory")
     unlearn.add_argument("--forget", required=True,
                          help="forget corpus: JSON/JSONL file (question+answer or text rows), TOFU config "
@@ -31,40 +48,41 @@ def register(subparsers) -> None:
                          help="whose evaluation the question/answer rows are written for: tofu (its prompt; "
                               "--prompt-format) or rwku (each rwku:<targets>:<probe file> row as that RWKU probe "
                               "asks it, other rows as its QA probe; no model config name) (default: tofu)")
-    unlearn.add_argument("--blocks", default=None,
+    # The training options default to RouterTrainingConfig's fields (SUPPRESS: an option not given is not passed).
+    config = argparse.SUPPRESS
+    unlearn.add_argument("--blocks", default=config,
                          help="comma-separated block indices to gate (negative = from the end); overrides --last-k")
-    unlearn.add_argument("--last-k", type=int, default=4, help="gate the last K decoder blocks (default 4)")
-    unlearn.add_argument("--percentile", type=float, default=None,
-                         help="variance percentile p (default: the paper's, 95; 90 with --benchmark rwku)")
-    unlearn.add_argument("--selection", choices=("variance", "random"), default="variance")
-    unlearn.add_argument("--d-r", type=int, default=None,
-                         help="router bottleneck width (default: the paper's, 32; 256 with --benchmark rwku)")
-    unlearn.add_argument("--lambda", dest="lam", type=float, default=None,
-                         help="retain weight λ (default: the paper's, 1; 50 with --benchmark rwku)")
-    unlearn.add_argument("--epochs", type=int, default=5)
-    unlearn.add_argument("--lr", type=float, default=1e-3)
-    unlearn.add_argument("--batch-size", type=int, default=8)
-    unlearn.add_argument("--max-length", type=int, default=256)
-    unlearn.add_argument("--seed", type=int, default=0)
-    unlearn.add_argument("--input-norm", choices=("none", "rms", "rms_learned"), default="none",
-                         help="router input normalisation: none (the paper, default), rms (h / rms(h)), "
+    unlearn.add_argument("--last-k", type=int, default=config, help="gate the last K decoder blocks")
+    unlearn.add_argument("--percentile", type=float, default=config, help="variance percentile p")
+    unlearn.add_argument("--selection", choices=("variance", "random"), default=config,
+                         help="variance (CRU) or random (a control: the same blocks and counts)")
+    unlearn.add_argument("--d-r", type=int, default=config, help="router bottleneck width")
+    unlearn.add_argument("--lambda", dest="lam", type=float, default=config, help="retain weight λ")
+    unlearn.add_argument("--epochs", type=int, default=config, help="epochs over the forget set")
+    unlearn.add_argument("--lr", type=float, default=config, help="the routers' learning rate")
+    unlearn.add_argument("--batch-size", type=int, default=config, help="forget rows per step")
+    unlearn.add_argument("--max-length", type=int, default=config, help="tokens per example")
+    unlearn.add_argument("--seed", type=int, default=config,
+                         help="seed of the routers' init, the batch order and a random selection")
+    unlearn.add_argument("--input-norm", choices=("none", "rms", "rms_learned"), default=config,
+                         help="router input normalisation: none (the paper), rms (h / rms(h)), "
                               "rms_learned (rms with a learned per-dimension scale)")
-    options = unlearn.add_argument_group("options beyond the paper (defaults: the paper's setting)")
-    options.add_argument("--suppress-loss", choices=("linear", "quadratic"), default="linear",
-                         help="forget term of the loss: linear w (default, paper) or quadratic w^2")
-    options.add_argument("--pass-loss", choices=("linear", "quadratic"), default="quadratic",
-                         help="retain term of the loss: quadratic (w-1)^2 (default, paper) or linear 1-w")
-    options.add_argument("--exclude-top-magnitude", type=float, default=0.0, metavar="Q",
+    options = unlearn.add_argument_group("options beyond the paper")
+    options.add_argument("--suppress-loss", choices=("linear", "quadratic"), default=config,
+                         help="forget term of the loss: linear w (paper) or quadratic w^2")
+    options.add_argument("--pass-loss", choices=("linear", "quadratic"), default=config,
+                         help="retain term of the loss: quadratic (w-1)^2 (paper) or linear 1-w")
+    options.add_argument("--exclude-top-magnitude", type=float, default=config, metavar="Q",
                          help="keep each block's top Q%% of coordinates by mean |activation| on the forget set out "
-                              "of selection (default 0: none, as in the paper)")
-    options.add_argument("--gate-site", choices=("residual", "mlp"), default="residual",
-                         help="gate the blocks' residual stream (default, paper) or their MLP neurons (the input "
-                              "of the MLP's down projection)")
-    options.add_argument("--retain-batch-ratio", type=int, default=1, metavar="R",
-                         help="batch composition: R retain rows per forget row in each step (default 1, paper)")
-    options.add_argument("--router-init", choices=("default", "open"), default="default",
-                         help="how new routers start: default (PyTorch's init, as so far; the paper does not say) "
-                              "or open (every gate at 0.99, the base nearly untouched)")
+                              "of selection (the paper: 0)")
+    options.add_argument("--gate-site", choices=("residual", "mlp"), default=config,
+                         help="gate the blocks' residual stream (paper) or their MLP neurons (the input of the "
+                              "MLP's down projection)")
+    options.add_argument("--retain-batch-ratio", type=int, default=config, metavar="R",
+                         help="batch composition: R retain rows per forget row in each step (the paper: 1)")
+    options.add_argument("--router-init", choices=("default", "open"), default=config,
+                         help="how new routers start: default (PyTorch's init; the paper does not say) or open "
+                              "(every gate at 0.99, the base nearly untouched)")
     unlearn.add_argument("--no-prefix-cache", action="store_true",
                          help="recompute the frozen blocks below the gated ones at every step instead of once per "
                               "example (same routers, less memory, slower)")
@@ -86,9 +104,7 @@ def register(subparsers) -> None:
     inspect.set_defaults(func=run_inspect)
 
 
-def _parse_blocks(spec: str | None) -> list[int] | None:
-    if spec is None:
-        return None
+def _parse_blocks(spec: str) -> list[int]:
     try:
         return [int(part) for part in spec.split(",") if part.strip()]
     except ValueError:
@@ -111,30 +127,25 @@ def run_unlearn(args: argparse.Namespace) -> int:
     from cru_harness.data.corpora import rows_to_texts
     from cru_harness.devices import load_causal_lm
     from cru_harness.locations import check_model_path, check_output_dir
-    from cru_harness.runner.config import check_seed
+    from cru_harness.runner.config import CRU_BENCHMARK_DEFAULTS, check_seed
+
+    from .train import RouterTrainingConfig, train_routers
 
     # Everything that can be wrong with the inputs and the output is found before hours of training.
-    check_seed(args.seed)
+    given = given_fields(args, RouterTrainingConfig)
+    check_seed(given.get("seed", 0))   # named as the flag
+    if "blocks" in given:
+        given["blocks"] = _parse_blocks(given["blocks"])
+    config = RouterTrainingConfig(
+        **{**CRU_BENCHMARK_DEFAULTS[args.benchmark], **given},   # the paper's setting for --benchmark
+        forget_description=str(args.forget), retain_description=str(args.retain), progress=not args.no_progress,
+        prefix_cache=not args.no_prefix_cache)
     fmt = prompt_format_choice(args.prompt_format, benchmark=args.benchmark)
     check_output_dir(args.out, what="--out", overwrite=args.overwrite)
     check_model_path(args.base, what="--base")
     forget_rows = _corpus_rows(args.forget, args.data_dir, "forget")
     retain_rows = _corpus_rows(args.retain, args.data_dir, "retain")
 
-    from cru_harness.runner.config import CRU_BENCHMARK_DEFAULTS
-
-    from .train import RouterTrainingConfig, train_routers
-
-    given = {name: getattr(args, name) for name in ("percentile", "d_r", "lam") if getattr(args, name) is not None}
-    config = RouterTrainingConfig(
-        **{**CRU_BENCHMARK_DEFAULTS[args.benchmark], **given},   # the paper's setting for --benchmark
-        last_k=args.last_k, blocks=_parse_blocks(args.blocks),
-        selection=args.selection, epochs=args.epochs, lr=args.lr,
-        batch_size=args.batch_size, max_length=args.max_length, seed=args.seed, input_norm=args.input_norm,
-        suppress_loss=args.suppress_loss, pass_loss=args.pass_loss,
-        exclude_top_magnitude=args.exclude_top_magnitude, gate_site=args.gate_site,
-        retain_batch_ratio=args.retain_batch_ratio, router_init=args.router_init, forget_description=str(args.forget),
-        retain_description=str(args.retain), progress=not args.no_progress, prefix_cache=not args.no_prefix_cache)
     try:
         model, tokenizer = load_causal_lm(args.base, device=args.device, device_map=args.device_map,
                                           dtype=args.dtype)

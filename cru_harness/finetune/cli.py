@@ -2,17 +2,28 @@
 from __future__ import annotations
 
 import argparse
+import functools
 
+from ..cli import config_defaults_help, field_defaults, given_fields
 from ..devices import add_device_arguments
 from ..prompts import add_prompt_format_argument, prompt_format_choice
+
+
+@functools.cache
+def finetune_defaults() -> dict[str, str]:
+    """The recipe's option defaults: `FinetuneConfig`'s, TOFU's (read when help is printed)."""
+    from .train import FinetuneConfig
+
+    return field_defaults(FinetuneConfig)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "finetune", help="fine-tune a causal LM on QA rows with TOFU's recipe (the model TOFU unlearning starts from)",
-        description="TOFU's fine-tuning recipe: loss on answer tokens + EOS, the evaluation's prompt, AdamW "
-                    "lr 1e-5, weight decay 0.01, 5 epochs, effective batch 32, 1 warm-up epoch, linear decay. "
-                    "Multi-GPU: accelerate launch -m cru_harness finetune ...")
+        description="TOFU's fine-tuning recipe: loss on answer tokens + EOS, the evaluation's prompt, AdamW with "
+                    "linear warm-up and decay; every default below is TOFU's. "
+                    "Multi-GPU: accelerate launch -m cru_harness finetune ...",
+        formatter_class=config_defaults_help(finetune_defaults))
     p.add_argument("--model", required=True, help="HF model id or local checkpoint directory")
     p.add_argument("--data", required=True,
                    help="TOFU config (full, retain90, ...), JSON/JSONL file (question+answer or text rows), or "
@@ -20,16 +31,20 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="directory to save the fine-tuned model to")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.add_argument("--data-dir", default=None, help="local TOFU/RWKU data root (default: env or the Hub)")
-    p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
-    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
-    p.add_argument("--epochs", type=int, default=5, help="epochs (default 5)")
-    p.add_argument("--batch-size", type=int, default=32, help="effective batch size (default 32)")
-    p.add_argument("--micro-batch-size", type=int, default=4,
-                   help="per-process batch; the rest is gradient accumulation (default 4)")
-    p.add_argument("--warmup-epochs", type=float, default=1.0, help="linear warm-up epochs (default 1)")
-    p.add_argument("--scheduler", choices=("linear", "cosine", "constant"), default="linear")
-    p.add_argument("--max-length", type=int, default=512, help="tokens per example (default 512)")
-    p.add_argument("--seed", type=int, default=0)
+    # The recipe's options default to FinetuneConfig's fields (SUPPRESS: an option not given is not passed).
+    config = argparse.SUPPRESS
+    p.add_argument("--lr", dest="learning_rate", metavar="LR", type=float, default=config, help="learning rate")
+    p.add_argument("--weight-decay", type=float, default=config, help="AdamW weight decay")
+    p.add_argument("--epochs", dest="num_epochs", metavar="EPOCHS", type=int, default=config, help="epochs")
+    p.add_argument("--batch-size", dest="effective_batch_size", metavar="BATCH_SIZE", type=int, default=config,
+                   help="effective batch size")
+    p.add_argument("--micro-batch-size", type=int, default=config,
+                   help="per-process batch; the rest is gradient accumulation")
+    p.add_argument("--warmup-epochs", type=float, default=config, help="linear warm-up epochs")
+    p.add_argument("--scheduler", dest="lr_scheduler", choices=("linear", "cosine", "constant"), default=config,
+                   help="decay after the warm-up")
+    p.add_argument("--max-length", type=int, default=config, help="tokens per example")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     add_prompt_format_argument(p)
     add_device_arguments(p, dtype_help="float32; bfloat16 / float16 = fp32 master weights under bf16 / fp16 "
                                        "autocast, saved in that dtype (default float32)")
@@ -46,10 +61,7 @@ def run_finetune(args: argparse.Namespace) -> int:
 
     from .train import FinetuneConfig, finetune
 
-    config = FinetuneConfig(learning_rate=args.lr, weight_decay=args.weight_decay, num_epochs=args.epochs,
-                            effective_batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
-                            warmup_epochs=args.warmup_epochs, lr_scheduler=args.scheduler,
-                            max_length=args.max_length)
+    config = FinetuneConfig(**given_fields(args, FinetuneConfig))
     result = finetune(args.model, args.data, args.out, config=config, seed=args.seed, data_dir=args.data_dir,
                       dtype=args.dtype, device=args.device, device_map=args.device_map, chat_template=fmt["chat"],
                       family=fmt["family"], overwrite=args.overwrite, progress=not args.no_progress)
