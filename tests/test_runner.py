@@ -632,3 +632,29 @@ def test_reuse_keeps_a_target_choice_the_run_has_already_made(tmp_path):
     assert (own.root / SELECTION_DIR / "N.json").read_text() == '{"chosen": [3]}'
     copy_target_choices(source, own)
     assert (own.root / SELECTION_DIR / "M.json").read_text() == '{"chosen": [1]}'
+
+
+def test_a_retain_oracle_trains_with_every_key_its_train_block_gives(tmp_path, monkeypatch):
+    """`retain: {train: ...}`: each key validation accepts (weight_decay too) reaches the training loop."""
+    import cru_harness.testbed.finetune as testbed_finetune
+    from cru_harness.runner.models import resolve_data_dir
+    from cru_harness.runner.training import train_retain_model
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def capture(model, tokenizer, texts, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(testbed_finetune, "finetune_causal_lm", capture)
+    given = {"epochs": 2, "lr": 1e-3, "batch_size": 4, "max_length": 64, "weight_decay": 0.5}
+    raw = base_config(tmp_path, seeds=[0], methods=[{"method": "GA"}], data_dir="testbed:world")
+    raw["models"][0]["retain"] = {"train": given}
+    cell = next(c for c in build_plan(cfg.validate_config(raw)) if c.kind == "retain")
+    with pytest.raises(Stop):
+        train_retain_model(cell, cell.extra["retain"]["value"], tmp_path, resolve_data_dir(cell.data_dir),
+                           {"resources": {}})
+    assert {k: seen[k] for k in given} == given and seen["seed"] == 0

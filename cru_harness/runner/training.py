@@ -100,7 +100,7 @@ def train_retain_model(cell: Cell, spec: dict, workdir: Path, data_dir, outcome:
     texts = load_corpus(cell.corpora["retain_corpus"], data_dir, tokenizer=tokenizer,
                         **prompt_format(cell, use_chat_template(cell, source)))
     t0 = time.perf_counter()
-    kwargs = {k: spec[k] for k in ("epochs", "lr", "batch_size", "max_length") if k in spec}
+    kwargs = {k: v for k, v in spec.items() if k != "from"}   # every other key validation let through
     finetune_causal_lm(model, tokenizer, texts, seed=cell.seed or 0, **kwargs)
     outcome["resources"]["train_wall_time_s"] = time.perf_counter() - t0
     out = workdir / "retain_model"
