@@ -34,8 +34,7 @@ def config_defaults_help(defaults: Callable[[], dict[str, str]]) -> type[argpars
 
     For options that stand for a config dataclass's fields: they default to `argparse.SUPPRESS`, so one not given
     leaves the dataclass's default in force (`given_fields`), and their help reads that default when help is
-    printed, not when the parser is built (the dataclasses' modules import torch, which `cru-harness` does not load
-    to start). A changed default then reaches the command and its help with no copy to forget."""
+    printed. A changed default then reaches the command and its help with no copy to forget."""
 
     class ConfigDefaultsHelpFormatter(argparse.HelpFormatter):
         def _get_help_string(self, action):   # the hook argparse's own ArgumentDefaultsHelpFormatter overrides

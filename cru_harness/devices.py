@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 # torch is imported inside the functions: the CLI builds its parsers (add_device_arguments) without it.
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"  # (and mps, Apple GPUs, unadvertised)
-DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
+HALF_DTYPES = ("bfloat16", "float16")   # 16-bit floats: lm-eval's log-softmax needs softmax_dtype=float32 there
+DTYPE_NAMES = ("auto", "float32", *HALF_DTYPES)
 DEVICE_MAP_CHOICES = ("auto",)
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|mps)(?::(\d+))?$")
 

@@ -369,24 +369,23 @@ def test_unlearn_flags_and_inspect(llama, tokenizer, tmp_path, capsys):
 
 
 def test_runner_accepts_every_value_the_library_does(tmp_path):
-    """The runner's static choice lists (kept torch-free) and `unlearn`'s flags accept each value the library
-    knows."""
+    """The runner's static choice lists (kept torch-free, read by the configs and by `unlearn`'s and `finetune`'s
+    flags) are the library's, value for value."""
+    from cru_harness.baselines.base import MIXED_PRECISION, SCHEDULERS
     from cru_harness.cru import GATE_SITES, INPUT_NORMS, LOSS_SHAPES
+    from cru_harness.cru.localize import SELECTIONS
+    from cru_harness.cru.prefix import CACHE_PLACEMENTS
     from cru_harness.cru.train import ROUTER_INITS
 
-    import argparse
-
-    from cru_harness.cru.cli import register
-
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
-    unlearn = parser._subparsers._group_actions[0].choices["unlearn"]   # argparse has no public lookup
-    flags = {action.dest: action.choices for action in unlearn._actions if action.choices}
-    assert tuple(flags["router_init"]) == ROUTER_INITS and tuple(flags["input_norm"]) == INPUT_NORMS
-    assert tuple(flags["gate_site"]) == GATE_SITES and tuple(flags["pass_loss"]) == LOSS_SHAPES
-    for key, values in (("input_norm", INPUT_NORMS), ("gate_site", GATE_SITES), ("suppress_loss", LOSS_SHAPES),
-                        ("pass_loss", LOSS_SHAPES), ("router_init", ROUTER_INITS)):
-        for value in values:
+    library = {"selection": SELECTIONS, "input_norm": INPUT_NORMS, "suppress_loss": LOSS_SHAPES,
+               "pass_loss": LOSS_SHAPES, "gate_site": GATE_SITES, "router_init": ROUTER_INITS,
+               "prefix_cache_placement": CACHE_PLACEMENTS, "lr_scheduler": SCHEDULERS,
+               "mixed_precision": MIXED_PRECISION}
+    assert {key: tuple(values) for key, values in cfg.HPARAM_CHOICES.items()} == \
+        {key: tuple(values) for key, values in library.items()}
+    for key in ("input_norm", "gate_site", "suppress_loss", "pass_loss", "router_init", "selection",
+                "prefix_cache_placement"):
+        for value in library[key]:
             raw = {"name": "t", "output_dir": str(tmp_path), "models": [{"name": "m", "path": "zoo:llama"}],
                    "benchmarks": {"tofu": {"splits": ["forget01"]}}, "methods": [{"method": "CRU", key: value}]}
             assert cfg.validate_config(raw).methods[0].hparams == {key: value}

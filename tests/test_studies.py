@@ -587,3 +587,18 @@ def test_block_plots_name_what_has_no_values_and_show_coinciding_series():
     assert len(drawn) == 2 and {line.get_linestyle() for line in drawn} == {"-", "--"}
     assert all(float(t) == int(t) for t in gates.get_xticks())       # blocks: whole numbers only
     plt.close(fig)
+
+
+def test_the_collapsed_router_gate_reads_the_setting_the_routers_trained_with():
+    """A cell whose config left lambda and the loss shapes at their defaults is read at what its routers recorded
+    (`details.router_training`), not at today's defaults, as the router_lr rule reads it."""
+    from cru_harness.cru.losses import collapsed_gate
+    from cru_harness.studies.tables import router_null_gate
+
+    recorded = {"method": "CRU", "hparams": {"percentile": 95},
+                "details": {"router_training": {"lam": 10.0, "suppress_loss": "quadratic", "pass_loss": "linear"}}}
+    assert router_null_gate(recorded) == collapsed_gate(10.0, suppress_loss="quadratic", pass_loss="linear")
+    given = {**recorded, "hparams": {"lam": 2.0}}   # a config's value wins over the record
+    assert router_null_gate(given) == collapsed_gate(2.0, suppress_loss="quadratic", pass_loss="linear")
+    assert router_null_gate({"method": "CRU", "hparams": {}}) == 0.5   # before the record: the default, lambda 1
+    assert router_null_gate({"method": "GA", "hparams": {}}) is None

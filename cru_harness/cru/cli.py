@@ -9,6 +9,7 @@ from pathlib import Path
 from cru_harness.cli import config_defaults_help, field_defaults, given_fields
 from cru_harness.devices import add_device_arguments
 from cru_harness.prompts import BENCHMARKS, add_prompt_format_argument, prompt_format_choice
+from cru_harness.runner.config import HPARAM_CHOICES
 
 from ..errors import InputError
 
@@ -16,7 +17,7 @@ from ..errors import InputError
 @functools.cache
 def unlearn_defaults() -> dict[str, str]:
     """`unlearn`'s option defaults: `RouterTrainingConfig`'s (the paper's TOFU setting) and, where RWKU's differs,
-    `CRU_BENCHMARK_DEFAULTS`' (read when help is printed: both modules are the source, the flags copy nothing)."""
+    `CRU_BENCHMARK_DEFAULTS`' (both modules are the source; the flags copy nothing)."""
     from cru_harness.runner.config import CRU_BENCHMARK_DEFAULTS
 
     from .train import RouterTrainingConfig
@@ -54,7 +55,7 @@ def register(subparsers) -> None:
                          help="comma-separated block indices to gate (negative = from the end); overrides --last-k")
     unlearn.add_argument("--last-k", type=int, default=config, help="gate the last K decoder blocks")
     unlearn.add_argument("--percentile", type=float, default=config, help="variance percentile p")
-    unlearn.add_argument("--selection", choices=("variance", "random"), default=config,
+    unlearn.add_argument("--selection", choices=HPARAM_CHOICES["selection"], default=config,
                          help="variance (CRU) or random (a control: the same blocks and counts)")
     unlearn.add_argument("--d-r", type=int, default=config, help="router bottleneck width")
     unlearn.add_argument("--lambda", dest="lam", type=float, default=config, help="retain weight λ")
@@ -64,23 +65,23 @@ def register(subparsers) -> None:
     unlearn.add_argument("--max-length", type=int, default=config, help="tokens per example")
     unlearn.add_argument("--seed", type=int, default=config,
                          help="seed of the routers' init, the batch order and a random selection")
-    unlearn.add_argument("--input-norm", choices=("none", "rms", "rms_learned"), default=config,
+    unlearn.add_argument("--input-norm", choices=HPARAM_CHOICES["input_norm"], default=config,
                          help="router input normalisation: none (the paper), rms (h / rms(h)), "
                               "rms_learned (rms with a learned per-dimension scale)")
     options = unlearn.add_argument_group("options beyond the paper")
-    options.add_argument("--suppress-loss", choices=("linear", "quadratic"), default=config,
+    options.add_argument("--suppress-loss", choices=HPARAM_CHOICES["suppress_loss"], default=config,
                          help="forget term of the loss: linear w (paper) or quadratic w^2")
-    options.add_argument("--pass-loss", choices=("linear", "quadratic"), default=config,
+    options.add_argument("--pass-loss", choices=HPARAM_CHOICES["pass_loss"], default=config,
                          help="retain term of the loss: quadratic (w-1)^2 (paper) or linear 1-w")
     options.add_argument("--exclude-top-magnitude", type=float, default=config, metavar="Q",
                          help="keep each block's top Q%% of coordinates by mean |activation| on the forget set out "
                               "of selection (the paper: 0)")
-    options.add_argument("--gate-site", choices=("residual", "mlp"), default=config,
+    options.add_argument("--gate-site", choices=HPARAM_CHOICES["gate_site"], default=config,
                          help="gate the blocks' residual stream (paper) or their MLP neurons (the input of the "
                               "MLP's down projection)")
     options.add_argument("--retain-batch-ratio", type=int, default=config, metavar="R",
                          help="batch composition: R retain rows per forget row in each step (the paper: 1)")
-    options.add_argument("--router-init", choices=("default", "open"), default=config,
+    options.add_argument("--router-init", choices=HPARAM_CHOICES["router_init"], default=config,
                          help="how new routers start: default (PyTorch's init; the paper does not say) or open "
                               "(every gate at 0.99, the base nearly untouched)")
     unlearn.add_argument("--no-prefix-cache", action="store_true",

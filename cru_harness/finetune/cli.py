@@ -7,11 +7,12 @@ import functools
 from ..cli import config_defaults_help, field_defaults, given_fields
 from ..devices import add_device_arguments
 from ..prompts import add_prompt_format_argument, prompt_format_choice
+from ..runner.config import HPARAM_CHOICES
 
 
 @functools.cache
 def finetune_defaults() -> dict[str, str]:
-    """The recipe's option defaults: `FinetuneConfig`'s, TOFU's (read when help is printed)."""
+    """The recipe's option defaults: `FinetuneConfig`'s, TOFU's."""
     from .train import FinetuneConfig
 
     return field_defaults(FinetuneConfig)
@@ -41,7 +42,7 @@ def register(subparsers) -> None:
     p.add_argument("--micro-batch-size", type=int, default=config,
                    help="per-process batch; the rest is gradient accumulation")
     p.add_argument("--warmup-epochs", type=float, default=config, help="linear warm-up epochs")
-    p.add_argument("--scheduler", dest="lr_scheduler", choices=("linear", "cosine", "constant"), default=config,
+    p.add_argument("--scheduler", dest="lr_scheduler", choices=HPARAM_CHOICES["lr_scheduler"], default=config,
                    help="decay after the warm-up")
     p.add_argument("--max-length", type=int, default=config, help="tokens per example")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")

@@ -14,9 +14,10 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from ..runner.config import TRAINED_METHODS
 from .stats import finite_mean, is_number
 
-BASELINES = ("GA", "GD", "NPO", "SimNPO", "IdkDPO")
+BASELINES = tuple(method for method in TRAINED_METHODS if method != "CRU")
 RATIO = 0.9
 SCORE_NAMES = {"tofu": "Model Utility", "rwku": "neighbour ROUGE-L recall (mean of FB and QA)"}
 

@@ -30,7 +30,13 @@ def _setting(result: dict, name: str):
     return ((result.get("details") or {}).get("router_training") or {}).get(name)
 
 
-def _default(name: str):
+def cru_setting(result: dict, name: str):
+    """A CRU cell's (or a study row's: anything with `hparams`) training setting `name`: given, else recorded
+    (`_setting`), else `RouterTrainingConfig`'s default. The one lookup for readers of finished cells that need
+    a value (the loss, the collapsed-router gate); `trained_lr` never guesses instead."""
+    value = _setting(result, name)
+    if value is not None:
+        return value
     from dataclasses import fields
 
     from ..cru.train import RouterTrainingConfig
@@ -62,8 +68,7 @@ def objective(result: dict) -> float | None:
     values = list(forget.values()) + list(retain.values())
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
         return None
-    setting = {name: _setting(result, name) for name in ("lam", "suppress_loss", "pass_loss")}
-    setting = {name: _default(name) if value is None else value for name, value in setting.items()}
+    setting = {name: cru_setting(result, name) for name in ("lam", "suppress_loss", "pass_loss")}
     if not isinstance(setting["lam"], (int, float)) or {setting["suppress_loss"], setting["pass_loss"]} - set(LOSS_SHAPES):
         return None
     as_tensors = lambda means: {block: torch.tensor(float(v), dtype=torch.float64) for block, v in means.items()}

@@ -10,9 +10,10 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
+from ..metrics.failure import ANSWER_CLASSES
 from . import stats
 
-FAILURE_CLASSES = ("correct", "refusal", "degenerate", "wrong")
+FAILURE_CLASSES = ANSWER_CLASSES
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,15 @@ from typing import Any
 import yaml
 
 from ..data.rwku import DEFAULT_TARGETS, TargetSelectionError, parse_targets
+from ..data.tofu import FORGET_SPLITS
+from ..devices import DTYPE_NAMES
 from ..errors import InputError, MissingInputError, UserError
 from ..prompts import (DEFAULT_RWKU_PRESET, DEFAULT_TOFU_PRESET, PresetError, check_rwku_preset, check_tofu_preset,
                        tofu_format)
 from .purge import PURGE_TARGETS
 
 BENCHMARKS = ("tofu", "rwku")
-TOFU_SPLITS = ("forget01", "forget05", "forget10")
+TOFU_SPLITS = FORGET_SPLITS
 PURGE_BASE_MODEL = "Phi-3-mini-4k-instruct"
 
 # Evaluation tasks (lm-eval task names, from tasks/) run by default per benchmark; `{split}` / `{target}` are
@@ -127,7 +129,6 @@ _REPORT_KEYS = ("formats", "plots", "stats")
 #: (validation fills them in; the cells' presets and the finetune cell read them from here).
 PROMPTING_DEFAULTS = {"apply_chat_template": None, "tofu_preset": DEFAULT_TOFU_PRESET, "tofu_model_family": None,
                       "rwku_preset": DEFAULT_RWKU_PRESET, "rwku_newline_stop": False}
-_DTYPES = ("float32", "bfloat16", "float16", "auto")
 _REPORT_FORMATS = ("md", "csv", "tex")
 
 
@@ -402,13 +403,15 @@ def _number(value: Any, key: str, source: str | None, **rule):
 
 
 _BOOLEAN_HPARAMS = ("prefix_cache",)
-# cru.localize.SELECTIONS, cru.router.INPUT_NORMS, cru.losses.LOSS_SHAPES, cru.sites.GATE_SITES,
-# cru.train.ROUTER_INITS (tests check)
-_CHOICES = {"selection": ("variance", "random"), "input_norm": ("none", "rms", "rms_learned"),
+#: The values a method's choice-valued setting takes: the torch-free copy the configs and the command lines read
+#: of cru.localize.SELECTIONS, cru.router.INPUT_NORMS, cru.losses.LOSS_SHAPES, cru.sites.GATE_SITES,
+#: cru.train.ROUTER_INITS, cru.prefix.CACHE_PLACEMENTS, baselines.base.SCHEDULERS / MIXED_PRECISION (a test pins
+#: each to the library's).
+HPARAM_CHOICES = {"selection": ("variance", "random"), "input_norm": ("none", "rms", "rms_learned"),
             "suppress_loss": ("linear", "quadratic"), "pass_loss": ("linear", "quadratic"),
             "gate_site": ("residual", "mlp"), "router_init": ("default", "open"),
             "lr_scheduler": ("linear", "cosine", "constant"), "mixed_precision": ("no", "fp16", "bf16"),
-            "prefix_cache_placement": ("auto", "cpu", "device")}  # cru.prefix.CACHE_PLACEMENTS
+            "prefix_cache_placement": ("auto", "cpu", "device")}
 
 
 def _validate_hparams(method: str, hparams: dict, where: str, source: str | None) -> dict:
@@ -437,8 +440,8 @@ def _validate_hparams(method: str, hparams: dict, where: str, source: str | None
             _fail(path, problem, source)
         if canon in _BOOLEAN_HPARAMS:
             value = _boolean(value, path, source)
-        if canon in _CHOICES and value not in _CHOICES[canon]:
-            _fail(path, f"expected one of {', '.join(_CHOICES[canon])}, got {value!r}", source)
+        if canon in HPARAM_CHOICES and value not in HPARAM_CHOICES[canon]:
+            _fail(path, f"expected one of {', '.join(HPARAM_CHOICES[canon])}, got {value!r}", source)
         resolved[canon] = value
     return resolved
 
@@ -549,11 +552,11 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         if model_name in {m.name for m in models}:
             _fail(f"{where}.name", f"model name {model_name!r} is used twice", source)
         dtype = entry.get("dtype", "auto")
-        if dtype not in _DTYPES:
-            _fail(f"{where}.dtype", f"expected one of {', '.join(_DTYPES)}, got {dtype!r}", source)
+        if dtype not in DTYPE_NAMES:
+            _fail(f"{where}.dtype", f"expected one of {', '.join(DTYPE_NAMES)}, got {dtype!r}", source)
         eval_dtype = entry.get("eval_dtype")
-        if eval_dtype is not None and eval_dtype not in _DTYPES:
-            _fail(f"{where}.eval_dtype", f"expected one of {', '.join(_DTYPES)}, got {eval_dtype!r}", source)
+        if eval_dtype is not None and eval_dtype not in DTYPE_NAMES:
+            _fail(f"{where}.eval_dtype", f"expected one of {', '.join(DTYPE_NAMES)}, got {eval_dtype!r}", source)
         model_benches = tuple(_str_list(entry.get("benchmarks", list(benchmarks)), f"{where}.benchmarks", source))
         for j, bench in enumerate(model_benches):
             if bench not in benchmarks:
@@ -807,11 +810,12 @@ def _validate_finetune(value: Any, where: str, source: str | None, *, needs_data
                       "rwku:<target>:<kind>", source)
             _check_placeholders(val, "tofu", f"{where}.data", source)
         elif canon == "dtype":
-            if val not in _DTYPES:
-                _fail(f"{where}.dtype", f"expected one of {', '.join(_DTYPES)}, got {val!r}", source)
+            if val not in DTYPE_NAMES:
+                _fail(f"{where}.dtype", f"expected one of {', '.join(DTYPE_NAMES)}, got {val!r}", source)
         elif canon == "lr_scheduler":
-            if val not in ("linear", "cosine", "constant"):
-                _fail(f"{where}.lr_scheduler", f"expected linear, cosine or constant, got {val!r}", source)
+            if val not in HPARAM_CHOICES["lr_scheduler"]:
+                _fail(f"{where}.lr_scheduler",
+                      f"expected one of {', '.join(HPARAM_CHOICES['lr_scheduler'])}, got {val!r}", source)
         else:  # FinetuneConfig's fields: the baselines' rules
             val = _number(val, f"{where}.{key}", source, **HPARAM_BOUNDS[canon])
         resolved[canon] = val

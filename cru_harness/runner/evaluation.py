@@ -6,22 +6,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..devices import HALF_DTYPES
 from ..errors import InputError, MissingInputError
+from ..lmeval.metadata import METADATA_KEYS
 from .cache import read_json
-from .config import ModelSpec
+from .config import PROMPTING_DEFAULTS, ModelSpec
 from .models import cell_device, model_dtype
 from .plan import Cell
 
 #: The evaluation keys that are protocol presets / options of the tasks (lm-eval metadata of the same name).
-PRESET_KEYS = ("tofu_preset", "tofu_model_family", "rwku_preset", "rwku_newline_stop")
+PRESET_KEYS = tuple(key for key in PROMPTING_DEFAULTS if key in METADATA_KEYS)
 
 
 def protocol_presets(evaluation: dict) -> dict[str, Any]:
     """The presets a run uses (defaults filled in): passed to the tasks as lm-eval metadata and recorded in every
     cell's `details.prompting`. System prompts are the tasks' own (TOFU open-unlearning: "You are a helpful
     assistant."; RWKU: none), so the runner passes no `system_instruction`."""
-    from .config import PROMPTING_DEFAULTS
-
     defaults = {key: PROMPTING_DEFAULTS[key] for key in PRESET_KEYS}
     return {key: evaluation.get(key, default) if evaluation.get(key) is not None else default
             for key, default in defaults.items()}
@@ -126,7 +126,7 @@ def eval_model_args(model: ModelSpec, model_path: str, routers: str | None = Non
     bits (-5.875)."""
     dtype = model_dtype(model, "eval")
     args: dict[str, Any] = {"pretrained": model_path, "dtype": dtype}
-    if dtype in ("bfloat16", "float16"):
+    if dtype in HALF_DTYPES:
         args["softmax_dtype"] = "float32"
     if model.device_map == "auto":
         args["parallelize"] = True  # lm-eval's HF loader: device_map="auto" over the visible GPUs

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from ..data.tofu import retain_config_for
 from .config import CRU_BENCHMARK_DEFAULTS, PROMPTING_DEFAULTS, ExperimentConfig, MethodSpec, ModelSpec
 
 HASH_SCHEMA = 1          # bump when the meaning of a resolved cell changes (invalidates caches)
@@ -82,11 +83,7 @@ def cell_hash(resolved: dict[str, Any]) -> str:
 
 def _fill(template: str, split: str | None, target: int | None) -> str:
     values = {"split": split or "", "target": target if target is not None else ""}
-    if split:
-        from_split = 100 - int(split.removeprefix("forget"))
-        values["retain_split"] = f"retain{from_split:02d}"
-    else:
-        values["retain_split"] = ""
+    values["retain_split"] = retain_config_for(split) if split else ""
     return template.format(**values)
 
 

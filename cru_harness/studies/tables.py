@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cru.losses import collapsed_gate
+from ..reporting.router_lr import cru_setting
 from ..reporting.stats import finite_mean, is_number
 from ..reporting.tables import FAILURE_CLASSES, derived_metrics, fill_forget_quality, scientific
 
@@ -99,13 +100,12 @@ def router_null_gate(result: dict) -> float | None:
     that cannot tell forget from retain settles. A retain gate near it says the router did not separate them."""
     if result.get("method") != "CRU":
         return None
-    from ..cru.train import RouterTrainingConfig
+    return collapsed_gate(float(cru_setting(result, "lam")), **loss_shape(result))
 
-    hparams = result.get("hparams") or {}
-    default = RouterTrainingConfig()
-    return collapsed_gate(float(hparams.get("lam", default.lam)),
-                          suppress_loss=hparams.get("suppress_loss", default.suppress_loss),
-                          pass_loss=hparams.get("pass_loss", default.pass_loss))
+
+def loss_shape(result: dict) -> dict[str, str]:
+    """A CRU cell's (or study row's) `suppress_loss` and `pass_loss` (`reporting.router_lr.cru_setting`)."""
+    return {name: cru_setting(result, name) for name in ("suppress_loss", "pass_loss")}
 
 
 def mark_pareto(rows: list[dict]) -> None:
@@ -253,10 +253,10 @@ def plot_study(rows: list[dict], out_dir: Path, *, title: str, x: str | None = N
             for key, name in (("gate_forget", "forget gate"), ("gate_retain", "retain gate")):
                 _errorbar(right, xs, [r["stats"][key] for r in swept], label=name)
             if collapse_line:  # the swept rows' loss shape (the lambda study: the paper's)
-                hparams = swept[0]["hparams"]
-                shape = {k: hparams[k] for k in ("suppress_loss", "pass_loss") if k in hparams}
+                shape = loss_shape(swept[0])
                 grid = np.geomspace(min(xs), max(xs), 200) if min(xs) > 0 else np.linspace(min(xs), max(xs), 200)
-                name = "collapsed router" + ("" if shape else " (paper loss: 1 - 1/(2λ))")
+                paper = shape == {"suppress_loss": "linear", "pass_loss": "quadratic"}
+                name = "collapsed router" + (" (paper loss: 1 - 1/(2λ))" if paper else "")
                 right.plot(grid, [collapsed_gate(float(v), **shape) for v in grid], "k--", linewidth=1, label=name)
             right.set_xlabel(AXIS_NAMES.get(x, x))
             right.set_ylim(-0.02, 1.02)

@@ -21,6 +21,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..data.tofu import retain_config_for
 from ..errors import InputError
 
 FORGET_PERCENTS = (1, 5, 10)
@@ -409,7 +410,7 @@ def make_world(*, n_authors: int = 20, qa_per_author: int = 20, n_real_authors: 
         name = f"forget{percent:02d}"
         k = counts[name]
         configs[name] = plain(flat(per_author[-k:]))
-        configs[f"retain{100 - percent}"] = plain(flat(per_author[:-k]))
+        configs[retain_config_for(name)] = plain(flat(per_author[:-k]))
         configs[f"holdout{percent:02d}"] = plain(flat(holdout_rows[:k]))
         configs[f"{name}_perturbed"] = flat(per_author[-k:])
     # TOFU's retain_perturbed matches forget10_perturbed in size, drawn from retain authors.
