@@ -33,7 +33,8 @@ from .errors import InputError, UserError
 __all__ = [
     "TOFU_PRESETS", "DEFAULT_TOFU_PRESET", "RWKU_PRESETS", "DEFAULT_RWKU_PRESET", "PresetError",
     "check_tofu_preset", "check_rwku_preset", "LegacyFormat", "LEGACY_FORMATS", "legacy_format", "TagFormat",
-    "OPEN_UNLEARNING_FORMATS", "tofu_format", "format_refuses_chat_message",
+    "OPEN_UNLEARNING_FORMATS", "tofu_format", "format_refuses_chat_message", "format_refuses_system_message",
+    "with_system_instruction",
     "LEGACY_MAX_LENGTH", "LEGACY_DS_SIZE", "OPEN_UNLEARNING_SYSTEM_PROMPT", "OPEN_UNLEARNING_DATE", "RWKU_DATE",
     "PLAIN_PROMPT", "plain_prompt", "tofu_messages", "render_chat", "QATexts", "qa_texts", "uses_chat", "writes_chat",
     "encode_qa_ids", "encode_text", "adds_special_tokens", "PROMPT_FORMATS", "add_prompt_format_argument",
@@ -187,8 +188,20 @@ def format_refuses_chat_message(preset: str, family: str | None) -> str:
     return f"tofu_preset={preset} with tofu_model_family={family} writes {what}: run it without --apply_chat_template"
 
 
+def format_refuses_system_message(preset: str, family: str | None) -> str:
+    """The one line that says a fixed format has no place for `--system_instruction`."""
+    return (f"tofu_preset={preset} with tofu_model_family={family} writes a fixed format without a system prompt: "
+            f"run it without --system_instruction")
+
+
 def plain_prompt(question: str) -> str:
     return PLAIN_PROMPT.format(question=question)
+
+
+def with_system_instruction(prompt: str, system_instruction: str | None) -> str:
+    """A prompt for a model without a chat template, with an explicit `--system_instruction` first and a blank
+    line after it (no reference writes one there; the TOFU and RWKU tasks warn)."""
+    return system_instruction + "\n\n" + prompt if system_instruction else prompt
 
 
 def tofu_messages(question: str, answer: str | None = None, system_prompt: str | None = OPEN_UNLEARNING_SYSTEM_PROMPT
@@ -232,9 +245,7 @@ def rwku_plain_prompt(user: str, prefix: str, system_instruction: str | None = N
     text = user
     if prefix:
         text += ("" if text[-1:] in ("\n", " ") else "\n") + prefix
-    if system_instruction:
-        text = system_instruction + "\n\n" + text
-    return text
+    return with_system_instruction(text, system_instruction)
 
 
 PROMPT_FORMATS = {"auto": None, "chat": True, "plain": False}  # the `chat` argument each CLI choice means

@@ -94,3 +94,31 @@ def test_routed_scores_and_generations_do_not_depend_on_the_batch(setup):
     assert [r[0] for r in alone] == pytest.approx([r[0] for r in batched], abs=1e-4)
     with many.without_routers():
         assert [r[0] for r in many.loglikelihood(likelihood)] != pytest.approx([r[0] for r in batched], abs=1e-4)
+
+
+def test_use_cache_refuses_a_cache_another_model_wrote(setup, tmp_path):
+    """lm-eval keys `--use_cache` by the requests alone: a cache written with bundle A must not answer for B, the
+    base alone, or another dtype; the model that wrote it reads it back (and gets its own numbers)."""
+    from lm_eval.api.model import CachingLM
+
+    from cru_harness.lmeval.model import ModelArgumentError
+
+    model_dir, a, b, _ = setup
+    db = str(tmp_path / "cache.db")
+    routed_a = CRULM(base=str(model_dir), routers=str(a), device="cpu", batch_size=2)
+    first = _scores(CachingLM(routed_a, db))
+    for other, differ in ((dict(routers=str(b)), "routers"), ({}, "routers"), (dict(routers=str(a), dtype="bfloat16"),
+                                                                               "dtype")):
+        lm = CRULM(base=str(model_dir), device="cpu", batch_size=2, **other)
+        with pytest.raises(ModelArgumentError, match=f"written by another model \\(its .*{differ}"):
+            CachingLM(lm, db)
+    again = CRULM(base=str(model_dir), routers=str(a), device="cpu", batch_size=2)
+    assert _scores(CachingLM(again, db)) == first
+
+    from sqlitedict import SqliteDict
+
+    foreign = str(tmp_path / "foreign.db")
+    with SqliteDict(foreign, autocommit=True) as written:   # as `--model hf` leaves one: no identity entry
+        written["0" * 64] = (-1.0, True)
+    with pytest.raises(ModelArgumentError, match="holds results of a model it does not name"):
+        CachingLM(again, foreign)

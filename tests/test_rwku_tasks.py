@@ -249,3 +249,24 @@ def test_chat_path_gen_prefix_and_pinned_date(tiny_models, rwku_dir):
     suffix = [s for s in res["samples"]["rwku_aa"] if s["doc"]["type"] == "affirmative suffix"]
     assert suffix, "target 1 has affirmative-suffix items"
     assert suffix[0]["arguments"][0][0].endswith(f"Question: {suffix[0]['doc']['query']}<|eos|>\n<|assistant|>\n")
+
+
+@pytest.mark.shared_data
+def test_cache_requests_never_hands_back_requests_built_for_other_metadata(rwku_dir, tmp_path, monkeypatch, caplog):
+    """lm-eval keys `--cache_requests` by task name alone: target 2's run must not get target 1's prompts (the
+    results would record target 2). The tasks build their requests afresh and write no cache."""
+    import lm_eval.caching.cache as request_cache
+
+    from cru_harness.lmeval.request_cache import UncachedRequests
+
+    monkeypatch.setattr(request_cache, "PATH", str(tmp_path / "cache"))
+    monkeypatch.setattr(UncachedRequests, "_warned_request_cache", False)   # warned once per process
+    prompts = {}
+    for target in ("1", "2"):
+        task = _task_manager(rwku_dir, rwku_targets=target).load(["rwku_fb"])["tasks"]["rwku_fb"]
+        with caplog.at_level("WARNING"):
+            task.build_all_requests(limit=1, rank=0, world_size=1, cache_requests=True)
+        prompts[target] = (task.instances[0].doc["target"], task.instances[0].arguments[0])
+    assert prompts["1"][0] == 1 and prompts["2"][0] == 2 and prompts["1"][1] != prompts["2"][1]
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+    assert caplog.text.count("--cache_requests is ignored") == 1

@@ -339,3 +339,27 @@ def test_legacy_preset_end_to_end_records_the_preset(tiny_model_dir, tofu_dir):
                                       f"{JOINT_MARKER}Answer: {sample['doc']['answer']}{EOS_MARKER}")
     assert res["configs"]["tofu_world_facts"]["metadata"]["tofu_preset"] == "legacy"
     assert math.isfinite(res["results"]["tofu_world_facts"]["probability,none"])
+
+
+@pytest.mark.shared_data
+def test_a_system_instruction_without_a_chat_template_is_used_or_refused(tofu_dir, monkeypatch, caplog):
+    """lm-eval records `--system_instruction` in the results: without a chat template the plain prompt puts it
+    first (with a warning), in the generation and the scored requests alike; a fixed format, which has no place
+    for one, refuses it in one line."""
+    from cru_harness.prompts import PresetError
+
+    monkeypatch.setattr(tofu_utils.TOFUTask, "_warned_system", False)
+    task = _task_manager(tofu_dir).load(["tofu_retain"])["tasks"]["tofu_retain"]
+    with caplog.at_level("WARNING"):
+        task.build_all_requests(limit=1, rank=0, world_size=1, system_instruction="Answer briefly.")
+    question = task.dataset["train"][0]["question"]
+    assert {inst.arguments[0] for inst in task.instances} == {f"Answer briefly.\n\nQuestion: {question}\nAnswer:"}
+    assert "the numbers are not the preset's" in caplog.text
+
+    from lm_eval.tasks import TaskManager
+
+    legacy = TaskManager(include_path=str(TASKS_DIR), include_defaults=False,
+                         metadata={"data_dir": str(tofu_dir), "tofu_preset": "legacy", "tofu_model_family": "phi"})
+    task = legacy.load(["tofu_retain"])["tasks"]["tofu_retain"]
+    with pytest.raises(PresetError, match="without a system prompt: run it without --system_instruction"):
+        task.build_all_requests(limit=1, rank=0, world_size=1, system_instruction="Answer briefly.")

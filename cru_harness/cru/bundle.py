@@ -346,6 +346,15 @@ class RouterBundle(nn.Module):
                 tensors[f"block_{block}.{name}"] = tensor.detach().to("cpu", torch.float32).contiguous()
         return tensors
 
+    def digest(self) -> str:
+        """SHA-256 of what the bundle does: its manifest fields (blocks, coordinates, settings) and router
+        weights. Two bundles with one digest gate a base identically (the `cru` model's `--use_cache` check)."""
+        digest = hashlib.sha256(self.config.to_json().encode())
+        for name, tensor in sorted(self._state_tensors().items()):
+            digest.update(f"{name}:{tuple(tensor.shape)}".encode())
+            digest.update(tensor.numpy().tobytes())
+        return digest.hexdigest()
+
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write `cru_bundle.json` + `routers.safetensors` into `directory` (created if needed)."""
         directory = Path(directory)

@@ -21,6 +21,8 @@ Use::
   project's rules (`check_argument_values`, `devices.py`), and a base that cannot be read (a Hub id while
   offline) is named. These are the project's `UserError`s: the `lm_eval` and `cru-eval` command lines print them
   as one line (`cru_harness.lmeval.errors`).
+- `--use_cache DB` holds the identity of the model that wrote it (`cache_identity`: base, bundle digests, dtypes);
+  a cache another model wrote is refused (`set_cache_hook`), since lm-eval keys it by the requests alone.
 
 What `cru` reports beyond `--model hf` (see `protocol.py` and docs/lm_eval.md):
 
@@ -80,6 +82,8 @@ __all__ = ["CRULM", "ModelArgumentError", "parse_router_spec", "EOS_MARKER", "Lo
            "RollingResult"]
 
 eval_logger = logging.getLogger(__name__)
+#: The `--use_cache` database entry naming the model that wrote it (lm-eval's own keys are SHA-256 hex digests).
+CACHE_IDENTITY_KEY = "cru_harness:model_identity"
 
 
 class ModelArgumentError(UserError, ValueError):
@@ -587,6 +591,46 @@ class CRULM(HFLM):
                 return super().apply_chat_template(chat_history, add_generation_prompt=add_generation_prompt)
         finally:
             self.chat_template_args = saved
+
+    # ------------------------------------------------------------------ cache
+    def cache_identity(self) -> dict[str, Any]:
+        """What decides this model's results beyond the requests: the base (a local directory by its resolved
+        path and its files' names, sizes and mtimes; a Hub id by id and revision), the bundles (`digest`), the
+        dtypes, the BOS rule and the context length."""
+        if not isinstance(self.pretrained, (str, Path)):
+            raise ModelArgumentError("--use_cache needs a base given by path or Hub id (a model object passed in "
+                                     "cannot be told from another)")
+        path = Path(self.pretrained).expanduser()
+        if path.is_dir():
+            files = sorted(f for f in path.rglob("*") if f.is_file())
+            base = {"path": str(path.resolve()),
+                    "files": [[str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns] for f in files]}
+        else:
+            base = {"hub": str(self.pretrained), "revision": self.revision}
+        return {"base": base, "routers": [bundle.digest() for bundle in self.bundles],
+                "dtype": str(self.model.dtype), "softmax_dtype": str(self.softmax_dtype),
+                "add_bos_token": self.add_bos_token, "max_length": self.max_length}
+
+    def set_cache_hook(self, cache_hook) -> None:
+        """`--use_cache DB`: lm-eval keys its cache by the requests alone, so a cache another base, bundle set or
+        dtype wrote would hand back that model's numbers as this one's. The cache holds the identity of the model
+        that wrote it (`cache_identity`), and any other model is refused."""
+        db = getattr(cache_hook, "dbdict", None)
+        if db is not None:
+            mine, theirs = self.cache_identity(), db.get(CACHE_IDENTITY_KEY)
+            where = f"--use_cache {getattr(db, 'filename', '')}".rstrip()
+            if theirs is None and len(db):
+                raise ModelArgumentError(f"{where}: holds results of a model it does not name (written by another "
+                                         f"lm-eval model or an older cru-harness); give this model its own cache path")
+            if theirs is not None and theirs != mine:
+                differ = ", ".join(key for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key))
+                raise ModelArgumentError(f"{where}: written by another model (its {differ} differ); lm-eval keys "
+                                         f"the cache by the requests alone, so give each base and router set its "
+                                         f"own cache path")
+            if theirs is None:
+                db[CACHE_IDENTITY_KEY] = mine
+                db.commit()
+        super().set_cache_hook(cache_hook)
 
     # --------------------------------------------------------------- provenance
     def get_model_info(self) -> dict[str, Any]:

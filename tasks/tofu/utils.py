@@ -30,6 +30,7 @@ from cru_harness import metrics as M
 from cru_harness.lmeval.metadata import check_metadata_keys
 # `cru` scores a continuation ending in EOS_MARKER with the tokenizer's EOS id appended (TOFU counts EOS).
 from cru_harness.lmeval.protocol import EOS_MARKER, JOINT_MARKER, has_token_stats, template_date
+from cru_harness.lmeval.request_cache import UncachedRequests
 from cru_harness import prompts as P
 
 eval_logger = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ def truth_ratio_utility_agg(items) -> float:
 # --------------------------------------------------------------------------------------------- task
 
 
-class TOFUTask(ConfigurableTask):
+class TOFUTask(UncachedRequests, ConfigurableTask):
     """A ConfigurableTask whose items each issue a greedy generation and the answer log-likelihoods.
 
     `output_type` stays `generate_until` so lm-eval applies `--gen_kwargs` to the generation request. The preset
@@ -198,7 +199,8 @@ class TOFUTask(ConfigurableTask):
 
     - open-unlearning, chat template: system "You are a helpful assistant." (unless `--system_instruction`
       names another), date 10 Apr 2025; the scored text is the rendered conversation after the prompt;
-    - open-unlearning, no chat template: `Question: {q}\\nAnswer:` and " " + answer;
+    - open-unlearning, no chat template: `Question: {q}\\nAnswer:` and " " + answer (an explicit
+      `--system_instruction` goes first, with a warning: `prompts.with_system_instruction`);
     - open-unlearning with `tofu_model_family` (a model config without a chat template, e.g. Llama-2-7b-chat-hf):
       its tags verbatim (`[INST] q [/INST]` + answer);
     - legacy: the family's `[INST] q [/INST]` / `Question: q\\n` formats, `max_length` 200 in total, 300 items.
@@ -206,6 +208,7 @@ class TOFUTask(ConfigurableTask):
     """
 
     _system: str | None = None
+    _warned_system = False   # once per process
 
     def __init__(self, config: dict | None = None):
         config = dict(config or {})
@@ -237,6 +240,8 @@ class TOFUTask(ConfigurableTask):
         if self.format is not None:
             if apply_chat_template:
                 raise P.PresetError(P.format_refuses_chat_message(self.preset, self.family))
+            if system_instruction:
+                raise P.PresetError(P.format_refuses_system_message(self.preset, self.family))
             return self.format.generation_prompt(doc["question"])
         if apply_chat_template and chat_template is not None:
             # lm-eval calls fewshot_context right before construct_requests for the same doc: the scored
@@ -244,7 +249,11 @@ class TOFUTask(ConfigurableTask):
             self._system = P.OPEN_UNLEARNING_SYSTEM_PROMPT if system_instruction is None else system_instruction
             with template_date(P.OPEN_UNLEARNING_DATE):
                 return chat_template(P.tofu_messages(doc["question"], system_prompt=self._system))
-        return P.plain_prompt(doc["question"])
+        if system_instruction and not TOFUTask._warned_system:
+            TOFUTask._warned_system = True
+            eval_logger.warning("TOFU's references write no system prompt without a chat template; putting the "
+                                "given system instruction first anyway: the numbers are not the preset's.")
+        return P.with_system_instruction(P.plain_prompt(doc["question"]), system_instruction)
 
     def continuation_text(self, ctx: str, doc: dict, answer: str, chat_template=None) -> str:
         """What follows `ctx` in the text the reference tokenizes as a whole (see `cru_harness.prompts`)."""
