@@ -24,10 +24,12 @@ def local_tofu_refusals(tmp_path_factory, monkeypatch):
 
 
 def write_run(root: Path, tasks: dict[str, dict], *, date: str = DATE, model_args: str = "pretrained=m",
-               samples: bool = True) -> Path:
+               samples: bool = True, config: dict | None = None, top: dict | None = None) -> Path:
     """A directory laid out as lm-eval writes it: <root>/<model>/results_<date>.json + samples_<task>_<date>.jsonl.
 
     `tasks`: task -> {"agg": {metric: value}, "items": [{question, answer, generation, truth_ratio, ...}]}.
+    `config`: more keys of the results' `config` (`limit`, `gen_kwargs`); `top`: more top-level keys
+    (`system_instruction`, `chat_template_sha`).
     """
     out = root / "model__name"
     out.mkdir(parents=True, exist_ok=True)
@@ -35,7 +37,7 @@ def write_run(root: Path, tasks: dict[str, dict], *, date: str = DATE, model_arg
                for name, spec in tasks.items()}
     results["tofu_forget10_suite"] = {"alias": "tofu_forget10_suite", "name": "tofu_forget10_suite"}
     (out / f"results_{date}.json").write_text(json.dumps({
-        "results": results, "config": {"model": "cru", "model_args": model_args}}))
+        "results": results, "config": {"model": "cru", "model_args": model_args, **(config or {})}, **(top or {})}))
     if samples:
         for name, spec in tasks.items():
             with open(out / f"samples_{name}_{date}.jsonl", "w") as handle:

@@ -141,6 +141,16 @@ def test_rolling_across_several_windows(tiny_dir):
     assert float(res) == ref.loglikelihood_rolling(req)[0]
 
 
+def test_a_continuation_longer_than_max_length_is_one_clear_error(tiny_dir):
+    """HFLM asserts it (a bare AssertionError); `cru` names the lengths and the fix."""
+    from cru_harness.errors import InputError
+
+    lm = CRULM(base=str(tiny_dir), device="cpu", batch_size=2, max_length=16)
+    long = " bees make honey from the nectar of flowers" * 4
+    with pytest.raises(InputError, match=r"a scored continuation is \d+ tokens, more than the model's max_length 16"):
+        lm.loglikelihood([Instance("loglikelihood", {}, ("Question: what?\nAnswer:", long), 0)])
+
+
 def test_results_survive_pickle_and_caching_lm(tmp_path, cru):
     from lm_eval.api.model import CachingLM
 

@@ -261,3 +261,33 @@ def test_generation_prompt_in_both_lm_eval_sample_layouts():
     in_memory = [["Question: q\nAnswer:", {}], ["Question: q\nAnswer:", " a"]]
     assert score.generation_prompt(on_disk) == score.generation_prompt(in_memory) == "Question: q\nAnswer:"
     assert score.generation_prompt(None) is None
+
+
+def test_runs_that_cannot_be_compared_are_refused_or_named(tmp_path, capsys):
+    """`--predict_only` results and a directory holding the newest results of two models (lm-eval writes runs of
+    one base with other bundles into one subfolder) are refused; a retain run evaluated under other settings
+    than the model's is named beside Forget Quality, and a `--limit` beside the run."""
+    predicted = tmp_path / "predicted"
+    write_run(predicted, {"tofu_forget10": {"agg": {"bypass": 999}, "items": []}})
+    with pytest.raises(score.ScoreInputError, match="tofu_forget10 was run with --predict_only"):
+        score.load_run(predicted)
+
+    mixed = tmp_path / "mixed"
+    write_run(mixed, suite([1.0, 2.0]), model_args="base=m,routers=a", date="2025-01-01T00-00-00.000000")
+    write_run(mixed, {"tofu_forget10": suite([1.0])["tofu_forget10"]}, model_args="base=m,routers=b",
+              date="2025-02-01T00-00-00.000000")
+    with pytest.raises(score.ScoreInputError, match="holds the newest results of different models: .*routers=b"):
+        score.load_run(mixed)
+
+    model, retain = tmp_path / "model", tmp_path / "retain"
+    write_run(model, suite([1.0, 2.0]), config={"limit": 2})
+    write_run(retain, suite([1.0, 2.0]), top={"chat_template_sha": "abc", "system_instruction": "Be brief."})
+    report = score.score_runs([model], retain_run=retain)
+    fq = report["runs"][0]["forget_quality"]["tofu_forget10"]
+    assert fq["available"] and fq["settings_differ"] == {"limit": [2, None], "chat_template": [False, True],
+                                                         "system_instruction": [None, "Be brief."]}
+    text = score.format_report(report)
+    assert "(lm-eval --limit 2: not the full sets)" in text
+    assert "evaluated under other settings: limit 2 vs None, chat_template False vs True" in text
+    same = score.score_runs([model], retain_run=model)["runs"][0]["forget_quality"]["tofu_forget10"]
+    assert "settings_differ" not in same

@@ -412,10 +412,14 @@ class CRULM(HFLM):
         for chunk in chunks:
             inps, inplens, cont_toks_list = [], [], []
             padding_len_inp = None
-            for _, context_enc, continuation_enc in chunk:
+            for request_str, context_enc, continuation_enc in chunk:
                 assert len(context_enc) > 0
                 assert len(continuation_enc) > 0
-                assert len(continuation_enc) <= self.max_length
+                if len(continuation_enc) > self.max_length:   # HFLM asserts this: bad input, said in one line
+                    text = request_str[1] if isinstance(request_str, tuple) and len(request_str) > 1 else ""
+                    raise InputError(f"a scored continuation is {len(continuation_enc)} tokens, more than the "
+                                     f"model's max_length {self.max_length} ({str(text)[:60]!r}...): give a larger "
+                                     f"max_length in --model_args, up to the model's context")
                 total_length = len(context_enc) + len(continuation_enc)
                 if total_length > self.max_length + 1:
                     eval_logger.warning(

@@ -64,6 +64,7 @@ class TaskOutput:
     results_file: Path
     samples_file: Path | None
     items: list[dict] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)   # `evaluation_settings` of its results file
 
     @property
     def has_items(self) -> bool:
@@ -137,9 +138,26 @@ def _sample_items(path: Path, task: str) -> list[dict]:
     return items
 
 
+#: The evaluation settings a Forget Quality comparison needs equal in the model's and the retain model's runs.
+COMPARED_SETTINGS = ("limit", "chat_template", "system_instruction", "gen_kwargs", "tofu_preset",
+                     "tofu_model_family")
+
+
+def evaluation_settings(data: dict, task: str) -> dict[str, Any]:
+    """What an lm-eval results file says one task was evaluated under: the model arguments, `--limit`, whether a
+    chat template was applied, `--system_instruction`, `--gen_kwargs` and the task's TOFU preset."""
+    config = data.get("config") or {}
+    metadata = ((data.get("configs") or {}).get(task) or {}).get("metadata") or {}
+    return {"model_args": config.get("model_args"), "limit": config.get("limit"),
+            "chat_template": bool(data.get("chat_template_sha") or data.get("chat_template")),
+            "system_instruction": data.get("system_instruction"), "gen_kwargs": config.get("gen_kwargs") or {},
+            "tofu_preset": metadata.get("tofu_preset"), "tofu_model_family": metadata.get("tofu_model_family")}
+
+
 def load_run(run_dir: str | Path, label: str | None = None) -> LmEvalRun:
     """Every TOFU task found in an lm-eval output directory (searched recursively; for a task present in
-    several results files the newest one wins)."""
+    several results files the newest one wins). Tasks run with `--predict_only`, or chosen from the results of
+    different models (lm-eval writes runs of one base with other bundles into one subfolder), are refused."""
     root = Path(run_dir)
     if not root.exists():
         raise MissingInputError(f"run directory not found: {root}")
@@ -161,10 +179,13 @@ def load_run(run_dir: str | Path, label: str | None = None) -> LmEvalRun:
                 continue
             if task in found and found[task][0] >= date_id:
                 continue
+            if "bypass,none" in aggregates:
+                raise ScoreInputError(f"{results_file}: {task} was run with --predict_only (lm-eval computed no "
+                                      f"values); rerun it without --predict_only")
             role, tofu_config = TOFU_TASKS[task]
             samples = results_file.parent / f"samples_{task}_{date_id}.jsonl"
             out = TaskOutput(task, role, tofu_config, dict(aggregates), results_file,
-                             samples if samples.is_file() else None)
+                             samples if samples.is_file() else None, settings=evaluation_settings(data, task))
             if out.samples_file is not None:
                 out.items = _sample_items(out.samples_file, task)
             found[task] = (date_id, out)
@@ -174,6 +195,12 @@ def load_run(run_dir: str | Path, label: str | None = None) -> LmEvalRun:
             f"no lm-eval results for TOFU tasks under {root} (expected results_*.json from "
             f"`lm_eval --output_path ... --tasks tofu_forget10_suite`)"
         )
+    models = {json.dumps(out.settings["model_args"], sort_keys=True, default=str): out for _, out in found.values()}
+    if len(models) > 1:
+        named = "; ".join(f"{out.task} ({out.results_file.name}): {out.settings['model_args']}"
+                          for out in models.values())
+        raise ScoreInputError(f"{root} holds the newest results of different models: {named}; give each model (and "
+                              f"router set) its own lm-eval --output_path")
     return LmEvalRun(root, label or str(run_dir), model, {task: out for task, (_, out) in sorted(found.items())})
 
 
@@ -325,9 +352,12 @@ def score_runs(
 
     report_runs, per_item = [], []
     for run in runs:
+        limits = sorted({str(out.settings.get("limit")) for out in run.tasks.values()
+                         if out.settings.get("limit") is not None})
         entry: dict[str, Any] = {
             "label": run.label,
             "model": run.model,
+            "limit": ", ".join(limits) or None,   # lm-eval's --limit: fewer items than the protocol's
             "tasks": {
                 name: {"tofu_config": out.tofu_config, "n_items": len(out.items) if out.has_items else None,
                        **{m: _metric_value(out.aggregates, m) for m in ("rouge_l_recall", "probability",
@@ -345,6 +375,8 @@ def score_runs(
                 entry["forget_quality"][task.task] = unavailable(reason)
             else:
                 entry["forget_quality"][task.task] = forget_quality_of(task, items, source)
+                if retain is not None and (differ := settings_differ(task, retain.tasks[task.task])):
+                    entry["forget_quality"][task.task]["settings_differ"] = differ
             rouge = _metric_value(task.aggregates, "rouge_l_recall")
             prob = _metric_value(task.aggregates, "probability")
             entry["forgetting"][task.task] = {
@@ -409,22 +441,42 @@ def overlap_note(fq: dict) -> str | None:
             f"the retain run ({fq.get('retain_source')}) {theirs}")
 
 
-def overlap_notes(report: dict) -> list[str]:
+def settings_differ(ours: TaskOutput, theirs: TaskOutput) -> dict[str, list]:
+    """The `COMPARED_SETTINGS` in which a forget task's run and the retain model's run differ: `{key: [ours,
+    theirs]}`. Forget Quality compares truth ratios item by item, so they should be none."""
+    return {key: [ours.settings.get(key), theirs.settings.get(key)] for key in COMPARED_SETTINGS
+            if ours.settings.get(key) != theirs.settings.get(key)}
+
+
+def settings_note(fq: dict) -> str | None:
+    """A note when the retain run was evaluated under other settings than the model's run."""
+    differ = fq.get("settings_differ")
+    if not differ:
+        return None
+    named = ", ".join(f"{key} {ours!r} vs {theirs!r}" for key, (ours, theirs) in differ.items())
+    return f"the retain run ({fq.get('retain_source')}) was evaluated under other settings: {named}"
+
+
+def fq_notes(fq: dict) -> list[str]:
+    return [note for note in (overlap_note(fq), settings_note(fq)) if note]
+
+
+def report_notes(report: dict) -> list[str]:
     return [f"{run['label']} {task}: {note}" for run in report["runs"]
-            for task, fq in run["forget_quality"].items() if (note := overlap_note(fq))]
+            for task, fq in run["forget_quality"].items() for note in fq_notes(fq)]
 
 
 def format_report(report: dict) -> str:
     lines = []
     for run in report["runs"]:
-        lines.append(f"{run['label']}  [{run['model']}]")
+        limit = f"  (lm-eval --limit {run['limit']}: not the full sets)" if run.get("limit") else ""
+        lines.append(f"{run['label']}  [{run['model']}]{limit}")
         lines.append(f"  Model Utility: {_fmt(run['model_utility'])}")
         for task, fq in run["forget_quality"].items():
             forgetting = run["forgetting"][task]["one_minus_rouge_l_recall"]
             lines.append(f"  {task}: Forget Quality {_fmt(fq)}; Forgetting (1 - ROUGE-L) "
                          f"{'n/a' if forgetting is None else f'{forgetting:.4g}'}")
-            note = overlap_note(fq)
-            if note:
+            for note in fq_notes(fq):
                 lines.append(f"    note: {note}")
             fm = run["failure_modes"].get(task) or {}
             if "fractions" in fm:
@@ -485,7 +537,7 @@ def run_score(args: argparse.Namespace) -> int:
     per_item_path, scores_path = write_outputs(report, out_dir)
     if args.json:
         print(scores_path.read_text(encoding="utf-8"))
-        for note in overlap_notes(report):  # stdout stays pure JSON; the note goes to the console's stderr
+        for note in report_notes(report):  # stdout stays pure JSON; the note goes to the console's stderr
             print(f"note: {note}", file=sys.stderr)
     else:
         print(format_report(report))
