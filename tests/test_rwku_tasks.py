@@ -270,3 +270,15 @@ def test_cache_requests_never_hands_back_requests_built_for_other_metadata(rwku_
     assert prompts["1"][0] == 1 and prompts["2"][0] == 2 and prompts["1"][1] != prompts["2"][1]
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
     assert caplog.text.count("--cache_requests is ignored") == 1
+
+
+def test_a_one_sided_mia_target_says_why_its_auc_is_nan(monkeypatch, caplog):
+    """`--limit` keeps the first items, members first: an AUC over members alone is NaN, and the log says why."""
+    monkeypatch.setattr(U, "_warned_one_sided", False)
+    members_only = [{"target": 3, "value": v, "member": True} for v in (1.0, 2.0)]
+    with caplog.at_level("WARNING"):
+        assert math.isnan(U.target_auc(members_only))
+    assert "target 3 has 2 forget (member) and 0 retain (non-member) items" in caplog.text
+    assert "rwku_items_per_target" in caplog.text
+    both = members_only + [{"target": 3, "value": 5.0, "member": False}]
+    assert not math.isnan(U.target_auc(both))

@@ -452,11 +452,20 @@ def _mean(values: Sequence[float]) -> float:
     return float(np.mean(values)) if len(values) else math.nan
 
 
+_warned_one_sided = False   # once per process
+
+
 def _auc(items: Sequence[Mapping]) -> float:
     from cru_harness.metrics import mia_auc
 
     members = [i["value"] for i in items if i["member"]]
     nonmembers = [i["value"] for i in items if not i["member"]]
+    global _warned_one_sided
+    if (not members or not nonmembers) and items and not _warned_one_sided:
+        _warned_one_sided = True
+        log.warning(f"rwku_mia: target {items[0]['target']} has {len(members)} forget (member) and {len(nonmembers)} "
+                    f"retain (non-member) items scored, so its AUC is NaN; lm-eval's --limit keeps the first items "
+                    f"(members first): --metadata '{{\"rwku_items_per_target\": N}}' keeps N of each instead")
     if not members or not nonmembers or any(math.isnan(v) for v in members + nonmembers):
         return math.nan
     return float(mia_auc(members, nonmembers))
