@@ -658,3 +658,18 @@ def test_a_retain_oracle_trains_with_every_key_its_train_block_gives(tmp_path, m
         train_retain_model(cell, cell.extra["retain"]["value"], tmp_path, resolve_data_dir(cell.data_dir),
                            {"resources": {}})
     assert {k: seen[k] for k in given} == given and seen["seed"] == 0
+
+
+def test_the_starting_models_do_not_depend_on_which_seeds_run(tmp_path):
+    """The fine-tune and a trained retain oracle are one model for every seed (the cells that start from them do
+    not hash their seed): a run of seeds 1, 2 plans the very cells a run of 0, 1, 2 made, so it can reuse them."""
+    def cells(seeds):
+        raw = base_config(tmp_path, seeds=seeds, methods=[{"method": "GA"}], data_dir="testbed:world")
+        raw["models"][0].update(finetune={"data": "full", "num_epochs": 1},
+                                retain={"train": {"epochs": 1}})
+        return {(c.kind, c.split, c.method, c.seed): c.hash for c in build_plan(cfg.validate_config(raw))}
+
+    all_seeds, later = cells([0, 1, 2]), cells([1, 2])
+    starting = [key for key in later if key[0] in ("finetune", "retain")]
+    assert starting and all(key[3] == 0 for key in starting)
+    assert {key: later[key] for key in later} == {key: all_seeds[key] for key in later}

@@ -118,7 +118,7 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
                     data = retain.value["data"] if retain.kind == "finetune" else "{retain_split}"
                     corpora = {"retain_corpus": _fill(data, split, None)} if trains else {}
                     cells.append(Cell(kind="retain", split=split, target=None, method="Retain", label="Retain",
-                                      seed=config.seeds[0] if trains else None, hparams={},
+                                      seed=STARTING_MODEL_SEED if trains else None, hparams={},
                                       corpora=corpora, extra={"retain": retain.to_dict()}, **common))
                 if config.include_original:
                     cells.append(Cell(kind="original", split=split, target=target, method="Original",
@@ -128,6 +128,13 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
                         continue
                     cells.extend(_method_cells(config, method, common, split, target))
     return cells
+
+
+#: The seed of the cells that make a run's starting models (the fine-tune, a trained retain oracle): one model
+#: for every seed, as TOFU publishes one per split. Fixed rather than the config's first seed, because the cells
+#: that start from it do not hash it: a run with `--seeds 1,2` reusing another run's cells must start from the
+#: same checkpoint they did.
+STARTING_MODEL_SEED = 0
 
 
 #: The evaluation settings that decide how a finetune cell writes its TOFU rows (`runner.training.prompt_format`):
@@ -142,7 +149,7 @@ def _finetune_cell(config: ExperimentConfig, model: ModelSpec) -> Cell:
     prompting = {key: config.evaluation[key] for key in _FINETUNE_PROMPTING
                  if bench == "tofu" and config.evaluation[key] != PROMPTING_DEFAULTS[key]}
     return Cell(kind="finetune", model=model, benchmark=bench, split=None, target=None, method="Finetune",
-                label="Finetune", seed=config.seeds[0], hparams=dict(model.finetune),
+                label="Finetune", seed=STARTING_MODEL_SEED, hparams=dict(model.finetune),
                 corpora={"train_corpus": model.finetune["data"]}, tasks=(), limit=None, evaluation=prompting,
                 data_dir=config.benchmarks[bench]["data_dir"], device=config.device)
 
