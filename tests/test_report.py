@@ -200,8 +200,10 @@ def test_rwku_forget_all_weights_fb_qa_aa_by_their_item_counts():
 
 
 def test_forget_quality_from_retain_cell():
-    """The report fills FQ of a cell scored before its retain cell existed, by the scorer's rule: items matched by
-    question (another order, extra items), a NaN (stored as null) refused, and another recorded reason kept."""
+    """The report computes FQ against the run's retain cell by the scorer's rule: items matched by question
+    (another order, extra items), a NaN (stored as null) refused, no shared item refused. It fills a cell scored
+    before its retain cell existed and replaces one scored against another oracle (a reused cell: the oracle is
+    not in its hash); without per-item values the recorded number stays."""
     from scipy.stats import ks_2samp
 
     def cell(label, questions, ratios, kind="method", reason="no retain model given (use --retain-run DIR ...)"):
@@ -215,13 +217,19 @@ def test_forget_quality_from_retain_cell():
     same = cell("GA", ["q1", "q2", "q3", "q4", "q5"], [0.1, 0.2, 0.3, 0.4, 0.5])
     shifted = cell("NPO", ["q1", "q2", "q3", "q4", "q5"], [0.6, 0.7, 0.8, 0.9, 1.0])
     nan = cell("GD", ["q1", "q2", "q3", "q4", "q5"], [0.1, None, 0.3, 0.4, 0.5])
-    refused = cell("SimNPO", ["q1", "q2", "q3", "q4", "q5"], [0.1, 0.2, 0.3, 0.4, 0.5],
+    refused = cell("SimNPO", ["x1", "x2"], [0.1, 0.2],
                    reason="tofu_forget01: the retain model's results share no forget item with this run")
-    tables.fill_forget_quality([same, shifted, nan, refused, retain])
+    stale = cell("IdkDPO", ["q1", "q2", "q3", "q4", "q5"], [0.1, 0.2, 0.3, 0.4, 0.5], reason=None)
+    stale["metrics"]["forget_quality"] = 0.0123   # scored against an oracle this run no longer has
+    bare = cell("CRU", ["q1"], [0.1], reason=None)
+    bare["per_item"] = {}
+    bare["metrics"]["forget_quality"] = 0.5       # no per-item values to recompute from: kept
+    tables.fill_forget_quality([same, shifted, nan, refused, stale, bare, retain])
     assert same["metrics"]["forget_quality"] == pytest.approx(1.0)   # q0 is not an item of the run: left out
     assert shifted["metrics"]["forget_quality"] == pytest.approx(
         ks_2samp([0.6, 0.7, 0.8, 0.9, 1.0], [0.1, 0.2, 0.3, 0.4, 0.5]).pvalue)
     assert nan["metrics"]["forget_quality"] is None and refused["metrics"]["forget_quality"] is None
+    assert stale["metrics"]["forget_quality"] == pytest.approx(1.0) and bare["metrics"]["forget_quality"] == 0.5
 
 
 def write_cells(root, results):

@@ -123,29 +123,28 @@ def forgetting_utility(benchmark: str | None, metrics: dict) -> tuple[float | No
 
 
 def fill_forget_quality(results: list[dict]) -> list[dict]:
-    """TOFU Forget Quality of the cells scored before their retain cell existed (another shard's, a later one):
-    computed here by the scorer's own rule (`score.forget_quality_from_items`: items matched by question, NaN
-    refused) from the cell's and the retain cell's (same model, same split) per-item truth ratios. A cell whose
-    scorer refused FQ for any other reason keeps its null."""
+    """TOFU Forget Quality of each cell against the retain cell (same model, same split) among `results`,
+    computed by the scorer's own rule (`score.forget_quality_from_items`: items matched by question, NaN refused)
+    from both cells' per-item truth ratios. That is the number the cell recorded when it was scored beside the
+    same oracle; it also fills a cell scored before its retain cell existed (another shard's, a later one), and
+    replaces one scored against another oracle: the oracle is not in a method cell's hash, so a cell reused after
+    the oracle changed (a config edit, `--reuse` from another run) keeps its old comparison. Without both
+    per-item lists the recorded value stays."""
     from .cell_scores import forget_items_from_result
-    from .score import NO_RETAIN, forget_quality_from_items
+    from .score import forget_quality_from_items
 
     oracle = {(r["model"], r["split"]): r for r in results if r.get("kind") == "retain" and r.get("status") == "ok"}
     for result in results:
         if result.get("benchmark") != "tofu" or result.get("status") != "ok" or \
                 result.get("kind") in ("retain", "finetune"):
             continue
-        metrics = result.setdefault("metrics", {})
-        recorded = ((result.get("details") or {}).get("scoring") or {}).get("forget_quality") or {}
-        if stats.is_number(metrics.get("forget_quality")) or \
-                (recorded and not str(recorded.get("reason") or "").startswith(NO_RETAIN)):
-            continue
         task = f"tofu_{result['split']}"
         mine = forget_items_from_result(result, task)
         retain = oracle.get((result["model"], result["split"]))
         reference = forget_items_from_result(retain, task) if retain else None
         if mine and reference:
-            metrics["forget_quality"] = forget_quality_from_items(task, mine, reference, reference[0]["run"])["value"]
+            value = forget_quality_from_items(task, mine, reference, reference[0]["run"])["value"]
+            result.setdefault("metrics", {})["forget_quality"] = value
     return results
 
 
