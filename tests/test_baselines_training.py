@@ -152,6 +152,11 @@ def test_presets():
     rw = B.make_config("npo", "rwku")
     assert (rw.learning_rate, rw.beta, rw.num_epochs, rw.lr_scheduler, rw.warmup_steps) == (2e-6, 0.2, 3, "cosine", 20)
     assert B.make_config("ga", "rwku", learning_rate=1e-4).learning_rate == 1e-4
+    # a warm-up given in epochs replaces RWKU's 20 steps (it was accepted, hashed, and ignored); both given: steps
+    by_epochs = B.make_config("ga", "rwku", warmup_epochs=0.5)
+    assert (by_epochs.warmup_steps, by_epochs.warmup_epochs) == (None, 0.5)
+    assert step_counts(by_epochs, 8, 1) == (24, 4)
+    assert B.make_config("ga", "rwku", warmup_epochs=0.5, warmup_steps=5).warmup_steps == 5
     with pytest.raises(ValueError, match="forget05 and forget10 only"):
         B.make_config("simnpo", "tofu", "forget01")
     with pytest.raises(ValueError, match="forget05 and forget10 only"):   # one of the two is not enough
@@ -374,3 +379,12 @@ def test_resource_monitor_counts_trainable_only(tokenizer):
     assert r.total_params - r.trainable_params == emb
     assert r.peak_memory_bytes >= r.peak_memory_at_start_bytes > 0 and r.wall_time_s >= 0
     assert r.to_dict()["peak_memory_source"] == "process_peak_rss"
+
+
+def test_a_warm_up_as_long_as_the_run_is_named(tokenizer, caplog):
+    """RWKU's 20 warm-up steps on a short run: the learning rate never reaches its value, and the log says so."""
+    config = fast_config("ga")
+    config.warmup_steps = 50
+    with caplog.at_level("WARNING"):
+        B.unlearn(tiny(tokenizer), tokenizer, FORGET, RETAIN, "ga", config, progress=False)
+    assert "warm-up (50 steps) covers all" in caplog.text and "never reaches" in caplog.text

@@ -84,6 +84,8 @@ class BaselineConfig:
             presets = klass.__dict__.get("_PRESETS", {})
             values.update(presets.get((benchmark, split), {}) if split is not None else {})
         cls._check_split(benchmark, split)
+        if "warmup_epochs" in overrides and "warmup_steps" not in overrides:
+            values.pop("warmup_steps", None)   # a warm-up given in epochs replaces a preset's in steps (RWKU's 20)
         values.update(overrides)
         return cls.from_dict(values)
 

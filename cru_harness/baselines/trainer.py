@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from transformers import get_scheduler
 from ..devices import DeviceError, check_dtype_on_device, resolve_device
 from .base import BaselineConfig, UnlearningMethod
 from .data import IGNORE_INDEX
+
+log = logging.getLogger(__name__)
 
 _SCHEDULER_NAMES = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
 
@@ -161,6 +164,10 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
         ref_model = ref_model.to(accelerator.device).eval()  # a sharded reference stays where its map put it
 
     total_steps, warmup = step_counts(config, len(loader), accum)
+    if warmup >= total_steps and accelerator.is_main_process:
+        log.warning(f"{method.name}: the warm-up ({config.warmup_steps if config.warmup_steps is not None else warmup} "
+                    f"steps) covers all {total_steps} optimizer steps, so the learning rate never reaches "
+                    f"{config.learning_rate:g}")
     scheduler = get_scheduler(_SCHEDULER_NAMES[config.lr_scheduler], optimizer, num_warmup_steps=warmup,
                               num_training_steps=total_steps)
 
