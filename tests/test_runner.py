@@ -673,3 +673,42 @@ def test_the_starting_models_do_not_depend_on_which_seeds_run(tmp_path):
     starting = [key for key in later if key[0] in ("finetune", "retain")]
     assert starting and all(key[3] == 0 for key in starting)
     assert {key: later[key] for key in later} == {key: all_seeds[key] for key in later}
+
+
+def test_trust_remote_code_reaches_every_model_load_of_a_cell(tmp_path, monkeypatch):
+    """A model's `trust_remote_code` loads it for the baselines, the fine-tune and the failure classes' NLL as it
+    loads it for lm-eval and CRU (a model with its own code and a native class would otherwise train with one
+    implementation and be evaluated with another)."""
+    import cru_harness.baselines.api as baselines_api
+    import cru_harness.devices as devices
+    import cru_harness.finetune.train as finetune_train
+    from cru_harness.reporting.failure_modes import AnswerNLLScorer
+    from cru_harness.runner import training
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def loader(path, **kwargs):
+        seen.append(kwargs.get("trust_remote_code"))
+        raise Stop
+
+    for module in (baselines_api, finetune_train, devices):
+        monkeypatch.setattr(module, "load_causal_lm", loader)
+    raw = base_config(tmp_path, seeds=[0], methods=[{"method": "GA"}], data_dir="testbed:world")
+    raw["models"][0].update(trust_remote_code=True, finetune={"data": "full"})
+    cells = build_plan(cfg.validate_config(raw))
+    ga = next(c for c in cells if c.method == "GA")
+    tune = next(c for c in cells if c.kind == "finetune")
+    outcome = {"resources": {}, "details": {}, "artifacts": {}}
+    from cru_harness.runner.models import resolve_data_dir, resolve_model_path
+
+    data_dir, model = resolve_data_dir(ga.data_dir), resolve_model_path("zoo:llama")
+    with pytest.raises(Stop):
+        training.train_baseline(ga, model, tmp_path, data_dir, outcome)
+    with pytest.raises(Stop):
+        training.train_finetuned_model(tune, tune.hparams, model, "full", tmp_path / "ft", data_dir, outcome)
+    with pytest.raises(Stop):
+        AnswerNLLScorer(model, trust_remote_code=True)
+    assert seen == [True, True, True]

@@ -59,12 +59,12 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
             out_dir: str | os.PathLike | None = None, seed: int = 0, *, refusals: list[str] | None = None,
             data_dir: str | os.PathLike | None = None, dtype: str | torch.dtype = "float32",
             device: str = "auto", device_map=None, progress: bool = True,
-            prompt_format: dict | None = None) -> UnlearnResult:
+            prompt_format: dict | None = None, trust_remote_code: bool = False) -> UnlearnResult:
     """Unlearn `forget_rows` from a model with a baseline; save it to `out_dir` (if given) and return a record.
 
     `prompt_format`: `{"chat": bool, "preset": ..., "family": ..., "benchmark": ...}` for
     `cru_harness.prompts.qa_texts` (default: TOFU's open-unlearning preset, the chat template when the tokenizer has
-    one): pass what the evaluation uses.
+    one): pass what the evaluation uses. `trust_remote_code`: as the evaluation loads the model (its own code).
     `model_path_or_model`: a checkpoint path / hub id or a model (trained in place).
     `dtype` (`cru_harness.devices.training_precision`): float32; bfloat16 / float16 = fp32 master weights under
     bf16 / fp16 autocast (as the references' DeepSpeed runs), the trained model then cast to `dtype` and saved
@@ -87,7 +87,8 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     def load():
         # Without a device_map accelerate places the model (its own device, or this process's GPU).
         return load_causal_lm(str(model_path_or_model), device="cpu" if device_map is None else device,
-                              device_map=device_map, dtype=weights_dtype, load_tokenizer=False)[0]
+                              device_map=device_map, dtype=weights_dtype, load_tokenizer=False,
+                              trust_remote_code=trust_remote_code)[0]
 
     if isinstance(model_path_or_model, (str, os.PathLike)):
         model = load()
@@ -100,7 +101,7 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     if tokenizer is None:
         raise ValueError("tokenizer is required when a model object is passed")
     if isinstance(tokenizer, (str, os.PathLike)):
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer, trust_remote_code=trust_remote_code)
 
     retain_used = list(retain_rows or []) if m.uses_retain else []
     if m.uses_retain and not retain_used:

@@ -105,7 +105,8 @@ class FinetuneResult:
 def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer=None,
              config: FinetuneConfig | dict | None = None, seed: int = 0, data_dir=None, dtype="float32",
              device: str = "auto", device_map=None, chat_template: bool | None = None, overwrite: bool = False,
-             progress: bool = True, preset: str = DEFAULT_TOFU_PRESET, family: str | None = None) -> FinetuneResult:
+             progress: bool = True, preset: str = DEFAULT_TOFU_PRESET, family: str | None = None,
+             trust_remote_code: bool = False) -> FinetuneResult:
     """Fine-tune a causal LM on QA rows with TOFU's recipe; save it to `out_dir` (if given).
 
     `model`: a HF id / directory, or a model object (trained in place; then `tokenizer` is required).
@@ -148,7 +149,8 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
         try:
             model, loaded_tokenizer = load_causal_lm(path, device="cpu" if device_map is None else device,
                                                      device_map=device_map, dtype=weights_dtype,
-                                                     load_tokenizer=tokenizer is None)
+                                                     load_tokenizer=tokenizer is None,
+                                                     trust_remote_code=trust_remote_code)
         except OSError as err:  # transformers' "not a checkpoint / not on the Hub": bad input, one line
             raise InputError(f"cannot load model {path!r}: {err}") from None
         tokenizer = tokenizer or loaded_tokenizer
@@ -157,7 +159,7 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     if isinstance(tokenizer, (str, os.PathLike)):
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer, trust_remote_code=trust_remote_code)
     def lengths():  # only computed when max_length exceeds the model's context (as the baselines do)
         return {"training": [len(e.input_ids) for e in QADataset(tokenizer, rows, max_length=config.max_length,
                                                                  **fmt).examples]}

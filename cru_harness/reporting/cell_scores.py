@@ -50,10 +50,10 @@ def _finite_or_none(value) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _nll_scorer(original_model, device: str, batch_size: int, device_map=None):
-    return None if original_model is None else failure_modes.AnswerNLLScorer(original_model, device=device,
-                                                                              batch_size=batch_size,
-                                                                              device_map=device_map)
+def _nll_scorer(original_model, device: str, batch_size: int, device_map=None, trust_remote_code: bool = False):
+    return None if original_model is None else failure_modes.AnswerNLLScorer(
+        original_model, device=device, batch_size=batch_size, device_map=device_map,
+        trust_remote_code=trust_remote_code)
 
 
 # ----------------------------------------------------------------------------------------------------------- TOFU
@@ -71,12 +71,12 @@ def forget_items_from_result(result: dict, forget_task: str) -> list[dict] | Non
 
 def score_tofu_cell(lmeval_dir: str | Path, *, split: str, retain_items: list[dict] | None = None,
                     original_model: str | None = None, data_dir: str | None = None, device: str = "cpu",
-                    batch_size: int = 8, device_map=None) -> dict[str, Any]:
+                    batch_size: int = 8, device_map=None, trust_remote_code: bool = False) -> dict[str, Any]:
     """`metrics`, `per_item`, `failure_classes`, `details` of a TOFU cell from its lm-eval output directory."""
     forget_task = f"tofu_{split}"
     report = tofu_score.score_runs([lmeval_dir], retain_items=retain_items, original_model=original_model,
                                    data_dir=data_dir, device=device, batch_size=batch_size, labels=["cell"],
-                                   device_map=device_map)
+                                   device_map=device_map, trust_remote_code=trust_remote_code)
     per_item_path, scores_path = tofu_score.write_outputs(report, lmeval_dir)
     run = report["runs"][0]
     metrics: dict[str, float | None] = {}
@@ -143,7 +143,8 @@ def rwku_answer_records(rows: list[dict]) -> list[dict]:
 
 
 def score_rwku_cell(lmeval_dir: str | Path, *, target: int, original_model: str | None = None,
-                    device: str = "cpu", batch_size: int = 8, device_map=None) -> dict[str, Any]:
+                    device: str = "cpu", batch_size: int = 8, device_map=None,
+                    trust_remote_code: bool = False) -> dict[str, Any]:
     """`metrics`, `failure_classes`, `details` of an RWKU cell (one target) from its lm-eval output directory."""
     from cru_harness import metrics as M
     from cru_harness.tasks.rwku.utils import per_target_results
@@ -165,7 +166,7 @@ def score_rwku_cell(lmeval_dir: str | Path, *, target: int, original_model: str 
             per_target[task] = per_target_results(rows)
         row = per_target[task].get(int(target))
         metrics[key] = None if row is None else _finite_or_none(row.get(metric))
-    scorer = _nll_scorer(original_model, device, batch_size, device_map)
+    scorer = _nll_scorer(original_model, device, batch_size, device_map, trust_remote_code)
     failure_classes, fm_details = {}, {}
     for group, probes in RWKU_FAILURE_GROUPS.items():
         records = [rec for probe in probes if probe in by_probe for rec in rwku_answer_records(by_probe[probe][1])]

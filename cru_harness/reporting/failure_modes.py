@@ -47,12 +47,12 @@ class AnswerNLLScorer:
     """Mean token NLL of answers given their prompts under one causal LM (the original model)."""
 
     def __init__(self, model, tokenizer=None, *, device: str = "cpu", batch_size: int = 8, device_map=None,
-                 dtype: str = "float32"):
+                 dtype: str = "float32", trust_remote_code: bool = False):
         from ..devices import input_device, load_causal_lm, resolve_device
 
         if isinstance(model, (str, Path)):
             model, loaded = load_causal_lm(str(model), device=device, device_map=device_map, dtype=dtype,
-                                           load_tokenizer=tokenizer is None)
+                                           load_tokenizer=tokenizer is None, trust_remote_code=trust_remote_code)
             tokenizer = tokenizer or loaded
         elif not getattr(model, "hf_device_map", None):  # a sharded model stays where its device_map put it
             model = model.to(resolve_device(device))

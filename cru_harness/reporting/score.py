@@ -326,6 +326,7 @@ def score_runs(
     labels: list[str] | None = None,
     device_map: str | None = None,
     dtype: str = "float32",
+    trust_remote_code: bool = False,
 ) -> dict:
     """Score runs: `{"runs": [{label, model, tasks, model_utility, forget_quality, forgetting, failure_modes}],
     "per_item": [rows]}`. `original_model` (a HF checkpoint; for CRU the base without routers) adds each forget
@@ -347,7 +348,8 @@ def score_runs(
 
     refusals, refusal_note = failure_modes.tofu_refusal_phrases(data_dir)
     nll_scorer = failure_modes.AnswerNLLScorer(original_model, device=device, batch_size=batch_size,
-                                               device_map=device_map, dtype=dtype) \
+                                               device_map=device_map, dtype=dtype,
+                                               trust_remote_code=trust_remote_code) \
         if original_model is not None else None
 
     report_runs, per_item = [], []

@@ -197,11 +197,13 @@ def score_cell(cell: Cell, lmeval_dir: Path, *, data_dir=None, original_model: s
         retain_items = cell_scores.forget_items_from_result(retain_result, forget_task) if retain_result else None
         scored = cell_scores.score_tofu_cell(lmeval_dir, split=cell.split, retain_items=retain_items,
                                              original_model=original, data_dir=data_dir, device=cell_device(cell),
-                                             batch_size=batch_size, device_map=cell.model.device_map)
+                                             batch_size=batch_size, device_map=cell.model.device_map,
+                                             trust_remote_code=cell.model.trust_remote_code)
     else:
         scored = cell_scores.score_rwku_cell(lmeval_dir, target=cell.target, original_model=original,
                                              device=cell_device(cell), batch_size=batch_size,
-                                             device_map=cell.model.device_map)
+                                             device_map=cell.model.device_map,
+                                             trust_remote_code=cell.model.trust_remote_code)
     if not failure:
         scored["failure_classes"] = {}
     return scored

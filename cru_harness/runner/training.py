@@ -78,7 +78,8 @@ def train_baseline(cell: Cell, model_path: str, workdir: Path, data_dir, outcome
     dtype = model_dtype(cell.model)
     trained = unlearn(model_path, None, forget, retain, cell.method, config, out_dir=out, seed=cell.seed or 0,
                       data_dir=data_dir, dtype=dtype, device=cell.device, device_map=cell.model.device_map,
-                      progress=False, prompt_format=prompt_format(cell, chat))
+                      progress=False, prompt_format=prompt_format(cell, chat),
+                      trust_remote_code=cell.model.trust_remote_code)
     outcome["details"]["training_prompts"] = prompt_format(cell, chat)
     resources = getattr(trained, "resources", None)
     if resources is not None:
@@ -123,7 +124,7 @@ def train_finetuned_model(cell: Cell, spec: dict, source_path: str, corpus: str,
     result = finetune(source_path, corpus, out, config=FinetuneConfig.from_dict(overrides), seed=cell.seed or 0,
                       data_dir=data_dir, dtype=dtype, device=cell.device, device_map=cell.model.device_map,
                       chat_template=fmt["chat"], preset=fmt["preset"], family=fmt["family"], overwrite=True,
-                      progress=False)
+                      progress=False, trust_remote_code=cell.model.trust_remote_code)
     outcome["details"]["training_prompts"] = fmt
     outcome["resources"].update({f"train_{k}" if k in ("wall_time_s", "peak_memory_bytes") else k: v
                                  for k, v in result.resources.items()})
