@@ -423,3 +423,26 @@ def test_every_gpu_run_writes_where_git_ignores_it_until_it_is_committed():
     assert sorted(ignored.stdout.split()) == sorted(map(str, outputs))
     committed = ["results/cpu_smollm2", "results/studies/lambda-cpu_smollm2", "results/demo"]
     assert subprocess.run(["git", "check-ignore", *committed], cwd=repo).returncode == 1   # none ignored
+
+
+def test_sharded_runs_report_with_the_settings_their_config_named(tmp_path, capsys):
+    """Shards write plan.shardIofN.json, not plan.json: `report` on a shard, and `merge` (which copies the plans),
+    still write what the config's `report:` named (md and csv, no plots), not every format."""
+    from cru_harness.cli import main
+
+    blocks = synthetic_blocks()
+    shards = []
+    for i, part in enumerate((blocks[: len(blocks) // 2], blocks[len(blocks) // 2:]), start=1):
+        shard = tmp_path / f"shard{i}"
+        write_cells(shard, part)
+        plan = {"config": {"report": {"formats": ["md", "csv"], "plots": False}}, "source": "configs/x.yaml",
+                "shard": [i, 2], "cells": []}
+        (shard / f"plan.shard{i}of2.json").write_text(json.dumps(plan))
+        shards.append(str(shard))
+    assert main(["report", shards[0]]) == 0
+    assert "report settings: the run's config (configs/x.yaml)" in capsys.readouterr().out
+    merged = tmp_path / "merged"
+    assert main(["merge", *shards, "--out", str(merged)]) == 0
+    for written in (Path(shards[0]) / "report", merged / "report"):
+        suffixes = {p.suffix for p in written.rglob("*") if p.is_file()}
+        assert ".md" in suffixes and ".csv" in suffixes and not suffixes & {".tex", ".png"}, (written, suffixes)

@@ -712,3 +712,18 @@ def test_trust_remote_code_reaches_every_model_load_of_a_cell(tmp_path, monkeypa
     with pytest.raises(Stop):
         AnswerNLLScorer(model, trust_remote_code=True)
     assert seen == [True, True, True]
+
+
+def test_a_forced_chat_choice_reaches_the_fine_tune_of_an_rwku_only_model(tmp_path):
+    """`evaluation.apply_chat_template` decides how a fine-tune writes its rows for any benchmark (the TOFU presets
+    only for TOFU): it is in the finetune cell, hence in its hash."""
+    def finetune_cell(**evaluation):
+        raw = {"name": "t", "output_dir": str(tmp_path / "run"), "seeds": [0],
+               "models": [{"name": "m", "path": "zoo:llama", "benchmarks": ["rwku"],
+                           "finetune": {"data": "rwku:1:passage"}}],
+               "benchmarks": {"rwku": {"targets": [1]}}, "methods": [{"method": "GA"}], "evaluation": evaluation}
+        return next(c for c in build_plan(cfg.validate_config(raw)) if c.kind == "finetune")
+
+    forced = finetune_cell(apply_chat_template=False, tofu_preset="legacy", tofu_model_family="phi")
+    assert forced.evaluation == {"apply_chat_template": False}
+    assert forced.hash != finetune_cell().hash

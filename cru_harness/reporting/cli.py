@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -26,16 +27,20 @@ def register(subparsers) -> None:
 
 
 def recorded_report_settings(dirs: list[Path]) -> tuple[dict, str]:
-    """The report settings a single run directory's config named (its plan.json, written by `cru-harness run`), so
-    that `cru-harness report DIR` rewrites the report the run wrote, the same files and bytes; the defaults for
-    several directories or one without a plan. Returns the settings and where they came from."""
+    """The report settings a single run directory's config named (its plans, written by `cru-harness run`: plan.json,
+    or a shard's plan.shardIofN.json, which `merge` copies), so that `cru-harness report DIR` rewrites the report
+    the run wrote, the same files and bytes; the defaults for several directories, one without a plan, or plans
+    that name different settings (merged runs of different configs). Returns the settings and where they came
+    from."""
     from ..runner.config import report_settings
 
-    plan = dirs[0] / "plan.json" if len(dirs) == 1 else None
-    if plan is None or not plan.is_file():
-        return report_settings(None), "the defaults"
-    recorded = read_recorded_json(plan, "the run's plan")
-    source = recorded.get("source") or str(plan)
+    plans = read_plans(dirs) if len(dirs) == 1 else []
+    named = {json.dumps((plan.get("config") or {}).get("report"), sort_keys=True): plan for plan in plans}
+    if len(named) != 1:
+        return report_settings(None), "the defaults" + (" (its plans name different report settings)"
+                                                        if len(named) > 1 else "")
+    recorded, = named.values()
+    source = recorded.get("source") or str(dirs[0])
     return report_settings((recorded.get("config") or {}).get("report"), source), f"the run's config ({source})"
 
 

@@ -464,9 +464,11 @@ def cmd_merge(args: argparse.Namespace) -> int:
         counts = merge_dirs(args.dirs, args.out)
     print(f"merged {len(args.dirs)} directories into {args.out}: {counts}")
     if not args.no_report:
-        from ..reporting.cli import write_report
+        from ..reporting.cli import recorded_report_settings, write_report
 
-        write_report([Path(args.out)], Path(args.out) / "report")
+        settings, _ = recorded_report_settings([Path(args.out)])   # the config's `report:`, from the shards' plans
+        write_report([Path(args.out)], Path(args.out) / "report", formats=settings["formats"],
+                     plots=settings["plots"], stats=settings["stats"])
     return 0
 
 

@@ -146,8 +146,10 @@ def _finetune_cell(config: ExperimentConfig, model: ModelSpec) -> Cell:
     """The cell that fine-tunes `model.path` on `model.finetune["data"]` (TOFU's recipe): no evaluation, but the
     prompt format the TOFU evaluation uses (a legacy or open-unlearning model family, a forced chat choice)."""
     bench = "tofu" if "tofu" in model.benchmarks else model.benchmarks[0]
+    # the chat choice writes any benchmark's rows; the presets are TOFU's
     prompting = {key: config.evaluation[key] for key in _FINETUNE_PROMPTING
-                 if bench == "tofu" and config.evaluation[key] != PROMPTING_DEFAULTS[key]}
+                 if (bench == "tofu" or key == "apply_chat_template")
+                 and config.evaluation[key] != PROMPTING_DEFAULTS[key]}
     return Cell(kind="finetune", model=model, benchmark=bench, split=None, target=None, method="Finetune",
                 label="Finetune", seed=STARTING_MODEL_SEED, hparams=dict(model.finetune),
                 corpora={"train_corpus": model.finetune["data"]}, tasks=(), limit=None, evaluation=prompting,
