@@ -42,6 +42,8 @@ def base_config(tmp_path, **extra):
                                                                        {"method": "ICU", "lr": 1e-5}]),
      "methods[2].lr", "prompt-only"),
     (lambda r: r["methods"].append({"method": "PURGE"}), "methods[2].method", "RWKU-only"),
+    (lambda r: r["models"][0].update(finetune={"data": "{retain_split}"}), "models[0].finetune.data",
+     "trains once, on one corpus"),
     (lambda r: r["benchmarks"]["tofu"].update(splits=["forget02"]), "benchmarks.tofu.splits[0]", "forget01"),
     (lambda r: r["benchmarks"].update(rwku={"targets": "1-201"}), "benchmarks.rwku.targets", "1 to 200"),
     (lambda r: r["benchmarks"].update(rwku={"targets": [0, 5]}), "benchmarks.rwku.targets", "out of range"),

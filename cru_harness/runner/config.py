@@ -808,6 +808,10 @@ def _validate_finetune(value: Any, where: str, source: str | None, *, needs_data
             if not isinstance(val, str) or not val:
                 _fail(f"{where}.data", "expected a corpus source: TOFU config (full, retain90), JSON/JSONL file or "
                       "rwku:<target>:<kind>", source)
+            if needs_data and (names := re.findall(r"\{([^{}]*)\}", val)):
+                # a model's own fine-tune is one cell for every split: nothing fills a placeholder there
+                _fail(f"{where}.data", f"placeholder {{{names[0]}}} is filled only in a retain oracle's "
+                      f"`finetune: data`; a model's fine-tune trains once, on one corpus", source)
             _check_placeholders(val, "tofu", f"{where}.data", source)
         elif canon == "dtype":
             if val not in DTYPE_NAMES:
