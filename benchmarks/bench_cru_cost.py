@@ -21,7 +21,6 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 SIDES = ("router_step", "router_step_uncached", "full_adamw_step", "localization", "plain_forward")
 
@@ -202,11 +201,10 @@ def main(argv=None) -> int:
     say(f"localization / plain forward over the same {args.steps + 1} batches: time "
           f"{loc['seconds'] / fwd['seconds']:.3f}x, peak RSS {loc['peak_rss_mib'] / fwd['peak_rss_mib']:.3f}x")
     say(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} after")
-    if args.out:   # whole or not at all
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_name(out.name + ".tmp").write_text("\n".join(lines) + "\n")
-        out.with_name(out.name + ".tmp").replace(out)
+    if args.out:
+        from cru_harness.runner.cache import atomic_write_text
+
+        atomic_write_text(args.out, "\n".join(lines) + "\n")
     return 0
 
 

@@ -214,14 +214,13 @@ def main(argv=None) -> int:
                         ("--threads", args.threads)):
         if value is not None:
             passthrough += [flag, str(value)]
+    from cru_harness.runner.cache import atomic_write_text
+
     records = []
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:   # whole or not at all, after every method
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(records, indent=2) + "\n")
-        tmp.replace(out)
+        atomic_write_text(out, json.dumps(records, indent=2) + "\n")
 
     for dtype in dtypes:
         for method in methods:

@@ -526,10 +526,9 @@ def main(argv=None) -> int:
             report["full_suites"] = partial
         report["loadavg_at_end"] = list(os.getloadavg())
         if args.json_out:
-            Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(args.json_out).with_suffix(".tmp")
-            tmp.write_text(json.dumps(report, indent=2, default=str))
-            tmp.replace(args.json_out)
+            from cru_harness.runner.cache import atomic_write_text
+
+            atomic_write_text(args.json_out, json.dumps(report, indent=2, default=str))
 
     save()
     if args.full_suites:

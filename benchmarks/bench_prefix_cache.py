@@ -85,11 +85,10 @@ def main(argv=None) -> int:
               "epochs": args.epochs, "batch_size": args.batch_size, "torch": torch.__version__, "runs": runs,
               "bundles_byte_identical": identical, "speedup_per_round": ratios,
               "speedup": statistics.median(ratios)}
+    from cru_harness.runner.cache import atomic_write_text
+
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = out.with_name(out.name + ".tmp")
-    tmp_out.write_text(json.dumps(record, indent=2) + "\n")
-    tmp_out.replace(out)
+    atomic_write_text(out, json.dumps(record, indent=2) + "\n")
     print(f"router training without / with the prefix cache: {record['speedup']:.2f}x wall (median of "
           f"{', '.join(f'{r:.2f}' for r in ratios)}); bundles "
           f"{'byte-identical' if identical else 'DIFFER'}; wrote {out}")

@@ -606,9 +606,9 @@ class CRULM(HFLM):
                                      "cannot be told from another)")
         path = Path(self.pretrained).expanduser()
         if path.is_dir():
-            files = sorted(f for f in path.rglob("*") if f.is_file())
-            base = {"path": str(path.resolve()),
-                    "files": [[str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns] for f in files]}
+            from cru_harness.runner.provenance import directory_stamp
+
+            base = {"path": str(path.resolve()), "files": directory_stamp(path)}
         else:
             base = {"hub": str(self.pretrained), "revision": self.revision}
         return {"base": base, "routers": [bundle.digest() for bundle in self.bundles],

@@ -270,8 +270,13 @@ def _suggest(key: str, allowed) -> str:
 _PLACEHOLDERS = {"tofu": ("split", "retain_split"), "rwku": ("target",)}
 
 
+def _placeholders(text: str) -> list[str]:
+    """The `{name}` placeholders of a template, in order."""
+    return re.findall(r"\{([^{}]*)\}", text)
+
+
 def _check_placeholders(text: str, bench: str, key: str, source: str | None) -> None:
-    for name in re.findall(r"\{([^{}]*)\}", text):
+    for name in _placeholders(text):
         if name not in _PLACEHOLDERS[bench]:
             _fail(key, f"placeholder {{{name}}} is not filled on {bench}; available: "
                   f"{', '.join('{' + p + '}' for p in _PLACEHOLDERS[bench])}", source)
@@ -408,10 +413,10 @@ _BOOLEAN_HPARAMS = ("prefix_cache",)
 #: cru.train.ROUTER_INITS, cru.prefix.CACHE_PLACEMENTS, baselines.base.SCHEDULERS / MIXED_PRECISION (a test pins
 #: each to the library's).
 HPARAM_CHOICES = {"selection": ("variance", "random"), "input_norm": ("none", "rms", "rms_learned"),
-            "suppress_loss": ("linear", "quadratic"), "pass_loss": ("linear", "quadratic"),
-            "gate_site": ("residual", "mlp"), "router_init": ("default", "open"),
-            "lr_scheduler": ("linear", "cosine", "constant"), "mixed_precision": ("no", "fp16", "bf16"),
-            "prefix_cache_placement": ("auto", "cpu", "device")}
+                  "suppress_loss": ("linear", "quadratic"), "pass_loss": ("linear", "quadratic"),
+                  "gate_site": ("residual", "mlp"), "router_init": ("default", "open"),
+                  "lr_scheduler": ("linear", "cosine", "constant"), "mixed_precision": ("no", "fp16", "bf16"),
+                  "prefix_cache_placement": ("auto", "cpu", "device")}
 
 
 def _validate_hparams(method: str, hparams: dict, where: str, source: str | None) -> dict:
@@ -808,7 +813,7 @@ def _validate_finetune(value: Any, where: str, source: str | None, *, needs_data
             if not isinstance(val, str) or not val:
                 _fail(f"{where}.data", "expected a corpus source: TOFU config (full, retain90), JSON/JSONL file or "
                       "rwku:<target>:<kind>", source)
-            if needs_data and (names := re.findall(r"\{([^{}]*)\}", val)):
+            if needs_data and (names := _placeholders(val)):
                 # a model's own fine-tune is one cell for every split: nothing fills a placeholder there
                 _fail(f"{where}.data", f"placeholder {{{names[0]}}} is filled only in a retain oracle's "
                       f"`finetune: data`; a model's fine-tune trains once, on one corpus", source)

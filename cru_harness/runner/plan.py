@@ -19,6 +19,11 @@ from .config import CRU_BENCHMARK_DEFAULTS, PROMPTING_DEFAULTS, ExperimentConfig
 
 HASH_SCHEMA = 1          # bump when the meaning of a resolved cell changes (invalidates caches)
 HASH_LENGTH = 16
+#: The seed of the cells that make a run's starting models (the fine-tune, a trained retain oracle): one model
+#: for every seed, as TOFU publishes one per split. Fixed rather than the config's first seed, because the cells
+#: that start from it do not hash it: a run with `--seeds 1,2` reusing another run's cells must start from the
+#: same checkpoint they did.
+STARTING_MODEL_SEED = 0
 SEEDLESS_METHODS = ("ICU", "PURGE")
 _LOCAL_PREFIXES = ("/", "./", "../", "~")
 
@@ -128,13 +133,6 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
                         continue
                     cells.extend(_method_cells(config, method, common, split, target))
     return cells
-
-
-#: The seed of the cells that make a run's starting models (the fine-tune, a trained retain oracle): one model
-#: for every seed, as TOFU publishes one per split. Fixed rather than the config's first seed, because the cells
-#: that start from it do not hash it: a run with `--seeds 1,2` reusing another run's cells must start from the
-#: same checkpoint they did.
-STARTING_MODEL_SEED = 0
 
 
 #: The evaluation settings that decide how a finetune cell writes its TOFU rows (`runner.training.prompt_format`):

@@ -176,12 +176,19 @@ def _directory_fingerprint(path: str, stamp: tuple) -> str:
     return digest.hexdigest()[:16]
 
 
+def directory_stamp(path: str | os.PathLike) -> tuple[tuple[str, int, int], ...]:
+    """(relative path, size, mtime in ns) of every file under a directory: what changes when a file is written,
+    read without reading any file."""
+    root = Path(path)
+    return tuple((f.relative_to(root).as_posix(), f.stat().st_size, f.stat().st_mtime_ns)
+                 for f in sorted(root.rglob("*")) if f.is_file())
+
+
 def directory_fingerprint(path: str | os.PathLike) -> str:
     """Content hash of the files of a directory (hidden files and build logs left out), cached per process
-    while the files' sizes and mtimes stay the same."""
+    while the files' sizes and mtimes stay the same (`directory_stamp`)."""
     root = Path(path).resolve()
-    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(root.rglob("*")) if f.is_file())
-    return _directory_fingerprint(str(root), stamp)
+    return _directory_fingerprint(str(root), directory_stamp(root))
 
 
 def model_fingerprint(path: str) -> str:

@@ -456,11 +456,11 @@ _warned_one_sided = False   # once per process
 
 
 def _auc(items: Sequence[Mapping]) -> float:
+    global _warned_one_sided
     from cru_harness.metrics import mia_auc
 
     members = [i["value"] for i in items if i["member"]]
     nonmembers = [i["value"] for i in items if not i["member"]]
-    global _warned_one_sided
     if (not members or not nonmembers) and items and not _warned_one_sided:
         _warned_one_sided = True
         log.warning(f"rwku_mia: target {items[0]['target']} has {len(members)} forget (member) and {len(nonmembers)} "
