@@ -11,7 +11,7 @@ import cru_harness.baselines.api as unlearn_mod
 from cru_harness.baselines.base import UnlearningMethod
 from cru_harness.baselines.data import IGNORE_INDEX, ForgetRetainDataset, collate, encode_qa, pick_refusals
 from cru_harness.baselines.losses import sequence_logprobs
-from cru_harness.baselines.trainer import make_accelerator, step_counts, train_unlearning
+from cru_harness.baselines.trainer import make_accelerator, process_share, step_counts, train_unlearning
 from cru_harness.testbed.models import build_tiny_model
 from cru_harness.testbed.tokenizer import train_tokenizer
 
@@ -197,6 +197,8 @@ def test_step_counts_follow_the_example_stream(micro, epochs, warmup_epochs, exp
                          micro_batch_size=4)
     assert step_counts(config, micro, config.gradient_accumulation_steps()) == expected
     assert step_counts(dataclasses.replace(config, warmup_steps=20), micro, 8)[1] == min(20, expected[0])
+    for n in (2, 8):   # data parallel: every process draws the whole stream, so n GPUs count the same steps
+        assert step_counts(config, micro, config.gradient_accumulation_steps(n) * n) == expected
 
 
 def test_a_step_spans_epochs_and_the_tail_is_dropped(tokenizer):
@@ -388,3 +390,12 @@ def test_a_warm_up_as_long_as_the_run_is_named(tokenizer, caplog):
     with caplog.at_level("WARNING"):
         B.unlearn(tiny(tokenizer), tokenizer, FORGET, RETAIN, "ga", config, progress=False)
     assert "warm-up (50 steps) covers all" in caplog.text and "never reaches" in caplog.text
+
+
+def test_process_share_deals_a_step_out_and_keeps_every_process_in_the_sync():
+    group = ["m0", "m1", "m2", "m3", "m4", "m5"]
+    assert process_share(group, 0, 2) == [("m0", 1.0), ("m2", 1.0), ("m4", 1.0)]
+    assert process_share(group, 1, 2) == [("m1", 1.0), ("m3", 1.0), ("m5", 1.0)]
+    assert process_share(group, 0, 1) == [(m, 1.0) for m in group]
+    # a last step shorter than the process count: the process left over computes at weight 0
+    assert process_share(["m0"], 1, 2) == [("m0", 0.0)]

@@ -240,20 +240,39 @@ def test_bf16_trains_fp32_master_weights_under_autocast_and_saves_bf16(trainer, 
 
 
 @pytest.mark.slow
-def test_accelerate_launch_two_cpu_processes(checkpoint, rows_file, tmp_path):
-    """Data parallel: 2 processes x micro-batch 2 = the effective batch of 4 with no accumulation. `--multi_gpu`
-    is accelerate's torchrun launcher; with `--device cpu` the processes run on the CPU over gloo."""
-    out = tmp_path / "ddp"
+def test_accelerate_launch_two_cpu_processes_train_as_one(checkpoint, tmp_path):
+    """Data parallel: 2 processes x micro-batch 2 = the effective batch of 4 with no accumulation, and the same
+    run as one process accumulating 2 micro-batches: the same steps on the same examples, so the same weights.
+    6 rows make 3 micro-batches an epoch, which 2 processes cannot share evenly: accelerate's own sharding
+    padded the last round with repeated rows (4 steps, other weights). `--multi_gpu` is accelerate's torchrun
+    launcher; with `--device cpu` the processes run on the CPU over gloo."""
+    from safetensors.torch import load_file
+
+    rows = tmp_path / "rows.jsonl"
+    extra = [{"question": "Where does Ana Lopez live?", "answer": "In a lighthouse near Valparaiso."},
+             {"question": "What is Ana Lopez's first novel?", "answer": "Salt and Iron, from 1984."}]
+    rows.write_text("".join(json.dumps(r) + "\n" for r in ROWS + extra))
+    args = ["-m", "cru_harness", "finetune", "--device", "cpu", "--model", str(checkpoint), "--data", str(rows),
+            "--epochs", "2", "--batch-size", "4", "--micro-batch-size", "2", "--lr", "1e-3", "--warmup-epochs", "0",
+            "--no-progress"]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "cru_harness", "finetune",
-         "--device", "cpu",
-         "--model", str(checkpoint), "--data", str(rows_file), "--out", str(out), "--epochs", "1",
-         "--batch-size", "4", "--micro-batch-size", "2", "--lr", "1e-3", "--no-progress"],
-        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    record = json.loads((out / "finetune_record.json").read_text())
-    assert record["num_processes"] == 2 and record["gradient_accumulation_steps"] == 1
-    assert record["optimizer_steps"] == 1
-    assert proc.stdout.count("saved fine-tuned model") == 1  # the main process reports, once
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    runs = {}
+    for name, prefix in (("one", [sys.executable]), ("ddp", launch)):
+        out = tmp_path / name
+        proc = subprocess.run(prefix + args + ["--out", str(out)], capture_output=True, text=True, timeout=300,
+                              env=env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.count("saved fine-tuned model") == 1  # the main process reports, once
+        runs[name] = (json.loads((out / "finetune_record.json").read_text()), load_file(out / "model.safetensors"))
+    (one, one_w), (ddp, ddp_w) = runs["one"], runs["ddp"]
+    assert ddp["num_processes"] == 2 and ddp["gradient_accumulation_steps"] == 1
+    assert one["num_processes"] == 1 and one["gradient_accumulation_steps"] == 2
+    assert one["optimizer_steps"] == ddp["optimizer_steps"] == 3  # floor(2 epochs x 6 rows / 4)
+    # The logged loss is every process's share, not the main process's alone.
+    assert [h["loss"] for h in ddp["history"]] == pytest.approx([h["loss"] for h in one["history"]], rel=1e-5)
+    start = load_file(checkpoint / "model.safetensors")
+    moved = max((one_w[k].float() - start[k].float()).abs().max().item() for k in start)
+    apart = max((one_w[k].float() - ddp_w[k].float()).abs().max().item() for k in start)
+    assert moved > 1e-4 and apart <= 1e-3 * moved, (moved, apart)

@@ -1,12 +1,16 @@
 """The shared training loop of the baselines, on `accelerate`.
 
 - Mixed precision through `Accelerator(mixed_precision=...)` (autocast around every loss computation; fp16
-  adds loss scaling), multi-GPU by starting the same script with `accelerate launch` (DDP; the data is
-  sharded across processes and gradients are synchronised only on the last micro-batch of a step).
+  adds loss scaling), multi-GPU by starting the same script with `accelerate launch` (DDP; gradients are
+  synchronised only on the last micro-batch of a step).
+- One stream of micro-batches, whatever the process count: every process draws the stream a single process
+  would, and a step's micro-batches are dealt out among the processes. accelerate's own sharding pads an
+  uneven last round with repeated examples (its `even_batches`), which made a run on n GPUs train on other
+  examples, for other step counts, than the same run on one.
 - Gradient accumulation is exact: before a step the loop collects its micro-batches, counts the answer
-  tokens and sequences of each sub-batch (forget / retain / alternate) over the whole group and all
-  processes, and hands those totals to the losses (see `losses.py`), so k micro-batches give the same
-  update as one batch k times larger, also when their answer lengths differ.
+  tokens and sequences of each sub-batch (forget / retain / alternate) over the whole group, and hands those
+  totals to the losses (see `losses.py`), so k micro-batches give the same update as one batch k times
+  larger, also when their answer lengths differ.
 - AdamW (no weight decay on 1-D parameters: biases and norms, as HF Trainer does), gradient clipping,
   linear warmup then linear / cosine / constant schedule (`transformers.get_scheduler`).
 - Deterministic for a seed on CPU: `accelerate.utils.set_seed`, a seeded sampler re-seeded per epoch.
@@ -16,18 +20,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 from dataclasses import dataclass, field
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.data_loader import prepare_data_loader
 from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from ..devices import DeviceError, check_dtype_on_device, resolve_device
+from ..devices import DeviceError, check_dtype_on_device, launched_processes, resolve_device
 from .base import BaselineConfig, UnlearningMethod
 from .data import IGNORE_INDEX
 
@@ -60,7 +64,7 @@ def make_accelerator(config: BaselineConfig, seed: int = 0, device: str | torch.
         # accelerate runs several CPU processes (gloo) only when told it is on the CPU.
         kwargs["cpu"] = True
     elif target.index is not None:
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if launched_processes() > 1:
             raise DeviceError(f"device {target} under `accelerate launch` with several processes: each process "
                               "uses its own GPU; pass --device auto or cuda")
         torch.cuda.set_device(target)  # accelerate's single-process "cuda" is the current device
@@ -91,30 +95,46 @@ def build_optimizer(model: torch.nn.Module, config: BaselineConfig) -> torch.opt
 
 
 def group_totals(group: list[dict], accelerator: Accelerator) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """(answer tokens, sequences) of each sub-batch over a step's whole group of micro-batches (every process
+    holds the whole group, see `train_unlearning`)."""
     totals = {}
     for key in group[0]:
         # Every count is moved to, or created on, the accelerator's device (the micro-batches may sit elsewhere).
         tokens = sum((mb[key]["labels"][:, 1:] != IGNORE_INDEX).sum().to(accelerator.device, torch.float32)
                      for mb in group)
         seqs = sum(mb[key]["labels"].shape[0] for mb in group)
-        t = torch.stack([tokens, torch.tensor(float(seqs), device=accelerator.device)])
-        if accelerator.num_processes > 1:
-            t = accelerator.reduce(t, reduction="sum")
-        totals[key] = (t[0], t[1])
+        totals[key] = (tokens, torch.tensor(float(seqs), device=accelerator.device))
     return totals
 
 
-def step_counts(config: BaselineConfig, micro_batches_per_epoch: int, accum: int) -> tuple[int, int]:
-    """(optimizer steps, warmup steps) of a run: `num_epochs` epochs of `micro_batches_per_epoch` micro-batches
-    (per process) with a step every `accum` of them.
+def micro_batch_stream(loader: DataLoader, accelerator: Accelerator, seed: int) -> DataLoader:
+    """`loader` as accelerate prepares it for a single process (seeded sampler re-seeded per epoch, batches on
+    the accelerator's device), on every process: each one sees the whole stream."""
+    return prepare_data_loader(loader, accelerator.device, num_processes=1, process_index=0,
+                               put_on_device=accelerator.device_placement, rng_types=accelerator.rng_types.copy(),
+                               use_seedable_sampler=True, data_seed=seed, non_blocking=accelerator.non_blocking)
 
-    Steps: floor(epochs x micro-batches / accum), at least one; TOFU's floor(epochs x examples / effective
+
+def process_share(group: list, process_index: int, num_processes: int) -> list[tuple[object, float]]:
+    """The micro-batches of a step this process computes, each with its weight: every `num_processes`-th one
+    from `process_index`. A process left without one (a last step shorter than the process count) computes
+    the group's first at weight 0: DDP needs every process in each gradient synchronisation."""
+    mine = group[process_index::num_processes]
+    return [(micro, 1.0) for micro in mine] if mine else [(group[0], 0.0)]
+
+
+def step_counts(config: BaselineConfig, micro_batches_per_epoch: int, per_step: int) -> tuple[int, int]:
+    """(optimizer steps, warmup steps) of a run: `num_epochs` epochs of `micro_batches_per_epoch` micro-batches
+    (the whole stream, which every process draws) with a step every `per_step` of them (accumulation steps x
+    processes).
+
+    Steps: floor(epochs x micro-batches / per_step), at least one; TOFU's floor(epochs x examples / effective
     batch) when the micro-batch divides the examples. Warmup: floor(warmup_epochs x steps per epoch), at least
     one when warmup_epochs > 0, unless `warmup_steps` is given. An epoch's short last group of micro-batches
     shares a step with the next epoch's first ones: a step of its own would add a full-size update per epoch
     (twice the steps on TOFU forget01: 40 examples, batch 32)."""
-    per_epoch = micro_batches_per_epoch / accum
-    total = max(1, math.floor(config.num_epochs * micro_batches_per_epoch / accum))
+    per_epoch = micro_batches_per_epoch / per_step
+    total = max(1, math.floor(config.num_epochs * micro_batches_per_epoch / per_step))
     if config.warmup_steps is not None:
         warmup = config.warmup_steps
     else:
@@ -151,19 +171,21 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
         raise ValueError("the reference model must be frozen (requires_grad=False on every parameter)")
     accelerator = accelerator or make_accelerator(config, seed)
     set_seed(seed)
-    n_proc = accelerator.num_processes
+    n_proc, rank = accelerator.num_processes, accelerator.process_index
     accum = config.gradient_accumulation_steps(n_proc)
+    per_step = accum * n_proc  # micro-batches in one optimizer step, over all processes
 
     generator = torch.Generator().manual_seed(seed)
     loader = DataLoader(dataset, batch_size=config.micro_batch_size, shuffle=True, collate_fn=dataset.collate,
                         generator=generator)
     model.train()
     optimizer = build_optimizer(model, config)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    loader = micro_batch_stream(loader, accelerator, seed)
     if ref_model is not None and not getattr(ref_model, "hf_device_map", None):
         ref_model = ref_model.to(accelerator.device).eval()  # a sharded reference stays where its map put it
 
-    total_steps, warmup = step_counts(config, len(loader), accum)
+    total_steps, warmup = step_counts(config, len(loader), per_step)
     if warmup >= total_steps and accelerator.is_main_process:
         log.warning(f"{method.name}: the warm-up ({config.warmup_steps if config.warmup_steps is not None else warmup} "
                     f"steps) covers all {total_steps} optimizer steps, so the learning rate never reaches "
@@ -179,35 +201,40 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
     def optimizer_step(group: list[dict], epoch: int) -> None:
         totals = group_totals(group, accelerator)
         logs_sum: dict[str, float] = {}
-        for i, micro in enumerate(group):
+        share = process_share(group, rank, n_proc)
+        for i, (micro, weight) in enumerate(share):
             for key, (tokens, seqs) in totals.items():
                 micro[key]["group_tokens"], micro[key]["group_seqs"] = tokens, seqs
-            last = i == len(group) - 1
+            last = i == len(share) - 1
             sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
             with sync:
                 with accelerator.autocast():
                     loss, logs = method.compute_loss(model, micro, ref_model)
                 # DDP averages gradients over processes; the group totals are global, so undo the average.
-                accelerator.backward(loss * n_proc)
+                accelerator.backward(loss * (n_proc * weight))
             for k, v in logs.items():
-                logs_sum[k] = logs_sum.get(k, 0.0) + v
+                logs_sum[k] = logs_sum.get(k, 0.0) + v * weight
+        if n_proc > 1:  # every process's share of the logs (the same keys everywhere: one method)
+            keys = sorted(logs_sum)
+            summed = accelerator.reduce(torch.tensor([logs_sum[k] for k in keys], dtype=torch.float64,
+                                                     device=accelerator.device), reduction="sum")
+            logs_sum = dict(zip(keys, summed.tolist()))
+        # "loss" terms are already normalised by the group totals: their sum is the step's loss;
+        # the other logs are per-micro-batch means, averaged.
+        step_logs = {k: (v if k == "loss" else v / len(group)) for k, v in logs_sum.items()}
         if config.max_grad_norm is not None:
-            grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            logs_sum["grad_norm"] = float(grad_norm) * len(group)
+            step_logs["grad_norm"] = float(accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm))
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        # "loss" terms are already normalised by the group totals: their sum is the step's loss;
-        # the other logs are per-micro-batch means, averaged.
-        step_logs = {k: (v if k == "loss" else v / len(group)) for k, v in logs_sum.items()}
         step_logs.update(lr=lr, epoch=epoch, step=result.optimizer_steps + 1)
         result.history.append(step_logs)
         result.optimizer_steps += 1
         bar.update(1)
         bar.set_postfix({k: f"{step_logs[k]:.4g}" for k in step_logs if k not in ("epoch", "step", "lr", "grad_norm")})
 
-    # The epochs are one stream of micro-batches: a step every `accum` of them, across epoch boundaries, and a
+    # The epochs are one stream of micro-batches: a step every `per_step` of them, across epoch boundaries, and a
     # tail shorter than a step is dropped (see `step_counts`).
     group: list[dict] = []
     for epoch in range(config.num_epochs):
@@ -219,7 +246,7 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
             if result.optimizer_steps == total_steps:
                 break
             group.append(micro)
-            if len(group) == accum:
+            if len(group) == per_step:
                 optimizer_step(group, epoch)
                 group = []
     if group and result.optimizer_steps < total_steps:  # fewer micro-batches in all than one step takes
