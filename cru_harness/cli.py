@@ -21,6 +21,9 @@ SUBCOMMAND_MODULES = (
 
 #: Subcommands that resume where an interrupted run stopped.
 RESUMABLE = ("run", "study", "demo")
+#: Subcommands that train in one process: under `accelerate launch` / torchrun every process would run all of
+#: it, writing the same files (`finetune` trains data parallel; the others train nothing).
+ONE_PROCESS = ("unlearn", "run", "study", "demo")
 #: `main`'s status after Ctrl-C (128 + SIGINT, what a shell reports for a process SIGINT ended).
 INTERRUPTED = 130
 
@@ -57,6 +60,15 @@ def given_fields(args: argparse.Namespace, config_cls) -> dict:
             if hasattr(args, field.name)}
 
 
+def check_process_count(command: str) -> None:
+    """Refuses a `ONE_PROCESS` subcommand under `accelerate launch` / torchrun with several processes."""
+    from cru_harness.devices import launched_processes
+
+    if command in ONE_PROCESS and (n := launched_processes()) > 1:
+        raise CLIError(f"runs in one process, and {n} were launched (accelerate launch / torchrun: WORLD_SIZE={n}); "
+                       "start it without them (only finetune trains data parallel)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cru-harness",
@@ -81,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        check_process_count(args.command)
         return int(args.func(args) or 0)
     except UserError as err:
         # Bad input (every error type the project raises for it derives from UserError) is reported plainly;
@@ -94,10 +107,33 @@ def main(argv: list[str] | None = None) -> int:
         return INTERRUPTED
 
 
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error on its write end)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), or stdout without a descriptor
+        return False
+
+
 def console_main() -> None:
     """The `cru-harness` command: `main`, and after Ctrl-C (its line printed) the process ends by SIGINT, as an
-    uncaught KeyboardInterrupt would end it, so that a calling shell loop stops too instead of going on."""
-    status = main()
+    uncaught KeyboardInterrupt would end it, so that a calling shell loop stops too instead of going on. Output
+    piped into a reader that stops early (`| head`) ends quietly, as other command-line tools do."""
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        if not stdout_reader_gone():  # another pipe than stdout's: a bug, with its traceback
+            raise
+        import os
+
+        # Python's recipe: stdout onto devnull, so that the interpreter's own flush at exit cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)  # 128 + SIGPIPE, what a shell reports for a writer its pipe ended
     if status == INTERRUPTED:
         import os
         import signal

@@ -12,10 +12,13 @@ a `ValueError`, so the command lines print it as one line) that names the proble
 - `training_precision` / `saved_dtype`: how a full-parameter trainer (baselines, fine-tuning) runs a dtype:
   fp32 master weights under bf16 / fp16 autocast (AdamW on bf16 or fp16 weights loses most updates), saved
   in the dtype asked for.
+- `launched_processes`: how many processes `accelerate launch` / torchrun started (only the trainers of
+  `finetune` and the baselines run data parallel).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +37,11 @@ _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|mps)(?::(\d+))?$")
 
 class DeviceError(UserError, ValueError):
     """A device, device map or dtype that is malformed or cannot run on this machine (one line, no traceback)."""
+
+
+def launched_processes() -> int:
+    """The process count `accelerate launch` / torchrun started this command with (their WORLD_SIZE; 1 alone)."""
+    return int(os.environ.get("WORLD_SIZE") or 1)
 
 
 def check_device_spec(spec: str) -> str:

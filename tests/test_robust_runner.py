@@ -257,6 +257,38 @@ def test_the_command_ends_by_sigint_after_ctrl_c_so_a_calling_shell_loop_stops()
     assert subprocess.run([sys.executable, "-c", other]).returncode == 2
 
 
+def test_output_piped_into_a_reader_that_left_ends_quietly_and_other_broken_pipes_stay_bugs():
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line (`| head -0`)
+    # a command printing more than stdout's buffer holds, so the write fails inside the command
+    printing = "import cru_harness.cli as c\ndef main(argv=None): print('row\\n' * 50000)\n" \
+               "c.main = main; c.console_main()"
+    proc = subprocess.run([sys.executable, "-c", printing], stdout=write_end, stderr=subprocess.PIPE, text=True)
+    os.close(write_end)
+    assert proc.returncode == 141 and proc.stderr == ""
+    # a broken pipe that is not stdout's (a worker's, a socket's) keeps its traceback
+    other = "import cru_harness.cli as c\ndef main(argv=None): raise BrokenPipeError(32, 'a worker')\n" \
+            "c.main = main; c.console_main()"
+    proc = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "a worker" in proc.stderr
+
+
+def test_training_commands_other_than_finetune_refuse_several_launched_processes(monkeypatch, capsys, tmp_path):
+    from cru_harness.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")   # what accelerate launch / torchrun set in every process
+    missing = str(tmp_path / "missing.yaml")
+    assert main(["run", missing]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["cru-harness run: error: runs in one process, and 2 were launched (accelerate launch / "
+                   "torchrun: WORLD_SIZE=2); start it without them (only finetune trains data parallel)"]
+    assert main(["report", str(tmp_path)]) == 2   # a command that trains nothing reaches its own check
+    assert "WORLD_SIZE" not in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert main(["run", missing]) == 2            # alone, it reaches the command (which finds no config)
+    assert "missing.yaml" in capsys.readouterr().err
+
+
 def test_report_command_survives_invalid_results(tmp_path, capsys):
     from cru_harness.cli import main
 
