@@ -363,3 +363,44 @@ def test_a_system_instruction_without_a_chat_template_is_used_or_refused(tofu_di
     task = legacy.load(["tofu_retain"])["tasks"]["tofu_retain"]
     with pytest.raises(PresetError, match="without a system prompt: run it without --system_instruction"):
         task.build_all_requests(limit=1, rank=0, world_size=1, system_instruction="Answer briefly.")
+
+
+@pytest.mark.slow
+@pytest.mark.shared_data
+def test_data_parallel_lm_eval_gives_one_process_numbers(tiny_model_dir, tofu_dir, tmp_path):
+    """`accelerate launch -m lm_eval --model cru` with routers: 2 processes (gloo, on the CPU) score forget01 as
+    one process does. lm-eval's HFLM enters its data-parallel branch only when it counts GPUs, so the launched
+    script reports two; everything else (sharding, gathering, aggregation) is lm-eval's and the project's own."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from cru_harness.cli import main
+
+    bundle = tmp_path / "bundle"
+    assert main(["unlearn", "--base", str(tiny_model_dir), "--forget", "forget01", "--retain", "retain99",
+                 "--data-dir", str(tofu_dir), "--out", str(bundle), "--last-k", "2", "--d-r", "4", "--epochs", "1",
+                 "--max-length", "64", "--no-progress"]) == 0
+    script = tmp_path / "lm_eval_two_gpus.py"
+    script.write_text("import runpy, sys, torch\ntorch.cuda.device_count = lambda: 2\n"
+                      "sys.argv = ['lm_eval'] + sys.argv[1:]\nrunpy.run_module('lm_eval', run_name='__main__')\n")
+    args = ["--model", "cru", "--model_args", f"base={tiny_model_dir},routers={bundle}", "--tasks", "tofu_forget01",
+            "--device", "cpu", "--batch_size", "8", "--gen_kwargs", "max_gen_toks=8", "--log_samples",
+            "--metadata", json.dumps({"data_dir": str(tofu_dir)})]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1", ACCELERATE_USE_CPU="1")
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script)]
+    runs = {}
+    for name, prefix in (("one", [sys.executable, str(script)]), ("two", launch)):
+        proc = subprocess.run(prefix + args + ["--output_path", str(tmp_path / name)], capture_output=True,
+                              text=True, timeout=600, env=env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs[name] = (proc.stderr, json.loads(next((tmp_path / name).rglob("results_*.json")).read_text()))
+    assert "on rank 1" in runs["two"][0] and "on rank 1" not in runs["one"][0]   # two shards, or none
+    one, two = runs["one"][1], runs["two"][1]
+    assert two["n-samples"]["tofu_forget01"]["effective"] == 40
+    numbers = {k: v for k, v in one["results"]["tofu_forget01"].items() if isinstance(v, float)}
+    assert {"probability,none", "truth_ratio,none", "rouge_l_recall,none"} <= set(numbers)
+    assert {k: two["results"]["tofu_forget01"][k] for k in numbers} == pytest.approx(numbers, rel=1e-6, abs=1e-9)
