@@ -34,10 +34,14 @@ def _nearest_existing(path: Path) -> Path:
     return Path.cwd()
 
 
+#: The name of `_writable`'s probe file; another process's probe does not make a directory "hold files".
+WRITE_TEST_PREFIX = ".cru-harness-write-test-"
+
+
 def _writable(directory: Path) -> bool:
     """Whether a file can be created in `directory` (tried for real: os.access is wrong for root and ACLs)."""
     try:
-        fd, name = tempfile.mkstemp(prefix=".cru-harness-write-test-", dir=directory)
+        fd, name = tempfile.mkstemp(prefix=WRITE_TEST_PREFIX, dir=directory)
     except OSError:
         return False
     os.close(fd)
@@ -57,7 +61,8 @@ def check_output_dir(path: str | os.PathLike, *, what: str = "output directory",
     if path.exists() and not path.is_dir():
         raise OutputLocationError(f"{what} {path} exists and is not a directory")
     if path.is_dir():
-        if any(path.iterdir()) and not (overwrite or allow_existing):
+        held_files = any(not entry.name.startswith(WRITE_TEST_PREFIX) for entry in path.iterdir())
+        if held_files and not (overwrite or allow_existing):
             from .cru.bundle import MANIFEST_NAME
 
             held = "a router bundle" if (path / MANIFEST_NAME).is_file() else (

@@ -12,6 +12,7 @@ from cru_harness.baselines.base import UnlearningMethod
 from cru_harness.baselines.data import IGNORE_INDEX, ForgetRetainDataset, collate, encode_qa, pick_refusals
 from cru_harness.baselines.losses import sequence_logprobs
 from cru_harness.baselines.trainer import make_accelerator, process_share, step_counts, train_unlearning
+from cru_harness.locations import ModelPathError, OutputLocationError
 from cru_harness.testbed.models import build_tiny_model
 from cru_harness.testbed.tokenizer import train_tokenizer
 
@@ -273,14 +274,102 @@ def test_saving_is_whole_or_nothing(tokenizer, tmp_path, monkeypatch):
 
     monkeypatch.setattr(type(tokenizer), "save_pretrained", dies)  # the weights are written before it
     with pytest.raises(OSError, match="disk full"):
-        B.unlearn(tiny(tokenizer), tokenizer, FORGET, RETAIN, "ga", fast_config("ga"), out_dir=out, progress=False)
+        B.unlearn(tiny(tokenizer), tokenizer, FORGET, RETAIN, "ga", fast_config("ga"), out_dir=out, progress=False,
+                  overwrite=True)
     assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no temporary directory left either
     assert [p.name for p in out.iterdir()] == ["model-00002-of-00002.safetensors"]
     monkeypatch.undo()
-    B.unlearn(tiny(tokenizer), tokenizer, FORGET, RETAIN, "ga", fast_config("ga"), out_dir=out, progress=False)
+    B.unlearn(tiny(tokenizer), tokenizer, FORGET, RETAIN, "ga", fast_config("ga"), out_dir=out, progress=False,
+              overwrite=True)
     names = {p.name for p in out.iterdir()}
     assert "unlearn_record.json" in names and "config.json" in names
     assert "model-00002-of-00002.safetensors" not in names
+
+
+def test_unlearn_refuses_an_out_dir_holding_files_before_training(tokenizer, tmp_path, monkeypatch):
+    """`out_dir` is replaced whole when saving: one holding other files (notes, a results folder) is refused
+    before anything trains, as `cru-harness finetune --out` is, unless `overwrite`."""
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    monkeypatch.setattr(unlearn_mod, "train_unlearning", lambda *a, **k: pytest.fail("trained before the check"))
+    with pytest.raises(OutputLocationError, match="already exists and holds files"):
+        B.unlearn(tiny(tokenizer), tokenizer, FORGET, RETAIN, "ga", fast_config("ga"), out_dir=out, progress=False)
+    assert (out / "notes.txt").read_text() == "keep me"
+    with pytest.raises(ModelPathError, match="does not exist"):
+        B.unlearn(str(tmp_path / "no_model"), None, FORGET, RETAIN, "ga", fast_config("ga"), progress=False)
+
+
+def test_several_processes_refuse_what_they_cannot_share_before_loading(tokenizer, monkeypatch):
+    """A batch the processes cannot split, a sharded model (device_map) and accelerate's sharded training modes
+    are refused before any model is loaded; one process takes a device_map."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from cru_harness.baselines.trainer import check_data_parallel
+    from cru_harness.devices import DeviceError
+    from cru_harness.errors import InputError
+
+    def launched(n, kind=DistributedType.MULTI_GPU):
+        return SimpleNamespace(num_processes=n, distributed_type=kind)
+
+    config = fast_config("ga", effective_batch_size=32, micro_batch_size=4)
+    check_data_parallel(launched(8), config)
+    check_data_parallel(launched(1, DistributedType.NO), config, device_map="auto")
+    with pytest.raises(InputError, match="not a multiple of micro_batch_size 4 x 3 process"):
+        check_data_parallel(launched(3), config)
+    with pytest.raises(DeviceError, match="device_map='auto' shards one model .* started 2 processes"):
+        check_data_parallel(launched(2), config, device_map="auto")
+    for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        with pytest.raises(DeviceError, match=f"set up for {kind.name}"):
+            check_data_parallel(launched(2, kind), config)
+    # unlearn and finetune check before loading
+    monkeypatch.setattr(unlearn_mod, "make_accelerator", lambda *a, **k: launched(3))
+    monkeypatch.setattr(unlearn_mod, "load_causal_lm", lambda *a, **k: pytest.fail("loaded before the check"))
+    with pytest.raises(InputError, match="x 3 process"):
+        B.unlearn("some/model", None, FORGET, RETAIN, "ga", config, progress=False)
+    import cru_harness.baselines.trainer as trainer_mod
+    import cru_harness.finetune.train as ft_train
+
+    monkeypatch.setattr(trainer_mod, "make_accelerator", lambda *a, **k: launched(2))
+    monkeypatch.setattr(ft_train, "load_causal_lm", lambda *a, **k: pytest.fail("loaded before the check"))
+    from cru_harness.finetune import finetune
+    with pytest.raises(DeviceError, match="started 2 processes"):
+        finetune("some/model", FORGET, device_map="auto", progress=False)
+
+
+def test_the_launchers_mixed_precision_is_used_or_refused_never_ignored(monkeypatch):
+    """`accelerate launch --mixed_precision bf16` (or an accelerate config saying so) sets
+    ACCELERATE_MIXED_PRECISION; the run passes its own precision explicitly, which accelerate lets win in
+    silence. A launcher asking for another precision than the run's is refused; "no" leaves the run's."""
+    from cru_harness.devices import DeviceError
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    with pytest.raises(DeviceError, match="launch asks for bf16 mixed precision and this run trains in 'no'"):
+        make_accelerator(fast_config("ga"), 0, device="cpu")
+    assert make_accelerator(fast_config("ga", mixed_precision="bf16"), 0, device="cpu").mixed_precision == "bf16"
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+    assert make_accelerator(fast_config("ga", mixed_precision="bf16"), 0, device="cpu").mixed_precision == "bf16"
+    assert make_accelerator(fast_config("ga"), 0, device="cpu").mixed_precision == "no"
+
+
+def test_a_second_precision_under_several_processes_is_one_line(monkeypatch):
+    """Several processes share accelerate's state, which one of them cannot reset: a second precision in the
+    same launch is refused in one line (it was accelerate's ValueError traceback on every rank)."""
+    from types import SimpleNamespace
+
+    import cru_harness.baselines.trainer as trainer_mod
+    from cru_harness.devices import DeviceError
+
+    def initialized(**kwargs):
+        raise ValueError("AcceleratorState has already been initialized and cannot be changed, restart your "
+                         "runtime completely and pass `mixed_precision='bf16'` to `Accelerator()`.")
+
+    monkeypatch.setattr(trainer_mod, "Accelerator", initialized)
+    monkeypatch.setattr(trainer_mod, "PartialState", lambda: SimpleNamespace(num_processes=2))
+    with pytest.raises(DeviceError, match="keeps the precision of the first .*launch each precision on its own"):
+        make_accelerator(fast_config("ga", mixed_precision="bf16"), 0, device="cpu")
 
 
 def test_idkdpo_prefers_refusal_and_keeps_reference_frozen(tokenizer, monkeypatch):

@@ -98,6 +98,20 @@ def test_existing_output_is_refused_before_training(checkpoint, rows_file, tmp_p
     assert code == 2 and (out / "keep.txt").exists()
 
 
+def test_another_processs_write_probe_does_not_make_an_empty_out_hold_files(tmp_path):
+    """Under accelerate launch every process checks `--out`; the writability probe one of them leaves there for
+    an instant made another refuse an empty directory as "holding files"."""
+    from cru_harness.locations import WRITE_TEST_PREFIX, check_output_dir
+
+    out = tmp_path / "ft"
+    out.mkdir()
+    (out / f"{WRITE_TEST_PREFIX}abc123").write_text("")
+    assert check_output_dir(out) == out
+    (out / "model.safetensors").write_text("")
+    with pytest.raises(OutputLocationError, match="holds files"):
+        check_output_dir(out)
+
+
 def test_recipe_values_are_checked_where_every_front_end_builds_them():
     """FinetuneConfig is a BaselineConfig: a value AdamW or the schedule cannot use is refused when the config is
     built (the runner, `cru-harness finetune` and the baselines' API all build one), naming the field. Weight

@@ -13,12 +13,12 @@ from transformers import AutoTokenizer
 from ..context import fit_to_context
 from ..devices import load_causal_lm, saved_dtype, training_precision
 from ..errors import InputError
-from ..locations import save_checkpoint
+from ..locations import check_model_path, check_output_dir, save_checkpoint
 from .base import BaselineConfig, UnlearningMethod
 from .data import ForgetRetainDataset, encode_row
 from .registry import get_method
 from .resources import ResourceMonitor
-from .trainer import make_accelerator, train_unlearning
+from .trainer import check_data_parallel, make_accelerator, train_unlearning
 
 RECORD_FILE = "unlearn_record.json"
 
@@ -59,7 +59,8 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
             out_dir: str | os.PathLike | None = None, seed: int = 0, *, refusals: list[str] | None = None,
             data_dir: str | os.PathLike | None = None, dtype: str | torch.dtype = "float32",
             device: str = "auto", device_map=None, progress: bool = True,
-            prompt_format: dict | None = None, trust_remote_code: bool = False) -> UnlearnResult:
+            prompt_format: dict | None = None, trust_remote_code: bool = False,
+            overwrite: bool = False) -> UnlearnResult:
     """Unlearn `forget_rows` from a model with a baseline; save it to `out_dir` (if given) and return a record.
 
     `prompt_format`: `{"chat": bool, "preset": ..., "family": ..., "benchmark": ...}` for
@@ -70,7 +71,8 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     bf16 / fp16 autocast (as the references' DeepSpeed runs), the trained model then cast to `dtype` and saved
     in it. A config's own `mixed_precision` other than "no" wins. A model object trains in its own dtype.
     `device` (auto, cpu, cuda, cuda:N) and `device_map` ("auto": sharded over the GPUs; a path only) say where
-    it trains; under `accelerate launch` each process takes its own GPU (data parallel).
+    it trains; under `accelerate launch` each process takes its own GPU (data parallel; no `device_map`).
+    `out_dir`: checked before anything is loaded; one holding files is refused unless `overwrite` (then replaced).
     `tokenizer`: a tokenizer, a path, or None (then loaded from the model path). Rows: `question`/`answer`
     or `text`. `retain_rows` are needed when the method's `alpha` > 0 and ignored otherwise. `refusals`
     (IdkDPO): defaults to TOFU's `idontknow` list via `cru_harness.data.tofu.load_idontknow(data_dir)`.
@@ -79,10 +81,16 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     if not m.trains:
         raise InputError(f"{m.name} trains no model: it is scored by its task variants "
                          f"({getattr(m, 'task_variant', m.name)}) on the original model")
+    # Where it will write, and what it reads, are checked before anything is loaded or trained.
+    if out_dir is not None:
+        check_output_dir(out_dir, what="out_dir", overwrite=overwrite)
+    if isinstance(model_path_or_model, (str, os.PathLike)):
+        check_model_path(str(model_path_or_model), what="model")
     weights_dtype, mixed = training_precision(dtype)
     if m.config.mixed_precision == "no" and mixed != "no":
         m.config = dataclasses.replace(m.config, mixed_precision=mixed)
     accelerator = make_accelerator(m.config, seed, device=device)
+    check_data_parallel(accelerator, m.config, device_map)
 
     def load():
         # Without a device_map accelerate places the model (its own device, or this process's GPU).

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -57,6 +58,12 @@ def make_accelerator(config: BaselineConfig, seed: int = 0, device: str | torch.
     precisions or devices one after another) that state is reset instead of refusing or reusing it. Under
     `accelerate launch` with several processes a conflicting precision is still an error, and each process
     takes its own GPU, so only `auto`/`cuda` make sense there."""
+    launched = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")   # accelerate launch's --mixed_precision
+    if launched not in ("", "no") and launched != config.mixed_precision:
+        # The run's own precision is passed explicitly, so accelerate would silently ignore the launcher's.
+        raise DeviceError(f"accelerate launch asks for {launched} mixed precision and this run trains in "
+                          f"{config.mixed_precision!r}: give the precision as the run's dtype (--dtype bfloat16 or "
+                          "float16: fp32 weights under autocast) and launch with --mixed_precision no")
     kwargs = dict(mixed_precision=config.mixed_precision,
                   dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed))
     target = resolve_device(device)  # auto: CUDA when present, else CPU
@@ -72,14 +79,38 @@ def make_accelerator(config: BaselineConfig, seed: int = 0, device: str | torch.
     try:
         accelerator = Accelerator(**kwargs)
     except ValueError as err:
-        if "already been initialized" not in str(err) or PartialState().num_processes > 1:
+        if "already been initialized" not in str(err):
             raise
+        if PartialState().num_processes > 1:   # the processes' shared state cannot be reset in one of them
+            raise DeviceError(f"under accelerate launch every run in a process keeps the precision of the first "
+                              f"(now {config.mixed_precision!r}): launch each precision on its own") from None
         AcceleratorState._reset_state(reset_partial_state=True)  # internal (no public reset); tested
         return Accelerator(**kwargs)
     if accelerator.device.type != target.type and accelerator.num_processes == 1:
         AcceleratorState._reset_state(reset_partial_state=True)  # an earlier run in this process used another device
         accelerator = Accelerator(**kwargs)
     return accelerator
+
+
+#: accelerate's sharded training (each process holds part of the weights): the save on the main process would
+#: write its part only. The loop is plain data parallel (DDP) or one process.
+SHARDED_TRAINING = ("FSDP", "DEEPSPEED", "MEGATRON_LM")
+
+
+def check_data_parallel(accelerator: Accelerator, config: BaselineConfig, device_map=None) -> None:
+    """What several processes cannot do, refused before any model is loaded: a batch they cannot share, a
+    model sharded by `device_map` (accelerate refuses it in a distributed run, after loading), or an
+    `accelerate config` asking for sharded training."""
+    kind = getattr(accelerator.distributed_type, "name", str(accelerator.distributed_type))
+    if kind in SHARDED_TRAINING:
+        raise DeviceError(f"accelerate is set up for {kind}; this loop trains one process or data parallel "
+                          "(DDP): launch with an accelerate config without it")
+    n = accelerator.num_processes
+    config.gradient_accumulation_steps(n)   # the effective batch split over n processes (InputError if not)
+    if n > 1 and device_map is not None:
+        raise DeviceError(f"device_map={device_map!r} shards one model over the GPUs, and accelerate launch started "
+                          f"{n} processes: use one or the other (a model too large for one GPU: device_map "
+                          "'auto' in a single process)")
 
 
 def build_optimizer(model: torch.nn.Module, config: BaselineConfig) -> torch.optim.AdamW:

@@ -120,7 +120,7 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     from accelerate.state import PartialState
 
     from ..baselines.resources import ResourceMonitor
-    from ..baselines.trainer import make_accelerator, train_unlearning
+    from ..baselines.trainer import check_data_parallel, make_accelerator, train_unlearning
     from ..context import fit_to_context
     from ..locations import check_model_path, check_output_dir
 
@@ -143,6 +143,7 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     else:
         rows, description = list(data), f"{len(data)} rows given"
     accelerator = make_accelerator(config, seed, device=device)
+    check_data_parallel(accelerator, config, device_map)
     loaded = isinstance(model, (str, os.PathLike))  # a model object trains, and stays, in its own dtype
     if loaded:
         path = str(model)

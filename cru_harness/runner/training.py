@@ -79,7 +79,7 @@ def train_baseline(cell: Cell, model_path: str, workdir: Path, data_dir, outcome
     trained = unlearn(model_path, None, forget, retain, cell.method, config, out_dir=out, seed=cell.seed or 0,
                       data_dir=data_dir, dtype=dtype, device=cell.device, device_map=cell.model.device_map,
                       progress=False, prompt_format=prompt_format(cell, chat),
-                      trust_remote_code=cell.model.trust_remote_code)
+                      trust_remote_code=cell.model.trust_remote_code, overwrite=True)
     outcome["details"]["training_prompts"] = prompt_format(cell, chat)
     resources = getattr(trained, "resources", None)
     if resources is not None:
