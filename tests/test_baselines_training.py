@@ -198,8 +198,10 @@ def test_step_counts_follow_the_example_stream(micro, epochs, warmup_epochs, exp
                          micro_batch_size=4)
     assert step_counts(config, micro, config.gradient_accumulation_steps()) == expected
     assert step_counts(dataclasses.replace(config, warmup_steps=20), micro, 8)[1] == min(20, expected[0])
-    for n in (2, 8):   # data parallel: every process draws the whole stream, so n GPUs count the same steps
-        assert step_counts(config, micro, config.gradient_accumulation_steps(n) * n) == expected
+    # data parallel: every process draws the whole stream, so n GPUs count the same steps, on a step's 8
+    # micro-batches dealt out (up to 8 processes; 3 take 3, 3 and 2)
+    assert config.micro_batches_per_step() == 8
+    assert [config.gradient_accumulation_steps(n) for n in (1, 2, 3, 8)] == [8, 4, 3, 1]
 
 
 def test_a_step_spans_epochs_and_the_tail_is_dropped(tokenizer):
@@ -316,18 +318,19 @@ def test_several_processes_refuse_what_they_cannot_share_before_loading(tokenize
 
     config = fast_config("ga", effective_batch_size=32, micro_batch_size=4)
     check_data_parallel(launched(8), config)
+    check_data_parallel(launched(3), config)   # 8 micro-batches a step dealt out 3, 3, 2
     check_data_parallel(launched(1, DistributedType.NO), config, device_map="auto")
-    with pytest.raises(InputError, match="not a multiple of micro_batch_size 4 x 3 process"):
-        check_data_parallel(launched(3), config)
+    with pytest.raises(InputError, match="9 processes for 8 micro-batches a step"):
+        check_data_parallel(launched(9), config)
     with pytest.raises(DeviceError, match="device_map='auto' shards one model .* started 2 processes"):
         check_data_parallel(launched(2), config, device_map="auto")
     for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         with pytest.raises(DeviceError, match=f"set up for {kind.name}"):
             check_data_parallel(launched(2, kind), config)
     # unlearn and finetune check before loading
-    monkeypatch.setattr(unlearn_mod, "make_accelerator", lambda *a, **k: launched(3))
+    monkeypatch.setattr(unlearn_mod, "make_accelerator", lambda *a, **k: launched(9))
     monkeypatch.setattr(unlearn_mod, "load_causal_lm", lambda *a, **k: pytest.fail("loaded before the check"))
-    with pytest.raises(InputError, match="x 3 process"):
+    with pytest.raises(InputError, match="9 processes"):
         B.unlearn("some/model", None, FORGET, RETAIN, "ga", config, progress=False)
     import cru_harness.baselines.trainer as trainer_mod
     import cru_harness.finetune.train as ft_train

@@ -64,12 +64,22 @@ class BaselineConfig:
             raise InputError(f"adam_betas: {problem}")
         self.adam_betas = tuple(self.adam_betas)
 
-    def gradient_accumulation_steps(self, num_processes: int = 1) -> int:
-        per_step = self.micro_batch_size * num_processes
-        if self.effective_batch_size % per_step:
+    def micro_batches_per_step(self) -> int:
+        """The micro-batches of one optimizer step, over all processes."""
+        if self.effective_batch_size % self.micro_batch_size:
             raise InputError(f"effective_batch_size {self.effective_batch_size} is not a multiple of "
-                             f"micro_batch_size {self.micro_batch_size} x {num_processes} process(es)")
-        return self.effective_batch_size // per_step
+                             f"micro_batch_size {self.micro_batch_size}")
+        return self.effective_batch_size // self.micro_batch_size
+
+    def gradient_accumulation_steps(self, num_processes: int = 1) -> int:
+        """The micro-batches a process accumulates in a step: the step's are dealt out among the processes (the
+        most one gets, when the count does not divide them)."""
+        per_step = self.micro_batches_per_step()
+        if num_processes > per_step:   # a process would compute nothing in every step
+            raise InputError(f"{num_processes} processes for {per_step} micro-batches a step (effective_batch_size "
+                             f"{self.effective_batch_size} / micro_batch_size {self.micro_batch_size}): lower "
+                             "micro_batch_size or the process count")
+        return -(-per_step // num_processes)
 
     @classmethod
     def preset(cls, benchmark: str = "tofu", split: str | None = None, **overrides) -> "BaselineConfig":

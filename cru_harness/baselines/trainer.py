@@ -106,7 +106,7 @@ def check_data_parallel(accelerator: Accelerator, config: BaselineConfig, device
         raise DeviceError(f"accelerate is set up for {kind}; this loop trains one process or data parallel "
                           "(DDP): launch with an accelerate config without it")
     n = accelerator.num_processes
-    config.gradient_accumulation_steps(n)   # the effective batch split over n processes (InputError if not)
+    config.gradient_accumulation_steps(n)   # a step's micro-batches dealt out to n processes (InputError if not)
     if n > 1 and device_map is not None:
         raise DeviceError(f"device_map={device_map!r} shards one model over the GPUs, and accelerate launch started "
                           f"{n} processes: use one or the other (a model too large for one GPU: device_map "
@@ -156,8 +156,7 @@ def process_share(group: list, process_index: int, num_processes: int) -> list[t
 
 def step_counts(config: BaselineConfig, micro_batches_per_epoch: int, per_step: int) -> tuple[int, int]:
     """(optimizer steps, warmup steps) of a run: `num_epochs` epochs of `micro_batches_per_epoch` micro-batches
-    (the whole stream, which every process draws) with a step every `per_step` of them (accumulation steps x
-    processes).
+    (the whole stream, which every process draws) with a step every `per_step` of them (over all processes).
 
     Steps: floor(epochs x micro-batches / per_step), at least one; TOFU's floor(epochs x examples / effective
     batch) when the micro-batch divides the examples. Warmup: floor(warmup_epochs x steps per epoch), at least
@@ -204,7 +203,7 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
     set_seed(seed)
     n_proc, rank = accelerator.num_processes, accelerator.process_index
     accum = config.gradient_accumulation_steps(n_proc)
-    per_step = accum * n_proc  # micro-batches in one optimizer step, over all processes
+    per_step = config.micro_batches_per_step()  # over all processes
 
     generator = torch.Generator().manual_seed(seed)
     loader = DataLoader(dataset, batch_size=config.micro_batch_size, shuffle=True, collate_fn=dataset.collate,
