@@ -21,8 +21,8 @@ SUBCOMMAND_MODULES = (
 
 #: Subcommands that resume where an interrupted run stopped.
 RESUMABLE = ("run", "study", "demo")
-#: Subcommands that train in one process: under `accelerate launch` / torchrun every process would run all of
-#: it, writing the same files (`finetune` trains data parallel; the others train nothing).
+#: Subcommands that train in one process: under `accelerate launch` / torchrun every process would train all of
+#: it again (`finetune` trains data parallel; the others, which train nothing, are left to run).
 ONE_PROCESS = ("unlearn", "run", "study", "demo")
 #: `main`'s status after Ctrl-C (128 + SIGINT, what a shell reports for a process SIGINT ended).
 INTERRUPTED = 130

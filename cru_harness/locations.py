@@ -50,12 +50,12 @@ def _writable(directory: Path) -> bool:
 
 
 def check_output_dir(path: str | os.PathLike, *, what: str = "output directory", overwrite: bool = False,
-                     allow_existing: bool = False) -> Path:
+                     allow_existing: bool = False, overwrite_hint: str = "--overwrite") -> Path:
     """Raise `OutputLocationError` unless `path` can be written as a directory; creates nothing.
 
-    A directory that exists and is not empty holds earlier work: refused unless `overwrite` (its files are
-    then replaced) or `allow_existing` (the runner resumes in its own directory). The nearest existing parent
-    of a new directory must be a writable directory.
+    A directory that exists and is not empty (write probes aside) holds earlier work: refused unless `overwrite`
+    (its files are then replaced) or `allow_existing` (the runner resumes in its own directory); the message
+    names `overwrite_hint`. The nearest existing parent of a new directory must be a writable directory.
     """
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
@@ -67,7 +67,7 @@ def check_output_dir(path: str | os.PathLike, *, what: str = "output directory",
 
             held = "a router bundle" if (path / MANIFEST_NAME).is_file() else (
                 "a model checkpoint" if (path / "config.json").is_file() else "files")
-            raise OutputLocationError(f"{what} {path} already exists and holds {held}; pass --overwrite to "
+            raise OutputLocationError(f"{what} {path} already exists and holds {held}; pass {overwrite_hint} to "
                                       "replace it, or choose another path")
         if not _writable(path):
             raise OutputLocationError(f"{what} {path} is not writable")

@@ -71,14 +71,13 @@ def test_device_map():
 
 
 def test_group_totals_live_on_the_accelerator_device():
-    """The baselines' CUDA crash: the counts were stacked with a tensor made on the CPU."""
+    """The baselines' CUDA crash: the counts were combined with a tensor made on the CPU."""
     labels = torch.tensor([[IGNORE_INDEX, 5, 6, 7], [IGNORE_INDEX, IGNORE_INDEX, 8, IGNORE_INDEX]])
     group = [{"forget": {"labels": labels.to("meta")}}] * 2
-    totals = group_totals(group, SimpleNamespace(device=torch.device("meta"), num_processes=1))
+    totals = group_totals(group, SimpleNamespace(device=torch.device("meta")))
     tokens, seqs = totals["forget"]
     assert tokens.device.type == "meta" and seqs.device.type == "meta"
-    cpu = group_totals([{"forget": {"labels": labels}}] * 2, SimpleNamespace(device=torch.device("cpu"),
-                                                                               num_processes=1))
+    cpu = group_totals([{"forget": {"labels": labels}}] * 2, SimpleNamespace(device=torch.device("cpu")))
     assert cpu["forget"][0].item() == 8 and cpu["forget"][1].item() == 4
 
 

@@ -254,22 +254,23 @@ def test_bf16_trains_fp32_master_weights_under_autocast_and_saves_bf16(trainer, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("batch, steps", [(4, 3), (6, 2)])
-def test_accelerate_launch_two_cpu_processes_train_as_one(checkpoint, tmp_path, batch, steps):
-    """Data parallel: 2 processes share each step's micro-batches (batch 4: 1 each; batch 6: 2 and 1) and train
-    as one process accumulating them: the same steps on the same examples, so the same weights. 6 rows make
-    3 micro-batches an epoch, which 2 processes cannot share evenly: accelerate's own sharding padded the last
-    round with repeated rows (4 steps at batch 4, other weights), and batch 6 was refused. `--multi_gpu` is
-    accelerate's torchrun launcher; with `--device cpu` the processes run on the CPU over gloo."""
+@pytest.mark.parametrize("n_rows, epochs, batch, steps", [(6, 2, 4, 3), (6, 2, 6, 2), (2, 1, 8, 1)])
+def test_accelerate_launch_two_cpu_processes_train_as_one(checkpoint, tmp_path, n_rows, epochs, batch, steps):
+    """Data parallel: 2 processes share each step's micro-batches (batch 4: 1 each; batch 6: 2 and 1; 2 rows at
+    batch 8: one micro-batch in all, the other process a weight-0 stand-in) and train as one process
+    accumulating them: the same steps on the same examples, so the same weights, losses and gradient norms.
+    6 rows make 3 micro-batches an epoch, which 2 processes cannot share evenly: accelerate's own sharding
+    padded the last round with repeated rows (4 steps at batch 4, other weights), and batch 6 was refused.
+    `--multi_gpu` is accelerate's torchrun launcher; with `--device cpu` the processes run on the CPU over gloo."""
     from safetensors.torch import load_file
 
     rows = tmp_path / "rows.jsonl"
     extra = [{"question": "Where does Ana Lopez live?", "answer": "In a lighthouse near Valparaiso."},
              {"question": "What is Ana Lopez's first novel?", "answer": "Salt and Iron, from 1984."}]
-    rows.write_text("".join(json.dumps(r) + "\n" for r in ROWS + extra))
+    rows.write_text("".join(json.dumps(r) + "\n" for r in (ROWS + extra)[:n_rows]))
     args = ["-m", "cru_harness", "finetune", "--device", "cpu", "--model", str(checkpoint), "--data", str(rows),
-            "--epochs", "2", "--batch-size", str(batch), "--micro-batch-size", "2", "--lr", "1e-3",
-            "--warmup-epochs", "0", "--no-progress"]
+            "--epochs", str(epochs), "--batch-size", str(batch), "--micro-batch-size", "2", "--lr", "1e-3",
+            "--warmup-epochs", "0", "--scheduler", "constant", "--no-progress"]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
@@ -282,11 +283,12 @@ def test_accelerate_launch_two_cpu_processes_train_as_one(checkpoint, tmp_path, 
         assert proc.stdout.count("saved fine-tuned model") == 1  # the main process reports, once
         runs[name] = (json.loads((out / "finetune_record.json").read_text()), load_file(out / "model.safetensors"))
     (one, one_w), (ddp, ddp_w) = runs["one"], runs["ddp"]
-    assert ddp["num_processes"] == 2 and ddp["gradient_accumulation_steps"] == {4: 1, 6: 2}[batch]
+    assert ddp["num_processes"] == 2 and ddp["gradient_accumulation_steps"] == {4: 1, 6: 2, 8: 2}[batch]
     assert one["num_processes"] == 1 and one["gradient_accumulation_steps"] == batch // 2
-    assert one["optimizer_steps"] == ddp["optimizer_steps"] == steps  # floor(2 epochs x 6 rows / batch)
-    # The logged loss is every process's share, not the main process's alone.
-    assert [h["loss"] for h in ddp["history"]] == pytest.approx([h["loss"] for h in one["history"]], rel=1e-5)
+    assert one["optimizer_steps"] == ddp["optimizer_steps"] == steps  # floor(epochs x rows / batch), at least 1
+    # The logged loss is every process's share, not the main process's alone; the norm is the summed gradient's.
+    for key in ("loss", "grad_norm"):
+        assert [h[key] for h in ddp["history"]] == pytest.approx([h[key] for h in one["history"]], rel=1e-5), key
     start = load_file(checkpoint / "model.safetensors")
     moved = max((one_w[k].float() - start[k].float()).abs().max().item() for k in start)
     apart = max((one_w[k].float() - ddp_w[k].float()).abs().max().item() for k in start)

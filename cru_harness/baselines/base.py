@@ -37,7 +37,7 @@ class BaselineConfig:
     warmup_epochs: float = 1.0          # linear warmup over this many epochs...
     warmup_steps: int | None = None     # ...unless a step count is given (RWKU: 20)
     lr_scheduler: str = "linear"        # decay after warmup: linear | cosine | constant
-    effective_batch_size: int = 32      # micro_batch_size x gradient accumulation x processes
+    effective_batch_size: int = 32      # a multiple of micro_batch_size, over all processes
     micro_batch_size: int = 4
     max_length: int = 512
     max_grad_norm: float | None = 1.0   # HF Trainer's default clipping, which TOFU's code ran with

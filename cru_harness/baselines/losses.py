@@ -4,7 +4,7 @@ Labels follow the Hugging Face convention (aligned with `input_ids`, -100 = igno
 predict label t+1. All sums are in float32 whatever the autocast dtype.
 
 Reductions are exact under gradient accumulation: the trainer writes into each sub-batch the totals of
-the whole accumulation group (`group_tokens`, `group_seqs`, summed across processes), and each term is
+the whole accumulation group (`group_tokens`, `group_seqs`, over every process's micro-batches), and each term is
 "sum over this micro-batch / group total". Called on a single batch without those keys (tests, direct use),
 the totals are the batch's own, i.e. the usual token mean (`model(...).loss`) and sequence mean.
 """

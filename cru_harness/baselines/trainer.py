@@ -2,7 +2,7 @@
 
 - Mixed precision through `Accelerator(mixed_precision=...)` (autocast around every loss computation; fp16
   adds loss scaling), multi-GPU by starting the same script with `accelerate launch` (DDP; gradients are
-  synchronised only on the last micro-batch of a step).
+  synchronised on each process's last micro-batch of a step).
 - One stream of micro-batches, whatever the process count: every process draws the stream a single process
   would, and a step's micro-batches are dealt out among the processes. accelerate's own sharding pads an
   uneven last round with repeated examples (its `even_batches`), which made a run on n GPUs train on other
@@ -61,9 +61,10 @@ def make_accelerator(config: BaselineConfig, seed: int = 0, device: str | torch.
     launched = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")   # accelerate launch's --mixed_precision
     if launched not in ("", "no") and launched != config.mixed_precision:
         # The run's own precision is passed explicitly, so accelerate would silently ignore the launcher's.
-        raise DeviceError(f"accelerate launch asks for {launched} mixed precision and this run trains in "
-                          f"{config.mixed_precision!r}: give the precision as the run's dtype (--dtype bfloat16 or "
-                          "float16: fp32 weights under autocast) and launch with --mixed_precision no")
+        raise DeviceError(f"ACCELERATE_MIXED_PRECISION={launched} (accelerate launch's --mixed_precision, or an "
+                          f"accelerate config) and this run trains in {config.mixed_precision!r}: give the precision "
+                          "as the run's dtype (--dtype bfloat16 or float16: fp32 weights under autocast) and launch "
+                          "with --mixed_precision no")
     kwargs = dict(mixed_precision=config.mixed_precision,
                   dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed))
     target = resolve_device(device)  # auto: CUDA when present, else CPU
@@ -81,7 +82,7 @@ def make_accelerator(config: BaselineConfig, seed: int = 0, device: str | torch.
     except ValueError as err:
         if "already been initialized" not in str(err):
             raise
-        if PartialState().num_processes > 1:   # the processes' shared state cannot be reset in one of them
+        if PartialState().num_processes > 1 and "mixed_precision" in str(err):   # one process cannot reset it
             raise DeviceError(f"under accelerate launch every run in a process keeps the precision of the first "
                               f"(now {config.mixed_precision!r}): launch each precision on its own") from None
         AcceleratorState._reset_state(reset_partial_state=True)  # internal (no public reset); tested
@@ -240,10 +241,16 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
             with sync:
                 with accelerator.autocast():
                     loss, logs = method.compute_loss(model, micro, ref_model)
-                # DDP averages gradients over processes; the group totals are global, so undo the average.
-                accelerator.backward(loss * (n_proc * weight))
-            for k, v in logs.items():
-                logs_sum[k] = logs_sum.get(k, 0.0) + v * weight
+                accelerator.backward(loss * weight)
+            for k, v in logs.items():   # a weight-0 stand-in adds 0 (not 0 x inf), under the same keys
+                logs_sum[k] = logs_sum.get(k, 0.0) + (v * weight if weight else 0.0)
+        if n_proc > 1:
+            # DDP averaged the gradients over the processes; the group totals are global, so the step's gradient
+            # is their sum. Restored here in fp32, not by scaling the loss: under fp16 a loss n times larger
+            # overflows the loss scale n times sooner than one process does, skipping other steps.
+            for param in model.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(n_proc)
         if n_proc > 1:  # every process's share of the logs (the same keys everywhere: one method)
             keys = sorted(logs_sum)
             summed = accelerator.reduce(torch.tensor([logs_sum[k] for k in keys], dtype=torch.float64,
