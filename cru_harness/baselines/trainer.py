@@ -251,7 +251,7 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
             for param in model.parameters():
                 if param.grad is not None:
                     param.grad.mul_(n_proc)
-        if n_proc > 1:  # every process's share of the logs (the same keys everywhere: one method)
+            # every process's share of the logs (the same keys everywhere: one method)
             keys = sorted(logs_sum)
             summed = accelerator.reduce(torch.tensor([logs_sum[k] for k in keys], dtype=torch.float64,
                                                      device=accelerator.device), reduction="sum")
