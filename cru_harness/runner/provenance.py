@@ -180,8 +180,12 @@ def directory_stamp(path: str | os.PathLike) -> tuple[tuple[str, int, int], ...]
     """(relative path, size, mtime in ns) of every file under a directory: what changes when a file is written,
     read without reading any file."""
     root = Path(path)
-    return tuple((f.relative_to(root).as_posix(), f.stat().st_size, f.stat().st_mtime_ns)
-                 for f in sorted(root.rglob("*")) if f.is_file())
+    stamp = []
+    for f in sorted(root.rglob("*")):
+        if f.is_file():
+            st = f.stat()   # one stat per file
+            stamp.append((f.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns))
+    return tuple(stamp)
 
 
 def directory_fingerprint(path: str | os.PathLike) -> str:
