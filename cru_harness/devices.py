@@ -59,7 +59,8 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     import torch
 
     if isinstance(spec, torch.device):
-        spec = str(spec)
+        # accelerate names the CPU of a multi-process CPU run "cpu:0"; there is one CPU
+        spec = "cpu" if spec.type == "cpu" else str(spec)
     text = check_device_spec("auto" if spec is None else spec)
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -164,6 +165,13 @@ def saved_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     return torch.float32 if parsed == "auto" else parsed
 
 
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether a `device_map` split the model over several devices (accelerate's hooks then move activations
+    between them, so the model is not moved whole). A one-device map is not a split: transformers 4 records it in
+    `hf_device_map`, transformers 5 does not."""
+    return len(set((getattr(model, "hf_device_map", None) or {}).values())) > 1
+
+
 def input_device(model: torch.nn.Module) -> torch.device:
     """Where a model's input ids go: the device of its input embeddings (the first device of a split model;
     parameters still on `meta` under accelerate's offloading are skipped)."""
@@ -181,8 +189,8 @@ def load_causal_lm(path: str, *, device: str | torch.device | None = "auto", dev
     """(model, tokenizer) from a HF id or directory, in `dtype`, on `device` or sharded by `device_map`.
 
     With a device_map the model is placed by accelerate (`device` is then only checked); without one it is
-    moved whole to `device`. The model is returned in eval mode. Errors loading the checkpoint are left to
-    transformers (their messages name the path).
+    loaded whole onto `device` (a GPU's tensors straight there, never all on the CPU first). The model is returned
+    in eval mode. Errors loading the checkpoint are left to transformers (their messages name the path).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -196,6 +204,11 @@ def load_causal_lm(path: str, *, device: str | torch.device | None = "auto", dev
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
     if device_map is not None:
         kwargs["device_map"] = device_map
+    elif target.type == "cuda":
+        # Each tensor goes straight to the GPU (as lm-eval's HFLM loads): loading on the CPU first holds the whole
+        # model in host memory, in fp32 for a trainer (a 7B model: 28 GB, per process under accelerate launch).
+        index = torch.cuda.current_device() if target.index is None else target.index
+        kwargs["device_map"] = {"": f"cuda:{index}"}
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if device_map is None:
         model = model.to(target)

@@ -342,6 +342,38 @@ def test_several_processes_refuse_what_they_cannot_share_before_loading(tokenize
         finetune("some/model", FORGET, device_map="auto", progress=False)
 
 
+def test_a_checkpoint_is_loaded_onto_the_accelerators_device(monkeypatch):
+    """unlearn and finetune load a path straight onto the device the accelerator trains on (this process's GPU under
+    a launch), not on the CPU first: the fp32 weights, and NPO's reference copy, then never fill host memory."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    import cru_harness.baselines.trainer as trainer_mod
+    import cru_harness.finetune.train as ft_train
+    from cru_harness.finetune import finetune
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def loader(path, **kwargs):
+        seen.append(kwargs["device"])
+        raise Stop
+
+    rank1 = SimpleNamespace(num_processes=2, distributed_type=DistributedType.MULTI_GPU, device=torch.device("cuda", 1))
+    monkeypatch.setattr(unlearn_mod, "make_accelerator", lambda *a, **k: rank1)
+    monkeypatch.setattr(trainer_mod, "make_accelerator", lambda *a, **k: rank1)
+    monkeypatch.setattr(unlearn_mod, "load_causal_lm", loader)
+    monkeypatch.setattr(ft_train, "load_causal_lm", loader)
+    with pytest.raises(Stop):
+        B.unlearn("some/model", None, FORGET, RETAIN, "npo", fast_config("npo"), progress=False)
+    with pytest.raises(Stop):
+        finetune("some/model", FORGET, progress=False)
+    assert seen == [torch.device("cuda", 1)] * 2
+
+
 def test_the_launchers_mixed_precision_is_used_or_refused_never_ignored(monkeypatch):
     """`accelerate launch --mixed_precision bf16` (or an accelerate config saying so) sets
     ACCELERATE_MIXED_PRECISION; the run passes its own precision explicitly, which accelerate lets win in

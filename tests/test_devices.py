@@ -26,6 +26,8 @@ def test_auto_and_cpu_resolve():
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert devices.resolve_device("auto").type == expected
     assert devices.resolve_device(None).type == expected
+    # the device accelerate gives each process of a multi-process CPU run
+    assert devices.resolve_device(torch.device("cpu", 0)) == torch.device("cpu")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message for a machine without CUDA")
@@ -68,6 +70,43 @@ def test_device_map():
     assert devices.check_device_map({"": "cpu"}) == {"": "cpu"}
     with pytest.raises(devices.DeviceError, match="only 'auto'"):
         devices.check_device_map("balanced_low_0")
+
+
+def test_a_model_for_one_gpu_is_loaded_straight_onto_it(monkeypatch):
+    """No device_map and a CUDA device: transformers gets a one-device map, so each tensor goes to the GPU as it is
+    read (loading on the CPU first held the whole fp32 model in host memory, once per launched process)."""
+    import transformers
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def from_pretrained(path, **kwargs):
+        seen.append(kwargs.get("device_map"))
+        raise Stop
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(devices, "resolve_device", lambda spec: torch.device(spec))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    for spec in ("cuda:1", "cuda", "cpu"):
+        with pytest.raises(Stop):
+            devices.load_causal_lm("some/model", device=spec, dtype="float32")
+    with pytest.raises(Stop):
+        devices.load_causal_lm("some/model", device="cuda:1", device_map={"model": 0, "lm_head": 1})
+    assert seen == [{"": "cuda:1"}, {"": "cuda:3"}, None, {"model": 0, "lm_head": 1}]
+
+
+def test_only_a_map_over_several_devices_is_sharded():
+    """transformers 4 records a one-device map in `hf_device_map`; such a model is moved whole like any other."""
+    model = torch.nn.Linear(2, 2)
+    assert not devices.is_sharded(model)
+    model.hf_device_map = {"": 0}
+    assert not devices.is_sharded(model)
+    model.hf_device_map = {"model.layers.0": 0, "model.layers.1": 0}
+    assert not devices.is_sharded(model)
+    model.hf_device_map = {"model.layers.0": 0, "lm_head": 1}
+    assert devices.is_sharded(model)
 
 
 def test_group_totals_live_on_the_accelerator_device():

@@ -72,6 +72,44 @@ def test_finetune_one_epoch_on_cuda(tiny_dir, tmp_path):
     assert (out / "finetune_record.json").is_file()
 
 
+# Host memory a load adds, in a fresh process: CUDA is started first (its own host memory is not the load's).
+LOAD_HOST_MEMORY = """
+import resource, sys
+import psutil, torch
+from cru_harness.devices import load_causal_lm
+torch.zeros(1, device="cuda")
+before = psutil.Process().memory_info().rss
+model, _ = load_causal_lm(sys.argv[1], device=sys.argv[2], dtype="float32", load_tokenizer=False)
+model.to("cuda")
+torch.cuda.synchronize()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
+"""
+
+
+def test_a_checkpoint_loads_onto_the_gpu_without_holding_it_in_host_memory(tmp_path):
+    """Loading for a GPU puts each tensor there as it is read: the host never holds the fp32 model, as it did when
+    the trainers loaded on the CPU and moved it (per process under accelerate launch). Side by side, each arm in a
+    fresh process: a bf16 checkpoint of ~200M parameters loaded in fp32."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=8, num_attention_heads=16,
+                         num_key_value_heads=16, vocab_size=32000, tie_word_embeddings=False)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    fp32_bytes = 4 * sum(p.numel() for p in model.parameters())
+    model.save_pretrained(tmp_path / "ckpt")
+    del model
+
+    def growth(device):
+        done = subprocess.run([sys.executable, "-c", LOAD_HOST_MEMORY, str(tmp_path / "ckpt"), device],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return int(done.stdout.split()[-1])
+
+    straight, through_cpu = growth("cuda"), growth("cpu")
+    assert through_cpu - straight > 0.5 * fp32_bytes, (straight, through_cpu, fp32_bytes)
+
+
 def test_testbed_finetune_and_greedy_answers_on_cuda(tiny_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -93,8 +93,9 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     check_data_parallel(accelerator, m.config, device_map)
 
     def load():
-        # Without a device_map accelerate places the model (its own device, or this process's GPU).
-        return load_causal_lm(str(model_path_or_model), device="cpu" if device_map is None else device,
+        # Without a device_map, straight onto the accelerator's device (this process's GPU under a launch): the
+        # reference copy is then made there too, not in host memory.
+        return load_causal_lm(str(model_path_or_model), device=accelerator.device if device_map is None else device,
                               device_map=device_map, dtype=weights_dtype, load_tokenizer=False,
                               trust_remote_code=trust_remote_code)[0]
 

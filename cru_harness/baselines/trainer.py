@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from ..devices import DeviceError, check_dtype_on_device, launched_processes, resolve_device
+from ..devices import DeviceError, check_dtype_on_device, is_sharded, launched_processes, resolve_device
 from .base import BaselineConfig, UnlearningMethod
 from .data import IGNORE_INDEX
 
@@ -213,7 +213,7 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
     optimizer = build_optimizer(model, config)
     model, optimizer = accelerator.prepare(model, optimizer)
     loader = micro_batch_stream(loader, accelerator, seed)
-    if ref_model is not None and not getattr(ref_model, "hf_device_map", None):
+    if ref_model is not None and not is_sharded(ref_model):
         ref_model = ref_model.to(accelerator.device).eval()  # a sharded reference stays where its map put it
 
     total_steps, warmup = step_counts(config, len(loader), per_step)

@@ -148,7 +148,8 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     if loaded:
         path = str(model)
         try:
-            model, loaded_tokenizer = load_causal_lm(path, device="cpu" if device_map is None else device,
+            # without a device_map, straight onto the accelerator's device (this process's GPU under a launch)
+            model, loaded_tokenizer = load_causal_lm(path, device=accelerator.device if device_map is None else device,
                                                      device_map=device_map, dtype=weights_dtype,
                                                      load_tokenizer=tokenizer is None,
                                                      trust_remote_code=trust_remote_code)

@@ -48,13 +48,13 @@ class AnswerNLLScorer:
 
     def __init__(self, model, tokenizer=None, *, device: str = "cpu", batch_size: int = 8, device_map=None,
                  dtype: str = "float32", trust_remote_code: bool = False):
-        from ..devices import input_device, load_causal_lm, resolve_device
+        from ..devices import input_device, is_sharded, load_causal_lm, resolve_device
 
         if isinstance(model, (str, Path)):
             model, loaded = load_causal_lm(str(model), device=device, device_map=device_map, dtype=dtype,
                                            load_tokenizer=tokenizer is None, trust_remote_code=trust_remote_code)
             tokenizer = tokenizer or loaded
-        elif not getattr(model, "hf_device_map", None):  # a sharded model stays where its device_map put it
+        elif not is_sharded(model):  # a sharded model stays where its device_map put it
             model = model.to(resolve_device(device))
         if tokenizer is None:
             raise ValueError("AnswerNLLScorer: pass the tokenizer with a model object")
