@@ -50,16 +50,20 @@ def _writable(directory: Path) -> bool:
 
 
 def check_output_dir(path: str | os.PathLike, *, what: str = "output directory", overwrite: bool = False,
-                     allow_existing: bool = False, overwrite_hint: str = "--overwrite") -> Path:
+                     allow_existing: bool = False, overwrite_hint: str = "--overwrite", staged: bool = False) -> Path:
     """Raise `OutputLocationError` unless `path` can be written as a directory; creates nothing.
 
     A directory that exists and is not empty (write probes aside) holds earlier work: refused unless `overwrite`
     (its files are then replaced) or `allow_existing` (the runner resumes in its own directory); the message
     names `overwrite_hint`. The nearest existing parent of a new directory must be a writable directory.
+    `staged`: the directory is written whole through `staging_dir` (`save_checkpoint`), so that must not be a file.
     """
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
         raise OutputLocationError(f"{what} {path} exists and is not a directory")
+    staging = staging_dir(path)
+    if staged and staging.exists() and not staging.is_dir():   # otherwise found at the save, after the training
+        raise OutputLocationError(f"{what} {path} is saved through {staging}, which is a file: move it away")
     if path.is_dir():
         held_files = any(not entry.name.startswith(WRITE_TEST_PREFIX) for entry in path.iterdir())
         if held_files and not (overwrite or allow_existing):
@@ -103,12 +107,18 @@ def check_model_path(path: str | os.PathLike, what: str = "base model") -> str:
     return text
 
 
+def staging_dir(path: str | os.PathLike) -> Path:
+    """The sibling `write_directory` fills before it replaces `path` (a leftover of a killed save is replaced)."""
+    path = Path(path)
+    return path.with_name(path.name + ".tmp")
+
+
 def write_directory(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
     """`write(tmp)` fills a sibling temporary directory, which then replaces `path`: a run killed while saving
     leaves the previous directory (or none), never a half-written checkpoint that looks whole, and an
     overwrite leaves no stale file (a shard of a larger earlier save) behind."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = staging_dir(path)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:

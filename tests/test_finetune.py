@@ -112,6 +112,22 @@ def test_another_processs_write_probe_does_not_make_an_empty_out_hold_files(tmp_
         check_output_dir(out)
 
 
+def test_a_file_where_the_save_stages_is_refused_before_training(checkpoint, rows_file, tmp_path, monkeypatch):
+    """The checkpoint is written through `<out>.tmp`; a file there made the save fail after the whole training."""
+    import cru_harness.baselines as B
+    import cru_harness.baselines.api as unlearn_api
+
+    for module in (ft_train, unlearn_api):
+        monkeypatch.setattr(module, "load_causal_lm", lambda *a, **k: pytest.fail("loaded a model before checking"))
+    out = tmp_path / "ft"
+    (tmp_path / "ft.tmp").write_text("someone's notes")
+    with pytest.raises(OutputLocationError, match=r"saved through .*ft\.tmp, which is a file"):
+        finetune(str(checkpoint), str(rows_file), out, progress=False)
+    with pytest.raises(OutputLocationError, match="which is a file"):
+        B.unlearn(str(checkpoint), None, [{"question": "q", "answer": "a"}], [], "ga", out_dir=out, progress=False)
+    assert (tmp_path / "ft.tmp").read_text() == "someone's notes"
+
+
 def test_recipe_values_are_checked_where_every_front_end_builds_them():
     """FinetuneConfig is a BaselineConfig: a value AdamW or the schedule cannot use is refused when the config is
     built (the runner, `cru-harness finetune` and the baselines' API all build one), naming the field. Weight

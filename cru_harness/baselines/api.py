@@ -83,7 +83,7 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
                          f"({getattr(m, 'task_variant', m.name)}) on the original model")
     # Where it will write, and what it reads, are checked before anything is loaded or trained.
     if out_dir is not None:
-        check_output_dir(out_dir, what="out_dir", overwrite=overwrite, overwrite_hint="overwrite=True")
+        check_output_dir(out_dir, what="out_dir", overwrite=overwrite, overwrite_hint="overwrite=True", staged=True)
     if isinstance(model_path_or_model, (str, os.PathLike)):
         check_model_path(str(model_path_or_model), what="model")
     weights_dtype, mixed = training_precision(dtype)

@@ -126,7 +126,7 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
 
     # Where it will write, and what it reads, are checked before anything is loaded or trained.
     if out_dir is not None:
-        out = check_output_dir(out_dir, what="--out", overwrite=overwrite)
+        out = check_output_dir(out_dir, what="--out", overwrite=overwrite, staged=True)
     if isinstance(model, (str, os.PathLike)):
         check_model_path(str(model), what="--model")
     if config is None:
