@@ -328,15 +328,13 @@ def test_several_processes_refuse_what_they_cannot_share_before_loading(tokenize
         with pytest.raises(DeviceError, match=f"set up for {kind.name}"):
             check_data_parallel(launched(2, kind), config)
     # unlearn and finetune check before loading
-    monkeypatch.setattr(unlearn_mod, "make_accelerator", lambda *a, **k: launched(9))
-    monkeypatch.setattr(unlearn_mod, "load_causal_lm", lambda *a, **k: pytest.fail("loaded before the check"))
+    import cru_harness.baselines.trainer as trainer_mod
+
+    monkeypatch.setattr(trainer_mod, "make_accelerator", lambda *a, **k: launched(9))
+    monkeypatch.setattr(trainer_mod, "load_causal_lm", lambda *a, **k: pytest.fail("loaded before the check"))
     with pytest.raises(InputError, match="9 processes"):
         B.unlearn("some/model", None, FORGET, RETAIN, "ga", config, progress=False)
-    import cru_harness.baselines.trainer as trainer_mod
-    import cru_harness.finetune.train as ft_train
-
     monkeypatch.setattr(trainer_mod, "make_accelerator", lambda *a, **k: launched(2))
-    monkeypatch.setattr(ft_train, "load_causal_lm", lambda *a, **k: pytest.fail("loaded before the check"))
     from cru_harness.finetune import finetune
     with pytest.raises(DeviceError, match="started 2 processes"):
         finetune("some/model", FORGET, device_map="auto", progress=False)
@@ -350,7 +348,6 @@ def test_a_checkpoint_is_loaded_onto_the_accelerators_device(monkeypatch):
     from accelerate.utils import DistributedType
 
     import cru_harness.baselines.trainer as trainer_mod
-    import cru_harness.finetune.train as ft_train
     from cru_harness.finetune import finetune
 
     class Stop(Exception):
@@ -363,10 +360,8 @@ def test_a_checkpoint_is_loaded_onto_the_accelerators_device(monkeypatch):
         raise Stop
 
     rank1 = SimpleNamespace(num_processes=2, distributed_type=DistributedType.MULTI_GPU, device=torch.device("cuda", 1))
-    monkeypatch.setattr(unlearn_mod, "make_accelerator", lambda *a, **k: rank1)
     monkeypatch.setattr(trainer_mod, "make_accelerator", lambda *a, **k: rank1)
-    monkeypatch.setattr(unlearn_mod, "load_causal_lm", loader)
-    monkeypatch.setattr(ft_train, "load_causal_lm", loader)
+    monkeypatch.setattr(trainer_mod, "load_causal_lm", loader)
     with pytest.raises(Stop):
         B.unlearn("some/model", None, FORGET, RETAIN, "npo", fast_config("npo"), progress=False)
     with pytest.raises(Stop):

@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+import cru_harness.baselines.trainer as trainer_mod
 import cru_harness.finetune.train as ft_train
 from cru_harness.baselines.data import IGNORE_INDEX, encode_qa
 from cru_harness.cli import main
@@ -91,7 +92,7 @@ def test_existing_output_is_refused_before_training(checkpoint, rows_file, tmp_p
     out = tmp_path / "ft"
     out.mkdir()
     (out / "keep.txt").write_text("x")
-    monkeypatch.setattr(ft_train, "load_causal_lm", lambda *a, **k: pytest.fail("loaded a model before checking"))
+    monkeypatch.setattr(trainer_mod, "load_causal_lm", lambda *a, **k: pytest.fail("loaded a model before checking"))
     with pytest.raises(OutputLocationError, match="already exists and holds files; pass --overwrite"):
         finetune(str(checkpoint), str(rows_file), out, config=fast())
     code = main(["finetune", "--model", str(checkpoint), "--data", str(rows_file), "--out", str(out)])
@@ -115,10 +116,8 @@ def test_another_processs_write_probe_does_not_make_an_empty_out_hold_files(tmp_
 def test_a_file_where_the_save_stages_is_refused_before_training(checkpoint, rows_file, tmp_path, monkeypatch):
     """The checkpoint is written through `<out>.tmp`; a file there made the save fail after the whole training."""
     import cru_harness.baselines as B
-    import cru_harness.baselines.api as unlearn_api
 
-    for module in (ft_train, unlearn_api):
-        monkeypatch.setattr(module, "load_causal_lm", lambda *a, **k: pytest.fail("loaded a model before checking"))
+    monkeypatch.setattr(trainer_mod, "load_causal_lm", lambda *a, **k: pytest.fail("loaded a model before checking"))
     out = tmp_path / "ft"
     (tmp_path / "ft.tmp").write_text("someone's notes")
     with pytest.raises(OutputLocationError, match=r"saved through .*ft\.tmp, which is a file"):
@@ -155,7 +154,7 @@ def test_recipe_values_are_checked_where_every_front_end_builds_them():
 ])
 def test_cli_refuses_a_bad_value_in_one_line_before_training(flag, value, message, checkpoint, rows_file, tmp_path,
                                                             capsys, monkeypatch):
-    monkeypatch.setattr(ft_train, "load_causal_lm", lambda *a, **k: pytest.fail("loaded a model before checking"))
+    monkeypatch.setattr(trainer_mod, "load_causal_lm", lambda *a, **k: pytest.fail("loaded a model before checking"))
     out = tmp_path / "ft"
     code = main(["finetune", "--model", str(checkpoint), "--data", str(rows_file), "--out", str(out), flag, value])
     assert code == 2 and capsys.readouterr().err == f"cru-harness finetune: error: {message}\n"

@@ -681,9 +681,8 @@ def test_trust_remote_code_reaches_every_model_load_of_a_cell(tmp_path, monkeypa
     """A model's `trust_remote_code` loads it for the baselines, the fine-tune and the failure classes' NLL as it
     loads it for lm-eval and CRU (a model with its own code and a native class would otherwise train with one
     implementation and be evaluated with another)."""
-    import cru_harness.baselines.api as baselines_api
+    import cru_harness.baselines.trainer as trainer
     import cru_harness.devices as devices
-    import cru_harness.finetune.train as finetune_train
     from cru_harness.reporting.failure_modes import AnswerNLLScorer
     from cru_harness.runner import training
 
@@ -696,7 +695,7 @@ def test_trust_remote_code_reaches_every_model_load_of_a_cell(tmp_path, monkeypa
         seen.append(kwargs.get("trust_remote_code"))
         raise Stop
 
-    for module in (baselines_api, finetune_train, devices):
+    for module in (trainer, devices):
         monkeypatch.setattr(module, "load_causal_lm", loader)
     raw = base_config(tmp_path, seeds=[0], methods=[{"method": "GA"}], data_dir="testbed:world")
     raw["models"][0].update(trust_remote_code=True, finetune={"data": "full"})

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,14 +10,14 @@ import torch
 from transformers import AutoTokenizer
 
 from ..context import fit_to_context
-from ..devices import load_causal_lm, saved_dtype, training_precision
+from ..devices import saved_dtype
 from ..errors import InputError
 from ..locations import check_model_path, check_output_dir, save_checkpoint
 from .base import BaselineConfig, UnlearningMethod
 from .data import ForgetRetainDataset, encode_row
 from .registry import get_method
 from .resources import ResourceMonitor
-from .trainer import check_data_parallel, make_accelerator, train_unlearning
+from .trainer import load_trainee, prepare_training, train_unlearning
 
 RECORD_FILE = "unlearn_record.json"
 
@@ -86,18 +85,11 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
         check_output_dir(out_dir, what="out_dir", overwrite=overwrite, overwrite_hint="overwrite=True", staged=True)
     if isinstance(model_path_or_model, (str, os.PathLike)):
         check_model_path(str(model_path_or_model), what="model")
-    weights_dtype, mixed = training_precision(dtype)
-    if m.config.mixed_precision == "no" and mixed != "no":
-        m.config = dataclasses.replace(m.config, mixed_precision=mixed)
-    accelerator = make_accelerator(m.config, seed, device=device)
-    check_data_parallel(accelerator, m.config, device_map)
+    m.config, accelerator = prepare_training(m.config, seed, dtype=dtype, device=device, device_map=device_map)
 
     def load():
-        # Without a device_map, straight onto the accelerator's device (this process's GPU under a launch): the
-        # reference copy is then made there too, not in host memory.
-        return load_causal_lm(str(model_path_or_model), device=accelerator.device if device_map is None else device,
-                              device_map=device_map, dtype=weights_dtype, load_tokenizer=False,
-                              trust_remote_code=trust_remote_code)[0]
+        return load_trainee(str(model_path_or_model), accelerator, dtype=dtype, device=device, device_map=device_map,
+                            trust_remote_code=trust_remote_code)[0]
 
     if isinstance(model_path_or_model, (str, os.PathLike)):
         model = load()

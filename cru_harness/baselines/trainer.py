@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -32,7 +33,9 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from ..devices import DeviceError, check_dtype_on_device, is_sharded, launched_processes, resolve_device
+from ..devices import (DeviceError, check_dtype_on_device, is_sharded, launched_processes, load_causal_lm,
+                       resolve_device, training_precision)
+from ..errors import InputError
 from .base import BaselineConfig, UnlearningMethod
 from .data import IGNORE_INDEX
 
@@ -112,6 +115,33 @@ def check_data_parallel(accelerator: Accelerator, config: BaselineConfig, device
         raise DeviceError(f"device_map={device_map!r} shards one model over the GPUs, and accelerate launch started "
                           f"{n} processes: use one or the other (a model too large for one GPU: device_map "
                           "'auto' in a single process)")
+
+
+def prepare_training(config: BaselineConfig, seed: int, *, dtype, device, device_map=None
+                     ) -> tuple[BaselineConfig, Accelerator]:
+    """(config, accelerator) of a full-parameter run (baselines, fine-tuning), before anything is loaded: the
+    dtype's autocast (`devices.training_precision`) unless the config names its own precision, the accelerator
+    on `device`, and what several processes cannot share refused (`check_data_parallel`)."""
+    _, mixed = training_precision(dtype)
+    if config.mixed_precision == "no" and mixed != "no":
+        config = dataclasses.replace(config, mixed_precision=mixed)
+    accelerator = make_accelerator(config, seed, device=device)
+    check_data_parallel(accelerator, config, device_map)
+    return config, accelerator
+
+
+def load_trainee(path: str, accelerator: Accelerator, *, dtype, device, device_map=None,
+                 trust_remote_code: bool = False, load_tokenizer: bool = False):
+    """(model, tokenizer or None) of a checkpoint to train, in fp32 master weights (`training_precision`):
+    straight onto the accelerator's device (this process's GPU under a launch; a reference copy is then made
+    there, not in host memory), or sharded by `device_map` (then placed by accelerate on `device`'s GPUs).
+    A path transformers cannot load (not a checkpoint, not on the Hub) is an `InputError`."""
+    try:
+        return load_causal_lm(path, device=accelerator.device if device_map is None else device,
+                              device_map=device_map, dtype=training_precision(dtype)[0],
+                              load_tokenizer=load_tokenizer, trust_remote_code=trust_remote_code)
+    except OSError as err:   # transformers' own message names the path and what is missing
+        raise InputError(f"cannot load model {path!r}: {err}") from None
 
 
 def build_optimizer(model: torch.nn.Module, config: BaselineConfig) -> torch.optim.AdamW:

@@ -16,7 +16,6 @@ answer tokens and one EOS, the question masked; AdamW lr 1e-5, weight decay 0.01
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +26,7 @@ from torch.utils.data import Dataset
 from ..baselines.base import BaselineConfig, UnlearningMethod
 from ..baselines.data import collate, encode_qa, row_to_qa
 from ..baselines.losses import nll_loss
-from ..devices import dtype_name, load_causal_lm, saved_dtype, training_precision
+from ..devices import dtype_name, saved_dtype
 from ..errors import InputError
 from ..locations import save_checkpoint
 from ..prompts import DEFAULT_TOFU_PRESET, writes_chat
@@ -120,7 +119,7 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     from accelerate.state import PartialState
 
     from ..baselines.resources import ResourceMonitor
-    from ..baselines.trainer import check_data_parallel, make_accelerator, train_unlearning
+    from ..baselines.trainer import load_trainee, prepare_training, train_unlearning
     from ..context import fit_to_context
     from ..locations import check_model_path, check_output_dir
 
@@ -133,28 +132,18 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
         config = FinetuneConfig()
     elif isinstance(config, dict):
         config = FinetuneConfig.from_dict(config)
-    weights_dtype, mixed = training_precision(dtype)
-    if config.mixed_precision == "no" and mixed != "no":
-        config = dataclasses.replace(config, mixed_precision=mixed)
     if isinstance(data, (str, os.PathLike)):
         from ..data.corpora import load_corpus_rows
 
         rows, description = load_corpus_rows(data, data_dir)
     else:
         rows, description = list(data), f"{len(data)} rows given"
-    accelerator = make_accelerator(config, seed, device=device)
-    check_data_parallel(accelerator, config, device_map)
+    config, accelerator = prepare_training(config, seed, dtype=dtype, device=device, device_map=device_map)
     loaded = isinstance(model, (str, os.PathLike))  # a model object trains, and stays, in its own dtype
     if loaded:
-        path = str(model)
-        try:
-            # without a device_map, straight onto the accelerator's device (this process's GPU under a launch)
-            model, loaded_tokenizer = load_causal_lm(path, device=accelerator.device if device_map is None else device,
-                                                     device_map=device_map, dtype=weights_dtype,
-                                                     load_tokenizer=tokenizer is None,
-                                                     trust_remote_code=trust_remote_code)
-        except OSError as err:  # transformers' "not a checkpoint / not on the Hub": bad input, one line
-            raise InputError(f"cannot load model {path!r}: {err}") from None
+        model, loaded_tokenizer = load_trainee(str(model), accelerator, dtype=dtype, device=device,
+                                               device_map=device_map, trust_remote_code=trust_remote_code,
+                                               load_tokenizer=tokenizer is None)
         tokenizer = tokenizer or loaded_tokenizer
     elif tokenizer is None:
         raise ValueError("finetune: a tokenizer is required when a model object is passed")
