@@ -302,6 +302,20 @@ def test_unlearn_refuses_an_out_dir_holding_files_before_training(tokenizer, tmp
         B.unlearn(str(tmp_path / "no_model"), None, FORGET, RETAIN, "ga", fast_config("ga"), progress=False)
 
 
+def test_a_checkpoint_transformers_cannot_load_is_one_line_for_unlearn_and_finetune(tmp_path):
+    """A directory with a config but no weights: transformers' OSError becomes the project's one-line error."""
+    from cru_harness.errors import InputError
+    from cru_harness.finetune import finetune
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 32, "hidden_size": 8,
+                                                       "num_hidden_layers": 1, "num_attention_heads": 2,
+                                                       "intermediate_size": 16}))
+    with pytest.raises(InputError, match=r"cannot load model .*no file named model\.safetensors"):
+        B.unlearn(str(tmp_path), None, FORGET, RETAIN, "ga", fast_config("ga"), progress=False)
+    with pytest.raises(InputError, match=r"cannot load model .*no file named model\.safetensors"):
+        finetune(str(tmp_path), FORGET, progress=False)
+
+
 def test_several_processes_refuse_what_they_cannot_share_before_loading(tokenizer, monkeypatch):
     """A batch the processes cannot split, a sharded model (device_map) and accelerate's sharded training modes
     are refused before any model is loaded; one process takes a device_map."""
