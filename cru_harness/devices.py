@@ -18,6 +18,7 @@ a `ValueError`, so the command lines print it as one line) that names the proble
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,31 @@ _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|mps)(?::(\d+))?$")
 
 class DeviceError(UserError, ValueError):
     """A device, device map or dtype that is malformed or cannot run on this machine (one line, no traceback)."""
+
+
+class GPUMemoryError(DeviceError):
+    """A training step that did not fit in the GPU's memory: one line with the sizes torch reported and the
+    settings that make the step smaller (a UserError: the CLI prints it, the runner records it as the reason)."""
+
+
+_OOM_SIZES = re.compile(r"Tried to allocate (?P<asked>[\d.]+ \w+)\. GPU (?P<gpu>\d+) has a total capacity of "
+                        r"(?P<total>[\d.]+ \w+) of which (?P<free>[\d.]+ \w+) is free")
+
+
+@contextlib.contextmanager
+def explain_out_of_memory(what: str, smaller: str):
+    """Turn CUDA's out-of-memory error inside the block (or the decorated function) into a `GPUMemoryError`:
+    "`what`: CUDA out of memory (GPU 0: 2.00 GiB asked, 1.06 GiB of 79.19 GiB free); `smaller`". torch's own
+    error stays chained (`__cause__`) for a Python caller."""
+    import torch
+
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError as err:
+        found = _OOM_SIZES.search(str(err))
+        sizes = (f" (GPU {found['gpu']}: {found['asked']} asked, {found['free']} of {found['total']} free)"
+                 if found else "")
+        raise GPUMemoryError(f"{what}: CUDA out of memory{sizes}; {smaller}") from err
 
 
 def launched_processes() -> int:

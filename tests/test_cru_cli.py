@@ -112,6 +112,24 @@ def test_only_the_projects_error_types_become_one_line(monkeypatch, capsys):
         assert capsys.readouterr().err == f"cru-harness inspect: error: {' '.join(str(err).split(chr(10)))}\n"
 
 
+def test_unlearn_out_of_gpu_memory_is_one_line_naming_what_to_lower(setup, monkeypatch, capsys):
+    """CUDA's out-of-memory error in router training is one line with torch's sizes and the settings to lower."""
+    import cru_harness.cru.train as cru_train
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB. GPU 1 has a total "
+                                          "capacity of 23.55 GiB of which 100.00 MiB is free.")
+
+    monkeypatch.setattr(cru_train, "localize", out_of_memory)
+    root, base, forget, retain = setup
+    assert main(_unlearn_args(base, forget, retain, root / "oom")) == 2
+    err = capsys.readouterr().err.split("\n")[-2]
+    assert err == ("cru-harness unlearn: error: CRU router training: CUDA out of memory (GPU 1: 512.00 MiB asked, "
+                   "100.00 MiB of 23.55 GiB free); lower batch_size (--batch-size; a smaller batch trains other "
+                   "routers) or max_length (--max-length), or load the frozen base in bfloat16 (--dtype bfloat16)")
+    assert not (root / "oom").exists()
+
+
 def test_unlearn_prompt_format_can_name_an_open_unlearning_model_config(setup, monkeypatch):
     """`--prompt-format Llama-2-7b-chat-hf`: QA rows are written in that config's tags (`[INST] q [/INST]a`), as
     the TOFU tasks score them under `tofu_model_family`; text rows stay as they are."""

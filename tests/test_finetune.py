@@ -161,6 +161,33 @@ def test_cli_refuses_a_bad_value_in_one_line_before_training(flag, value, messag
     assert not out.exists()
 
 
+TORCH_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+             "1.06 GiB is free. Including non-PyTorch memory, this process has 78.12 GiB memory in use.")
+
+
+def test_a_step_too_large_for_the_gpu_is_one_line_naming_the_batch_to_lower(checkpoint, rows_file, tmp_path,
+                                                                           capsys, monkeypatch):
+    """CUDA's out-of-memory error becomes one line with its sizes and the settings that make a step smaller, the
+    one that keeps every update first (torch's error stays chained for a Python caller)."""
+    def out_of_memory(self, model, batch, ref_model=None):
+        raise torch.cuda.OutOfMemoryError(TORCH_OOM)
+
+    monkeypatch.setattr(ft_train.SupervisedFinetune, "compute_loss", out_of_memory)
+    out = tmp_path / "ft"
+    code = main(["finetune", "--model", str(checkpoint), "--data", str(rows_file), "--out", str(out),
+                 "--micro-batch-size", "2", "--no-progress"])
+    err = capsys.readouterr().err.split("\n")[-2]   # after transformers' loading bar
+    assert code == 2 and err.startswith("cru-harness finetune: error: finetune training (micro-batches of 2): CUDA out of memory "
+                          "(GPU 0: 2.00 GiB asked, 1.06 GiB of 79.19 GiB free); lower micro_batch_size "
+                          "(--micro-batch-size; the effective batch, and so each update, stays the same)"), err
+    assert not out.exists()
+    from cru_harness.devices import GPUMemoryError
+
+    with pytest.raises(GPUMemoryError, match="CUDA out of memory") as caught:
+        finetune(str(checkpoint), str(rows_file), config=fast(), progress=False)
+    assert isinstance(caught.value.__cause__, torch.cuda.OutOfMemoryError)
+
+
 class _Stop(Exception):
     """Raised by a stand-in for training: the test has what it needed."""
 

@@ -33,8 +33,8 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from ..devices import (DeviceError, check_dtype_on_device, is_sharded, launched_processes, load_causal_lm,
-                       resolve_device, training_precision)
+from ..devices import (DeviceError, check_dtype_on_device, explain_out_of_memory, is_sharded, launched_processes,
+                       load_causal_lm, resolve_device, training_precision)
 from ..errors import InputError
 from .base import BaselineConfig, UnlearningMethod
 from .data import IGNORE_INDEX
@@ -42,6 +42,10 @@ from .data import IGNORE_INDEX
 log = logging.getLogger(__name__)
 
 _SCHEDULER_NAMES = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
+#: What a step too large for the GPU is told to change, the result-preserving knob first.
+OUT_OF_MEMORY_HINT = ("lower micro_batch_size (--micro-batch-size; the effective batch, and so each update, stays "
+                      "the same) or max_length (--max-length); a model whose training state does not fit one GPU: "
+                      "--device-map auto")
 
 
 @dataclass
@@ -304,20 +308,22 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
     # The epochs are one stream of micro-batches: a step every `per_step` of them, across epoch boundaries, and a
     # tail shorter than a step is dropped (see `step_counts`).
     group: list[dict] = []
-    for epoch in range(config.num_epochs):
-        if hasattr(dataset, "set_epoch"):
-            dataset.set_epoch(epoch)
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)
-        for micro in loader:
-            if result.optimizer_steps == total_steps:
-                break
-            group.append(micro)
-            if len(group) == per_step:
-                optimizer_step(group, epoch)
-                group = []
-    if group and result.optimizer_steps < total_steps:  # fewer micro-batches in all than one step takes
-        optimizer_step(group, config.num_epochs - 1)
+    with explain_out_of_memory(f"{method.name} training (micro-batches of {config.micro_batch_size})",
+                               OUT_OF_MEMORY_HINT):
+        for epoch in range(config.num_epochs):
+            if hasattr(dataset, "set_epoch"):
+                dataset.set_epoch(epoch)
+            if hasattr(loader, "set_epoch"):
+                loader.set_epoch(epoch)
+            for micro in loader:
+                if result.optimizer_steps == total_steps:
+                    break
+                group.append(micro)
+                if len(group) == per_step:
+                    optimizer_step(group, epoch)
+                    group = []
+        if group and result.optimizer_steps < total_steps:  # fewer micro-batches in all than one step takes
+            optimizer_step(group, config.num_epochs - 1)
     bar.close()
     model.eval()
     result.model = _without_autocast(accelerator.unwrap_model(model))

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..devices import explain_out_of_memory
 from ..errors import InputError
 from ..runner.config import check_seed, fields_problem
 from ..context import fit_to_context
@@ -431,6 +432,8 @@ def _mean_of(means: dict[int, torch.Tensor]) -> float:
     return torch.stack([m.detach().to(device) for m in means.values()]).mean().item()
 
 
+@explain_out_of_memory("CRU router training", "lower batch_size (--batch-size; a smaller batch trains other "
+                       "routers) or max_length (--max-length), or load the frozen base in bfloat16 (--dtype bfloat16)")
 def train_routers(model: nn.Module, tokenizer, forget_texts: Sequence[str], retain_texts: Sequence[str],
                   config: RouterTrainingConfig | None = None, *, localization: Localization | None = None,
                   timings: dict | None = None) -> RouterBundle:
