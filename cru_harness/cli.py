@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import sys
@@ -69,6 +70,28 @@ def check_process_count(command: str) -> None:
                        "start it without them (only finetune trains data parallel)")
 
 
+@contextlib.contextmanager
+def library_progress_bars(shown: bool):
+    """`--no-progress` hides the libraries' bars too (transformers' "Loading weights", the Hub's downloads), and
+    they are shown again afterwards (`main` may be called in-process)."""
+    if shown:
+        yield
+        return
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    was_hidden = (are_progress_bars_disabled(), not transformers_logging.is_progress_bar_enabled())
+    disable_progress_bars()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if not was_hidden[0]:
+            enable_progress_bars()
+        if not was_hidden[1]:
+            transformers_logging.enable_progress_bar()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cru-harness",
@@ -94,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         check_process_count(args.command)
-        return int(args.func(args) or 0)
+        with library_progress_bars(not getattr(args, "no_progress", False)):
+            return int(args.func(args) or 0)
     except UserError as err:
         # Bad input (every error type the project raises for it derives from UserError) is reported plainly;
         # anything else is a bug, or a library's own failure, and keeps its traceback.

@@ -176,11 +176,15 @@ def test_a_step_too_large_for_the_gpu_is_one_line_naming_the_batch_to_lower(chec
     out = tmp_path / "ft"
     code = main(["finetune", "--model", str(checkpoint), "--data", str(rows_file), "--out", str(out),
                  "--micro-batch-size", "2", "--no-progress"])
-    err = capsys.readouterr().err.split("\n")[-2]   # after transformers' loading bar
-    assert code == 2 and err.startswith("cru-harness finetune: error: finetune training (micro-batches of 2): CUDA out of memory "
+    err = capsys.readouterr().err   # one line: --no-progress hides transformers' loading bar too
+    assert code == 2 and err.count("\n") == 1 and err.startswith("cru-harness finetune: error: finetune training (micro-batches of 2): CUDA out of memory "
                           "(GPU 0: 2.00 GiB asked, 1.06 GiB of 79.19 GiB free); lower micro_batch_size "
                           "(--micro-batch-size; the effective batch, and so each update, stays the same)"), err
     assert not out.exists()
+    from huggingface_hub.utils import are_progress_bars_disabled
+    from transformers.utils.logging import is_progress_bar_enabled
+
+    assert is_progress_bar_enabled() and not are_progress_bars_disabled()   # shown again after the command
     from cru_harness.devices import GPUMemoryError
 
     with pytest.raises(GPUMemoryError, match="CUDA out of memory") as caught:
