@@ -18,7 +18,8 @@ rm -rf "$work" && mkdir -p "$work/out" && work=$(cd "$work" && pwd)
 echo "== the machine's python: torch, transformers, accelerate as there, and the image's packages the project uses"
 python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install -q --upgrade pip setuptools wheel
-"$work/venv/bin/pip" install -q torch==2.13.0
+# the H200's torch: PyPI's CUDA build (with its nvidia-* wheels, ~3 GB), which runs on the CPU here
+"$work/venv/bin/pip" install -q torch==2.11.0
 "$work/venv/bin/pip" install -q transformers==5.17.0 accelerate==1.15.0 safetensors tokenizers huggingface_hub \
   scipy pandas matplotlib pytest numpy pyyaml regex requests tqdm pyarrow xxhash fsspec aiohttp httpx peft \
   sacrebleu scikit-learn sentencepiece jinja2 psutil packaging tabulate absl-py six click joblib pybind11 \
