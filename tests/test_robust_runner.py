@@ -163,6 +163,36 @@ def test_an_invalid_result_is_named_recomputed_and_never_counted(tmp_path, damag
     assert len(load_results(config.output_dir)) == len(cells)
 
 
+def test_each_computed_cell_says_about_how_long_the_rest_will_take(tmp_path, monkeypatch):
+    """A long GPU run tells how far it is: the cells not yet reached at the mean wall time of those computed."""
+    import cru_harness.runner.loop as loop
+
+    config = cfg.load_config(write_config(tmp_path))
+    cells = build_plan(config)
+    assert len(cells) >= 3
+    walls = iter([120.0, 360.0] + [60.0] * len(cells))
+    real_run_one = loop.run_one
+
+    def timed(*args, **kwargs):
+        result, record = real_run_one(*args, **kwargs)
+        result["resources"]["cell_wall_time_s"] = next(walls)
+        return result, record
+
+    monkeypatch.setattr(loop, "run_one", timed)
+    store = CellStore(config.output_dir, log=lambda *_: None)
+    run_cells(cells[:1], store, fake([]), log=lambda *_: None)   # finished earlier: no time of this run
+    logged = []
+    run_cells(cells, store, fake([]), log=logged.append)
+    done = [line for line in logged if ": ok in" in line]
+    n = len(cells)
+    left = n - 2    # the first cell finished earlier; the second is the first computed here, in 360 s
+    assert done[0].endswith(f": ok in 360.0s; about {round(left * 6)} min left for {left} more "
+                            f"cell{'s' if left > 1 else ''}"), done[0]
+    assert done[-1].endswith(": ok in 60.0s")   # the last says nothing more
+    assert loop.time_left([7200.0], 2) == "; about 4.0 h left for 2 more cells"
+    assert loop.time_left([10.0], 1) == "; about 1 min left for 1 more cell"
+
+
 def test_a_recomputation_killed_before_its_result_is_written_is_not_a_finished_cell(tmp_path, monkeypatch):
     """The record is written before the result. A cell recomputed (here --force; also: other code, other inputs)
     and killed between the two used to leave the OLD result beside the NEW record: the next run skipped it as

@@ -136,6 +136,7 @@ def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, lo
     other code is recomputed."""
     cells = list(cells)
     counts = {"skipped": 0, "stale": 0, "ok": 0, "failed": 0, "unavailable": 0}
+    computed: list[float] = []   # wall times of the cells this call computed (finished ones take none)
     for position, cell in enumerate(cells, start=1):
         tag = f"[{position}/{len(cells)}] {cell.hash} {cell.describe()}"
         try:
@@ -172,8 +173,20 @@ def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, lo
         store.write(cell.hash, result, record)
         counts[result["status"]] += 1
         suffix = f" ({result.get('reason')})" if result.get("reason") else ""
-        log(f"{tag}: {result['status']}{suffix} in {result['resources'].get('cell_wall_time_s', 0):.1f}s")
+        wall = result["resources"].get("cell_wall_time_s", 0)
+        computed.append(wall)
+        log(f"{tag}: {result['status']}{suffix} in {wall:.1f}s{time_left(computed, len(cells) - position)}")
     return counts
+
+
+def time_left(walls: list[float], cells_left: int) -> str:
+    """"; about 12 min left": the cells not yet reached at the mean wall time of those computed so far (an upper
+    guess when some of them finished earlier; cells differ, a fine-tune taking longer than a scoring)."""
+    if not cells_left or not walls:
+        return ""
+    seconds = cells_left * sum(walls) / len(walls)
+    text = f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{max(1, round(seconds / 60))} min"
+    return f"; about {text} left for {cells_left} more cell{'s' if cells_left > 1 else ''}"
 
 
 def run_one(cell: Cell, workdir: Path, executor: Executor, *, device: str = "cpu") -> tuple[dict, dict]:
