@@ -180,8 +180,8 @@ def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, lo
 
 
 def time_left(walls: list[float], cells_left: int) -> str:
-    """"; about 12 min left": the cells not yet reached at the mean wall time of those computed so far (an upper
-    guess when some of them finished earlier; cells differ, a fine-tune taking longer than a scoring)."""
+    """"; about 12 min left": the cells not yet reached at the mean wall time of those computed so far (too high
+    when some of them finished earlier; a rough guess, as a fine-tune takes longer than a scoring)."""
     if not cells_left or not walls:
         return ""
     seconds = cells_left * sum(walls) / len(walls)
