@@ -110,6 +110,36 @@ def test_a_checkpoint_loads_onto_the_gpu_without_holding_it_in_host_memory(tmp_p
     assert through_cpu - straight > 0.5 * fp32_bytes, (straight, through_cpu, fp32_bytes)
 
 
+def test_a_training_step_out_of_gpu_memory_is_one_line_naming_the_micro_batch(tiny_dir):
+    """A real CUDA out-of-memory error in a step (the allocator held to what it has after building a 38M model:
+    its gradients cannot fit) is the project's one-line GPUMemoryError naming --micro-batch-size, torch's chained."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    from cru_harness.baselines.trainer import make_accelerator, train_unlearning
+    from cru_harness.devices import GPUMemoryError
+    from cru_harness.finetune.train import QADataset, SupervisedFinetune
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    config = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                         num_attention_heads=8, num_key_value_heads=8)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config)
+    method = SupervisedFinetune(FinetuneConfig(num_epochs=1, effective_batch_size=4, micro_batch_size=4))
+    dataset = QADataset(tok, ROWS, chat=False)
+    accelerator = make_accelerator(method.config, 0, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(
+        torch.cuda.memory_reserved(0) / torch.cuda.get_device_properties(0).total_memory, 0)
+    try:
+        with pytest.raises(GPUMemoryError, match=r"^finetune training \(micro-batches of 4\): CUDA out of memory.*; "
+                                                 r"lower micro_batch_size \(--micro-batch-size;") as caught:
+            train_unlearning(model, method, dataset, accelerator=accelerator, progress=False)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, 0)
+    assert isinstance(caught.value.__cause__, torch.cuda.OutOfMemoryError)
+
+
 def test_testbed_finetune_and_greedy_answers_on_cuda(tiny_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
