@@ -332,3 +332,29 @@ def test_a_study_analysis_says_when_the_model_fine_tuned_again_is_not_the_record
     logged.clear()
     base_path_for(ga, cells, CellStore(tmp_path / "run"), logged.append)
     assert logged == []
+
+
+def test_a_scoring_pass_out_of_gpu_memory_names_the_evaluation_batch_size(tmp_path, monkeypatch):
+    """CUDA's out-of-memory error in lm-eval or in the failure classes' scoring is a cell's one-line reason naming
+    `evaluation.batch_size`."""
+    import lm_eval
+    import torch
+
+    from cru_harness.devices import GPUMemoryError
+    from cru_harness.reporting import cell_scores
+    from cru_harness.runner import evaluation
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total "
+                                          "capacity of 139.80 GiB of which 3.50 GiB is free.")
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", out_of_memory)
+    with pytest.raises(GPUMemoryError, match=r"^lm-eval at batch size 64: CUDA out of memory \(GPU 0: 8\.00 GiB "
+                                             r"asked, 3\.50 GiB of 139\.80 GiB free\); lower evaluation\.batch_size"):
+        evaluation.run_lmeval(cfg.ModelSpec("m", "p", dtype="float32"), "/m", ["tofu_forget01"], tmp_path / "out",
+                              batch_size=64)
+    monkeypatch.setattr(cell_scores, "score_tofu_cell", out_of_memory)
+    cell = next(c for c in tiny_finetune_plan(tmp_path) if c.kind != "finetune" and c.benchmark == "tofu")
+    with pytest.raises(GPUMemoryError, match=r"^failure classes at batch size 8: CUDA out of memory .*; lower "
+                                             r"evaluation\.batch_size in the config"):
+        evaluation.score_cell(cell, tmp_path / "lmeval")

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..devices import HALF_DTYPES
+from ..devices import HALF_DTYPES, explain_out_of_memory
 from ..errors import InputError, MissingInputError
 from ..lmeval.metadata import METADATA_KEYS
 from .cache import read_json
@@ -14,6 +14,8 @@ from .config import PROMPTING_DEFAULTS, ModelSpec
 from .models import cell_device, model_dtype
 from .plan import Cell
 
+#: What a scoring pass too large for the GPU is told to change.
+SMALLER_EVALUATION = "lower evaluation.batch_size in the config (it changes no setting of the protocol)"
 #: The evaluation keys that are protocol presets / options of the tasks (lm-eval metadata of the same name).
 PRESET_KEYS = tuple(key for key in PROMPTING_DEFAULTS if key in METADATA_KEYS)
 
@@ -164,13 +166,14 @@ def run_lmeval(model: ModelSpec, model_path: str, tasks: list[str], out: Path, *
         metadata["rwku_items_per_target"] = int(limit)
         limit = None
     tracker = EvaluationTracker(output_path=str(out))
-    results = lm_eval.simple_evaluate(
-        model="cru", model_args=eval_model_args(model, model_path, routers), tasks=tasks, limit=limit,
-        batch_size=batch_size, device=device, log_samples=True,
-        task_manager=TaskManager(include_path=tasks_dir(), include_defaults=False, metadata=metadata or None),
-        apply_chat_template=chat_template, gen_kwargs=gen_kwargs, evaluation_tracker=tracker,
-        bootstrap_iters=0,
-    )
+    with explain_out_of_memory(f"lm-eval at batch size {batch_size}", SMALLER_EVALUATION):
+        results = lm_eval.simple_evaluate(
+            model="cru", model_args=eval_model_args(model, model_path, routers), tasks=tasks, limit=limit,
+            batch_size=batch_size, device=device, log_samples=True,
+            task_manager=TaskManager(include_path=tasks_dir(), include_defaults=False, metadata=metadata or None),
+            apply_chat_template=chat_template, gen_kwargs=gen_kwargs, evaluation_tracker=tracker,
+            bootstrap_iters=0,
+        )
     if results is None:
         raise RuntimeError(f"lm-eval returned no results for tasks {tasks}")
     samples = results.pop("samples", {}) or {}
@@ -192,18 +195,21 @@ def score_cell(cell: Cell, lmeval_dir: Path, *, data_dir=None, original_model: s
     failure = bool(cell.evaluation.get("failure_classes", True))
     original = original_model if failure else None
     batch_size = int(cell.evaluation.get("batch_size", 8))
-    if cell.benchmark == "tofu":
-        forget_task = f"tofu_{cell.split}"
-        retain_items = cell_scores.forget_items_from_result(retain_result, forget_task) if retain_result else None
-        scored = cell_scores.score_tofu_cell(lmeval_dir, split=cell.split, retain_items=retain_items,
-                                             original_model=original, data_dir=data_dir, device=cell_device(cell),
-                                             batch_size=batch_size, device_map=cell.model.device_map,
-                                             trust_remote_code=cell.model.trust_remote_code)
-    else:
-        scored = cell_scores.score_rwku_cell(lmeval_dir, target=cell.target, original_model=original,
-                                             device=cell_device(cell), batch_size=batch_size,
-                                             device_map=cell.model.device_map,
-                                             trust_remote_code=cell.model.trust_remote_code)
+    # the original model scores the answers for the failure classes
+    with explain_out_of_memory(f"failure classes at batch size {batch_size}", SMALLER_EVALUATION):
+        if cell.benchmark == "tofu":
+            forget_task = f"tofu_{cell.split}"
+            retain_items = cell_scores.forget_items_from_result(retain_result, forget_task) if retain_result else None
+            scored = cell_scores.score_tofu_cell(lmeval_dir, split=cell.split, retain_items=retain_items,
+                                                 original_model=original, data_dir=data_dir,
+                                                 device=cell_device(cell), batch_size=batch_size,
+                                                 device_map=cell.model.device_map,
+                                                 trust_remote_code=cell.model.trust_remote_code)
+        else:
+            scored = cell_scores.score_rwku_cell(lmeval_dir, target=cell.target, original_model=original,
+                                                 device=cell_device(cell), batch_size=batch_size,
+                                                 device_map=cell.model.device_map,
+                                                 trust_remote_code=cell.model.trust_remote_code)
     if not failure:
         scored["failure_classes"] = {}
     return scored
