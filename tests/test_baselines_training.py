@@ -383,6 +383,30 @@ def test_a_checkpoint_is_loaded_onto_the_accelerators_device(monkeypatch):
     assert seen == [torch.device("cuda", 1)] * 2
 
 
+def test_a_device_map_that_offloads_part_of_the_model_is_refused_for_training(monkeypatch):
+    """device_map 'auto' on GPUs too small puts modules on the CPU / disk, where accelerate keeps their weights on
+    `meta` between forward passes: they would never train, and the cast before saving raised after the training."""
+    from types import SimpleNamespace
+
+    import cru_harness.baselines.trainer as trainer_mod
+    from cru_harness.devices import DeviceError
+
+    maps = iter([{"model.embed_tokens": 0, "model.layers.0": 1, "model.layers.1": "cpu", "lm_head": "disk"},
+                 {"model.embed_tokens": 0, "model.layers.0": 1, "lm_head": 1}, None])
+
+    def loader(path, **kwargs):
+        model = torch.nn.Linear(2, 2)
+        model.hf_device_map = next(maps)
+        return model, None
+
+    monkeypatch.setattr(trainer_mod, "load_causal_lm", loader)
+    accelerator = SimpleNamespace(device=torch.device("cuda", 0))
+    with pytest.raises(DeviceError, match=r"put 2 module\(s\) of m on the CPU or disk \(lm_head, model.layers.1\)"):
+        trainer_mod.load_trainee("m", accelerator, dtype="float32", device="cuda", device_map="auto")
+    for _ in range(2):   # every module on a GPU; no map at all
+        assert trainer_mod.load_trainee("m", accelerator, dtype="float32", device="cuda", device_map="auto")[0]
+
+
 def test_the_launchers_mixed_precision_is_used_or_refused_never_ignored(monkeypatch):
     """`accelerate launch --mixed_precision bf16` (or an accelerate config saying so) sets
     ACCELERATE_MIXED_PRECISION; the run passes its own precision explicitly, which accelerate lets win in

@@ -45,7 +45,7 @@ _SCHEDULER_NAMES = {"linear": "linear", "cosine": "cosine", "constant": "constan
 #: What a step too large for the GPU is told to change, the result-preserving knob first.
 OUT_OF_MEMORY_HINT = ("lower micro_batch_size (--micro-batch-size; the effective batch, and so each update, stays "
                       "the same) or max_length (--max-length); a model whose training state does not fit one GPU: "
-                      "--device-map auto")
+                      "--device-map auto over several GPUs")
 
 
 @dataclass
@@ -141,11 +141,20 @@ def load_trainee(path: str, accelerator: Accelerator, *, dtype, device, device_m
     there, not in host memory), or sharded by `device_map` (then placed by accelerate on `device`'s GPUs).
     A path transformers cannot load (not a checkpoint, not on the Hub) is an `InputError`."""
     try:
-        return load_causal_lm(path, device=accelerator.device if device_map is None else device,
-                              device_map=device_map, dtype=training_precision(dtype)[0],
-                              load_tokenizer=load_tokenizer, trust_remote_code=trust_remote_code)
+        model, tokenizer = load_causal_lm(path, device=accelerator.device if device_map is None else device,
+                                          device_map=device_map, dtype=training_precision(dtype)[0],
+                                          load_tokenizer=load_tokenizer, trust_remote_code=trust_remote_code)
     except OSError as err:   # transformers' own message names the path and what is missing
         raise InputError(f"cannot load model {path!r}: {err}") from None
+    offloaded = sorted(name for name, where in model.hf_device_map.items() if where in ("cpu", "disk")) \
+        if is_sharded(model) else []
+    if offloaded:
+        # accelerate keeps offloaded weights on `meta` between forward passes: the optimizer would step tensors
+        # that never get a gradient, and the trained model could not be cast or saved.
+        raise DeviceError(f"device_map={device_map!r} put {len(offloaded)} module(s) of {path} on the CPU or disk "
+                          f"({', '.join(offloaded[:3])}{', ...' if len(offloaded) > 3 else ''}): the GPUs cannot "
+                          "hold its fp32 weights, and offloaded weights do not train; use more or larger GPUs")
+    return model, tokenizer
 
 
 def build_optimizer(model: torch.nn.Module, config: BaselineConfig) -> torch.optim.AdamW:
