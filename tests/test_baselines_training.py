@@ -383,6 +383,15 @@ def test_a_checkpoint_is_loaded_onto_the_accelerators_device(monkeypatch):
     assert seen == [torch.device("cuda", 1)] * 2
 
 
+def test_processes_wait_for_a_long_save_as_long_as_hf_trainer_lets_them():
+    """Under a launch the other processes wait at a barrier while the main one saves (a 7B fp32 checkpoint: 28 GB);
+    NCCL's default 10 minutes would abort them mid-save. The process group gets HF Trainer's 30 minutes."""
+    import datetime
+
+    handler = make_accelerator(fast_config("ga"), 0, device="cpu").init_handler
+    assert handler.to_kwargs() == {"timeout": datetime.timedelta(minutes=30)}   # the backend stays accelerate's
+
+
 def test_a_device_map_that_offloads_part_of_the_model_is_refused_for_training(monkeypatch):
     """device_map 'auto' on GPUs too small puts modules on the CPU / disk, where accelerate keeps their weights on
     `meta` between forward passes: they would never train, and the cast before saving raised after the training."""

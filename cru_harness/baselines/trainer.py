@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import logging
 import math
 import os
 from dataclasses import dataclass, field
 
 import torch
-from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
 from accelerate.data_loader import prepare_data_loader
 from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import set_seed
@@ -41,6 +42,8 @@ from .data import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 
+#: How long a process waits for the others at a collective or barrier (seconds), as HF Trainer's ddp_timeout.
+DDP_TIMEOUT_S = 1800
 _SCHEDULER_NAMES = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
 #: What a step too large for the GPU is told to change, the result-preserving knob first.
 OUT_OF_MEMORY_HINT = ("lower micro_batch_size (--micro-batch-size; the effective batch, and so each update, stays "
@@ -73,7 +76,10 @@ def make_accelerator(config: BaselineConfig, seed: int = 0, device: str | torch.
                           "as the run's dtype (--dtype bfloat16 or float16: fp32 weights under autocast) and launch "
                           "with --mixed_precision no")
     kwargs = dict(mixed_precision=config.mixed_precision,
-                  dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed))
+                  dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed),
+                  # HF Trainer's ddp_timeout: the other processes wait at a barrier while the main one saves a
+                  # checkpoint (28 GB for a 7B model in fp32), longer than NCCL's default 10 minutes allows
+                  kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=DDP_TIMEOUT_S))])
     target = resolve_device(device)  # auto: CUDA when present, else CPU
     if target.type == "cpu":
         # accelerate runs several CPU processes (gloo) only when told it is on the CPU.
