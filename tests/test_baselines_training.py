@@ -383,6 +383,33 @@ def test_a_checkpoint_is_loaded_onto_the_accelerators_device(monkeypatch):
     assert seen == [torch.device("cuda", 1)] * 2
 
 
+def test_a_step_the_fp16_loss_scaler_skips_leaves_the_schedule_where_it_was(tokenizer, tmp_path, monkeypatch):
+    """An fp16 overflow makes the loss scaler skip the optimizer step; as in HF Trainer, the learning-rate schedule
+    does not move on for it (it did: an early overflow shifted warm-up and decay), and the history marks it."""
+    from accelerate import Accelerator
+
+    steps = []
+
+    def first_step_skipped(self):
+        steps.append(None)
+        return len(steps) == 1
+
+    monkeypatch.setattr(Accelerator, "optimizer_step_was_skipped", property(first_step_skipped))
+    model = tiny(tokenizer)
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    config = fast_config("ga", num_epochs=3, lr_scheduler="linear", warmup_epochs=1.0)
+    res = B.unlearn(str(tmp_path / "m"), None, FORGET, RETAIN, "ga", config, seed=0, dtype="float16", device="cpu",
+                    progress=False)
+    lrs = [h["lr"] for h in res.history]
+    assert [h["skipped"] for h in res.history] == [1.0] + [0.0] * (len(lrs) - 1)
+    assert lrs[0] == lrs[1] == 0.0 and lrs[2] > 0   # warm-up starts again after the skipped step
+    monkeypatch.undo()
+    again = B.unlearn(str(tmp_path / "m"), None, FORGET, RETAIN, "ga", config, seed=0, dtype="float16",
+                      device="cpu", progress=False)
+    assert [h["lr"] for h in again.history][1] > 0 and not any(h["skipped"] for h in again.history)
+
+
 def test_processes_wait_for_a_long_save_as_long_as_hf_trainer_lets_them():
     """Under a launch the other processes wait at a barrier while the main one saves (a 7B fp32 checkpoint: 28 GB);
     NCCL's default 10 minutes would abort them mid-save. The process group gets HF Trainer's 30 minutes."""

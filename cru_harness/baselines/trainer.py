@@ -312,13 +312,18 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
             step_logs["grad_norm"] = float(accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm))
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
-        scheduler.step()
+        skipped = accelerator.optimizer_step_was_skipped
+        if not skipped:   # HF Trainer's rule: a step fp16's loss scaler skipped (an overflow) leaves the schedule
+            scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        if config.mixed_precision == "fp16":
+            step_logs["skipped"] = float(skipped)
         step_logs.update(lr=lr, epoch=epoch, step=result.optimizer_steps + 1)
         result.history.append(step_logs)
         result.optimizer_steps += 1
         bar.update(1)
-        bar.set_postfix({k: f"{step_logs[k]:.4g}" for k in step_logs if k not in ("epoch", "step", "lr", "grad_norm")})
+        bar.set_postfix({k: f"{step_logs[k]:.4g}" for k in step_logs
+                         if k not in ("epoch", "step", "lr", "grad_norm", "skipped")})
 
     # The epochs are one stream of micro-batches: a step every `per_step` of them, across epoch boundaries, and a
     # tail shorter than a step is dropped (see `step_counts`).
