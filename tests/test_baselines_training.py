@@ -410,6 +410,22 @@ def test_a_step_the_fp16_loss_scaler_skips_leaves_the_schedule_where_it_was(toke
     assert [h["lr"] for h in again.history][1] > 0 and not any(h["skipped"] for h in again.history)
 
 
+def test_the_optimizers_state_is_freed_when_training_returns(tokenizer, tmp_path, monkeypatch):
+    """Under fp16 accelerate's optimizer wrapper sits in a reference cycle, so AdamW's moments (8 bytes a
+    parameter) outlived the training on the GPU until the cyclic collector ran; the loop empties them."""
+    import cru_harness.baselines.trainer as trainer_mod
+
+    built = []
+    real_build = trainer_mod.build_optimizer
+    monkeypatch.setattr(trainer_mod, "build_optimizer", lambda *a: built.append(real_build(*a)) or built[-1])
+    model = tiny(tokenizer)
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    res = B.unlearn(str(tmp_path / "m"), None, FORGET, RETAIN, "ga", fast_config("ga", num_epochs=1), seed=0,
+                    dtype="float16", device="cpu", progress=False)
+    assert res.optimizer_steps > 0 and len(built) == 1 and not built[0].state
+
+
 def test_processes_wait_for_a_long_save_as_long_as_hf_trainer_lets_them():
     """Under a launch the other processes wait at a barrier while the main one saves (a 7B fp32 checkpoint: 28 GB);
     NCCL's default 10 minutes would abort them mid-save. The process group gets HF Trainer's 30 minutes."""

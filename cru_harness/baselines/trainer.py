@@ -345,6 +345,9 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
         if group and result.optimizer_steps < total_steps:  # fewer micro-batches in all than one step takes
             optimizer_step(group, config.num_epochs - 1)
     bar.close()
+    # Under fp16 accelerate's optimizer wrapper is in a reference cycle (its patched step): its Adam moments, 8
+    # bytes a parameter, would stay on the GPU after the return until the cyclic collector ran.
+    optimizer.state.clear()
     model.eval()
     result.model = _without_autocast(accelerator.unwrap_model(model))
     result.final_logs = dict(result.history[-1]) if result.history else {}
