@@ -109,6 +109,21 @@ def test_only_a_map_over_several_devices_is_sharded():
     assert devices.is_sharded(model)
 
 
+def test_a_sharded_models_resources_measure_each_of_its_gpus():
+    """A device_map over several GPUs: the training's peak memory is read on each of them (it was the current
+    GPU's alone); a one-device map or none measures the device given."""
+    from cru_harness.baselines.resources import ResourceMonitor, sharded_gpus
+
+    model = torch.nn.Linear(2, 2)
+    model.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": "cuda:1", "model.layers.1": 3,
+                           "lm_head": "cpu"}
+    assert sharded_gpus(model) == [torch.device("cuda", 0), torch.device("cuda", 1), torch.device("cuda", 3)]
+    assert ResourceMonitor("cuda:0", model=model).gpus == sharded_gpus(model)
+    model.hf_device_map = {"": 0}
+    assert sharded_gpus(model) == [] and ResourceMonitor("cuda:2", model=model).gpus == [torch.device("cuda", 2)]
+    assert ResourceMonitor("cpu", model=model).gpus == []
+
+
 def test_group_totals_live_on_the_accelerator_device():
     """The baselines' CUDA crash: the counts were combined with a tensor made on the CPU."""
     labels = torch.tensor([[IGNORE_INDEX, 5, 6, 7], [IGNORE_INDEX, IGNORE_INDEX, 8, IGNORE_INDEX]])

@@ -331,6 +331,9 @@ def test_accelerate_launch_two_cpu_processes_train_as_one(checkpoint, tmp_path, 
     (one, one_w), (ddp, ddp_w) = runs["one"], runs["ddp"]
     assert ddp["num_processes"] == 2 and ddp["gradient_accumulation_steps"] == {4: 1, 6: 2, 8: 2}[batch]
     assert one["num_processes"] == 1 and one["gradient_accumulation_steps"] == batch // 2
+    # the resources are the largest over the processes, and say so
+    assert ddp["resources"]["processes"] == 2 and one["resources"]["processes"] == 1
+    assert ddp["resources"]["peak_memory_bytes"] > 0 and ddp["resources"]["wall_time_s"] > 0
     assert one["optimizer_steps"] == ddp["optimizer_steps"] == steps  # floor(epochs x rows / batch), at least 1
     # The logged loss is every process's share, not the main process's alone; the norm is the summed gradient's.
     for key in ("loss", "grad_norm"):

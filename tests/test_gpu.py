@@ -239,3 +239,4 @@ def test_device_map_split_over_two_gpus(tiny_dir, tmp_path):
     res = B.unlearn(str(tiny_dir), None, ROWS, ROWS, "npo", config, device="cuda", device_map=device_map,
                     progress=False)
     assert res.optimizer_steps == 1 and math.isfinite(res.final_logs["loss"])
+    assert res.resources["device"] == "cuda:0,cuda:1"   # the peak is read on both GPUs of the split

@@ -16,7 +16,7 @@ from ..locations import check_model_path, check_output_dir, save_checkpoint
 from .base import BaselineConfig, UnlearningMethod
 from .data import ForgetRetainDataset, encode_row
 from .registry import get_method
-from .resources import ResourceMonitor
+from .resources import ResourceMonitor, max_over_processes
 from .trainer import load_trainee, prepare_training, train_unlearning
 
 RECORD_FILE = "unlearn_record.json"
@@ -138,8 +138,8 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
         method=m.name, seed=seed, config=m.config.to_dict(), out_dir=str(out_dir) if out_dir else None,
         n_forget=len(forget_rows), n_retain=len(retain_used), optimizer_steps=trained.optimizer_steps,
         gradient_accumulation_steps=trained.gradient_accumulation_steps, num_processes=trained.num_processes,
-        resources=monitor.record.to_dict(), final_logs=trained.final_logs, history=trained.history,
-        model=trained.model,
+        resources=max_over_processes(monitor.record, accelerator).to_dict(), final_logs=trained.final_logs,
+        history=trained.history, model=trained.model,
     )
     if out_dir is not None:
         accelerator.wait_for_everyone()

@@ -75,10 +75,11 @@ class ResourceRecord:
     wall_time_s: float
     peak_memory_bytes: int
     peak_memory_source: str          # "cuda_max_allocated" | "process_peak_rss"
-    device: str
+    device: str                      # the device measured; a sharded model's GPUs, comma-separated (the max)
     peak_memory_at_start_bytes: int  # for RSS: the process high-water mark before the measurement
     trainable_params: int | None = None
     total_params: int | None = None
+    processes: int = 1               # under accelerate launch: time and memory are the max over the processes
 
     @property
     def peak_memory_mib(self) -> float:
@@ -102,16 +103,20 @@ class ResourceMonitor:
         self.device = torch.device(device)
         self.model = model
         self.record: ResourceRecord | None = None
+        # a model a device_map split over several GPUs: each of them is measured (the record keeps the max)
+        shards = sharded_gpus(model) if model is not None else []
+        self.gpus = shards or ([self.device] if self.device.type == "cuda" else [])
 
     @property
     def _cuda(self) -> bool:
-        return self.device.type == "cuda" and torch.cuda.is_available()
+        return bool(self.gpus) and torch.cuda.is_available()
 
     def __enter__(self) -> "ResourceMonitor":
         if self._cuda:
-            torch.cuda.synchronize(self.device)
-            restart_cuda_peak(self.device)
-            self._start_mem = torch.cuda.max_memory_allocated(self.device)
+            for gpu in self.gpus:
+                torch.cuda.synchronize(gpu)
+                restart_cuda_peak(gpu)
+            self._start_mem = max(torch.cuda.max_memory_allocated(gpu) for gpu in self.gpus)
         else:
             self._start_mem = peak_rss_bytes()
         self._t0 = time.perf_counter()
@@ -119,14 +124,43 @@ class ResourceMonitor:
 
     def __exit__(self, *exc) -> None:
         if self._cuda:
-            torch.cuda.synchronize(self.device)
-            peak, source = torch.cuda.max_memory_allocated(self.device), "cuda_max_allocated"
+            for gpu in self.gpus:
+                torch.cuda.synchronize(gpu)
+            peak = max(torch.cuda.max_memory_allocated(gpu) for gpu in self.gpus)
+            source, device = "cuda_max_allocated", ",".join(str(gpu) for gpu in self.gpus)
         else:
-            peak, source = peak_rss_bytes(), "process_peak_rss"
+            peak, source, device = peak_rss_bytes(), "process_peak_rss", str(self.device)
         wall = time.perf_counter() - self._t0
         self.record = ResourceRecord(
-            wall_time_s=wall, peak_memory_bytes=int(peak), peak_memory_source=source, device=str(self.device),
+            wall_time_s=wall, peak_memory_bytes=int(peak), peak_memory_source=source, device=device,
             peak_memory_at_start_bytes=int(self._start_mem),
             trainable_params=count_parameters(self.model) if self.model is not None else None,
             total_params=count_parameters(self.model, trainable_only=False) if self.model is not None else None,
         )
+
+
+def sharded_gpus(model: torch.nn.Module) -> list[torch.device]:
+    """The GPUs a device_map split `model` over (none unless it is split over several devices)."""
+    from ..devices import is_sharded
+
+    if not is_sharded(model):
+        return []
+    gpus = set()
+    for where in model.hf_device_map.values():
+        if isinstance(where, int):
+            gpus.add(where)
+        elif str(where).startswith("cuda"):
+            gpus.add(_cuda_index(where))
+    return [torch.device("cuda", index) for index in sorted(gpus)]
+
+
+def max_over_processes(record: ResourceRecord, accelerator) -> ResourceRecord:
+    """Under accelerate launch each process measured its own GPU (their micro-batches differ): the record takes
+    the largest wall time and peak over the processes. A collective: every process calls it."""
+    if accelerator.num_processes == 1:
+        return record
+    mine = torch.tensor([record.wall_time_s, float(record.peak_memory_bytes)], dtype=torch.float64,
+                        device=accelerator.device)
+    wall, peak = accelerator.reduce(mine, reduction="max").tolist()
+    return dataclasses.replace(record, wall_time_s=wall, peak_memory_bytes=int(peak),
+                               processes=accelerator.num_processes)

@@ -118,7 +118,7 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     """
     from accelerate.state import PartialState
 
-    from ..baselines.resources import ResourceMonitor
+    from ..baselines.resources import ResourceMonitor, max_over_processes
     from ..baselines.trainer import load_trainee, prepare_training, train_unlearning
     from ..context import fit_to_context
     from ..locations import check_model_path, check_output_dir
@@ -169,9 +169,8 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
         gradient_accumulation_steps=trained.gradient_accumulation_steps, num_processes=trained.num_processes,
         warmup_steps=trained.warmup_steps, chat_template=dataset.chat,
         dtype=dtype_name(saved_dtype(dtype) if loaded else trained.model.dtype),
-        resources=monitor.record.to_dict(), final_logs=trained.final_logs, preset=preset, family=family,
-        history=trained.history,
-        model=trained.model)
+        resources=max_over_processes(monitor.record, accelerator).to_dict(), final_logs=trained.final_logs,
+        preset=preset, family=family, history=trained.history, model=trained.model)
     if out_dir is not None:
         accelerator.wait_for_everyone()
         if PartialState().is_main_process:
