@@ -125,8 +125,12 @@ def run_one(method: str, dtype_name: str, args) -> dict:
                                                                     "retain_gate_rows")}
     else:
         from cru_harness.baselines import make_config, unlearn
+        from cru_harness.devices import training_precision
 
-        config = make_config(method, "tofu", "forget10", num_epochs=args.epochs)
+        # as the project trains a baseline in `dtype_name`: fp32 master weights under that dtype's autocast
+        master, mixed = training_precision(dtype_name)
+        model = model.to(master)
+        config = make_config(method, "tofu", "forget10", num_epochs=args.epochs, mixed_precision=mixed)
         result = unlearn(model, tokenizer, forget_rows, retain_rows, method, config, seed=0, progress=False)
         epochs, steps = config.num_epochs, result.optimizer_steps
         record["baseline_config"] = {k: v for k, v in config.to_dict().items()

@@ -426,6 +426,23 @@ def test_the_optimizers_state_is_freed_when_training_returns(tokenizer, tmp_path
     assert res.optimizer_steps > 0 and len(built) == 1 and not built[0].state
 
 
+def test_a_half_precision_model_object_is_refused_or_warned_about(tokenizer):
+    """A model object trains in its own dtype: float16 weights cannot train under AdamW (eps 0 in float16; the
+    loss scaler refuses float16 gradients) and are refused before any step; bfloat16 ones train, with a warning."""
+    from cru_harness.errors import InputError
+
+    before = [p.detach().clone() for p in tiny(tokenizer).parameters()]
+    half = tiny(tokenizer).half()
+    with pytest.raises(InputError, match="trainable weights are float16, which AdamW cannot step"):
+        B.unlearn(half, tokenizer, FORGET, RETAIN, "ga", fast_config("ga", num_epochs=1), device="cpu",
+                  progress=False)
+    assert all(torch.equal(a.half(), b) for a, b in zip(before, half.parameters()))
+    with pytest.warns(UserWarning, match="trainable weights are bfloat16"):
+        res = B.unlearn(tiny(tokenizer).to(torch.bfloat16), tokenizer, FORGET, RETAIN, "ga",
+                        fast_config("ga", num_epochs=1), device="cpu", progress=False)
+    assert res.optimizer_steps > 0
+
+
 def test_processes_wait_for_a_long_save_as_long_as_hf_trainer_lets_them():
     """Under a launch the other processes wait at a barrier while the main one saves (a 7B fp32 checkpoint: 28 GB);
     NCCL's default 10 minutes would abort them mid-save. The process group gets HF Trainer's 30 minutes."""

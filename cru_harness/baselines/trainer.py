@@ -23,6 +23,7 @@ import datetime
 import logging
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -163,6 +164,20 @@ def load_trainee(path: str, accelerator: Accelerator, *, dtype, device, device_m
     return model, tokenizer
 
 
+def check_trainable_dtype(model: torch.nn.Module) -> None:
+    """A model object trains in its own dtype (a checkpoint path loads fp32 master weights): float16 weights are
+    refused (AdamW's eps is 0 in float16, and the fp16 loss scaler cannot unscale float16 gradients), bfloat16
+    ones warned about (AdamW stepping them drops every update below half a bf16 step of the weight)."""
+    dtypes = {p.dtype for p in model.parameters() if p.requires_grad}
+    if torch.float16 in dtypes:
+        raise InputError("the model's trainable weights are float16, which AdamW cannot step: pass the checkpoint "
+                         "path with dtype='float16' (fp32 weights under fp16 autocast), or model.float()")
+    if torch.bfloat16 in dtypes:
+        warnings.warn("the model's trainable weights are bfloat16: AdamW stepping them drops most updates at small "
+                      "learning rates; pass the checkpoint path with dtype='bfloat16' for fp32 weights under bf16 "
+                      "autocast, as the references train", UserWarning, stacklevel=3)
+
+
 def build_optimizer(model: torch.nn.Module, config: BaselineConfig) -> torch.optim.AdamW:
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
@@ -249,6 +264,7 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
         raise ValueError(f"{method.name} does not use a reference model; pass ref_model=None")
     if ref_model is not None and any(p.requires_grad for p in ref_model.parameters()):
         raise ValueError("the reference model must be frozen (requires_grad=False on every parameter)")
+    check_trainable_dtype(model)
     accelerator = accelerator or make_accelerator(config, seed)
     set_seed(seed)
     n_proc, rank = accelerator.num_processes, accelerator.process_index
