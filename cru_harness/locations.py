@@ -61,8 +61,7 @@ def check_output_dir(path: str | os.PathLike, *, what: str = "output directory",
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
         raise OutputLocationError(f"{what} {path} exists and is not a directory")
-    staging = staging_dir(path)
-    if staged and staging.exists() and not staging.is_dir():   # otherwise found at the save, after the training
+    if staged and (staging := staging_dir(path)).exists() and not staging.is_dir():   # else found after training
         raise OutputLocationError(f"{what} {path} is saved through {staging}, which is a file: move it away")
     if path.is_dir():
         held_files = any(not entry.name.startswith(WRITE_TEST_PREFIX) for entry in path.iterdir())

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..devices import is_sharded
+
 
 def peak_rss_bytes() -> int:
     """Process peak RSS in bytes (ru_maxrss is KiB on Linux, bytes on macOS)."""
@@ -141,8 +143,6 @@ class ResourceMonitor:
 
 def sharded_gpus(model: torch.nn.Module) -> list[torch.device]:
     """The GPUs a device_map split `model` over (none unless it is split over several devices)."""
-    from ..devices import is_sharded
-
     if not is_sharded(model):
         return []
     gpus = set()

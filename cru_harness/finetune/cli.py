@@ -70,6 +70,5 @@ def run_finetune(args: argparse.Namespace) -> int:
     if PartialState().is_main_process:
         print(f"saved fine-tuned model to {args.out}: {result.n_rows} rows, {result.optimizer_steps} steps "
               f"({result.num_processes} process(es) x up to {result.gradient_accumulation_steps} micro-batches a "
-              f"step), "
-              f"final loss {result.final_logs.get('loss', float('nan')):.4f}")
+              f"step), final loss {result.final_logs.get('loss', float('nan')):.4f}")
     return 0

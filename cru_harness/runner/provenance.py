@@ -183,7 +183,7 @@ def directory_stamp(path: str | os.PathLike) -> tuple[tuple[str, int, int], ...]
     stamp = []
     for f in sorted(root.rglob("*")):
         if f.is_file():
-            st = f.stat()   # one stat per file
+            st = f.stat()   # size and mtime from one stat
             stamp.append((f.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns))
     return tuple(stamp)
 
