@@ -72,15 +72,46 @@ def test_lr_sweep_is_on_an_unreported_split_with_the_same_model():
     assert "Selection rule" in text and "LARGEST" in text   # the rule is written down beside the grid
 
 
-def test_cpu_config_is_a_stated_reduction_of_the_gpu_one():
-    config = cfg.load_config(CONFIGS / "cpu_smollm2.yaml")
-    assert config.device == "cpu" and config.output_dir == Path("results/cpu_smollm2")
+@pytest.mark.parametrize("name", ["cpu_smollm2", "cpu_smollm2_forget01"])
+def test_cpu_config_is_a_stated_reduction_of_the_gpu_one(name):
+    config = cfg.load_config(CONFIGS / f"{name}.yaml")
+    assert config.device == "cpu" and config.output_dir == Path(f"results/{name}")
     model = config.models[0]
     assert model.path == "smollm2" and " + " in model.finetune["data"]
     assert config.benchmarks["tofu"]["limit"] or config.evaluation["limit"]
     assert {m.method for m in config.methods} >= {*BASELINES, "CRU"}
-    header = (CONFIGS / "cpu_smollm2.yaml").read_text().split("\nname:")[0]
+    header = (CONFIGS / f"{name}.yaml").read_text().split("\nname:")[0]
     assert "measured" in header and "GPU" in header   # the arithmetic, and what is owed
+
+
+def test_cpu_forget01_config_changes_only_the_scale_its_header_states():
+    """cpu_smollm2_forget01 is cpu_smollm2 on both forget01 authors: the data, the limit and the baselines' batch
+    (so that they still make 10 steps, 2 of warm-up, in 2 epochs) change; the recipe, methods and evaluation do not."""
+    from cru_harness.baselines.registry import make_config
+    from cru_harness.baselines.trainer import step_counts
+
+    small, whole = (cfg.load_config(CONFIGS / f"{name}.yaml") for name in ("cpu_smollm2", "cpu_smollm2_forget01"))
+    recipe = {**small.models[0].finetune, "data": None}
+    assert {**whole.models[0].finetune, "data": None} == recipe
+    assert whole.models[0].finetune["data"] == "retain99[:40] + forget01"
+    assert whole.models[0].retain["forget01"].value == {**small.models[0].retain["forget01"].value,
+                                                         "data": "retain99[:40]"}
+    assert {**whole.benchmarks["tofu"], "limit": None, "forget_corpus": None, "retain_corpus": None} == \
+        {**small.benchmarks["tofu"], "limit": None, "forget_corpus": None, "retain_corpus": None}
+    assert whole.benchmarks["tofu"]["limit"] == 40   # forget01's whole evaluation set (40 rows)
+    assert (whole.benchmarks["tofu"]["forget_corpus"], whole.benchmarks["tofu"]["retain_corpus"]) == \
+        ("{split}", "retain99[:40]")
+    assert whole.evaluation == small.evaluation and (small.seeds, whole.seeds) == ((0,), (0, 1, 2))
+    assert [m.method for m in whole.methods] == [m.method for m in small.methods]
+    for s, w in zip(small.methods, whole.methods):
+        hs, hw = s.hparams_for("tofu", "forget01"), w.hparams_for("tofu", "forget01")
+        batch = ("effective_batch_size", "micro_batch_size")
+        assert {k: v for k, v in hw.items() if k not in batch} == {k: v for k, v in hs.items() if k not in batch}
+        if s.method in BASELINES:
+            assert [hw[k] for k in batch] == [2 * hs[k] for k in batch]
+            # 20 forget rows in micro-batches of 4, 40 in micro-batches of 8: the same steps
+            assert step_counts(make_config(s.method, "tofu", "forget01", **hs), 20 // hs["micro_batch_size"], 1) == \
+                step_counts(make_config(w.method, "tofu", "forget01", **hw), 40 // hw["micro_batch_size"], 1) == (10, 2)
 
 
 class _FakeCuda:
@@ -223,6 +254,45 @@ def test_report_regenerates_byte_for_byte(tmp_path):
     assert json.loads(first[Path("report/stats.json")])["tofu"]["friedman"]["status"] == "ok"
 
 
+def _without_provenance(report_md: str) -> str:
+    """report.md less its Provenance section, which names the checkout's code version (any later code change)."""
+    head, _, rest = report_md.partition("## Provenance\n")
+    return head + rest[rest.index("\n## "):] if rest else head
+
+
+@pytest.mark.parametrize("name", ["cpu_smollm2", "cpu_smollm2_forget01"])
+def test_committed_cpu_run_is_its_whole_plan_and_its_report_regenerates(name, tmp_path, monkeypatch):
+    """A committed CPU run holds exactly its config's cells, finished, each computed from a committed (clean)
+    tree; `cru-harness report` on those cells writes the committed tables, statistics and report again, byte for
+    byte (plots aside: their bytes follow the matplotlib version; the Provenance section follows the code)."""
+    import shutil
+
+    from cru_harness.cli import main
+
+    repo = CONFIGS.parent
+    committed = repo / "results" / name
+    config = cfg.load_config(CONFIGS / f"{name}.yaml")
+    assert sorted(p.name for p in (committed / "cells").iterdir()) == sorted(c.hash for c in build_plan(config))
+    for path in (committed / "cells").glob("*/run_record.json"):
+        record = json.loads(path.read_text())
+        assert record["status"] == "ok" and record["git"]["dirty"] is False, path
+        assert json.loads((path.parent / "result.json").read_text())["status"] == "ok", path
+    copy = tmp_path / "results" / name   # the same relative path: the report names its directory
+    shutil.copytree(committed / "cells", copy / "cells")
+    shutil.copy(committed / "plan.json", copy / "plan.json")
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", f"results/{name}"]) == 0
+    written = {p.relative_to(copy / "report") for p in (copy / "report").rglob("*") if p.is_file()}
+    assert written == {p.relative_to(committed / "report") for p in (committed / "report").rglob("*") if p.is_file()}
+    for rel in sorted(written):
+        if rel.suffix == ".png":
+            continue
+        new, old = (copy / "report" / rel).read_text(), (committed / "report" / rel).read_text()
+        if rel.name == "report.md":
+            new, old = _without_provenance(new), _without_provenance(old)
+        assert new == old, rel
+
+
 def test_report_of_one_run_uses_the_report_settings_its_config_named(tmp_path, capsys):
     """A run whose config asked for md and csv without plots: `cru-harness report DIR` writes those files again,
     not the CLI's every format; --formats still chooses; a bad recorded block is named in one line."""
@@ -254,7 +324,8 @@ def test_report_of_one_run_uses_the_report_settings_its_config_named(tmp_path, c
     assert len(err) == 1 and "plan.json: cannot read the run's plan" in err[0]
 
 
-@pytest.mark.parametrize("name", ["gpu_smollm2.yaml", "gpu_smollm2_seed0.yaml", "gpu_smollm2_lr.yaml", "cpu_smollm2.yaml"])
+@pytest.mark.parametrize("name", ["gpu_smollm2.yaml", "gpu_smollm2_seed0.yaml", "gpu_smollm2_lr.yaml", "cpu_smollm2.yaml",
+                                  "cpu_smollm2_forget01.yaml"])
 def test_every_trained_cell_of_the_regime_configs_builds_its_training_config(name):
     """What a dry run cannot see: each cell's hyperparameters make a valid method config (e.g. SimNPO on
     forget01, which has no protocol preset, needs beta and forget_weight given)."""
@@ -421,7 +492,8 @@ def test_every_gpu_run_writes_where_git_ignores_it_until_it_is_committed():
     assert len(outputs) >= 15
     ignored = subprocess.run(["git", "check-ignore", *map(str, outputs)], cwd=repo, capture_output=True, text=True)
     assert sorted(ignored.stdout.split()) == sorted(map(str, outputs))
-    committed = ["results/cpu_smollm2", "results/studies/lambda-cpu_smollm2", "results/demo"]
+    committed = ["results/cpu_smollm2", "results/cpu_smollm2_forget01", "results/studies/lambda-cpu_smollm2",
+                 "results/demo"]
     assert subprocess.run(["git", "check-ignore", *committed], cwd=repo).returncode == 1   # none ignored
 
 
