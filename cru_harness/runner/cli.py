@@ -199,7 +199,10 @@ def _selection_summary(config, selected_targets) -> dict | None:
 
 def print_plan(summary: dict, out=None) -> None:
     out = out or sys.stdout  # looked up per call, so redirected/captured stdout is honoured
-    print(f"experiment {summary['name']}: {summary['n_cells']} cells -> {summary['output_dir']}", file=out)
+    count = f"{summary['n_cells']} cells"
+    if summary.get("only") is not None:
+        count = f"{summary['n_cells']} of {summary['n_planned']} cells (--only {','.join(summary['only'])})"
+    print(f"experiment {summary['name']}: {count} -> {summary['output_dir']}", file=out)
     print(f"  trains {summary['n_trained']} cells, evaluates {summary['n_evaluated']}", file=out)
     for bench, where in summary["data"].items():
         print(f"  data {bench}: {where}", file=out)
@@ -293,7 +296,9 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
         index, count = parse_shard(shard)
         cells = select_shard(cells, index, count)
     to_run = only_cells(cells, only, config)  # the plan (and plan.json) stays whole
-    summary = plan_summary(config, cells, selected)
+    summary = plan_summary(config, to_run, selected)   # a dry run shows what would run
+    if only is not None:
+        summary.update(only=check_only(only, config), n_planned=len(cells))
     if dry_run:
         # A warning, not a refusal: a dry run may plan the run for another machine (a GPU config on a laptop).
         problems = machine_problems(config)
