@@ -201,7 +201,7 @@ def print_plan(summary: dict, out=None) -> None:
     out = out or sys.stdout  # looked up per call, so redirected/captured stdout is honoured
     count = f"{summary['n_cells']} cells"
     if summary.get("only") is not None:
-        count = f"{summary['n_cells']} of {summary['n_planned']} cells (--only {','.join(summary['only'])})"
+        count = f"{summary['n_cells']} of {summary['n_planned']} cells (--only {summary['only']})"
     print(f"experiment {summary['name']}: {count} -> {summary['output_dir']}", file=out)
     print(f"  trains {summary['n_trained']} cells, evaluates {summary['n_evaluated']}", file=out)
     for bench, where in summary["data"].items():
@@ -298,7 +298,7 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
     to_run = only_cells(cells, only, config)  # the plan (and plan.json) stays whole
     summary = plan_summary(config, to_run, selected)   # a dry run shows what would run
     if only is not None:
-        summary.update(only=check_only(only, config), n_planned=len(cells))
+        summary.update(only=only, n_planned=len(cells))   # as given: only_cells checked it
     if dry_run:
         # A warning, not a refusal: a dry run may plan the run for another machine (a GPU config on a laptop).
         problems = machine_problems(config)
