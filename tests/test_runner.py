@@ -618,6 +618,27 @@ def test_reuse_copies_the_finished_cells_the_plan_shares_and_computes_the_rest(t
         run_config(study, executor=fake_executor([]), reuse=tmp_path / "nowhere")
 
 
+def test_reuse_with_only_copies_the_shared_cells_the_labels_cells_start_from(tmp_path):
+    """`--reuse DIR --only LABEL`: the label's cells need the plan's fine-tune (and its oracle for Forget
+    Quality), so every finished shared cell is copied, while only the label's cells run."""
+    from cru_harness.runner.cli import run_config
+
+    first = cfg.validate_config(base_config(tmp_path, output_dir=str(tmp_path / "real"), seeds=[0]))
+    shared = build_plan(first)
+    run_cells(shared, CellStore(first.output_dir), fake_executor([]), log=lambda *_: None)
+    study = cfg.validate_config(base_config(tmp_path, output_dir=str(tmp_path / "study"), seeds=[0], methods=[
+        {"method": "GA", "lr": 1e-4}, {"method": "CRU", "label": "CRU-p90", "lambda": 1, "percentile": 90}]))
+    in_study = {c.hash for c in build_plan(study)}
+    reused = [c for c in shared if c.hash in in_study]
+    assert {c.kind for c in reused} == {"retain", "original", "method"}   # the oracle, the base, GA
+    calls, logged = [], []
+    assert run_config(study, executor=fake_executor(calls), reuse=first.output_dir, report=False,
+                      log=logged.append, only="CRU-p90") == 0
+    assert sorted(calls) == sorted(c.hash for c in build_plan(study) if c.label == "CRU-p90")
+    assert f"--reuse {first.output_dir}: copied {len(reused)} finished cell(s) of this plan" in logged
+    assert all(CellStore(study.output_dir).load_result(c.hash)["status"] == "ok" for c in reused)
+
+
 def test_reuse_keeps_a_target_choice_the_run_has_already_made(tmp_path):
     """The RWKU cells of a run were planned from its saved target choice: `--reuse` copies the other run's choice
     only where the run has none (a merge of shards, which share one choice, still takes the copy)."""

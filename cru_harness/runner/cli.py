@@ -71,7 +71,9 @@ def add_reuse_argument(parser) -> None:
                         help="before running, copy from run directory DIR the finished cells this plan holds (same "
                              "hash) and its saved RWKU target choice, e.g. a study starting from "
                              "results/gpu_smollm2's fine-tuned model, oracles and baselines; a copied cell is "
-                             "reused as the output directory's own are (recomputed if other code made it)")
+                             "reused as the output directory's own are (recomputed if other code made it); with "
+                             "--only too, not only the named labels' (they start from the fine-tune and read the "
+                             "oracle)")
 
 
 def add_only_argument(parser) -> None:
@@ -329,8 +331,8 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
     atomic_write_json(store.root / ("plan.json" if not shard else f"plan.shard{shard.replace('/', 'of')}.json"),
                       {"config": config.raw, "source": config.source, "shard": shard,
                        "cells": [{"hash": c.hash, "cell": c.describe()} for c in cells]})
-    if reuse is not None:
-        reuse_cells(reuse, store, to_run, log)
+    if reuse is not None:   # the plan's, not only --only's: those cells start from the shared fine-tune
+        reuse_cells(reuse, store, cells, log)
     counts = run_cells(to_run, store, executor, log=log, force=force, **({"inputs": inputs} if inputs else {}))
     log(f"done: {counts}")
     if report:
