@@ -260,18 +260,23 @@ def _without_provenance(report_md: str) -> str:
     return head + rest[rest.index("\n## "):] if rest else head
 
 
-@pytest.mark.parametrize("name", ["cpu_smollm2", "cpu_smollm2_forget01"])
-def test_committed_cpu_run_is_its_whole_plan_and_its_report_regenerates(name, tmp_path, monkeypatch):
-    """A committed CPU run holds exactly its config's cells, finished, each computed from a committed (clean)
-    tree; `cru-harness report` on those cells writes the committed tables, statistics and report again, byte for
-    byte (plots aside: their bytes follow the matplotlib version; the Provenance section follows the code)."""
+@pytest.mark.parametrize("config_name, name", [
+    ("cpu_smollm2.yaml", "cpu_smollm2"), ("cpu_smollm2_forget01.yaml", "cpu_smollm2_forget01"),
+    ("studies/options_report_forget01_cpu.yaml", "studies/options_report-cpu_smollm2_forget01")])
+def test_committed_cpu_run_is_its_whole_plan_and_its_report_regenerates(config_name, name, tmp_path, monkeypatch):
+    """A committed CPU run (or study run at forget01's size) holds exactly its config's cells, finished, each
+    computed from a committed (clean) tree; `cru-harness report` on those cells writes the committed tables,
+    statistics and report again, byte for byte (plots aside: their bytes follow the matplotlib version; the
+    Provenance section follows the code)."""
     import shutil
 
     from cru_harness.cli import main
+    from cru_harness.studies.config import load_study
 
     repo = CONFIGS.parent
     committed = repo / "results" / name
-    config = cfg.load_config(CONFIGS / f"{name}.yaml")
+    config = load_study(CONFIGS / config_name).config if config_name.startswith("studies/") else \
+        cfg.load_config(CONFIGS / config_name)
     assert sorted(p.name for p in (committed / "cells").iterdir()) == sorted(c.hash for c in build_plan(config))
     for path in (committed / "cells").glob("*/run_record.json"):
         record = json.loads(path.read_text())
@@ -493,7 +498,7 @@ def test_every_gpu_run_writes_where_git_ignores_it_until_it_is_committed():
     ignored = subprocess.run(["git", "check-ignore", *map(str, outputs)], cwd=repo, capture_output=True, text=True)
     assert sorted(ignored.stdout.split()) == sorted(map(str, outputs))
     committed = ["results/cpu_smollm2", "results/cpu_smollm2_forget01", "results/studies/lambda-cpu_smollm2",
-                 "results/demo"]
+                 "results/studies/options_report-cpu_smollm2_forget01", "results/demo"]
     assert subprocess.run(["git", "check-ignore", *committed], cwd=repo).returncode == 1   # none ignored
 
 

@@ -35,6 +35,24 @@ def test_the_report_computes_cpu_smollm2s_own_cells_and_adds_only_cru_options():
     assert len(every_seed) == 21 and every_seed <= {c.hash for c in cells}
 
 
+def test_the_forget01_report_is_cpu_smollm2_forget01s_run_with_the_options_that_survived_the_choice():
+    """options_report_forget01_cpu.yaml: configs/cpu_smollm2_forget01.yaml's 21 cells (the same hashes, so they
+    are reused), plus the three options of options_report_cpu.yaml its header names, each at seeds 0-2 and
+    changed from the paper setting exactly as there."""
+    run = cfg.load_config(CONFIGS / "cpu_smollm2_forget01.yaml")
+    report = _load("options_report_forget01_cpu.yaml")
+    assert report.output_dir == Path("results/studies/options_report-cpu_smollm2_forget01")
+    shared = {c.hash for c in build_plan(run)}
+    cells = build_plan(report)
+    assert len(shared) == 21 and shared <= {c.hash for c in cells} and report.seeds == run.seeds == (0, 1, 2)
+    added = [c for c in cells if c.hash not in shared]
+    options = {"CRU-mlp-site", "CRU-exclude-top1pct", "CRU-lambda10"}
+    assert len(added) == 3 * 3 and {c.label for c in added} == options
+    smaller = {m.label: m for m in _load("options_report_cpu.yaml").methods}
+    for method in (m for m in report.methods if m.method == "CRU"):   # the baselines: cpu_smollm2_forget01's
+        assert (method.hparams, method.corpora) == (smaller[method.label].hparams, smaller[method.label].corpora)
+
+
 def test_the_choice_forgets_an_author_the_report_never_does(tofu_dir):
     choice, report = _load("options_cpu.yaml"), _load("options_report_cpu.yaml")
     assert choice.output_dir == Path("results/studies/options-cpu_smollm2") and choice.seeds == (0,)
