@@ -619,8 +619,9 @@ def test_reuse_copies_the_finished_cells_the_plan_shares_and_computes_the_rest(t
 
 
 def test_reuse_with_only_copies_the_shared_cells_the_labels_cells_start_from(tmp_path):
-    """`--reuse DIR --only LABEL`: the label's cells need the plan's fine-tune (and its oracle for Forget
-    Quality), so every finished shared cell is copied, while only the label's cells run."""
+    """`--reuse DIR --only LABEL`: the label's cells start from the plan's model (its fine-tune cell, where the
+    config fine-tunes) and read its oracle for Forget Quality, so every finished shared cell is copied, while only
+    the label's cells run."""
     from cru_harness.runner.cli import run_config
 
     first = cfg.validate_config(base_config(tmp_path, output_dir=str(tmp_path / "real"), seeds=[0]))
