@@ -262,7 +262,8 @@ def _without_provenance(report_md: str) -> str:
 
 @pytest.mark.parametrize("config_name, name", [
     ("cpu_smollm2.yaml", "cpu_smollm2"), ("cpu_smollm2_forget01.yaml", "cpu_smollm2_forget01"),
-    ("studies/options_report_forget01_cpu.yaml", "studies/options_report-cpu_smollm2_forget01")])
+    ("studies/options_report_forget01_cpu.yaml", "studies/options_report-cpu_smollm2_forget01"),
+    ("studies/random_control.yaml --scale cpu_smollm2_forget01.yaml", "studies/random_control-cpu_smollm2_forget01")])
 def test_committed_cpu_run_is_its_whole_plan_and_its_report_regenerates(config_name, name, tmp_path, monkeypatch):
     """A committed CPU run (or study run at forget01's size) holds exactly its config's cells, finished, each
     computed from a committed (clean) tree; `cru-harness report` on those cells writes the committed tables,
@@ -275,8 +276,9 @@ def test_committed_cpu_run_is_its_whole_plan_and_its_report_regenerates(config_n
 
     repo = CONFIGS.parent
     committed = repo / "results" / name
-    config = load_study(CONFIGS / config_name).config if config_name.startswith("studies/") else \
-        cfg.load_config(CONFIGS / config_name)
+    config_name, _, scale = config_name.partition(" --scale ")
+    config = load_study(CONFIGS / config_name, scale=CONFIGS / scale if scale else None).config \
+        if config_name.startswith("studies/") else cfg.load_config(CONFIGS / config_name)
     assert sorted(p.name for p in (committed / "cells").iterdir()) == sorted(c.hash for c in build_plan(config))
     for path in (committed / "cells").glob("*/run_record.json"):
         record = json.loads(path.read_text())
