@@ -260,11 +260,12 @@ def _without_provenance(report_md: str) -> str:
     return head + rest[rest.index("\n## "):] if rest else head
 
 
-@pytest.mark.parametrize("config_name, name", [
-    ("cpu_smollm2.yaml", "cpu_smollm2"), ("cpu_smollm2_forget01.yaml", "cpu_smollm2_forget01"),
-    ("studies/options_report_forget01_cpu.yaml", "studies/options_report-cpu_smollm2_forget01"),
-    ("studies/random_control.yaml --scale cpu_smollm2_forget01.yaml", "studies/random_control-cpu_smollm2_forget01")])
-def test_committed_cpu_run_is_its_whole_plan_and_its_report_regenerates(config_name, name, tmp_path, monkeypatch):
+@pytest.mark.parametrize("config_name, scale, name", [
+    ("cpu_smollm2.yaml", None, "cpu_smollm2"), ("cpu_smollm2_forget01.yaml", None, "cpu_smollm2_forget01"),
+    ("studies/options_report_forget01_cpu.yaml", None, "studies/options_report-cpu_smollm2_forget01"),
+    ("studies/random_control.yaml", "cpu_smollm2_forget01.yaml", "studies/random_control-cpu_smollm2_forget01")])
+def test_committed_cpu_run_is_its_whole_plan_and_its_report_regenerates(config_name, scale, name, tmp_path,
+                                                                         monkeypatch):
     """A committed CPU run (or study run at forget01's size) holds exactly its config's cells, finished, each
     computed from a committed (clean) tree; `cru-harness report` on those cells writes the committed tables,
     statistics and report again, byte for byte (plots aside: their bytes follow the matplotlib version; the
@@ -276,8 +277,7 @@ def test_committed_cpu_run_is_its_whole_plan_and_its_report_regenerates(config_n
 
     repo = CONFIGS.parent
     committed = repo / "results" / name
-    config_name, _, scale = config_name.partition(" --scale ")
-    config = load_study(CONFIGS / config_name, scale=CONFIGS / scale if scale else None).config \
+    config = load_study(CONFIGS / config_name, scale=scale and CONFIGS / scale).config \
         if config_name.startswith("studies/") else cfg.load_config(CONFIGS / config_name)
     assert sorted(p.name for p in (committed / "cells").iterdir()) == sorted(c.hash for c in build_plan(config))
     for path in (committed / "cells").glob("*/run_record.json"):
