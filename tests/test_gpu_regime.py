@@ -263,7 +263,9 @@ def _without_provenance(report_md: str) -> str:
 @pytest.mark.parametrize("config_name, scale, name", [
     ("cpu_smollm2.yaml", None, "cpu_smollm2"), ("cpu_smollm2_forget01.yaml", None, "cpu_smollm2_forget01"),
     ("studies/options_report_forget01_cpu.yaml", None, "studies/options_report-cpu_smollm2_forget01"),
-    ("studies/random_control.yaml", "cpu_smollm2_forget01.yaml", "studies/random_control-cpu_smollm2_forget01")])
+    ("studies/random_control.yaml", "cpu_smollm2_forget01.yaml", "studies/random_control-cpu_smollm2_forget01"),
+    ("studies/lambda.yaml", "cpu_smollm2_forget01.yaml", "studies/lambda-cpu_smollm2_forget01"),
+    ("studies/loss_shape.yaml", "cpu_smollm2_forget01.yaml", "studies/loss_shape-cpu_smollm2_forget01")])
 def test_committed_cpu_run_is_its_whole_plan_and_its_report_regenerates(config_name, scale, name, tmp_path,
                                                                          monkeypatch):
     """A committed CPU run (or study run at forget01's size) holds exactly its config's cells, finished, each
@@ -298,6 +300,57 @@ def test_committed_cpu_run_is_its_whole_plan_and_its_report_regenerates(config_n
         if rel.name == "report.md":
             new, old = _without_provenance(new), _without_provenance(old)
         assert new == old, rel
+
+
+def _committed_studies():
+    """Each committed study directory (results/studies/<name>-<scale>) with the config and --scale that wrote it:
+    a `*_cpu` config that names the directory as its output, else configs/studies/<name>.yaml with --scale."""
+    import yaml
+
+    own = {}
+    for path in sorted((CONFIGS / "studies").glob("*.yaml")):
+        out = (yaml.safe_load(path.read_text()) or {}).get("output_dir")
+        if out:
+            own[Path(out).name] = (f"configs/studies/{path.name}", None)
+    found = []
+    for directory in sorted((CONFIGS.parent / "results" / "studies").iterdir()):
+        name, _, scale = directory.name.partition("-")
+        found.append((directory.name, *own.get(directory.name, (f"configs/studies/{name}.yaml",
+                                                                 f"configs/{scale}.yaml"))))
+    return found
+
+
+@pytest.mark.parametrize("directory, config, scale", _committed_studies())
+def test_committed_study_table_is_what_its_cells_say(directory, config, scale, tmp_path, monkeypatch):
+    """`cru-harness study --table-only` on a copy of a committed study directory (its cells and saved analyses,
+    no work/ files), with the seeds its table names, writes its committed tables again, byte for byte, but for
+    the checkout's code version on the line naming the cells' other code: a table edited by hand, or a cell
+    changed without its table, fails."""
+    import re
+    import shutil
+
+    from cru_harness.cli import main
+
+    repo = CONFIGS.parent
+    committed = repo / "results" / "studies" / directory
+    tables = {p.name: p.read_text() for p in (committed / "study").iterdir() if p.suffix in (".md", ".csv")}
+    assert tables, directory
+    copy = tmp_path / "results" / "studies" / directory   # the same relative paths: the tables name them
+    shutil.copytree(committed, copy, ignore=shutil.ignore_patterns("work", "*.png", "table.*", "gate_gap.*"))
+    shutil.copytree(CONFIGS, tmp_path / "configs")
+    data = tmp_path / "data"   # the committed tables say their data came from local files the environment named
+    (data / "tofu").mkdir(parents=True)
+    (data / "tofu" / "forget10_perturbed.json").write_text("[]")
+    (data / "rwku" / "Target").mkdir(parents=True)
+    monkeypatch.setenv("CRU_HARNESS_DATA_DIR", str(data))
+    monkeypatch.chdir(tmp_path)
+    seeds = re.search(r"^- seeds \[([0-9, ]+)\]:", tables["table.md"], re.M).group(1).replace(" ", "")
+    assert main(["study", config, *(["--scale", scale] if scale else []), "--seeds", seeds, "--table-only"]) == 0
+    written = {p.name: p.read_text() for p in (copy / "study").iterdir() if p.suffix in (".md", ".csv")}
+    assert sorted(written) == sorted(tables)
+    code = re.compile(r"than this table's \([0-9a-f]{16}\)")
+    for name, text in tables.items():
+        assert code.sub("", written[name]) == code.sub("", text), name
 
 
 def test_report_of_one_run_uses_the_report_settings_its_config_named(tmp_path, capsys):
@@ -500,7 +553,8 @@ def test_every_gpu_run_writes_where_git_ignores_it_until_it_is_committed():
     ignored = subprocess.run(["git", "check-ignore", *map(str, outputs)], cwd=repo, capture_output=True, text=True)
     assert sorted(ignored.stdout.split()) == sorted(map(str, outputs))
     committed = ["results/cpu_smollm2", "results/cpu_smollm2_forget01", "results/studies/lambda-cpu_smollm2",
-                 "results/studies/options_report-cpu_smollm2_forget01", "results/demo"]
+                 "results/studies/options_report-cpu_smollm2_forget01", "results/studies/lambda-cpu_smollm2_forget01",
+                 "results/studies/overlap-cpu_smollm2_forget01", "results/demo"]
     assert subprocess.run(["git", "check-ignore", *committed], cwd=repo).returncode == 1   # none ignored
 
 
