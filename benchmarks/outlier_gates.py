@@ -23,13 +23,10 @@ from pathlib import Path
 
 import torch
 
-from cru_harness.cru.attach import attach_bundles
-from cru_harness.cru.blocks import find_decoder_blocks, run_until
 from cru_harness.cru.bundle import MANIFEST_NAME, RouterBundle, read_manifest
-from cru_harness.cru.localize import collate, input_device, pad_token_id, tokenize_texts
 from cru_harness.runner.cache import CellStore
 from cru_harness.runner.plan import build_plan
-from cru_harness.studies.analyses import load_cell_model
+from cru_harness.studies.analyses import load_cell_model, observe_gates
 from cru_harness.studies.config import load_study
 from cru_harness.studies.run import base_path_for
 
@@ -57,25 +54,6 @@ class CoordinateGates:
     def means(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
         n_first, first, n_later, later = self.sums[block]
         return first / n_first, later / n_later
-
-
-def coordinate_gates(model, tokenizer, bundle, texts, *, batch_size: int, max_length: int) -> CoordinateGates:
-    ids = tokenize_texts(tokenizer, texts, max_length)
-    pad = pad_token_id(tokenizer)
-    recorder = CoordinateGates()
-    _, blocks = find_decoder_blocks(model)
-    bundle.eval()
-    handle = attach_bundles(model, [bundle], observer=recorder)
-    try:
-        with torch.no_grad():
-            for start in range(0, len(ids), batch_size):
-                batch = collate(ids[start:start + batch_size], pad).to(input_device(model))
-                recorder.mask = batch.attention_mask
-                run_until(model, blocks, max(bundle.block_indices), input_ids=batch.input_ids,
-                          attention_mask=batch.attention_mask)
-    finally:
-        handle.remove()
-    return recorder
 
 
 def main(argv=None) -> int:
@@ -113,8 +91,8 @@ def main(argv=None) -> int:
             print(f"skipped {cell.describe()}: gates blocks {bundle.block_indices}, the reference names {sorted(top)}")
             continue
         model, tokenizer, _, retain, config = load_cell_model(cell, base_path_for(cell, cells, store))
-        recorder = coordinate_gates(model, tokenizer, bundle, retain, batch_size=config.batch_size,
-                                    max_length=config.max_length)
+        recorder = observe_gates(model, tokenizer, bundle, retain, CoordinateGates(), batch_size=config.batch_size,
+                                 max_length=config.max_length)
         others_first, others_later, per_coordinate = [], [], {}
         for block in bundle.block_indices:
             first, later = recorder.means(block)

@@ -13,6 +13,7 @@ from cru_support import FORGET, RETAIN, llama, tokenizer  # noqa: F401 (fixtures
 from cru_harness.cru import RouterTrainingConfig, attach_bundles, localize
 from cru_harness.cru.localize import tokenize_texts
 from cru_harness.cru.train import new_bundle
+from cru_harness.studies.analyses import observe_gates
 
 SCRIPT = REPO_ROOT / "benchmarks" / "outlier_gates.py"
 
@@ -28,7 +29,8 @@ def test_gates_per_coordinate_split_first_and_later_real_tokens(llama, tokenizer
     loc = localize(llama, tokenizer, FORGET, last_k=2, percentile=80)
     bundle = new_bundle(llama, loc, RouterTrainingConfig(seed=1, percentile=80)).eval()
     texts = [text + " And more." * i for i, text in enumerate(RETAIN[:7])]   # batches of 3 pad to their longest
-    recorder = _script().coordinate_gates(llama, tokenizer, bundle, texts, batch_size=3, max_length=64)
+    recorder = observe_gates(llama, tokenizer, bundle, texts, _script().CoordinateGates(), batch_size=3,
+                             max_length=64)
     single = {block: [] for block in bundle.block_indices}
     for ids in tokenize_texts(tokenizer, texts, 64):
         handle = attach_bundles(llama, [bundle], observer=lambda b, _bundle, g: single[b].append(g[0].float()))

@@ -132,9 +132,10 @@ class TokenGates:
         return np.concatenate(self.values.get(block, [np.zeros(0)]))
 
 
-def token_gates(model, tokenizer, bundle, texts: list[str], *, batch_size: int, max_length: int
-                ) -> dict[int, np.ndarray]:
-    """Per gated block: the per-token gates (mean over selected coordinates) of every real token of `texts`."""
+def observe_gates(model, tokenizer, bundle, texts: list[str], recorder, *, batch_size: int, max_length: int):
+    """Run `texts` through `model` up to the bundle's last gated block, right-padded in batches, with `recorder`
+    (a gate observer, `cru.attach.GateObserver`) seeing every router's gates; before each batch its `mask` is set
+    to the batch's attention mask. Returns `recorder`."""
     import torch
 
     from ..cru.attach import attach_bundles
@@ -143,7 +144,6 @@ def token_gates(model, tokenizer, bundle, texts: list[str], *, batch_size: int, 
 
     ids = tokenize_texts(tokenizer, texts, max_length)
     pad = pad_token_id(tokenizer)
-    recorder = TokenGates()
     _, blocks = find_decoder_blocks(model)
     bundle.eval()
     handle = attach_bundles(model, [bundle], observer=recorder)
@@ -156,6 +156,14 @@ def token_gates(model, tokenizer, bundle, texts: list[str], *, batch_size: int, 
                           attention_mask=batch.attention_mask)
     finally:
         handle.remove()
+    return recorder
+
+
+def token_gates(model, tokenizer, bundle, texts: list[str], *, batch_size: int, max_length: int
+                ) -> dict[int, np.ndarray]:
+    """Per gated block: the per-token gates (mean over selected coordinates) of every real token of `texts`."""
+    recorder = observe_gates(model, tokenizer, bundle, texts, TokenGates(), batch_size=batch_size,
+                             max_length=max_length)
     return {b: recorder.tokens(b) for b in bundle.block_indices}
 
 
