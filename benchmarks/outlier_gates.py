@@ -17,20 +17,20 @@ the fine-tuned checkpoint from the first directory.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 from cru_harness.cru.bundle import MANIFEST_NAME, RouterBundle, read_manifest
-from cru_harness.runner.cache import CellStore
+from cru_harness.runner.cache import WORK_DIR, CellStore
 from cru_harness.runner.plan import build_plan
+from cru_harness.runner.training import ROUTERS_DIR
 from cru_harness.studies.analyses import load_cell_model, observe_gates
 from cru_harness.studies.config import load_study
 from cru_harness.studies.run import base_path_for
 
-ROUTERS = Path("work") / "routers"   # where the runner keeps a CRU cell's bundle
+ROUTERS = Path(WORK_DIR) / ROUTERS_DIR   # where the runner keeps a CRU cell's bundle
 
 
 class CoordinateGates:
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     if not top:
         sys.exit(f"{args.reference}: its bundle excluded no coordinates (exclude_top_magnitude 0)")
     cells = build_plan(load_study(args.config, scale=args.scale).config)
-    store = CellStore(args.dirs[0])
+    stores = [CellStore(d) for d in args.dirs]
     command = " ".join(["python benchmarks/outlier_gates.py", *(argv if argv is not None else sys.argv[1:])])
     lines = [f"# Gates on the top-magnitude coordinates ({args.config.name}"
              f"{f', --scale {args.scale.name}' if args.scale else ''})", "",
@@ -81,16 +81,15 @@ def main(argv=None) -> int:
              "| variant | seed | MU | forget degenerate | other selected coordinates | top-magnitude coordinates |",
              "|---|---|---|---|---|---|"]
     for cell in (c for c in cells if c.method == "CRU"):
-        home = next((d for d in args.dirs if (d / "cells" / cell.hash / ROUTERS / MANIFEST_NAME).is_file()), None)
+        home = next((s for s in stores if (s.cell_dir(cell.hash) / ROUTERS / MANIFEST_NAME).is_file()), None)
         if home is None:
             print(f"skipped {cell.describe()}: no bundle in {[str(d) for d in args.dirs]}")
             continue
-        routers = home / "cells" / cell.hash / ROUTERS
-        bundle = RouterBundle.from_pretrained(routers)
+        bundle = RouterBundle.from_pretrained(home.cell_dir(cell.hash) / ROUTERS)
         if set(bundle.block_indices) != set(top):
             print(f"skipped {cell.describe()}: gates blocks {bundle.block_indices}, the reference names {sorted(top)}")
             continue
-        model, tokenizer, _, retain, config = load_cell_model(cell, base_path_for(cell, cells, store))
+        model, tokenizer, _, retain, config = load_cell_model(cell, base_path_for(cell, cells, stores[0]))
         recorder = observe_gates(model, tokenizer, bundle, retain, CoordinateGates(), batch_size=config.batch_size,
                                  max_length=config.max_length)
         others_first, others_later, per_coordinate = [], [], {}
@@ -103,7 +102,7 @@ def main(argv=None) -> int:
                 else:
                     others_first.append(float(first[i]))
                     others_later.append(float(later[i]))
-        result = json.loads((home / "cells" / cell.hash / "result.json").read_text())
+        result = home.load_result(cell.hash)
         degenerate = (result.get("failure_classes") or {}).get("forget", {}).get("degenerate")
         others = (f"{sum(others_first) / len(others_first):.2f} / {sum(others_later) / len(others_later):.2f}"
                   if others_first else "–")

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from cru_harness.cru.bundle import MANIFEST_NAME, read_manifest
 from cru_harness.runner.cache import CELLS_DIR, WORK_DIR
-from cru_harness.runner.training import FINETUNED_DIR
+from cru_harness.runner.training import FINETUNED_DIR, ROUTERS_DIR
 
-ROUTERS = Path("work") / "routers"   # where the runner keeps a CRU cell's bundle
+ROUTERS = Path(WORK_DIR) / ROUTERS_DIR   # where the runner keeps a CRU cell's bundle
 
 
 def manifest(cell_dir: Path) -> dict:
