@@ -4,14 +4,17 @@ benchmarks/outlier_gates.py found that at lambda >= 10 on forget01 the later-tok
 coordinate (17) separates the seed that keeps the model (1.00) from the seeds that destroy it (0.73-0.76): a
 correlation. This is the intervention. A cell's bundle with the named coordinates taken out of every block's
 selection (their router outputs dropped: their gate is 1, and every other gate is unchanged to float32 rounding,
-since a router's outputs are independent sigmoids of one hidden layer) is evaluated on the cell's own tasks, limit and prompts by the
-runner's evaluation and scoring (`evaluate_cell`, `score_cell`; Forget Quality against the cell's retain oracle).
-Beside each held set, as a control, as many other selected coordinates per block drawn at random (seeded), and the
-unchanged bundle evaluated again: it must give the cell's recorded numbers, else the rows compare code versions.
-It needs the cells' work/ folders (bundles, fine-tuned checkpoint): run it where the study ran.
+since a router's outputs are independent sigmoids of one hidden layer) is evaluated on the cell's own tasks, limit
+and prompts by the runner's evaluation and scoring (`evaluate_cell`, `score_cell`; Forget Quality against the
+cell's retain oracle). Beside each held set, as a control, as many other selected coordinates per block drawn at
+random (seeded), and the unchanged bundle evaluated again: it must give the cell's recorded numbers, else the rows
+compare code versions. `--hold top` holds per block the top 1 % magnitude coordinates a reference bundle excluded
+(as benchmarks/outlier_gates.py reads them). It needs the cells' work/ folders (bundles, fine-tuned checkpoint):
+run it where the study ran.
 
     python benchmarks/hold_gates_open.py --config STUDY.yaml [--scale RUN.yaml] --labels L1,L2 [--seeds 1,2] \
-        --hold 17 [--hold 14,17,31 ...] STUDY_DIR [MORE_DIRS ...] --out FILE.md
+        --hold 17 [--hold 14,17,31 ...] [--hold top --reference CELL_DIR] [--no-recheck] \
+        STUDY_DIR [MORE_DIRS ...] --out FILE.md
 
 A CRU cell's bundle is taken from the first directory holding it; the fine-tuned checkpoint from the first one.
 """
@@ -27,7 +30,7 @@ from pathlib import Path
 import torch
 
 from cru_harness.cru import Router, RouterBundle
-from cru_harness.cru.bundle import MANIFEST_NAME
+from cru_harness.cru.bundle import MANIFEST_NAME, read_manifest
 from cru_harness.runner.cache import WORK_DIR, CellStore
 from cru_harness.runner.evaluation import evaluate_cell, score_cell, use_chat_template
 from cru_harness.runner.models import resolve_data_dir
@@ -67,14 +70,16 @@ def without_coordinates(bundle: RouterBundle, held: dict[int, set[int]]) -> Rout
     return RouterBundle(config, routers).eval()
 
 
-def held_sets(bundle: RouterBundle, coordinates: set[int], seed: int) -> tuple[dict, dict]:
-    """Per block: the given coordinates the block selected, and as many of its other selected ones at random."""
+def held_sets(bundle: RouterBundle, coordinates: set[int] | dict[int, set[int]], seed: int) -> tuple[dict, dict]:
+    """Per block: the given coordinates (the same in every block, or per block) the block selected, and as many
+    of its other selected ones at random."""
     rng = random.Random(seed)
     held, control = {}, {}
     for block in bundle.block_indices:
+        wanted = coordinates.get(block, set()) if isinstance(coordinates, dict) else coordinates
         selected = bundle.neuron_indices(block).tolist()
-        held[block] = {c for c in selected if c in coordinates}
-        others = sorted(set(selected) - coordinates)
+        held[block] = {c for c in selected if c in wanted}
+        others = sorted(set(selected) - wanted)
         control[block] = set(rng.sample(others, min(len(held[block]), len(others))))
     return held, control
 
@@ -111,15 +116,28 @@ def main(argv=None) -> int:
     parser.add_argument("--labels", required=True, help="CRU method labels to intervene on, comma-separated")
     parser.add_argument("--seeds", help="only these seeds, comma-separated (default: all the plan has)")
     parser.add_argument("--hold", action="append", required=True,
-                        help="coordinates to hold open together, comma-separated; repeat for another set")
+                        help="coordinates to hold open together, comma-separated, or `top`: per block the top 1 %% "
+                             "magnitude coordinates the --reference bundle excluded; repeat for another set")
+    parser.add_argument("--reference", type=Path,
+                        help="for --hold top: a cell whose bundle was trained with exclude_top_magnitude")
+    parser.add_argument("--no-recheck", action="store_true",
+                        help="do not evaluate the unchanged bundles again (another run of this script with this code "
+                             "has checked that they give the recorded numbers)")
     parser.add_argument("dirs", type=Path, nargs="+", help="study output directories (with cells/)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
-        holds = [sorted({int(c) for c in spec.split(",")}) for spec in args.hold]
+        holds = [spec if spec == "top" else sorted({int(c) for c in spec.split(",")}) for spec in args.hold]
         seeds = None if args.seeds is None else {int(s) for s in args.seeds.split(",")}
     except ValueError as exc:
         sys.exit(f"--hold / --seeds take comma-separated integers: {exc}")
+    top = None
+    if "top" in holds:
+        if args.reference is None:
+            sys.exit("--hold top needs --reference (a cell whose bundle excluded the top-magnitude coordinates)")
+        top = {int(b): set(c) for b, c in read_manifest(args.reference / ROUTERS).get("excluded", {}).items()}
+        if not top:
+            sys.exit(f"{args.reference}: its bundle excluded no coordinates (exclude_top_magnitude 0)")
     labels = set(args.labels.split(","))
     cells = build_plan(load_study(args.config, scale=args.scale).config)
     chosen = [c for c in cells if c.method == "CRU" and c.label in labels and (seeds is None or c.seed in seeds)]
@@ -130,11 +148,16 @@ def main(argv=None) -> int:
     lines = [f"# Coordinates' gates held open in trained CRU bundles ({args.config.name}"
              f"{f', --scale {args.scale.name}' if args.scale else ''})", "",
              f"Written by `{command}`.", "",
-             "Per cell: its numbers as the study recorded them; its unchanged bundle evaluated again by this code "
-             "(the rows below compare with this one); each held set taken out of the selection (gate 1 on it, "
-             "the other gates unchanged); and a control of as many other selected coordinates per block drawn "
-             f"at random (seed {CONTROL_SEED}). Held: coordinates held open over all gated blocks. Degenerate: the "
-             "forget answers' failure class (share).", "",
+             "Per cell: its numbers as the study recorded them; "
+             + ("its unchanged bundle not evaluated again here (--no-recheck: another run of this script checked "
+                "that this code gives the recorded numbers); " if args.no_recheck else
+                "its unchanged bundle evaluated again by this code (it must equal the recorded row); ")
+             + "each held set taken out of the selection (gate 1 on it, the other gates unchanged); and a control of "
+             f"as many other selected coordinates per block drawn at random (seed {CONTROL_SEED}). Held: "
+             "coordinates held open over all gated blocks"
+             + (f"; top 1 %: per block the coordinates `{args.reference}` excluded ("
+                + "; ".join(f"block {b}: {sorted(c)}" for b, c in sorted(top.items())) + ")" if top else "")
+             + ". Degenerate: the forget answers' failure class (share).", "",
              "| cell | seed | bundle | held | " + " | ".join(name for name, _, _ in COLUMNS) + " | degenerate |",
              "|---|---|---|---|" + "---|" * len(COLUMNS) + "---|"]
 
@@ -156,10 +179,14 @@ def main(argv=None) -> int:
                                   if r and r.get("status") == "ok"), None)
         emit(row(cell, "as recorded", "0", home.load_result(cell.hash)))
         with tempfile.TemporaryDirectory() as tmp:
-            variants = [("unchanged, evaluated again", bundle, 0)]
+            variants = [] if args.no_recheck else [("unchanged, evaluated again", bundle, 0)]
             for coordinates in holds:
-                held, control = held_sets(bundle, set(coordinates), CONTROL_SEED)
-                name = ",".join(map(str, coordinates))
+                if coordinates == "top":
+                    held, control = held_sets(bundle, top, CONTROL_SEED)
+                    name = "top 1 %"
+                else:
+                    held, control = held_sets(bundle, set(coordinates), CONTROL_SEED)
+                    name = ",".join(map(str, coordinates))
                 count = sum(map(len, held.values()))
                 if not count:
                     print(f"{cell.describe()}: no block selected {name}; nothing to hold open")

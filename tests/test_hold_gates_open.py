@@ -70,6 +70,16 @@ def test_held_coordinates_are_ungated_and_the_others_unchanged(llama, tokenizer,
     assert not torch.equal(outputs["old"][..., chosen], outputs["base"][..., chosen])   # the gates did act there
 
 
+def test_per_block_sets_hold_each_blocks_own(llama, tokenizer):
+    loc = localize(llama, tokenizer, FORGET, last_k=2, percentile=80)
+    bundle = new_bundle(llama, loc, RouterTrainingConfig(seed=1, percentile=80))
+    first, second = bundle.block_indices
+    a, b = bundle.neuron_indices(first).tolist()[0], bundle.neuron_indices(second).tolist()[-1]
+    held, control = _script().held_sets(bundle, {first: {a}, second: {b}}, seed=3)
+    assert held == {first: {a}, second: {b}}
+    assert a not in control[first] and b not in control[second] and all(len(c) == 1 for c in control.values())
+
+
 def test_holding_every_coordinate_open_is_refused(llama, tokenizer):
     script = _script()
     loc = localize(llama, tokenizer, FORGET, last_k=1, percentile=80)
@@ -85,3 +95,10 @@ def test_bad_hold_is_one_line(tmp_path):
                           timeout=120)
     assert proc.returncode == 1 and "comma-separated integers" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out.md").exists()
+
+
+def test_hold_top_needs_a_reference(tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--config", "x.yaml", "--labels", "CRU", "--hold", "top",
+                           str(tmp_path), "--out", str(tmp_path / "out.md")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and "--hold top needs --reference" in proc.stderr
