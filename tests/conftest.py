@@ -3,12 +3,21 @@
 Where ../shared/data is absent they skip with a reason, so a fresh clone's pytest passes; CI sets
 CRU_HARNESS_REQUIRE_DATA=1, which turns that skip into a failure so CI always runs them.
 """
+import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_benchmark(name: str):
+    """A script of benchmarks/ as a module (they are scripts, not a package), e.g. load_benchmark("outlier_gates")."""
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 DEFAULT_SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 

@@ -1,13 +1,12 @@
-"""benchmarks/hold_gates_open.py: a bundle with coordinates held open gates every other coordinate exactly as
-before and leaves the held ones as the base computes them; the control draws other selected coordinates."""
-import importlib.util
+"""benchmarks/hold_gates_open.py: a bundle with coordinates held open gates every other coordinate as before (to
+float32 rounding) and leaves the held ones as the base computes them; the control draws other selected ones."""
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, load_benchmark
 from cru_support import FORGET, llama, tokenizer  # noqa: F401 (fixtures)
 
 from cru_harness.cru import RouterBundle, RouterTrainingConfig, attach_bundles, find_decoder_blocks, localize
@@ -16,15 +15,8 @@ from cru_harness.cru.train import new_bundle
 SCRIPT = REPO_ROOT / "benchmarks" / "hold_gates_open.py"
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("hold_gates_open", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_held_coordinates_are_ungated_and_the_others_unchanged(llama, tokenizer, tmp_path):
-    script = _script()
+    script = load_benchmark("hold_gates_open")
     loc = localize(llama, tokenizer, FORGET, last_k=2, percentile=80)
     bundle = new_bundle(llama, loc, RouterTrainingConfig(seed=1, percentile=80)).eval()
     first = bundle.block_indices[0]
@@ -75,13 +67,13 @@ def test_per_block_sets_hold_each_blocks_own(llama, tokenizer):
     bundle = new_bundle(llama, loc, RouterTrainingConfig(seed=1, percentile=80))
     first, second = bundle.block_indices
     a, b = bundle.neuron_indices(first).tolist()[0], bundle.neuron_indices(second).tolist()[-1]
-    held, control = _script().held_sets(bundle, {first: {a}, second: {b}}, seed=3)
+    held, control = load_benchmark("hold_gates_open").held_sets(bundle, {first: {a}, second: {b}}, seed=3)
     assert held == {first: {a}, second: {b}}
     assert a not in control[first] and b not in control[second] and all(len(c) == 1 for c in control.values())
 
 
 def test_holding_every_coordinate_open_is_refused(llama, tokenizer):
-    script = _script()
+    script = load_benchmark("hold_gates_open")
     loc = localize(llama, tokenizer, FORGET, last_k=1, percentile=80)
     bundle = new_bundle(llama, loc, RouterTrainingConfig(seed=1, percentile=80))
     every = {b: set(bundle.neuron_indices(b).tolist()) for b in bundle.block_indices}

@@ -1,13 +1,12 @@
 """benchmarks/outlier_gates.py: each selected coordinate's mean gate on first and on later real tokens, as the
 full gate tensors of unpadded single-text forwards give them."""
-import importlib.util
 import json
 import subprocess
 import sys
 
 import torch
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, load_benchmark
 from cru_support import FORGET, RETAIN, llama, tokenizer  # noqa: F401 (fixtures)
 
 from cru_harness.cru import RouterTrainingConfig, attach_bundles, localize
@@ -18,18 +17,11 @@ from cru_harness.studies.analyses import observe_gates
 SCRIPT = REPO_ROOT / "benchmarks" / "outlier_gates.py"
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("outlier_gates", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_gates_per_coordinate_split_first_and_later_real_tokens(llama, tokenizer):
     loc = localize(llama, tokenizer, FORGET, last_k=2, percentile=80)
     bundle = new_bundle(llama, loc, RouterTrainingConfig(seed=1, percentile=80)).eval()
     texts = [text + " And more." * i for i, text in enumerate(RETAIN[:7])]   # batches of 3 pad to their longest
-    recorder = observe_gates(llama, tokenizer, bundle, texts, _script().CoordinateGates(), batch_size=3,
+    recorder = observe_gates(llama, tokenizer, bundle, texts, load_benchmark("outlier_gates").CoordinateGates(), batch_size=3,
                              max_length=64)
     single = {block: [] for block in bundle.block_indices}
     for ids in tokenize_texts(tokenizer, texts, 64):
