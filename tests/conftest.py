@@ -10,14 +10,6 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_benchmark(name: str):
-    """A script of benchmarks/ as a module (they are scripts, not a package), e.g. load_benchmark("outlier_gates")."""
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 DEFAULT_SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 
@@ -68,3 +60,11 @@ def pytest_runtest_setup(item):
     if os.environ.get("CRU_HARNESS_REQUIRE_GPU") == "1":
         pytest.fail(reason + "; CRU_HARNESS_REQUIRE_GPU=1 demands it")
     pytest.skip(reason)
+
+
+def load_benchmark(name: str):
+    """A script of benchmarks/ as a module (they are scripts, not a package), e.g. load_benchmark("outlier_gates")."""
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

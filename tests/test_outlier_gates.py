@@ -21,8 +21,8 @@ def test_gates_per_coordinate_split_first_and_later_real_tokens(llama, tokenizer
     loc = localize(llama, tokenizer, FORGET, last_k=2, percentile=80)
     bundle = new_bundle(llama, loc, RouterTrainingConfig(seed=1, percentile=80)).eval()
     texts = [text + " And more." * i for i, text in enumerate(RETAIN[:7])]   # batches of 3 pad to their longest
-    recorder = observe_gates(llama, tokenizer, bundle, texts, load_benchmark("outlier_gates").CoordinateGates(), batch_size=3,
-                             max_length=64)
+    recorder = observe_gates(llama, tokenizer, bundle, texts, load_benchmark("outlier_gates").CoordinateGates(),
+                             batch_size=3, max_length=64)
     single = {block: [] for block in bundle.block_indices}
     for ids in tokenize_texts(tokenizer, texts, 64):
         handle = attach_bundles(llama, [bundle], observer=lambda b, _bundle, g: single[b].append(g[0].float()))
