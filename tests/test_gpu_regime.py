@@ -267,7 +267,8 @@ def _without_provenance(report_md: str) -> str:
     ("studies/lambda.yaml", "cpu_smollm2_forget01.yaml", "studies/lambda-cpu_smollm2_forget01"),
     ("studies/loss_shape.yaml", "cpu_smollm2_forget01.yaml", "studies/loss_shape-cpu_smollm2_forget01"),
     ("studies/percentile.yaml", "cpu_smollm2_forget01.yaml", "studies/percentile-cpu_smollm2_forget01"),
-    ("studies/blocks.yaml", "cpu_smollm2_forget01.yaml", "studies/blocks-cpu_smollm2_forget01")])
+    ("studies/blocks.yaml", "cpu_smollm2_forget01.yaml", "studies/blocks-cpu_smollm2_forget01"),
+    ("studies/gate_gap.yaml", "cpu_smollm2_forget01.yaml", "studies/gate_gap-cpu_smollm2_forget01")])
 def test_committed_cpu_run_is_its_whole_plan_and_its_report_regenerates(config_name, scale, name, tmp_path,
                                                                          monkeypatch):
     """A committed CPU run (or study run at forget01's size) holds exactly its config's cells, finished, each
@@ -557,7 +558,8 @@ def test_every_gpu_run_writes_where_git_ignores_it_until_it_is_committed():
     committed = ["results/cpu_smollm2", "results/cpu_smollm2_forget01", "results/studies/lambda-cpu_smollm2",
                  "results/studies/options_report-cpu_smollm2_forget01", "results/studies/lambda-cpu_smollm2_forget01",
                  "results/studies/overlap-cpu_smollm2_forget01", "results/studies/percentile-cpu_smollm2_forget01",
-                 "results/studies/blocks-cpu_smollm2_forget01", "results/demo"]
+                 "results/studies/blocks-cpu_smollm2_forget01", "results/studies/gate_gap-cpu_smollm2_forget01",
+                 "results/demo"]
     assert subprocess.run(["git", "check-ignore", *committed], cwd=repo).returncode == 1   # none ignored
 
 
