@@ -260,7 +260,9 @@ def _without_provenance(report_md: str) -> str:
     return head + rest[rest.index("\n## "):] if rest else head
 
 
-@pytest.mark.parametrize("config_name, scale, name", [
+# The committed CPU runs whose report must regenerate (config, --scale, directory under results/); the git-ignore
+# test reads the same list, so a landed run is named once.
+COMMITTED_CPU_RUNS = [
     ("cpu_smollm2.yaml", None, "cpu_smollm2"), ("cpu_smollm2_forget01.yaml", None, "cpu_smollm2_forget01"),
     ("studies/options_report_forget01_cpu.yaml", None, "studies/options_report-cpu_smollm2_forget01"),
     ("studies/random_control.yaml", "cpu_smollm2_forget01.yaml", "studies/random_control-cpu_smollm2_forget01"),
@@ -268,7 +270,10 @@ def _without_provenance(report_md: str) -> str:
     ("studies/loss_shape.yaml", "cpu_smollm2_forget01.yaml", "studies/loss_shape-cpu_smollm2_forget01"),
     ("studies/percentile.yaml", "cpu_smollm2_forget01.yaml", "studies/percentile-cpu_smollm2_forget01"),
     ("studies/blocks.yaml", "cpu_smollm2_forget01.yaml", "studies/blocks-cpu_smollm2_forget01"),
-    ("studies/gate_gap.yaml", "cpu_smollm2_forget01.yaml", "studies/gate_gap-cpu_smollm2_forget01")])
+    ("studies/gate_gap.yaml", "cpu_smollm2_forget01.yaml", "studies/gate_gap-cpu_smollm2_forget01")]
+
+
+@pytest.mark.parametrize("config_name, scale, name", COMMITTED_CPU_RUNS)
 def test_committed_cpu_run_is_its_whole_plan_and_its_report_regenerates(config_name, scale, name, tmp_path,
                                                                          monkeypatch):
     """A committed CPU run (or study run at forget01's size) holds exactly its config's cells, finished, each
@@ -555,11 +560,8 @@ def test_every_gpu_run_writes_where_git_ignores_it_until_it_is_committed():
     assert len(outputs) >= 15
     ignored = subprocess.run(["git", "check-ignore", *map(str, outputs)], cwd=repo, capture_output=True, text=True)
     assert sorted(ignored.stdout.split()) == sorted(map(str, outputs))
-    committed = ["results/cpu_smollm2", "results/cpu_smollm2_forget01", "results/studies/lambda-cpu_smollm2",
-                 "results/studies/options_report-cpu_smollm2_forget01", "results/studies/lambda-cpu_smollm2_forget01",
-                 "results/studies/overlap-cpu_smollm2_forget01", "results/studies/percentile-cpu_smollm2_forget01",
-                 "results/studies/blocks-cpu_smollm2_forget01", "results/studies/gate_gap-cpu_smollm2_forget01",
-                 "results/demo"]
+    committed = [f"results/{name}" for *_, name in COMMITTED_CPU_RUNS] + [
+        "results/studies/lambda-cpu_smollm2", "results/studies/overlap-cpu_smollm2_forget01", "results/demo"]
     assert subprocess.run(["git", "check-ignore", *committed], cwd=repo).returncode == 1   # none ignored
 
 
