@@ -346,11 +346,9 @@ def test_committed_study_table_is_what_its_cells_say(directory, config, scale, t
     copy = tmp_path / "results" / "studies" / directory   # the same relative paths: the tables name them
     shutil.copytree(committed, copy, ignore=shutil.ignore_patterns("work", "*.png", "table.*", "gate_gap.*"))
     shutil.copytree(CONFIGS, tmp_path / "configs")
-    data = tmp_path / "data"   # the committed tables say their data came from local files the environment named
-    (data / "tofu").mkdir(parents=True)
-    (data / "tofu" / "forget10_perturbed.json").write_text("[]")
-    (data / "rwku" / "Target").mkdir(parents=True)
-    monkeypatch.setenv("CRU_HARNESS_DATA_DIR", str(data))
+    for name in ("CRU_HARNESS_DATA_DIR", "CRU_HARNESS_TOFU_DIR", "CRU_HARNESS_RWKU_DIR"):
+        # the tables say what the cells read (their run records), not what this environment names
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
     seeds = re.search(r"^- seeds \[([0-9, ]+)\]:", tables["table.md"], re.M).group(1).replace(" ", "")
     assert main(["study", config, *(["--scale", scale] if scale else []), "--seeds", seeds, "--table-only"]) == 0

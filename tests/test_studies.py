@@ -553,6 +553,27 @@ def test_study_tables_name_the_data_source_without_a_machine_path(tmp_path, monk
     monkeypatch.setenv("CRU_HARNESS_DATA_DIR", str(tmp_path / "d"))
     described = data_source("tofu", None)
     assert described.startswith("local files named by the environment") and str(tmp_path) not in described
+    # finished cells' records decide, not this environment (a table written again elsewhere says the same)
+    from collections import Counter
+
+    assert data_source("tofu", None, Counter(hub=3)) == "the Hugging Face Hub"
+    monkeypatch.delenv("CRU_HARNESS_DATA_DIR")
+    assert data_source("tofu", None, Counter(local=3)) == described
+    assert data_source("tofu", None, Counter(local=2, hub=1)) == (
+        "local files for 2 cells and the Hugging Face Hub for 1 (their run records)")
+
+
+def test_recorded_data_sources_counts_what_each_cells_record_says(tmp_path):
+    from cru_harness.runner.cache import RECORD_FILE, CellStore, atomic_write_text
+    from cru_harness.studies.run import recorded_data_sources
+
+    cells = build_plan(load_study(STUDIES / "lambda.yaml", scale=REPO_ROOT / "configs" / "demo.yaml").config)
+    tofu = [c for c in cells if c.benchmark == "tofu"][:3]
+    store = CellStore(tmp_path)
+    for cell, data in zip(tofu, ("sha:08aabfb168b6ae25", "hub")):   # the third has no record
+        store.cell_dir(cell.hash).mkdir(parents=True)
+        atomic_write_text(store.cell_dir(cell.hash) / RECORD_FILE, json.dumps({"inputs": {"data": data}}))
+    assert recorded_data_sources(tmp_path, tofu) == {"tofu": {"local": 1, "hub": 1}}
 
 
 @pytest.mark.parametrize("scale", [None, REPO_ROOT / "configs" / "cpu_smollm2.yaml"])

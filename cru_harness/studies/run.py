@@ -13,9 +13,11 @@ from .config import Study
 from .tables import mean_sd, plot_study, study_rows, to_csv, to_markdown
 
 
-def header_lines(study: Study, selected: dict[str, list[int]] | None = None) -> list[str]:
+def header_lines(study: Study, selected: dict[str, list[int]] | None = None,
+                 recorded: dict[str, Counter] | None = None) -> list[str]:
     """What every study table states: the models, the scale (splits / targets, limits), the seeds, the spread.
-    `selected`: model -> the RWKU targets `select_known` chose (the candidates alone would not say which ran)."""
+    `selected`: model -> the RWKU targets `select_known` chose (the candidates alone would not say which ran);
+    `recorded`: benchmark -> where the finished cells' data came from (`recorded_data_sources`)."""
     config = study.config
     lines = [f"## {study.spec.title}", "", f"Study `{config.name}` ({study.spec.kind}), config "
              f"`{config.source}`, device `{config.device}`."]
@@ -33,8 +35,8 @@ def header_lines(study: Study, selected: dict[str, list[int]] | None = None) -> 
             where = (f"targets {chosen}, the top {known['top']} of candidates {spec['targets']} by the original "
                      f"model's ROUGE-L recall on {', '.join(known['probes'])} (select_known)")
         limit = spec.get("limit") or config.evaluation.get("limit")
-        lines.append(f"- scale {bench}: {where}; data: {data_source(bench, spec.get('data_dir') or config.data_dir)}; "
-                     f"evaluation rows per task: {limit or 'all'}")
+        data = data_source(bench, spec.get("data_dir") or config.data_dir, (recorded or {}).get(bench))
+        lines.append(f"- scale {bench}: {where}; data: {data}; evaluation rows per task: {limit or 'all'}")
     lines.append(f"- seeds {list(config.seeds)}: each number is the mean ± sample sd (ddof 1) over seeds "
                  "(no ± with one seed); RWKU: the mean over targets within a seed first")
     if study.spec.note:
@@ -42,15 +44,36 @@ def header_lines(study: Study, selected: dict[str, list[int]] | None = None) -> 
     return lines
 
 
-def data_source(benchmark: str, data_dir: str | None) -> str:
-    """Where a study's benchmark files came from, without a machine's paths (the tables are committed)."""
+def data_source(benchmark: str, data_dir: str | None, recorded: Counter | None = None) -> str:
+    """Where a study's benchmark files came from, without a machine's paths (the tables are committed): what the
+    finished cells' run records say (`recorded`), so that a table written again elsewhere (`--table-only`) says
+    the same; the environment's answer only while no cell has finished."""
     from ..data.sources import resolve_local_dir
 
+    local = "local files named by the environment (CRU_HARNESS_DATA_DIR or the benchmark's own variable)"
     if data_dir:
         return f"`{data_dir}` (config)"
-    if resolve_local_dir(benchmark) is not None:
-        return "local files named by the environment (CRU_HARNESS_DATA_DIR or the benchmark's own variable)"
-    return "the Hugging Face Hub"
+    if recorded:
+        if set(recorded) == {"local"}:
+            return local
+        if set(recorded) == {"hub"}:
+            return "the Hugging Face Hub"
+        return (f"local files for {recorded['local']} cells and the Hugging Face Hub for {recorded['hub']} "
+                "(their run records)")
+    return local if resolve_local_dir(benchmark) is not None else "the Hugging Face Hub"
+
+
+def recorded_data_sources(output_dir, cells) -> dict[str, Counter]:
+    """Benchmark -> how many of `cells` read local files ("local") and how many the Hub ("hub"), as their run
+    records say (`provenance.data_fingerprint`: `sha:<hash>` or `hub`); cells without a record are not counted."""
+    from ..runner.cache import CellStore
+
+    store, counts = CellStore(output_dir), defaultdict(Counter)
+    for cell in cells:
+        data = ((store.load_record(cell.hash) or {}).get("inputs") or {}).get("data")
+        if isinstance(data, str):
+            counts[cell.benchmark]["hub" if data == "hub" else "local"] += 1
+    return dict(counts)
 
 
 def base_path_for(cell, cells, store, log: Callable = print) -> str:
@@ -147,7 +170,8 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
 
         gate_gap = [(cell, saved_analysis(study.out_dir, "gate_gap", cell, required=True, rows=spec.rows))
                     for cell in analysed]
-    header = header_lines(study, selected) + [
+    recorded = recorded_data_sources(config.output_dir, cells)
+    header = header_lines(study, selected, recorded) + [
         "- gate means: the bundle's final measurement (the whole forget set; the retain rows training drew); "
         "cost: training and whole-cell wall seconds on this run's device", *missing_lines(cells, results),
         *other_code_lines(config.output_dir, results), ""]
@@ -169,7 +193,7 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
                                             f"({routers}); re-run it with --force")
                 gate_gap.append((cell, gate_gap_cell(cell, base_path_for(cell, cells, store, log), routers, spec.rows,
                                                      study.out_dir, log=log, force=force)))
-        write_gate_gap(study, gate_gap)
+        write_gate_gap(study, gate_gap, recorded)
     return status
 
 
@@ -222,7 +246,7 @@ def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable, tab
 
         examples = [str(n) for n in spec.examples]
         write_overlap(study, [(cell, saved_analysis(study.out_dir, "overlap", cell, required=True, examples=examples))
-                              for cell in cru])
+                              for cell in cru], recorded_data_sources(config.output_dir, cells))
         log(f"study table: {study.out_dir / 'table.md'} (from the saved analyses)")
         return 0
     if dry_run:
@@ -249,7 +273,7 @@ def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable, tab
         for cell in cru:
             analyses.append((cell, overlap_cell(cell, base_path_for(cell, cells, store, log), spec.examples,
                                                 study.out_dir, log=log, force=force)))
-    write_overlap(study, analyses)
+    write_overlap(study, analyses, recorded_data_sources(config.output_dir, cells))
     return 0
 
 
@@ -265,7 +289,7 @@ def analysis_code_lines(analyses: list) -> list[str]:
     return [f"- analyses computed by other code than this table's ({current}), read as saved: code version {named}"]
 
 
-def write_overlap(study: Study, analyses: list) -> None:
+def write_overlap(study: Study, analyses: list, recorded: dict[str, Counter] | None = None) -> None:
     """Table: per (model, split, variant, examples, block) overlap coefficient and Spearman rho, mean ± sd over
     seeds; plot: both along the blocks, one line per example count."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
@@ -274,7 +298,7 @@ def write_overlap(study: Study, analyses: list) -> None:
             for block, values in by_n["blocks"].items():
                 groups[(_group(cell), cell.label, n, int(block))].append(
                     {**values, "n_forget": by_n["n_forget"], "n_retain": by_n["n_retain"]})
-    header = header_lines(study) + [
+    header = header_lines(study, recorded=recorded) + [
         "- overlap coefficient |C_f ∩ C_r| / |C_f| (`cru.localize.compare_localizations`; one percentile gives "
         "equal sizes, so this is |∩| / min) of the coordinates selected from forget and from retain texts; "
         "Spearman ρ of the two per-coordinate variance vectors "
@@ -302,7 +326,7 @@ GATE_GAP_COLUMNS = (("forget_mean", "forget gate"), ("retain_seen_mean", "retain
                     ("auc_held_out", "AUC (held-out rows)"))
 
 
-def write_gate_gap(study: Study, analyses: list) -> None:
+def write_gate_gap(study: Study, analyses: list, recorded: dict[str, Counter] | None = None) -> None:
     """Table: per (model, split, variant, block | all) mean gate on forget tokens, on retain tokens of rows
     training drew and of rows it never drew, and the per-token AUC against each; mean ± sd over seeds. Plot: the
     gates and both AUCs along the blocks."""
@@ -316,7 +340,7 @@ def write_gate_gap(study: Study, analyses: list) -> None:
                 "auc_held_out": held[block]["auc"], "rows": (result["n_forget_rows"], result["n_retain_seen_rows"],
                                                              result["n_retain_held_out_rows"])})
     rows_note = study.spec.rows or "all"
-    header = header_lines(study) + [
+    header = header_lines(study, recorded=recorded) + [
         f"- tokens: every real token of the first {rows_note} rows of each CRU cell's forget corpus (all trained "
         f"on), of the retain rows its training drew, and of the retain rows it never drew (held out; from the "
         "training's own seeded schedule); a token's gate = its mean over the block's selected coordinates; "
