@@ -170,8 +170,8 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
 
         gate_gap = [(cell, saved_analysis(study.out_dir, "gate_gap", cell, required=True, rows=spec.rows))
                     for cell in analysed]
-    recorded = recorded_data_sources(config.output_dir, cells)
-    header = header_lines(study, selected, recorded) + [
+    sources = recorded_data_sources(config.output_dir, cells)
+    header = header_lines(study, selected, sources) + [
         "- gate means: the bundle's final measurement (the whole forget set; the retain rows training drew); "
         "cost: training and whole-cell wall seconds on this run's device", *missing_lines(cells, results),
         *other_code_lines(config.output_dir, results), ""]
@@ -193,7 +193,7 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
                                             f"({routers}); re-run it with --force")
                 gate_gap.append((cell, gate_gap_cell(cell, base_path_for(cell, cells, store, log), routers, spec.rows,
                                                      study.out_dir, log=log, force=force)))
-        write_gate_gap(study, gate_gap, recorded)
+        write_gate_gap(study, gate_gap, sources)
     return status
 
 
