@@ -208,6 +208,10 @@ def model_fingerprint(path: str) -> str:
     return f"hub:{path}"
 
 
+#: `data_fingerprint` of a cell whose benchmark data came from the Hub (local data: `sha:<content hash>`).
+HUB_DATA = "hub"
+
+
 def data_fingerprint(benchmark: str, data_dir: str | None) -> str:
     """`sha:<content hash>` of the local benchmark folder the cell reads (the testbed world included), or
     `hub` when the data comes from the Hub."""
@@ -215,7 +219,7 @@ def data_fingerprint(benchmark: str, data_dir: str | None) -> str:
     from .models import resolve_data_dir
 
     folder = resolve_local_dir(benchmark, resolve_data_dir(data_dir))
-    return f"sha:{directory_fingerprint(folder)}" if folder is not None else "hub"
+    return f"sha:{directory_fingerprint(folder)}" if folder is not None else HUB_DATA
 
 
 def key_libraries() -> dict[str, str | None]:
@@ -255,7 +259,7 @@ def hub_repositories(benchmark: str, inputs: dict) -> list[tuple[str, str, str]]
     from .plan import is_hub_id
 
     repos = []
-    if inputs.get("data") == "hub" and benchmark in HUB_IDS:
+    if inputs.get("data") == HUB_DATA and benchmark in HUB_IDS:
         repos.append(("dataset", HUB_IDS[benchmark], "README.md"))
         if benchmark == "tofu":
             repos.append(("dataset", IDK_HUB[0], IDK_HUB[1]))

@@ -67,12 +67,13 @@ def recorded_data_sources(output_dir, cells) -> dict[str, Counter]:
     """Benchmark -> how many of `cells` read local files ("local") and how many the Hub ("hub"), as their run
     records say (`provenance.data_fingerprint`: `sha:<hash>` or `hub`); cells without a record are not counted."""
     from ..runner.cache import CellStore
+    from ..runner.provenance import HUB_DATA
 
     store, counts = CellStore(output_dir), defaultdict(Counter)
     for cell in cells:
         data = ((store.load_record(cell.hash) or {}).get("inputs") or {}).get("data")
         if isinstance(data, str):
-            counts[cell.benchmark]["hub" if data == "hub" else "local"] += 1
+            counts[cell.benchmark]["hub" if data == HUB_DATA else "local"] += 1
     return dict(counts)
 
 
