@@ -544,6 +544,26 @@ def test_every_gpu_study_plans_the_real_regime_runs_own_model_oracles_and_baseli
     assert unshared == []
 
 
+def test_gpu_studies_paper_rows_are_the_real_regime_runs_cru_cells_under_their_own_labels():
+    """Five studies hold a row at the paper's TOFU setting under a label of their own; a label enters no
+    computation, so `--reuse results/gpu_smollm2` copies gpu_smollm2's CRU cells for those rows
+    (`runner.plan.computation_key`) instead of training them again: 27 cells of GPU time (gate_gap's 6 only where
+    their router bundles are still on the machine). loss_shape and random_control name their setting's defaults
+    (suppress/pass loss, selection) in the method entry, which makes other cells, computed again."""
+    from cru_harness.studies.config import load_study
+
+    run = {c.computation: c for c in build_plan(cfg.load_config(CONFIGS / "gpu_smollm2.yaml")) if c.method == "CRU"}
+    shared = {}
+    for name in GPU_STUDIES:
+        for cell in build_plan(load_study(CONFIGS / "studies" / name).config):
+            if cell.method == "CRU" and cell.computation in run:
+                origin = run[cell.computation]
+                assert (cell.hash != origin.hash, origin.label, origin.seed) == (True, "CRU", cell.seed)
+                shared.setdefault(name, set()).add(cell.label)
+    assert shared == {"blocks.yaml": {"CRU-last4"}, "gate_gap.yaml": {"CRU-paper"}, "lambda.yaml": {"CRU-lambda1"},
+                      "options_report.yaml": {"CRU-paper"}, "percentile.yaml": {"CRU-p95"}}
+
+
 def test_every_gpu_run_writes_where_git_ignores_it_until_it_is_committed():
     """On the GPU machine each call gets a fresh copy of the tree, and only git-ignored paths survive from one call
     to the next: a run's cells must be there to resume (benchmarks/gpu_session/run.sh). The CPU results stay

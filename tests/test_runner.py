@@ -618,6 +618,74 @@ def test_reuse_copies_the_finished_cells_the_plan_shares_and_computes_the_rest(t
         run_config(study, executor=fake_executor([]), reuse=tmp_path / "nowhere")
 
 
+def test_reuse_copies_a_cell_that_differs_only_in_label_under_the_plans_hash_and_label(tmp_path):
+    """A study's row at the run's own CRU setting (`CRU-paper` beside the run's `CRU`) computes what the run's
+    cell computed (a label enters no computation): `--reuse` copies that cell under the study's hash and label,
+    its record naming where it came from; a row whose settings differ is computed, and the copy is the study's
+    own from then on (a second run computes nothing)."""
+    from cru_harness.runner.cli import run_config
+    from cru_harness.runner.plan import computation_key
+
+    first = cfg.validate_config(base_config(tmp_path, output_dir=str(tmp_path / "real"), seeds=[0]))
+
+    def executor(cell, workdir):   # test double: numbers of the cell's own
+        return {"metrics": {"forget_rouge_l": int(cell.hash, 16) % 1000 / 1000}}
+
+    run_cells(build_plan(first), CellStore(first.output_dir), executor, log=lambda *_: None)
+    study = cfg.validate_config(base_config(tmp_path, output_dir=str(tmp_path / "study"), seeds=[0], methods=[
+        {"method": "CRU", "label": "CRU-paper", "lambda": 1, "percentile": 95},
+        {"method": "CRU", "label": "CRU-p90", "lambda": 1, "percentile": 90}]))
+    run_cru = {c.split: c for c in build_plan(first) if c.method == "CRU"}
+    paper = [c for c in build_plan(study) if c.label == "CRU-paper"]
+    assert len(paper) == 2 and all(c.hash != run_cru[c.split].hash for c in paper)
+    assert all(c.computation == run_cru[c.split].computation for c in paper)
+    calls, logged = [], []
+    assert run_config(study, executor=fake_executor(calls), reuse=first.output_dir, report=False,
+                      log=logged.append) == 0
+    assert sorted(calls) == sorted(c.hash for c in build_plan(study) if c.label == "CRU-p90")
+    assert any(line.endswith("and 2 that differ only in label (CRU-paper <- CRU)") for line in logged), logged
+    source, store = CellStore(first.output_dir), CellStore(study.output_dir)
+    for cell in paper:
+        origin = run_cru[cell.split]
+        result, record = store.load_result(cell.hash), store.load_record(cell.hash)
+        assert (result["hash"], result["label"], record["hash"]) == (cell.hash, "CRU-paper", cell.hash)
+        assert result["metrics"] == source.load_result(origin.hash)["metrics"]
+        assert record["resolved_config"]["label"] == "CRU-paper"
+        assert computation_key(record["resolved_config"]) == origin.computation
+        assert record["reused_from"] == {"hash": origin.hash, "label": "CRU", "run": str(first.output_dir)}
+    again = []
+    assert run_config(study, executor=fake_executor(again), reuse=first.output_dir, report=False,
+                      log=lambda *_: None) == 0
+    assert again == []
+
+
+def test_reuse_for_a_reader_of_router_bundles_copies_another_labels_cru_cell_only_with_its_bundle(tmp_path):
+    """A gate_gap study reads its CRU cells' bundles, which a run's tarball leaves out: with `bundles`, a CRU cell
+    of another label is copied only where its bundle is on disk, and the bundle comes with it; the others are
+    left to compute. Cells copied by hash and other methods' cells are copied as before."""
+    from cru_harness.runner.cli import reuse_cells
+
+    first = cfg.validate_config(base_config(tmp_path, output_dir=str(tmp_path / "real"), seeds=[0]))
+    source = CellStore(first.output_dir)
+    run_cells(build_plan(first), source, fake_executor([]), log=lambda *_: None)
+    run_cru = {c.split: c for c in build_plan(first) if c.method == "CRU"}
+    bundle = source.cell_dir(run_cru["forget01"].hash) / "work" / "routers"
+    bundle.mkdir(parents=True)
+    (bundle / "cru_bundle.json").write_text("{}")
+    study = cfg.validate_config(base_config(tmp_path, output_dir=str(tmp_path / "study"), seeds=[0], methods=[
+        {"method": "GA", "lr": 1e-4}, {"method": "CRU", "label": "CRU-paper", "lambda": 1, "percentile": 95}]))
+    cells = build_plan(study)
+    store = CellStore(study.output_dir)
+    shared = sum(c.label != "CRU-paper" for c in cells)
+    assert reuse_cells(first.output_dir, store, cells, log=lambda *_: None, bundles=True) == shared + 1
+    paper = {c.split: c for c in cells if c.label == "CRU-paper"}
+    copied = store.cell_dir(paper["forget01"].hash)
+    assert store.load_result(paper["forget01"].hash)["label"] == "CRU-paper"
+    assert (copied / "work" / "routers" / "cru_bundle.json").read_text() == "{}"
+    assert store.load_result(paper["forget10"].hash) is None
+    assert reuse_cells(first.output_dir, CellStore(tmp_path / "other"), cells, log=lambda *_: None) == len(cells)
+
+
 def test_reuse_with_only_copies_the_shared_cells_the_labels_cells_start_from(tmp_path):
     """`--reuse DIR --only LABEL`: the label's cells start from the plan's model (its fine-tune cell, where the
     config fine-tunes) and read its oracle for Forget Quality, so every finished shared cell is copied, while only

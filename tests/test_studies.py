@@ -502,6 +502,36 @@ def test_options_study_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_studys_paper_row_is_the_runs_cru_cell_reused_under_its_label_and_computes_the_same(tmp_path, capsys):
+    """lambda's `CRU-lambda1` row is a run's `CRU` cell under another label: `--reuse` copies it (the table says
+    so) instead of training it, and a study computing that row itself gets the same numbers to the bit (CPU):
+    the label enters no computation."""
+    study = tiny_study("lambda", tmp_path / "study", keep=["CRU-lambda1"])
+    raw = yaml.safe_load(study.read_text())
+    del raw["study"], raw["methods"][0]["label"]
+    raw["output_dir"] = str(tmp_path / "run")
+    run = tmp_path / "run.yaml"
+    run.write_text(yaml.safe_dump(raw))
+    assert main(["run", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["study", str(study), "--reuse", str(tmp_path / "run")]) == 0
+    assert "copied 1 finished cell(s) of this plan, and 1 that differ only in label (CRU-lambda1 <- CRU)" in \
+        capsys.readouterr().out
+    assert main(["study", str(study), "--output-dir", str(tmp_path / "own")]) == 0
+    reused, = [r for r in _results(tmp_path / "study") if r["kind"] == "method"]
+    computed, = [r for r in _results(tmp_path / "own") if r["kind"] == "method"]
+    original, = [r for r in _results(tmp_path / "run") if r["kind"] == "method"]
+    assert reused["hash"] == computed["hash"] != original["hash"] and reused["label"] == "CRU-lambda1"
+    assert reused["metrics"] == computed["metrics"] == original["metrics"]
+    assert reused["per_item"] == computed["per_item"] and reused["gate_means"] == computed["gate_means"]
+    record = json.loads((tmp_path / "study" / "cells" / reused["hash"] / "run_record.json").read_text())
+    assert record["reused_from"] == {"hash": original["hash"], "label": "CRU", "run": str(tmp_path / "run")}
+    table = (tmp_path / "study" / "study" / "table.md").read_text()
+    assert f"CRU-lambda1: 1 cell(s) of {tmp_path / 'run'}'s CRU" in table
+    assert "under another label" not in (tmp_path / "own" / "study" / "table.md").read_text()
+
+
+@pytest.mark.slow
 def test_router_lr_study_trains_at_each_learning_rate_and_the_report_applies_the_rule(tmp_path):
     """configs/studies/router_lr_cpu.yaml end to end on the tiny testbed: each cell's routers trained at its own
     learning rate, and the report chooses by cru_harness.reporting.router_lr (the objective, not the table)."""
@@ -574,6 +604,26 @@ def test_recorded_data_sources_counts_what_each_cells_record_says(tmp_path):
         store.cell_dir(cell.hash).mkdir(parents=True)
         atomic_write_text(store.cell_dir(cell.hash) / RECORD_FILE, json.dumps({"inputs": {"data": data}}))
     assert recorded_data_sources(tmp_path, tofu) == {"tofu": {"local": 1, "hub": 1}}
+
+
+def test_a_study_table_names_the_rows_reuse_copied_from_another_label(tmp_path):
+    """A row whose cells `--reuse` copied from a cell of another label (`reused_from` in their records) is named
+    in the table's header with where the cells came from; a table without such rows has no such line."""
+    from cru_harness.runner.cache import RECORD_FILE, CellStore, atomic_write_text
+    from cru_harness.studies.run import reused_lines
+
+    store = CellStore(tmp_path)
+    results = [{"hash": h, "label": label} for h, label in (("a1", "CRU-lambda1"), ("a2", "CRU-lambda1"),
+                                                           ("b1", "CRU-lambda10"))]
+    for result in results:
+        store.cell_dir(result["hash"]).mkdir(parents=True)
+        record = {"hash": result["hash"]}
+        if result["label"] == "CRU-lambda1":
+            record["reused_from"] = {"hash": "x", "label": "CRU", "run": "results/gpu_smollm2"}
+        atomic_write_text(store.cell_dir(result["hash"]) / RECORD_FILE, json.dumps(record))
+    assert reused_lines(tmp_path, results[2:]) == []
+    line, = reused_lines(tmp_path, results)
+    assert line.endswith("CRU-lambda1: 2 cell(s) of results/gpu_smollm2's CRU")
 
 
 @pytest.mark.parametrize("scale", [None, REPO_ROOT / "configs" / "cpu_smollm2.yaml"])

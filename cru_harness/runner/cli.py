@@ -73,7 +73,8 @@ def add_reuse_argument(parser) -> None:
                              "results/gpu_smollm2's fine-tuned model, oracles and baselines; a copied cell is "
                              "reused as the output directory's own are (recomputed if other code made it); with "
                              "--only too, not only the named labels' (they start from the fine-tune and read the "
-                             "oracle)")
+                             "oracle); a cell DIR holds under another label only (a study's paper-setting row) is "
+                             "copied under this plan's label")
 
 
 def add_only_argument(parser) -> None:
@@ -236,12 +237,13 @@ def print_plan(summary: dict, out=None) -> None:
 
 
 def run_config(config, *, dry_run=False, shard=None, force=False, report=True, executor=None, as_json=False,
-               log=print, reproduce=None, inputs=None, only=None, reuse=None) -> int:
+               log=print, reproduce=None, inputs=None, only=None, reuse=None, reuse_bundles=False) -> int:
     """Plan (and unless dry_run, run) a validated config. `executor` defaults to the real one, `inputs` (what a
     finished cell's record must match to be reused) to `provenance.cell_inputs` with it (else the code version).
     `reproduce`: a run directory to compare with at the end (`reproduce.write_reproduction`); exit status 1 when
     the run does not reproduce it. `only`: method labels (`only_cells`) whose cells alone run. `reuse`: a run
-    directory whose finished cells of this plan are copied in first (`reuse_cells`).
+    directory whose finished cells of this plan are copied in first (`reuse_cells`; `reuse_bundles`: the run
+    reads its CRU cells' router bundles, as a gate_gap study does).
 
     A real run first checks that its output directory can be written and takes the directory's lock
     (`cache.RunLock`): a second run on the same directory stops there, naming the process that holds it."""
@@ -257,7 +259,7 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
         if reuse.resolve() == Path(config.output_dir).resolve():
             raise InputError(f"--reuse {reuse} is the run's own output directory")
     options = dict(shard=shard, force=force, report=report, executor=executor, as_json=as_json, log=log,
-                   reproduce=reproduce, inputs=inputs, only=only, reuse=reuse)
+                   reproduce=reproduce, inputs=inputs, only=only, reuse=reuse, reuse_bundles=reuse_bundles)
     if dry_run:
         return _run_config(config, dry_run=True, **options)
     from ..locations import check_output_dir
@@ -272,7 +274,7 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
 
 
 def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log, reproduce, inputs, only,
-                reuse) -> int:
+                reuse, reuse_bundles) -> int:
     from ..data.rwku import TargetSelectionError
     from .cache import CellStore, atomic_write_json
     from .plan import build_plan
@@ -332,7 +334,7 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
                       {"config": config.raw, "source": config.source, "shard": shard,
                        "cells": [{"hash": c.hash, "cell": c.describe()} for c in cells]})
     if reuse is not None:   # the plan's, not only --only's: those cells start from the shared fine-tune
-        reuse_cells(reuse, store, cells, log)
+        reuse_cells(reuse, store, cells, log, bundles=reuse_bundles)
     counts = run_cells(to_run, store, executor, log=log, force=force, **({"inputs": inputs} if inputs else {}))
     log(f"done: {counts}")
     if report:
@@ -406,15 +408,35 @@ def merge_dirs(dirs, out) -> dict[str, int]:
     return counts
 
 
-def reuse_cells(source, store, cells, log=print) -> int:
+def reuse_cells(source, store, cells, log=print, *, bundles: bool = False) -> int:
     """`--reuse`: copy the finished ('ok') cells of run directory `source` that `cells` plan into `store`; returns
-    how many it copied."""
+    how many it copied. A planned cell `source` does not hold by hash is copied from a finished one that differs
+    from it only in its label (`plan.computation_key`: a study's `CRU-lambda1` row is the run's `CRU` cell),
+    under the planned cell's hash and label; its record names the cell it came from (`reused_from`). With
+    `bundles` (the caller reads CRU cells' router bundles), such a cell is copied only with its bundle, which a
+    run's tarball leaves out (benchmarks/gpu_session/run.sh): without one on disk it is computed again."""
     from .cache import CellStore
+    from .plan import computation_key
 
     source = CellStore(source)
     copied = sum(copy_cell(source, store, cell.hash, keep_ok=True) for cell in cells)
-    log(f"--reuse {source.root}: copied {copied} finished cell(s) of this plan")
-    return copied
+    wanted = [cell for cell in cells if (store.load_result(cell.hash) or {}).get("status") != "ok"]
+    relabelled = []
+    if wanted:
+        by_computation: dict[str, str] = {}
+        for cell_hash, result in source.iter_results():
+            resolved = (source.load_record(cell_hash) or {}).get("resolved_config")
+            if result.get("status") == "ok" and isinstance(resolved, dict):
+                by_computation.setdefault(computation_key(resolved), cell_hash)   # sorted by hash: one choice
+        for cell in wanted:
+            origin = by_computation.get(cell.computation)
+            if origin is not None and copy_cell(source, store, origin, keep_ok=True, as_cell=cell,
+                                                bundle=bundles and cell.method == "CRU"):
+                relabelled.append(f"{cell.label} <- {source.load_result(origin)['label']}")
+    log(f"--reuse {source.root}: copied {copied} finished cell(s) of this plan"
+        + (f", and {len(relabelled)} that differ only in label ({'; '.join(sorted(set(relabelled)))})"
+           if relabelled else ""))
+    return copied + len(relabelled)
 
 
 def copy_target_choices(store, out_store, *, overwrite: bool = True) -> None:
@@ -432,29 +454,49 @@ def copy_target_choices(store, out_store, *, overwrite: bool = True) -> None:
                 atomic_write_text(destination, path.read_text())
 
 
-def copy_cell(store, out_store, cell_hash: str, *, keep_ok: bool) -> bool:
+def copy_cell(store, out_store, cell_hash: str, *, keep_ok: bool, as_cell=None, bundle: bool = False) -> bool:
     """Copy one cell (its result and record, not its work/ files) from `store` into `out_store`, whole or not
     at all. Nothing is copied when `store` has no result for it, or when `out_store`'s is 'ok' or the copy's is
-    not; with `keep_ok`, only an 'ok' result is copied at all. Returns whether it copied."""
-    from .cache import RESULT_FILE
+    not; with `keep_ok`, only an 'ok' result is copied at all. `as_cell`: a planned cell that differs from it only
+    in label (`reuse_cells`), whose hash and label the copy takes. `bundle`: copy the cell's router bundle too
+    (work/routers), and nothing if it has none. Returns whether it copied."""
+    from .cache import RECORD_FILE, RESULT_FILE, WORK_DIR, atomic_write_json, read_json
+    from .training import ROUTERS_DIR
 
     result = store.load_result(cell_hash)
     if result is None or (keep_ok and result.get("status") != "ok"):
         return False
-    existing = out_store.load_result(cell_hash)
+    new_hash = cell_hash if as_cell is None else as_cell.hash
+    existing = out_store.load_result(new_hash)
     if existing is not None and (existing.get("status") == "ok" or result.get("status") != "ok"):
         return False
-    target = out_store.cell_dir(cell_hash)
+    target = out_store.cell_dir(new_hash)
     if target.resolve() == store.cell_dir(cell_hash).resolve():
+        return False
+    routers = Path(WORK_DIR) / ROUTERS_DIR
+    if bundle and not (store.cell_dir(cell_hash) / routers).is_dir():
         return False
     tmp = target.with_name(target.name + ".merging")
     if tmp.exists():
         shutil.rmtree(tmp)
     target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(store.cell_dir(cell_hash), tmp, ignore=shutil.ignore_patterns("work", ".*.tmp"))
+    shutil.copytree(store.cell_dir(cell_hash), tmp, ignore=shutil.ignore_patterns(WORK_DIR, ".*.tmp"))
+    if bundle:
+        shutil.copytree(store.cell_dir(cell_hash) / routers, tmp / routers)
     if not (tmp / RESULT_FILE).is_file():
         shutil.rmtree(tmp)
         return False
+    if as_cell is not None:   # record first, as CellStore.write does
+        from .plan import computation_key
+
+        record = read_json(tmp / RECORD_FILE)
+        if computation_key(record.get("resolved_config") or {}) != as_cell.computation:
+            shutil.rmtree(tmp)
+            raise ValueError(f"cell {cell_hash} is not {as_cell.describe()} under another label")
+        atomic_write_json(tmp / RECORD_FILE, dict(
+            record, hash=new_hash, resolved_config=as_cell.resolved(),
+            reused_from={"hash": cell_hash, "label": result["label"], "run": str(store.root)}))
+        atomic_write_json(tmp / RESULT_FILE, dict(result, hash=new_hash, label=as_cell.label))
     if target.exists():
         shutil.rmtree(target)
     tmp.rename(target)

@@ -66,6 +66,11 @@ class Cell:
     def hash(self) -> str:
         return cell_hash(self.resolved())
 
+    @property
+    def computation(self) -> str:
+        """The hash of what this cell computes (`computation_key`): shared by cells that differ only in label."""
+        return computation_key(self.resolved())
+
     def describe(self) -> str:
         return cell_title(self.model.name, self.benchmark, self.unit, self.label, self.seed)
 
@@ -84,6 +89,14 @@ def cell_title(model: str, benchmark: str, unit: str | None, label: str, seed: i
 def cell_hash(resolved: dict[str, Any]) -> str:
     canonical = json.dumps(resolved, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:HASH_LENGTH]
+
+
+def computation_key(resolved: dict[str, Any]) -> str:
+    """A resolved cell's hash without its label. The label names a table row and enters no computation (the
+    executor, trainers and scorers never read it), so cells with one key compute the same numbers: a study's row
+    at a run's own CRU setting (`CRU-lambda1` beside the run's `CRU`) is that run's cell under another name. The
+    label stays in the cell hash itself, so that every row of a table is a cell of its own."""
+    return cell_hash({key: value for key, value in resolved.items() if key != "label"})
 
 
 def _fill(template: str, split: str | None, target: int | None) -> str:

@@ -143,15 +143,18 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
             raise ConfigError("study.kind", "an overlap study trains no cells, so --shard has nothing to split: "
                               "run it without --shard", config.source)
         return _run_overlap(study, force=force, dry_run=dry_run, log=log, table_only=table_only, reuse=reuse)
+    # a gate_gap study reads its CRU cells' router bundles: a cell --reuse copies from another label brings its own
+    reuse_bundles = spec.kind == "gate_gap"
     if shard:
         # a shard's cells alone would make a partial table: the table waits for a run without --shard
         status = run_config(config, dry_run=dry_run, force=force, shard=shard, report=False, log=log, only=only,
-                            reuse=reuse)
+                            reuse=reuse, reuse_bundles=reuse_bundles)
         if not dry_run:
             log(f"study shard {shard} done; when every shard has finished (their cells in one directory: "
                 f"`cru-harness merge`), run `cru-harness study` without --shard to write the table")
         return status
-    status = 0 if table_only else run_config(config, dry_run=dry_run, force=force, log=log, only=only, reuse=reuse)
+    status = 0 if table_only else run_config(config, dry_run=dry_run, force=force, log=log, only=only, reuse=reuse,
+                                             reuse_bundles=reuse_bundles)
     if dry_run:
         return status
     selected = _selected(config, any_code=table_only)   # --table-only reads a selection as it reads cells
@@ -175,7 +178,7 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
     header = header_lines(study, selected, sources) + [
         "- gate means: the bundle's final measurement (the whole forget set; the retain rows training drew); "
         "cost: training and whole-cell wall seconds on this run's device", *missing_lines(cells, results),
-        *other_code_lines(config.output_dir, results), ""]
+        *other_code_lines(config.output_dir, results), *reused_lines(config.output_dir, results), ""]
     write_outputs(study, "table", to_markdown(rows, header, spec.x), to_csv(rows, spec.x))
     plots = plot_study(rows, study.out_dir, title=spec.title, x=spec.x, collapse_line=spec.collapse_line)
     log(f"study table: {study.out_dir / 'table.md'}; plots: {', '.join(p.name for p in plots)}")
@@ -276,6 +279,24 @@ def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable, tab
                                                 study.out_dir, log=log, force=force)))
     write_overlap(study, analyses, recorded_data_sources(config.output_dir, cells))
     return 0
+
+
+def reused_lines(output_dir, results: list[dict]) -> list[str]:
+    """A header line naming the rows whose cells `--reuse` copied from a cell of another label (same settings:
+    `runner.plan.computation_key`), e.g. the study's paper-setting row as the real-regime run's CRU cells."""
+    from ..runner.cache import CellStore
+
+    store, origins = CellStore(output_dir), defaultdict(Counter)
+    for result in results:
+        origin = (store.load_record(result["hash"]) or {}).get("reused_from")
+        if origin:
+            origins[result["label"]][f"{origin['run']}'s {origin['label']}"] += 1
+    if not origins:
+        return []
+    named = "; ".join(f"{label}: {', '.join(f'{n} cell(s) of {where}' for where, n in sorted(by.items()))}"
+                      for label, by in sorted(origins.items()))
+    return [f"- rows computed under another label, copied by `--reuse` (the same settings, and a label enters no "
+            f"computation): {named}"]
 
 
 def analysis_code_lines(analyses: list) -> list[str]:
