@@ -2,6 +2,7 @@
 records on a GPU, the report's regime check and failed cells, and a report that regenerates byte for byte."""
 import json
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -545,23 +546,27 @@ def test_every_gpu_study_plans_the_real_regime_runs_own_model_oracles_and_baseli
 
 
 def test_gpu_studies_paper_rows_are_the_real_regime_runs_cru_cells_under_their_own_labels():
-    """Five studies hold a row at the paper's TOFU setting under a label of their own; a label enters no
-    computation, so `--reuse results/gpu_smollm2` copies gpu_smollm2's CRU cells for those rows
-    (`runner.plan.computation_key`) instead of training them again: 27 cells of GPU time (gate_gap's 6 only where
-    their router bundles are still on the machine). loss_shape and random_control name their setting's defaults
-    (suppress/pass loss, selection) in the method entry, which makes other cells, computed again."""
+    """Five studies hold a row at the paper's setting under a label of their own; a label enters no computation,
+    so `--reuse results/gpu_smollm2` copies gpu_smollm2's CRU cells for those rows (`runner.plan.computation_key`)
+    instead of training them again: 27 TOFU cells of GPU time (gate_gap's 6 only where their router bundles are
+    still on the machine), and options_report's 15 RWKU ones (its five chosen targets, here stood in for by 1-5).
+    loss_shape and random_control name their setting's defaults (suppress/pass loss, selection) in the method
+    entry, which makes other cells, computed again."""
     from cru_harness.studies.config import load_study
 
-    run = {c.computation: c for c in build_plan(cfg.load_config(CONFIGS / "gpu_smollm2.yaml")) if c.method == "CRU"}
+    real = cfg.load_config(CONFIGS / "gpu_smollm2.yaml")
+    chosen = {model.name: [1, 2, 3, 4, 5] for model in real.models}
+    run = {c.computation: c for c in build_plan(real, chosen) if c.method == "CRU"}
     shared = {}
     for name in GPU_STUDIES:
-        for cell in build_plan(load_study(CONFIGS / "studies" / name).config):
+        for cell in build_plan(load_study(CONFIGS / "studies" / name).config, chosen):
             if cell.method == "CRU" and cell.computation in run:
                 origin = run[cell.computation]
                 assert (cell.hash != origin.hash, origin.label, origin.seed) == (True, "CRU", cell.seed)
-                shared.setdefault(name, set()).add(cell.label)
-    assert shared == {"blocks.yaml": {"CRU-last4"}, "gate_gap.yaml": {"CRU-paper"}, "lambda.yaml": {"CRU-lambda1"},
-                      "options_report.yaml": {"CRU-paper"}, "percentile.yaml": {"CRU-p95"}}
+                shared.setdefault(name, Counter())[(cell.label, cell.benchmark)] += 1
+    assert shared == {"blocks.yaml": {("CRU-last4", "tofu"): 6}, "gate_gap.yaml": {("CRU-paper", "tofu"): 6},
+                      "lambda.yaml": {("CRU-lambda1", "tofu"): 3}, "percentile.yaml": {("CRU-p95", "tofu"): 6},
+                      "options_report.yaml": {("CRU-paper", "tofu"): 6, ("CRU-paper", "rwku"): 15}}
 
 
 def test_every_gpu_run_writes_where_git_ignores_it_until_it_is_committed():
