@@ -595,7 +595,7 @@ def test_study_tables_name_the_data_source_without_a_machine_path(tmp_path, monk
 
 def test_recorded_data_sources_counts_what_each_cells_record_says(tmp_path):
     from cru_harness.runner.cache import RECORD_FILE, CellStore, atomic_write_text
-    from cru_harness.studies.run import recorded_data_sources
+    from cru_harness.studies.run import cell_records, recorded_data_sources
 
     cells = build_plan(load_study(STUDIES / "lambda.yaml", scale=REPO_ROOT / "configs" / "demo.yaml").config)
     tofu = [c for c in cells if c.benchmark == "tofu"][:3]
@@ -603,14 +603,15 @@ def test_recorded_data_sources_counts_what_each_cells_record_says(tmp_path):
     for cell, data in zip(tofu, ("sha:08aabfb168b6ae25", "hub")):   # the third has no record
         store.cell_dir(cell.hash).mkdir(parents=True)
         atomic_write_text(store.cell_dir(cell.hash) / RECORD_FILE, json.dumps({"inputs": {"data": data}}))
-    assert recorded_data_sources(tmp_path, tofu) == {"tofu": {"local": 1, "hub": 1}}
+    records = cell_records(tmp_path, [c.hash for c in tofu])
+    assert recorded_data_sources(tofu, records) == {"tofu": {"local": 1, "hub": 1}}
 
 
 def test_a_study_table_names_the_rows_reuse_copied_from_another_label(tmp_path):
     """A row whose cells `--reuse` copied from a cell of another label (`reused_from` in their records) is named
     in the table's header with where the cells came from; a table without such rows has no such line."""
     from cru_harness.runner.cache import RECORD_FILE, CellStore, atomic_write_text
-    from cru_harness.studies.run import reused_lines
+    from cru_harness.studies.run import cell_records, reused_lines
 
     store = CellStore(tmp_path)
     results = [{"hash": h, "label": label} for h, label in (("a1", "CRU-lambda1"), ("a2", "CRU-lambda1"),
@@ -621,8 +622,9 @@ def test_a_study_table_names_the_rows_reuse_copied_from_another_label(tmp_path):
         if result["label"] == "CRU-lambda1":
             record["reused_from"] = {"hash": "x", "label": "CRU", "run": "results/gpu_smollm2"}
         atomic_write_text(store.cell_dir(result["hash"]) / RECORD_FILE, json.dumps(record))
-    assert reused_lines(tmp_path, results[2:]) == []
-    line, = reused_lines(tmp_path, results)
+    records = cell_records(tmp_path, [result["hash"] for result in results])
+    assert reused_lines(results[2:], records) == []
+    line, = reused_lines(results, records)
     assert line.endswith("CRU-lambda1: 2 cell(s) of results/gpu_smollm2's CRU")
 
 

@@ -423,16 +423,16 @@ def reuse_cells(source, store, cells, log=print, *, bundles: bool = False) -> in
     wanted = [cell for cell in cells if (store.load_result(cell.hash) or {}).get("status") != "ok"]
     relabelled = []
     if wanted:
-        by_computation: dict[str, str] = {}
+        by_computation: dict[str, tuple[str, str]] = {}   # key -> (hash, label); sorted by hash: one choice
         for cell_hash, result in source.iter_results():
             resolved = (source.load_record(cell_hash) or {}).get("resolved_config")
             if result.get("status") == "ok" and isinstance(resolved, dict):
-                by_computation.setdefault(computation_key(resolved), cell_hash)   # sorted by hash: one choice
+                by_computation.setdefault(computation_key(resolved), (cell_hash, result["label"]))
         for cell in wanted:
-            origin = by_computation.get(cell.computation)
+            origin, label = by_computation.get(cell.computation, (None, None))
             if origin is not None and copy_cell(source, store, origin, keep_ok=True, as_cell=cell,
                                                 bundle=bundles and cell.method == "CRU"):
-                relabelled.append(f"{cell.label} <- {source.load_result(origin)['label']}")
+                relabelled.append(f"{cell.label} <- {label}")
     log(f"--reuse {source.root}: copied {copied} finished cell(s) of this plan"
         + (f", and {len(relabelled)} that differ only in label ({'; '.join(sorted(set(relabelled)))})"
            if relabelled else ""))

@@ -63,15 +63,22 @@ def data_source(benchmark: str, data_dir: str | None, recorded: Counter | None =
     return local if resolve_local_dir(benchmark) is not None else "the Hugging Face Hub"
 
 
-def recorded_data_sources(output_dir, cells) -> dict[str, Counter]:
+def cell_records(output_dir, hashes) -> dict[str, dict]:
+    """Cell hash -> its run record ({} without one): read once per table, for every header line that reads them."""
+    from ..runner.cache import CellStore
+
+    store = CellStore(output_dir)
+    return {cell_hash: store.load_record(cell_hash) or {} for cell_hash in hashes}
+
+
+def recorded_data_sources(cells, records: dict[str, dict]) -> dict[str, Counter]:
     """Benchmark -> how many of `cells` read local files ("local") and how many the Hub ("hub"), as their run
     records say (`provenance.data_fingerprint`: `sha:<hash>` or `hub`); cells without a record are not counted."""
-    from ..runner.cache import CellStore
     from ..runner.provenance import HUB_DATA
 
-    store, counts = CellStore(output_dir), defaultdict(Counter)
+    counts = defaultdict(Counter)
     for cell in cells:
-        data = ((store.load_record(cell.hash) or {}).get("inputs") or {}).get("data")
+        data = (records[cell.hash].get("inputs") or {}).get("data")
         if isinstance(data, str):
             counts[cell.benchmark]["hub" if data == HUB_DATA else "local"] += 1
     return dict(counts)
@@ -108,14 +115,13 @@ def _plan(config, selected=None):
     return build_plan(config, _selected(config) if selected is None else selected)
 
 
-def other_code_lines(output_dir, results: list[dict]) -> list[str]:
+def other_code_lines(results: list[dict], records: dict[str, dict]) -> list[str]:
     """A header line when cells of the table were computed by other code than the table's (`--table-only` on
     committed cells, after a later commit): which code versions and commits computed them."""
-    from ..runner.cache import CellStore
     from ..runner.provenance import code_commits, code_version
 
-    store, current = CellStore(output_dir), code_version()
-    versions = code_commits(store.load_record(result["hash"]) for result in results)
+    current = code_version()
+    versions = code_commits(records[result["hash"]] for result in results)
     others = {v: c for v, c in versions.items() if v != current}
     if not others:
         return []
@@ -174,11 +180,12 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
 
         gate_gap = [(cell, saved_analysis(study.out_dir, "gate_gap", cell, required=True, rows=spec.rows))
                     for cell in analysed]
-    sources = recorded_data_sources(config.output_dir, cells)
+    records = cell_records(config.output_dir, planned)
+    sources = recorded_data_sources(cells, records)
     header = header_lines(study, selected, sources) + [
         "- gate means: the bundle's final measurement (the whole forget set; the retain rows training drew); "
         "cost: training and whole-cell wall seconds on this run's device", *missing_lines(cells, results),
-        *other_code_lines(config.output_dir, results), *reused_lines(config.output_dir, results), ""]
+        *other_code_lines(results, records), *reused_lines(results, records), ""]
     write_outputs(study, "table", to_markdown(rows, header, spec.x), to_csv(rows, spec.x))
     plots = plot_study(rows, study.out_dir, title=spec.title, x=spec.x, collapse_line=spec.collapse_line)
     log(f"study table: {study.out_dir / 'table.md'}; plots: {', '.join(p.name for p in plots)}")
@@ -249,8 +256,9 @@ def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable, tab
         from .analyses import saved_analysis
 
         examples = [str(n) for n in spec.examples]
+        sources = recorded_data_sources(cells, cell_records(config.output_dir, [c.hash for c in cells]))
         write_overlap(study, [(cell, saved_analysis(study.out_dir, "overlap", cell, required=True, examples=examples))
-                              for cell in cru], recorded_data_sources(config.output_dir, cells))
+                              for cell in cru], sources)
         log(f"study table: {study.out_dir / 'table.md'} (from the saved analyses)")
         return 0
     if dry_run:
@@ -277,18 +285,17 @@ def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable, tab
         for cell in cru:
             analyses.append((cell, overlap_cell(cell, base_path_for(cell, cells, store, log), spec.examples,
                                                 study.out_dir, log=log, force=force)))
-    write_overlap(study, analyses, recorded_data_sources(config.output_dir, cells))
+    sources = recorded_data_sources(cells, cell_records(config.output_dir, [c.hash for c in cells]))
+    write_overlap(study, analyses, sources)
     return 0
 
 
-def reused_lines(output_dir, results: list[dict]) -> list[str]:
+def reused_lines(results: list[dict], records: dict[str, dict]) -> list[str]:
     """A header line naming the rows whose cells `--reuse` copied from a cell of another label (same settings:
     `runner.plan.computation_key`), e.g. the study's paper-setting row as the real-regime run's CRU cells."""
-    from ..runner.cache import CellStore
-
-    store, origins = CellStore(output_dir), defaultdict(Counter)
+    origins = defaultdict(Counter)
     for result in results:
-        origin = (store.load_record(result["hash"]) or {}).get("reused_from")
+        origin = records[result["hash"]].get("reused_from")
         if origin:
             origins[result["label"]][f"{origin['run']}'s {origin['label']}"] += 1
     if not origins:
