@@ -240,7 +240,9 @@ def test_forget10_suite_end_to_end_all_rows(tiny_model_dir, tofu_dir, one_torch_
 @pytest.mark.slow
 @pytest.mark.shared_data
 def test_hf_model_reports_nan_probability(tiny_model_dir, tofu_dir):
-    res = _evaluate(tiny_model_dir, tofu_dir, ["tofu_world_facts"], model="hf", limit=3)
+    # the user is told why, and what to use instead
+    with pytest.warns(RuntimeWarning, match=r"reported as NaN.*Use `--model cru`"):
+        res = _evaluate(tiny_model_dir, tofu_dir, ["tofu_world_facts"], model="hf", limit=3)
     agg = res["results"]["tofu_world_facts"]
     assert math.isnan(agg["probability,none"]) and math.isnan(agg["truth_ratio,none"])
     assert 0.0 <= agg["rouge_l_recall,none"] <= 1.0
