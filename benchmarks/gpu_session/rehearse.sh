@@ -9,6 +9,7 @@
 # the tarball with GD added, which needs the fine-tuned model.
 # It also checks that the data carried there (one xz archive) has the fingerprints of the copy here.
 #   bash benchmarks/gpu_session/rehearse.sh [SHARED_DIR] [WORK_DIR]    (needs the registry; ~25 min on 2 cores)
+# REHEARSAL_PYTHON=python3.12 builds the venv with the H200's Python, so the wheels are prepare.sh's own.
 # Rebuilds prepare.sh's payload in this checkout; everything else stays in WORK_DIR (default /tmp/gpu_rehearsal).
 set -euo pipefail
 shared=$(cd "${1:-../shared}" && pwd)
@@ -16,7 +17,7 @@ work=${2:-/tmp/gpu_rehearsal}
 rm -rf "$work" && mkdir -p "$work/out" && work=$(cd "$work" && pwd)
 
 echo "== the machine's python: torch, transformers, accelerate as there, and the image's packages the project uses"
-python3 -m venv "$work/venv"
+"${REHEARSAL_PYTHON:-python3}" -m venv "$work/venv"
 "$work/venv/bin/pip" install -q --upgrade pip setuptools wheel
 # the H200's torch: PyPI's CUDA build (with its nvidia-* wheels, ~3 GB), which runs on the CPU here
 "$work/venv/bin/pip" install -q torch==2.11.0
