@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..errors import InputError
-from ..runner.config import adam_betas_problem, fields_problem
+from ..hparams import adam_betas_problem, fields_problem
 
 SCHEDULERS = ("linear", "cosine", "constant")
 MIXED_PRECISION = ("no", "fp16", "bf16")

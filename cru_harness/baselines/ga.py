@@ -6,6 +6,7 @@ from typing import ClassVar
 
 from .base import BaselineConfig, UnlearningMethod
 from .losses import nll_loss
+from .plugin import BaselineMethod
 from .registry import register_method
 
 
@@ -24,3 +25,9 @@ class GradientAscent(UnlearningMethod):
         forget_nll, value = nll_loss(model, batch["forget"])
         loss = -forget_nll
         return loss, {"loss": float(loss.detach()), "forget_nll": value}
+
+
+#: The runner's view of it (entry point `cru_harness.methods`: GA).
+NO_RETAIN_TERM = "GA has no retain term (use GD for -NLL(forget) + NLL(retain))"
+METHOD = BaselineMethod(GradientAscent, "GA", "gradient ascent: -NLL(forget)",
+                        refusals={"alpha": NO_RETAIN_TERM, "forget_weight": NO_RETAIN_TERM}, order=10)

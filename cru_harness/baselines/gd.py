@@ -6,6 +6,7 @@ from typing import ClassVar
 
 from .base import RetainConfig, UnlearningMethod
 from .losses import nll_loss
+from .plugin import BaselineMethod
 from .registry import register_method
 
 
@@ -27,3 +28,9 @@ class GradientDifference(UnlearningMethod):
         loss = -self.config.forget_weight * forget_nll + self._retain_term(model, batch, logs)
         logs["loss"] = float(loss.detach())
         return loss, logs
+
+
+#: The runner's view of it (entry point `cru_harness.methods`: GD).
+METHOD = BaselineMethod(GradientDifference, "GD",
+                        "gradient difference: -NLL(forget) + alpha * NLL(retain)",
+                        order=20)

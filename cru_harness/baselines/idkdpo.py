@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from ..errors import InputError
 from .base import RetainConfig, UnlearningMethod
 from .losses import reference_logprobs, sequence_logprobs, sequence_mean
+from .plugin import BaselineMethod
 from .registry import register_method
 
 
@@ -53,3 +54,9 @@ class IdkDPO(UnlearningMethod):
         loss = self.config.forget_weight * term + self._retain_term(model, batch, logs)
         logs["loss"] = float(loss.detach())
         return loss, logs
+
+
+#: The runner's view of it (entry point `cru_harness.methods`: IdkDPO).
+METHOD = BaselineMethod(IdkDPO, "IdkDPO",
+                        "DPO with an 'I don't know' refusal as the preferred answer, + NLL(retain)",
+                        order=50)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from .base import RetainConfig, UnlearningMethod
 from .losses import reference_logprobs, sequence_logprobs, sequence_mean
+from .plugin import BaselineMethod
 from .registry import register_method
 
 
@@ -43,3 +44,9 @@ class NPO(UnlearningMethod):
         loss = self.config.forget_weight * term + self._retain_term(model, batch, logs)
         logs["loss"] = float(loss.detach())
         return loss, logs
+
+
+#: The runner's view of it (entry point `cru_harness.methods`: NPO).
+METHOD = BaselineMethod(NPO, "NPO",
+                        "negative preference optimization against a frozen reference, + NLL(retain)",
+                        order=30)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from ..errors import InputError
 from .base import RetainConfig, UnlearningMethod
 from .losses import sequence_logprobs, sequence_mean
+from .plugin import BaselineMethod
 from .registry import register_method
 
 
@@ -68,3 +69,9 @@ class SimNPO(UnlearningMethod):
         loss = self.config.forget_weight * term + self._retain_term(model, batch, logs)
         logs["loss"] = float(loss.detach())
         return loss, logs
+
+
+#: The runner's view of it (entry point `cru_harness.methods`: SimNPO).
+METHOD = BaselineMethod(SimNPO, "SimNPO",
+                        "reference-free NPO on length-normalised log-probs, + NLL(retain)",
+                        order=40)

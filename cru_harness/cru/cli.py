@@ -9,7 +9,7 @@ from pathlib import Path
 from cru_harness.cli import config_defaults_help, field_defaults, given_fields
 from cru_harness.devices import add_device_arguments
 from cru_harness.prompts import BENCHMARKS, add_prompt_format_argument, prompt_format_choice
-from cru_harness.runner.config import HPARAM_CHOICES
+from cru_harness.hparams import HPARAM_CHOICES
 
 from ..errors import InputError
 
@@ -17,13 +17,12 @@ from ..errors import InputError
 @functools.cache
 def unlearn_defaults() -> dict[str, str]:
     """`unlearn`'s option defaults: `RouterTrainingConfig`'s (the paper's TOFU setting) and, where RWKU's differs,
-    `CRU_BENCHMARK_DEFAULTS`' (both modules are the source; the flags copy nothing)."""
-    from cru_harness.runner.config import CRU_BENCHMARK_DEFAULTS
-
+    the CRU method's `benchmark_defaults` (both modules are the source; the flags copy nothing)."""
+    from .plugin import METHOD
     from .train import RouterTrainingConfig
 
     text = field_defaults(RouterTrainingConfig)
-    for name, value in CRU_BENCHMARK_DEFAULTS["rwku"].items():
+    for name, value in METHOD.benchmark_defaults["rwku"].items():
         text[name] = f"{text[name]}; {value} with --benchmark rwku"
     return text
 
@@ -128,8 +127,9 @@ def run_unlearn(args: argparse.Namespace) -> int:
     from cru_harness.data.corpora import rows_to_texts
     from cru_harness.devices import load_causal_lm
     from cru_harness.locations import check_model_path, check_output_dir
-    from cru_harness.runner.config import CRU_BENCHMARK_DEFAULTS, check_seed
+    from cru_harness.hparams import check_seed
 
+    from .plugin import METHOD
     from .train import RouterTrainingConfig, train_routers
 
     # Everything that can be wrong with the inputs and the output is found before hours of training.
@@ -138,7 +138,7 @@ def run_unlearn(args: argparse.Namespace) -> int:
     if "blocks" in given:
         given["blocks"] = _parse_blocks(given["blocks"])
     config = RouterTrainingConfig(
-        **{**CRU_BENCHMARK_DEFAULTS[args.benchmark], **given},   # the paper's setting for --benchmark
+        **{**METHOD.benchmark_defaults.get(args.benchmark, {}), **given},   # the paper's setting for --benchmark
         forget_description=str(args.forget), retain_description=str(args.retain), progress=not args.no_progress,
         prefix_cache=not args.no_prefix_cache)
     fmt = prompt_format_choice(args.prompt_format, benchmark=args.benchmark)

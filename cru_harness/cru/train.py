@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from ..devices import explain_out_of_memory
 from ..errors import InputError
-from ..runner.config import check_seed, fields_problem
+from ..hparams import check_seed, fields_problem
 from ..context import fit_to_context
 from ..reductions import thread_invariant_sum
 from .attach import attach_bundles

@@ -7,7 +7,7 @@ import functools
 from ..cli import config_defaults_help, field_defaults, given_fields
 from ..devices import add_device_arguments
 from ..prompts import add_prompt_format_argument, prompt_format_choice
-from ..runner.config import HPARAM_CHOICES
+from ..hparams import HPARAM_CHOICES
 
 
 @functools.cache
@@ -54,7 +54,7 @@ def register(subparsers) -> None:
 
 
 def run_finetune(args: argparse.Namespace) -> int:
-    from ..runner.config import check_seed
+    from ..hparams import check_seed
 
     check_seed(args.seed)
     fmt = prompt_format_choice(args.prompt_format)

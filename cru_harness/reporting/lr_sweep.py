@@ -14,10 +14,9 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from ..runner.config import TRAINED_METHODS
+from .. import plugins
 from .stats import finite_mean, is_number
 
-BASELINES = tuple(method for method in TRAINED_METHODS if method != "CRU")
 RATIO = 0.9
 SCORE_NAMES = {"tofu": "Model Utility", "rwku": "neighbour ROUGE-L recall (mean of FB and QA)"}
 
@@ -31,12 +30,18 @@ def kept_score(result: dict) -> float | None:
     return sum(parts) / 2 if all(is_number(p) for p in parts) else None
 
 
+def baseline_methods() -> tuple[str, ...]:
+    """The methods the rule covers: every registered method that trains the model's own weights."""
+    return tuple(m.name for m in plugins.methods if m.trains and not m.adapter)
+
+
 def sweep_choices(results: list[dict], ratio: float = RATIO) -> list[dict]:
     """One entry per block with a learning-rate sweep: the grid's rows and the chosen learning rate. An entry's
     `split` is the TOFU split or, on RWKU, `target<N>`; `original_score` / `median_score` hold the block's score
     (`score` names it: TOFU's MU or RWKU's neighbour score)."""
     originals: dict[tuple, float] = {}
     by_lr: dict[tuple, dict[float, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    baselines = baseline_methods()
     for r in results:
         if r.get("benchmark") not in SCORE_NAMES or r.get("status") != "ok":
             continue
@@ -46,7 +51,7 @@ def sweep_choices(results: list[dict], ratio: float = RATIO) -> list[dict]:
         if r.get("kind") == "original" and score is not None:
             originals[block] = score
         lr = (r.get("hparams") or {}).get("learning_rate")
-        if r.get("kind") == "method" and r.get("method") in BASELINES and is_number(lr) and score is not None:
+        if r.get("kind") == "method" and r.get("method") in baselines and is_number(lr) and score is not None:
             by_lr[block][float(lr)][r["method"]].append(score)
     choices = []
     for block in sorted(by_lr, key=lambda b: (b[0], b[1], str(b[2]))):

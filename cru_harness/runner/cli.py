@@ -408,6 +408,13 @@ def merge_dirs(dirs, out) -> dict[str, int]:
     return counts
 
 
+def _is_adapter(cell) -> bool:
+    """Whether a cell's method leaves router bundles beside its result (`Method.adapter`: CRU)."""
+    from .. import plugins
+
+    return cell.kind == "method" and plugins.methods.get(cell.method).adapter
+
+
 def reuse_cells(source, store, cells, log=print, *, bundles: bool = False) -> int:
     """`--reuse`: copy the finished ('ok') cells of run directory `source` that `cells` plan into `store`; returns
     how many it copied. A planned cell `source` does not hold by hash is copied from a finished one that differs
@@ -431,7 +438,7 @@ def reuse_cells(source, store, cells, log=print, *, bundles: bool = False) -> in
         for cell in wanted:
             origin, label = by_computation.get(cell.computation, (None, None))
             if origin is not None and copy_cell(source, store, origin, keep_ok=True, as_cell=cell,
-                                                bundle=bundles and cell.method == "CRU"):
+                                                bundle=bundles and _is_adapter(cell)):
                 relabelled.append(f"{cell.label} <- {label}")
     log(f"--reuse {source.root}: copied {copied} finished cell(s) of this plan"
         + (f", and {len(relabelled)} that differ only in label ({'; '.join(sorted(set(relabelled)))})"

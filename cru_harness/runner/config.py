@@ -7,12 +7,11 @@ The schema is documented key by key in `SCHEMA` below and in `docs/results_schem
 from __future__ import annotations
 
 import copy
-import math
-import numbers
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import yaml
@@ -20,14 +19,15 @@ import yaml
 from ..data.rwku import DEFAULT_TARGETS, TargetSelectionError, parse_targets
 from ..data.tofu import FORGET_SPLITS
 from ..devices import DTYPE_NAMES
+from ..hparams import (HPARAM_BOUNDS, HPARAM_CHOICES, adam_betas_problem, bound_problem, check_seed,  # noqa: F401
+                       fields_problem, seed_problem)
 from ..errors import InputError, MissingInputError, UserError
 from ..prompts import (DEFAULT_RWKU_PRESET, DEFAULT_TOFU_PRESET, PresetError, check_rwku_preset, check_tofu_preset,
                        tofu_format)
-from .purge import PURGE_TARGETS
+from ..baselines.purge import PURGE_TARGETS
 
 BENCHMARKS = ("tofu", "rwku")
 TOFU_SPLITS = FORGET_SPLITS
-PURGE_BASE_MODEL = "Phi-3-mini-4k-instruct"
 
 # Evaluation tasks (lm-eval task names, from tasks/) run by default per benchmark; `{split}` / `{target}` are
 # filled per cell.
@@ -43,48 +43,51 @@ DEFAULT_CORPORA = {
     "rwku": {"forget_corpus": "rwku:{target}:passage", "retain_corpus": "rwku:21:passage"},
 }
 
-# Hyperparameters each method accepts: the fields of the baselines' `Config` dataclasses
-# (cru_harness.baselines.*) and of `cru.train.RouterTrainingConfig`, minus what the runner sets itself (seed,
-# descriptions, progress). Kept static so validating a config imports no torch; a test checks them against the
-# dataclasses. Anything else is an error naming the key.
-_TRAINING = ("learning_rate", "weight_decay", "num_epochs", "warmup_epochs", "warmup_steps", "lr_scheduler",
-             "effective_batch_size", "micro_batch_size", "max_length", "max_grad_norm", "mixed_precision",
-             "adam_betas", "adam_eps")
-_RETAIN_TERM = ("alpha", "forget_weight")
-METHOD_HPARAMS: dict[str, tuple[str, ...]] = {
-    "GA": _TRAINING,                                       # -NLL(forget) only: no retain term
-    "GD": _TRAINING + _RETAIN_TERM,
-    "NPO": _TRAINING + _RETAIN_TERM + ("beta",),
-    "SimNPO": _TRAINING + _RETAIN_TERM + ("beta", "gamma"),
-    "IdkDPO": _TRAINING + _RETAIN_TERM + ("beta",),
-    "CRU": ("last_k", "blocks", "percentile", "selection", "d_r", "lam", "epochs", "lr", "batch_size",
-            "max_length", "input_norm", "final_retain_rows", "prefix_cache", "prefix_cache_placement",
-            "prefix_cache_max_gib", "suppress_loss", "pass_loss", "exclude_top_magnitude", "gate_site",
-            "retain_batch_ratio", "router_init"),
-    "ICU": (),                                             # prompt-only: no training at all
-    "PURGE": (),                                           # published checkpoints: nothing to tune
-}
-#: CRU's settings per benchmark where the paper's RWKU setting differs from its TOFU one (paper: lambda 50, p 90,
-#: d_r 256 on RWKU; `RouterTrainingConfig`'s defaults are the TOFU setting). A CRU cell, and `cru-harness unlearn
-#: --benchmark`, take them where the config or the flags leave them unset. Static, as METHOD_HPARAMS.
-CRU_BENCHMARK_DEFAULTS: dict[str, dict[str, Any]] = {"tofu": {}, "rwku": {"lam": 50, "percentile": 90, "d_r": 256}}
-# Aliases accepted in configs (the paper writes lambda and lr); results record the canonical names.
-_BASELINE_ALIASES = {"lr": "learning_rate", "epochs": "num_epochs"}
-HPARAM_ALIASES = {"CRU": {"lambda": "lam"}, **{m: _BASELINE_ALIASES for m in ("GA", "GD", "NPO", "SimNPO", "IdkDPO")}}
-METHOD_BENCHMARKS = {"GA": BENCHMARKS, "GD": BENCHMARKS, "NPO": BENCHMARKS, "SimNPO": BENCHMARKS,
-                     "IdkDPO": BENCHMARKS, "CRU": BENCHMARKS, "ICU": ("rwku",), "PURGE": ("rwku",)}
-TRAINED_METHODS = ("GA", "GD", "NPO", "SimNPO", "IdkDPO", "CRU")
-_METHOD_CANON = {name.lower(): name for name in METHOD_HPARAMS}
+# What each method accepts, its aliases, benchmarks and per-benchmark settings are its plugin's
+# (`cru_harness.api.Method`, registered under `cru_harness.methods`): this module holds no copy of them.
+
+
+def _method_names() -> list[str]:
+    from .. import plugins
+
+    return plugins.methods.names()
 
 
 def canonical_method(name) -> str | None:
     """A method's canonical name (`ga` -> `GA`), None for an unknown one."""
-    return _METHOD_CANON.get(str(name).lower())
+    from .. import plugins
+
+    return plugins.methods.canonical(name)
+
+
+def method_plugin(name):
+    """The registered method plugin of a canonical name (`cru_harness.plugins.methods`)."""
+    from .. import plugins
+
+    return plugins.methods.get(name)
+
+
+def __getattr__(name: str):
+    """Views of the method registry under the names earlier versions kept as tables here (read-only)."""
+    from .. import plugins
+
+    if name == "METHOD_HPARAMS":
+        return {m.name: m.hparams() for m in plugins.methods}
+    if name == "HPARAM_ALIASES":
+        return {m.name: dict(m.aliases) for m in plugins.methods if m.aliases}
+    if name == "METHOD_BENCHMARKS":
+        return {m.name: tuple(b for b in BENCHMARKS if m.unsupported(b) is None) for m in plugins.methods}
+    if name == "TRAINED_METHODS":
+        return tuple(m.name for m in plugins.methods if m.trains)
+    if name == "CRU_BENCHMARK_DEFAULTS":
+        return {b: dict(method_plugin("CRU").benchmark_defaults.get(b, {})) for b in BENCHMARKS}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def default_benchmarks(method: str, benchmarks) -> list[str]:
     """The configured benchmarks a method entry without `benchmarks:` runs on: those the method supports."""
-    return [bench for bench in benchmarks if bench in METHOD_BENCHMARKS[method]]
+    plugin = method_plugin(method)
+    return [bench for bench in benchmarks if plugin.unsupported(bench) is None]
 
 
 def configured_methods(raw: dict) -> list[dict]:
@@ -106,7 +109,7 @@ def configured_methods(raw: dict) -> list[dict]:
 
 _METHOD_ENTRY_KEYS = ("method", "label", "benchmarks", "overrides", "forget_corpus", "retain_corpus")
 _TOP_KEYS = ("name", "output_dir", "data_dir", "seeds", "device", "include_original", "models", "benchmarks",
-             "methods", "purge_checkpoints", "evaluation", "report", "description")
+             "methods", "attacks", "purge_checkpoints", "evaluation", "report", "description")
 _MODEL_KEYS = ("name", "path", "dtype", "eval_dtype", "benchmarks", "retain", "chat_template", "trust_remote_code",
                "device_map", "finetune")
 _RETAIN_KINDS = ("checkpoint", "per_item", "train", "finetune")
@@ -196,6 +199,15 @@ class MethodSpec:
 
 
 @dataclass(frozen=True)
+class AttackSpec:
+    """An `attacks:` entry: a registered attack (`cru_harness.plugins.attacks`), applied to every method cell."""
+    attack: str                    # the registered name
+    label: str                     # appended to the attacked row's label
+    settings: dict[str, Any]
+    index: int
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     name: str
     output_dir: Path
@@ -211,6 +223,7 @@ class ExperimentConfig:
     report: dict[str, Any]
     raw: dict[str, Any]
     source: str | None = None
+    attacks: tuple["AttackSpec", ...] = ()
 
 
 def config_path(path: str | os.PathLike) -> Path:
@@ -310,87 +323,6 @@ def _boolean(value: Any, key: str, source: str | None, *, allow_none: bool = Fal
     _fail(key, f"expected {expected} (a YAML boolean, unquoted), got {value!r}", source)
 
 
-def bound_problem(value: Any, *, low=None, above=None, high=None, below_high=False, integer=False,
-                  optional=False) -> str | None:
-    """What is wrong with `value` under one numeric rule (an entry of `HPARAM_BOUNDS`), as a phrase to put after
-    its name ("must be > 0, got 0"), or None. `low` / `above`: >= / >; `high`: <=, or < with `below_high`;
-    `optional`: None is allowed (the dataclass's "unset")."""
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return f"expected a number, got {value!r}"
-    if integer and not isinstance(value, numbers.Integral):
-        return f"expected an integer, got {value!r}"
-    if not math.isfinite(value):   # inf / nan pass an open bound (or have none, as gamma)
-        return f"expected a finite number, got {value!r}"
-    # `not >=`: NaN fails every bound
-    if low is not None and not value >= low:
-        return f"must be >= {low}, got {value!r}"
-    if above is not None and not value > above:
-        return f"must be > {above}, got {value!r}"
-    if high is not None and not (value < high if below_high else value <= high):
-        return f"must be {'<' if below_high else '<='} {high}, got {value!r}"
-    return None
-
-
-def adam_betas_problem(betas: Any) -> str | None:
-    """What is wrong with AdamW's betas (two numbers in [0, 1), torch's rule), or None."""
-    if (isinstance(betas, (list, tuple)) and len(betas) == 2
-            and not any(bound_problem(beta, low=0, high=1, below_high=True) for beta in betas)):
-        return None
-    return f"expected two numbers in [0, 1), got {betas!r}"
-
-
-#: The rule of every numeric hyperparameter, one table for every front end: a config's values are checked against
-#: it here (`_number`), and the baselines' and CRU's dataclasses check their fields against it (`fields_problem`, in
-#: `BaselineConfig` and `RouterTrainingConfig`: the runner, `cru-harness finetune` / `unlearn` and the Python API),
-#: so a value a config lets through is one training accepts. Static, as METHOD_HPARAMS: validating a config imports
-#: no torch.
-HPARAM_BOUNDS: dict[str, dict[str, Any]] = {
-    "learning_rate": dict(above=0), "weight_decay": dict(low=0), "num_epochs": dict(low=1, integer=True),
-    "warmup_epochs": dict(low=0), "warmup_steps": dict(low=0, integer=True, optional=True),
-    "effective_batch_size": dict(low=1, integer=True), "micro_batch_size": dict(low=1, integer=True),
-    "max_length": dict(low=8, integer=True), "max_grad_norm": dict(above=0, optional=True),
-    "adam_eps": dict(above=0), "alpha": dict(low=0), "forget_weight": dict(low=0),
-    "beta": dict(above=0),   # NPO / SimNPO / IdkDPO scale their forget term by 2 / beta
-    "gamma": dict(),
-    "lr": dict(above=0), "epochs": dict(low=1, integer=True), "batch_size": dict(low=1, integer=True),
-    "lam": dict(low=0), "percentile": dict(above=0, high=100, below_high=True), "d_r": dict(low=1, integer=True),
-    "last_k": dict(low=1, integer=True), "final_retain_rows": dict(low=1, integer=True, optional=True),
-    "prefix_cache_max_gib": dict(above=0, optional=True),
-    "exclude_top_magnitude": dict(low=0, high=100, below_high=True), "retain_batch_ratio": dict(low=1, integer=True),
-}
-
-
-def fields_problem(settings: Any) -> str | None:
-    """What is wrong with a dataclass of settings (the baselines' and CRU's configs), "name: problem" for its first
-    field outside its `HPARAM_BOUNDS` rule, or None: the one check both dataclasses run in `__post_init__`."""
-    import dataclasses
-
-    for item in dataclasses.fields(settings):
-        if item.name in HPARAM_BOUNDS:
-            problem = bound_problem(getattr(settings, item.name), **HPARAM_BOUNDS[item.name])
-            if problem:
-                return f"{item.name}: {problem}"
-    return None
-
-
-def seed_problem(seed: Any) -> str | None:
-    """What is wrong with a seed, or None: the one rule for a config's `seeds` and every command's --seed, the
-    range numpy and accelerate's set_seed accept (outside it every trained cell would fail there)."""
-    if bound_problem(seed, low=0, high=2**32, below_high=True, integer=True):
-        return f"must be an integer from 0 to 2**32 - 1, got {seed!r}"
-    return None
-
-
-def check_seed(seed: Any, what: str = "--seed") -> int:
-    """`seed` if `seed_problem` finds nothing, else an `InputError` naming `what` (a command's flag)."""
-    problem = seed_problem(seed)
-    if problem:
-        raise InputError(f"{what} {problem}")
-    return seed
-
-
 def _number(value: Any, key: str, source: str | None, **rule):
     """A number under `rule` (see `bound_problem`), or a ConfigError at `key`."""
     # YAML reads 1e-5 (no dot) as a string: accept numeric strings.
@@ -408,32 +340,19 @@ def _number(value: Any, key: str, source: str | None, **rule):
 
 
 _BOOLEAN_HPARAMS = ("prefix_cache",)
-#: The values a method's choice-valued setting takes: the torch-free copy the configs and the command lines read
-#: of cru.localize.SELECTIONS, cru.router.INPUT_NORMS, cru.losses.LOSS_SHAPES, cru.sites.GATE_SITES,
-#: cru.train.ROUTER_INITS, cru.prefix.CACHE_PLACEMENTS, baselines.base.SCHEDULERS / MIXED_PRECISION (a test pins
-#: each to the library's).
-HPARAM_CHOICES = {"selection": ("variance", "random"), "input_norm": ("none", "rms", "rms_learned"),
-                  "suppress_loss": ("linear", "quadratic"), "pass_loss": ("linear", "quadratic"),
-                  "gate_site": ("residual", "mlp"), "router_init": ("default", "open"),
-                  "lr_scheduler": ("linear", "cosine", "constant"), "mixed_precision": ("no", "fp16", "bf16"),
-                  "prefix_cache_placement": ("auto", "cpu", "device")}
 
 
 def _validate_hparams(method: str, hparams: dict, where: str, source: str | None) -> dict:
-    allowed = METHOD_HPARAMS[method]
-    aliases = HPARAM_ALIASES.get(method, {})
+    plugin = method_plugin(method)
+    allowed = plugin.hparams()
+    aliases = dict(plugin.aliases)
     resolved = {}
     for key, value in hparams.items():
         canon = aliases.get(key, key)
         path = f"{where}.{key}"
         if canon not in allowed:
-            if method == "ICU":
-                _fail(path, "ICU is prompt-only (RWKU's in-context unlearning instruction): it trains nothing, "
-                      "so training hyperparameters are meaningless", source)
-            if method == "PURGE":
-                _fail(path, "PURGE uses the published checkpoints: it has no hyperparameters", source)
-            if method == "GA" and canon in _RETAIN_TERM:
-                _fail(path, "GA has no retain term (use GD for -NLL(forget) + NLL(retain))", source)
+            if reason := plugin.refuse_hparam(canon):
+                _fail(path, reason, source)
             hint = _suggest(canon, allowed + tuple(aliases))
             _fail(path, f"not a hyperparameter of {method}{hint}; {method} accepts: "
                   f"{', '.join(allowed) or 'nothing'}", source)
@@ -448,6 +367,10 @@ def _validate_hparams(method: str, hparams: dict, where: str, source: str | None
         if canon in HPARAM_CHOICES and value not in HPARAM_CHOICES[canon]:
             _fail(path, f"expected one of {', '.join(HPARAM_CHOICES[canon])}, got {value!r}", source)
         resolved[canon] = value
+    try:   # the method's dataclass has the last word (a field's own rule, a combination of fields)
+        plugin.check_hparams(resolved)
+    except (InputError, TypeError, ValueError) as err:
+        _fail(where, f"{method}: {err}", source)
     return resolved
 
 
@@ -611,26 +534,25 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         if not isinstance(entry, dict):
             _fail(where, f"expected a mapping with at least `method`, got {entry!r}", source)
         if "method" not in entry:
-            _fail(f"{where}.method", f"is required (one of {', '.join(METHOD_HPARAMS)})", source)
+            _fail(f"{where}.method", f"is required (one of {', '.join(_method_names())})", source)
         method = canonical_method(entry["method"])
         if method is None:
-            _fail(f"{where}.method", f"unknown method {entry['method']!r}; known: {', '.join(METHOD_HPARAMS)}",
+            _fail(f"{where}.method", f"unknown method {entry['method']!r}; known: {', '.join(_method_names())}",
                   source)
+        plugin = method_plugin(method)
         label = entry.get("label", method)
         if not isinstance(label, str) or not label or label.lower() in ("original", "retain"):
             _fail(f"{where}.label", f"expected a row name other than Original/Retain, got {label!r}", source)
-        allowed_benches = METHOD_BENCHMARKS[method]
         method_benches = _str_list(entry.get("benchmarks", default_benchmarks(method, benchmarks)),
                                    f"{where}.benchmarks", source)
         for j, bench in enumerate(method_benches):
             if bench not in benchmarks:
                 _fail(f"{where}.benchmarks[{j}]", f"benchmark {bench!r} is not configured under `benchmarks`",
                       source)
-            if bench not in allowed_benches:
-                _fail(f"{where}.benchmarks[{j}]" if "benchmarks" in entry else f"{where}.method",
-                      _impossible_benchmark(method, bench), source)
+            if reason := plugin.unsupported(bench):
+                _fail(f"{where}.benchmarks[{j}]" if "benchmarks" in entry else f"{where}.method", reason, source)
         if not method_benches:
-            _fail(f"{where}.method", _impossible_benchmark(method, next(iter(benchmarks))), source)
+            _fail(f"{where}.method", plugin.unsupported(next(iter(benchmarks))), source)
         hparam_items = {k: v for k, v in entry.items() if k not in _METHOD_ENTRY_KEYS}
         hparams = _validate_hparams(method, hparam_items, where, source)
         overrides_raw = entry.get("overrides") or {}
@@ -648,7 +570,7 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         corpora = {}
         for corpus_key in ("forget_corpus", "retain_corpus"):
             if corpus_key in entry:
-                if method in ("ICU", "PURGE"):
+                if not plugin.reads_corpora:
                     _fail(f"{where}.{corpus_key}", f"{method} trains nothing, so it reads no corpus", source)
                 if not isinstance(entry[corpus_key], str):
                     _fail(f"{where}.{corpus_key}", "expected a corpus source string", source)
@@ -659,8 +581,9 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
             if other.label == label and set(other.benchmarks) & set(method_benches):
                 _fail(f"{where}.label", f"label {label!r} is already used by methods[{other.index}] on "
                       f"{sorted(set(other.benchmarks) & set(method_benches))}; give one a distinct `label`", source)
-        if method == "PURGE":
-            _check_purge(where, benchmarks, models, purge_checkpoints, source)
+        if problem := plugin.check_config(SimpleNamespace(benchmarks=benchmarks, models=models,
+                                                          purge_checkpoints=purge_checkpoints), where):
+            _fail(*problem, source)
         methods.append(MethodSpec(method, label, hparams, tuple(method_benches), overrides, corpora, i))
 
     evaluation = _check_keys(raw.get("evaluation") or {}, _EVAL_KEYS, "evaluation", source)
@@ -682,11 +605,52 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
     _boolean(evaluation["failure_classes"], "evaluation.failure_classes", source)
     _boolean(evaluation["apply_chat_template"], "evaluation.apply_chat_template", source, allow_none=True)
     report = report_settings(raw.get("report"), source)
+    attacks = _validate_attacks(raw.get("attacks"), source)
 
     return ExperimentConfig(name=name, output_dir=output_dir, data_dir=data_dir, seeds=tuple(seeds),
                             device=device, include_original=include_original, models=tuple(models),
                             benchmarks=benchmarks, methods=tuple(methods), purge_checkpoints=purge_checkpoints,
-                            evaluation=evaluation, report=report, raw=raw, source=source)
+                            evaluation=evaluation, report=report, raw=raw, source=source,
+                            attacks=attacks)
+
+
+def _validate_attacks(value: Any, source: str | None) -> tuple[AttackSpec, ...]:
+    """`attacks: [identity, {attack: NAME, label: ..., <its settings>}]`: each a registered attack, evaluated on
+    every method cell of the run as a cell of its own (kind `attack`)."""
+    from .. import plugins
+    from ..plugins import UnknownPluginError
+
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        _fail("attacks", "expected a list of attacks (names or {attack: NAME, ...})", source)
+    specs: list[AttackSpec] = []
+    for i, entry in enumerate(value):
+        where = f"attacks[{i}]"
+        entry = {"attack": entry} if isinstance(entry, str) else entry
+        if not isinstance(entry, dict) or "attack" not in entry:
+            _fail(where, "expected an attack name or a mapping with `attack`", source)
+        try:
+            plugin = plugins.attacks.get(entry["attack"])
+        except UnknownPluginError as err:
+            _fail(f"{where}.attack", str(err), source)
+        label = entry.get("label", plugin.name)
+        if not isinstance(label, str) or not label:
+            _fail(f"{where}.label", f"expected a non-empty name, got {label!r}", source)
+        if label in {s.label for s in specs}:
+            _fail(f"{where}.label", f"label {label!r} is used twice; give one a distinct `label`", source)
+        settings = {k: v for k, v in entry.items() if k not in ("attack", "label")}
+        allowed = plugin.settings()
+        for key in settings:
+            if key not in allowed:
+                _fail(f"{where}.{key}", f"not a setting of attack {plugin.name}{_suggest(key, allowed)}; it accepts: "
+                      f"{', '.join(allowed) or 'nothing'}", source)
+        try:
+            plugin.check_settings(settings)
+        except (InputError, TypeError, ValueError) as err:
+            _fail(where, f"{plugin.name}: {err}", source)
+        specs.append(AttackSpec(plugin.name, label, settings, i))
+    return tuple(specs)
 
 
 def report_settings(raw_report: Any, source: str | None = None) -> dict[str, Any]:
@@ -702,33 +666,6 @@ def report_settings(raw_report: Any, source: str | None = None) -> dict[str, Any
     for key in ("plots", "stats"):
         _boolean(report[key], f"report.{key}", source)
     return report
-
-
-def _impossible_benchmark(method: str, bench: str) -> str:
-    if method == "PURGE":
-        return (f"PURGE cannot run on {bench}: its published checkpoints are RWKU-only "
-                f"(Phi-3-mini-4k-instruct, one per target 1-20)")
-    if method == "ICU":
-        return f"ICU cannot run on {bench}: it is RWKU's prompt-only in-context unlearning baseline"
-    return f"{method} does not support {bench}"
-
-
-def _check_purge(where: str, benchmarks: dict, models: list[ModelSpec], local: dict[int, str],
-                 source: str | None) -> None:
-    if "rwku" not in benchmarks:
-        _fail(f"{where}.method", _impossible_benchmark("PURGE", "tofu"), source)
-    targets = benchmarks["rwku"]["targets"]
-    beyond = [t for t in targets if t not in PURGE_TARGETS]
-    if beyond:
-        _fail("benchmarks.rwku.targets", f"PURGE (methods) has checkpoints for targets 1-20 only; "
-              f"targets {beyond} have none (restrict targets or drop PURGE)", source)
-    for j, model in enumerate(models):
-        if "rwku" not in model.benchmarks:
-            continue
-        if PURGE_BASE_MODEL.lower() not in model.path.lower() and not all(t in local for t in targets):
-            _fail(f"models[{j}].path", f"PURGE's checkpoints are {PURGE_BASE_MODEL} fine-tunes; model "
-                  f"{model.name!r} ({model.path}) is not, so PURGE cannot be compared on it "
-                  "(give `purge_checkpoints` for every target, or restrict the model to tofu)", source)
 
 
 def _validate_select_known(value: Any, targets: list[int], limit: Any, where: str,

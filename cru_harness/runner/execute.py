@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..errors import MissingInputError
 from .cache import CellStore, waiting_lock
 from .evaluation import evaluate_cell, protocol_presets, retain_from_per_item, score_cell, use_chat_template
-from .loop import CellUnavailable
-from .models import resolve_data_dir, resolve_model_path
+from .models import cell_device, load_model, model_dtype, resolve_data_dir, resolve_model_path
 from .plan import Cell
 from .provenance import directory_fingerprint
-from .training import FINETUNED_DIR, train_baseline, train_cru, train_finetuned_model, train_retain_model
+from .training import FINETUNED_DIR, prompt_format, train_finetuned_model, train_retain_model
 
 REFINETUNE_LOCK = "refinetune.lock"   # both under the finetune cell's work dir
 REFINETUNE_STAGING = "refinetune"
@@ -87,14 +87,66 @@ class PlanExecutor:
                 loaded = self.store.load_result(retain.hash)
                 if loaded and loaded.get("status") == "ok":
                     retain_result = loaded
-        outcome = execute_cell(cell, workdir, retain_result=retain_result, base_path=base_path)
+        attacked = None
+        if cell.kind == "attack":
+            from .plan import attacked_cell_for
+
+            target = attacked_cell_for(cell, self.cells)
+            attacked = self.store.load_result(target.hash) if target is not None else None
+            if not attacked or attacked.get("status") != "ok":
+                state = "is not in this plan" if target is None else (
+                    "has not run" if not attacked else f"is {attacked.get('status')}")
+                raise RuntimeError(f"attack cell {cell.hash}: the cell it attacks ({cell.extra['attacked']}) {state}")
+        outcome = execute_cell(cell, workdir, retain_result=retain_result, base_path=base_path,
+                               attacked_result=attacked)
         if finetuned_from is not None:
             outcome.setdefault("details", {})["finetuned_from"] = finetuned_from
         return outcome
 
 
+def method_for(cell: Cell):
+    """The registered method plugin (`cru_harness.api.Method`) of a method cell."""
+    from .. import plugins
+
+    return plugins.methods.get(cell.method)
+
+
+def attack_for(cell: Cell):
+    """The registered attack plugin (`cru_harness.api.Attack`) of an attack cell."""
+    from .. import plugins
+
+    return plugins.attacks.get(cell.extra["attack"]["name"])
+
+
+def attacked_model(result: dict | None, base_path: str) -> tuple[str, str | None]:
+    """The deployed model of a finished method cell: its trained weights (or the base) and its router bundle."""
+    if result is None:
+        raise ValueError("an attack cell needs the finished result of the cell it attacks")
+    artifacts = result.get("artifacts") or {}
+    model, routers = artifacts.get("model") or base_path, artifacts.get("routers")
+    for what, path in (("model", model), ("routers", routers)):
+        if path and Path(path).is_absolute() and not Path(path).exists():
+            raise MissingInputError(f"the attacked cell's {what} is not on this machine ({path}): run that cell "
+                                    "again here (`run --force --only` its label) before attacking it")
+    return model, routers
+
+
+def method_context(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: dict):
+    """What a method plugin's `run` receives (`cru_harness.api.CellContext`): rows are written as the cell's
+    evaluation shows them (chat template or plain)."""
+    from ..api import CellContext
+
+    # a method that trains nothing (prompt-only, published checkpoints) reads nothing of the base model here
+    trains = method_for(cell).trains
+    chat = use_chat_template(cell, model_path) if trains else False
+    return CellContext(cell=cell, model_path=model_path, workdir=workdir, data_dir=data_dir, outcome=outcome,
+                       chat=chat, prompt_format=prompt_format(cell, chat) if trains else {},
+                       dtype=model_dtype(cell.model) if trains else "auto",
+                       load_model=lambda path: load_model(path, cell), device=cell_device(cell))
+
+
 def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None,
-                 base_path: str | None = None) -> dict:
+                 base_path: str | None = None, attacked_result: dict | None = None) -> dict:
     """Train (if the cell's method trains), evaluate with lm-eval + the `cru` model, score. See module doc.
 
     `retain_result`: the finished retain cell of a TOFU cell (its per-item truth ratios give Forget Quality).
@@ -123,24 +175,17 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
                                                workdir, data_dir, outcome, name="retain_model")
         else:
             model_path = train_retain_model(cell, retain["value"], workdir, data_dir, outcome)
-    elif cell.kind == "method":
-        if cell.method == "PURGE":
-            from .purge import resolve_purge_checkpoint
-
-            resolution = resolve_purge_checkpoint(cell.target, local_path=cell.extra.get("purge_local_checkpoint"),
-                                                  data_dir=data_dir)
-            outcome["details"]["purge"] = resolution.to_dict()
-            if resolution.status != "ok":
-                raise CellUnavailable(resolution.reason, {"purge": resolution.to_dict()})
-            model_path = resolution.path
-        elif cell.method == "ICU":  # prompt-only: the plan already swapped in the rwku_icu_* tasks
-            outcome["resources"].update(train_wall_time_s=0.0, trainable_params=0)
-        elif cell.method == "CRU":  # trains on the text its evaluation shows (chat template or plain)
-            routers = train_cru(cell, model_path, workdir, data_dir, outcome,
-                                chat=use_chat_template(cell, model_path))
-        else:
-            model_path = train_baseline(cell, model_path, workdir, data_dir, outcome,
-                                        chat=use_chat_template(cell, model_path))
+    elif cell.kind == "method":   # the method's plugin trains (or fetches) what the evaluation loads
+        trained = method_for(cell).run(method_context(cell, model_path, workdir, data_dir, outcome))
+        model_path, routers = trained.model_path, trained.routers
+        outcome["artifacts"]["model"] = model_path   # what an attack on this cell starts from
+    elif cell.kind == "attack":
+        model_path, routers = attacked_model(attacked_result, base_path)
+        ctx = method_context(cell, model_path, workdir, data_dir, outcome)
+        ctx.routers = routers
+        attacked = attack_for(cell).run(ctx)
+        model_path, routers = attacked.model_path, attacked.routers
+        outcome["details"]["attack"] = {**cell.extra["attack"], "attacked": cell.extra["attacked"]}
     chat = use_chat_template(cell, model_path)
     outcome["details"]["prompting"] = {"apply_chat_template": chat, "presets": protocol_presets(cell.evaluation)}
     evaluation = evaluate_cell(cell, model_path, routers, workdir, data_dir, chat)

@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from ..api import CellUnavailable  # noqa: F401  (raised by executors and plugins; re-exported)
 from .cache import RESULT_SCHEMA_VERSION, CellStore, environment_record, now_iso
 from .plan import Cell
 from .models import resolve_device
@@ -23,14 +24,6 @@ from .provenance import code_version, hub_revisions, stale_fields
 
 Executor = Callable[[Cell, Path], dict]
 
-
-class CellUnavailable(RuntimeError):
-    """The cell cannot be computed for an external reason (e.g. a PURGE checkpoint not published / Hub down)."""
-
-    def __init__(self, reason: str, details: dict | None = None):
-        super().__init__(reason)
-        self.reason = reason
-        self.details = details or {}
 
 
 class PeakRSSSampler:

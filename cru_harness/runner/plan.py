@@ -5,7 +5,8 @@ Besides the method cells, a plan holds reference cells:
 - `retain`: TOFU's oracle for Forget Quality, one per (model, split) whose model has a `retain:` spec.
 - `finetune`: a model with `finetune:` is first fine-tuned from its `path` with TOFU's recipe; that cell's
   checkpoint is the model every other cell of it starts from (it comes first in the plan; `finetune_cell_for`).
-Prompt-only / downloaded methods (ICU, PURGE) and reference cells do not depend on a seed: their `seed` is None.
+Methods whose result depends on no seed (`Method.seeded`: prompt-only ICU, PURGE's published checkpoints) and
+reference cells have `seed` None.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ..data.tofu import retain_config_for
-from .config import CRU_BENCHMARK_DEFAULTS, PROMPTING_DEFAULTS, ExperimentConfig, MethodSpec, ModelSpec
+from .config import PROMPTING_DEFAULTS, ExperimentConfig, MethodSpec, ModelSpec
 
 HASH_SCHEMA = 1          # bump when the meaning of a resolved cell changes (invalidates caches)
 HASH_LENGTH = 16
@@ -24,13 +25,12 @@ HASH_LENGTH = 16
 #: that start from it do not hash it: a run with `--seeds 1,2` reusing another run's cells must start from the
 #: same checkpoint they did.
 STARTING_MODEL_SEED = 0
-SEEDLESS_METHODS = ("ICU", "PURGE")
 _LOCAL_PREFIXES = ("/", "./", "../", "~")
 
 
 @dataclass(frozen=True)
 class Cell:
-    kind: str                      # method | original | retain | finetune
+    kind: str                      # method | original | retain | finetune | attack
     model: ModelSpec
     benchmark: str                 # tofu | rwku
     split: str | None              # TOFU forget split
@@ -141,11 +141,33 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
                 if config.include_original:
                     cells.append(Cell(kind="original", split=split, target=target, method="Original",
                                       label="Original", seed=None, hparams={}, corpora={}, **common))
-                for method in config.methods:
-                    if bench not in method.benchmarks:
-                        continue
-                    cells.extend(_method_cells(config, method, common, split, target))
+                block = [cell for method in config.methods if bench in method.benchmarks
+                         for cell in _method_cells(config, method, common, split, target)]
+                cells.extend(block)
+                cells.extend(_attack_cells(config, block))
     return cells
+
+
+def _attack_cells(config: ExperimentConfig, block: list[Cell]) -> list[Cell]:
+    """One cell per (method cell, configured attack): the attacked cell's model under the attack, evaluated with the
+    cell's own tasks. Its hash holds the attacked cell's, so it is recomputed whenever that cell would be."""
+    attacked = []
+    for attack in config.attacks:
+        for cell in block:
+            attacked.append(Cell(
+                kind="attack", model=cell.model, benchmark=cell.benchmark, split=cell.split, target=cell.target,
+                method=cell.method, label=f"{cell.label} | {attack.label}", seed=cell.seed, hparams=cell.hparams,
+                corpora=cell.corpora, tasks=cell.tasks, limit=cell.limit, evaluation=cell.evaluation,
+                data_dir=cell.data_dir, device=cell.device,
+                extra={"attack": {"name": attack.attack, "settings": attack.settings}, "attacked": cell.hash}))
+    return attacked
+
+
+def attacked_cell_for(cell: Cell, cells: Iterable[Cell]) -> Cell | None:
+    """The method cell an attack cell attacks."""
+    if cell.kind != "attack":
+        return None
+    return next((other for other in cells if other.hash == cell.extra["attacked"]), None)
 
 
 #: The evaluation settings that decide how a finetune cell writes its TOFU rows (`runner.training.prompt_format`):
@@ -186,23 +208,21 @@ def pending_selections(config: ExperimentConfig, selected_targets: dict[str, lis
 
 
 def _method_cells(config: ExperimentConfig, method: MethodSpec, common: dict, split, target) -> Iterable[Cell]:
+    from .. import plugins
+
+    plugin = plugins.methods.get(method.method)
     bench = common["benchmark"]
-    hparams = method.hparams_for(bench, split)
-    if method.method == "CRU":   # in the cell's hparams, so its hash says which setting it trained with
-        hparams = {**CRU_BENCHMARK_DEFAULTS[bench], **hparams}
+    # a benchmark's own setting of the method enters the cell's hparams, so its hash says which setting it trained
+    # with (CRU's RWKU setting)
+    hparams = {**plugin.benchmark_defaults.get(bench, {}), **method.hparams_for(bench, split)}
     corpora = {}
-    if method.method not in SEEDLESS_METHODS:
+    if plugin.reads_corpora:
         for key in ("forget_corpus", "retain_corpus"):
             template = method.corpora.get(key, config.benchmarks[bench][key])
             corpora[key] = _fill(template, split, target)
-    extra = {}
-    if method.method == "PURGE" and target in config.purge_checkpoints:
-        extra["purge_local_checkpoint"] = config.purge_checkpoints[target]
-    if method.method == "ICU":  # RWKU's ICU task variants prefix the instruction to every prompt
-        common = dict(common, tasks=tuple(t.replace("rwku_", "rwku_icu_", 1)
-                                          if t.startswith("rwku_") and not t.startswith("rwku_icu_") else t
-                                          for t in common["tasks"]))
-    seeds = [None] if method.method in SEEDLESS_METHODS else list(config.seeds)
+    extra = plugin.cell_extra(config, bench, split, target)
+    common = dict(common, tasks=tuple(plugin.tasks(common["tasks"])))   # e.g. ICU's task variants
+    seeds = list(config.seeds) if plugin.seeded else [None]
     for seed in seeds:
         yield Cell(kind="method", split=split, target=target, method=method.method, label=method.label,
                    seed=seed, hparams=hparams, corpora=corpora, extra=extra, **common)
@@ -251,19 +271,15 @@ def describe_cell(cell: Cell) -> dict[str, Any]:
         else:
             trains = None
     elif cell.kind == "method":
-        if cell.method == "PURGE":
-            from .purge import purge_candidates
+        from .. import plugins
 
-            local = cell.extra.get("purge_local_checkpoint")
-            downloads = [f"PURGE checkpoint (local) {local}"] if local else [
-                "PURGE checkpoint, first found of: " + ", ".join(purge_candidates(cell.target))]
-        elif cell.method == "ICU":
-            trains = "nothing (prompt-only: RWKU's ICU instruction prefixed to every prompt)"
-        else:
-            hp = ", ".join(f"{k}={v}" for k, v in sorted(cell.hparams.items())) or "defaults"
-            what = "routers (base frozen)" if cell.method == "CRU" else "all weights"
-            trains = (f"{cell.method} {what} on forget={cell.corpora.get('forget_corpus')} "
-                      f"retain={cell.corpora.get('retain_corpus')} [{hp}]")
+        trains, fetched = plugins.methods.get(cell.method).describe(cell)
+        if fetched:
+            downloads = fetched
+    elif cell.kind == "attack":
+        settings = ", ".join(f"{k}={v}" for k, v in sorted(cell.extra["attack"]["settings"].items()))
+        trains = f"attack {cell.extra['attack']['name']} on cell {cell.extra['attacked']}" + \
+            (f" [{settings}]" if settings else "")
     evaluates = None if (cell.kind == "finetune" or (cell.kind == "retain" and
                                                      cell.extra["retain"]["kind"] == "per_item")) else list(cell.tasks)
     return {"hash": cell.hash, "cell": cell.describe(), "kind": cell.kind, "trains": trains,

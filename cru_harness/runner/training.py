@@ -1,17 +1,18 @@
-"""The training phase of a cell: CRU routers, a baseline's unlearned model, a retain oracle fine-tuned from
-the cell's base, or a model fine-tuned with TOFU's recipe (`finetune:`). Each trainer returns the path the
-evaluation loads and records its resources in `outcome`."""
+"""The training phase of the runner's own cells: a retain oracle fine-tuned from the cell's base, or a model
+fine-tuned with TOFU's recipe (`finetune:`). A method cell trains through its method plugin (`Method.run`,
+`runner.execute`). Each trainer returns the path the evaluation loads and records its resources in `outcome`."""
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from .models import cell_device, load_model, model_dtype, resolve_model_path
+from ..baselines.plugin import record_resources
+from ..cru.plugin import ROUTERS_DIR  # noqa: F401  (where a CRU cell keeps its bundle; importable here)
+from .models import load_model, model_dtype, resolve_model_path
 from .plan import Cell
 from .provenance import directory_fingerprint
 
 FINETUNED_DIR = "finetuned_model"   # a finetune cell's checkpoint, inside its work directory
-ROUTERS_DIR = "routers"             # a CRU cell's router bundle, inside its work directory
 
 
 def prompt_format(cell: Cell, chat: bool) -> dict:
@@ -25,69 +26,6 @@ def prompt_format(cell: Cell, chat: bool) -> dict:
         return {"chat": bool(chat), "benchmark": "rwku"}
     presets = protocol_presets(cell.evaluation if cell.benchmark == "tofu" else {})
     return {"chat": bool(chat), "preset": presets["tofu_preset"], "family": presets["tofu_model_family"]}
-
-
-def train_cru(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: dict, *, chat: bool = False) -> str:
-    from ..baselines.resources import ResourceMonitor
-    from ..cru.train import RouterTrainingConfig, train_routers
-    from ..data.corpora import load_corpus
-
-    model, tokenizer = load_model(model_path, cell)
-    fmt = prompt_format(cell, chat)
-    forget = load_corpus(cell.corpora["forget_corpus"], data_dir, tokenizer=tokenizer, **fmt)
-    retain = load_corpus(cell.corpora["retain_corpus"], data_dir, tokenizer=tokenizer, **fmt)
-    outcome["details"]["training_prompts"] = fmt
-    config = RouterTrainingConfig(**cell.hparams, seed=cell.seed or 0, progress=False,
-                                  forget_description=cell.corpora["forget_corpus"],
-                                  retain_description=cell.corpora["retain_corpus"])
-    with ResourceMonitor(cell_device(cell)) as monitor:
-        bundle = train_routers(model, tokenizer, forget, retain, config)
-    out = workdir / ROUTERS_DIR
-    bundle.save_pretrained(out)
-    record = monitor.record.to_dict()
-    outcome["resources"].update({f"train_{k}" if k in ("wall_time_s", "peak_memory_bytes") else k: v
-                                 for k, v in record.items()})
-    outcome["resources"]["trainable_params"] = sum(p.numel() for p in bundle.parameters())
-    outcome["resources"]["total_params"] = sum(p.numel() for p in model.parameters()) + \
-        outcome["resources"]["trainable_params"]
-    # what the routers trained with, defaults included: read by reporting.router_lr, whatever the defaults become
-    outcome["details"]["router_training"] = dict(bundle.config.training)
-    metrics = dict(getattr(bundle.config, "metrics", {}) or {})
-    outcome["gate_means"] = {"forget": metrics.get("forget_gate_mean"), "retain": metrics.get("retain_gate_mean"),
-                             "raw": metrics}
-    outcome["artifacts"]["routers"] = str(out)
-    return str(out)
-
-
-def corpus_rows(source: str, data_dir) -> list[dict]:
-    """Rows (question/answer or text) of a corpus source, as `cru_harness.data.load_corpus_rows` reads them."""
-    from ..data.corpora import load_corpus_rows
-
-    return load_corpus_rows(source, data_dir)[0]
-
-
-def train_baseline(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: dict, *, chat: bool = False) -> str:
-    """A baseline via `cru_harness.baselines.unlearn` with the method's preset for this benchmark/split."""
-    from ..baselines import unlearn
-    from ..baselines.registry import make_config
-
-    out = workdir / "model"
-    config = make_config(cell.method, cell.benchmark, cell.split, **cell.hparams)
-    forget = corpus_rows(cell.corpora["forget_corpus"], data_dir)
-    retain = corpus_rows(cell.corpora["retain_corpus"], data_dir)
-    dtype = model_dtype(cell.model)
-    trained = unlearn(model_path, None, forget, retain, cell.method, config, out_dir=out, seed=cell.seed or 0,
-                      data_dir=data_dir, dtype=dtype, device=cell.device, device_map=cell.model.device_map,
-                      progress=False, prompt_format=prompt_format(cell, chat),
-                      trust_remote_code=cell.model.trust_remote_code, overwrite=True)
-    outcome["details"]["training_prompts"] = prompt_format(cell, chat)
-    resources = getattr(trained, "resources", None)
-    if resources is not None:
-        record = resources.to_dict() if hasattr(resources, "to_dict") else dict(resources)
-        outcome["resources"].update({f"train_{k}" if k in ("wall_time_s", "peak_memory_bytes") else k: v
-                                     for k, v in record.items()})
-    outcome["details"]["baseline_config"] = trained.config  # as trained (bf16/fp16 set mixed_precision)
-    return str(out)
 
 
 def train_retain_model(cell: Cell, spec: dict, workdir: Path, data_dir, outcome: dict) -> str:
@@ -126,8 +64,7 @@ def train_finetuned_model(cell: Cell, spec: dict, source_path: str, corpus: str,
                       chat_template=fmt["chat"], preset=fmt["preset"], family=fmt["family"], overwrite=True,
                       progress=False, trust_remote_code=cell.model.trust_remote_code)
     outcome["details"]["training_prompts"] = fmt
-    outcome["resources"].update({f"train_{k}" if k in ("wall_time_s", "peak_memory_bytes") else k: v
-                                 for k, v in result.resources.items()})
+    record_resources(outcome, result.resources)
     # The weights' fingerprint: a run that must fine-tune again elsewhere compares its checkpoint with this one.
     outcome["details"]["finetune"] = {**{k: v for k, v in result.to_dict().items() if k != "history"},
                                       "checkpoint_fingerprint": directory_fingerprint(out)}

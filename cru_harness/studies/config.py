@@ -10,8 +10,7 @@ from typing import Any
 import yaml
 
 from ..errors import MissingInputError
-from ..runner.config import (HPARAM_ALIASES, METHOD_HPARAMS, ConfigError, ExperimentConfig, config_path,
-                             validate_config)
+from ..runner.config import ConfigError, ExperimentConfig, config_path, method_plugin, validate_config
 
 KINDS = ("sweep", "overlap", "gate_gap")
 _KEYS = ("kind", "title", "x", "collapse_line", "examples", "rows", "scale", "note")
@@ -66,9 +65,10 @@ def validate_study(raw: Any, source: str | None = None) -> Study:
         _fail("title", f"expected a string, got {title!r}", source)
     x = block.get("x")
     if x is not None:
-        x = HPARAM_ALIASES["CRU"].get(x, x) if isinstance(x, str) else x   # `lambda`: the name results record
-        if kind != "sweep" or x not in METHOD_HPARAMS["CRU"]:
-            _fail("x", f"a sweep's x axis: the name of a CRU hyperparameter ({', '.join(METHOD_HPARAMS['CRU'])}), "
+        cru = method_plugin("CRU")   # a study sweeps CRU's settings
+        x = cru.aliases.get(x, x) if isinstance(x, str) else x   # `lambda`: the name results record
+        if kind != "sweep" or x not in cru.hparams():
+            _fail("x", f"a sweep's x axis: the name of a CRU hyperparameter ({', '.join(cru.hparams())}), "
                   f"got {block['x']!r}", source)
     collapse = block.get("collapse_line", False)
     if not isinstance(collapse, bool):

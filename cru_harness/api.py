@@ -1,0 +1,216 @@
+"""The plugin API: what a benchmark, a method and an attack are to the runner.
+
+A plugin is an instance of one of the classes below (usually of a subclass that overrides a few methods),
+registered under an entry-point group (`cru_harness.plugins`). The runner, scoring, reporting and studies read
+these objects and never compare a plugin's name. docs/extending.md has a worked example of each.
+
+Foundation layer: no torch, nothing of the project above `errors` is imported here; what a plugin needs at run
+time reaches it through `CellContext`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+
+class CellUnavailable(RuntimeError):
+    """The cell cannot be computed for an external reason (e.g. a PURGE checkpoint not published / Hub down):
+    recorded as `unavailable` with its reason, not as a failure."""
+
+    def __init__(self, reason: str, details: dict | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.details = details or {}
+
+
+@dataclass
+class Trained:
+    """What a method's `run` hands to the evaluation: the model to load, and router bundles to attach (CRU)."""
+    model_path: str
+    routers: str | None = None
+
+
+@dataclass
+class CellContext:
+    """Everything a method or an attack may use while a cell runs (built by the runner).
+
+    `cell`: the runner's cell (public attributes: `kind`, `benchmark`, `split`, `target`, `method`, `seed`,
+    `hparams`, `corpora`, `extra`, `evaluation`, `device`, `model` with `path`, `device_map`, `trust_remote_code`).
+    `model_path`: the model the cell starts from. `outcome`: the cell's record under construction: put
+    `resources`, `details` and `artifacts` there. `prompt_format`: how question-answer rows are written for
+    training (`cru_harness.prompts.qa_texts` keywords), as the cell's evaluation asks them. `load_model(path)`:
+    (model, tokenizer) on the cell's device and dtype. `dtype`: the training dtype name; `device`: the
+    resolved device."""
+    cell: Any
+    model_path: str
+    workdir: Path
+    data_dir: str | None
+    outcome: dict
+    chat: bool
+    prompt_format: dict
+    dtype: str
+    load_model: Callable[[str], tuple[Any, Any]]
+    device: str = "cpu"            # the resolved device the cell runs on
+    routers: str | None = None     # for an attack: the bundles the attacked cell attached
+
+
+class Method:
+    """An unlearning method as the runner sees it. Override what differs from a full-weight trainer.
+
+    `name`: the canonical name configs use (matched case-insensitively). `config`: the hyperparameter dataclass,
+    which validates itself in `__post_init__` (as PEFT's `LoraConfig`); its fields, minus `runner_fields`, are the
+    keys a config entry may set. `aliases`: other spellings accepted in configs (`lr` -> `learning_rate`).
+    `benchmarks`: the benchmarks it runs on (None: every registered one). `benchmark_defaults`: settings per
+    benchmark that differ from the dataclass's defaults and enter each cell's hyperparameters (so its hash says
+    which setting trained it); `sources`: where each default comes from. `seeded`: False for a method whose result
+    does not depend on a seed (prompt-only, published checkpoints). `reads_corpora`: whether it trains on the forget
+    / retain corpora. `needs`: what it needs beyond the forget corpus, for `cru-harness methods`. `adapter`: it
+    leaves the base untouched and attaches bundles (its cells have router artifacts)."""
+
+    name: str = ""
+    summary: str = ""
+    config: type | None = None
+    runner_fields: tuple[str, ...] = ()
+    aliases: Mapping[str, str] = {}
+    benchmarks: tuple[str, ...] | None = None
+    benchmark_defaults: Mapping[str, Mapping[str, Any]] = {}
+    sources: Mapping[str, str] = {}
+    seeded: bool = True
+    reads_corpora: bool = True
+    trains: bool = True
+    needs: tuple[str, ...] = ()
+    adapter: bool = False
+    order: int = 100               # where listings put it (lower first; then by name)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+    def hparams(self) -> tuple[str, ...]:
+        """The keys a config entry of this method may set (canonical names)."""
+        if self.config is None:
+            return ()
+        return tuple(f.name for f in dataclasses.fields(self.config) if f.name not in self.runner_fields)
+
+    def refuse_hparam(self, key: str) -> str | None:
+        """A method-specific reason why `key` is not a hyperparameter of it (None: the generic message)."""
+        return None
+
+    def check_hparams(self, values: dict[str, Any]) -> None:
+        """Raise the config dataclass's own error for values it refuses (a config is refused before any work)."""
+        if self.config is not None:
+            self.config(**values)
+
+    def unsupported(self, benchmark: str) -> str | None:
+        """Why this method cannot run on `benchmark`, or None when it can."""
+        if self.benchmarks is not None and benchmark not in self.benchmarks:
+            return f"{self.name} does not support {benchmark}"
+        return None
+
+    def tasks(self, tasks: tuple[str, ...]) -> tuple[str, ...]:
+        """The evaluation tasks of its cells (a prompt-only method swaps in its task variants)."""
+        return tasks
+
+    def check_config(self, config: Any, where: str) -> str | None:
+        """A problem with the rest of an experiment config for this method (key, message), or None."""
+        return None
+
+    def cell_extra(self, config: Any, benchmark: str, split: str | None, target: int | None) -> dict[str, Any]:
+        """Settings of one cell beyond its hyperparameters that enter its hash (e.g. a local checkpoint)."""
+        return {}
+
+    def describe(self, cell: Any) -> tuple[str | None, list[str]]:
+        """What running a cell does, for `--dry-run`: (what it trains, what it downloads)."""
+        hp = ", ".join(f"{k}={v}" for k, v in sorted(cell.hparams.items())) or "defaults"
+        what = "routers (base frozen)" if self.adapter else "all weights"
+        return (f"{cell.method} {what} on forget={cell.corpora.get('forget_corpus')} "
+                f"retain={cell.corpora.get('retain_corpus')} [{hp}]"), []
+
+    def run(self, ctx: CellContext) -> Trained:
+        """Train (or fetch) the model a cell evaluates."""
+        raise NotImplementedError(f"{type(self).__name__}.run")
+
+
+class Attack:
+    """An attack on a finished cell's deployed model (for CRU: base + bundles attached). `run(ctx)` returns the
+    attacked model (`Trained`); the runner evaluates it with the tasks of the cell it attacks, as a cell of kind
+    `attack`, keyed and resumed like every cell. `config`: its settings dataclass (validates itself)."""
+
+    name: str = ""
+    summary: str = ""
+    config: type | None = None
+    seeded: bool = False
+    order: int = 100
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+    def settings(self) -> tuple[str, ...]:
+        return () if self.config is None else tuple(f.name for f in dataclasses.fields(self.config))
+
+    def check_settings(self, values: dict[str, Any]) -> None:
+        if self.config is not None:
+            self.config(**values)
+
+    def run(self, ctx: CellContext) -> Trained:
+        raise NotImplementedError(f"{type(self).__name__}.run")
+
+
+class Benchmark:
+    """A benchmark: its unit of evaluation, its tasks and training corpora, its oracle and its scorer.
+
+    `unit`: what one cell evaluates on, `split` (a named unit: TOFU's forget split) or `target` (a numbered unit:
+    RWKU's target), the cell field that holds it. `config_keys`: the keys its `benchmarks.<name>` block accepts
+    (`tasks`, `limit`, `forget_corpus`, `retain_corpus`, `data_dir` are read by the runner; the rest by
+    `resolve_block`). `default_tasks` / `default_corpora`: lm-eval tasks and corpus sources, with `{placeholders}`
+    filled per cell (`placeholder_values`). `has_oracle`: its cells are scored against a retain model (TOFU's
+    Forget Quality)."""
+
+    name: str = ""
+    summary: str = ""
+    unit: str = "split"
+    config_keys: tuple[str, ...] = ("tasks", "limit", "forget_corpus", "retain_corpus", "data_dir")
+    default_tasks: tuple[str, ...] = ()
+    default_corpora: Mapping[str, str] = {}
+    placeholders: tuple[str, ...] = ()
+    has_oracle: bool = False
+    order: int = 100
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+    def resolve_block(self, block: dict, where: str, fail: Callable[[str, str], None]) -> dict[str, Any]:
+        """The unit settings of its config block, checked (`fail(key, message)` raises): e.g. `{"splits": [...]}`."""
+        return {}
+
+    def units(self, block: dict, selected: list | None = None) -> list[tuple[str | None, int | None]]:
+        """The (split, target) of each unit a resolved block evaluates (`selected`: a run-time choice of units)."""
+        return []
+
+    def placeholder_values(self, split: str | None, target: int | None) -> dict[str, Any]:
+        return {"split": split or "", "target": target if target is not None else ""}
+
+    def unit_label(self, split: str | None, target: int | None) -> str:
+        return split if self.unit == "split" else f"target{target}"
+
+    def check_data_dir(self, value: str) -> str | None:
+        """A problem with a `data_dir` for this benchmark, or None."""
+        return None
+
+    def fixed_prompt_format(self, evaluation: dict) -> bool:
+        """Whether the evaluation settings fix the prompt text (no chat template whatever the model has)."""
+        return False
+
+    def training_prompt_format(self, cell: Any, chat: bool, presets: dict) -> dict[str, Any]:
+        """How question-answer training rows are written for a cell (`cru_harness.prompts.qa_texts` keywords)."""
+        return {"chat": bool(chat), "benchmark": self.name}
+
+    def tasks_with_data(self, cell: Any, data_dir) -> tuple[list[str], dict[str, str]]:
+        """The cell's tasks its data can serve, and the reason for each one left out."""
+        return list(cell.tasks), {}
+
+    def score(self, cell: Any, lmeval_dir: Path, *, data_dir, original_model: str | None, retain_result: dict | None,
+              device: str, batch_size: int) -> dict:
+        """The cell's numbers (docs/results_schema.md) from its saved lm-eval outputs."""
+        raise NotImplementedError(f"{type(self).__name__}.score")

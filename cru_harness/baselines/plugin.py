@@ -1,0 +1,67 @@
+"""The baselines as runner methods (`cru_harness.api.Method`): each baseline module registers one
+`BaselineMethod` under the `cru_harness.methods` entry-point group, wrapping its `UnlearningMethod` class."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..api import CellContext, Method, Trained
+
+#: Spellings the configs accept for the trainers' fields (results record the canonical names).
+TRAINER_ALIASES = {"lr": "learning_rate", "epochs": "num_epochs"}
+RESOURCE_KEYS = ("wall_time_s", "peak_memory_bytes")   # recorded as train_<key>
+
+
+def record_resources(outcome: dict, record: dict[str, Any]) -> None:
+    """A training resource record into a cell's outcome (`train_wall_time_s`, `train_peak_memory_bytes`, ...)."""
+    outcome["resources"].update({f"train_{k}" if k in RESOURCE_KEYS else k: v for k, v in record.items()})
+
+
+class BaselineMethod(Method):
+    """A full-weight trainer from `cru_harness.baselines`, trained by `baselines.unlearn` with its preset for the
+    cell's benchmark and split (`Config.preset`), then saved for the evaluation."""
+
+    def __init__(self, trainer: type, name: str, summary: str, *, refusals: dict[str, str] | None = None,
+                 order: int = 100):
+        self.trainer = trainer
+        self.order = order
+        self.name = name
+        self.summary = summary
+        self.config = trainer.Config
+        self.aliases = TRAINER_ALIASES
+        self.needs = tuple(need for flag, need in (("needs_retain", "retain corpus"),
+                                                   ("needs_ref", "reference model"),
+                                                   ("needs_alternate", "refusals"))
+                           if getattr(trainer, flag, False))
+        self._refusals = refusals or {}
+        doc = (trainer.Config.__doc__ or "").strip()
+        self.sources = {"presets": doc.splitlines()[0]} if doc else {}
+
+    def refuse_hparam(self, key: str) -> str | None:
+        return self._refusals.get(key)
+
+    def check_hparams(self, values: dict[str, Any]) -> None:
+        """The preset-free dataclass check (a preset may still fill what a split needs)."""
+        from dataclasses import fields
+
+        names = {f.name for f in fields(self.config)}
+        self.config(**{k: v for k, v in values.items() if k in names})
+
+    def run(self, ctx: CellContext) -> Trained:
+        from ..data.corpora import load_corpus_rows
+        from .api import unlearn
+
+        cell = ctx.cell
+        out = ctx.workdir / "model"
+        config = self.trainer.Config.preset(cell.benchmark, cell.split, **cell.hparams)
+        forget = load_corpus_rows(cell.corpora["forget_corpus"], ctx.data_dir)[0]
+        retain = load_corpus_rows(cell.corpora["retain_corpus"], ctx.data_dir)[0]
+        trained = unlearn(ctx.model_path, None, forget, retain, self.trainer, config, out_dir=out,
+                          seed=cell.seed or 0, data_dir=ctx.data_dir, dtype=ctx.dtype, device=cell.device,
+                          device_map=cell.model.device_map, progress=False, prompt_format=ctx.prompt_format,
+                          trust_remote_code=cell.model.trust_remote_code, overwrite=True)
+        ctx.outcome["details"]["training_prompts"] = ctx.prompt_format
+        resources = getattr(trained, "resources", None)
+        if resources is not None:
+            record_resources(ctx.outcome, resources.to_dict() if hasattr(resources, "to_dict") else dict(resources))
+        ctx.outcome["details"]["baseline_config"] = trained.config  # as trained (bf16/fp16 set mixed_precision)
+        return Trained(str(out))

@@ -1,0 +1,121 @@
+"""RWKU (Jin et al. 2024): real-world people as unlearning targets. A cell's unit is one target; lm-eval tasks in
+`tasks/rwku`; scored by `reporting.cell_scores.score_rwku_cell` (the tasks' `per_target_results`)."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..api import Benchmark
+from ..data.rwku import DEFAULT_TARGETS, TargetSelectionError, parse_targets
+
+SELECT_KEYS = ("top", "probes", "rows")
+#: Forget probes whose score on the original model says how well it knows a target (RWKU ROUGE-L recall).
+SELECT_PROBES = ("rwku_fb", "rwku_qa", "rwku_aa")
+
+
+class RWKU(Benchmark):
+    name = "rwku"
+    summary = "RWKU: 200 real-world targets; forget / neighbour probes, MIA and utility per target"
+    unit = "target"
+    config_keys = ("targets", "select_known", "tasks", "limit", "forget_corpus", "retain_corpus", "data_dir")
+    default_tasks = ("rwku_forget", "rwku_neighbor", "rwku_mia", "rwku_utility")
+    # RWKU has no retain set of its own: by default the passages of a held-out target (21, 50 Cent) play the
+    # retain role. A config should state its choice; results record it.
+    default_corpora = {"forget_corpus": "rwku:{target}:passage", "retain_corpus": "rwku:21:passage"}
+    placeholders = ("target",)
+    order = 20
+
+    def resolve_block(self, block: dict, where: str, check) -> dict[str, Any]:
+        spec = block.get("targets", DEFAULT_TARGETS)
+        if spec is None or spec == "":
+            check.fail(f"{where}.targets", "selects no target")
+        try:
+            targets = sorted(parse_targets(spec))
+        except TargetSelectionError as err:
+            check.fail(f"{where}.targets", str(err))
+        return {"targets": targets,
+                "select_known": self._select_known(block.get("select_known"), targets, block.get("limit"),
+                                                   f"{where}.select_known", check)}
+
+    @staticmethod
+    def _select_known(value, targets: list[int], limit, where: str, check) -> dict[str, Any] | None:
+        """`select_known: {top: K, probes: [...], rows: N}`: of the configured targets (the candidates), keep the K
+        the original model knows best, by its mean RWKU ROUGE-L recall on `probes` over the first N rows per file.
+        The choice is made at run time per model (runner.targets) and saved with the results."""
+        if value is None:
+            return None
+        spec = check.keys(value, SELECT_KEYS, where)
+        if "top" not in spec:
+            check.fail(f"{where}.top", "is required: how many of the candidate targets to keep")
+        top = check.number(spec["top"], f"{where}.top", low=1, integer=True)
+        if top > len(targets):
+            check.fail(f"{where}.top", f"keeps {top} targets but `targets` names only {len(targets)} candidates")
+        probes = check.str_list(spec.get("probes", ["rwku_fb", "rwku_qa"]), f"{where}.probes")
+        if not probes:
+            check.fail(f"{where}.probes", "is empty")
+        for i, probe in enumerate(probes):
+            if probe not in SELECT_PROBES:
+                check.fail(f"{where}.probes[{i}]", f"expected one of {', '.join(SELECT_PROBES)}, got {probe!r}")
+        rows = spec.get("rows", limit)
+        if rows is not None:
+            rows = check.number(rows, f"{where}.rows", low=1, integer=True)
+        return {"top": int(top), "probes": list(dict.fromkeys(probes)), "rows": rows}
+
+    def units(self, block: dict, selected=None) -> list[tuple[str | None, int | None]]:
+        targets = block["targets"] if not block.get("select_known") else (selected or [])
+        return [(None, target) for target in targets]
+
+    def placeholder_values(self, split, target) -> dict[str, Any]:
+        return {"split": "", "target": target if target is not None else "", "retain_split": ""}
+
+    def check_data_dir(self, value: str) -> str | None:
+        if value == "testbed:world":
+            return "testbed:world is a fictitious TOFU-schema world: TOFU only"
+        return None
+
+    def tasks_with_data(self, cell, data_dir) -> tuple[list[str], dict[str, str]]:
+        """The cell's tasks minus RWKU utility tasks its target has no data for, with the reason for each.
+
+        RWKU's utility sets (MMLU, BBH, TruthfulQA, TriviaQA, fluency) are per target, and a copy may lack them for
+        some targets (the shared copy holds them for targets 1-10 only). A cell of such a target keeps its forget,
+        neighbour and MIA probes and records utility as unavailable, instead of failing as a whole. A utility file
+        that does not load for a target that should have one (1-10) stays in: its error then surfaces in the
+        evaluation, never hidden here.
+        """
+        if cell.target is None:
+            return list(cell.tasks), {}
+        from ..data.rwku import UTILITY_TARGETS, MissingTargetFileError, load_target_file
+        from ..errors import InputError
+        from ..tasks.rwku.utils import PROBE_KINDS, UTILITY_PROBES
+
+        kept, dropped = [], {}
+        for task in cell.tasks:
+            name = task.removeprefix("rwku_icu_").removeprefix("rwku_")
+            if not name.startswith("utility") or cell.target in UTILITY_TARGETS:
+                kept.append(task)
+                continue
+            probe = name.removeprefix("utility").lstrip("_")
+            kinds = [kind for p in ([probe] if probe else UTILITY_PROBES) for kind in PROBE_KINDS[p]]
+            missing = []
+            for kind in kinds:
+                try:
+                    load_target_file(cell.target, kind, data_dir)
+                except MissingTargetFileError:   # no such set for this target; unreadable data fails the cell
+                    missing.append(kind)
+            if missing:
+                dropped[task] = (f"this RWKU copy has no {', '.join(missing)} for target {cell.target} "
+                                 "(the shared copy holds utility sets for targets 1-10 only)")
+            else:
+                kept.append(task)
+        if not kept:
+            raise InputError(f"no task of {list(cell.tasks)} has data for RWKU target {cell.target}: {dropped}")
+        return kept, dropped
+
+    def score(self, cell, lmeval_dir, *, data_dir, original_model, retain_result, device, batch_size) -> dict:
+        from ..reporting import cell_scores
+
+        return cell_scores.score_rwku_cell(lmeval_dir, target=cell.target, original_model=original_model,
+                                           device=device, batch_size=batch_size, device_map=cell.model.device_map,
+                                           trust_remote_code=cell.model.trust_remote_code)
+
+
+BENCHMARK = RWKU()

@@ -1,0 +1,61 @@
+"""CRU as a runner method (`cru_harness.api.Method`, entry point `cru_harness.methods`: CRU): routers trained on
+a frozen base, saved as a bundle the evaluation attaches."""
+from __future__ import annotations
+
+from ..api import CellContext, Method, Trained
+
+ROUTERS_DIR = "routers"             # a CRU cell's router bundle, inside its work directory
+
+
+class CRUMethod(Method):
+    name = "CRU"
+    summary = "causal routing: sigmoid routers gate variance-selected coordinates of a frozen base"
+    runner_fields = ("seed", "forget_description", "retain_description", "progress")
+    aliases = {"lambda": "lam"}
+    #: The paper's RWKU setting where it differs from its TOFU one (paper: lambda 50, p 90, d_r 256 on RWKU;
+    #: `RouterTrainingConfig`'s defaults are the TOFU setting). `cru-harness unlearn --benchmark` reads it too.
+    benchmark_defaults = {"tofu": {}, "rwku": {"lam": 50, "percentile": 90, "d_r": 256}}
+    sources = {"tofu": "the CRU paper, TOFU setting (docs/cru_method.md)", "rwku": "the CRU paper, RWKU setting"}
+    needs = ("retain corpus",)
+    adapter = True
+    order = 60
+
+    @property
+    def config(self):
+        from .train import RouterTrainingConfig
+
+        return RouterTrainingConfig
+
+    def run(self, ctx: CellContext) -> Trained:
+        from ..baselines.plugin import record_resources
+        from ..baselines.resources import ResourceMonitor
+        from ..data.corpora import load_corpus
+        from .train import RouterTrainingConfig, train_routers
+
+        cell, fmt = ctx.cell, ctx.prompt_format
+        model, tokenizer = ctx.load_model(ctx.model_path)
+        forget = load_corpus(cell.corpora["forget_corpus"], ctx.data_dir, tokenizer=tokenizer, **fmt)
+        retain = load_corpus(cell.corpora["retain_corpus"], ctx.data_dir, tokenizer=tokenizer, **fmt)
+        outcome = ctx.outcome
+        outcome["details"]["training_prompts"] = fmt
+        config = RouterTrainingConfig(**cell.hparams, seed=cell.seed or 0, progress=False,
+                                      forget_description=cell.corpora["forget_corpus"],
+                                      retain_description=cell.corpora["retain_corpus"])
+        with ResourceMonitor(ctx.device) as monitor:
+            bundle = train_routers(model, tokenizer, forget, retain, config)
+        out = ctx.workdir / ROUTERS_DIR
+        bundle.save_pretrained(out)
+        record_resources(outcome, monitor.record.to_dict())
+        outcome["resources"]["trainable_params"] = sum(p.numel() for p in bundle.parameters())
+        outcome["resources"]["total_params"] = sum(p.numel() for p in model.parameters()) + \
+            outcome["resources"]["trainable_params"]
+        # what the routers trained with, defaults included: read by reporting.router_lr, whatever the defaults become
+        outcome["details"]["router_training"] = dict(bundle.config.training)
+        metrics = dict(getattr(bundle.config, "metrics", {}) or {})
+        outcome["gate_means"] = {"forget": metrics.get("forget_gate_mean"),
+                                 "retain": metrics.get("retain_gate_mean"), "raw": metrics}
+        outcome["artifacts"]["routers"] = str(out)
+        return Trained(ctx.model_path, routers=str(out))
+
+
+METHOD = CRUMethod()

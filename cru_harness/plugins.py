@@ -1,0 +1,120 @@
+"""The three registries other packages extend: benchmarks, methods and attacks.
+
+Each is an entry-point group (Python's standard plugin mechanism, as pytest and lm-eval use):
+
+    [project.entry-points."cru_harness.methods"]
+    MyMethod = "my_package.my_method:METHOD"
+
+The project's own built-ins register the same way, through its `pyproject.toml`, so a separate pip package adds
+a benchmark, a method or an attack without editing this one (docs/extending.md). An entry point names an object
+(a `cru_harness.api.Benchmark`, `Method` or `Attack` instance); it is imported the first time its registry is
+read. `register()` adds one in-process (a notebook, a test). Names match case-insensitively; a name that is not
+registered is an `UnknownPluginError` listing the registered ones.
+
+Foundation layer: imports nothing of the project but `errors`.
+"""
+from __future__ import annotations
+
+import difflib
+from importlib.metadata import entry_points
+from typing import Any, Iterator
+
+from .errors import InputError, UserError
+
+GROUPS = {"benchmark": "cru_harness.benchmarks", "method": "cru_harness.methods", "attack": "cru_harness.attacks"}
+
+
+class UnknownPluginError(InputError):
+    """A benchmark, method or attack name that no installed package registers."""
+
+
+class PluginError(UserError, TypeError):
+    """An installed plugin that cannot be used: its entry point fails to import, names the wrong kind of object,
+    or takes a name another plugin has."""
+
+
+class Registry:
+    """Name -> plugin object for one entry-point group, loaded lazily."""
+
+    def __init__(self, kind: str, group: str):
+        self.kind, self.group = kind, group
+        self._items: dict[str, Any] | None = None
+        self._added: dict[str, Any] = {}
+
+    def _check(self, obj: Any, origin: str) -> str:
+        from . import api
+
+        expected = {"benchmark": api.Benchmark, "method": api.Method, "attack": api.Attack}[self.kind]
+        if not isinstance(obj, expected):
+            raise PluginError(f"{origin} is not a cru_harness.api.{expected.__name__} (got {type(obj).__name__}); "
+                              f"a `{self.group}` entry point must name one")
+        name = getattr(obj, "name", "")
+        if not isinstance(name, str) or not name:
+            raise PluginError(f"{origin}: a {self.kind} needs a non-empty `name`")
+        return name
+
+    def _load(self) -> dict[str, Any]:
+        if self._items is not None:
+            return self._items
+        items: dict[str, Any] = {}
+        origins: dict[str, str] = {}
+        for ep in entry_points(group=self.group):
+            origin = f"entry point {ep.name} = {ep.value!r} ({self.group})"
+            try:
+                obj = ep.load()
+            except ImportError as err:
+                raise PluginError(f"{origin} cannot be imported: {err}") from err
+            name = self._check(obj, origin)
+            key = name.lower()
+            if key in items and items[key] is not obj:
+                raise PluginError(f"two {self.kind}s are named {name!r}: {origins[key]} and {origin}")
+            items[key], origins[key] = obj, origin
+        items.update(self._added)
+        # listing order: a plugin's `order` (the built-ins: the order of the paper's tables), then its name
+        self._items = dict(sorted(items.items(), key=lambda kv: (getattr(kv[1], "order", 100), kv[0])))
+        return self._items
+
+    def register(self, obj: Any) -> Any:
+        """Add a plugin object in this process (entry points are for installed packages). Returns `obj`."""
+        key = self._check(obj, f"register({obj!r})").lower()
+        current = self._load().get(key)
+        if current is not None and current is not obj:
+            raise PluginError(f"a {self.kind} named {obj.name!r} is already registered")
+        self._added[key] = obj
+        self._items = None   # re-sorted on the next read
+        return obj
+
+    def unregister(self, name: str) -> None:
+        """Remove a plugin added with `register` (tests)."""
+        key = name.lower()
+        if key in self._added:
+            del self._added[key]
+            self._items = None
+
+    def canonical(self, name: Any) -> str | None:
+        """The registered spelling of `name` (`npo` -> `NPO`), or None."""
+        obj = self._load().get(str(name).lower())
+        return None if obj is None else obj.name
+
+    def get(self, name: Any) -> Any:
+        obj = self._load().get(str(name).lower())
+        if obj is None:
+            names = self.names()
+            close = difflib.get_close_matches(str(name), names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise UnknownPluginError(f"unknown {self.kind} {name!r}{hint}; registered: {', '.join(names) or 'none'}")
+        return obj
+
+    def names(self) -> list[str]:
+        return [obj.name for obj in self._load().values()]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self._load().values()))
+
+    def __contains__(self, name: Any) -> bool:
+        return str(name).lower() in self._load()
+
+
+benchmarks = Registry("benchmark", GROUPS["benchmark"])
+methods = Registry("method", GROUPS["method"])
+attacks = Registry("attack", GROUPS["attack"])
