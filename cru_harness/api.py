@@ -10,7 +10,7 @@ time reaches it through `CellContext`.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -176,9 +176,39 @@ class Benchmark:
     placeholders: tuple[str, ...] = ()
     has_oracle: bool = False
     order: int = 100
+    # How reports show it (read by `cru_harness.reporting`): `columns` are `reporting.tables.Column`s, in order;
+    # `table_unit` heads the unit column; `caption` is the LaTeX table's; `axis_labels` the trade-off plot's;
+    # `kept_score_name` names what the one-learning-rate rule keeps (None: the rule skips this benchmark).
+    columns: tuple = ()
+    table_unit: str = "Split"
+    caption: str = ""
+    axis_labels: tuple[str, str] = ("Forgetting", "Utility")
+    kept_score_name: str | None = None
+    kept_score_short: str = ""     # its column header in the sweep table
+    study_keys: tuple[tuple[str, str], ...] = ()   # (metric, header) a study table shows, forget and utility first
+    stats_note: str | None = None  # a caveat printed with the method comparison's p-values
+
+    def plots(self, rows: list[dict], out_dir: Path) -> list[Path]:
+        """Figures of its own beside the trade-off plot (from the leaderboard rows), written under `out_dir`."""
+        return []
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
+
+    def row_unit(self, result: dict) -> str | None:
+        """The unit a leaderboard row aggregates a result into (a split; `all targets` for a mean over units)."""
+        return result.get("split")
+
+    def derive(self, metrics: dict, result: dict) -> None:
+        """Add a result's derived columns to `metrics` in place (e.g. 1 - ROUGE-L)."""
+
+    def forgetting_utility(self, metrics: dict) -> tuple[float | None, float | None]:
+        """The trade-off axes of one result: (forgetting, utility), each higher-is-better, or None."""
+        return None, None
+
+    def kept_score(self, result: dict) -> float | None:
+        """What the learning-rate rule must keep (`reporting.lr_sweep`), or None."""
+        return None
 
     def resolve_block(self, block: dict, where: str, fail: Callable[[str, str], None]) -> dict[str, Any]:
         """The unit settings of its config block, checked (`fail(key, message)` raises): e.g. `{"splits": [...]}`."""
@@ -197,6 +227,9 @@ class Benchmark:
     def check_data_dir(self, value: str) -> str | None:
         """A problem with a `data_dir` for this benchmark, or None."""
         return None
+
+    def check_evaluation(self, evaluation: dict) -> None:
+        """Raise `cru_harness.prompts.PresetError` for an `evaluation:` setting this benchmark cannot use."""
 
     def fixed_prompt_format(self, evaluation: dict) -> bool:
         """Whether the evaluation settings fix the prompt text (no chat template whatever the model has)."""

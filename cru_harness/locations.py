@@ -18,6 +18,9 @@ from typing import Callable
 
 from .errors import UserError
 
+#: The file that makes a directory a CRU router bundle (`cru.bundle.MANIFEST_NAME` is this name).
+BUNDLE_MANIFEST = "cru_bundle.json"
+
 
 class OutputLocationError(UserError, ValueError):
     """An output location that cannot be written, or that would overwrite existing work without --overwrite."""
@@ -66,9 +69,7 @@ def check_output_dir(path: str | os.PathLike, *, what: str = "output directory",
     if path.is_dir():
         held_files = any(not entry.name.startswith(WRITE_TEST_PREFIX) for entry in path.iterdir())
         if held_files and not (overwrite or allow_existing):
-            from .cru.bundle import MANIFEST_NAME
-
-            held = "a router bundle" if (path / MANIFEST_NAME).is_file() else (
+            held = "a router bundle" if (path / BUNDLE_MANIFEST).is_file() else (
                 "a model checkpoint" if (path / "config.json").is_file() else "files")
             raise OutputLocationError(f"{what} {path} already exists and holds {held}; pass {overwrite_hint} to "
                                       "replace it, or choose another path")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass
 
-from cru_harness.lmeval.protocol import PINNED_DATE, SYSTEM_PROMPT, pinned_clock, template_date
+from cru_harness.protocol import PINNED_DATE, SYSTEM_PROMPT, pinned_clock, template_date
 
 from .errors import InputError, UserError
 

@@ -197,7 +197,7 @@ def test_a_recomputation_killed_before_its_result_is_written_is_not_a_finished_c
     """The record is written before the result. A cell recomputed (here --force; also: other code, other inputs)
     and killed between the two used to leave the OLD result beside the NEW record: the next run skipped it as
     finished and the report showed the old numbers as current."""
-    import cru_harness.runner.cache as cache
+    import cru_harness.store as cache
 
     config = cfg.load_config(write_config(tmp_path))
     cells = build_plan(config)[:1]

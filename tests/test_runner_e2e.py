@@ -102,3 +102,23 @@ def test_ci_minimal_end_to_end_then_resume(tmp_path, monkeypatch):
     assert main(["run", str(CONFIG), "--output-dir", str(out), "--no-report"]) == 0
     assert {p: p.stat().st_mtime_ns for p in (out / "cells").glob("*/*.json")} == stamps
     assert _results(out) == results
+
+    # attacks: the identity attack on each finished method cell (reused from this run, not recomputed) scores
+    # exactly what the cell scored, the CRU cell's with its bundle attached (else it would read as Original)
+    monkeypatch.undo()
+    import yaml
+
+    attacked_config = tmp_path / "ci_minimal_attacked.yaml"
+    attacked_config.write_text(yaml.safe_dump({**yaml.safe_load(CONFIG.read_text()), "attacks": ["identity"]}))
+    attacked_out = tmp_path / "attacked"
+    assert main(["run", str(attacked_config), "--output-dir", str(attacked_out), "--reuse", str(out),
+                 "--no-report"]) == 0
+    attacked = _results(attacked_out)
+    assert set(attacked) == set(results) | {"GA + identity", "CRU + identity"}
+    for label in ("GA", "CRU"):
+        attack = attacked[f"{label} + identity"]
+        assert attack["status"] == "ok" and attack["kind"] == "attack", attack.get("error")
+        assert attack["details"]["attack"]["attacked"] == results[label]["hash"]
+        for key in ("forget_rouge_l", "forget_prob", "model_utility"):
+            assert attack["metrics"][key] == results[label]["metrics"][key], (label, key)
+    assert attacked["CRU + identity"]["metrics"]["forget_prob"] != results["Original"]["metrics"]["forget_prob"]

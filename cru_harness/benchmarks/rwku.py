@@ -5,11 +5,54 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import Benchmark
+from ..reporting import stats
+from ..reporting.tables import Column, fc_columns
 from ..data.rwku import DEFAULT_TARGETS, TargetSelectionError, parse_targets
 
 SELECT_KEYS = ("top", "probes", "rows")
 #: Forget probes whose score on the original model says how well it knows a target (RWKU ROUGE-L recall).
 SELECT_PROBES = ("rwku_fb", "rwku_qa", "rwku_aa")
+
+
+RWKU_COLUMNS = [
+    Column("forget_fb", "Forget FB ↓", "FB$\\downarrow$", "down", "Forget"),
+    Column("forget_qa", "Forget QA ↓", "QA$\\downarrow$", "down", "Forget"),
+    Column("forget_aa", "Forget AA ↓", "AA$\\downarrow$", "down", "Forget"),
+    Column("forget_all", "Forget All ↓", "All$\\downarrow$", "down", "Forget"),
+    *fc_columns("forget"),
+    Column("neighbor_fb", "Neighbor FB ↑", "FB$\\uparrow$", "up", "Neighbor"),
+    Column("neighbor_qa", "Neighbor QA ↑", "QA$\\uparrow$", "up", "Neighbor"),
+    # LOSS score = mean token log-likelihood (metrics.mia.loss_score): forgetting pushes it *down* on FM texts.
+    Column("mia_fm", "MIA FM log-lik. ↓", "FM log-lik.$\\downarrow$", "down", "MIA"),
+    Column("mia_rm", "MIA RM log-lik.", "RM log-lik.", None, "MIA"),
+    Column("mia_auc", "MIA AUC →0.5", "AUC$\\to$0.5", "half", "MIA"),
+    Column("utility_mmlu", "MMLU ↑", "Gen.$\\uparrow$", "up", "Utility"),
+    Column("utility_bbh", "BBH ↑", "Rea.$\\uparrow$", "up", "Utility"),
+    Column("utility_truthfulqa", "TruthfulQA ↑", "Tru.$\\uparrow$", "up", "Utility"),
+    Column("utility_triviaqa", "TriviaQA ↑", "Fac.$\\uparrow$", "up", "Utility"),
+    Column("utility_fluency", "Fluency ↑", "Flu.$\\uparrow$", "up", "Utility"),
+]
+
+
+def rwku_forget_all(result: dict, metrics: dict) -> float | None:
+    """RWKU's forget "All" of one cell (one target): the mean over the target's FB, QA and AA items together,
+    i.e. FB, QA and AA weighted by their item counts, as the All of RWKU's paper (its tables' All is the
+    count-weighted mean of its FB / QA / AA columns, not their plain mean). The counts are the per-target `n`
+    the scorer recorded (`details.scoring.per_target`) for the cell's target (every target's, for a result without
+    one). A cell lacking FB, QA or AA, or a count, gives None: an "All" of what is there would be another number."""
+    per_target = ((result.get("details") or {}).get("scoring") or {}).get("per_target") or {}
+    target = result.get("target")
+    total = weight = 0.0
+    for probe in ("fb", "qa", "aa"):
+        value = metrics.get(f"forget_{probe}")
+        rows = per_target.get(f"rwku_{probe}") or per_target.get(f"rwku_icu_{probe}") or {}
+        if target is not None:
+            rows = {key: row for key, row in rows.items() if str(key) == str(target)}
+        count = sum(row.get("n") or 0 for row in rows.values())
+        if not stats.is_number(value) or not count:
+            return None
+        total, weight = total + value * count, weight + count
+    return total / weight
 
 
 class RWKU(Benchmark):
@@ -23,6 +66,43 @@ class RWKU(Benchmark):
     default_corpora = {"forget_corpus": "rwku:{target}:passage", "retain_corpus": "rwku:21:passage"}
     placeholders = ("target",)
     order = 20
+    columns = tuple(RWKU_COLUMNS)
+    table_unit = "Targets"
+    caption = ("\\texttt{RWKU}, means over targets: forget and neighbor ROUGE-L recall, MIA, utility. ``Original'' is "
+               "the model before unlearning (not ranked). Best method per column, within each model, in bold.")
+    axis_labels = ("Forgetting (1 - forget All ROUGE-L)", "Utility (mean)")
+    kept_score_name = "neighbour ROUGE-L recall (mean of FB and QA)"
+    kept_score_short = "neighbour"
+    study_keys = (("forget_fb", "forget FB"), ("forget_qa", "forget QA"), ("forget_aa", "forget AA"),
+                  ("neighbor_fb", "neighbor FB"), ("neighbor_qa", "neighbor QA"), ("utility", "utility mean"))
+
+    def plots(self, rows, out_dir):
+        """Forget ROUGE-L per probe level (RWKU's FB / QA / AA)."""
+        from ..reporting.plots import rwku_level_plot
+
+        path = rwku_level_plot(rows, out_dir)
+        return [path] if path else []
+
+    def row_unit(self, result: dict) -> str:
+        return "all targets"
+
+    def derive(self, metrics: dict, result: dict) -> None:
+        metrics["forget_all"] = rwku_forget_all(result, metrics)
+        for key in ("mia_auc", "mia_fm", "mia_rm"):   # the LOSS attack's, where no other is named
+            if metrics.get(key) is None:
+                metrics[key] = metrics.get(f"{key}_loss")
+
+    def forgetting_utility(self, metrics: dict) -> tuple[float | None, float | None]:
+        forget = metrics.get("forget_all")
+        utility = stats.finite_mean(metrics.get(k) for k in ("utility_mmlu", "utility_bbh", "utility_truthfulqa",
+                                                             "utility_triviaqa"))
+        return (1 - forget if forget is not None else None), utility
+
+    def kept_score(self, result: dict) -> float | None:
+        """The neighbour FB / QA mean (None unless both are numbers)."""
+        metrics = result.get("metrics") or {}
+        parts = [metrics.get("neighbor_fb"), metrics.get("neighbor_qa")]
+        return sum(parts) / 2 if all(stats.is_number(p) for p in parts) else None
 
     def resolve_block(self, block: dict, where: str, check) -> dict[str, Any]:
         spec = block.get("targets", DEFAULT_TARGETS)

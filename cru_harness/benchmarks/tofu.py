@@ -5,7 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import Benchmark
+from ..reporting.stats import is_number
+from ..reporting.tables import Column, fc_columns
 from ..data.tofu import FORGET_SPLITS, retain_config_for
+
+
+TOFU_COLUMNS = [
+    Column("forget_1_rouge_l", "1-ROUGE-L ↑", "(1-Rouge-L)$\\uparrow$", "up", "Forget"),
+    Column("forget_1_prob", "1-Prob. ↑", "(1-Prob.)$\\uparrow$", "up", "Forget"),
+    # mean(min(R, 1/R)): 1 = no preference of the true answer over perturbed ones (TOFU, open-unlearning)
+    Column("forget_truth_ratio", "Truth ratio ↑", "Truth ratio$\\uparrow$", "up", "Forget"),
+    Column("forget_quality", "FQ ↑", "FQ$\\uparrow$", "up", "Forget"),
+    *fc_columns("forget"),
+    *[Column(f"{s}_{m}", f"{name} {mh} ↑", f"{ml}$\\uparrow$", "up", name)
+      for s, name in (("ra", "Real Authors"), ("wf", "World Facts"), ("retain", "Retain Set"))
+      for m, mh, ml in (("rouge_l", "ROUGE-L", "Rouge-L"), ("prob", "Prob.", "Prob."),
+                        ("truth_ratio", "TR", "Truth ratio"))],
+    Column("model_utility", "MU ↑", "MU$\\uparrow$", "up", ""),
+]
 
 
 class TOFU(Benchmark):
@@ -19,6 +36,33 @@ class TOFU(Benchmark):
     placeholders = ("split", "retain_split")
     has_oracle = True
     order = 10
+    columns = tuple(TOFU_COLUMNS)
+    table_unit = "Split"
+    caption = ("\\texttt{TOFU}: forgetting on the forget set, Forget Quality, utility on Real Authors, World Facts "
+               "and the Retain set, Model Utility. ``Original'' is the model before unlearning (not ranked). "
+               "Best method per column, within each model and split, in bold.")
+    axis_labels = ("Forgetting (1 - forget ROUGE-L)", "Model Utility")
+    kept_score_name = "Model Utility"
+    kept_score_short = "MU"
+    study_keys = (("forget_1_rouge_l", "forget 1-ROUGE-L"), ("forget_quality", "FQ"), ("model_utility", "MU"),
+                  ("retain_rouge_l", "retain ROUGE-L"), ("ra_rouge_l", "real authors ROUGE-L"),
+                  ("wf_rouge_l", "world facts ROUGE-L"))
+    stats_note = ("the blocks are not independent samples: one model's splits share authors (forget01 is in "
+                  "forget05, forget05 in forget10), so the p-values describe these runs; they do not generalise")
+
+    def derive(self, metrics: dict, result: dict) -> None:
+        for key in ("rouge_l", "prob"):
+            value = metrics.get(f"forget_{key}")
+            metrics[f"forget_1_{key}"] = 1 - value if is_number(value) else None
+
+    def forgetting_utility(self, metrics: dict) -> tuple[float | None, float | None]:
+        rouge = metrics.get("forget_rouge_l")
+        return (1 - rouge if is_number(rouge) else None), metrics.get("model_utility")
+
+    def kept_score(self, result: dict) -> float | None:
+        """Model Utility."""
+        metrics = result.get("metrics") or {}
+        return metrics.get("model_utility") if is_number(metrics.get("model_utility")) else None
 
     def resolve_block(self, block: dict, where: str, check) -> dict[str, Any]:
         splits = check.str_list(block.get("splits", ["forget10"]), f"{where}.splits")
@@ -35,6 +79,11 @@ class TOFU(Benchmark):
 
     def placeholder_values(self, split, target) -> dict[str, Any]:
         return {"split": split or "", "target": "", "retain_split": retain_config_for(split) if split else ""}
+
+    def check_evaluation(self, evaluation: dict) -> None:
+        from ..prompts import tofu_format
+
+        tofu_format(evaluation["tofu_preset"], evaluation["tofu_model_family"])
 
     def fixed_prompt_format(self, evaluation: dict) -> bool:
         """A preset and `tofu_model_family` that fix the text format (legacy, or an open-unlearning model config

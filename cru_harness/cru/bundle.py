@@ -17,13 +17,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import UserError
+from ..locations import BUNDLE_MANIFEST
 from . import blocks as _blocks
 from .losses import LOSS_SHAPES
 from .router import INPUT_NORMS, Router
 from .sites import GATE_SITES
 
 FORMAT_VERSION = 1
-MANIFEST_NAME = "cru_bundle.json"
+MANIFEST_NAME = BUNDLE_MANIFEST
 WEIGHTS_NAME = "routers.safetensors"
 
 

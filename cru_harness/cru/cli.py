@@ -6,7 +6,7 @@ import functools
 import json
 from pathlib import Path
 
-from cru_harness.cli import config_defaults_help, field_defaults, given_fields
+from cru_harness.arguments import config_defaults_help, field_defaults, given_fields
 from cru_harness.devices import add_device_arguments
 from cru_harness.prompts import BENCHMARKS, add_prompt_format_argument, prompt_format_choice
 from cru_harness.hparams import HPARAM_CHOICES
@@ -113,7 +113,7 @@ def _parse_blocks(spec: str) -> list[int]:
 
 def _corpus_rows(source: str, data_dir, what: str) -> tuple[list[dict], str]:
     """A corpus's rows, every row checked, before any model is loaded (a bad row costs no model load)."""
-    from cru_harness.cli import CLIError
+    from cru_harness.arguments import CLIError
     from cru_harness.data.corpora import load_corpus_rows
     from cru_harness.data.sources import DataSourceError
 
@@ -151,10 +151,10 @@ def run_unlearn(args: argparse.Namespace) -> int:
         model, tokenizer = load_causal_lm(args.base, device=args.device, device_map=args.device_map,
                                           dtype=args.dtype)
     except OSError as err:
-        from cru_harness.cli import CLIError
+        from cru_harness.arguments import CLIError
         raise CLIError(f"cannot load base model {args.base!r}: {err}") from None
     if fmt["chat"] and not tokenizer.chat_template:
-        from cru_harness.cli import CLIError
+        from cru_harness.arguments import CLIError
         raise CLIError(f"--prompt-format chat: the tokenizer of {args.base!r} has no chat template")
     forget = rows_to_texts(*forget_rows, tokenizer=tokenizer, **fmt)
     retain = rows_to_texts(*retain_rows, tokenizer=tokenizer, **fmt)
@@ -184,7 +184,7 @@ def config_only_model(base: str):
 
     from transformers import AutoConfig
 
-    from cru_harness.cli import CLIError
+    from cru_harness.arguments import CLIError
     from cru_harness.locations import check_model_path
 
     check_model_path(base, what="--base")

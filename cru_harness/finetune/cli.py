@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import functools
 
-from ..cli import config_defaults_help, field_defaults, given_fields
+from ..arguments import config_defaults_help, field_defaults, given_fields
 from ..devices import add_device_arguments
 from ..prompts import add_prompt_format_argument, prompt_format_choice
 from ..hparams import HPARAM_CHOICES

@@ -12,7 +12,7 @@ See docs/lm_eval.md for what `--model hf` can and cannot report with the project
 """
 from __future__ import annotations
 
-from cru_harness.lmeval.protocol import (  # noqa: F401  (plain Python, cheap)
+from cru_harness.protocol import (  # noqa: F401  (plain Python, cheap)
     EOS_MARKER,
     LoglikelihoodResult,
     RollingResult,

@@ -65,7 +65,7 @@ from lm_eval.models.huggingface import HFLM, Collator, pad_and_concat
 
 from ..errors import InputError
 from cru_harness.errors import UserError
-from cru_harness.lmeval.protocol import (
+from cru_harness.protocol import (
     EOS_MARKER,
     ROUTER_SEPARATOR,
     TOKENIZER_EOS,
@@ -606,7 +606,7 @@ class CRULM(HFLM):
                                      "cannot be told from another)")
         path = Path(self.pretrained).expanduser()
         if path.is_dir():
-            from cru_harness.runner.provenance import directory_stamp
+            from cru_harness.fingerprints import directory_stamp
 
             base = {"path": str(path.resolve()), "files": directory_stamp(path)}
         else:

@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..errors import MissingInputError
-from ..runner.cache import read_recorded_json
+from ..store import read_recorded_json
 from . import stats, tables
 
 
@@ -32,7 +32,7 @@ def recorded_report_settings(dirs: list[Path]) -> tuple[dict, str]:
     the run wrote, the same files and bytes; the defaults for several directories, one without a plan, or plans
     that name different settings (merged runs of different configs). Returns the settings and where they came
     from."""
-    from ..runner.config import report_settings
+    from .settings import report_settings
 
     plans = read_plans(dirs) if len(dirs) == 1 else []
     named = {json.dumps((plan.get("config") or {}).get("report"), sort_keys=True): plan for plan in plans}
@@ -49,7 +49,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else (dirs[0] / "report" if len(dirs) == 1 else Path("report"))
     settings, origin = recorded_report_settings(dirs)
     if args.formats is not None:   # checked by the config's own rule for `report.formats`
-        from ..runner.config import report_settings
+        from .settings import report_settings
 
         formats = [f.strip() for f in args.formats.split(",") if f.strip()]
         settings = report_settings({**settings, "formats": formats}, "--formats")
@@ -67,7 +67,7 @@ def block_scores(results: list[dict], benchmark: str) -> dict[tuple, dict[str, f
             continue
         score = tables.derived_metrics(result)["tradeoff"]
         if score is not None:
-            unit = result.get("split") if benchmark == "tofu" else f"target{result.get('target')}"
+            unit = tables.benchmark_view(benchmark).unit_label(result.get("split"), result.get("target"))
             collected[(result["model"], unit)][result["label"]].append(score)
     return {block: {m: stats.finite_mean(v) for m, v in methods.items()} for block, methods in collected.items()}
 
@@ -85,9 +85,9 @@ def stats_markdown(comparison: dict) -> str:
         lines.append(f"- left out, scored in fewer than half of the blocks: {', '.join(f['dropped_methods'])}")
     if f.get("dropped_blocks"):
         lines.append(f"- {len(f['dropped_blocks'])} block(s) left out: not every method has a score there")
-    if comparison["benchmark"] == "tofu" and f.get("status") == "ok":
-        lines.append("- the blocks are not independent samples: one model's splits share authors (forget01 is in "
-                     "forget05, forget05 in forget10), so the p-values describe these runs; they do not generalise")
+    note = tables.benchmark_view(comparison["benchmark"]).stats_note
+    if note and f.get("status") == "ok":
+        lines.append(f"- {note}")
     if f.get("mean_ranks"):
         ranks = ", ".join(f"{m} {r:.2f}" for m, r in sorted(f["mean_ranks"].items(), key=lambda kv: kv[1]))
         lines.append(f"- mean ranks (1 = best): {ranks}")
@@ -120,7 +120,7 @@ def configured_order(plans: list[dict], results: list[dict]) -> list[dict]:
     """`results` with methods in the order their configuration lists them (the tables and trade-off plots follow
     it), and within a method in plan order; a shard's plan holds only its own cells, so the methods' order comes
     from the configuration itself. Cells no plan names keep the order they were read in, after the planned ones."""
-    from ..runner.config import configured_methods
+    from .settings import configured_methods
 
     labels: dict[str, int] = {}
     for plan in plans:
@@ -133,7 +133,7 @@ def configured_order(plans: list[dict], results: list[dict]) -> list[dict]:
 def absent_method_lines(plans: list[dict], rows: list[dict], benchmark: str) -> list[str]:
     """A line naming the methods the run's configuration lists that this benchmark's table has no row of, and why:
     a table never drops a configured method without saying so."""
-    from ..runner.config import configured_methods
+    from .settings import configured_methods
 
     present = {row["label"] for row in rows}
     absent: dict[str, str] = {}
@@ -175,7 +175,7 @@ def unfinished_plan_lines(dirs, results: list[dict]) -> list[str]:
 
 def target_selection_markdown(dirs) -> list[str]:
     """Why the RWKU targets are these: the saved `select_known` choices (runner.targets) of the run dirs."""
-    from ..runner.targets import SELECTION_DIR, rank_targets
+    from .targets import SELECTION_DIR, rank_targets
 
     lines: list[str] = []
     for directory in dirs:
@@ -202,8 +202,8 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
                  require_cells: bool = False) -> dict:
     """Write the whole report for the cells under `dirs`. Returns {name: path}. `require_cells`: refuse, in one
     line, directories without one valid cell result (`cru-harness report`; a run reports whatever it has)."""
-    from ..runner.cache import atomic_write_json, atomic_write_text, load_results
-    from ..runner.provenance import provenance_lines
+    from ..store import atomic_write_json, atomic_write_text, load_results
+    from .provenance import provenance_lines
     from .lr_sweep import sweep_markdown
     from .router_lr import router_lr_markdown
 
@@ -225,7 +225,10 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
     summary += target_selection_markdown(dirs)
     summary += provenance_lines(dirs)
     comparisons = {}
-    for benchmark in ("tofu", "rwku"):
+    from .. import plugins
+
+    for benchmark in plugins.benchmarks.names():
+        view = plugins.benchmarks.get(benchmark)
         rows = tables.aggregate(results, benchmark)
         if not rows:
             continue
@@ -237,9 +240,9 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
             atomic_write_text(path, text + ("\n" + "\n".join(absent) if fmt == "md" and absent else ""))
             written[f"leaderboard_{benchmark}.{fmt}"] = str(path)
         summary += [f"## {benchmark.upper()}", "", tables.to_markdown(rows, benchmark), *absent]
-        if benchmark == "tofu":
-            summary += tables.regime_check_markdown(results)
         of_benchmark = [r for r in results if r.get("benchmark") == benchmark]
+        if view.has_oracle:
+            summary += tables.regime_check_markdown(of_benchmark)
         summary += sweep_markdown(of_benchmark)
         summary += router_lr_markdown(of_benchmark)
         for status in ("unavailable", "failed"):
@@ -255,10 +258,8 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
             plot_dir = out_dir / "plots"
             for path in plotting.tradeoff_plots(rows, benchmark, plot_dir):
                 written[path.name] = str(path)
-            if benchmark == "rwku":
-                path = plotting.rwku_level_plot(rows, plot_dir)
-                if path:
-                    written[path.name] = str(path)
+            for path in view.plots(rows, plot_dir):   # a benchmark's own figures (RWKU: per probe level)
+                written[path.name] = str(path)
             path = plotting.gate_plot(rows, plot_dir)
             if path:
                 written[f"gates_{benchmark}.png"] = str(path.rename(path.with_name(f"gates_{benchmark}.png")))

@@ -18,16 +18,16 @@ from .. import plugins
 from .stats import finite_mean, is_number
 
 RATIO = 0.9
-SCORE_NAMES = {"tofu": "Model Utility", "rwku": "neighbour ROUGE-L recall (mean of FB and QA)"}
 
 
 def kept_score(result: dict) -> float | None:
-    """The score the rule reads: TOFU's MU; RWKU's neighbour FB / QA mean (None unless both are numbers)."""
-    metrics = result.get("metrics") or {}
-    if result.get("benchmark") == "tofu":
-        return metrics.get("model_utility") if is_number(metrics.get("model_utility")) else None
-    parts = [metrics.get("neighbor_fb"), metrics.get("neighbor_qa")]
-    return sum(parts) / 2 if all(is_number(p) for p in parts) else None
+    """The score the rule reads (`Benchmark.kept_score`): TOFU's MU; RWKU's neighbour FB / QA mean (None unless
+    both are numbers)."""
+    return plugins.benchmarks.get(result.get("benchmark")).kept_score(result)
+
+
+def _rule_applies(benchmark) -> bool:
+    return benchmark in plugins.benchmarks and plugins.benchmarks.get(benchmark).kept_score_name is not None
 
 
 def baseline_methods() -> tuple[str, ...]:
@@ -43,9 +43,9 @@ def sweep_choices(results: list[dict], ratio: float = RATIO) -> list[dict]:
     by_lr: dict[tuple, dict[float, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     baselines = baseline_methods()
     for r in results:
-        if r.get("benchmark") not in SCORE_NAMES or r.get("status") != "ok":
+        if not _rule_applies(r.get("benchmark")) or r.get("status") != "ok":
             continue
-        unit = r.get("split") if r["benchmark"] == "tofu" else f"target{r.get('target')}"
+        unit = plugins.benchmarks.get(r["benchmark"]).unit_label(r.get("split"), r.get("target"))
         block = (r["model"], r["benchmark"], unit)
         score = kept_score(r)
         if r.get("kind") == "original" and score is not None:
@@ -59,7 +59,7 @@ def sweep_choices(results: list[dict], ratio: float = RATIO) -> list[dict]:
         if len(grid) < 2:
             continue  # one learning rate: a run, not a sweep
         original = originals.get(block)
-        entry = {"model": block[0], "benchmark": block[1], "split": block[2], "score": SCORE_NAMES[block[1]],
+        entry = {"model": block[0], "benchmark": block[1], "split": block[2], "score": plugins.benchmarks.get(block[1]).kept_score_name,
                  "original_score": original, "ratio": ratio, "rows": [], "chosen": None, "reason": None}
         methods_seen = sorted({m for per_method in grid.values() for m in per_method})
         for lr in sorted(grid):
@@ -87,7 +87,7 @@ def sweep_markdown(results: list[dict], ratio: float = RATIO) -> list[str]:
     for entry in sweep_choices(results, ratio):
         original = entry["original_score"]
         threshold = "--" if original is None else f"{ratio:g} x {original:.4f} = {ratio * original:.4f}"
-        short = "MU" if entry["benchmark"] == "tofu" else "neighbour"
+        short = plugins.benchmarks.get(entry["benchmark"]).kept_score_short
         lines += [f"### Learning-rate sweep: {entry['model']} {entry['split']}", "",
                   "The baselines' one learning rate (rule of cru_harness.reporting.lr_sweep, stated in the sweep's "
                   f"config): the largest whose median {entry['score']} over the baselines is >= {ratio:g} x "

@@ -19,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .. import plugins  # noqa: E402
 from . import stats  # noqa: E402
 from .tables import peak_memory_bytes  # noqa: E402
 
@@ -135,8 +136,9 @@ def tradeoff_plots(rows: list[dict], benchmark: str, out_dir: Path) -> list[Path
             # run through the undominated corner beyond each point)
             ax.step([p[0] for p in front], [p[1] for p in front], where="pre", linestyle="--", color="grey",
                     label="Pareto front")
-        ax.set_xlabel("Forgetting (1 - forget ROUGE-L)" if benchmark == "tofu" else "Forgetting (1 - forget All ROUGE-L)")
-        ax.set_ylabel("Model Utility" if benchmark == "tofu" else "Utility (mean)")
+        x_label, y_label = plugins.benchmarks.get(benchmark).axis_labels
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(y_label)
         ax.set_title(f"{benchmark.upper()} {model} {unit}")
         # outside the axes: inside, it hid the points under it
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)

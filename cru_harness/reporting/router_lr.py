@@ -20,6 +20,8 @@ import math
 import statistics
 from collections import defaultdict
 
+from .. import plugins
+
 
 def _setting(result: dict, name: str):
     """A CRU cell's training setting: as its config gave it (hparams), else as its routers recorded it
@@ -78,7 +80,7 @@ def objective(result: dict) -> float | None:
 
 def _block_key(result: dict) -> tuple:
     hparams = {k: v for k, v in (result.get("hparams") or {}).items() if k != "lr"}
-    unit = result.get("split") if result.get("benchmark") == "tofu" else f"target{result.get('target')}"
+    unit = plugins.benchmarks.get(result.get("benchmark")).unit_label(result.get("split"), result.get("target"))
     return (str(result.get("model")), str(result.get("benchmark")), str(unit),
             json.dumps(hparams, sort_keys=True, default=str))
 

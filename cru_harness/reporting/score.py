@@ -419,7 +419,7 @@ def write_outputs(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
     """`per_item.jsonl` (one row per run x task x item; NaN written as null) and `scores.json`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from ..runner.cache import atomic_write_text
+    from ..store import atomic_write_text
 
     per_item_path, scores_path = out_dir / PER_ITEM_FILE, out_dir / SCORES_FILE
     # atomic: a per-item file cut short by a killed process would be read back as a smaller retain set

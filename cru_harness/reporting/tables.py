@@ -25,43 +25,23 @@ class Column:
     group: str = ""
 
 
-def _fc_columns(where: str) -> list[Column]:
+def fc_columns(where: str) -> list[Column]:
+    """The failure-class columns of one answer set (`forget`: what answers on the forget set turned into)."""
     return [Column(f"fc_{where}_{name}", f"{where} {name[:3]}.", f"{name[:3].capitalize()}.", None,
                    f"{where.capitalize()} failure classes") for name in FAILURE_CLASSES]
 
 
-TOFU_COLUMNS = [
-    Column("forget_1_rouge_l", "1-ROUGE-L ↑", "(1-Rouge-L)$\\uparrow$", "up", "Forget"),
-    Column("forget_1_prob", "1-Prob. ↑", "(1-Prob.)$\\uparrow$", "up", "Forget"),
-    # mean(min(R, 1/R)): 1 = no preference of the true answer over perturbed ones (TOFU, open-unlearning)
-    Column("forget_truth_ratio", "Truth ratio ↑", "Truth ratio$\\uparrow$", "up", "Forget"),
-    Column("forget_quality", "FQ ↑", "FQ$\\uparrow$", "up", "Forget"),
-    *_fc_columns("forget"),
-    *[Column(f"{s}_{m}", f"{name} {mh} ↑", f"{ml}$\\uparrow$", "up", name)
-      for s, name in (("ra", "Real Authors"), ("wf", "World Facts"), ("retain", "Retain Set"))
-      for m, mh, ml in (("rouge_l", "ROUGE-L", "Rouge-L"), ("prob", "Prob.", "Prob."),
-                        ("truth_ratio", "TR", "Truth ratio"))],
-    Column("model_utility", "MU ↑", "MU$\\uparrow$", "up", ""),
-]
-RWKU_COLUMNS = [
-    Column("forget_fb", "Forget FB ↓", "FB$\\downarrow$", "down", "Forget"),
-    Column("forget_qa", "Forget QA ↓", "QA$\\downarrow$", "down", "Forget"),
-    Column("forget_aa", "Forget AA ↓", "AA$\\downarrow$", "down", "Forget"),
-    Column("forget_all", "Forget All ↓", "All$\\downarrow$", "down", "Forget"),
-    *_fc_columns("forget"),
-    Column("neighbor_fb", "Neighbor FB ↑", "FB$\\uparrow$", "up", "Neighbor"),
-    Column("neighbor_qa", "Neighbor QA ↑", "QA$\\uparrow$", "up", "Neighbor"),
-    # LOSS score = mean token log-likelihood (metrics.mia.loss_score): forgetting pushes it *down* on FM texts.
-    Column("mia_fm", "MIA FM log-lik. ↓", "FM log-lik.$\\downarrow$", "down", "MIA"),
-    Column("mia_rm", "MIA RM log-lik.", "RM log-lik.", None, "MIA"),
-    Column("mia_auc", "MIA AUC →0.5", "AUC$\\to$0.5", "half", "MIA"),
-    Column("utility_mmlu", "MMLU ↑", "Gen.$\\uparrow$", "up", "Utility"),
-    Column("utility_bbh", "BBH ↑", "Rea.$\\uparrow$", "up", "Utility"),
-    Column("utility_truthfulqa", "TruthfulQA ↑", "Tru.$\\uparrow$", "up", "Utility"),
-    Column("utility_triviaqa", "TriviaQA ↑", "Fac.$\\uparrow$", "up", "Utility"),
-    Column("utility_fluency", "Fluency ↑", "Flu.$\\uparrow$", "up", "Utility"),
-]
-COLUMNS = {"tofu": TOFU_COLUMNS, "rwku": RWKU_COLUMNS}
+def benchmark_view(benchmark: str | None):
+    """The registered benchmark plugin whose columns, derived metrics and trade-off axes a table reads."""
+    from .. import plugins
+
+    return plugins.benchmarks.get(benchmark)
+
+
+def columns_for(benchmark: str) -> list[Column]:
+    return list(benchmark_view(benchmark).columns)
+
+
 RESOURCE_KEYS = ("train_wall_time_s", "train_peak_memory_bytes", "cell_wall_time_s", "cell_peak_rss_bytes",
                  "trainable_params")
 
@@ -70,56 +50,20 @@ RESOURCE_KEYS = ("train_wall_time_s", "train_peak_memory_bytes", "cell_wall_time
 def derived_metrics(result: dict) -> dict[str, float | None]:
     """The metrics of one cell plus the derived columns (1 - x, forget_all, failure-class fractions)."""
     metrics = dict(result.get("metrics") or {})
-    if result.get("benchmark") == "tofu":
-        for key in ("rouge_l", "prob"):
-            value = metrics.get(f"forget_{key}")
-            metrics[f"forget_1_{key}"] = 1 - value if stats.is_number(value) else None
-    else:
-        metrics["forget_all"] = rwku_forget_all(result, metrics)
-        if metrics.get("mia_auc") is None:
-            metrics["mia_auc"] = metrics.get("mia_auc_loss")
-        if metrics.get("mia_fm") is None:
-            metrics["mia_fm"] = metrics.get("mia_fm_loss")
-        if metrics.get("mia_rm") is None:
-            metrics["mia_rm"] = metrics.get("mia_rm_loss")
+    view = benchmark_view(result.get("benchmark"))
+    view.derive(metrics, result)
     for where, fractions in (result.get("failure_classes") or {}).items():
         for name in FAILURE_CLASSES:
             metrics[f"fc_{where}_{name}"] = (fractions or {}).get(name)
-    metrics["forgetting"], metrics["utility"] = forgetting_utility(result.get("benchmark"), metrics)
+    metrics["forgetting"], metrics["utility"] = view.forgetting_utility(metrics)
     metrics["tradeoff"] = stats.tradeoff_score(metrics["forgetting"], metrics["utility"])
     return metrics
 
 
-def rwku_forget_all(result: dict, metrics: dict) -> float | None:
-    """RWKU's forget "All" of one cell (one target): the mean over the target's FB, QA and AA items together,
-    i.e. FB, QA and AA weighted by their item counts, as the All of RWKU's paper (its tables' All is the
-    count-weighted mean of its FB / QA / AA columns, not their plain mean). The counts are the per-target `n`
-    the scorer recorded (`details.scoring.per_target`) for the cell's target (every target's, for a result without
-    one). A cell lacking FB, QA or AA, or a count, gives None: an "All" of what is there would be another number."""
-    per_target = ((result.get("details") or {}).get("scoring") or {}).get("per_target") or {}
-    target = result.get("target")
-    total = weight = 0.0
-    for probe in ("fb", "qa", "aa"):
-        value = metrics.get(f"forget_{probe}")
-        rows = per_target.get(f"rwku_{probe}") or per_target.get(f"rwku_icu_{probe}") or {}
-        if target is not None:
-            rows = {key: row for key, row in rows.items() if str(key) == str(target)}
-        count = sum(row.get("n") or 0 for row in rows.values())
-        if not stats.is_number(value) or not count:
-            return None
-        total, weight = total + value * count, weight + count
-    return total / weight
-
-
 def forgetting_utility(benchmark: str | None, metrics: dict) -> tuple[float | None, float | None]:
-    """The trade-off axes (see stats.py): TOFU (1 - forget ROUGE-L, MU); RWKU (1 - forget All, mean utility)."""
-    if benchmark == "tofu":
-        rouge = metrics.get("forget_rouge_l")
-        return (1 - rouge if stats.is_number(rouge) else None), metrics.get("model_utility")
-    forget = metrics.get("forget_all")
-    utility = stats.finite_mean(metrics.get(k) for k in ("utility_mmlu", "utility_bbh", "utility_truthfulqa",
-                                                         "utility_triviaqa"))
-    return (1 - forget if forget is not None else None), utility
+    """The trade-off axes (see stats.py), as the benchmark defines them: TOFU (1 - forget ROUGE-L, MU); RWKU
+    (1 - forget All, mean utility)."""
+    return benchmark_view(benchmark).forgetting_utility(metrics)
 
 
 def fill_forget_quality(results: list[dict]) -> list[dict]:
@@ -135,7 +79,7 @@ def fill_forget_quality(results: list[dict]) -> list[dict]:
 
     oracle = {(r["model"], r["split"]): r for r in results if r.get("kind") == "retain" and r.get("status") == "ok"}
     for result in results:
-        if result.get("benchmark") != "tofu" or result.get("status") != "ok" or \
+        if not benchmark_view(result.get("benchmark")).has_oracle or result.get("status") != "ok" or \
                 result.get("kind") in ("retain", "finetune"):
             continue
         task = f"tofu_{result['split']}"
@@ -223,7 +167,7 @@ def aggregate(results: list[dict], benchmark: str) -> list[dict]:
     for result in results:
         if result.get("benchmark") != benchmark or result.get("kind") in ("retain", "finetune"):
             continue
-        unit = result.get("split") if benchmark == "tofu" else "all targets"
+        unit = benchmark_view(benchmark).row_unit(result)
         groups[(result["model"], unit, result["label"])].append(result)
     rows = []
     for (model, unit, label), members in groups.items():
@@ -242,12 +186,12 @@ def aggregate(results: list[dict], benchmark: str) -> list[dict]:
                              for k in RESOURCE_KEYS},
                "gate_means": _gate_means(ok),
                "reasons": sorted({m.get("reason") for m in members if m.get("reason")}),
-               "partial": _partial_tasks(ok) + _partial_columns(ok, derived, COLUMNS[benchmark]),
+               "partial": _partial_tasks(ok) + _partial_columns(ok, derived, columns_for(benchmark)),
                "refinetuned": _refinetuned(ok)}
         rows.append(row)
     order = _method_order(results)
     rows.sort(key=lambda r: (r["model"], str(r["unit"]), not r["reference"], order.get(r["label"], 99), r["label"]))
-    _mark_best(rows, COLUMNS[benchmark])
+    _mark_best(rows, columns_for(benchmark))
     _mark_pareto(rows)
     return rows
 
@@ -396,8 +340,8 @@ def _row_note(row: dict) -> str:
 
 
 def to_markdown(rows: list[dict], benchmark: str) -> str:
-    columns = _present_columns(rows, COLUMNS[benchmark])
-    header = ["Model", "Split" if benchmark == "tofu" else "Targets", "Method", *[c.header for c in columns],
+    columns = _present_columns(rows, columns_for(benchmark))
+    header = ["Model", benchmark_view(benchmark).table_unit, "Method", *[c.header for c in columns],
               "Pareto", "n", "Note"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * len(columns) + ["---"] * 3) + "|"]
     for row in rows:
@@ -418,7 +362,7 @@ def to_markdown(rows: list[dict], benchmark: str) -> str:
 
 
 def to_csv(rows: list[dict], benchmark: str) -> str:
-    columns = COLUMNS[benchmark]
+    columns = columns_for(benchmark)
     extra = ["forgetting", "utility", "tradeoff"]
     buffer = io.StringIO()
     writer = csv.writer(buffer)
@@ -444,7 +388,7 @@ def _latex_escape(text: str) -> str:
 
 
 def to_latex(rows: list[dict], benchmark: str, caption: str | None = None) -> str:
-    columns = _present_columns(rows, COLUMNS[benchmark])
+    columns = _present_columns(rows, columns_for(benchmark))
     groups: list[tuple[str, int]] = []
     for c in columns:
         if groups and groups[-1][0] == c.group:
@@ -466,7 +410,7 @@ def to_latex(rows: list[dict], benchmark: str, caption: str | None = None) -> st
     out.append(" & ".join(head).replace(" &  & ", " & & ", 1) + " \\\\")
     if rules:
         out.append("".join(rules))
-    unit = "Split" if benchmark == "tofu" else "Targets"
+    unit = benchmark_view(benchmark).table_unit
     out.append(" & ".join(["Model", unit, "Method", *[c.latex for c in columns]]) + " \\\\")
     out.append("\\midrule")
     previous = None
@@ -490,12 +434,7 @@ def to_latex(rows: list[dict], benchmark: str, caption: str | None = None) -> st
 
 
 def _default_caption(benchmark: str) -> str:
-    if benchmark == "tofu":
-        return ("\\texttt{TOFU}: forgetting on the forget set, Forget Quality, utility on Real Authors, World Facts "
-                "and the Retain set, Model Utility. ``Original'' is the model before unlearning (not ranked). "
-                "Best method per column, within each model and split, in bold.")
-    return ("\\texttt{RWKU}, means over targets: forget and neighbor ROUGE-L recall, MIA, utility. ``Original'' is "
-            "the model before unlearning (not ranked). Best method per column, within each model, in bold.")
+    return benchmark_view(benchmark).caption
 
 
 def peak_memory_bytes(resources: dict) -> float | None:
@@ -547,7 +486,8 @@ def regime_check(results: list[dict]) -> list[dict]:
     never saw them; `holds` says whether Original exceeds Retain by `REGIME_MARGIN` in forget ROUGE-L."""
     found: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in results:
-        if r.get("benchmark") == "tofu" and r.get("kind") in ("original", "retain") and r.get("status") == "ok":
+        if r.get("kind") in ("original", "retain") and r.get("status") == "ok" and \
+                benchmark_view(r.get("benchmark")).has_oracle:
             found[(r["model"], r.get("split"))][r["kind"]] = r.get("metrics") or {}
     rows = []
     for (model, split), kinds in sorted(found.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):

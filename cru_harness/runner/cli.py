@@ -263,7 +263,7 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
     if dry_run:
         return _run_config(config, dry_run=True, **options)
     from ..locations import check_output_dir
-    from .cache import RunLock
+    from ..store import RunLock
     from .shard import parse_shard
 
     if shard:
@@ -276,7 +276,7 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
 def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log, reproduce, inputs, only,
                 reuse, reuse_bundles) -> int:
     from ..data.rwku import TargetSelectionError
-    from .cache import CellStore, atomic_write_json
+    from ..store import CellStore, atomic_write_json
     from .plan import build_plan
     from .shard import parse_shard, select_shard
     from .targets import resolve_selected_targets
@@ -372,7 +372,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def run_stores(dirs) -> list:
     """The cell stores of run directories (each a run's root or its cells/), or a `MissingInputError` naming the
     first one that is not a cru-harness run."""
-    from .cache import CELLS_DIR, CellStore
+    from ..store import CELLS_DIR, CellStore
 
     stores = []
     for directory in map(Path, dirs):
@@ -385,7 +385,7 @@ def run_stores(dirs) -> list:
 
 def merge_dirs(dirs, out) -> dict[str, int]:
     """Copy cells from several run directories into `out`; a duplicate keeps its 'ok' copy."""
-    from .cache import CellStore, atomic_write_text
+    from ..store import CellStore, atomic_write_text
 
     stores = run_stores(dirs)   # every input checked before `out` is created
     out_store = CellStore(out)
@@ -422,7 +422,7 @@ def reuse_cells(source, store, cells, log=print, *, bundles: bool = False) -> in
     under the planned cell's hash and label; its record names the cell it came from (`reused_from`). With
     `bundles` (the caller reads CRU cells' router bundles), such a cell is copied only with its bundle, which a
     run's tarball leaves out (benchmarks/gpu_session/run.sh): without one on disk it is computed again."""
-    from .cache import CellStore
+    from ..store import CellStore
     from .plan import computation_key
 
     source = CellStore(source)
@@ -449,7 +449,7 @@ def reuse_cells(source, store, cells, log=print, *, bundles: bool = False) -> in
 def copy_target_choices(store, out_store, *, overwrite: bool = True) -> None:
     """The saved RWKU target choices (`runner.targets`) of one run directory into another; without `overwrite`,
     a choice the other directory has already made is kept (its cells were planned from it)."""
-    from .cache import atomic_write_text
+    from ..store import atomic_write_text
     from .targets import SELECTION_DIR
 
     selections = store.root / SELECTION_DIR
@@ -467,7 +467,7 @@ def copy_cell(store, out_store, cell_hash: str, *, keep_ok: bool, as_cell=None, 
     not; with `keep_ok`, only an 'ok' result is copied at all. `as_cell`: a planned cell that differs from it only
     in label (`reuse_cells`), whose hash and label the copy takes. `bundle`: copy the cell's router bundle too
     (work/routers), and nothing if it has none. Returns whether it copied."""
-    from .cache import RECORD_FILE, RESULT_FILE, WORK_DIR, atomic_write_json, read_json
+    from ..store import RECORD_FILE, RESULT_FILE, WORK_DIR, atomic_write_json, read_json
     from .training import ROUTERS_DIR
 
     result = store.load_result(cell_hash)
@@ -512,7 +512,7 @@ def copy_cell(store, out_store, cell_hash: str, *, keep_ok: bool, as_cell=None, 
 
 def cmd_merge(args: argparse.Namespace) -> int:
     from ..locations import check_output_dir
-    from .cache import RunLock
+    from ..store import RunLock
 
     check_output_dir(args.out, what="--out", allow_existing=True)
     run_stores(args.dirs)   # a mistyped input creates no --out (the lock below would)

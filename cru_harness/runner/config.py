@@ -16,35 +16,31 @@ from typing import Any
 
 import yaml
 
-from ..data.rwku import DEFAULT_TARGETS, TargetSelectionError, parse_targets
-from ..data.tofu import FORGET_SPLITS
 from ..devices import DTYPE_NAMES
+from ..reporting.settings import configured_methods, report_settings  # noqa: F401  (importable here)
+from ..validation import ConfigChecker, ConfigError  # noqa: F401  (ConfigError: importable here)
+from ..validation import _boolean, _check_keys, _fail, _number, _str_list, _suggest  # noqa: F401
 from ..hparams import (HPARAM_BOUNDS, HPARAM_CHOICES, adam_betas_problem, bound_problem, check_seed,  # noqa: F401
                        fields_problem, seed_problem)
-from ..errors import InputError, MissingInputError, UserError
-from ..prompts import (DEFAULT_RWKU_PRESET, DEFAULT_TOFU_PRESET, PresetError, check_rwku_preset, check_tofu_preset,
-                       tofu_format)
+from ..errors import InputError, MissingInputError
+from ..prompts import DEFAULT_RWKU_PRESET, DEFAULT_TOFU_PRESET, PresetError, check_rwku_preset, check_tofu_preset
 from ..baselines.purge import PURGE_TARGETS
-
-BENCHMARKS = ("tofu", "rwku")
-TOFU_SPLITS = FORGET_SPLITS
-
-# Evaluation tasks (lm-eval task names, from tasks/) run by default per benchmark; `{split}` / `{target}` are
-# filled per cell.
-DEFAULT_TASKS = {
-    "tofu": ["tofu_{split}", "tofu_retain", "tofu_real_authors", "tofu_world_facts"],
-    "rwku": ["rwku_forget", "rwku_neighbor", "rwku_mia", "rwku_utility"],
-}
-# Training corpora per benchmark ({split}, {retain_split}, {target} are filled per cell); `load_corpus` sources.
-DEFAULT_CORPORA = {
-    "tofu": {"forget_corpus": "{split}", "retain_corpus": "{retain_split}"},
-    # RWKU has no retain set of its own: by default the passages of a held-out target (21, 50 Cent) play
-    # the retain role. A config should state its choice; results record it.
-    "rwku": {"forget_corpus": "rwku:{target}:passage", "retain_corpus": "rwku:21:passage"},
-}
 
 # What each method accepts, its aliases, benchmarks and per-benchmark settings are its plugin's
 # (`cru_harness.api.Method`, registered under `cru_harness.methods`): this module holds no copy of them.
+
+
+def _benchmark_names() -> list[str]:
+    from .. import plugins
+
+    return plugins.benchmarks.names()
+
+
+def benchmark_plugin(name):
+    """The registered benchmark plugin of a name (`cru_harness.plugins.benchmarks`)."""
+    from .. import plugins
+
+    return plugins.benchmarks.get(name)
 
 
 def _method_names() -> list[str]:
@@ -75,12 +71,14 @@ def __getattr__(name: str):
         return {m.name: m.hparams() for m in plugins.methods}
     if name == "HPARAM_ALIASES":
         return {m.name: dict(m.aliases) for m in plugins.methods if m.aliases}
+    if name == "BENCHMARKS":
+        return tuple(plugins.benchmarks.names())
     if name == "METHOD_BENCHMARKS":
-        return {m.name: tuple(b for b in BENCHMARKS if m.unsupported(b) is None) for m in plugins.methods}
+        return {m.name: tuple(b for b in plugins.benchmarks.names() if m.unsupported(b) is None) for m in plugins.methods}
     if name == "TRAINED_METHODS":
         return tuple(m.name for m in plugins.methods if m.trains)
     if name == "CRU_BENCHMARK_DEFAULTS":
-        return {b: dict(method_plugin("CRU").benchmark_defaults.get(b, {})) for b in BENCHMARKS}
+        return {b: dict(method_plugin("CRU").benchmark_defaults.get(b, {})) for b in plugins.benchmarks.names()}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -90,22 +88,6 @@ def default_benchmarks(method: str, benchmarks) -> list[str]:
     return [bench for bench in benchmarks if plugin.unsupported(bench) is None]
 
 
-def configured_methods(raw: dict) -> list[dict]:
-    """Each `methods` entry of a raw config (a plan.json's, as the run read it) as validation reads it: `label`
-    (the method's canonical name unless given), `method` (canonical, None if unknown), `benchmarks` (a list: the
-    entry's own, a single name or several, else `default_benchmarks`) and `explicit` (whether the entry names
-    them). For readers of finished runs (the report); `validate_config` checks the entries themselves."""
-    configured = list((raw.get("benchmarks") or {}))
-    entries = []
-    for entry in raw.get("methods") or []:
-        entry = {"method": entry} if isinstance(entry, str) else (entry if isinstance(entry, dict) else {})
-        method = canonical_method(entry.get("method"))
-        given = entry.get("benchmarks")
-        benches = [given] if isinstance(given, str) else list(given) if given else (
-            default_benchmarks(method, configured) if method else [])
-        entries.append({"label": entry.get("label", method), "method": method, "benchmarks": benches,
-                        "explicit": given is not None})
-    return entries
 
 _METHOD_ENTRY_KEYS = ("method", "label", "benchmarks", "overrides", "forget_corpus", "retain_corpus")
 _TOP_KEYS = ("name", "output_dir", "data_dir", "seeds", "device", "include_original", "models", "benchmarks",
@@ -118,31 +100,12 @@ _FINETUNE_KEYS = ("data", "learning_rate", "lr", "weight_decay", "num_epochs", "
                   "batch_size", "micro_batch_size", "warmup_epochs", "lr_scheduler", "max_length", "dtype")
 _FINETUNE_ALIASES = {"lr": "learning_rate", "epochs": "num_epochs", "batch_size": "effective_batch_size"}
 _RETAIN_TRAIN_KEYS = ("from", "epochs", "lr", "batch_size", "max_length", "weight_decay")
-_BENCH_KEYS = {
-    "tofu": ("splits", "tasks", "limit", "forget_corpus", "retain_corpus", "data_dir"),
-    "rwku": ("targets", "select_known", "tasks", "limit", "forget_corpus", "retain_corpus", "data_dir"),
-}
-_SELECT_KEYS = ("top", "probes", "rows")
-# Forget probes whose score on the original model says how well it knows a target (RWKU ROUGE-L recall).
-SELECT_PROBES = ("rwku_fb", "rwku_qa", "rwku_aa")
 _EVAL_KEYS = ("batch_size", "limit", "max_gen_toks", "failure_classes", "apply_chat_template", "tofu_preset",
               "tofu_model_family", "rwku_preset", "rwku_newline_stop")
-_REPORT_KEYS = ("formats", "plots", "stats")
 #: The evaluation settings that decide how prompts are written, with their defaults: the one place for them
 #: (validation fills them in; the cells' presets and the finetune cell read them from here).
 PROMPTING_DEFAULTS = {"apply_chat_template": None, "tofu_preset": DEFAULT_TOFU_PRESET, "tofu_model_family": None,
                       "rwku_preset": DEFAULT_RWKU_PRESET, "rwku_newline_stop": False}
-_REPORT_FORMATS = ("md", "csv", "tex")
-
-
-class ConfigError(UserError, ValueError):
-    """An invalid experiment config. `key` is the path of the offending key, e.g. `methods[2].lr`."""
-
-    def __init__(self, key: str, message: str, source: str | None = None):
-        self.key = key
-        where = f"{source}: " if source else ""
-        what = f"{key}: " if key else ""   # "" is the config as a whole
-        super().__init__(f"{where}{what}{message}")
 
 
 @dataclass(frozen=True)
@@ -160,7 +123,7 @@ class ModelSpec:
     name: str
     path: str
     dtype: str = "auto"
-    benchmarks: tuple[str, ...] = BENCHMARKS
+    benchmarks: tuple[str, ...] = ()          # the configured benchmarks it runs
     retain: dict[str, RetainSpec] = field(default_factory=dict)  # split -> spec
     chat_template: bool | None = None
     trust_remote_code: bool = False
@@ -258,85 +221,17 @@ def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None
     return validate_config(raw, source=given)
 
 
-def _fail(key: str, message: str, source: str | None):
-    raise ConfigError(key, message, source)
-
-
-def _check_keys(mapping: Any, allowed: tuple[str, ...], where: str, source: str | None) -> dict:
-    if not isinstance(mapping, dict):
-        _fail(where, f"expected a mapping, got {type(mapping).__name__}", source)
-    for key in mapping:
-        if key not in allowed:
-            path = f"{where}.{key}" if where else str(key)
-            hint = _suggest(str(key), allowed)
-            _fail(path, f"unknown key{hint}; allowed here: {', '.join(allowed)}", source)
-    return mapping
-
-
-def _suggest(key: str, allowed) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(key, list(allowed), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-_PLACEHOLDERS = {"tofu": ("split", "retain_split"), "rwku": ("target",)}
-
-
 def _placeholders(text: str) -> list[str]:
     """The `{name}` placeholders of a template, in order."""
     return re.findall(r"\{([^{}]*)\}", text)
 
 
 def _check_placeholders(text: str, bench: str, key: str, source: str | None) -> None:
+    available = benchmark_plugin(bench).placeholders
     for name in _placeholders(text):
-        if name not in _PLACEHOLDERS[bench]:
+        if name not in available:
             _fail(key, f"placeholder {{{name}}} is not filled on {bench}; available: "
-                  f"{', '.join('{' + p + '}' for p in _PLACEHOLDERS[bench])}", source)
-
-
-def _str_list(value: Any, key: str, source: str | None) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        _fail(key, f"expected a string or a list of strings, got {value!r}", source)
-    return list(value)
-
-
-def _parse_targets(spec: Any, key: str, source: str | None) -> list[int]:
-    """RWKU targets by the one target parser (`data.rwku.parse_targets`: 7, "1-20", "1,3,5", "all", or a list of
-    integers in 1..200), sorted; a bad spec is a ConfigError at its key."""
-    if spec is None or spec == "":
-        _fail(key, "selects no target", source)
-    try:
-        return sorted(parse_targets(spec))
-    except TargetSelectionError as err:
-        _fail(key, str(err), source)
-
-
-def _boolean(value: Any, key: str, source: str | None, *, allow_none: bool = False) -> bool | None:
-    """A YAML boolean, nothing else: `"false"` (a string) or 0 must never read as a setting (`bool("false")` is
-    True, which would turn trust_remote_code on)."""
-    if isinstance(value, bool) or (allow_none and value is None):
-        return value
-    expected = "true, false or null" if allow_none else "true or false"
-    _fail(key, f"expected {expected} (a YAML boolean, unquoted), got {value!r}", source)
-
-
-def _number(value: Any, key: str, source: str | None, **rule):
-    """A number under `rule` (see `bound_problem`), or a ConfigError at `key`."""
-    # YAML reads 1e-5 (no dot) as a string: accept numeric strings.
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            _fail(key, f"expected a number, got {value!r}", source)
-    if rule.get("integer") and isinstance(value, float) and value.is_integer():
-        value = int(value)
-    problem = bound_problem(value, **rule)
-    if problem:
-        _fail(key, problem, source)
-    return value
+                  f"{', '.join('{' + p + '}' for p in available)}", source)
 
 
 _BOOLEAN_HPARAMS = ("prefix_cache",)
@@ -415,28 +310,17 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
     include_original = _boolean(raw.get("include_original", True), "include_original", source)
 
     # -- benchmarks
-    benches_raw = _check_keys(raw["benchmarks"], BENCHMARKS, "benchmarks", source)
+    benches_raw = _check_keys(raw["benchmarks"], tuple(_benchmark_names()), "benchmarks", source)
     if not benches_raw:
-        _fail("benchmarks", "names no benchmark (tofu and/or rwku)", source)
+        _fail("benchmarks", f"names no benchmark ({' and/or '.join(_benchmark_names())})", source)
     benchmarks: dict[str, dict[str, Any]] = {}
+    check = ConfigChecker(source)
     for bench, spec in benches_raw.items():
         where = f"benchmarks.{bench}"
-        spec = _check_keys(spec or {}, _BENCH_KEYS[bench], where, source)
-        resolved: dict[str, Any] = {}
-        if bench == "tofu":
-            splits = _str_list(spec.get("splits", ["forget10"]), f"{where}.splits", source)
-            for i, split in enumerate(splits):
-                if split not in TOFU_SPLITS:
-                    _fail(f"{where}.splits[{i}]", f"TOFU has no forget split {split!r}; valid: "
-                          f"{', '.join(TOFU_SPLITS)}", source)
-            if len(set(splits)) != len(splits):
-                _fail(f"{where}.splits", f"repeats a split: {splits}", source)
-            resolved["splits"] = splits
-        else:
-            resolved["targets"] = _parse_targets(spec.get("targets", DEFAULT_TARGETS), f"{where}.targets", source)
-            resolved["select_known"] = _validate_select_known(spec.get("select_known"), resolved["targets"],
-                                                              spec.get("limit"), f"{where}.select_known", source)
-        tasks = _str_list(spec.get("tasks", DEFAULT_TASKS[bench]), f"{where}.tasks", source)
+        plugin = benchmark_plugin(bench)
+        spec = _check_keys(spec or {}, plugin.config_keys, where, source)
+        resolved: dict[str, Any] = dict(plugin.resolve_block(spec, where, check))
+        tasks = _str_list(spec.get("tasks", list(plugin.default_tasks)), f"{where}.tasks", source)
         if not tasks:
             _fail(f"{where}.tasks", "is empty", source)
         for i, task in enumerate(tasks):
@@ -447,7 +331,7 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
             limit = _number(limit, f"{where}.limit", source, low=1, integer=True)
         resolved["limit"] = limit
         for corpus_key in ("forget_corpus", "retain_corpus"):
-            value = spec.get(corpus_key, DEFAULT_CORPORA[bench][corpus_key])
+            value = spec.get(corpus_key, plugin.default_corpora[corpus_key])
             if not isinstance(value, str):
                 _fail(f"{where}.{corpus_key}", f"expected a corpus source string, got {value!r}", source)
             _check_placeholders(value, bench, f"{where}.{corpus_key}", source)
@@ -455,8 +339,8 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         bench_data = spec.get("data_dir", data_dir)
         if bench_data is not None and not isinstance(bench_data, str):
             _fail(f"{where}.data_dir", f"expected a path or testbed:world, got {bench_data!r}", source)
-        if bench_data == "testbed:world" and bench != "tofu":
-            _fail(f"{where}.data_dir", "testbed:world is a fictitious TOFU-schema world: TOFU only", source)
+        if bench_data is not None and (problem := plugin.check_data_dir(bench_data)):
+            _fail(f"{where}.data_dir", problem, source)
         resolved["data_dir"] = bench_data
         benchmarks[bench] = resolved
 
@@ -500,7 +384,7 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         finetune = entry.get("finetune")
         if finetune is not None:
             finetune = _validate_finetune(finetune, f"{where}.finetune", source, needs_data=True)
-            if "rwku" in model_benches and benchmarks["rwku"].get("select_known"):
+            if any(benchmarks[b].get("select_known") for b in model_benches):
                 _fail(f"{where}.finetune", "RWKU select_known ranks targets on the model as given, before any "
                       "fine-tuning; use a separate model entry for RWKU", source)
         models.append(ModelSpec(model_name, path, dtype, model_benches, retain, chat_template,
@@ -559,7 +443,7 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         if not isinstance(overrides_raw, dict):
             _fail(f"{where}.overrides", "expected a mapping {benchmark or split: {hyperparameter: value}}", source)
         overrides = {}
-        selectors = set(method_benches) | set(benchmarks.get("tofu", {}).get("splits", []))
+        selectors = set(method_benches) | {split for block in benchmarks.values() for split in block.get("splits", [])}
         for selector, values in overrides_raw.items():
             if selector not in selectors:
                 _fail(f"{where}.overrides.{selector}", f"selects nothing: expected one of {sorted(selectors)}",
@@ -595,8 +479,8 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
     try:  # protocol presets (cru_harness.prompts): an unknown name or TOFU family fails here, naming the choices
         check_tofu_preset(evaluation["tofu_preset"])
         check_rwku_preset(evaluation["rwku_preset"])
-        if "tofu" in benchmarks:
-            tofu_format(evaluation["tofu_preset"], evaluation["tofu_model_family"])
+        for bench in benchmarks:   # e.g. TOFU: the model family its preset names
+            benchmark_plugin(bench).check_evaluation(evaluation)
     except PresetError as err:
         _fail("evaluation", str(err), source)
     _number(evaluation["batch_size"], "evaluation.batch_size", source, low=1, integer=True)
@@ -653,46 +537,6 @@ def _validate_attacks(value: Any, source: str | None) -> tuple[AttackSpec, ...]:
     return tuple(specs)
 
 
-def report_settings(raw_report: Any, source: str | None = None) -> dict[str, Any]:
-    """A config's `report:` block, checked, with its defaults (every format, plots, statistics): what `cru-harness
-    run` writes its report with, and what `cru-harness report` reads back from a run's plan.json."""
-    report = _check_keys(raw_report or {}, _REPORT_KEYS, "report", source)
-    report = {"formats": list(_REPORT_FORMATS), "plots": True, "stats": True, **report}
-    formats = _str_list(report["formats"], "report.formats", source)
-    for i, fmt in enumerate(formats):
-        if fmt not in _REPORT_FORMATS:
-            _fail(f"report.formats[{i}]", f"expected one of {', '.join(_REPORT_FORMATS)}, got {fmt!r}", source)
-    report["formats"] = formats
-    for key in ("plots", "stats"):
-        _boolean(report[key], f"report.{key}", source)
-    return report
-
-
-def _validate_select_known(value: Any, targets: list[int], limit: Any, where: str,
-                           source: str | None) -> dict[str, Any] | None:
-    """`select_known: {top: K, probes: [...], rows: N}`: of the configured targets (the candidates), keep the K
-    the original model knows best, by its mean RWKU ROUGE-L recall on `probes` over the first N rows per file.
-    The choice is made at run time per model (runner.targets) and saved with the results."""
-    if value is None:
-        return None
-    spec = _check_keys(value, _SELECT_KEYS, where, source)
-    if "top" not in spec:
-        _fail(f"{where}.top", "is required: how many of the candidate targets to keep", source)
-    top = _number(spec["top"], f"{where}.top", source, low=1, integer=True)
-    if top > len(targets):
-        _fail(f"{where}.top", f"keeps {top} targets but `targets` names only {len(targets)} candidates", source)
-    probes = _str_list(spec.get("probes", ["rwku_fb", "rwku_qa"]), f"{where}.probes", source)
-    if not probes:
-        _fail(f"{where}.probes", "is empty", source)
-    for i, probe in enumerate(probes):
-        if probe not in SELECT_PROBES:
-            _fail(f"{where}.probes[{i}]", f"expected one of {', '.join(SELECT_PROBES)}, got {probe!r}", source)
-    rows = spec.get("rows", limit)
-    if rows is not None:
-        rows = _number(rows, f"{where}.rows", source, low=1, integer=True)
-    return {"top": int(top), "probes": list(dict.fromkeys(probes)), "rows": rows}
-
-
 def _validate_retain(value: Any, where: str, benchmarks: dict, model_benches: tuple[str, ...],
                      source: str | None) -> dict[str, RetainSpec]:
     """`retain:` is one spec for every split, or a mapping split -> spec; a spec has exactly one of
@@ -701,9 +545,10 @@ def _validate_retain(value: Any, where: str, benchmarks: dict, model_benches: tu
     retain set)."""
     if value is None:
         return {}
-    if "tofu" not in benchmarks or "tofu" not in model_benches:
+    oracle = next((b for b in model_benches if benchmark_plugin(b).has_oracle), None)
+    if oracle is None:
         _fail(where, "a retain model is TOFU's Forget Quality oracle, but this model runs no TOFU", source)
-    splits = benchmarks["tofu"]["splits"]
+    splits = benchmarks[oracle]["splits"]
     if not isinstance(value, dict):
         _fail(where, "expected {checkpoint: ...}, {per_item: ...}, {train: {...}} or a mapping per split", source)
     if set(value) & set(_RETAIN_KINDS):

@@ -9,7 +9,7 @@ from typing import Any
 from ..devices import HALF_DTYPES, explain_out_of_memory
 from ..errors import InputError, MissingInputError
 from ..lmeval.metadata import METADATA_KEYS
-from .cache import read_json
+from ..store import read_json
 from .config import PROMPTING_DEFAULTS, ModelSpec
 from .models import cell_device, model_dtype
 from .plan import Cell
@@ -40,10 +40,9 @@ def use_chat_template(cell: Cell, model_path: str) -> bool:
     """Whether the cell's prompts go through the model's chat template (see `model_uses_chat_template`). Never for
     a TOFU cell whose preset and `tofu_model_family` fix the text format (legacy, or an open-unlearning model
     config without a chat template): the reference writes those prompts itself."""
-    from ..prompts import tofu_format
+    from .. import plugins
 
-    presets = protocol_presets(cell.evaluation)
-    if cell.benchmark == "tofu" and tofu_format(presets["tofu_preset"], presets["tofu_model_family"]) is not None:
+    if plugins.benchmarks.get(cell.benchmark).fixed_prompt_format(protocol_presets(cell.evaluation)):
         return False
     return model_uses_chat_template(cell.model, cell.evaluation, model_path)
 
@@ -84,41 +83,11 @@ def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Pat
 
 
 def rwku_tasks_with_data(cell: Cell, data_dir) -> tuple[list[str], dict[str, str]]:
-    """The cell's tasks minus RWKU utility tasks its target has no data for, with the reason for each one left out.
+    """The cell's tasks its benchmark's data can serve (`Benchmark.tasks_with_data`: RWKU's utility sets exist for
+    some targets only), with the reason for each one left out."""
+    from .. import plugins
 
-    RWKU's utility sets (MMLU, BBH, TruthfulQA, TriviaQA, fluency) are per target, and a copy may lack them for
-    some targets (the shared copy holds them for targets 1-10 only). A cell of such a target keeps its forget,
-    neighbour and MIA probes and records utility as unavailable, instead of failing as a whole. A utility file
-    that does not load for a target that should have one (1-10) stays in: its error then surfaces in the
-    evaluation, never hidden here.
-    """
-    if cell.benchmark != "rwku" or cell.target is None:
-        return list(cell.tasks), {}
-    from ..data.rwku import UTILITY_TARGETS, MissingTargetFileError, load_target_file
-    from ..tasks.rwku.utils import PROBE_KINDS, UTILITY_PROBES
-
-    kept, dropped = [], {}
-    for task in cell.tasks:
-        name = task.removeprefix("rwku_icu_").removeprefix("rwku_")
-        if not name.startswith("utility") or cell.target in UTILITY_TARGETS:
-            kept.append(task)
-            continue
-        probe = name.removeprefix("utility").lstrip("_")
-        kinds = [kind for p in ([probe] if probe else UTILITY_PROBES) for kind in PROBE_KINDS[p]]
-        missing = []
-        for kind in kinds:
-            try:
-                load_target_file(cell.target, kind, data_dir)
-            except MissingTargetFileError:   # no such set for this target; unreadable data fails the cell
-                missing.append(kind)
-        if missing:
-            dropped[task] = (f"this RWKU copy has no {', '.join(missing)} for target {cell.target} "
-                             "(the shared copy holds utility sets for targets 1-10 only)")
-        else:
-            kept.append(task)
-    if not kept:
-        raise InputError(f"no task of {list(cell.tasks)} has data for RWKU target {cell.target}: {dropped}")
-    return kept, dropped
+    return plugins.benchmarks.get(cell.benchmark).tasks_with_data(cell, data_dir)
 
 
 def eval_model_args(model: ModelSpec, model_path: str, routers: str | None = None) -> dict[str, Any]:
@@ -189,27 +158,17 @@ def score_cell(cell: Cell, lmeval_dir: Path, *, data_dir=None, original_model: s
                retain_result: dict | None = None) -> dict:
     """Per-cell numbers in the result schema (docs/results_schema.md) from the cell's saved lm-eval outputs,
     through the project scorers (`reporting.cell_scores`: `reporting.score` for TOFU, the RWKU tasks'
-    `per_target_results` for RWKU, `reporting.failure_modes` for answer classes)."""
-    from ..reporting import cell_scores
+    `per_target_results` for RWKU, `reporting.failure_modes` for answer classes), by the cell's benchmark plugin."""
+    from .. import plugins
 
     failure = bool(cell.evaluation.get("failure_classes", True))
     original = original_model if failure else None
     batch_size = int(cell.evaluation.get("batch_size", 8))
     # the original model scores the answers for the failure classes
     with explain_out_of_memory(f"failure classes at batch size {batch_size}", SMALLER_EVALUATION):
-        if cell.benchmark == "tofu":
-            forget_task = f"tofu_{cell.split}"
-            retain_items = cell_scores.forget_items_from_result(retain_result, forget_task) if retain_result else None
-            scored = cell_scores.score_tofu_cell(lmeval_dir, split=cell.split, retain_items=retain_items,
-                                                 original_model=original, data_dir=data_dir,
-                                                 device=cell_device(cell), batch_size=batch_size,
-                                                 device_map=cell.model.device_map,
-                                                 trust_remote_code=cell.model.trust_remote_code)
-        else:
-            scored = cell_scores.score_rwku_cell(lmeval_dir, target=cell.target, original_model=original,
-                                                 device=cell_device(cell), batch_size=batch_size,
-                                                 device_map=cell.model.device_map,
-                                                 trust_remote_code=cell.model.trust_remote_code)
+        scored = plugins.benchmarks.get(cell.benchmark).score(
+            cell, lmeval_dir, data_dir=data_dir, original_model=original, retain_result=retain_result,
+            device=cell_device(cell), batch_size=batch_size)
     if not failure:
         scored["failure_classes"] = {}
     return scored

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..api import CellUnavailable  # noqa: F401  (raised by executors and plugins; re-exported)
-from .cache import RESULT_SCHEMA_VERSION, CellStore, environment_record, now_iso
+from ..store import RESULT_SCHEMA_VERSION, CellStore, environment_record, now_iso
 from .plan import Cell
 from .models import resolve_device
 from .provenance import code_version, hub_revisions, stale_fields

@@ -15,7 +15,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from ..data.tofu import retain_config_for
 from .config import PROMPTING_DEFAULTS, ExperimentConfig, MethodSpec, ModelSpec
 
 HASH_SCHEMA = 1          # bump when the meaning of a resolved cell changes (invalidates caches)
@@ -50,7 +49,9 @@ class Cell:
     @property
     def unit(self) -> str:
         """The split or target this cell evaluates on, as shown in tables."""
-        return self.split if self.benchmark == "tofu" else f"target{self.target}"
+        from .. import plugins
+
+        return plugins.benchmarks.get(self.benchmark).unit_label(self.split, self.target)
 
     def resolved(self) -> dict[str, Any]:
         """Everything that determines this cell's result; its hash is the cache key."""
@@ -99,10 +100,11 @@ def computation_key(resolved: dict[str, Any]) -> str:
     return cell_hash({key: value for key, value in resolved.items() if key != "label"})
 
 
-def _fill(template: str, split: str | None, target: int | None) -> str:
-    values = {"split": split or "", "target": target if target is not None else ""}
-    values["retain_split"] = retain_config_for(split) if split else ""
-    return template.format(**values)
+def _fill(template: str, benchmark: str, split: str | None, target: int | None) -> str:
+    """A task or corpus template with the benchmark's placeholders filled for one unit."""
+    from .. import plugins
+
+    return template.format(**plugins.benchmarks.get(benchmark).placeholder_values(split, target))
 
 
 def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] | None = None) -> list[Cell]:
@@ -111,30 +113,28 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
 
     With `benchmarks.rwku.select_known`, a model's RWKU targets are `selected_targets[model.name]`
     (runner.targets); a model without a selection yet gets no RWKU cells (see `pending_selections`)."""
+    from .. import plugins
+
     cells: list[Cell] = []
     for model in config.models:
         if model.finetune is not None:
             cells.append(_finetune_cell(config, model))
         for bench in model.benchmarks:
             spec = config.benchmarks[bench]
-            if bench == "tofu":
-                units = [(split, None) for split in spec["splits"]]
-            else:
-                targets = spec["targets"]
-                if spec.get("select_known"):
-                    targets = (selected_targets or {}).get(model.name, [])
-                units = [(None, target) for target in targets]
+            benchmark = plugins.benchmarks.get(bench)
+            selected = (selected_targets or {}).get(model.name, []) if spec.get("select_known") else None
+            units = benchmark.units(spec, selected)
             limit = spec["limit"] if spec["limit"] is not None else config.evaluation.get("limit")
             evaluation = {k: v for k, v in config.evaluation.items() if k != "limit"}
             for split, target in units:
-                tasks = tuple(_fill(task, split, target) for task in spec["tasks"])
+                tasks = tuple(_fill(task, bench, split, target) for task in spec["tasks"])
                 common = dict(model=model, benchmark=bench, tasks=tasks, limit=limit, evaluation=evaluation,
                               data_dir=spec["data_dir"], device=config.device)
-                if bench == "tofu" and split in model.retain:
+                if benchmark.has_oracle and split in model.retain:
                     retain = model.retain[split]
                     trains = retain.kind in ("train", "finetune")
                     data = retain.value["data"] if retain.kind == "finetune" else "{retain_split}"
-                    corpora = {"retain_corpus": _fill(data, split, None)} if trains else {}
+                    corpora = {"retain_corpus": _fill(data, bench, split, None)} if trains else {}
                     cells.append(Cell(kind="retain", split=split, target=None, method="Retain", label="Retain",
                                       seed=STARTING_MODEL_SEED if trains else None, hparams={},
                                       corpora=corpora, extra={"retain": retain.to_dict()}, **common))
@@ -156,7 +156,7 @@ def _attack_cells(config: ExperimentConfig, block: list[Cell]) -> list[Cell]:
         for cell in block:
             attacked.append(Cell(
                 kind="attack", model=cell.model, benchmark=cell.benchmark, split=cell.split, target=cell.target,
-                method=cell.method, label=f"{cell.label} | {attack.label}", seed=cell.seed, hparams=cell.hparams,
+                method=cell.method, label=f"{cell.label} + {attack.label}", seed=cell.seed, hparams=cell.hparams,
                 corpora=cell.corpora, tasks=cell.tasks, limit=cell.limit, evaluation=cell.evaluation,
                 data_dir=cell.data_dir, device=cell.device,
                 extra={"attack": {"name": attack.attack, "settings": attack.settings}, "attacked": cell.hash}))
@@ -178,10 +178,14 @@ _FINETUNE_PROMPTING = ("apply_chat_template", "tofu_preset", "tofu_model_family"
 def _finetune_cell(config: ExperimentConfig, model: ModelSpec) -> Cell:
     """The cell that fine-tunes `model.path` on `model.finetune["data"]` (TOFU's recipe): no evaluation, but the
     prompt format the TOFU evaluation uses (a legacy or open-unlearning model family, a forced chat choice)."""
-    bench = "tofu" if "tofu" in model.benchmarks else model.benchmarks[0]
+    from .. import plugins
+
+    # TOFU's recipe: recorded under the benchmark whose oracle it serves when the model runs one
+    bench = next((b for b in model.benchmarks if plugins.benchmarks.get(b).has_oracle), model.benchmarks[0])
+    oracle = plugins.benchmarks.get(bench).has_oracle
     # the chat choice writes any benchmark's rows; the presets are TOFU's
     prompting = {key: config.evaluation[key] for key in _FINETUNE_PROMPTING
-                 if (bench == "tofu" or key == "apply_chat_template")
+                 if (oracle or key == "apply_chat_template")
                  and config.evaluation[key] != PROMPTING_DEFAULTS[key]}
     return Cell(kind="finetune", model=model, benchmark=bench, split=None, target=None, method="Finetune",
                 label="Finetune", seed=STARTING_MODEL_SEED, hparams=dict(model.finetune),
@@ -201,10 +205,9 @@ def finetune_cell_for(cell: Cell, cells: Iterable[Cell]) -> Cell | None:
 
 def pending_selections(config: ExperimentConfig, selected_targets: dict[str, list[int]] | None) -> list[str]:
     """Models whose RWKU targets are still to be chosen by `select_known` (their RWKU cells are not planned)."""
-    rwku = config.benchmarks.get("rwku")
-    if not rwku or not rwku.get("select_known"):
-        return []
-    return [m.name for m in config.models if "rwku" in m.benchmarks and m.name not in (selected_targets or {})]
+    selecting = [bench for bench, block in config.benchmarks.items() if block.get("select_known")]
+    return [m.name for m in config.models
+            if any(b in m.benchmarks for b in selecting) and m.name not in (selected_targets or {})]
 
 
 def _method_cells(config: ExperimentConfig, method: MethodSpec, common: dict, split, target) -> Iterable[Cell]:
@@ -219,7 +222,7 @@ def _method_cells(config: ExperimentConfig, method: MethodSpec, common: dict, sp
     if plugin.reads_corpora:
         for key in ("forget_corpus", "retain_corpus"):
             template = method.corpora.get(key, config.benchmarks[bench][key])
-            corpora[key] = _fill(template, split, target)
+            corpora[key] = _fill(template, bench, split, target)
     extra = plugin.cell_extra(config, bench, split, target)
     common = dict(common, tasks=tuple(plugin.tasks(common["tasks"])))   # e.g. ICU's task variants
     seeds = list(config.seeds) if plugin.seeded else [None]
@@ -230,7 +233,9 @@ def _method_cells(config: ExperimentConfig, method: MethodSpec, common: dict, sp
 
 def retain_cell_for(cell: Cell, cells: Iterable[Cell]) -> Cell | None:
     """The retain (oracle) cell whose per-item truth ratios give this TOFU cell's Forget Quality."""
-    if cell.benchmark != "tofu":
+    from .. import plugins
+
+    if not plugins.benchmarks.get(cell.benchmark).has_oracle:
         return None
     for other in cells:
         if other.kind == "retain" and other.model.name == cell.model.name and other.split == cell.split:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MissingInputError
-from .cache import CellStore, atomic_write_json, atomic_write_text
+from ..store import CellStore, atomic_write_json, atomic_write_text
 from .plan import cell_title
 from .provenance import INPUT_FIELDS, code_record, recorded_hub_revisions
 
@@ -316,7 +316,7 @@ def records_code(records) -> tuple[list[str], list[str]]:
 
 def _selections(run_store: CellStore, ref_store: CellStore) -> dict[str, tuple]:
     """Model -> (reference's, run's) RWKU targets chosen by `select_known` (None where a side has none)."""
-    from .cache import read_recorded_json
+    from ..store import read_recorded_json
     from .targets import SELECTION_DIR
 
     chosen: dict[str, list] = {}

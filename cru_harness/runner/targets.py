@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ..reporting.targets import SELECTION_DIR, rank_targets  # noqa: F401  (importable here)
 from .config import ExperimentConfig, ModelSpec
 
-SELECTION_DIR = "target_selection"
 SELECTION_SCHEMA = 1
 KNOWLEDGE_METRIC = "rouge_l_recall"
 
@@ -76,11 +76,6 @@ def _same_rule(saved: dict, key: dict) -> bool:
         json.loads(json.dumps(comparable(key), default=str))
 
 
-def rank_targets(scores: dict[int, float], top: int) -> list[int]:
-    """The `top` targets by knowledge score, highest first; ties keep the lower target index."""
-    return [t for t, _ in sorted(scores.items(), key=lambda item: (-item[1], item[0]))][:top]
-
-
 def knowledge_scores(per_target: dict[str, dict[int, dict]], probes: list[str],
                      candidates: list[int]) -> dict[int, dict[str, float]]:
     """Per candidate: each probe's ROUGE-L recall and their mean (`score`). A candidate missing from a probe's
@@ -110,7 +105,7 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
         log(f"target selection for {model.name}: reusing {selection_path(config, model)} -> {saved['chosen']}")
         return saved
     from ..tasks.rwku.utils import per_target_results
-    from .cache import atomic_write_json, now_iso
+    from ..store import atomic_write_json, now_iso
     from .evaluation import model_uses_chat_template, run_lmeval
     from .models import resolve_data_dir, resolve_device, resolve_model_path
 

@@ -20,12 +20,14 @@ def prompt_format(cell: Cell, chat: bool) -> dict:
     (`chat`: `runner.evaluation.use_chat_template(cell, ...)`, which is False under a fixed TOFU format). A TOFU cell
     under its presets; an RWKU cell as RWKU's probes ask (a retain cover's neighbour questions as the neighbour-QA
     probe asks them; RWKU itself trains on passages and has no reference for question rows, docs/protocol.md)."""
+    from .. import plugins
     from .evaluation import protocol_presets
 
-    if cell.benchmark == "rwku" and cell.kind != "finetune":   # fine-tuning is TOFU's recipe on TOFU's rows
-        return {"chat": bool(chat), "benchmark": "rwku"}
-    presets = protocol_presets(cell.evaluation if cell.benchmark == "tofu" else {})
-    return {"chat": bool(chat), "preset": presets["tofu_preset"], "family": presets["tofu_model_family"]}
+    benchmark = plugins.benchmarks.get(cell.benchmark)
+    if cell.kind == "finetune":   # fine-tuning is TOFU's recipe on TOFU's rows, under TOFU's presets when it serves
+        presets = protocol_presets(cell.evaluation if benchmark.has_oracle else {})   # the oracle's benchmark
+        return {"chat": bool(chat), "preset": presets["tofu_preset"], "family": presets["tofu_model_family"]}
+    return benchmark.training_prompt_format(cell, chat, protocol_presets(cell.evaluation))
 
 
 def train_retain_model(cell: Cell, spec: dict, workdir: Path, data_dir, outcome: dict) -> str:

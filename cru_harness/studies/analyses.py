@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import MissingInputError
-from ..runner.cache import atomic_write_json
+from ..store import atomic_write_json
 from ..runner.provenance import code_version
 from ..runner.plan import Cell
 

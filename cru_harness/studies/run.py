@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import MissingInputError
-from ..runner.cache import atomic_write_text
+from ..store import atomic_write_text
 from ..runner.config import ConfigError
 from .config import Study
 from .tables import mean_sd, plot_study, study_rows, to_csv, to_markdown
@@ -28,8 +28,8 @@ def header_lines(study: Study, selected: dict[str, list[int]] | None = None,
         tuned = f", fine-tuned first on `{model.finetune['data']}` with TOFU's recipe" if model.finetune else ""
         lines.append(f"- model `{model.name}`: `{model.path}` ({model.dtype}){tuned}")
     for bench, spec in config.benchmarks.items():
-        where = (f"splits {', '.join(spec['splits'])}" if bench == "tofu" else f"targets {spec['targets']}")
-        if bench == "rwku" and spec.get("select_known"):
+        where = (f"splits {', '.join(spec['splits'])}" if "splits" in spec else f"targets {spec['targets']}")
+        if spec.get("select_known"):
             known = spec["select_known"]
             chosen = "; ".join(f"{name}: {targets}" for name, targets in (selected or {}).items()) or "not chosen yet"
             where = (f"targets {chosen}, the top {known['top']} of candidates {spec['targets']} by the original "
@@ -65,7 +65,7 @@ def data_source(benchmark: str, data_dir: str | None, recorded: Counter | None =
 
 def cell_records(output_dir, hashes) -> dict[str, dict]:
     """Cell hash -> its run record ({} without one): read once per table, for every header line that reads them."""
-    from ..runner.cache import CellStore
+    from ..store import CellStore
 
     store = CellStore(output_dir)
     return {cell_hash: store.load_record(cell_hash) or {} for cell_hash in hashes}
@@ -133,7 +133,7 @@ def other_code_lines(results: list[dict], records: dict[str, dict]) -> list[str]
 def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard: str | None = None,
               table_only: bool = False, log: Callable = print, only: str | None = None,
               reuse: str | None = None) -> int:
-    from ..runner.cache import WORK_DIR, CellStore, load_results
+    from ..store import WORK_DIR, CellStore, load_results
     from ..runner.cli import run_config
     from ..runner.training import ROUTERS_DIR
 
@@ -243,7 +243,7 @@ def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable, tab
     plan the forget- and retain-derived localizations are compared (no router is trained). `table_only`: the
     table from the saved analyses, nothing run."""
     from ..locations import check_output_dir
-    from ..runner.cache import CellStore, RunLock
+    from ..store import CellStore, RunLock
     from ..runner.execute import PlanExecutor
     from ..runner.loop import run_cells
     from ..runner.provenance import cell_inputs

@@ -19,17 +19,20 @@ from ..reporting.router_lr import cru_setting
 from ..reporting.stats import finite_mean, is_number
 from ..reporting.tables import FAILURE_CLASSES, derived_metrics, fill_forget_quality, scientific
 
-# (key in the derived metrics, header). Forget and utility axes first, then the retain / neighbour scores the
-# issue asks to watch, the forget answers' failure classes, the gates and the cost.
-TOFU_KEYS = [("forget_1_rouge_l", "forget 1-ROUGE-L"), ("forget_quality", "FQ"), ("model_utility", "MU"),
-             ("retain_rouge_l", "retain ROUGE-L"), ("ra_rouge_l", "real authors ROUGE-L"),
-             ("wf_rouge_l", "world facts ROUGE-L")]
-RWKU_KEYS = [("forget_fb", "forget FB"), ("forget_qa", "forget QA"), ("forget_aa", "forget AA"),
-             ("neighbor_fb", "neighbor FB"), ("neighbor_qa", "neighbor QA"), ("utility", "utility mean")]
+# (key in the derived metrics, header): after the benchmark's own `study_keys` (its forget and utility axes, then
+# the retain / neighbour scores to watch), the forget answers' failure classes, the gates and the cost.
 COMMON_KEYS = [*[(f"fc_forget_{c}", f"forget {c}") for c in FAILURE_CLASSES],
                ("gate_forget", "gate forget"), ("gate_retain", "gate retain"),
                ("train_wall_time_s", "train s"), ("cell_wall_time_s", "cell s")]
-KEYS = {"tofu": TOFU_KEYS + COMMON_KEYS, "rwku": RWKU_KEYS + COMMON_KEYS}
+
+
+def study_keys(benchmark: str) -> list[tuple[str, str]]:
+    """The (key, header) pairs a study table shows for a benchmark's rows."""
+    from .. import plugins
+
+    return [*plugins.benchmarks.get(benchmark).study_keys, *COMMON_KEYS]
+
+
 REFERENCE_ROWS = ("Original", "Retain")
 #: A sweep plot's axis name for the CRU hyper-parameters a sweep varies (the config's key is the fallback).
 AXIS_NAMES = {"lam": "λ (weight of the retain term)", "lr": "router learning rate",
@@ -59,7 +62,9 @@ def mean_sd(values) -> tuple[float | None, float | None, int]:
 
 
 def block_name(result: dict) -> str:
-    where = result.get("split") if result.get("benchmark") == "tofu" else "targets"
+    from .. import plugins
+
+    where = result.get("split") if plugins.benchmarks.get(result.get("benchmark")).unit == "split" else "targets"
     return f"{result.get('model')} · {result.get('benchmark')} {where}"
 
 
@@ -79,7 +84,7 @@ def study_rows(results: list[dict], label_order: list[str], x: str | None = None
                                                      key=lambda kv: (kv[0][0], order.get(kv[0][2], 1e9), kv[0][2])):
         per_seed = {seed: [cell_values(r) for r in cells] for seed, cells in by_seed.items()}
         row_stats = {}
-        for key in dict.fromkeys([*(k for k, _ in KEYS[benchmark]), "forgetting", "utility"]):
+        for key in dict.fromkeys([*(k for k, _ in study_keys(benchmark)), "forgetting", "utility"]):
             # RWKU: one number per seed (the mean over its targets), then the spread over seeds
             seed_means = [mean_sd([v.get(key) for v in values])[0] for values in per_seed.values()]
             row_stats[key] = mean_sd(seed_means)
@@ -140,7 +145,7 @@ def to_markdown(rows: list[dict], header: list[str], x: str | None = None) -> st
              "counts, and mean utility; means over seeds).", ""]
     for block in dict.fromkeys(r["block"] for r in rows):
         block_rows = [r for r in rows if r["block"] == block]
-        keys = KEYS[block_rows[0]["benchmark"]]
+        keys = study_keys(block_rows[0]["benchmark"])
         columns = ["variant", *([x] if x else []), "seeds", *[h for _, h in keys], "collapsed-router gate",
                    "Pareto front"]
         lines += [f"### {block}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -165,7 +170,7 @@ def _pareto_text(flag) -> str:
 
 
 def to_csv(rows: list[dict], x: str | None = None) -> str:
-    keys = list(dict.fromkeys(k for r in rows for k, _ in KEYS[r["benchmark"]]))
+    keys = list(dict.fromkeys(k for r in rows for k, _ in study_keys(r["benchmark"])))
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["block", "benchmark", "variant", *([x] if x else []), "seeds", "n_seeds",

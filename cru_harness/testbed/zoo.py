@@ -86,7 +86,7 @@ def builder_fingerprint() -> str:
     """Content hash of the code a build runs (world, tokenizer, model, fine-tuning, the QA template, the build
     itself), comments ignored: a cache entry built by other code is never reused, even without a version bump."""
     from ..data import corpora
-    from ..runner.provenance import file_digest
+    from ..fingerprints import file_digest
     from . import finetune, models, tokenizer, world
 
     digest = hashlib.sha256()

@@ -32,7 +32,7 @@ from cru_harness.data.rwku import ICU_INSTRUCTION, MissingTargetFileError, get_t
 from cru_harness.data.rwku import PROBE_KINDS as QUESTION_KIND_PROBES
 from cru_harness.errors import InputError
 from cru_harness.lmeval.metadata import check_metadata_keys, metadata_count, metadata_flag
-from cru_harness.lmeval.protocol import JOINT_MARKER, template_date
+from cru_harness.protocol import JOINT_MARKER, template_date
 from cru_harness.lmeval.request_cache import UncachedRequests
 from cru_harness.prompts import (RWKU_ANSWER_PREFIX, RWKU_DATE, RWKU_QUESTION_PROBES, check_rwku_preset,
                                  rwku_plain_prompt, rwku_probe_prompt)
@@ -368,7 +368,7 @@ MIA_SCORES = ("loss", "zlib", "mink", "minkpp")
 
 def mia_scores(result, text: str) -> dict[str, float]:
     """RWKU's MIA scores of one text (higher = more member-like); NaN without per-token statistics."""
-    from cru_harness.lmeval.protocol import has_token_stats
+    from cru_harness.protocol import has_token_stats
     from cru_harness.metrics import loss_score, min_k, min_k_plus_plus, zlib_score
 
     if not has_token_stats(result) or result.n_tokens == 0:

@@ -29,7 +29,7 @@ from lm_eval.api.task import ConfigurableTask
 from cru_harness import metrics as M
 from cru_harness.lmeval.metadata import check_metadata_keys
 # `cru` scores a continuation ending in EOS_MARKER with the tokenizer's EOS id appended (TOFU counts EOS).
-from cru_harness.lmeval.protocol import EOS_MARKER, JOINT_MARKER, has_token_stats, template_date
+from cru_harness.protocol import EOS_MARKER, JOINT_MARKER, has_token_stats, template_date
 from cru_harness.lmeval.request_cache import UncachedRequests
 from cru_harness import prompts as P
 

@@ -1,0 +1,477 @@
+"""On-disk results: `<output_dir>/cells/<hash>/{result.json, run_record.json}`, written atomically.
+
+A cell is finished when its `result.json` is a valid result (`validate_result`: schema version, the fields
+readers use, its own hash) with status "ok", and its `run_record.json` is valid too. An invalid file is reported
+by path and its cell recomputed, never counted as done. Files are written to a temporary file in the same
+directory and moved into place with `os.replace`, so a killed process leaves either the old file or the new
+one, never half a file. `run_record.json` is written before `result.json`, so a result never lacks its record.
+A cell directory without a result (killed mid-way) is recomputed from scratch on resume.
+
+One run at a time per output directory: `RunLock` (an `flock` on `<output_dir>/.lock`, holding the owner's
+pid, host and start time). A shard holds the directory lock shared plus its own shard lock, so the shards of
+one run can share a directory while a second full run (or the same shard twice) is refused.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import platform
+import secrets
+import shutil
+import socket
+import sys
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .errors import WRITE_ERRNOS, InputError, MissingInputError, OutputWriteError, UserError
+
+RESULT_FILE = "result.json"
+RECORD_FILE = "run_record.json"
+RUNNING_FILE = "RUNNING"
+WORK_DIR = "work"
+CELLS_DIR = "cells"
+LOCK_FILE = ".lock"
+FINISHED_STATUSES = ("ok",)
+STATUSES = ("ok", "failed", "unavailable")
+RESULT_SCHEMA_VERSION = 1   # bump when result.json changes meaning; older files are then recomputed
+RECORD_SCHEMA_VERSION = 1
+# Fields every reader (resume, report, merge, Forget Quality) relies on, with their types.
+_RESULT_FIELDS = {"hash": str, "status": str, "kind": str, "label": str, "model": str, "benchmark": str,
+                  "metrics": dict}
+_OPTIONAL_RESULT_FIELDS = {"per_item": dict, "resources": dict, "details": dict, "artifacts": dict,
+                           "failure_classes": dict, "hparams": dict, "gate_means": (dict, type(None))}
+_LIBRARIES = ("torch", "transformers", "lm_eval", "accelerate", "datasets", "huggingface_hub", "numpy", "scipy",
+              "tokenizers", "safetensors", "rouge_score", "cru_harness")
+
+
+def _jsonable(value: Any) -> Any:
+    """JSON-safe copy: NaN/inf become null (strict JSON), paths and numpy scalars become plain values."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if hasattr(value, "item"):  # numpy / torch scalars
+        return _jsonable(value.item())
+    if hasattr(value, "tolist"):
+        return _jsonable(value.tolist())
+    return str(value)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `path` whole or not at all: a temporary file beside it (`.NAME.RANDOM.tmp`), then a rename. The file
+    gets the permissions the umask gives (mkstemp's 0600 would keep results from the rest of a shared group)."""
+    path, tmp = Path(path), None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        while tmp is None:
+            tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                tmp = None
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        if isinstance(err, OSError) and err.errno in WRITE_ERRNOS:   # the machine's, not a bug: one line
+            raise OutputWriteError(f"cannot write {path}: {err.strerror} (what was written before it is "
+                                   "kept whole)") from err
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(_jsonable(obj), indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def read_recorded_json(path: str | os.PathLike, what: str) -> Any:
+    """A JSON file a run wrote that a command relies on (`what`: its plan, an RWKU target choice). One that
+    cannot be read or parsed is an `InputError` naming it, in one line: never a traceback, never read as absent."""
+    try:
+        return read_json(path)
+    except (OSError, ValueError) as err:  # ValueError: JSONDecodeError, UnicodeDecodeError
+        raise InputError(f"{path}: cannot read {what} ({err})") from None
+
+
+def library_versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    versions = {"python": platform.python_version()}
+    for name in _LIBRARIES:
+        dist = {"lm_eval": "lm-eval", "cru_harness": "cru-harness", "rouge_score": "rouge-score"}.get(name, name)
+        try:
+            versions[name] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def environment_record() -> dict[str, Any]:
+    """Where and by what a cell was computed: `code_version` (content hash of the package's source) and the git
+    commit beside it, with `dirty` when the package's files differ from that commit (never commit such cells),
+    library versions, host, and torch's thread count and CPU instruction set when torch is loaded."""
+    from .fingerprints import code_record
+
+    record = {**code_record(), "libraries": library_versions(), "host": socket.gethostname(),
+              "platform": platform.platform(), "python_executable": sys.executable, "pid": os.getpid()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        record["torch_threads"] = torch.get_num_threads()
+        record["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    return record
+
+
+def validate_result(result: Any, cell_hash: str | None = None) -> str | None:
+    """What is wrong with a parsed `result.json` (None if nothing): schema version, required fields, types, and
+    that it is the result of the cell whose directory holds it."""
+    if not isinstance(result, dict):
+        return f"expected a JSON object, got {type(result).__name__}"
+    version = result.get("schema_version")
+    if version != RESULT_SCHEMA_VERSION or isinstance(version, bool):
+        return f"schema_version {version!r} is not {RESULT_SCHEMA_VERSION}"
+    for name, kind in _RESULT_FIELDS.items():
+        if not isinstance(result.get(name), kind):
+            return f"field {name!r} is missing or not a {kind.__name__}"
+    for name, kind in _OPTIONAL_RESULT_FIELDS.items():
+        if name in result and not isinstance(result[name], kind):
+            return f"field {name!r} has the wrong type ({type(result[name]).__name__})"
+    if result["status"] not in STATUSES:
+        return f"status {result['status']!r} is not one of {', '.join(STATUSES)}"
+    if cell_hash is not None and result["hash"] != cell_hash:
+        return f"it is the result of cell {result['hash']}, not of {cell_hash}"
+    return None
+
+
+def validate_record(record: Any, cell_hash: str | None = None) -> str | None:
+    """What is wrong with a parsed `run_record.json` (None if nothing). A record without `schema_version` was
+    written before the field existed: version 1."""
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {type(record).__name__}"
+    version = record.get("schema_version", 1)
+    if version != RECORD_SCHEMA_VERSION or isinstance(version, bool):
+        return f"schema_version {version!r} is not {RECORD_SCHEMA_VERSION}"
+    if not isinstance(record.get("hash"), str):
+        return "field 'hash' is missing or not a str"
+    if cell_hash is not None and record["hash"] != cell_hash:
+        return f"it is the record of cell {record['hash']}, not of {cell_hash}"
+    return None
+
+
+def _warn(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+class CellStore:
+    """The cells of one run directory. `log` receives one line per invalid file met (once per file)."""
+
+    def __init__(self, output_dir: str | os.PathLike, log: Callable[[str], None] | None = None):
+        self.root = Path(output_dir)
+        self.cells_dir = self.root / CELLS_DIR
+        self.log = log or _warn
+        self.invalid: dict[str, str] = {}   # path -> what is wrong with it
+
+    def cell_dir(self, cell_hash: str) -> Path:
+        return self.cells_dir / cell_hash
+
+    def work_dir(self, cell_hash: str, fresh: bool = False) -> Path:
+        work = self.cell_dir(cell_hash) / WORK_DIR
+        if fresh and work.exists():
+            shutil.rmtree(work)
+        work.mkdir(parents=True, exist_ok=True)
+        return work
+
+    def _invalid(self, path: Path, problem: str) -> None:
+        if str(path) not in self.invalid:
+            self.invalid[str(path)] = problem
+            self.log(f"{path} is not a valid cell file ({problem}): its cell is not counted as done, and "
+                     "`cru-harness run` recomputes it")
+
+    def _read_checked(self, path: Path, validate, cell_hash: str):
+        try:
+            data = read_json(path)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            self._invalid(path, f"unreadable: {err}")
+            return None
+        problem = validate(data, cell_hash)
+        if problem:
+            self._invalid(path, problem)
+            return None
+        return data
+
+    def load_result(self, cell_hash: str) -> dict | None:
+        """The cell's result if it is valid and so is its record; None if absent or invalid (reported)."""
+        cdir = self.cell_dir(cell_hash)
+        path = cdir / RESULT_FILE
+        if not path.is_file():
+            return None
+        result = self._read_checked(path, validate_result, cell_hash)
+        if result is None:
+            return None
+        if (cdir / RECORD_FILE).is_file():
+            if self._read_checked(cdir / RECORD_FILE, validate_record, cell_hash) is None:
+                return None
+        else:
+            self._invalid(path, f"its {RECORD_FILE} is missing")
+            return None
+        return result
+
+    def load_record(self, cell_hash: str) -> dict | None:
+        """The cell's run record (what computed it), or None."""
+        path = self.cell_dir(cell_hash) / RECORD_FILE
+        try:
+            return read_json(path) if path.is_file() else None
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def is_finished(self, cell_hash: str) -> bool:
+        result = self.load_result(cell_hash)
+        return bool(result) and result.get("status") in FINISHED_STATUSES
+
+    def was_interrupted(self, cell_hash: str) -> bool:
+        """Started (RUNNING marker or work dir present) but without a result: killed mid-way."""
+        cdir = self.cell_dir(cell_hash)
+        return cdir.is_dir() and not (cdir / RESULT_FILE).is_file() and (
+            (cdir / RUNNING_FILE).exists() or (cdir / WORK_DIR).exists())
+
+    def mark_running(self, cell_hash: str) -> None:
+        """The cell is being computed (again): its previous result goes first, so that a run killed before the new
+        one is written finds the cell interrupted, not finished with the old result beside the new record; so do
+        temporary files a killed write left in it."""
+        cdir = self.cell_dir(cell_hash)
+        for leftover in [cdir / RESULT_FILE, *cdir.glob(".*.tmp")]:
+            leftover.unlink(missing_ok=True)
+        atomic_write_json(self.cell_dir(cell_hash) / RUNNING_FILE, {"pid": os.getpid(), "started": now_iso(),
+                                                                   "host": socket.gethostname()})
+
+    def write(self, cell_hash: str, result: dict, record: dict) -> None:
+        """Write the record, then the result, each stamped with its schema version."""
+        cdir = self.cell_dir(cell_hash)
+        atomic_write_json(cdir / RECORD_FILE, {"schema_version": RECORD_SCHEMA_VERSION, **record})
+        atomic_write_json(cdir / RESULT_FILE, {"schema_version": RESULT_SCHEMA_VERSION, **result})
+        running = cdir / RUNNING_FILE
+        if running.exists():
+            running.unlink()
+
+    def iter_results(self) -> Iterator[tuple[str, dict]]:
+        """The valid results of the run; invalid files are reported (by path) and left out."""
+        if not self.cells_dir.is_dir():
+            return
+        for cdir in sorted(self.cells_dir.iterdir()):
+            result = self.load_result(cdir.name) if cdir.is_dir() else None
+            if result is not None:
+                yield cdir.name, result
+
+
+def load_results(*dirs: str | os.PathLike, log: Callable[[str], None] | None = None) -> list[dict]:
+    """Valid results of one or more run directories (or a `cells/` dir), deduplicated by hash: "ok" wins.
+    Invalid result files are reported through `log` (stderr by default) and left out. Each result carries its
+    record's `resolved_config` (all that determined it: the report tells settings apart by it)."""
+    by_hash: dict[str, dict] = {}
+    for directory in dirs:
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise MissingInputError(f"results directory not found: {directory}")
+        root = directory.parent if directory.name == CELLS_DIR else directory
+        store = CellStore(root, log=log)
+        if not store.cells_dir.is_dir():
+            raise MissingInputError(f"{directory} holds no `{CELLS_DIR}/` directory (not a cru-harness run)")
+        for cell_hash, result in store.iter_results():
+            record = store.load_record(cell_hash) or {}
+            result = dict(result, hash=result.get("hash", cell_hash), resolved_config=record.get("resolved_config"))
+            previous = by_hash.get(cell_hash)
+            if previous is None or (previous.get("status") != "ok" and result.get("status") == "ok"):
+                by_hash[cell_hash] = result
+    return list(by_hash.values())
+
+
+# --------------------------------------------------------------------------------------------------- run lock
+@contextmanager
+def waiting_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive `flock` on `path`, waiting while another process (a shard of the same run) holds it.
+    Where the file system has no flock, nothing is locked. The file stays: removing it would let a waiter lock
+    an unlinked file while a newcomer locks a new one."""
+    import fcntl
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        except OSError as err:
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+        yield   # closing the file releases the lock
+
+
+class RunLockedError(UserError, RuntimeError):
+    """Another live process runs in the same output directory."""
+
+
+def _describe_holder(info: dict | None) -> str:
+    if not info:
+        return "another process (no details recorded)"
+    what = f"process {info.get('pid')} on host {info.get('host')}"
+    if info.get("started"):
+        what += f", started {info['started']}"
+    if info.get("shard"):
+        what += f", shard {info['shard']}"
+    return what
+
+
+def _pid_alive(pid: Any) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, TypeError, ValueError) as err:
+        return isinstance(err, PermissionError)  # exists, owned by someone else
+    return True
+
+
+class RunLock:
+    """Exclusive use of a run's output directory by one process (see the module doc).
+
+    `flock` locks die with their process, so a lock left by a killed run is free: it is taken over with a
+    message naming the dead holder (its record is still in the file). A run that ends removes its lock file;
+    a locker therefore checks, once locked, that the path still names the file it locked. On a file system
+    without `flock` (some network mounts) the recorded pid is judged instead (same host only; a lock of another
+    host is then refused, naming the file to delete).
+    """
+
+    def __init__(self, output_dir: str | os.PathLike, shard: str | None = None,
+                 log: Callable[[str], None] = print):
+        self.root = Path(output_dir)
+        self.shard = shard
+        self.log = log
+        self._held: list[tuple[Path, Any, bool]] = []   # (path, open file or None without flock, exclusive)
+
+    def _lock_paths(self) -> list[tuple[Path, bool]]:
+        """(lock file, exclusive) pairs, taken in this order."""
+        main = self.root / LOCK_FILE
+        if not self.shard:
+            return [(main, True)]
+        return [(main, False), (self.root / f"{LOCK_FILE}.shard{self.shard.replace('/', 'of')}", True)]
+
+    def _holders(self, path: Path) -> str:
+        """Who holds `path`: its own record, and for the directory lock held shared, each shard's record."""
+        infos = [_read_lock_info(path)]
+        if path.name == LOCK_FILE:
+            infos += [_read_lock_info(p) for p in sorted(self.root.glob(f"{LOCK_FILE}.shard*"))]
+        described = [_describe_holder(i) for i in infos if i]
+        return "; ".join(described) or _describe_holder(None)
+
+    def _flock(self, path: Path, exclusive: bool):
+        """The open, locked lock file; None where the file system has no flock. RunLockedError when held."""
+        import fcntl
+
+        for _ in range(20):
+            handle = open(path, "a+", encoding="utf-8")
+            try:
+                fcntl.flock(handle.fileno(), (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+            except OSError as err:
+                handle.close()
+                if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise RunLockedError(
+                        f"output directory {self.root} is in use by {self._holders(path)} (lock file {path}); "
+                        "wait for that run to finish, or give another --output-dir") from None
+                return None
+            try:  # a finishing holder may have removed the file between our open and flock: lock the new one
+                if os.path.samestat(os.fstat(handle.fileno()), os.stat(path)):
+                    return handle
+            except FileNotFoundError:
+                pass
+            handle.close()
+        raise RunLockedError(f"lock file {path} keeps being replaced; is another run starting and stopping?")
+
+    def acquire(self) -> "RunLock":
+        self.root.mkdir(parents=True, exist_ok=True)
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": now_iso(), "shard": self.shard}
+        try:
+            for path, exclusive in self._lock_paths():
+                handle = self._flock(path, exclusive)
+                previous = _read_lock_info(path)
+                if handle is None and not exclusive:  # no flock: shards share the directory unchecked
+                    self._held.append((path, None, False))
+                    continue
+                if handle is None:  # no flock here: judge by the recorded pid
+                    if previous and previous.get("pid") != os.getpid() and (
+                            previous.get("host") != socket.gethostname() or _pid_alive(previous.get("pid"))):
+                        raise RunLockedError(f"output directory {self.root} is in use by "
+                                             f"{_describe_holder(previous)} (lock file {path}; delete it if that "
+                                             "process is gone)")
+                elif not exclusive:
+                    self._held.append((path, handle, False))
+                    continue
+                if previous and previous.get("pid") != os.getpid():
+                    self.log(f"taking over the lock {path} left by {_describe_holder(previous)}, which is no "
+                             "longer running")
+                self._held.append((path, handle, True))
+                _write_lock_info(path, info)
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def release(self) -> None:
+        """Remove the lock files this run holds alone (the directory lock of shards: when the last one ends)."""
+        import fcntl
+
+        for path, handle, exclusive in reversed(self._held):
+            if handle is None:
+                if exclusive:
+                    path.unlink(missing_ok=True)
+                continue
+            try:
+                if not exclusive:
+                    try:  # no other shard holds it any more?
+                        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        exclusive = True
+                    except OSError:
+                        pass
+                if exclusive:
+                    path.unlink(missing_ok=True)  # while still locked: lockers check the path names their file
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            finally:
+                handle.close()
+        self._held = []
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_lock_info(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8") or "null")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_lock_info(path: Path, info: dict) -> None:
+    # In place (not os.replace): the flock belongs to this inode.
+    with open(path, "r+", encoding="utf-8") as handle:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(info) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())

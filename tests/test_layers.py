@@ -1,0 +1,48 @@
+"""The package's layers point one way (docs/architecture.md): the import-linter contract in pyproject.toml holds,
+and the lm-eval task folders use only the project's public metric / prompt / data API."""
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+#: What a task's utils.py may import of the project: its public, lm-eval-facing API (the metrics, prompts and data
+#: loaders, the protocol's markers, lm-eval metadata and request-cache helpers, the user errors).
+TASK_IMPORTS = ("cru_harness.metrics", "cru_harness.prompts", "cru_harness.protocol", "cru_harness.data",
+                "cru_harness.errors", "cru_harness.lmeval.metadata", "cru_harness.lmeval.request_cache",
+                "cru_harness.lmeval.protocol", "cru_harness")
+
+
+def test_the_layer_contract_holds():
+    lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
+    done = subprocess.run([lint, "--config", str(REPO / "pyproject.toml")], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "1 kept, 0 broken" in done.stdout
+
+
+def test_the_contract_catches_an_upward_import(tmp_path):
+    """The same contract on a copy of the package with one upward import (the foundation importing the runner)
+    breaks: the check is not vacuous."""
+    copy = tmp_path / "cru_harness"
+    shutil.copytree(REPO / "cru_harness", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    errors = copy / "errors.py"
+    errors.write_text(errors.read_text() + "\n\ndef _upward():\n    from cru_harness.runner import plan  # noqa\n")
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
+    done = subprocess.run([lint, "--config", str(tmp_path / "pyproject.toml")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert done.returncode != 0 and "cru_harness.errors -> cru_harness.runner.plan" in done.stdout, done.stdout[-2000:]
+
+
+def test_task_folders_import_only_the_public_api():
+    for utils in sorted((REPO / "tasks").glob("*/utils.py")):
+        tree = ast.parse(utils.read_text())
+        for node in ast.walk(tree):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else (
+                [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            for name in names:
+                if name.startswith("cru_harness"):
+                    allowed = name in TASK_IMPORTS or any(name.startswith(f"{api}.") for api in TASK_IMPORTS[:4])
+                    assert allowed, f"{utils.relative_to(REPO)} imports {name}"

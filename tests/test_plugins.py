@@ -1,0 +1,218 @@
+"""The registries: built-ins found through their entry points, clear errors for unknown names, and a plugin
+distribution defined outside this package (a benchmark, a method, an attack) built, installed and run through
+`cru-harness run` end to end on a tiny model."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cru_harness import api, plugins
+from cru_harness.plugins import PluginError, UnknownPluginError
+from cru_harness.runner import config as cfg
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_builtins_register_through_their_entry_points():
+    """The built-ins are what pyproject.toml's entry points name, in the paper's table order."""
+    from importlib.metadata import entry_points
+
+    assert plugins.methods.names() == ["GA", "GD", "NPO", "SimNPO", "IdkDPO", "CRU", "ICU", "PURGE"]
+    assert plugins.benchmarks.names() == ["tofu", "rwku"]
+    assert "identity" in plugins.attacks.names()
+    declared = {ep.name for ep in entry_points(group="cru_harness.methods")}
+    assert set(plugins.methods.names()) <= declared
+    assert plugins.methods.canonical("simnpo") == "SimNPO" and plugins.methods.canonical("nope") is None
+
+
+def test_unknown_names_are_one_line_errors_naming_the_registered_ones():
+    with pytest.raises(UnknownPluginError, match=r"unknown method 'NPOO' \(did you mean 'NPO'\?\); registered: GA"):
+        plugins.methods.get("NPOO")
+    raw = {"name": "t", "models": [{"name": "m", "path": "zoo:llama"}], "benchmarks": {"muse": {}}, "methods": ["GA"]}
+    with pytest.raises(cfg.ConfigError, match=r"benchmarks\.muse: unknown key.*allowed here: tofu, rwku"):
+        cfg.validate_config(raw)
+    raw = {**raw, "benchmarks": {"tofu": {}}, "attacks": ["quantise"]}
+    with pytest.raises(cfg.ConfigError, match=r"attacks\[0\]\.attack: unknown attack 'quantise'.*registered: identity"):
+        cfg.validate_config(raw)
+
+
+def test_a_registered_object_must_be_of_its_kind():
+    class NotAMethod:
+        name = "Fake"
+
+    with pytest.raises(PluginError, match="is not a cru_harness.api.Method"):
+        plugins.methods.register(NotAMethod())
+    with pytest.raises(PluginError, match="already registered"):
+        plugins.methods.register(type("Other", (api.Method,), {"name": "ga"})())
+
+
+def test_the_runner_reads_a_method_from_its_plugin(tmp_path):
+    """A method registered in-process is configurable at once: its dataclass's fields are its keys, its
+    per-benchmark defaults enter the cells' hyperparameters, and a value the dataclass refuses is refused by the
+    config, naming the key."""
+    from dataclasses import dataclass
+
+    from cru_harness.runner.plan import build_plan
+
+    @dataclass
+    class ToyConfig:
+        strength: float = 1.0
+        passes: int = 1
+
+        def __post_init__(self):
+            if self.strength <= 0:
+                raise ValueError(f"strength must be > 0, got {self.strength}")
+
+    class Toy(api.Method):
+        name = "ToyMethod"
+        config = ToyConfig
+        benchmark_defaults = {"tofu": {"passes": 3}}
+
+    plugins.methods.register(Toy())
+    try:
+        raw = {"name": "t", "output_dir": str(tmp_path), "models": [{"name": "m", "path": "zoo:llama"}], "seeds": [0, 1],
+               "benchmarks": {"tofu": {"splits": ["forget01"]}}, "methods": [{"method": "toymethod", "strength": 2}]}
+        cells = [c for c in build_plan(cfg.validate_config(raw)) if c.kind == "method"]
+        assert [(c.method, c.seed, c.hparams) for c in cells] == [("ToyMethod", 0, {"passes": 3, "strength": 2}),
+                                                                   ("ToyMethod", 1, {"passes": 3, "strength": 2})]
+        with pytest.raises(cfg.ConfigError, match=r"methods\[0\]: ToyMethod: strength must be > 0"):
+            cfg.validate_config({**raw, "methods": [{"method": "ToyMethod", "strength": -1}]})
+        with pytest.raises(cfg.ConfigError, match=r"methods\[0\]\.steps: not a hyperparameter of ToyMethod"):
+            cfg.validate_config({**raw, "methods": [{"method": "ToyMethod", "steps": 1}]})
+    finally:
+        plugins.methods.unregister("ToyMethod")
+    assert "ToyMethod" not in plugins.methods.names()
+
+
+def test_attack_cells_are_planned_per_method_cell_and_keyed_by_it(tmp_path):
+    from cru_harness.runner.plan import build_plan
+
+    raw = {"name": "t", "output_dir": str(tmp_path), "models": [{"name": "m", "path": "zoo:llama"}], "seeds": [0],
+           "benchmarks": {"tofu": {"splits": ["forget01"]}}, "methods": ["GA", "CRU"]}
+    plain = build_plan(cfg.validate_config(raw))
+    attacked = build_plan(cfg.validate_config({**raw, "attacks": ["identity"]}))
+    assert [c.hash for c in attacked[:len(plain)]] == [c.hash for c in plain]   # no other cell's hash moves
+    extra = attacked[len(plain):]
+    assert [(c.kind, c.label) for c in extra] == [("attack", "GA + identity"), ("attack", "CRU + identity")]
+    targets = {c.hash: c for c in plain}
+    assert [targets[c.extra["attacked"]].label for c in extra] == ["GA", "CRU"]
+    lr = {**raw, "attacks": ["identity"], "methods": [{"method": "GA", "learning_rate": 1e-3}, "CRU"]}
+    moved = build_plan(cfg.validate_config(lr))
+    assert moved[len(plain)].hash != extra[0].hash and moved[len(plain) + 1].hash == extra[1].hash
+
+
+PLUGIN_PACKAGE = '''
+"""A plugin distribution defined outside cru-harness: a benchmark, a method and an attack."""
+from cru_harness.api import Attack, Method, Trained
+from cru_harness.benchmarks.tofu import TOFU
+
+
+class ForgetOnlyTOFU(TOFU):
+    """TOFU scored on its forget split alone (a benchmark variant another package ships)."""
+    name = "tofu_forget_only"
+    summary = "TOFU, forget split only"
+    default_tasks = ("tofu_{split}",)
+    order = 50
+
+
+class Untouched(Method):
+    """The model as it is: a method that unlearns nothing (its rows must equal Original's)."""
+    name = "Untouched"
+    summary = "changes nothing"
+    seeded = False
+    reads_corpora = False
+    trains = False
+
+    def run(self, ctx):
+        ctx.outcome["resources"]["trainable_params"] = 0
+        return Trained(ctx.model_path)
+
+
+class Replay(Attack):
+    """Serves the attacked cell's model again (its numbers must equal the cell's)."""
+    name = "replay"
+    summary = "the cell's model again"
+
+    def run(self, ctx):
+        return Trained(ctx.model_path, routers=ctx.routers)
+
+
+BENCHMARK = ForgetOnlyTOFU()
+METHOD = Untouched()
+ATTACK = Replay()
+'''
+
+PLUGIN_PYPROJECT = '''
+[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "cru-toy-plugin"
+version = "0.0.1"
+
+[project.entry-points."cru_harness.benchmarks"]
+tofu_forget_only = "cru_toy_plugin:BENCHMARK"
+
+[project.entry-points."cru_harness.methods"]
+Untouched = "cru_toy_plugin:METHOD"
+
+[project.entry-points."cru_harness.attacks"]
+replay = "cru_toy_plugin:ATTACK"
+
+[tool.setuptools]
+py-modules = ["cru_toy_plugin"]
+'''
+
+
+@pytest.mark.slow
+def test_a_plugin_distribution_runs_end_to_end(tmp_path):
+    """Built with pip (no build isolation: offline) and installed into a directory on the run's path, the plugin's
+    benchmark, method and attack are listed by `cru-harness`, validated, run and reported like the built-ins."""
+    source = tmp_path / "plugin"
+    source.mkdir()
+    (source / "cru_toy_plugin.py").write_text(PLUGIN_PACKAGE)
+    (source / "pyproject.toml").write_text(PLUGIN_PYPROJECT)
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--target", str(site), str(source)], check=True, capture_output=True, timeout=300)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cli = [sys.executable, "-m", "cru_harness"]
+
+    listed = subprocess.run([*cli, "methods"], env=env, capture_output=True, text=True, timeout=300)
+    assert listed.returncode == 0 and "Untouched" in listed.stdout, listed.stderr
+
+    config = tmp_path / "plugin_run.yaml"
+    out = tmp_path / "run"
+    config.write_text(textwrap.dedent(f"""
+        name: plugin_run
+        output_dir: {out}
+        seeds: [0]
+        device: cpu
+        models: [{{name: tiny, path: "zoo:llama:finetuned", dtype: float32}}]
+        benchmarks:
+          tofu_forget_only: {{data_dir: "testbed:world", splits: [forget01], limit: 4}}
+        methods: [Untouched]
+        attacks: [replay]
+        evaluation: {{batch_size: 4, failure_classes: false}}
+        report: {{formats: [md], plots: false, stats: false}}
+    """))
+    done = subprocess.run([*cli, "run", str(config)], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = {r["label"]: r for r in (json.loads(p.read_text()) for p in (out / "cells").glob("*/result.json"))}
+    assert set(results) == {"Original", "Untouched", "Untouched + replay"}
+    assert all(r["status"] == "ok" and r["benchmark"] == "tofu_forget_only" for r in results.values())
+    assert results["Untouched + replay"]["kind"] == "attack"
+    forget = {label: r["metrics"]["forget_rouge_l"] for label, r in results.items()}
+    assert isinstance(forget["Original"], float)
+    assert forget["Untouched"] == forget["Original"] == forget["Untouched + replay"]   # nothing changed the model
+    table = (out / "report" / "leaderboard_tofu_forget_only.md").read_text()
+    assert "| Untouched |" in table and "| Untouched + replay |" in table
