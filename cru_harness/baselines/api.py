@@ -127,9 +127,12 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     if m.needs_ref:
         # A sharded model is loaded again with the same map (a deep copy of accelerate's hooks is not safe).
         ref_model = (load() if device_map is not None else copy.deepcopy(model)).eval().requires_grad_(False)
-    with ResourceMonitor(accelerator.device, model=model) as monitor:
+    trainable = [p.requires_grad for p in model.parameters()]
+    with ResourceMonitor(accelerator.device, model=model) as monitor:   # counts what the method trained
         trained = train_unlearning(model, m, dataset, ref_model=ref_model, seed=seed, accelerator=accelerator,
                                    progress=progress)
+    for param, flag in zip(trained.model.parameters(), trainable):   # a method that trains a few (RMU): unfrozen
+        param.requires_grad_(flag)
     del ref_model
     if isinstance(model_path_or_model, (str, os.PathLike)):
         trained.model.to(saved_dtype(dtype))

@@ -1,0 +1,207 @@
+"""The methods of issue 50 against their references' equations, re-typed here from the reference code (named in
+each test) and computed independently on fixed tensors or a tiny model; then one short training run each.
+
+The fake LMs' next-token logits depend on the input token (a fixed table row per token id), so positions differ,
+and a padded position, a prompt position or a shift of one would change the numbers.
+"""
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cru_harness.baselines as B
+from cru_harness.baselines.data import ForgetRetainDataset
+from cru_harness.errors import InputError
+from test_baselines_training import FORGET, RETAIN, fast_config, mean_logp, tiny, tokenizer  # noqa: F401 (fixture)
+
+V = 6
+
+
+class TableLM(nn.Module):
+    """logits[b, t] = table[input_ids[b, t]]: a next-token distribution per current token."""
+
+    def __init__(self, seed):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(V, V, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+                                  .float() * 2)
+
+    def forward(self, input_ids, attention_mask=None):
+        return SimpleNamespace(logits=self.table[input_ids])
+
+
+def sub_batch(rows):
+    """rows: (input_ids, labels); right-padded with pad 0 / label -100 / attention 0."""
+    width = max(len(i) for i, _ in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100)
+    att = torch.zeros(len(rows), width, dtype=torch.long)
+    for r, (i, lab) in enumerate(rows):
+        ids[r, :len(i)] = torch.tensor(i)
+        labels[r, :len(lab)] = torch.tensor(lab)
+        att[r, :len(i)] = 1
+    return {"input_ids": ids, "attention_mask": att, "labels": labels}
+
+
+FORGET_ROWS = [([1, 2, 3, 4], [-100, -100, 3, 4]), ([1, 5, 2, 4], [-100, 5, 2, 4])]   # same length: no padding
+RETAIN_ROWS = [([2, 1, 5], [-100, 1, 5]), ([3, 3, 4], [-100, -100, 4])]
+
+
+def make_batch(forget=FORGET_ROWS, retain=RETAIN_ROWS):
+    return {"forget": sub_batch(forget), "retain": sub_batch(retain)}
+
+
+def method(name, **cfg):
+    cls = B.get_method(name)
+    return cls(cls.Config(**cfg))
+
+
+def ref_nll(model, inputs):
+    """HF's model(...).loss: token-mean cross-entropy of the shifted labels."""
+    logits = model(inputs["input_ids"]).logits
+    return F.cross_entropy(logits[:, :-1].reshape(-1, V), inputs["labels"][:, 1:].reshape(-1), ignore_index=-100)
+
+
+def ref_kl(model, ref_model, inputs):
+    """open-unlearning src/trainer/utils.py compute_kl_divergence, re-typed."""
+    ref_lp = F.log_softmax(ref_model(inputs["input_ids"]).logits, dim=-1).view(-1, V)
+    cur_lp = F.log_softmax(model(inputs["input_ids"]).logits, dim=-1).view(-1, V)
+    return F.kl_div(cur_lp, ref_lp, reduction="batchmean", log_target=True)
+
+
+def ref_batch_nll(model, inputs):
+    """open-unlearning compute_batch_nll: per-sequence summed NLL."""
+    logits = model(inputs["input_ids"]).logits
+    return F.cross_entropy(logits[:, :-1].transpose(-1, -2), inputs["labels"][:, 1:], ignore_index=-100,
+                           reduction="none").sum(-1)
+
+
+def ref_npo(model, ref_model, inputs, beta):
+    """open-unlearning compute_dpo_loss with win_inputs=None (NPO)."""
+    lose_log_ratio = -(ref_batch_nll(model, inputs) - ref_batch_nll(ref_model, inputs).detach())
+    return -2 / beta * F.logsigmoid(beta * (0.0 - lose_log_ratio)).mean()
+
+
+# ---------------------------------------------------------------- GD-KL, NPO-KL
+
+def test_gd_kl_loss_is_gradient_difference_with_open_unlearnings_kl():
+    model, ref = TableLM(0), TableLM(1).requires_grad_(False)
+    batch = make_batch()
+    loss, logs = method("gd_kl", alpha=0.7, forget_weight=1.3).compute_loss(model, batch, ref_model=ref)
+    expected = -1.3 * ref_nll(model, batch["forget"]) + 0.7 * ref_kl(model, ref, batch["retain"])
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert logs["retain_kl"] == pytest.approx(ref_kl(model, ref, batch["retain"]).item(), rel=1e-5)
+    # the gradient too (a detach on the model's side, or none on the reference's, shows here)
+    loss.backward()
+    grad = model.table.grad.clone()
+    model.table.grad = None
+    expected.backward()
+    torch.testing.assert_close(grad, model.table.grad)
+    assert ref.table.grad is None
+
+
+def test_kl_retain_term_leaves_padding_out():
+    """On a padded batch the term is the mean over the rows' real positions: the reference's value per row,
+    weighted by its length (the reference itself would also average the padded positions)."""
+    model, ref = TableLM(0), TableLM(1).requires_grad_(False)
+    rows = [([2, 1, 5, 4, 4], [-100, 1, 5, 4, 4]), ([3, 4], [-100, 4])]
+    batch = make_batch(retain=rows)
+    loss, logs = method("gd_kl", alpha=1.0, forget_weight=0.0).compute_loss(model, batch, ref_model=ref)
+    per_row = [ref_kl(model, ref, sub_batch([row])).item() * len(row[0]) for row in rows]
+    assert loss.item() == pytest.approx(sum(per_row) / 7, rel=1e-5)
+    assert logs["retain_kl"] == pytest.approx(sum(per_row) / 7, rel=1e-5)
+
+
+def test_npo_kl_loss():
+    model, ref = TableLM(0), TableLM(1).requires_grad_(False)
+    batch = make_batch()
+    loss, _ = method("npo_kl", beta=0.3, alpha=2.0).compute_loss(model, batch, ref_model=ref)
+    expected = ref_npo(model, ref, batch["forget"], 0.3) + 2.0 * ref_kl(model, ref, batch["retain"])
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert B.get_method("npo_kl").needs_ref and B.get_method("gd_kl").needs_ref
+
+
+def test_kl_variants_keep_their_parents_presets():
+    assert B.make_config("gd_kl", "rwku").learning_rate == B.make_config("gd", "rwku").learning_rate == 6e-8
+    npo_kl = B.make_config("npo_kl", "rwku")
+    assert (npo_kl.learning_rate, npo_kl.beta, npo_kl.alpha) == (2e-6, 0.2, 1.0)
+    assert B.make_config("npo_kl").beta == 0.1
+
+
+# ---------------------------------------------------------------- RMU
+
+def wmdp_control_vector(d, seed, coeff):
+    """centerforaisafety/wmdp rmu/unlearn.py: torch.rand(1, 1, d) / norm * steering_coeff (drawn from the seed)."""
+    v = torch.rand(d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return (v / torch.norm(v) * coeff).float()
+
+
+def activation_loss(a, b, mask):
+    """open-unlearning rmu.py compute_activation_loss, re-typed."""
+    squared = F.mse_loss(a, b, reduction="none")
+    summed = (squared * mask.unsqueeze(-1).expand_as(squared)).mean(dim=2).sum(dim=1)
+    return (summed / mask.sum(dim=-1)).mean()
+
+
+def encoded(tok, rows):
+    ds = ForgetRetainDataset(tok, rows)
+    return ds.collate([ds[i] for i in range(len(rows))])["forget"]
+
+
+def test_rmu_loss_matches_wmdp_and_open_unlearning(tokenizer):
+    model, ref = tiny(tokenizer, seed=0), tiny(tokenizer, seed=1).requires_grad_(False)
+    batch = {"forget": encoded(tokenizer, FORGET[:3]), "retain": encoded(tokenizer, RETAIN)}
+    m = method("rmu", layer=0, steering_coeff=3.0, alpha=5.0, forget_weight=1.0)
+    m.prepare(model, seed=4)
+    loss, logs = m.compute_loss(model, batch, ref_model=ref)
+
+    def h0(mdl, inputs):   # the output of block 0, read through transformers' hidden states (not a hook)
+        return mdl(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                   output_hidden_states=True).hidden_states[1]
+
+    acts = h0(model, batch["forget"])
+    control = wmdp_control_vector(32, 4, 3.0).expand_as(acts)
+    forget = activation_loss(acts, control, batch["forget"]["labels"] != -100)
+    with torch.no_grad():
+        frozen = h0(ref, batch["retain"])
+    retain = activation_loss(h0(model, batch["retain"]), frozen, batch["retain"]["labels"] != -100)
+    assert loss.item() == pytest.approx((forget + 5.0 * retain).item(), rel=1e-5)
+    assert logs["rmu_forget"] == pytest.approx(forget.item(), rel=1e-5)
+
+
+def test_rmu_trains_only_the_named_mlp_weights():
+    cfg = B.make_config("rmu")
+    assert (cfg.layer, cfg.steering_coeff, cfg.alpha, cfg.layers_trained) == (7, 6.5, 1200.0, (5, 6, 7))
+    assert (cfg.learning_rate, cfg.lr_scheduler, cfg.effective_batch_size, cfg.num_epochs) == (5e-5, "constant", 4, 1)
+    assert B.make_config("rmu", "rwku").warmup_steps is None   # RWKU's 20 warm-up steps are not WMDP's
+    for bad, match in ((dict(layer=-1), "layer: must be >= 0"), (dict(steering_coeff=0), "steering_coeff: must be > 0"),
+                       (dict(trainable_layers=[]), "trainable_layers"), (dict(trainable_params=["("]), "regular")):
+        with pytest.raises(InputError, match=match):
+            B.make_config("rmu", **bad)
+
+
+def test_rmu_training_steers_forget_activations_and_touches_nothing_else(tokenizer):
+    model = tiny(tokenizer)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = fast_config("rmu", layer=1, steering_coeff=4.0, alpha=1.0, num_epochs=4)
+    res = B.unlearn(model, tokenizer, FORGET, RETAIN, "rmu", cfg, seed=2, progress=False)
+    trained = {"model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"}
+    changed = {k for k, v in res.model.state_dict().items() if not torch.equal(v, start[k])}
+    assert changed == trained
+    assert res.resources["trainable_params"] == sum(start[k].numel() for k in trained)
+    assert all(p.requires_grad for p in res.model.parameters())   # unfrozen again after training
+    first, last = res.history[0], res.history[-1]
+    assert last["rmu_forget"] < first["rmu_forget"]
+
+
+# ---------------------------------------------------------------- training runs on the tiny model
+
+@pytest.mark.parametrize("name", ["gd_kl", "npo_kl"])
+def test_kl_variants_train_with_a_frozen_reference(tokenizer, name):
+    model = tiny(tokenizer)
+    before = mean_logp(model, tokenizer, FORGET)
+    res = B.unlearn(model, tokenizer, FORGET, RETAIN, name, fast_config(name, num_epochs=2), progress=False)
+    assert mean_logp(res.model, tokenizer, FORGET) < before
+    assert res.n_retain == len(RETAIN) and math.isfinite(res.final_logs["retain_kl"])
