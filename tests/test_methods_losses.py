@@ -196,6 +196,116 @@ def test_rmu_training_steers_forget_activations_and_touches_nothing_else(tokeniz
     assert last["rmu_forget"] < first["rmu_forget"]
 
 
+# ---------------------------------------------------------------- WGA, SatImp, UNDIAL, CE-U
+
+def shifted_ce(model, inputs):
+    logits = model(inputs["input_ids"]).logits
+    labels = inputs["labels"]
+    ce = nn.CrossEntropyLoss(ignore_index=-100, reduction="none")(logits[..., :-1, :].reshape(-1, V),
+                                                                  labels[..., 1:].reshape(-1))
+    return ce, labels[..., 1:].reshape(-1)
+
+
+def ref_wga(model, inputs, beta):
+    """open-unlearning src/trainer/utils.py compute_wga_loss, re-typed."""
+    ce, labels = shifted_ce(model, inputs)
+    weight = ((-ce).exp().detach()) ** beta
+    return -(weight * ce)[labels != -100].mean()
+
+
+def ref_satimp(model, inputs, beta1, beta2):
+    """open-unlearning src/trainer/utils.py compute_satimp_loss, re-typed."""
+    ce, labels = shifted_ce(model, inputs)
+    w = ((-ce).exp().detach()) ** beta1 * (1 - (-ce).exp().detach()) ** beta2
+    return -(w * ce)[labels != -100].mean()
+
+
+def check_gradient(loss, expected, model):
+    loss.backward()
+    grad = model.table.grad.clone()
+    model.table.grad = None
+    expected.backward()
+    torch.testing.assert_close(grad, model.table.grad)
+
+
+def test_wga_loss():
+    model, batch = TableLM(0), make_batch()
+    loss, _ = method("wga", beta=0.7, alpha=0.5).compute_loss(model, batch)
+    expected = ref_wga(model, batch["forget"], 0.7) + 0.5 * ref_nll(model, batch["retain"])
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    check_gradient(loss, expected, model)   # the weight is detached in both
+
+
+def test_satimp_loss_and_defaults():
+    cfg = B.make_config("satimp")
+    assert (cfg.beta1, cfg.beta2, cfg.alpha, cfg.forget_weight) == (5.0, 1.0, 1.0, 0.1)
+    model, batch = TableLM(0), make_batch()
+    loss, _ = method("satimp", beta1=2.0, beta2=1.5, alpha=0.5, forget_weight=0.3).compute_loss(model, batch)
+    expected = 0.3 * ref_satimp(model, batch["forget"], 2.0, 1.5) + 0.5 * ref_nll(model, batch["retain"])
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    check_gradient(loss, expected, model)
+    with pytest.raises(InputError, match="beta2: must be >= 0"):
+        B.make_config("satimp", beta2=-1)
+
+
+def ref_undial(model, ref_model, inputs, beta):
+    """open-unlearning src/trainer/utils.py compute_undial_loss, re-typed, on a batch without padding; its one-hot
+    at label -100 (which wraps to entry V-100) is written as no penalty, as undial.py's docstring says."""
+    logits = model(inputs["input_ids"]).logits
+    shift_labels = inputs["labels"][..., 1:]
+    shift_logits = logits[..., :-1, :]
+    with torch.no_grad():
+        teacher = ref_model(inputs["input_ids"]).logits[..., :-1, :]
+    mask = torch.zeros_like(teacher)
+    for b in range(mask.shape[0]):
+        for t in range(mask.shape[1]):
+            if shift_labels[b, t] != -100:
+                mask[b, t, shift_labels[b, t]] = 1.0
+    soft_label = F.softmax(teacher - mask * beta, dim=-1)
+    loss = nn.CrossEntropyLoss(reduction="none")(shift_logits.reshape(-1, V), soft_label.reshape(-1, V))
+    return loss.mean()
+
+
+def test_undial_loss_and_defaults():
+    cfg = B.make_config("undial")
+    assert (cfg.beta, cfg.alpha, cfg.learning_rate, cfg.num_epochs) == (10.0, 0.0, 1e-4, 10)
+    model, ref, batch = TableLM(0), TableLM(1).requires_grad_(False), make_batch()
+    loss, _ = method("undial", beta=3.0, alpha=0.5).compute_loss(model, batch, ref_model=ref)
+    expected = ref_undial(model, ref, batch["forget"], 3.0) + 0.5 * ref_nll(model, batch["retain"])
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    check_gradient(loss, expected, model)
+    assert ref.table.grad is None
+    # padding is left out: a padded batch gives the rows' values weighted by their predicting positions
+    rows = [([1, 2, 3, 4, 5], [-100, -100, 3, 4, 5]), ([2, 4], [-100, 4])]
+    padded, _ = method("undial", beta=3.0).compute_loss(model, make_batch(forget=rows), ref_model=ref)
+    per_row = [ref_undial(model, ref, sub_batch([row]), 3.0).item() * (len(row[0]) - 1) for row in rows]
+    assert padded.item() == pytest.approx(sum(per_row) / 5, rel=1e-5)
+
+
+def ref_ceu(model, inputs, n):
+    """open-unlearning src/trainer/unlearn/ceu.py compute_batch_ceu + cross_entropy_unlearning_loss, re-typed."""
+    logits, labels = model(inputs["input_ids"]).logits, inputs["labels"]
+    valid = labels != -100
+    update = (valid.cumsum(dim=-1) <= n) & valid
+    labels = labels.masked_fill(update, -100)[..., 1:]
+    logits = logits[..., :-1, :]
+    keep = labels != -100
+    valid_logits, valid_labels = logits[keep], labels[keep]
+    target = valid_logits.detach().clone()
+    target.scatter_(dim=-1, index=valid_labels.unsqueeze(-1), value=float("-inf"))
+    return F.cross_entropy(input=valid_logits, target=F.softmax(target, dim=-1))
+
+
+@pytest.mark.parametrize("n", [0, 1, 2])
+def test_ceu_loss(n):
+    model, batch = TableLM(0), make_batch()
+    loss, _ = method("ceu", ignore_first_n_answer_tokens=n).compute_loss(model, batch)
+    expected = ref_ceu(model, batch["forget"], n)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    check_gradient(loss, expected, model)
+    assert B.make_config("ceu").ignore_first_n_answer_tokens == 1
+
+
 # ---------------------------------------------------------------- training runs on the tiny model
 
 @pytest.mark.parametrize("name", ["gd_kl", "npo_kl"])
@@ -205,3 +315,13 @@ def test_kl_variants_train_with_a_frozen_reference(tokenizer, name):
     res = B.unlearn(model, tokenizer, FORGET, RETAIN, name, fast_config(name, num_epochs=2), progress=False)
     assert mean_logp(res.model, tokenizer, FORGET) < before
     assert res.n_retain == len(RETAIN) and math.isfinite(res.final_logs["retain_kl"])
+
+
+# SatImp with beta1 0: its default p^5 weight is ~1e-13 on a random model's answers, too small for a step to show
+@pytest.mark.parametrize("name, cfg", [("wga", {"alpha": 0.0}), ("satimp", {"alpha": 0.0, "beta1": 0.0}),
+                                       ("undial", {"beta": 3.0}), ("ceu", {})])
+def test_token_level_methods_lower_the_forget_likelihood(tokenizer, name, cfg):
+    model = tiny(tokenizer)
+    before = mean_logp(model, tokenizer, FORGET)
+    res = B.unlearn(model, tokenizer, FORGET, RETAIN, name, fast_config(name, num_epochs=2, **cfg), progress=False)
+    assert mean_logp(res.model, tokenizer, FORGET) < before
