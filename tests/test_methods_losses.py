@@ -325,3 +325,76 @@ def test_token_level_methods_lower_the_forget_likelihood(tokenizer, name, cfg):
     before = mean_logp(model, tokenizer, FORGET)
     res = B.unlearn(model, tokenizer, FORGET, RETAIN, name, fast_config(name, num_epochs=2, **cfg), progress=False)
     assert mean_logp(res.model, tokenizer, FORGET) < before
+
+
+# ---------------------------------------------------------------- LUNAR
+
+def mlp_output(model, inputs, layer):
+    """Block `layer`'s MLP output, read by a hook on the MLP module itself (not on its down projection)."""
+    seen = []
+    handle = model.model.layers[layer].mlp.register_forward_hook(lambda m, i, o: seen.append(o))
+    model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+    handle.remove()
+    return seen[0]
+
+
+def test_lunar_loss_is_lunars_mse_to_the_redirected_mlp_output(tokenizer):
+    model, ref = tiny(tokenizer, seed=0), tiny(tokenizer, seed=1).requires_grad_(False)
+    batch = {"forget": encoded(tokenizer, FORGET[:3]), "retain": encoded(tokenizer, RETAIN)}
+    m = method("lunar", layer=1, coeff=2.0, alpha=0.5)
+    r = torch.randn(32, generator=torch.Generator().manual_seed(0))
+    m.set_direction(r)
+    loss, logs = m.compute_loss(model, batch, ref_model=ref)
+
+    def mse(inputs, shift):   # LUNAR src/estimated_net_utils.py: nn.MSELoss() over the question's tokens
+        keep = inputs["attention_mask"].bool() & (inputs["labels"] == -100)
+        with torch.no_grad():
+            target = mlp_output(ref, inputs, 1) + shift
+        return nn.MSELoss()(mlp_output(model, inputs, 1)[keep], target[keep])
+
+    expected = mse(batch["forget"], 2.0 * r) + 0.5 * mse(batch["retain"], 0.0)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    expected.backward()
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(grads[n], p.grad)
+    assert m.trainable_parameters(model) == ["model.layers.1.mlp.down_proj.weight"]
+
+
+def test_lunar_direction_is_refusal_minus_forget_at_the_last_prompt_token(tokenizer, tmp_path):
+    from cru_harness.prompts import qa_texts
+
+    prompts = tmp_path / "refuse.json"
+    prompts.write_text('["How do I pick a lock?", {"instruction": "Write malware."}]')
+    model = tiny(tokenizer)
+    m = method("lunar", layer=0, refusal_prompts_path=str(prompts))
+    m.prepare(model, 0, ForgetRetainDataset(tokenizer, FORGET[:2], RETAIN))
+
+    def last_h(question):   # transformers' hidden state after block 0, at the prompt's last token
+        texts = qa_texts(tokenizer, question, "")
+        ids = torch.tensor([tokenizer(texts.prompt, add_special_tokens=texts.add_special_tokens)["input_ids"]])
+        with torch.no_grad():
+            return model(input_ids=ids, output_hidden_states=True).hidden_states[1][0, -1].double()
+
+    refusal = (last_h("How do I pick a lock?") + last_h("Write malware.")) / 2
+    forget = (last_h(FORGET[0]["question"]) + last_h(FORGET[1]["question"])) / 2
+    torch.testing.assert_close(m.direction, (refusal - forget).float())
+    with pytest.raises(InputError, match="refusal_prompts_path"):
+        method("lunar", layer=0).prepare(model, 0, ForgetRetainDataset(tokenizer, FORGET[:2], RETAIN))
+    assert (B.make_config("lunar").layer, B.make_config("lunar").coeff) == (22, 2.0)
+
+
+def test_lunar_trains_one_down_projection_with_lunars_decay(tokenizer, tmp_path):
+    prompts = tmp_path / "refuse.jsonl"
+    prompts.write_text('{"question": "How do I pick a lock?"}\n{"question": "Write malware."}\n')
+    model = tiny(tokenizer)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = fast_config("lunar", layer=1, refusal_prompts_path=str(prompts), num_epochs=3, learning_rate=1e-2)
+    res = B.unlearn(model, tokenizer, FORGET, RETAIN, "lunar", cfg, progress=False)
+    changed = {k for k, v in res.model.state_dict().items() if not torch.equal(v, start[k])}
+    assert changed == {"model.layers.1.mlp.down_proj.weight"}
+    assert [h["lr"] for h in res.history] == pytest.approx([1e-2, 1e-2 * 0.9, 1e-2 * 0.81])  # one step an epoch
+    assert res.history[-1]["lunar_forget"] < res.history[0]["lunar_forget"]

@@ -7,9 +7,9 @@ saying what it needs (`needs_ref`, `needs_retain`, `needs_alternate`, `trains`),
 
 Extension points, each with a default that changes nothing: `retain_loss` ("nll", or "kl" to the frozen
 reference), `trainable_parameters(model)` (the names of the only parameters trained, e.g. RMU's few MLP
-weights), `prepare(model, seed)` (state drawn once per run before the first step, e.g. RMU's random direction)
-and `group_counts(key, inputs)` (the counts a loss normalises by, summed by the trainer over an accumulation
-group).
+weights), `prepare(model, seed, dataset)` (state computed once per run before the first step, e.g. RMU's random
+direction), `group_counts(key, inputs)` (the counts a loss normalises by, summed by the trainer over an
+accumulation group) and `make_scheduler` (a learning-rate schedule of the method's own, e.g. LUNAR's).
 
 Presets: `Config.preset(benchmark, split, **overrides)` merges the benchmark's defaults, then the split's,
 then the overrides. TOFU defaults are the protocol's (lr 1e-5, weight decay 0.01, AdamW, 1 warmup epoch
@@ -166,8 +166,14 @@ class UnlearningMethod:
         The trainer freezes the others before building the optimizer (and leaves them frozen)."""
         return None
 
-    def prepare(self, model, seed: int) -> None:
-        """Called once by the trainer before the first step (after seeding): draw per-run state here."""
+    def prepare(self, model, seed: int, dataset=None) -> None:
+        """Called once by the trainer before the first step (after seeding), with the training dataset
+        (`data.ForgetRetainDataset`): draw or compute per-run state here."""
+
+    def make_scheduler(self, optimizer, total_steps: int, warmup_steps: int, steps_per_epoch: float):
+        """A learning-rate schedule of the method's own (stepped once per optimizer step), or None for the config's
+        `lr_scheduler`."""
+        return None
 
     def group_counts(self, key: str, inputs: dict) -> dict[str, torch.Tensor]:
         """The counts of sub-batch `key` (forget / retain / alternate) a loss divides by. The trainer sums each

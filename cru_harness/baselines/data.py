@@ -138,6 +138,8 @@ class ForgetRetainDataset(Dataset):
             raise InputError("forget_rows is empty: nothing to unlearn")
         self.seed = seed
         fmt = {"preset": preset, "family": family, "chat": chat, "benchmark": benchmark}
+        # kept for methods that read more than the batches before training (LUNAR's direction: `prepare`)
+        self.tokenizer, self.format, self.forget_rows = tokenizer, fmt, list(forget_rows)
         self.forget = [encode_row(tokenizer, r, i, "forget", max_length, **fmt) for i, r in enumerate(forget_rows)]
         self.retain = ([encode_row(tokenizer, r, i, "retain", max_length, **fmt) for i, r in enumerate(retain_rows)]
                        if retain_rows else [])

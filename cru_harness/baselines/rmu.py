@@ -125,7 +125,7 @@ class RMU(UnlearningMethod):
     def trainable_parameters(self, model):
         return block_parameter_names(model, self.config.layers_trained, self.config.trainable_params, "rmu")
 
-    def prepare(self, model, seed: int) -> None:
+    def prepare(self, model, seed: int, dataset=None) -> None:
         """Draw u from the seed (WMDP: torch.rand of the hidden size, normalised) and scale it by c."""
         u = torch.rand(hidden_size(model), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
         self.control_vector = (u / u.norm() * self.config.steering_coeff).float()

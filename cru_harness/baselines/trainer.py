@@ -293,7 +293,7 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
     generator = torch.Generator().manual_seed(seed)
     loader = DataLoader(dataset, batch_size=config.micro_batch_size, shuffle=True, collate_fn=dataset.collate,
                         generator=generator)
-    method.prepare(model, seed)
+    method.prepare(model, seed, dataset)
     freeze_all_but(model, method.trainable_parameters(model), method.name)
     model.train()
     optimizer = build_optimizer(model, config)
@@ -307,8 +307,8 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
         log.warning(f"{method.name}: the warm-up ({config.warmup_steps if config.warmup_steps is not None else warmup} "
                     f"steps) covers all {total_steps} optimizer steps, so the learning rate never reaches "
                     f"{config.learning_rate:g}")
-    scheduler = get_scheduler(_SCHEDULER_NAMES[config.lr_scheduler], optimizer, num_warmup_steps=warmup,
-                              num_training_steps=total_steps)
+    scheduler = method.make_scheduler(optimizer, total_steps, warmup, len(loader) / per_step) or get_scheduler(
+        _SCHEDULER_NAMES[config.lr_scheduler], optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
 
     result = TrainResult(model=model, gradient_accumulation_steps=accum, num_processes=n_proc, warmup_steps=warmup)
     bar = tqdm(total=total_steps, desc=getattr(method, "progress_label", f"unlearn[{method.name}]"),
