@@ -306,6 +306,52 @@ def test_ceu_loss(n):
     assert B.make_config("ceu").ignore_first_n_answer_tokens == 1
 
 
+# ---------------------------------------------------------------- DPO, RT
+
+ALTERNATE_ROWS = [([1, 2, 1, 1], [-100, -100, 1, 1]), ([1, 5, 3, 3], [-100, 5, 3, 3])]
+
+
+def ref_dpo(model, ref_model, win, lose, beta):
+    """open-unlearning src/trainer/utils.py compute_dpo_loss, re-typed."""
+    win_ratio = -(ref_batch_nll(model, win) - ref_batch_nll(ref_model, win).detach())
+    lose_ratio = -(ref_batch_nll(model, lose) - ref_batch_nll(ref_model, lose).detach())
+    return -2 / beta * F.logsigmoid(beta * (win_ratio - lose_ratio)).mean()
+
+
+def test_dpo_loss_prefers_the_alternate():
+    model, ref = TableLM(0), TableLM(1).requires_grad_(False)
+    batch = {**make_batch(), "alternate": sub_batch(ALTERNATE_ROWS)}
+    loss, _ = method("dpo", beta=0.4, alpha=0.5).compute_loss(model, batch, ref_model=ref)
+    expected = ref_dpo(model, ref, batch["alternate"], batch["forget"], 0.4) + 0.5 * ref_nll(model, batch["retain"])
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    check_gradient(loss, expected, model)
+    rw = B.make_config("dpo", "rwku")
+    assert (rw.learning_rate, rw.effective_batch_size, rw.beta, rw.alpha) == (5e-6, 8, 0.1, 0.0)
+
+
+def test_rt_loss_is_the_refusals_nll():
+    model = TableLM(0)
+    batch = {**make_batch(), "alternate": sub_batch(ALTERNATE_ROWS)}
+    loss, logs = method("rt", alpha=0.5).compute_loss(model, batch)
+    expected = ref_nll(model, batch["alternate"]) + 0.5 * ref_nll(model, batch["retain"])
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    rw = B.make_config("rt", "rwku")
+    assert (rw.learning_rate, rw.effective_batch_size, rw.alpha, rw.num_epochs) == (4e-7, 8, 0.0, 3)
+
+
+def test_a_rows_own_alternate_wins_over_drawn_refusals(tokenizer):
+    rows = [dict(FORGET[0], alternate="A made-up answer."), FORGET[1]]
+    dataset = ForgetRetainDataset(tokenizer, rows, refusals=["I don't know."], seed=1)
+    for epoch in (0, 1):
+        dataset.set_epoch(epoch)
+        texts = [tokenizer.decode(dataset[i]["alternate"].input_ids) for i in range(2)]
+        assert "A made-up answer." in texts[0] and "I don't know." in texts[1]
+    with pytest.raises(InputError, match=r"forget rows \[1\] have no `alternate` answer"):
+        ForgetRetainDataset(tokenizer, rows)
+    with pytest.raises(InputError, match="`alternate` must be a non-empty string"):
+        ForgetRetainDataset(tokenizer, [dict(FORGET[0], alternate="")])
+
+
 # ---------------------------------------------------------------- training runs on the tiny model
 
 @pytest.mark.parametrize("name", ["gd_kl", "npo_kl"])
@@ -398,3 +444,88 @@ def test_lunar_trains_one_down_projection_with_lunars_decay(tokenizer, tmp_path)
     assert changed == {"model.layers.1.mlp.down_proj.weight"}
     assert [h["lr"] for h in res.history] == pytest.approx([1e-2, 1e-2 * 0.9, 1e-2 * 0.81])  # one step an epoch
     assert res.history[-1]["lunar_forget"] < res.history[0]["lunar_forget"]
+
+
+def test_rt_raises_the_refusals_likelihood_and_dpo_trains_on_row_alternates(tokenizer):
+    refusals = ["I don't know."] * len(FORGET)
+    rows = [dict(r, alternate=a) for r, a in zip(FORGET, refusals)]
+    model = tiny(tokenizer)
+    before = mean_logp(model, tokenizer, FORGET, refusals)
+    res = B.unlearn(model, tokenizer, rows, RETAIN, "rt", fast_config("rt", num_epochs=2), progress=False)
+    assert mean_logp(res.model, tokenizer, FORGET, refusals) > before + 1.0
+    model = tiny(tokenizer)
+    gap = mean_logp(model, tokenizer, FORGET, refusals) - mean_logp(model, tokenizer, FORGET)
+    res = B.unlearn(model, tokenizer, rows, RETAIN, "dpo", fast_config("dpo", beta=0.5, num_epochs=2),
+                    progress=False)
+    assert mean_logp(res.model, tokenizer, FORGET, refusals) - mean_logp(res.model, tokenizer, FORGET) > gap
+
+
+# ---------------------------------------------------------------- Task Vector
+
+def test_task_vector_negation_is_muses_apply_to():
+    """muse_bench task_vector.py: new = pretrained + scaling_coef * (-(finetuned - pretrained))."""
+    from cru_harness.baselines.task_vector import negate_task_vector
+
+    start, tuned = TableLM(0).requires_grad_(False), TableLM(1)
+    expected = start.table + 5.0 * (-(tuned.table.detach() - start.table))
+    with torch.no_grad():
+        negate_task_vector(tuned, start, 5.0)
+    torch.testing.assert_close(tuned.table.detach(), expected)
+    cfg = B.make_config("task_vector")
+    assert (cfg.scaling_coef, cfg.num_epochs, cfg.learning_rate, cfg.lr_scheduler) == (5.0, 10, 1e-5, "cosine")
+    with pytest.raises(InputError, match="scaling_coef: must be > 0"):
+        B.make_config("task_vector", scaling_coef=0)
+
+
+def test_task_vector_reinforces_then_subtracts(tokenizer):
+    """The same seed fine-tunes the same reinforced model, so the result moves from the start along one
+    direction, scaled by scaling_coef; away from the forget answers."""
+    start = tiny(tokenizer)
+    before = mean_logp(start, tokenizer, FORGET)
+    moved = []
+    for coef in (1.0, 2.0):
+        res = B.unlearn(tiny(tokenizer), tokenizer, FORGET, None, "task_vector",
+                        fast_config("task_vector", num_epochs=2, scaling_coef=coef, learning_rate=1e-3), seed=3,
+                        progress=False)
+        moved.append(torch.cat([(p - q).flatten() for p, q in zip(res.model.parameters(), start.parameters())]))
+        if coef == 1.0:
+            assert mean_logp(res.model, tokenizer, FORGET) < before
+            assert res.final_logs["forget_nll"] > 0
+    assert moved[0].abs().max() > 1e-4
+    torch.testing.assert_close(moved[1], 2 * moved[0], rtol=1e-4, atol=1e-6)
+
+
+# ---------------------------------------------------------------- every new method from a checkpoint, CPU and CUDA
+
+NEW_METHODS = {"gd_kl": {}, "npo_kl": {}, "rmu": {"layer": 1}, "lunar": {"layer": 1}, "undial": {"beta": 3.0},
+               "satimp": {}, "wga": {}, "ceu": {}, "dpo": {}, "rt": {}, "task_vector": {"scaling_coef": 1.0}}
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint_dir(tokenizer, tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    tiny(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    (path.parent / "refuse.json").write_text('["How do I pick a lock?", "Write malware."]')
+    return path
+
+
+@pytest.mark.parametrize("device, dtype", [("cpu", "float32"),
+                                           pytest.param("cuda", "float32", marks=pytest.mark.gpu),
+                                           pytest.param("cuda", "bfloat16", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("name", sorted(NEW_METHODS))
+def test_one_step_of_every_new_method_from_a_checkpoint(tiny_checkpoint_dir, name, device, dtype):
+    from transformers import AutoModelForCausalLM
+
+    extra = dict(NEW_METHODS[name])
+    if name == "lunar":
+        extra["refusal_prompts_path"] = str(tiny_checkpoint_dir.parent / "refuse.json")
+    config = fast_config(name, num_epochs=1, learning_rate=1e-3, **extra)
+    rows = [dict(r, alternate="I don't know.") for r in FORGET]   # DPO's and RT's alternate, from the rows
+    res = B.unlearn(str(tiny_checkpoint_dir), None, rows, RETAIN, name, config, seed=0, dtype=dtype, device=device,
+                    progress=False)
+    assert res.optimizer_steps == 1 and math.isfinite(res.final_logs["loss"])
+    weights = next(res.model.parameters())
+    assert weights.device.type == device and weights.dtype == getattr(torch, dtype)
+    start = AutoModelForCausalLM.from_pretrained(tiny_checkpoint_dir).to(getattr(torch, dtype))
+    assert any(not torch.equal(p.detach().cpu(), q) for p, q in zip(res.model.parameters(), start.parameters()))

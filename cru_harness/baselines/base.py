@@ -9,7 +9,8 @@ Extension points, each with a default that changes nothing: `retain_loss` ("nll"
 reference), `trainable_parameters(model)` (the names of the only parameters trained, e.g. RMU's few MLP
 weights), `prepare(model, seed, dataset)` (state computed once per run before the first step, e.g. RMU's random
 direction), `group_counts(key, inputs)` (the counts a loss normalises by, summed by the trainer over an
-accumulation group) and `make_scheduler` (a learning-rate schedule of the method's own, e.g. LUNAR's).
+accumulation group), `make_scheduler` (a learning-rate schedule of the method's own, e.g. LUNAR's) and
+`post_train(model, ref_model)` (a last edit of the weights after training, e.g. Task Vector's negation).
 
 Presets: `Config.preset(benchmark, split, **overrides)` merges the benchmark's defaults, then the split's,
 then the overrides. TOFU defaults are the protocol's (lr 1e-5, weight decay 0.01, AdamW, 1 warmup epoch
@@ -169,6 +170,10 @@ class UnlearningMethod:
     def prepare(self, model, seed: int, dataset=None) -> None:
         """Called once by the trainer before the first step (after seeding), with the training dataset
         (`data.ForgetRetainDataset`): draw or compute per-run state here."""
+
+    def post_train(self, model, ref_model=None) -> None:
+        """Called once by the trainer after the last step, on the unwrapped model (no gradients): a final edit of
+        the weights (Task Vector's arithmetic)."""
 
     def make_scheduler(self, optimizer, total_steps: int, warmup_steps: int, steps_per_epoch: float):
         """A learning-rate schedule of the method's own (stepped once per optimizer step), or None for the config's

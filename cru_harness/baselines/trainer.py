@@ -387,5 +387,7 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
     optimizer.state.clear()
     model.eval()
     result.model = _without_autocast(accelerator.unwrap_model(model))
+    with torch.no_grad():
+        method.post_train(result.model, ref_model)
     result.final_logs = dict(result.history[-1]) if result.history else {}
     return result
