@@ -1,5 +1,6 @@
-"""Unlearning baselines (GA, GD, NPO, SimNPO, IdkDPO, + the ICU marker), one module each behind a registry,
-trained by one accelerate loop. Entry point: `unlearn(...)`; configs: `make_config(name, benchmark, split)`."""
+"""Unlearning baselines (GA, GD, NPO, SimNPO, IdkDPO, + the ICU marker; GD-KL, NPO-KL, RMU, LUNAR, UNDIAL, SatImp,
+WGA, CE-U, DPO, RT, Task Vector), one module each behind a registry, trained by one accelerate loop.
+Entry point: `unlearn(...)`; configs: `make_config(name, benchmark, split)`."""
 from . import (  # noqa: F401  (registration side effects)
     ceu, dpo, ga, gd, gd_kl, icu, idkdpo, lunar, npo, npo_kl, rmu, rt, satimp, simnpo, task_vector, undial, wga)
 from .base import BaselineConfig, RetainConfig, UnlearningMethod
