@@ -451,11 +451,11 @@ def test_rt_raises_the_refusals_likelihood_and_dpo_trains_on_row_alternates(toke
     rows = [dict(r, alternate=a) for r, a in zip(FORGET, refusals)]
     model = tiny(tokenizer)
     before = mean_logp(model, tokenizer, FORGET, refusals)
-    res = B.unlearn(model, tokenizer, rows, RETAIN, "rt", fast_config("rt", num_epochs=2), progress=False)
+    res = B.unlearn(model, tokenizer, rows, RETAIN, "rt", fast_config("rt", num_epochs=1), progress=False)
     assert mean_logp(res.model, tokenizer, FORGET, refusals) > before + 1.0
     model = tiny(tokenizer)
     gap = mean_logp(model, tokenizer, FORGET, refusals) - mean_logp(model, tokenizer, FORGET)
-    res = B.unlearn(model, tokenizer, rows, RETAIN, "dpo", fast_config("dpo", beta=0.5, num_epochs=2),
+    res = B.unlearn(model, tokenizer, rows, RETAIN, "dpo", fast_config("dpo", beta=0.5, num_epochs=1),
                     progress=False)
     assert mean_logp(res.model, tokenizer, FORGET, refusals) - mean_logp(res.model, tokenizer, FORGET) > gap
 
