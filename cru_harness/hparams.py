@@ -59,6 +59,10 @@ HPARAM_BOUNDS: dict[str, dict[str, Any]] = {
     "last_k": dict(low=1, integer=True), "final_retain_rows": dict(low=1, integer=True, optional=True),
     "prefix_cache_max_gib": dict(above=0, optional=True),
     "exclude_top_magnitude": dict(low=0, high=100, below_high=True), "retain_batch_ratio": dict(low=1, integer=True),
+    # the baselines beyond the paper's (each dataclass checks these too)
+    "layer": dict(low=0, integer=True), "steering_coeff": dict(above=0), "lr_decay": dict(above=0, high=1),
+    "beta1": dict(low=0), "beta2": dict(low=0), "ignore_first_n_answer_tokens": dict(low=0, integer=True),
+    "scaling_coef": dict(above=0),
 }
 
 

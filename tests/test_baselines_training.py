@@ -126,8 +126,8 @@ def test_idkdpo_redraws_each_items_refusal_every_epoch(tokenizer):
 def test_registry_lists_methods_and_rejects_unknown():
     assert {"ga", "gd", "npo", "simnpo", "idkdpo", "icu"} <= set(B.METHODS)
     assert B.get_method("NPO") is B.METHODS["npo"]
-    with pytest.raises(KeyError, match=r"unknown unlearning method 'rmu'; available: ga, gd, icu, idkdpo, npo, simnpo"):
-        B.get_method("rmu")
+    with pytest.raises(KeyError, match=r"unknown unlearning method 'lora'; available: ceu, dpo, ga, gd, gd_kl, icu, idkdpo, "):
+        B.get_method("lora")
 
 
 def test_register_method_rejects_duplicates_and_non_methods():
@@ -141,7 +141,10 @@ def test_register_method_rejects_duplicates_and_non_methods():
 
 def test_reference_model_only_where_needed():
     needs = {name: cls.needs_ref for name, cls in B.METHODS.items()}
-    assert needs == {"ga": False, "gd": False, "npo": True, "simnpo": False, "idkdpo": True, "icu": False}
+    assert needs == {"ga": False, "gd": False, "npo": True, "simnpo": False, "idkdpo": True, "icu": False,
+                     "gd_kl": True, "npo_kl": True, "rmu": True, "undial": True, "wga": False, "satimp": False,
+                     "ceu": False, "lunar": True, "dpo": True, "rt": False,
+                     "task_vector": True}
 
 
 def test_presets():

@@ -127,12 +127,13 @@ def test_a_sharded_models_resources_measure_each_of_its_gpus():
 def test_group_totals_live_on_the_accelerator_device():
     """The baselines' CUDA crash: the counts were combined with a tensor made on the CPU."""
     labels = torch.tensor([[IGNORE_INDEX, 5, 6, 7], [IGNORE_INDEX, IGNORE_INDEX, 8, IGNORE_INDEX]])
-    group = [{"forget": {"labels": labels.to("meta")}}] * 2
+    attention = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    group = [{"forget": {"labels": labels.to("meta"), "attention_mask": attention.to("meta")}}] * 2
     totals = group_totals(group, SimpleNamespace(device=torch.device("meta")))
-    tokens, seqs = totals["forget"]
-    assert tokens.device.type == "meta" and seqs.device.type == "meta"
-    cpu = group_totals([{"forget": {"labels": labels}}] * 2, SimpleNamespace(device=torch.device("cpu")))
-    assert cpu["forget"][0].item() == 8 and cpu["forget"][1].item() == 4
+    assert {count.device.type for count in totals["forget"].values()} == {"meta"}
+    cpu = group_totals([{"forget": {"labels": labels, "attention_mask": attention}}] * 2,
+                       SimpleNamespace(device=torch.device("cpu")))
+    assert {name: count.item() for name, count in cpu["forget"].items()} == {"tokens": 8, "seqs": 4, "positions": 14}
 
 
 def test_reductions_follow_the_values_device():

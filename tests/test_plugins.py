@@ -23,7 +23,9 @@ def test_builtins_register_through_their_entry_points():
     """The built-ins are what pyproject.toml's entry points name, in the paper's table order."""
     from importlib.metadata import entry_points
 
-    assert plugins.methods.names() == ["GA", "GD", "NPO", "SimNPO", "IdkDPO", "CRU", "ICU", "PURGE"]
+    assert plugins.methods.names() == ["GA", "GD", "GD-KL", "NPO", "NPO-KL", "SimNPO", "IdkDPO", "DPO", "RT", "RMU",
+                                       "LUNAR", "UNDIAL", "SatImp", "WGA", "CE-U", "TaskVector", "CRU", "ICU",
+                                       "PURGE"]
     assert plugins.benchmarks.names() == ["tofu", "rwku"]
     assert "identity" in plugins.attacks.names()
     declared = {ep.name for ep in entry_points(group="cru_harness.methods")}

@@ -74,7 +74,8 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     `out_dir`: checked before anything is loaded; one holding files is refused unless `overwrite` (then replaced).
     `tokenizer`: a tokenizer, a path, or None (then loaded from the model path). Rows: `question`/`answer`
     or `text`. `retain_rows` are needed when the method's `alpha` > 0 and ignored otherwise. `refusals`
-    (IdkDPO): defaults to TOFU's `idontknow` list via `cru_harness.data.tofu.load_idontknow(data_dir)`.
+    (IdkDPO, DPO, RT): defaults to TOFU's `idontknow` list via `cru_harness.data.tofu.load_idontknow(data_dir)`,
+    unless every forget row brings its own `alternate` answer.
     """
     m = _resolve_method(method, config)
     if not m.trains:
@@ -108,7 +109,7 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     if m.uses_retain and not retain_used:
         raise InputError(f"{m.name} with alpha={m.config.alpha} needs retain rows (or set alpha=0)")
     if m.needs_alternate:
-        if refusals is None:
+        if refusals is None and not all(isinstance(r, dict) and r.get("alternate") for r in forget_rows):
             from cru_harness.data.tofu import load_idontknow
             refusals = load_idontknow(data_dir)
     else:
@@ -127,9 +128,12 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     if m.needs_ref:
         # A sharded model is loaded again with the same map (a deep copy of accelerate's hooks is not safe).
         ref_model = (load() if device_map is not None else copy.deepcopy(model)).eval().requires_grad_(False)
-    with ResourceMonitor(accelerator.device, model=model) as monitor:
+    trainable = [p.requires_grad for p in model.parameters()]
+    with ResourceMonitor(accelerator.device, model=model) as monitor:   # counts what the method trained
         trained = train_unlearning(model, m, dataset, ref_model=ref_model, seed=seed, accelerator=accelerator,
                                    progress=progress)
+    for param, flag in zip(trained.model.parameters(), trainable):   # a method that trains a few (RMU): unfrozen
+        param.requires_grad_(flag)
     del ref_model
     if isinstance(model_path_or_model, (str, os.PathLike)):
         trained.model.to(saved_dtype(dtype))

@@ -5,6 +5,13 @@ saying what it needs (`needs_ref`, `needs_retain`, `needs_alternate`, `trains`),
 `compute_loss(model, batch, ref_model=None) -> (loss, logs)`. `batch` maps "forget" / "retain" /
 "alternate" to tokenised sub-batches (see `data.ForgetRetainDataset`).
 
+Extension points, each with a default that changes nothing: `retain_loss` ("nll", or "kl" to the frozen
+reference), `trainable_parameters(model)` (the names of the only parameters trained, e.g. RMU's few MLP
+weights), `prepare(model, seed, dataset)` (state computed once per run before the first step, e.g. RMU's random
+direction), `group_counts(key, inputs)` (the counts a loss normalises by, summed by the trainer over an
+accumulation group), `make_scheduler` (a learning-rate schedule of the method's own, e.g. LUNAR's) and
+`post_train(model, ref_model)` (a last edit of the weights after training, e.g. Task Vector's negation).
+
 Presets: `Config.preset(benchmark, split, **overrides)` merges the benchmark's defaults, then the split's,
 then the overrides. TOFU defaults are the protocol's (lr 1e-5, weight decay 0.01, AdamW, 1 warmup epoch
 with linear warmup and decay, effective batch 32, 5 epochs); RWKU defaults follow RWKU's LLaMA-Factory scripts
@@ -133,6 +140,9 @@ class UnlearningMethod:
     needs_ref: ClassVar[bool] = False
     needs_retain: ClassVar[bool] = False     # True: retain rows are required (if alpha > 0)
     needs_alternate: ClassVar[bool] = False  # True: a refusal per forget item (IdkDPO)
+    #: The retain term `_retain_term` adds: "nll" (token-mean NLL of the retain answers) or "kl"
+    #: (`losses.kl_to_reference`: KL(reference || model) over the retain rows' positions; needs_ref).
+    retain_loss: ClassVar[str] = "nll"
 
     def __init__(self, config: BaselineConfig | dict | None = None):
         if config is None:
@@ -151,14 +161,42 @@ class UnlearningMethod:
     def compute_loss(self, model, batch: dict, ref_model=None) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
 
-    def _retain_term(self, model, batch: dict, logs: dict) -> torch.Tensor | float:
+    def trainable_parameters(self, model) -> list[str] | None:
+        """Names (as `model.named_parameters()` gives them) of the only parameters this method trains; None: all.
+        The trainer freezes the others before building the optimizer (and leaves them frozen)."""
+        return None
+
+    def prepare(self, model, seed: int, dataset=None) -> None:
+        """Called once by the trainer before the first step (after seeding), with the training dataset
+        (`data.ForgetRetainDataset`): draw or compute per-run state here."""
+
+    def post_train(self, model, ref_model=None) -> None:
+        """Called once by the trainer after the last step, on the unwrapped model (no gradients): a final edit of
+        the weights (Task Vector's arithmetic)."""
+
+    def make_scheduler(self, optimizer, total_steps: int, warmup_steps: int, steps_per_epoch: float):
+        """A learning-rate schedule of the method's own (stepped once per optimizer step), or None for the config's
+        `lr_scheduler`."""
+        return None
+
+    def group_counts(self, key: str, inputs: dict) -> dict[str, torch.Tensor]:
+        """The counts of sub-batch `key` (forget / retain / alternate) a loss divides by. The trainer sums each
+        over an accumulation group and hands the sums back as `inputs["group_<name>"]` (see `losses.py`):
+        `tokens` (answer tokens scored), `seqs` (rows), `positions` (positions predicting a real token)."""
+        from .losses import default_counts
+
+        return default_counts(inputs)
+
+    def _retain_term(self, model, batch: dict, logs: dict, ref_model=None) -> torch.Tensor | float:
         if not self.uses_retain:
             return 0.0
         if "retain" not in batch:
             raise InputError(f"{self.name}: alpha={self.config.alpha} but the batch has no retain examples "
                              "(pass retain rows, or set alpha=0)")
-        from .losses import nll_loss
+        from .losses import kl_to_reference, nll_loss
 
-        term, value = nll_loss(model, batch["retain"])
-        logs["retain_nll"] = value
+        if self.retain_loss == "kl":
+            term, logs["retain_kl"] = kl_to_reference(model, ref_model, batch["retain"])
+        else:
+            term, logs["retain_nll"] = nll_loss(model, batch["retain"])
         return self.config.alpha * term

@@ -113,6 +113,14 @@ def collate(examples: Sequence[EncodedExample], pad_token_id: int | None) -> dic
     return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
 
 
+def row_alternate(row: dict, index: int) -> str | None:
+    """A forget row's own preferred answer to its question (`alternate`), or None."""
+    value = row.get("alternate") if isinstance(row, dict) else None
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise InputError(f"forget row {index}: `alternate` must be a non-empty string, got {value!r}")
+    return value
+
+
 def pick_refusals(n: int, refusals: Sequence[str], seed: int, epoch: int = 0) -> list[str]:
     """One refusal per forget item for an epoch, drawn from `refusals` deterministically from (seed, epoch).
     Redrawn every epoch, as TOFU's and open-unlearning's datasets draw one at random on every fetch."""
@@ -127,7 +135,8 @@ class ForgetRetainDataset(Dataset):
 
     The pairing is redrawn per epoch from (seed, epoch), so it is deterministic. `refusals` (IdkDPO's
     `idontknow` list), when given, give each forget item an alternate answer to the same prompt, redrawn per
-    epoch the same way (`pick_refusals`).
+    epoch the same way (`pick_refusals`); a forget row's own `alternate` answer (DPO's preferred response, RT's
+    refusal, from RWKU's pair / reject corpora) is used instead, every epoch.
     """
 
     def __init__(self, tokenizer, forget_rows: Sequence[dict], retain_rows: Sequence[dict] | None = None, *,
@@ -138,15 +147,23 @@ class ForgetRetainDataset(Dataset):
             raise InputError("forget_rows is empty: nothing to unlearn")
         self.seed = seed
         fmt = {"preset": preset, "family": family, "chat": chat, "benchmark": benchmark}
+        # kept for methods that read more than the batches before training (LUNAR's direction: `prepare`)
+        self.tokenizer, self.format, self.forget_rows = tokenizer, fmt, list(forget_rows)
         self.forget = [encode_row(tokenizer, r, i, "forget", max_length, **fmt) for i, r in enumerate(forget_rows)]
         self.retain = ([encode_row(tokenizer, r, i, "retain", max_length, **fmt) for i, r in enumerate(retain_rows)]
                        if retain_rows else [])
         self.refusals = None
         self.alternate = None
-        if refusals is not None:
+        self._encode_alternate = None
+        # A row's own preferred answer (`alternate`: RWKU's pair / reject corpora) wins over a drawn refusal.
+        self._row_alternates = [row_alternate(r, i) for i, r in enumerate(forget_rows)]
+        if refusals is not None or any(self._row_alternates):
+            if refusals is None and not all(self._row_alternates):
+                missing = [i for i, a in enumerate(self._row_alternates) if a is None]
+                raise InputError(f"forget rows {missing[:5]} have no `alternate` answer and no refusals were given")
             forget_question = [row_to_qa(r, i, "forget")[0] for i, r in enumerate(forget_rows)]
-            self.refusals = list(refusals)  # an empty list is refused by `pick_refusals` below
-            # (forget item, refusal) -> its encoding: each pair is tokenised once, however many epochs draw it
+            self.refusals = list(refusals) if refusals is not None else None  # [] is refused by `pick_refusals`
+            # (forget item, answer) -> its encoding: each pair is tokenised once, however many epochs draw it
             self._encode_alternate = functools.lru_cache(maxsize=None)(
                 lambda i, refusal: encode_qa(tokenizer, forget_question[i], refusal, max_length, **fmt,
                                              **row_prompt(forget_rows[i])))
@@ -157,9 +174,11 @@ class ForgetRetainDataset(Dataset):
         if self.retain:
             rng = random.Random(f"retain-{self.seed}-{epoch}")
             self._retain_index = [rng.randrange(len(self.retain)) for _ in self.forget]
-        if self.refusals is not None:
-            drawn = pick_refusals(len(self.forget), self.refusals, self.seed, epoch)
-            self.alternate = [self._encode_alternate(i, refusal) for i, refusal in enumerate(drawn)]
+        if self._encode_alternate is not None:
+            drawn = (pick_refusals(len(self.forget), self.refusals, self.seed, epoch) if self.refusals is not None
+                     else [None] * len(self.forget))
+            self.alternate = [self._encode_alternate(i, own or refusal)
+                              for i, (own, refusal) in enumerate(zip(self._row_alternates, drawn))]
 
     def __len__(self) -> int:
         return len(self.forget)

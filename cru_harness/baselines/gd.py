@@ -25,7 +25,7 @@ class GradientDifference(UnlearningMethod):
     def compute_loss(self, model, batch, ref_model=None):
         logs: dict[str, float] = {}
         forget_nll, logs["forget_nll"] = nll_loss(model, batch["forget"])
-        loss = -self.config.forget_weight * forget_nll + self._retain_term(model, batch, logs)
+        loss = -self.config.forget_weight * forget_nll + self._retain_term(model, batch, logs, ref_model)
         logs["loss"] = float(loss.detach())
         return loss, logs
 

@@ -51,7 +51,7 @@ class IdkDPO(UnlearningMethod):
         logs: dict[str, float] = {}
         term, logs["dpo_forget"], logs["dpo_margin"] = dpo_forget_term(
             model, ref_model, batch["alternate"], batch["forget"], self.config.beta)
-        loss = self.config.forget_weight * term + self._retain_term(model, batch, logs)
+        loss = self.config.forget_weight * term + self._retain_term(model, batch, logs, ref_model)
         logs["loss"] = float(loss.detach())
         return loss, logs
 

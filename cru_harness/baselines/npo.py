@@ -41,7 +41,7 @@ class NPO(UnlearningMethod):
         logs: dict[str, float] = {}
         term, logs["npo_forget"], logs["forget_logratio"] = npo_forget_term(model, ref_model, batch["forget"],
                                                                             self.config.beta)
-        loss = self.config.forget_weight * term + self._retain_term(model, batch, logs)
+        loss = self.config.forget_weight * term + self._retain_term(model, batch, logs, ref_model)
         logs["loss"] = float(loss.detach())
         return loss, logs
 

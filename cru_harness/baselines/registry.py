@@ -35,4 +35,5 @@ def make_config(name: str, benchmark: str = "tofu", split: str | None = None, **
 
 
 def _ensure_loaded() -> None:
-    from . import ga, gd, icu, idkdpo, npo, simnpo  # noqa: F401  (registration side effects)
+    from . import (  # noqa: F401  (registration side effects)
+        ceu, dpo, ga, gd, gd_kl, icu, idkdpo, lunar, npo, npo_kl, rmu, rt, satimp, simnpo, task_vector, undial, wga)

@@ -66,7 +66,7 @@ class SimNPO(UnlearningMethod):
     def compute_loss(self, model, batch, ref_model=None):
         logs: dict[str, float] = {}
         term, logs["simnpo_forget"] = simnpo_forget_term(model, batch["forget"], self.config.beta, self.config.gamma)
-        loss = self.config.forget_weight * term + self._retain_term(model, batch, logs)
+        loss = self.config.forget_weight * term + self._retain_term(model, batch, logs, ref_model)
         logs["loss"] = float(loss.detach())
         return loss, logs
 

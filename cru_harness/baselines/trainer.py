@@ -39,7 +39,7 @@ from ..devices import (DeviceError, check_dtype_on_device, explain_out_of_memory
                        load_causal_lm, resolve_device, training_precision)
 from ..errors import InputError
 from .base import BaselineConfig, UnlearningMethod
-from .data import IGNORE_INDEX
+from .losses import default_counts
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +178,20 @@ def check_trainable_dtype(model: torch.nn.Module) -> None:
                       "autocast, as the references train", UserWarning, stacklevel=3)
 
 
+def freeze_all_but(model: torch.nn.Module, names: list[str] | None, method: str) -> None:
+    """Freeze every parameter not in `names` (a method's `trainable_parameters`; None: leave all as they are).
+    Before the optimizer and DDP see the model, so neither holds the frozen ones."""
+    if names is None:
+        return
+    wanted = set(names)
+    known = {name for name, _ in model.named_parameters()}
+    if not wanted or wanted - known:
+        raise InputError(f"{method}: trainable parameters {sorted(wanted - known) or '(none)'} are not parameters "
+                         f"of {type(model).__name__}")
+    for name, param in model.named_parameters():
+        param.requires_grad_(name in wanted)
+
+
 def build_optimizer(model: torch.nn.Module, config: BaselineConfig) -> torch.optim.AdamW:
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
@@ -190,16 +204,21 @@ def build_optimizer(model: torch.nn.Module, config: BaselineConfig) -> torch.opt
     return torch.optim.AdamW(groups, lr=config.learning_rate, betas=config.adam_betas, eps=config.adam_eps)
 
 
-def group_totals(group: list[dict], accelerator: Accelerator) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """(answer tokens, sequences) of each sub-batch over a step's whole group of micro-batches (every process
-    holds the whole group, see `train_unlearning`)."""
+def group_totals(group: list[dict], accelerator: Accelerator,
+                 counts=None) -> dict[str, dict[str, torch.Tensor]]:
+    """Each sub-batch's counts (`counts(key, inputs)`, default `losses.default_counts`: answer tokens, sequences,
+    positions) summed over a step's whole group of micro-batches (every process holds the whole group, see
+    `train_unlearning`): {key: {name: total}}."""
+    counts = counts or (lambda key, inputs: default_counts(inputs))
     totals = {}
     for key in group[0]:
-        # Every count is moved to, or created on, the accelerator's device (the micro-batches may sit elsewhere).
-        tokens = sum((mb[key]["labels"][:, 1:] != IGNORE_INDEX).sum().to(accelerator.device, torch.float32)
-                     for mb in group)
-        seqs = sum(mb[key]["labels"].shape[0] for mb in group)
-        totals[key] = (tokens, torch.tensor(float(seqs), device=accelerator.device))
+        summed: dict[str, torch.Tensor] = {}
+        for mb in group:
+            for name, value in counts(key, mb[key]).items():
+                # Every count is moved to the accelerator's device (the micro-batches may sit elsewhere).
+                value = torch.as_tensor(value).to(accelerator.device, torch.float32)
+                summed[name] = summed[name] + value if name in summed else value
+        totals[key] = summed
     return totals
 
 
@@ -274,6 +293,8 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
     generator = torch.Generator().manual_seed(seed)
     loader = DataLoader(dataset, batch_size=config.micro_batch_size, shuffle=True, collate_fn=dataset.collate,
                         generator=generator)
+    method.prepare(model, seed, dataset)
+    freeze_all_but(model, method.trainable_parameters(model), method.name)
     model.train()
     optimizer = build_optimizer(model, config)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -286,8 +307,8 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
         log.warning(f"{method.name}: the warm-up ({config.warmup_steps if config.warmup_steps is not None else warmup} "
                     f"steps) covers all {total_steps} optimizer steps, so the learning rate never reaches "
                     f"{config.learning_rate:g}")
-    scheduler = get_scheduler(_SCHEDULER_NAMES[config.lr_scheduler], optimizer, num_warmup_steps=warmup,
-                              num_training_steps=total_steps)
+    scheduler = method.make_scheduler(optimizer, total_steps, warmup, len(loader) / per_step) or get_scheduler(
+        _SCHEDULER_NAMES[config.lr_scheduler], optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
 
     result = TrainResult(model=model, gradient_accumulation_steps=accum, num_processes=n_proc, warmup_steps=warmup)
     bar = tqdm(total=total_steps, desc=getattr(method, "progress_label", f"unlearn[{method.name}]"),
@@ -295,12 +316,12 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
                dynamic_ncols=True)
 
     def optimizer_step(group: list[dict], epoch: int) -> None:
-        totals = group_totals(group, accelerator)
+        totals = group_totals(group, accelerator, method.group_counts)
         logs_sum: dict[str, float] = {}
         share = process_share(group, rank, n_proc)
         for i, (micro, weight) in enumerate(share):
-            for key, (tokens, seqs) in totals.items():
-                micro[key]["group_tokens"], micro[key]["group_seqs"] = tokens, seqs
+            for key, counts in totals.items():
+                micro[key].update({f"group_{name}": total for name, total in counts.items()})
             last = i == len(share) - 1
             sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
             with sync:
@@ -366,5 +387,7 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
     optimizer.state.clear()
     model.eval()
     result.model = _without_autocast(accelerator.unwrap_model(model))
+    with torch.no_grad():
+        method.post_train(result.model, ref_model)
     result.final_logs = dict(result.history[-1]) if result.history else {}
     return result
