@@ -16,7 +16,7 @@ TASK_IMPORTS = ("cru_harness.metrics", "cru_harness.prompts", "cru_harness.proto
 
 def test_the_layer_contract_holds():
     lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
-    done = subprocess.run([lint, "--config", str(REPO / "pyproject.toml")], cwd=REPO, capture_output=True,
+    done = subprocess.run([lint, str(REPO / "pyproject.toml")], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "1 kept, 0 broken" in done.stdout
@@ -31,7 +31,7 @@ def test_the_contract_catches_an_upward_import(tmp_path):
     errors.write_text(errors.read_text() + "\n\ndef _upward():\n    from cru_harness.runner import plan  # noqa\n")
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
-    done = subprocess.run([lint, "--config", str(tmp_path / "pyproject.toml")], cwd=tmp_path, capture_output=True,
+    done = subprocess.run([lint, str(tmp_path / "pyproject.toml")], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert done.returncode != 0 and "cru_harness.errors -> cru_harness.runner.plan" in done.stdout, done.stdout[-2000:]
 

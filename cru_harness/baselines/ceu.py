@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import InputError
-from ..runner.config import bound_problem
+from ..hparams import bound_problem
 from .base import BaselineConfig, UnlearningMethod
 from .data import IGNORE_INDEX
 from .losses import default_counts, group_mean

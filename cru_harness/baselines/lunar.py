@@ -40,7 +40,7 @@ from ..cru.blocks import find_decoder_blocks
 from ..cru.sites import mlp_down_projection
 from ..data.corpora import row_prompt
 from ..errors import InputError, MissingInputError
-from ..runner.config import bound_problem
+from ..hparams import bound_problem
 from ._activations import block_output, capture_output, decoder_block
 from .base import RetainConfig, UnlearningMethod
 from ..prompts import qa_texts

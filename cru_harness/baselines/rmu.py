@@ -30,7 +30,7 @@ import torch
 
 from ..cru.blocks import find_decoder_blocks, hidden_size
 from ..errors import InputError
-from ..runner.config import bound_problem
+from ..hparams import bound_problem
 from ._activations import block_output, masked_mse_per_sequence
 from .base import RetainConfig, UnlearningMethod
 from .data import IGNORE_INDEX

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ..runner.config import bound_problem
+from ..hparams import bound_problem
 from .base import RetainConfig, UnlearningMethod
 from .losses import weighted_ascent_term
 from .plugin import BaselineMethod

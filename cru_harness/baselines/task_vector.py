@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import InputError
-from ..runner.config import bound_problem
+from ..hparams import bound_problem
 from .base import BaselineConfig, UnlearningMethod
 from .losses import nll_loss
 from .plugin import BaselineMethod
