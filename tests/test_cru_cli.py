@@ -228,3 +228,44 @@ def test_unlearn_takes_its_defaults_from_the_config_dataclass(setup, monkeypatch
                   "down projection) (default mlp)", "retain weight λ (default 1.0; 50 with --benchmark rwku)",
                   "router bottleneck width (default 32; 256 with --benchmark rwku)"):
         assert shown in text, shown
+
+
+def test_unlearn_method_trains_any_registered_trainer(setup, capsys):
+    """`unlearn --method NPO --set ...`: the trainer's preset with the given overrides, saved to --out as a model;
+    the record says what trained (NPO, the overridden beta) and the weights moved."""
+    from transformers import AutoModelForCausalLM
+
+    root, base, forget, retain = setup
+    out = root / "npo"
+    argv = ["unlearn", "--method", "npo", "--base", str(base), "--forget", str(forget), "--retain", str(retain),
+            "--out", str(out), "--set", "beta=0.5", "--set", "lr=1e-3", "--set", "num_epochs=1",
+            "--set", "effective_batch_size=5", "--set", "micro_batch_size=5", "--set", "warmup_epochs=0",
+            "--seed", "3", "--no-progress"]
+    assert main(argv) == 0
+    assert "saved the NPO-unlearned model" in capsys.readouterr().out
+    record = json.loads((out / "unlearn_record.json").read_text())
+    assert record["method"] == "npo" and record["seed"] == 3
+    assert record["config"]["beta"] == 0.5 and record["config"]["learning_rate"] == 1e-3
+    assert record["n_forget"] == len(FORGET_ROWS) and record["optimizer_steps"] == 2
+    before = AutoModelForCausalLM.from_pretrained(base).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_unlearn_method_errors_are_one_line_before_any_training(setup, capsys):
+    root, base, forget, retain = setup
+    common = ["--base", str(base), "--forget", str(forget), "--retain", str(retain), "--out", str(root / "y")]
+    cases = [
+        (["unlearn", "--method", "NPOO", *common], "unknown method 'NPOO' (did you mean 'NPO'?)"),
+        (["unlearn", "--method", "GA", *common, "--set", "alpha=1"], "GA has no retain term"),
+        (["unlearn", "--method", "NPO", *common, "--set", "betta=1"], "not a hyperparameter of NPO (did you mean"),
+        (["unlearn", "--method", "NPO", *common, "--lambda", "2"], "--lam: CRU's options"),
+        (["unlearn", "--method", "NPO", *common, "--set", "beta"], "--set expects KEY=VALUE"),
+        (["unlearn", "--method", "NPO", *common, "--set", "beta=0"], "beta"),
+        (["unlearn", "--method", "ICU", *common], "ICU trains nothing"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "error:" in err and message in err and "Traceback" not in err, (argv, err)
+    assert not (root / "y").exists()

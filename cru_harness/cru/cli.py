@@ -29,10 +29,16 @@ def unlearn_defaults() -> dict[str, str]:
 
 def register(subparsers) -> None:
     unlearn = subparsers.add_parser(
-        "unlearn", help="train CRU routers for a forget set and save them as a router bundle",
+        "unlearn", help="unlearn a forget set: train CRU routers into a bundle (default), or any method (--method)",
         description="Localize the forget set's neurons in a frozen base model, train routers that close them on "
                     "forget inputs and keep them open on retain inputs, and save the bundle to --out.",
         formatter_class=config_defaults_help(unlearn_defaults))
+    unlearn.add_argument("--method", default="CRU",
+                         help="the unlearning method (`cru-harness methods` lists them; default CRU). The CRU options "
+                              "below apply to CRU; any other method's hyperparameters are given with --set")
+    unlearn.add_argument("--set", dest="hparams", action="append", default=[], metavar="KEY=VALUE",
+                         help="a hyperparameter of --method (e.g. --set learning_rate=1e-5 --set beta=0.1); "
+                              "values are read as YAML scalars; repeat for several")
     unlearn.add_argument("--base", required=True, help="HF model id or local checkpoint directory")
     unlearn.add_argument("--forget", required=True,
                          help="forget corpus: JSON/JSONL file (question+answer or text rows), TOFU config "
@@ -123,7 +129,93 @@ def _corpus_rows(source: str, data_dir, what: str) -> tuple[list[dict], str]:
         raise CLIError(f"{what} corpus: {err}") from None
 
 
+def _set_values(pairs: list[str]) -> dict:
+    """`--set KEY=VALUE` pairs as a dict, each value read as a YAML scalar (1e-5, true, [0.9, 0.99])."""
+    import yaml
+
+    values = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--set expects KEY=VALUE, got {pair!r}")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise InputError(f"--set {key}: {text!r} is not a value") from None
+        if isinstance(value, str):   # YAML 1.1 reads 1e-5 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        values[key.strip()] = value
+    return values
+
+
+def _method_hparams(method, given: dict) -> dict:
+    """`--set` values under their canonical names, each one a hyperparameter of `method`."""
+    import difflib
+
+    allowed = method.hparams()
+    resolved = {}
+    for key, value in given.items():
+        canon = method.aliases.get(key, key)
+        if canon not in allowed:
+            reason = method.refuse_hparam(canon)
+            close = difflib.get_close_matches(canon, allowed, n=1)
+            raise InputError(f"--set {key}: " + (reason or f"not a hyperparameter of {method.name}"
+                                                   + (f" (did you mean {close[0]!r}?)" if close else "")
+                                                   + f"; it accepts: {', '.join(allowed) or 'nothing'}"))
+        resolved[canon] = value
+    return resolved
+
+
+def run_baseline(args: argparse.Namespace, method) -> int:
+    """`unlearn --method` for a trainer of `cru_harness.baselines`: its preset for --benchmark (and the TOFU split
+    --forget names), `--set` overrides, the same checks before loading, the model saved to --out."""
+    from cru_harness.baselines import unlearn
+    from cru_harness.baselines.plugin import BaselineMethod
+    from cru_harness.data.tofu import FORGET_SPLITS
+    from cru_harness.hparams import check_seed
+    from cru_harness.locations import check_model_path, check_output_dir
+
+    from .train import RouterTrainingConfig
+
+    if not isinstance(method, BaselineMethod):
+        what = "trains nothing" if not method.trains else "is not a trainer of cru_harness.baselines"
+        raise InputError(f"--method {method.name} {what}: run it from a runner config (`cru-harness run`)")
+    cru_only = sorted(set(given_fields(args, RouterTrainingConfig)) - {"seed"})
+    if cru_only or args.no_prefix_cache:
+        flags = ", ".join("--" + name.replace("_", "-") for name in cru_only) or "--no-prefix-cache"
+        raise InputError(f"{flags}: CRU's options; give {method.name}'s hyperparameters with --set KEY=VALUE")
+    seed = check_seed(getattr(args, "seed", 0))
+    split = args.forget if args.forget in FORGET_SPLITS else None
+    config = method.trainer.Config.preset(args.benchmark, split if args.benchmark == "tofu" else None,
+                                          **_method_hparams(method, _set_values(args.hparams)))
+    fmt = prompt_format_choice(args.prompt_format, benchmark=args.benchmark)
+    check_output_dir(args.out, what="--out", overwrite=args.overwrite)
+    check_model_path(args.base, what="--base")
+    forget_rows = _corpus_rows(args.forget, args.data_dir, "forget")[0]
+    retain_rows = _corpus_rows(args.retain, args.data_dir, "retain")[0]
+    result = unlearn(args.base, None, forget_rows, retain_rows, method.trainer, config, out_dir=args.out, seed=seed,
+                     data_dir=args.data_dir, dtype=args.dtype, device=args.device, device_map=args.device_map,
+                     progress=not args.no_progress, prompt_format=fmt, overwrite=args.overwrite)
+    print(f"saved the {method.name}-unlearned model to {args.out}: {result.optimizer_steps} optimizer steps on "
+          f"{result.n_forget} forget and {result.n_retain} retain rows")
+    return 0
+
+
 def run_unlearn(args: argparse.Namespace) -> int:
+    from cru_harness import plugins
+
+    method = plugins.methods.get(args.method)
+    if not method.adapter:
+        return run_baseline(args, method)
+    if method is not plugins.methods.get("CRU"):
+        raise InputError(f"--method {method.name}: `unlearn` trains CRU bundles; run it from a runner config")
+    return run_cru(args)
+
+
+def run_cru(args: argparse.Namespace) -> int:
     from cru_harness.data.corpora import rows_to_texts
     from cru_harness.devices import load_causal_lm
     from cru_harness.locations import check_model_path, check_output_dir
@@ -133,7 +225,7 @@ def run_unlearn(args: argparse.Namespace) -> int:
     from .train import RouterTrainingConfig, train_routers
 
     # Everything that can be wrong with the inputs and the output is found before hours of training.
-    given = given_fields(args, RouterTrainingConfig)
+    given = {**given_fields(args, RouterTrainingConfig), **_method_hparams(METHOD, _set_values(args.hparams))}
     check_seed(given.get("seed", 0))   # named as the flag
     if "blocks" in given:
         given["blocks"] = _parse_blocks(given["blocks"])
