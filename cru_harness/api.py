@@ -176,6 +176,7 @@ class Benchmark:
     placeholders: tuple[str, ...] = ()
     has_oracle: bool = False
     order: int = 100
+    hub_files: tuple[tuple[str, str], ...] = ()   # (dataset repo, a file every copy holds): its data's provenance
     # How reports show it (read by `cru_harness.reporting`): `columns` are `reporting.tables.Column`s, in order;
     # `table_unit` heads the unit column; `caption` is the LaTeX table's; `axis_labels` the trade-off plot's;
     # `kept_score_name` names what the one-learning-rate rule keeps (None: the rule skips this benchmark).

@@ -8,6 +8,7 @@ from ..api import Benchmark
 from ..reporting import stats
 from ..reporting.tables import Column, fc_columns
 from ..data.rwku import DEFAULT_TARGETS, TargetSelectionError, parse_targets
+from ..data.sources import HUB_IDS
 
 SELECT_KEYS = ("top", "probes", "rows")
 #: Forget probes whose score on the original model says how well it knows a target (RWKU ROUGE-L recall).
@@ -66,6 +67,7 @@ class RWKU(Benchmark):
     default_corpora = {"forget_corpus": "rwku:{target}:passage", "retain_corpus": "rwku:21:passage"}
     placeholders = ("target",)
     order = 20
+    hub_files = ((HUB_IDS["rwku"], "README.md"),)
     columns = tuple(RWKU_COLUMNS)
     table_unit = "Targets"
     caption = ("\\texttt{RWKU}, means over targets: forget and neighbor ROUGE-L recall, MIA, utility. ``Original'' is "

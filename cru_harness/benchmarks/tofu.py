@@ -7,7 +7,8 @@ from typing import Any
 from ..api import Benchmark
 from ..reporting.stats import is_number
 from ..reporting.tables import Column, fc_columns
-from ..data.tofu import FORGET_SPLITS, retain_config_for
+from ..data.sources import HUB_IDS
+from ..data.tofu import FORGET_SPLITS, IDK_HUB, retain_config_for
 
 
 TOFU_COLUMNS = [
@@ -36,6 +37,7 @@ class TOFU(Benchmark):
     placeholders = ("split", "retain_split")
     has_oracle = True
     order = 10
+    hub_files = ((HUB_IDS["tofu"], "README.md"), IDK_HUB)
     columns = tuple(TOFU_COLUMNS)
     table_unit = "Split"
     caption = ("\\texttt{TOFU}: forgetting on the forget set, Forget Quality, utility on Real Authors, World Facts "

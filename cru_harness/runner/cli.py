@@ -91,8 +91,8 @@ def check_only(only: str, config) -> list[str]:
     wanted = [label.strip() for label in only.split(",") if label.strip()]
     # Planned as if every RWKU candidate were chosen: a config whose targets are chosen when the run starts
     # still has its RWKU cells' labels (Original, ...). Planning touches no model.
-    every = {m.name: config.benchmarks["rwku"]["targets"] for m in config.models} if "rwku" in config.benchmarks \
-        else None
+    selecting = [block for block in config.benchmarks.values() if block.get("select_known")]
+    every = {m.name: selecting[0]["targets"] for m in config.models} if selecting else None
     known = list(dict.fromkeys([cell.label for cell in build_plan(config, every)]
                                + [method.label for method in config.methods]))
     unknown = [label for label in wanted if label not in known]
@@ -191,8 +191,8 @@ def security_summary(config) -> list[dict]:
 
 
 def _selection_summary(config, selected_targets) -> dict | None:
-    rwku = config.benchmarks.get("rwku")
-    if not rwku or not rwku.get("select_known"):
+    rwku = next((block for block in config.benchmarks.values() if block.get("select_known")), None)
+    if rwku is None:
         return None
     select = rwku["select_known"]
     rule = (f"top {select['top']} of targets {rwku['targets']} by the original model's mean ROUGE-L recall on "

@@ -99,15 +99,12 @@ def cell_inputs(cell) -> dict[str, Any]:
 def hub_repositories(benchmark: str, inputs: dict) -> list[tuple[str, str, str]]:
     """(repo type, repo id, a file every copy of it holds) for each Hub repository `inputs` name: the benchmark's
     datasets when its data came from the Hub, and each model given as a Hub id."""
-    from ..data.sources import HUB_IDS
-    from ..data.tofu import IDK_HUB
+    from .. import plugins
     from .plan import is_hub_id
 
     repos = []
-    if inputs.get("data") == HUB_DATA and benchmark in HUB_IDS:
-        repos.append(("dataset", HUB_IDS[benchmark], "README.md"))
-        if benchmark == "tofu":
-            repos.append(("dataset", IDK_HUB[0], IDK_HUB[1]))
+    if inputs.get("data") == HUB_DATA and benchmark in plugins.benchmarks:
+        repos.extend(("dataset", repo, file) for repo, file in plugins.benchmarks.get(benchmark).hub_files)
     for fingerprint in dict.fromkeys((inputs.get("models") or {}).values()):
         # `model_fingerprint` names any path that is not on disk "hub:"; only a Hub-shaped one is looked up
         if isinstance(fingerprint, str) and fingerprint.startswith("hub:"):
