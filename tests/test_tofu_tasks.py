@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cru_harness.lmeval.protocol import EOS_MARKER, JOINT_MARKER, LoglikelihoodResult
+from cru_harness.lmeval.protocol import EOS_MARKER, JOINT_MARKER, LoglikelihoodResult, max_length_marker
 from cru_harness.tasks.tofu import utils as tofu_utils
 
 TASKS_DIR = Path(tofu_utils.__file__).resolve().parent
@@ -337,8 +337,9 @@ def test_legacy_preset_end_to_end_records_the_preset(tiny_model_dir, tofu_dir):
     question = sample["doc"]["question"]
     assert sample["arguments"][0][0] == f"Question: {question}\n"  # evaluate_util.py:307-309 drops "Answer: "
     assert sample["arguments"][0][1]["max_length"] == 200
-    assert sample["arguments"][1] == (f"Question: {question}\n",
-                                      f"{JOINT_MARKER}Answer: {sample['doc']['answer']}{EOS_MARKER}")
+    # the scored text is cut at 200 tokens, as TOFU's dataset cuts it (data_module.py:15-27)
+    assert sample["arguments"][1] == (f"Question: {question}\n", f"{JOINT_MARKER}{max_length_marker(200)}Answer: "
+                                                                 f"{sample['doc']['answer']}{EOS_MARKER}")
     assert res["configs"]["tofu_world_facts"]["metadata"]["tofu_preset"] == "legacy"
     assert math.isfinite(res["results"]["tofu_world_facts"]["probability,none"])
 

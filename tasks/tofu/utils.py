@@ -10,12 +10,15 @@ YAML's `process_results` (below), so the per-item values stay together in one `-
 Prompts and scored spans come from `cru_harness.prompts` under the TOFU preset named in the run's metadata
 (`--metadata '{"tofu_preset": "legacy", "tofu_model_family": "phi"}'`; default `open-unlearning`), recorded in
 the task config's `metadata` of every result. Likelihood requests carry `JOINT_MARKER` (the references'
-whole-text span rule, applied by `--model cru`) and `EOS_MARKER`.
+whole-text span rule, applied by `--model cru`) and `EOS_MARKER`; under the legacy preset also TOFU's 200-token cut
+(`max_length_marker`). The preset also picks the scoring epsilon (`prompts.tofu_epsilon`: open-unlearning's 1e-10
+in the truth ratio, the forget aggregation and the multiple-choice probability; none for TOFU).
 
 This file is loaded by lm-eval from its path (not as `cru_harness.tasks.tofu.utils`), so imports are absolute.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import warnings
@@ -29,7 +32,7 @@ from lm_eval.api.task import ConfigurableTask
 from cru_harness import metrics as M
 from cru_harness.lmeval.metadata import check_metadata_keys
 # `cru` scores a continuation ending in EOS_MARKER with the tokenizer's EOS id appended (TOFU counts EOS).
-from cru_harness.lmeval.protocol import EOS_MARKER, JOINT_MARKER, has_token_stats, template_date
+from cru_harness.lmeval.protocol import EOS_MARKER, JOINT_MARKER, has_token_stats, max_length_marker, template_date
 from cru_harness.lmeval.request_cache import UncachedRequests
 from cru_harness import prompts as P
 
@@ -117,8 +120,9 @@ def avg_nll(result) -> float:
     return M.avg_nll(result.token_logprobs)
 
 
-def process_results(doc: dict, results: list) -> dict[str, float]:
-    """Per-item values of one TOFU probe (the `process_results` of every TOFU task).
+def process_results(doc: dict, results: list, tofu_preset: str | None = None) -> dict[str, float]:
+    """Per-item values of one TOFU probe (the `process_results` of every TOFU task; `TOFUTask` passes its preset,
+    which picks the scoring epsilon, `prompts.tofu_epsilon`).
 
     `results` are, in `idx` order, the generation then the log-likelihoods of `scored_continuations`:
     answer, [paraphrased answer,] perturbed answers. The paraphrased answer is present exactly when there are
@@ -132,16 +136,18 @@ def process_results(doc: dict, results: list) -> dict[str, float]:
         raise ValueError(
             f"TOFU: {len(loglikelihoods)} log-likelihood results for {len(doc['perturbed_answer'])} perturbed answers"
         )
-    return score_item("mc" if extra == 1 else "paraphrase", doc, generation, loglikelihoods)
+    return score_item("mc" if extra == 1 else "paraphrase", doc, generation, loglikelihoods,
+                      epsilon=P.tofu_epsilon(tofu_preset))
 
 
-def score_item(kind: str, doc: dict, generation: str, results: list) -> dict[str, float]:
+def score_item(kind: str, doc: dict, generation: str, results: list, *, epsilon: float = 0.0) -> dict[str, float]:
     """The per-item values from a generation and the log-likelihood results (see `process_results`).
 
     `kind` is "mc" (Real Authors / World Facts: the answer against the perturbed answers) or anything else
     (the paraphrased answer against the perturbed answers). `truth_ratio` is the raw R = P_wrong / P_right;
     the task's aggregation turns it into the reported number. `nll_*` are the per-token average NLLs
     (`nll_perturbed`: their mean over the perturbed answers) so other numbers can be re-derived later.
+    `epsilon`: the preset's (`prompts.tofu_epsilon`), in the truth ratio and the multiple-choice probability.
     """
     nlls = [avg_nll(r) for r in results]
     n_perturbed = len(doc["perturbed_answer"])
@@ -155,12 +161,12 @@ def score_item(kind: str, doc: dict, generation: str, results: list) -> dict[str
         return values | {"probability": nan, "truth_ratio": nan, "nll_answer": nan, "nll_paraphrased": nan,
                          "nll_perturbed": nan}
     if kind == "mc":
-        probability = M.mc_probability(nll_answer, nll_perturbed)
+        probability = M.mc_probability(nll_answer, nll_perturbed, epsilon=epsilon)
     else:
         probability = M.probability_from_avg_nll(nll_answer)
     return values | {
         "probability": float(probability),
-        "truth_ratio": float(M.truth_ratio(nll_right, nll_perturbed)),
+        "truth_ratio": float(M.truth_ratio(nll_right, nll_perturbed, epsilon=epsilon)),
         "nll_answer": float(nll_answer),
         "nll_paraphrased": float(nll_right),
         "nll_perturbed": float(np.mean(nll_perturbed)),
@@ -176,10 +182,13 @@ def scored_continuations(kind: str, doc: dict) -> list[str]:
 # --------------------------------------------------------------------------------------------- aggregation
 
 
-def truth_ratio_forget_agg(items) -> float:
-    """Forget set: mean(min(R, 1/R)) over items (NaN if any item is NaN, i.e. a plain `hf` run)."""
+def truth_ratio_forget_agg(items, tofu_preset: str | None = None) -> float:
+    """Forget set: mean(min(R, 1/(R + epsilon))) over items, epsilon the preset's (`TOFUTask.aggregation` binds
+    it); NaN if any item is NaN, i.e. a plain `hf` run."""
     ratios = np.asarray(items, dtype=float)
-    return math.nan if np.isnan(ratios).any() else float(M.truth_ratio_forget(ratios))
+    if np.isnan(ratios).any():
+        return math.nan
+    return float(M.truth_ratio_forget(ratios, epsilon=P.tofu_epsilon(tofu_preset)))
 
 
 def truth_ratio_utility_agg(items) -> float:
@@ -235,6 +244,18 @@ class TOFUTask(UncachedRequests, ConfigurableTask):
         config["generation_kwargs"] = generation
         super().__init__(config=config)
 
+    def process_results(self, doc: dict, results: list) -> dict[str, float]:
+        return process_results(doc, results, tofu_preset=self.preset)
+
+    def aggregation(self) -> dict:
+        """The YAML's aggregations, the forget truth ratio's with the preset's epsilon. lm-eval loads this file
+        once per `!function`, so the YAML's function is recognised by name, not identity."""
+        aggregations = dict(super().aggregation())
+        forget = aggregations.get("truth_ratio")
+        if getattr(forget, "__name__", None) == truth_ratio_forget_agg.__name__:
+            aggregations["truth_ratio"] = functools.partial(truth_ratio_forget_agg, tofu_preset=self.preset)
+        return aggregations
+
     def fewshot_context(self, doc, num_fewshot, system_instruction=None, apply_chat_template=False,
                         chat_template=None, **kwargs):
         if self.format is not None:
@@ -285,10 +306,12 @@ class TOFUTask(UncachedRequests, ConfigurableTask):
         likelihood_ctx = ctx
         if self.format is not None:
             likelihood_ctx = self.format.question_text(doc["question"])
+        # legacy: the scored text is cut at 200 tokens (tofu evaluate_util.py:99-126 -> data_module.py:15-27)
+        cut = max_length_marker(P.LEGACY_MAX_LENGTH) if self.preset == "legacy" else ""
         for i, answer in enumerate(scored_continuations(self.kind, doc), start=1):
             cont = self.continuation_text(likelihood_ctx, doc, answer, chat_template)
             requests.append(
                 Instance(request_type="loglikelihood", doc=doc,
-                         arguments=(likelihood_ctx, f"{JOINT_MARKER}{cont}{EOS_MARKER}"), idx=i, **kwargs)
+                         arguments=(likelihood_ctx, f"{JOINT_MARKER}{cut}{cont}{EOS_MARKER}"), idx=i, **kwargs)
             )
         return requests
