@@ -28,7 +28,8 @@ What `cru` reports beyond `--model hf` (see `protocol.py` and docs/lm_eval.md):
 
 - `loglikelihood` -> `LoglikelihoodResult`: the same `(logprob_sum, is_greedy)` as HFLM, plus
   `n_tokens`, `token_logprobs`, `token_mu`, `token_sigma` (Min-K%++'s mean and std of log p(v) under the
-  model's next-token distribution at each continuation position).
+  model's next-token distribution at each continuation position), `token_greedy` (per-token argmax flags) and
+  `text` (the scored tokens decoded without special tokens).
 - A continuation ending in `EOS_MARKER` is scored with the tokenizer's EOS token appended (the marker text is
   never tokenized); `--model hf` would score the marker as literal text, so tasks that use it report NaN
   for the EOS-dependent numbers under `hf`.
@@ -462,10 +463,13 @@ class CRULM(HFLM):
                     n = len(cont_toks)
                     cont = torch.tensor(cont_toks, dtype=torch.long, device=self.device)
                     rows = cached[0, -n:]  # [n, V]
-                    is_greedy = bool((greedy_tokens[-n:] == cont).all())
+                    token_greedy = (greedy_tokens[-n:] == cont).tolist()
+                    is_greedy = all(token_greedy)
                     picked = torch.gather(rows, 1, cont.unsqueeze(-1)).squeeze(-1)
                     token_lp, mu, sigma = token_stats(rows, cont)
-                    answer = LoglikelihoodResult(float(picked.sum()), is_greedy, token_lp, mu, sigma)
+                    text = self.tokenizer.decode(cont_toks, skip_special_tokens=True)
+                    answer = LoglikelihoodResult(float(picked.sum()), is_greedy, token_lp, mu, sigma, token_greedy,
+                                                 text)
                     res.append(answer)
                     if request_str is not None:
                         self.cache_hook.add_partial("loglikelihood", request_str, answer)

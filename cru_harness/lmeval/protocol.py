@@ -217,12 +217,23 @@ class _TokenStats:
 
 
 class LoglikelihoodResult(_TokenStats, tuple):
-    """`(logprob_sum, is_greedy)`, exactly what HFLM returns, plus the per-token arrays of `_TokenStats`."""
+    """`(logprob_sum, is_greedy)`, exactly what HFLM returns, plus the per-token arrays of `_TokenStats`, and:
+
+    - `token_greedy[i]`: whether token i is the model's argmax given the true prefix (teacher forcing; exact
+      memorization and extraction strength); `is_greedy` is their conjunction. Empty when not recorded.
+    - `text`: the scored tokens decoded without special tokens (open-unlearning's ZLib text); None when not
+      recorded.
+    """
 
     def __new__(cls, logprob_sum: float, is_greedy: bool, token_logprobs: Sequence[float] = (),
-                token_mu: Sequence[float] = (), token_sigma: Sequence[float] = ()):
+                token_mu: Sequence[float] = (), token_sigma: Sequence[float] = (),
+                token_greedy: Sequence[bool] = (), text: str | None = None):
         self = tuple.__new__(cls, (float(logprob_sum), bool(is_greedy)))
         self._set_stats(token_logprobs, token_mu, token_sigma)
+        greedy = tuple(bool(g) for g in token_greedy)
+        if greedy and len(greedy) != len(self.token_logprobs):
+            raise ValueError(f"token_greedy has {len(greedy)} flags for {len(self.token_logprobs)} tokens")
+        self.__dict__.update(token_greedy=greedy, text=text)
         return self
 
     @property
@@ -234,7 +245,8 @@ class LoglikelihoodResult(_TokenStats, tuple):
         return self[1]
 
     def __reduce__(self):  # pickling (CachingLM's sqlite cache, accelerate's gather_object)
-        return (type(self), (self[0], self[1], self.token_logprobs, self.token_mu, self.token_sigma))
+        return (type(self), (self[0], self[1], self.token_logprobs, self.token_mu, self.token_sigma,
+                             self.token_greedy, self.text))
 
     def __repr__(self) -> str:
         return f"LoglikelihoodResult({self[0]!r}, {self[1]!r}, n_tokens={self.n_tokens})"

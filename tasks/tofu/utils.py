@@ -14,6 +14,10 @@ whole-text span rule, applied by `--model cru`) and `EOS_MARKER`; under the lega
 (`max_length_marker`). The preset also picks the scoring epsilon (`prompts.tofu_epsilon`: open-unlearning's 1e-10
 in the truth ratio, the forget aggregation and the multiple-choice probability; none for TOFU).
 
+The privacy tasks (`tofu_privacy` group, `TOFUPrivacyTask`) score open-unlearning's MIA of a split's forget rows
+against its holdout rows and memorization on the forget rows, from one answer log-likelihood per item (see
+`cru_harness.metrics.privacy`; GradNorm and the reference attack need the model: `cru_harness.metrics.model_scores`).
+
 This file is loaded by lm-eval from its path (not as `cru_harness.tasks.tofu.utils`), so imports are absolute.
 """
 from __future__ import annotations
@@ -315,3 +319,121 @@ class TOFUTask(UncachedRequests, ConfigurableTask):
                          arguments=(likelihood_ctx, f"{JOINT_MARKER}{cut}{cont}{EOS_MARKER}"), idx=i, **kwargs)
             )
         return requests
+
+
+# --------------------------------------------------------------------------------------------- privacy
+
+# open-unlearning's TOFU MIA data (configs/eval/tofu_metrics/mia_*.yaml, data TOFU_MIA): the split's
+# `forgetXX_perturbed` rows against `holdoutXX`, question + answer, the answer scored.
+PRIVACY_HOLDOUT = {"forget01_perturbed": "holdout01", "forget05_perturbed": "holdout05",
+                   "forget10_perturbed": "holdout10"}
+PRIVACY_SETS = ("forget", "holdout")   # labels 0 and 1 (open-unlearning mia/utils.py:mia_auc)
+PRIVACY_ATTACKS = ("mia_loss", "mia_zlib", "mia_min_k", "mia_min_k_plus_plus")
+PRIVACY_MEMORIZATION = ("exact_memorization", "extraction_strength")
+
+
+def _check_privacy_preset(tofu_preset: str | None) -> str:
+    preset = P.check_tofu_preset(tofu_preset)
+    if preset != "open-unlearning":
+        raise P.PresetError(f"the TOFU privacy tasks are open-unlearning's metrics (TOFU's own code has none): run "
+                            f"them with tofu_preset=open-unlearning, not {preset}")
+    return preset
+
+
+def load_tofu_privacy_dataset(tofu_config: str | None = None, data_dir: str | None = None,
+                              tofu_preset: str | None = None, **metadata) -> datasets.DatasetDict:
+    """`custom_dataset` of the privacy tasks: the split's forget rows (`set: forget`) and its holdout rows
+    (`set: holdout`), each `{question, answer, set}`, alternating (so `--limit` keeps both sets; the AUC does not
+    depend on the order)."""
+    from cru_harness.data.tofu import load_tofu
+
+    check_metadata_keys(metadata)
+    _check_privacy_preset(tofu_preset)
+    if tofu_config not in PRIVACY_HOLDOUT:
+        raise ValueError(f"TOFU privacy task: dataset_kwargs.tofu_config must be one of "
+                         f"{', '.join(PRIVACY_HOLDOUT)}; got {tofu_config!r}")
+    sets = []
+    for name, config in zip(PRIVACY_SETS, (tofu_config, PRIVACY_HOLDOUT[tofu_config])):
+        docs = []
+        for index, row in enumerate(load_tofu(config, data_dir=data_dir or None)):
+            missing = [field for field in ("question", "answer") if field not in row]
+            if missing:
+                raise ValueError(f"TOFU {config} row {index} lacks field(s): {', '.join(missing)}")
+            docs.append({"question": row["question"], "answer": row["answer"], "set": name})
+        sets.append(docs)
+    forget, holdout = sets
+    docs = [doc for pair in zip(forget, holdout) for doc in pair]
+    docs += forget[len(holdout):] + holdout[len(forget):]
+    return datasets.DatasetDict({"train": datasets.Dataset.from_list(docs)})
+
+
+def process_privacy_results(doc: dict, results: list) -> dict[str, list]:
+    """Per-item `[label, score]` of each attack (label 0 = forget, 1 = holdout; open-unlearning's loss-like
+    scores, `cru_harness.metrics.privacy`) and of exact memorization / extraction strength, from the answer's
+    `LoglikelihoodResult`. LOSS and ZLib use every scored token (EOS included); Min-K%, Min-K%++ and the two
+    memorization numbers leave out the EOS prediction (open-unlearning's `tokenwise_logprobs`). A plain `hf`
+    result gives NaN scores (with the one-time warning)."""
+    (result,) = results
+    label = PRIVACY_SETS.index(doc["set"])
+    if math.isnan(avg_nll(result)):   # no per-token arrays: `--model hf`
+        return {name: [label, math.nan] for name in PRIVACY_ATTACKS + PRIVACY_MEMORIZATION}
+    if not result.token_greedy or result.text is None:
+        raise ValueError("TOFU privacy: the log-likelihood result lacks token_greedy / text (an old cached result?)")
+    lp = np.asarray(result.token_logprobs)
+    head = M.without_eos(lp)
+    greedy = M.without_eos(np.asarray(result.token_greedy, dtype=bool))
+    em = M.exact_memorization(greedy)
+    return {
+        "mia_loss": [label, M.loss_attack(lp)],
+        "mia_zlib": [label, M.zlib_attack(lp, result.text)],
+        "mia_min_k": [label, M.min_k_attack(head)],
+        "mia_min_k_plus_plus": [label, M.min_k_plus_plus_attack(head, M.without_eos(result.token_mu),
+                                                                M.without_eos(result.token_sigma))],
+        "exact_memorization": [label, None if em is None else float(em)],
+        "extraction_strength": [label, float(M.extraction_strength(greedy))],
+    }
+
+
+def forget_holdout_auc_agg(items) -> float:
+    """MIA AUC of forget (label 0) vs holdout (label 1) as open-unlearning computes it (`forget_holdout_auc`);
+    NaN if any score is NaN (a plain `hf` run)."""
+    labels = np.asarray([item[0] for item in items], dtype=int)
+    scores = np.asarray([item[1] for item in items], dtype=float)
+    if np.isnan(scores).any():
+        return math.nan
+    if not (labels == 0).any() or not (labels == 1).any():
+        warnings.warn("TOFU privacy: the MIA AUC needs forget and holdout items (a --limit below 2?): NaN",
+                      RuntimeWarning, stacklevel=2)
+        return math.nan
+    return M.forget_holdout_auc(scores[labels == 0], scores[labels == 1])
+
+
+def forget_mean_agg(items) -> float:
+    """Mean over the forget items (open-unlearning scores memorization on the forget set only); an item without
+    answer tokens (`None`) is left out, as there; NaN if any forget score is NaN (a plain `hf` run)."""
+    values = np.asarray([score for label, score in items if label == 0 and score is not None], dtype=float)
+    if values.size == 0 or np.isnan(values).any():
+        return math.nan
+    return float(values.mean())
+
+
+class TOFUPrivacyTask(TOFUTask):
+    """One log-likelihood request per item: the answer, written and scored as the TOFU probes score it (chat
+    template, plain prompt or a model family's tags; `JOINT_MARKER` + `EOS_MARKER`). Needs `--model cru` (the
+    per-token arrays); open-unlearning preset only."""
+
+    def __init__(self, config: dict | None = None):
+        _check_privacy_preset((dict(config or {}).get("metadata") or {}).get("tofu_preset"))
+        super().__init__(config=config)
+
+    def process_results(self, doc: dict, results: list) -> dict[str, list]:
+        return process_privacy_results(doc, results)
+
+    def construct_requests(self, doc: dict, ctx: str, **kwargs) -> list[Instance]:
+        apply_chat_template = kwargs.pop("apply_chat_template", False)
+        chat_template = kwargs.pop("chat_template", None) if apply_chat_template else None
+        kwargs.pop("chat_template", None)
+        likelihood_ctx = ctx if self.format is None else self.format.question_text(doc["question"])
+        cont = self.continuation_text(likelihood_ctx, doc, doc["answer"], chat_template)
+        return [Instance(request_type="loglikelihood", doc=doc,
+                         arguments=(likelihood_ctx, f"{JOINT_MARKER}{cont}{EOS_MARKER}"), idx=0, **kwargs)]
