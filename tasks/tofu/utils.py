@@ -300,25 +300,39 @@ class TOFUTask(UncachedRequests, ConfigurableTask):
         return full[len(ctx):]
 
     def construct_requests(self, doc: dict, ctx: str, **kwargs) -> list[Instance]:
-        apply_chat_template = kwargs.pop("apply_chat_template", False)
-        chat_template = kwargs.pop("chat_template", None) if apply_chat_template else None
-        kwargs.pop("chat_template", None)
+        chat_template = _pop_chat_template(kwargs)
         generation_kwargs = deepcopy(self.config.generation_kwargs)
         requests = [
             Instance(request_type="generate_until", doc=doc, arguments=(ctx, generation_kwargs), idx=0, **kwargs)
         ]
+        return requests + self.likelihood_requests(doc, ctx, scored_continuations(self.kind, doc), chat_template,
+                                                   start=1, **kwargs)
+
+    def likelihood_requests(self, doc: dict, ctx: str, answers: list[str], chat_template, *, start: int,
+                            **kwargs) -> list[Instance]:
+        """One `loglikelihood` request per answer (`idx` from `start`): the answer scored as the preset's
+        reference scores it (`JOINT_MARKER`, `EOS_MARKER`; legacy: the 200-token cut)."""
         likelihood_ctx = ctx
         if self.format is not None:
             likelihood_ctx = self.format.question_text(doc["question"])
         # legacy: the scored text is cut at 200 tokens (tofu evaluate_util.py:99-126 -> data_module.py:15-27)
         cut = max_length_marker(P.LEGACY_MAX_LENGTH) if self.preset == "legacy" else ""
-        for i, answer in enumerate(scored_continuations(self.kind, doc), start=1):
+        requests = []
+        for i, answer in enumerate(answers, start=start):
             cont = self.continuation_text(likelihood_ctx, doc, answer, chat_template)
             requests.append(
                 Instance(request_type="loglikelihood", doc=doc,
                          arguments=(likelihood_ctx, f"{JOINT_MARKER}{cut}{cont}{EOS_MARKER}"), idx=i, **kwargs)
             )
         return requests
+
+
+def _pop_chat_template(kwargs: dict):
+    """lm-eval's chat-template renderer from `construct_requests`' kwargs (None without --apply_chat_template);
+    both keys are removed, as `Instance` does not take them."""
+    apply_chat_template = kwargs.pop("apply_chat_template", False)
+    chat_template = kwargs.pop("chat_template", None)
+    return chat_template if apply_chat_template else None
 
 
 # --------------------------------------------------------------------------------------------- privacy
@@ -430,10 +444,5 @@ class TOFUPrivacyTask(TOFUTask):
         return process_privacy_results(doc, results)
 
     def construct_requests(self, doc: dict, ctx: str, **kwargs) -> list[Instance]:
-        apply_chat_template = kwargs.pop("apply_chat_template", False)
-        chat_template = kwargs.pop("chat_template", None) if apply_chat_template else None
-        kwargs.pop("chat_template", None)
-        likelihood_ctx = ctx if self.format is None else self.format.question_text(doc["question"])
-        cont = self.continuation_text(likelihood_ctx, doc, doc["answer"], chat_template)
-        return [Instance(request_type="loglikelihood", doc=doc,
-                         arguments=(likelihood_ctx, f"{JOINT_MARKER}{cont}{EOS_MARKER}"), idx=0, **kwargs)]
+        chat_template = _pop_chat_template(kwargs)
+        return self.likelihood_requests(doc, ctx, [doc["answer"]], chat_template, start=0, **kwargs)
