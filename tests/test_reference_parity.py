@@ -390,6 +390,37 @@ def test_tofu_legacy_scores_300_items_and_errors_name_the_choices(tofu_data, tmp
                         metadata={"data_dir": str(tofu_data), **metadata}).load(["tofu_retain"])
 
 
+@pytest.mark.parametrize("name", ALL)
+def test_tofu_privacy_requests_and_model_scores_score_the_same_tokens(name, tmp_path):
+    """The privacy task's request for a row and `metrics.model_scores.encode_rows` (GradNorm, the reference attack)
+    cover the same ids and the same scored span: open-unlearning's (the answer after the prompt's tokens, + EOS)."""
+    from lm_eval.tasks import TaskManager
+
+    from cru_harness.metrics.model_scores import encode_rows
+
+    rows = [{"question": r["question"], "answer": r["answer"]} for r in TOFU_ROWS]
+    for file in ("forget01_perturbed", "forget10_perturbed"):   # forget10 marks the folder as TOFU data
+        (tmp_path / f"{file}.json").write_text("".join(json.dumps(r) + "\n" for r in TOFU_ROWS))
+    (tmp_path / "holdout01.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lm = _lm(name)
+    tok = lm.tokenizer
+    chat = bool(tok.chat_template)
+    task = TaskManager(include_path=str(TOFU_TASKS_DIR), include_defaults=False,
+                       metadata={"data_dir": str(tmp_path)}).load(["tofu_privacy_forget01"])["tasks"][
+        "tofu_privacy_forget01"]
+    task.build_all_requests(rank=0, world_size=1, apply_chat_template=chat,
+                            chat_template=lm.apply_chat_template if chat else None)
+    assert len(task.instances) == 2 * len(rows)
+    for inst in task.instances:
+        ctx_ids, scored = lm.encode_request(*inst.arguments)
+        (ids, n_prompt), = encode_rows(tok, [inst.doc], chat=chat)
+        assert (ctx_ids + scored, len(ctx_ids)) == (ids, n_prompt), inst.doc["question"]
+        template = OU_CHAT if chat else PROJECT_PLAIN
+        _, ref_input, ref_scored = ou_preprocess(tok, template, inst.doc["question"],
+                                                 inst.doc["answer"] if chat else " " + inst.doc["answer"], OU_DATE)
+        assert scored == ref_scored
+
+
 # ----------------------------------------------------------------------- TOFU scoring: each preset's epsilon
 
 def ou_truth_ratio(correct_avg_loss: float, wrong_avg_losses: list[float]) -> float:

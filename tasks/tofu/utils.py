@@ -245,7 +245,8 @@ class TOFUTask(UncachedRequests, ConfigurableTask):
         if self.preset == "legacy":
             generation["max_length"] = P.LEGACY_MAX_LENGTH
             generation["max_gen_toks"] = P.LEGACY_MAX_LENGTH
-        config["generation_kwargs"] = generation
+        if config.get("output_type", "generate_until") == "generate_until":   # not the privacy tasks
+            config["generation_kwargs"] = generation
         super().__init__(config=config)
 
     def process_results(self, doc: dict, results: list) -> dict[str, float]:
