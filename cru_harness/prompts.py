@@ -15,7 +15,10 @@ is evaluated on. References (read, not copied; file:line at the commits in docs/
 - `tofu: legacy`: locuslab/tofu `config/model_config.yaml` (per model family), `data_module.py:8-32` (span:
   the tokens of `question_start + q + question_end + answer_tag + a` after those of the question part, plus one
   EOS), `evaluate_util.py:304-332` (generation prompt; `max_length` 200 in total, `config/eval_everything.yaml:
-  24-30`, first 300 items `ds_size: 300`).
+  24-30`, first 300 items `ds_size: 300`). The scored text is cut at the same 200 tokens (`get_dataloader` passes
+  `generation.max_length` to `TextDatasetQA`; `data_module.py:15-27`: a cut text gets no EOS).
+- Scoring: open-unlearning adds 1e-10 to the truth ratio's and the Real Authors / World Facts probability's
+  denominators, TOFU adds nothing (`tofu_epsilon`, `cru_harness.metrics.tofu`).
 - `rwku: reference` (default): jinzhuoran/RWKU `LLaMA-Factory/src/llmtuner/eval/eval_*.py` (no system turn; see
   tasks/rwku/utils.py). Its question probes' prompts (`rwku_probe_prompt`) are built here: the RWKU tasks ask with
   them, and an RWKU cell's question-answer training rows (`qa_texts(..., benchmark="rwku")`) are written with them,
@@ -35,7 +38,7 @@ __all__ = [
     "check_tofu_preset", "check_rwku_preset", "LegacyFormat", "LEGACY_FORMATS", "legacy_format", "TagFormat",
     "OPEN_UNLEARNING_FORMATS", "tofu_format", "format_refuses_chat_message", "format_refuses_system_message",
     "with_system_instruction",
-    "LEGACY_MAX_LENGTH", "LEGACY_DS_SIZE", "OPEN_UNLEARNING_SYSTEM_PROMPT", "OPEN_UNLEARNING_DATE", "RWKU_DATE",
+    "LEGACY_MAX_LENGTH", "LEGACY_DS_SIZE", "tofu_epsilon", "OPEN_UNLEARNING_SYSTEM_PROMPT", "OPEN_UNLEARNING_DATE", "RWKU_DATE",
     "PLAIN_PROMPT", "plain_prompt", "tofu_messages", "render_chat", "QATexts", "qa_texts", "uses_chat", "writes_chat",
     "encode_qa_ids", "encode_text", "adds_special_tokens", "PROMPT_FORMATS", "add_prompt_format_argument",
     "prompt_format_choice", "BENCHMARKS", "RWKU_FB_INSTRUCTION", "RWKU_QA_INSTRUCTION", "RWKU_ANSWER_PREFIX",
@@ -67,7 +70,8 @@ RWKU_QUESTION_PROBES = ("fb", "qa", "aa", "neighbor_fb", "neighbor_qa")
 #: The benchmarks whose question format `qa_texts` writes (the benchmark a runner cell evaluates).
 BENCHMARKS = ("tofu", "rwku")
 
-LEGACY_MAX_LENGTH = 200  # TOFU config/eval_everything.yaml:24-26 `generation.max_length` (prompt + generation)
+# TOFU config/eval_everything.yaml:24-26 `generation.max_length`: prompt + generation, and the scored text's cut
+LEGACY_MAX_LENGTH = 200
 LEGACY_DS_SIZE = 300     # TOFU config/eval_everything.yaml:30 `ds_size`
 
 
@@ -80,6 +84,14 @@ def check_tofu_preset(name: str | None) -> str:
     if name not in TOFU_PRESETS:
         raise PresetError(f"unknown TOFU preset {name!r}; valid: {', '.join(TOFU_PRESETS)}")
     return name
+
+
+def tofu_epsilon(preset: str | None) -> float:
+    """What a TOFU preset's reference adds to the truth ratio's and the multiple-choice probability's denominators:
+    open-unlearning's 1e-10 (`src/evals/metrics/memorization.py`), TOFU's nothing."""
+    from .metrics.tofu import OPEN_UNLEARNING_EPSILON   # lazy: prompts stays light for training code
+
+    return OPEN_UNLEARNING_EPSILON if check_tofu_preset(preset) == "open-unlearning" else 0.0
 
 
 def check_rwku_preset(name: str | None) -> str:

@@ -14,6 +14,9 @@ Importable without torch or lm-eval (task `process_results` functions import it)
   `len(tokenize(context))` positions; no whitespace is moved across the boundary (lm-eval's `_encode_pair` moves
   the context's trailing whitespace into the continuation). With an empty context the first token of the text is
   the context and every later token is scored (RWKU's MIA alignment).
+- `max_length_marker(n)`: right after `JOINT_MARKER`, "cut the whole text at its first n tokens, as TOFU's dataset
+  does" (locuslab/tofu `data_module.py:15-27`: `truncation=True, max_length=n`; a text that reaches n tokens gets no
+  EOS, a shorter one always gets one). The legacy TOFU preset sends it with n = 200.
 - `UNK_STOP`: a stop string standing for the tokenizer's unknown token (RWKU's `convert_tokens_to_ids("\n")`
   resolves to it on byte-level and SentencePiece vocabularies, so RWKU stops there).
 - Chat-template date pinning: `PINNED_DATE`, `template_date(...)` (a task's protocol may pin another date while
@@ -25,6 +28,7 @@ import contextlib
 import contextvars
 import datetime as _dt
 import math
+import re
 from collections.abc import Sequence
 
 __all__ = [
@@ -44,6 +48,8 @@ __all__ = [
     "RollingResult",
     "has_token_stats",
     "split_eos_marker",
+    "max_length_marker",
+    "split_max_length_marker",
 ]
 
 #: Appended to a loglikelihood continuation: "score these tokens followed by the tokenizer's EOS token" (unless the
@@ -53,6 +59,8 @@ EOS_MARKER = "<|cru_eos|>"
 #: Prepended to a loglikelihood continuation: "encode context + continuation as one text, score what follows the
 #: context's own token count" (the references' span rule; see the module docstring).
 JOINT_MARKER = "<|cru_joint|>"
+
+_MAX_LENGTH_MARKER = re.compile(r"<\|cru_max_length=(\d+)\|>")
 
 #: A generation stop string the `cru` model replaces with its tokenizer's unknown token (dropped if it has none).
 UNK_STOP = "<|cru_unk|>"
@@ -153,6 +161,21 @@ def split_joint_marker(continuation: str) -> tuple[str, bool]:
     return continuation, False
 
 
+def max_length_marker(max_length: int) -> str:
+    """The marker that cuts a joint text at `max_length` tokens, TOFU's way (see the module docstring)."""
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
+    return f"<|cru_max_length={max_length}|>"
+
+
+def split_max_length_marker(text: str) -> tuple[str, int | None]:
+    """`(text without the marker, its max_length or None)`. The marker counts only at the very start."""
+    match = _MAX_LENGTH_MARKER.match(text)
+    if match is None:
+        return text, None
+    return text[match.end():], int(match.group(1))
+
+
 def _floats(values) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
 
@@ -194,12 +217,23 @@ class _TokenStats:
 
 
 class LoglikelihoodResult(_TokenStats, tuple):
-    """`(logprob_sum, is_greedy)`, exactly what HFLM returns, plus the per-token arrays of `_TokenStats`."""
+    """`(logprob_sum, is_greedy)`, exactly what HFLM returns, plus the per-token arrays of `_TokenStats`, and:
+
+    - `token_greedy[i]`: whether token i is the model's argmax given the true prefix (teacher forcing; exact
+      memorization and extraction strength); `is_greedy` is their conjunction. Empty when not recorded.
+    - `text`: the scored tokens decoded without special tokens (open-unlearning's ZLib text); None when not
+      recorded.
+    """
 
     def __new__(cls, logprob_sum: float, is_greedy: bool, token_logprobs: Sequence[float] = (),
-                token_mu: Sequence[float] = (), token_sigma: Sequence[float] = ()):
+                token_mu: Sequence[float] = (), token_sigma: Sequence[float] = (),
+                token_greedy: Sequence[bool] = (), text: str | None = None):
         self = tuple.__new__(cls, (float(logprob_sum), bool(is_greedy)))
         self._set_stats(token_logprobs, token_mu, token_sigma)
+        greedy = tuple(bool(g) for g in token_greedy)
+        if greedy and len(greedy) != len(self.token_logprobs):
+            raise ValueError(f"token_greedy has {len(greedy)} flags for {len(self.token_logprobs)} tokens")
+        self.__dict__.update(token_greedy=greedy, text=text)
         return self
 
     @property
@@ -211,7 +245,8 @@ class LoglikelihoodResult(_TokenStats, tuple):
         return self[1]
 
     def __reduce__(self):  # pickling (CachingLM's sqlite cache, accelerate's gather_object)
-        return (type(self), (self[0], self[1], self.token_logprobs, self.token_mu, self.token_sigma))
+        return (type(self), (self[0], self[1], self.token_logprobs, self.token_mu, self.token_sigma,
+                             self.token_greedy, self.text))
 
     def __repr__(self) -> str:
         return f"LoglikelihoodResult({self[0]!r}, {self[1]!r}, n_tokens={self.n_tokens})"

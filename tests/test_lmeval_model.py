@@ -50,6 +50,14 @@ def _greedy_continuation(lm, context: str, n: int = 3) -> str:
     return lm.tokenizer.decode(out[0, ids.shape[1]:])
 
 
+def _argmax(lm, ctx_ids, cont_ids) -> list[int]:
+    """The model's argmax at each continuation position, from one unbatched forward pass."""
+    ids = torch.tensor([ctx_ids + cont_ids])
+    with torch.no_grad():
+        logits = lm.model(ids).logits[0]
+    return logits[len(ctx_ids) - 1: len(ctx_ids) + len(cont_ids) - 1].argmax(-1).tolist()
+
+
 def _reference(lm, ctx_ids, cont_ids):
     """log p, mu, sigma per continuation token, straight from one unbatched forward pass (float64 statistics)."""
     ids = torch.tensor([ctx_ids + cont_ids])
@@ -90,6 +98,12 @@ def test_loglikelihood_equals_hflm_and_carries_token_stats(hf, cru):
         assert res.token_sigma == pytest.approx(sigma, abs=1e-4)
         assert math.fsum(res.token_logprobs) == pytest.approx(res[0], abs=1e-4)
         assert all(s > 0 for s in res.token_sigma) and all(m < 0 for m in res.token_mu)
+        # per-token argmax flags (teacher forcing) and the scored tokens' text (open-unlearning's ZLib text)
+        logits_argmax = _argmax(cru, ctx_ids, cont_ids)
+        assert list(res.token_greedy) == [a == t for a, t in zip(logits_argmax, cont_ids)]
+        assert res.is_greedy == all(res.token_greedy)
+        assert res.text == cru.tokenizer.decode(cont_ids, skip_special_tokens=True)
+    assert ours[-1].token_greedy and all(ours[-1].token_greedy) and not all(ours[0].token_greedy)
 
 
 def test_loglikelihood_equals_hflm_without_logits_cache_and_auto_batch(tiny_dir, hf):
@@ -158,6 +172,7 @@ def test_results_survive_pickle_and_caching_lm(tmp_path, cru):
     res, = cru.loglikelihood(_ll([(ctx, " blue" + EOS_MARKER)]))
     back = pickle.loads(pickle.dumps(res))
     assert back == res and back.token_sigma == res.token_sigma and isinstance(back, LoglikelihoodResult)
+    assert back.token_greedy == res.token_greedy and back.text == res.text == " blue"
 
     cached = CachingLM(cru, str(tmp_path / "cache.db"))
     first = cached.loglikelihood(_ll([(ctx, " blue" + EOS_MARKER), (ctx, " red")]))

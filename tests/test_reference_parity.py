@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cru_harness.lmeval.protocol import UNK_STOP
@@ -296,15 +297,17 @@ def test_tofu_system_instruction_given_explicitly_is_used_everywhere(tofu_data):
 LEGACY_TAGS = {"llama2-7b": ("[INST] ", " [/INST]", ""), "phi": ("Question: ", "\n", "Answer: ")}
 
 
-def tofu_legacy(tokenizer, family: str, question: str, answer: str, max_length: int = 500):
-    """tofu data_module.py:8-32 (ids and labels) and evaluate_util.py:304-328 (the generation input).
+def tofu_legacy(tokenizer, family: str, question: str, answer: str, max_length: int = 200):
+    """tofu data_module.py:8-32 (ids and labels; `max_length` is evaluate_util.py:105's cfg.generation.max_length,
+    eval_everything.yaml:24-26) and evaluate_util.py:304-328 (the generation input).
     Returns (generation input ids, question-part ids, scored ids)."""
     q_start, q_end, a_tag = LEGACY_TAGS[family]
     new_question = q_start + question + q_end  # :10
     full_text = new_question + a_tag + answer  # :11-12
     num_question_tokens = len(tokenizer.tokenize(new_question, add_special_tokens=True))  # :13
     ids = tokenizer(full_text, add_special_tokens=True, max_length=max_length, truncation=True)["input_ids"]
-    label = ids + [tokenizer.eos_token_id]  # :27 (shorter than max_length)
+    # :23-27: a text cut at max_length is its own label (no EOS); a shorter one gets EOS
+    label = list(ids) if len(ids) == max_length else ids + [tokenizer.eos_token_id]
     scored = label[num_question_tokens:]  # :30
     # evaluate_util.py:306-312: decode, split at the family's symbol, keep the left part (Llama-2: + the symbol)
     split_symbol = " [/INST]" if family == "llama2-7b" else "Answer: "
@@ -335,6 +338,41 @@ def test_tofu_legacy_token_for_token(name, family, tofu_data):
                 assert lm.encode_request(*inst.arguments) == (q_ids, scored), (task, doc_id, answer)
 
 
+LONG_ROW = {"question": "Tell me everything about Jane Doe.", "answer": " ".join(["Jane Doe wrote it in 1990."] * 60),
+            "paraphrased_answer": "She is.", "perturbed_answer": ["No.", " ".join(["In Rome, 1950."] * 60)]}
+
+
+@pytest.mark.parametrize("family", ["llama2-7b", "phi"])
+def test_tofu_legacy_cuts_the_scored_text_at_200_tokens(family, tmp_path):
+    """TOFU scores at most 200 tokens of question + answer (evaluate_util.py:99-126 passes generation.max_length to
+    TextDatasetQA; data_module.py:15-27), with no EOS when cut; open-unlearning scores the whole answer + EOS."""
+    for name in TOFU_FILES:
+        row = dict(LONG_ROW)
+        if name.startswith(("real", "world")):
+            row.pop("paraphrased_answer")
+        (tmp_path / f"{name}.json").write_text(json.dumps(row) + "\n")
+    lm = _lm("testbed-plain")
+    tok = lm.tokenizer
+    legacy = _tofu_requests(tmp_path, lm, chat=False, preset="legacy", family=family)
+    ou = _tofu_requests(tmp_path, lm, chat=False)
+    n_cut = 0
+    for task in TOFU_TASKS:
+        doc = legacy[task][0][0].doc
+        for inst, ou_inst, answer in zip(legacy[task][0][1:], ou[task][0][1:], _answers(task, doc), strict=True):
+            _, q_ids, scored = tofu_legacy(tok, family, doc["question"], answer)
+            ctx_ids, got = lm.encode_request(*inst.arguments)
+            assert (ctx_ids, got) == (q_ids, scored), (task, answer[:20])
+            _, _, uncut = tofu_legacy(tok, family, doc["question"], answer, max_length=10_000)
+            if len(uncut) + len(q_ids) > 200:   # the long answers: cut, no EOS, unlike the other preset's rule
+                n_cut += 1
+                assert len(ctx_ids) + len(got) == 200 and got[-1] != tok.eos_token_id and got != uncut
+                ou_ctx, ou_scored = lm.encode_request(*ou_inst.arguments)
+                assert len(ou_ctx) + len(ou_scored) > 200 and ou_scored[-1] == tok.eos_token_id
+            else:
+                assert got == uncut and got[-1] == tok.eos_token_id
+    assert n_cut == 8   # the long answer and the long perturbed answer, on each of the 4 files
+
+
 def test_tofu_legacy_scores_300_items_and_errors_name_the_choices(tofu_data, tmp_path):
     from lm_eval.tasks import TaskManager
 
@@ -350,6 +388,112 @@ def test_tofu_legacy_scores_300_items_and_errors_name_the_choices(tofu_data, tmp
         with pytest.raises(Exception, match=message):
             TaskManager(include_path=str(TOFU_TASKS_DIR), include_defaults=False,
                         metadata={"data_dir": str(tofu_data), **metadata}).load(["tofu_retain"])
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_tofu_privacy_requests_and_model_scores_score_the_same_tokens(name, tmp_path):
+    """The privacy task's request for a row and `metrics.model_scores.encode_rows` (GradNorm, the reference attack)
+    cover the same ids and the same scored span: open-unlearning's (the answer after the prompt's tokens, + EOS)."""
+    from lm_eval.tasks import TaskManager
+
+    from cru_harness.metrics.model_scores import encode_rows
+
+    rows = [{"question": r["question"], "answer": r["answer"]} for r in TOFU_ROWS]
+    for file in ("forget01_perturbed", "forget10_perturbed"):   # forget10 marks the folder as TOFU data
+        (tmp_path / f"{file}.json").write_text("".join(json.dumps(r) + "\n" for r in TOFU_ROWS))
+    (tmp_path / "holdout01.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lm = _lm(name)
+    tok = lm.tokenizer
+    chat = bool(tok.chat_template)
+    task = TaskManager(include_path=str(TOFU_TASKS_DIR), include_defaults=False,
+                       metadata={"data_dir": str(tmp_path)}).load(["tofu_privacy_forget01"])["tasks"][
+        "tofu_privacy_forget01"]
+    task.build_all_requests(rank=0, world_size=1, apply_chat_template=chat,
+                            chat_template=lm.apply_chat_template if chat else None)
+    assert len(task.instances) == 2 * len(rows)
+    for inst in task.instances:
+        ctx_ids, scored = lm.encode_request(*inst.arguments)
+        (ids, n_prompt), = encode_rows(tok, [inst.doc], chat=chat)
+        assert (ctx_ids + scored, len(ctx_ids)) == (ids, n_prompt), inst.doc["question"]
+        template = OU_CHAT if chat else PROJECT_PLAIN
+        _, ref_input, ref_scored = ou_preprocess(tok, template, inst.doc["question"],
+                                                 inst.doc["answer"] if chat else " " + inst.doc["answer"], OU_DATE)
+        assert scored == ref_scored
+
+
+# ----------------------------------------------------------------------- TOFU scoring: each preset's epsilon
+
+def ou_truth_ratio(correct_avg_loss: float, wrong_avg_losses: list[float]) -> float:
+    """open-unlearning memorization.py `truth_ratio`: exp(-loss) of the paraphrase and of the mean perturbed loss
+    (`aggregate_to_1D`), then `wrong_prob / (correct_prob + 1e-10)`."""
+    correct_prob = np.exp(-correct_avg_loss)
+    wrong_prob = np.exp(-np.mean(wrong_avg_losses))
+    return float(wrong_prob / (correct_prob + 1e-10))
+
+
+def ou_closer_to_1_better(arr) -> float:   # memorization.py `truth_ratio.closer_to_1_better`
+    arr = np.asarray(arr, dtype=float)
+    return float(np.mean(np.minimum(arr, 1 / (arr + 1e-10))))
+
+
+def ou_probability_w_options(correct_avg_loss: float, wrong_avg_losses: list[float]) -> float:
+    """memorization.py `probability_w_options`: correct / (correct + sum(wrong) + 1e-10)."""
+    correct = np.exp(-correct_avg_loss)
+    wrong = np.sum(np.exp(-np.asarray(wrong_avg_losses)))
+    return float(correct / (correct + wrong + 1e-10))
+
+
+def tofu_truth_ratio(paraphrased_loss: float, perturbed_losses: list[float]) -> float:
+    """tofu aggregate_eval_stat.py:57-62 stores curr_stat_1 = exp(mean perturbed - paraphrased), i.e. 1/R."""
+    return float(1 / np.exp(np.mean(perturbed_losses) - paraphrased_loss))
+
+
+def tofu_mc_probability(true_loss: float, false_losses: list[float]) -> float:   # aggregate_eval_stat.py:47-51
+    true_prob = np.exp(-true_loss)
+    return float(true_prob / (true_prob + np.sum(np.exp(-np.asarray(false_losses)))))
+
+
+def _scored(avg_nll: float, n: int = 4):
+    from cru_harness.lmeval.protocol import LoglikelihoodResult
+
+    lp = [-avg_nll] * n
+    return LoglikelihoodResult(sum(lp), False, lp, [-1.0] * n, [1.0] * n)
+
+
+@pytest.mark.parametrize("nll_right, nll_wrong", [(26.0, 26.5), (22.0, 21.0), (2.0, 3.0)])
+def test_tofu_epsilons_are_each_presets_own(nll_right, nll_wrong, tofu_data):
+    """open-unlearning adds 1e-10 to the truth ratio's, the forget aggregation's and the Real Authors / World Facts
+    probability's denominators; TOFU adds none. At collapsed-model NLLs (26 / 26.5) the two truth ratios are 0.029 and
+    0.607: each preset must give its own reference's number and not the other's."""
+    from lm_eval.tasks import TaskManager
+
+    wrong = [nll_wrong, nll_wrong + 0.5, nll_wrong - 0.5]
+    got = {}
+    for preset in ("open-unlearning", "legacy"):
+        metadata = {"data_dir": str(tofu_data), "tofu_preset": preset}
+        if preset == "legacy":
+            metadata["tofu_model_family"] = "phi"
+        tasks = TaskManager(include_path=str(TOFU_TASKS_DIR), include_defaults=False, metadata=metadata).load(
+            ["tofu_forget10", "tofu_real_authors"])["tasks"]
+        forget, ra = tasks["tofu_forget10"], tasks["tofu_real_authors"]
+        doc = forget.dataset["test" if "test" in forget.dataset else "train"][0]
+        f = forget.process_results(doc, ["x", _scored(nll_right), _scored(nll_right), *map(_scored, wrong)])
+        ra_doc = {**doc, "perturbed_answer": doc["perturbed_answer"][:3]}
+        r = ra.process_results(ra_doc, ["x", _scored(nll_right), *map(_scored, wrong)])
+        got[preset] = (f["truth_ratio"], r["probability"], forget.aggregation()["truth_ratio"]([2.0, 0.5, 0.0]))
+    ou = (ou_truth_ratio(nll_right, wrong), ou_probability_w_options(nll_right, wrong),
+          ou_closer_to_1_better([2.0, 0.5, 0.0]))
+    tofu = (tofu_truth_ratio(nll_right, wrong), tofu_mc_probability(nll_right, wrong), 1 / 3)  # min(x, 1/x), 1/0=inf
+    assert got["open-unlearning"][:2] == pytest.approx(ou[:2], rel=1e-9, abs=0)
+    assert got["legacy"][:2] == pytest.approx(tofu[:2], rel=1e-9, abs=0)
+    assert got["open-unlearning"][2] == ou[2] and got["legacy"][2] == tofu[2]   # to the last bit
+    assert got["open-unlearning"][2] != tofu[2] and got["legacy"][2] != ou[2]
+    if nll_right > 20:   # the other preset's rule is far off where the probabilities approach 1e-10
+        assert got["open-unlearning"][0] != pytest.approx(tofu[0], rel=1e-3)
+        assert got["legacy"][0] != pytest.approx(ou[0], rel=1e-3)
+        assert got["open-unlearning"][1] != pytest.approx(tofu[1], rel=1e-3)
+    if (nll_right, nll_wrong) == (26.0, 26.5):
+        assert round(got["open-unlearning"][0], 3) == 0.029 and round(got["legacy"][0], 3) == 0.607
 
 
 # ------------------------------------------------------------------------------------------- RWKU

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cru_harness.lmeval.protocol import EOS_MARKER, JOINT_MARKER, LoglikelihoodResult
+from cru_harness.lmeval.protocol import EOS_MARKER, JOINT_MARKER, LoglikelihoodResult, max_length_marker
 from cru_harness.tasks.tofu import utils as tofu_utils
 
 TASKS_DIR = Path(tofu_utils.__file__).resolve().parent
@@ -337,8 +337,9 @@ def test_legacy_preset_end_to_end_records_the_preset(tiny_model_dir, tofu_dir):
     question = sample["doc"]["question"]
     assert sample["arguments"][0][0] == f"Question: {question}\n"  # evaluate_util.py:307-309 drops "Answer: "
     assert sample["arguments"][0][1]["max_length"] == 200
-    assert sample["arguments"][1] == (f"Question: {question}\n",
-                                      f"{JOINT_MARKER}Answer: {sample['doc']['answer']}{EOS_MARKER}")
+    # the scored text is cut at 200 tokens, as TOFU's dataset cuts it (data_module.py:15-27)
+    assert sample["arguments"][1] == (f"Question: {question}\n", f"{JOINT_MARKER}{max_length_marker(200)}Answer: "
+                                                                 f"{sample['doc']['answer']}{EOS_MARKER}")
     assert res["configs"]["tofu_world_facts"]["metadata"]["tofu_preset"] == "legacy"
     assert math.isfinite(res["results"]["tofu_world_facts"]["probability,none"])
 
@@ -406,3 +407,71 @@ def test_data_parallel_lm_eval_gives_one_process_numbers(tiny_model_dir, tofu_di
     numbers = {k: v for k, v in one["results"]["tofu_forget01"].items() if isinstance(v, float)}
     assert {"probability,none", "truth_ratio,none", "rouge_l_recall,none"} <= set(numbers)
     assert {k: two["results"]["tofu_forget01"][k] for k in numbers} == pytest.approx(numbers, rel=1e-6, abs=1e-9)
+
+
+# ------------------------------------------------------------------------------------------- privacy tasks
+
+
+@pytest.mark.shared_data
+def test_privacy_dataset_alternates_forget_and_holdout_rows(tofu_dir):
+    docs = tofu_utils.load_tofu_privacy_dataset(tofu_config="forget01_perturbed", data_dir=str(tofu_dir))["train"]
+    assert len(docs) == 80 and [d["set"] for d in docs.select(range(4))] == ["forget", "holdout"] * 2
+    forget = [d["question"] for d in docs if d["set"] == "forget"]
+    holdout = [d["question"] for d in docs if d["set"] == "holdout"]
+    assert len(forget) == len(holdout) == 40 and not set(forget) & set(holdout)
+    with pytest.raises(Exception, match="run them with tofu_preset=open-unlearning"):
+        tofu_utils.load_tofu_privacy_dataset(tofu_config="forget01_perturbed", data_dir=str(tofu_dir),
+                                             tofu_preset="legacy")
+    with pytest.raises(ValueError, match="tofu_config must be one of"):
+        tofu_utils.load_tofu_privacy_dataset(tofu_config="retain_perturbed", data_dir=str(tofu_dir))
+
+
+def _privacy_result(lp, greedy, text="the answer"):
+    return LoglikelihoodResult(sum(lp), all(greedy), lp, [-1.0] * len(lp), [0.5] * len(lp), greedy, text)
+
+
+def test_privacy_items_and_aggregations_by_hand():
+    from sklearn.metrics import roc_auc_score
+
+    from cru_harness import metrics as M
+
+    lp = [-0.5, -2.0, -0.1, -3.0, -0.2, -1.0]   # the last stands for EOS
+    greedy = [False, True, True, True, True, False]
+    out = tofu_utils.process_privacy_results({"set": "holdout"}, [_privacy_result(lp, greedy)])
+    assert out["mia_loss"] == [1, pytest.approx(np.mean([0.5, 2.0, 0.1, 3.0, 0.2, 1.0]))]
+    assert out["mia_min_k"] == [1, pytest.approx((3.0 + 2.0) / 2)]   # 5 tokens without EOS, k=0.4 keeps 2
+    assert out["mia_min_k_plus_plus"][1] == pytest.approx(M.min_k_plus_plus_attack(lp[:-1], [-1.0] * 5, [0.5] * 5))
+    assert out["mia_zlib"][1] == pytest.approx(M.loss_attack(lp) / len(__import__("zlib").compress(b"the answer")))
+    assert out["exact_memorization"] == [1, 0.8] and out["extraction_strength"] == [1, pytest.approx(0.8)]
+    items = [[0, 0.5], [1, 0.7], [0, 0.9], [1, 0.6], [0, 0.2], [1, 0.6]]
+    want = roc_auc_score([i[0] for i in items], [i[1] for i in items])   # forget = 0, holdout = 1
+    assert tofu_utils.forget_holdout_auc_agg(items) == pytest.approx(want) and want != 0.5
+    assert tofu_utils.forget_mean_agg([[0, 0.5], [1, 1.0], [0, None], [0, 0.25]]) == 0.375   # forget rows only
+    assert math.isnan(tofu_utils.forget_holdout_auc_agg([[0, 0.5], [0, float("nan")], [1, 0.1]]))
+    with pytest.warns(RuntimeWarning, match="needs forget and holdout items"):
+        assert math.isnan(tofu_utils.forget_holdout_auc_agg([[0, 0.5], [0, 0.4]]))
+
+
+@pytest.mark.slow
+@pytest.mark.shared_data
+def test_privacy_task_end_to_end_matches_the_metrics(tiny_model_dir, tofu_dir, one_torch_thread):
+    """tofu_privacy_forget01 through `--model cru`: per-item scores from the answer's token arrays, the AUC from
+    them, and the answer scored as the TOFU probes score it (same request as tofu_forget01's answer)."""
+    from sklearn.metrics import roc_auc_score
+
+    res = _evaluate(tiny_model_dir, tofu_dir, ["tofu_privacy_forget01", "tofu_forget01"], limit=6,
+                    apply_chat_template=True)
+    samples = res["samples"]["tofu_privacy_forget01"]
+    assert [s["doc"]["set"] for s in samples] == ["forget", "holdout"] * 3
+    for name in tofu_utils.PRIVACY_ATTACKS:
+        labels = [s[name][0] for s in samples]
+        scores = [s[name][1] for s in samples]
+        assert res["results"]["tofu_privacy_forget01"][f"{name},none"] == pytest.approx(
+            roc_auc_score(labels, scores))
+    # the privacy task's forget rows are scored with the probes' request: LOSS = the probe's answer NLL
+    probe = {s["doc"]["question"]: s["nll_answer"] for s in res["samples"]["tofu_forget01"]}
+    forget = [s for s in samples if s["doc"]["set"] == "forget"]
+    assert all(s["mia_loss"][1] == pytest.approx(probe[s["doc"]["question"]]) for s in forget)
+    es = np.mean([s["extraction_strength"][1] for s in forget])
+    assert res["results"]["tofu_privacy_forget01"]["extraction_strength,none"] == pytest.approx(es)
+    assert 0 < es <= 1

@@ -28,7 +28,8 @@ What `cru` reports beyond `--model hf` (see `protocol.py` and docs/lm_eval.md):
 
 - `loglikelihood` -> `LoglikelihoodResult`: the same `(logprob_sum, is_greedy)` as HFLM, plus
   `n_tokens`, `token_logprobs`, `token_mu`, `token_sigma` (Min-K%++'s mean and std of log p(v) under the
-  model's next-token distribution at each continuation position).
+  model's next-token distribution at each continuation position), `token_greedy` (per-token argmax flags) and
+  `text` (the scored tokens decoded without special tokens).
 - A continuation ending in `EOS_MARKER` is scored with the tokenizer's EOS token appended (the marker text is
   never tokenized); `--model hf` would score the marker as literal text, so tasks that use it report NaN
   for the EOS-dependent numbers under `hf`.
@@ -76,6 +77,7 @@ from cru_harness.protocol import (
     pinned_template_kwargs,
     split_eos_marker,
     split_joint_marker,
+    split_max_length_marker,
 )
 
 __all__ = ["CRULM", "ModelArgumentError", "parse_router_spec", "EOS_MARKER", "LoglikelihoodResult",
@@ -348,14 +350,23 @@ class CRULM(HFLM):
         - plain: lm-eval's own pairing (`_encode_pair`; an empty context gets the prefix token);
         - `JOINT_MARKER` first: `context + text` encoded once, the scored ids are those after
           `len(tok_encode(context))` (an empty context: the first token is the context), as the references do;
+        - `max_length_marker(n)` right after `JOINT_MARKER`: the whole text is cut at n tokens, and `EOS_MARKER`
+          then appends EOS only to a text shorter than n, always (TOFU `data_module.py:15-27`);
         - `EOS_MARKER` last: the tokenizer's EOS is appended unless the scored ids already end with it.
         """
         text, joint = split_joint_marker(continuation)
+        text, max_length = split_max_length_marker(text) if joint else (text, None)
         text, add_eos = split_eos_marker(text)
+        cut = False
         if joint:
             whole = self.tok_encode(context + text)
             n_context = len(self.tok_encode(context)) if context else 1
-            if not context and len(whole) > self.max_length + 1:
+            if max_length is not None:
+                # TOFU's dataset (data_module.py:15-27): `truncation=True, max_length=n`; a text that reaches n
+                # tokens is scored as cut, without EOS
+                cut = len(whole) >= max_length
+                whole = whole[:max_length]
+            elif not context and len(whole) > self.max_length + 1:
                 # RWKU feeds the whole text (its models' windows hold it); a shorter window keeps the beginning
                 eval_logger.warning(f"a scored text of {len(whole)} tokens exceeds the model's max_length "
                                     f"{self.max_length}: its first {self.max_length + 1} tokens are scored")
@@ -370,13 +381,14 @@ class CRULM(HFLM):
         else:
             ctx_enc, cont_enc = self._encode_pair(context, text)
         ctx_enc, cont_enc = list(ctx_enc), list(cont_enc)
-        if add_eos:
+        if add_eos and not cut:
             eos = self.tokenizer.eos_token_id
             if eos is None:
                 raise InputError(
                     f"continuation ends with {EOS_MARKER!r} but the tokenizer of {self.pretrained!r} has no EOS token"
                 )
-            if not cont_enc or cont_enc[-1] != eos:
+            # TOFU (with a max_length marker) appends EOS to every uncut text; open-unlearning only when missing
+            if max_length is not None or not cont_enc or cont_enc[-1] != eos:
                 cont_enc.append(eos)
         if not cont_enc:
             raise ValueError(f"empty continuation for context {context[-80:]!r}: nothing to score")
@@ -451,10 +463,13 @@ class CRULM(HFLM):
                     n = len(cont_toks)
                     cont = torch.tensor(cont_toks, dtype=torch.long, device=self.device)
                     rows = cached[0, -n:]  # [n, V]
-                    is_greedy = bool((greedy_tokens[-n:] == cont).all())
+                    token_greedy = (greedy_tokens[-n:] == cont).tolist()
+                    is_greedy = all(token_greedy)
                     picked = torch.gather(rows, 1, cont.unsqueeze(-1)).squeeze(-1)
                     token_lp, mu, sigma = token_stats(rows, cont)
-                    answer = LoglikelihoodResult(float(picked.sum()), is_greedy, token_lp, mu, sigma)
+                    text = self.tokenizer.decode(cont_toks, skip_special_tokens=True)
+                    answer = LoglikelihoodResult(float(picked.sum()), is_greedy, token_lp, mu, sigma, token_greedy,
+                                                 text)
                     res.append(answer)
                     if request_str is not None:
                         self.cache_hook.add_partial("loglikelihood", request_str, answer)

@@ -16,9 +16,10 @@ ROUGE (``rouge.py``)
 TOFU likelihood metrics and aggregates (``tofu.py``); NLLs are per-token averages including EOS
     ``avg_nll(token_logprobs) -> float``
     ``probability_from_avg_nll(avg_nll) -> float | ndarray``            ``exp(-avg_nll)``
-    ``mc_probability(avg_nll_true, avg_nlls_perturbed)``               ``p_true / (p_true + sum p_perturbed)``
-    ``truth_ratio(avg_nll_paraphrased, avg_nlls_perturbed)``           ``R = P_wrong / P_right`` (geometric mean)
-    ``truth_ratio_forget(R) -> float``                                 ``mean(min(R, 1/R))``
+    ``mc_probability(avg_nll_true, avg_nlls_perturbed, *, epsilon=0)`` ``p_true / (p_true + sum p_perturbed + eps)``
+    ``truth_ratio(avg_nll_paraphrased, avg_nlls_perturbed, *, epsilon=0)`` ``R = P_wrong / (P_right + eps)``
+    ``truth_ratio_forget(R, *, epsilon=0) -> float``                   ``mean(min(R, 1/(R + eps)))``
+    (``epsilon``: 0 for TOFU, ``OPEN_UNLEARNING_EPSILON`` = 1e-10 for open-unlearning)
     ``truth_ratio_utility(R) -> float``                                ``mean(max(0, 1 - R))``
     ``forget_quality(R_model, R_retain_model) -> float``               ``ks_2samp`` p-value
     ``model_utility({key: value for key in MODEL_UTILITY_KEYS})``      ``scipy.stats.hmean`` of the 9 numbers
@@ -27,6 +28,14 @@ Membership inference (``mia.py``; larger score = more member-like, RWKU's sign)
     ``loss_score(token_logprobs)``, ``zlib_score(text, avg_loglik)``, ``min_k(token_logprobs, k=0.2)``,
     ``min_k_plus_plus(token_logprobs, mu, sigma, k=0.2)``, ``mia_auc(member_scores, nonmember_scores)``
     (0.5 = chance, 1.0 = members all score higher).
+
+Privacy and memorization as open-unlearning scores them (``privacy.py``; its sign: larger score = *less*
+member-like, AUC labels forget 0 / holdout 1, so 1.0 = the forget set is recognised, 0.5 = chance)
+    ``loss_attack(token_logprobs)``, ``zlib_attack(token_logprobs, text)``, ``reference_attack(lp, ref_lp)``
+    (EOS included); ``min_k_attack(lp, k=0.4)``, ``min_k_plus_plus_attack(lp, mu, sigma, k=0.4)``,
+    ``gradnorm_attack(parameter_grad_norms)``, ``exact_memorization(token_is_greedy)``,
+    ``extraction_strength(token_is_greedy)`` (EOS left out: ``without_eos``); ``forget_holdout_auc(forget,
+    holdout)``, ``privleak(auc_unlearned, auc_retain)`` (percent, 0 = the retain model's).
 
 Fluency (``fluency.py``)
     ``ngram_entropy(text, n)``, ``fluency_entropy(text)`` (RWKU: ``mean(2/3*H2, 4/3*H3)``, bits),
@@ -68,6 +77,22 @@ from .fluency import (
     word_tokenize,
 )
 from .mia import MIN_K_RATIO, MIN_SIGMA, loss_score, mia_auc, min_k, min_k_plus_plus, zlib_score
+from .privacy import (
+    GRADNORM_P,
+    OPEN_UNLEARNING_MIN_K,
+    PRIVLEAK_DEFAULT_RETAIN_AUC,
+    exact_memorization,
+    extraction_strength,
+    forget_holdout_auc,
+    gradnorm_attack,
+    loss_attack,
+    min_k_attack,
+    min_k_plus_plus_attack,
+    privleak,
+    reference_attack,
+    without_eos,
+    zlib_attack,
+)
 from .qa import exact_match, exact_match_rwku_bbh, extract_bbh_answer, normalize_answer, token_f1
 from .rouge import NOANSWER, deviation_score, rouge1_recall, rouge_l_recall_rwku, rouge_l_recall_tofu
 from .tofu import (
@@ -81,6 +106,7 @@ from .tofu import (
     MU_TRUTH_RATIO_REAL_AUTHORS,
     MU_TRUTH_RATIO_RETAIN,
     MU_TRUTH_RATIO_WORLD_FACTS,
+    OPEN_UNLEARNING_EPSILON,
     avg_nll,
     forget_quality,
     mc_probability,
@@ -96,12 +122,16 @@ __all__ = [
     "NOANSWER", "rouge_l_recall_tofu", "rouge_l_recall_rwku", "rouge1_recall", "deviation_score",
     # tofu
     "avg_nll", "probability_from_avg_nll", "mc_probability", "truth_ratio", "truth_ratio_forget",
-    "truth_ratio_utility", "forget_quality", "model_utility", "MODEL_UTILITY_KEYS",
+    "truth_ratio_utility", "forget_quality", "model_utility", "MODEL_UTILITY_KEYS", "OPEN_UNLEARNING_EPSILON",
     "MU_ROUGE_RETAIN", "MU_PROB_RETAIN", "MU_TRUTH_RATIO_RETAIN",
     "MU_ROUGE_REAL_AUTHORS", "MU_PROB_REAL_AUTHORS", "MU_TRUTH_RATIO_REAL_AUTHORS",
     "MU_ROUGE_WORLD_FACTS", "MU_PROB_WORLD_FACTS", "MU_TRUTH_RATIO_WORLD_FACTS",
     # mia
     "loss_score", "zlib_score", "min_k", "min_k_plus_plus", "mia_auc", "MIN_K_RATIO", "MIN_SIGMA",
+    # privacy (open-unlearning)
+    "loss_attack", "zlib_attack", "min_k_attack", "min_k_plus_plus_attack", "reference_attack", "gradnorm_attack",
+    "forget_holdout_auc", "privleak", "exact_memorization", "extraction_strength", "without_eos",
+    "OPEN_UNLEARNING_MIN_K", "GRADNORM_P", "PRIVLEAK_DEFAULT_RETAIN_AUC",
     # fluency
     "ngram_entropy", "fluency_entropy", "mean_fluency_entropy", "normalized_fluency_entropy", "word_tokenize",
     "FLUENCY_NS", "FLUENCY_WEIGHTS",

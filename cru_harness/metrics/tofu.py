@@ -4,6 +4,14 @@ References: locuslab/tofu (``evaluate_util.py``: ``get_all_evals``, ``eval_pertu
 ``aggregate_eval_stat.py``: ``get_model_utility``, ``get_forget_quality``) and locuslab/open-unlearning
 (``src/evals/metrics/memorization.py``: ``probability``, ``probability_w_options``, ``truth_ratio``).
 
+The two references differ in one numerical detail: open-unlearning adds ``1e-10`` (:data:`OPEN_UNLEARNING_EPSILON`)
+to three denominators - the truth ratio ``wrong / (correct + 1e-10)``, the forget aggregation
+``min(x, 1 / (x + 1e-10))`` and the Real Authors / World Facts probability ``correct / (correct + wrong + 1e-10)``;
+TOFU adds none. The functions take it as ``epsilon`` (default 0, TOFU's); the TOFU tasks pass the preset's
+(``cru_harness.prompts.tofu_epsilon``). It is not negligible: once the per-token probabilities fall near 1e-10
+(average NLL above ~20 nats, a collapsed model) it dominates the denominators, e.g. at NLLs 26 (paraphrased) /
+26.5 (perturbed) open-unlearning's truth ratio is 0.029 and TOFU's 0.607.
+
 All per-item inputs are **per-token average negative log-likelihoods** of an answer given its question
 (``avg_nll = -mean(token log-probs)``, question tokens masked, the EOS token counted as an answer token - TOFU's
 ``get_batch_loss(...) / num_token_gt`` where the label sequence ends with EOS). :func:`avg_nll` turns a list
@@ -27,6 +35,7 @@ from scipy.special import logsumexp
 from ._checks import as_1d, as_float, check_finite, to_output
 
 __all__ = [
+    "OPEN_UNLEARNING_EPSILON",
     "avg_nll",
     "probability_from_avg_nll",
     "mc_probability",
@@ -40,6 +49,10 @@ __all__ = [
     "MU_ROUGE_WORLD_FACTS", "MU_PROB_WORLD_FACTS", "MU_TRUTH_RATIO_WORLD_FACTS",
     "MODEL_UTILITY_KEYS",
 ]
+
+#: open-unlearning's ``1e-10`` in the truth ratio's, the forget aggregation's and ``probability_w_options``'s
+#: denominators (``src/evals/metrics/memorization.py``); TOFU's code has none.
+OPEN_UNLEARNING_EPSILON = 1e-10
 
 # Model Utility inputs, named exactly as TOFU's aggregate_eval_stat.get_model_utility names them
 # (f"{metric} {task}" with task "Retain", "Real Authors", "Real World" - TOFU's name for World Facts).
@@ -98,6 +111,13 @@ def avg_nll(token_logprobs: Any) -> float:
     return float(-lp.mean())
 
 
+def _check_epsilon(epsilon: Any) -> float:
+    eps = as_float(epsilon, "epsilon")
+    if eps < 0:
+        raise ValueError(f"epsilon must be >= 0, got {eps}")
+    return eps
+
+
 def probability_from_avg_nll(avg_nll: Any) -> float | np.ndarray:
     """TOFU's "Probability" of an answer: ``exp(-avg_nll)`` (the per-token normalised probability).
 
@@ -107,35 +127,46 @@ def probability_from_avg_nll(avg_nll: Any) -> float | np.ndarray:
     return to_output(np.exp(-_nll_array(avg_nll, "avg_nll")))
 
 
-def mc_probability(avg_nll_true: Any, avg_nlls_perturbed: Any) -> float | np.ndarray:
+def mc_probability(avg_nll_true: Any, avg_nlls_perturbed: Any, *, epsilon: float = 0.0) -> float | np.ndarray:
     """Multiple-choice probability (TOFU's Real Authors / World Facts "Prob."):
-    ``p_true / (p_true + sum_j p_perturbed_j)`` with every ``p = exp(-avg_nll)``.
+    ``p_true / (p_true + sum_j p_perturbed_j + epsilon)`` with every ``p = exp(-avg_nll)``.
 
-    Matches TOFU's ``get_model_utility`` (``avg_true_prob / avg_all_prob``, no epsilon; open-unlearning's
-    ``probability_w_options`` adds ``1e-10`` to the denominator, a difference below 1e-9 for any real input).
-    Computed in log space (``1 / (1 + sum_j exp(nll_true - nll_j))``), so very large NLLs do not underflow.
+    ``epsilon=0``: TOFU's ``get_model_utility`` (``avg_true_prob / avg_all_prob``). ``epsilon=1e-10``
+    (:data:`OPEN_UNLEARNING_EPSILON`): open-unlearning's ``probability_w_options``
+    (``correct / (correct + wrong + 1e-10)``), which differs once the probabilities approach 1e-10.
+    Computed in log space (``1 / (1 + sum_j exp(nll_true - nll_j) + epsilon * exp(nll_true))``), so very large
+    NLLs do not underflow.
     """
     t, p = _nll_pair(avg_nll_true, avg_nlls_perturbed, "avg_nll_true")
-    diffs = t[..., None] - p  # log(p_j / p_true)
-    zeros = np.zeros(t.shape + (1,))
-    log_denominator = logsumexp(np.concatenate([zeros, diffs], axis=-1), axis=-1)
+    eps = _check_epsilon(epsilon)
+    terms = [np.zeros(t.shape + (1,)), t[..., None] - p]  # 1 and log(p_j / p_true)
+    if eps > 0:
+        terms.append(t[..., None] + math.log(eps))  # log(epsilon / p_true)
+    log_denominator = logsumexp(np.concatenate(terms, axis=-1), axis=-1)
     return to_output(np.exp(-log_denominator))
 
 
-def truth_ratio(avg_nll_paraphrased: Any, avg_nlls_perturbed: Any) -> float | np.ndarray:
-    """Per-item truth ratio ``R = P_wrong / P_right``.
+def truth_ratio(avg_nll_paraphrased: Any, avg_nlls_perturbed: Any, *, epsilon: float = 0.0
+                ) -> float | np.ndarray:
+    """Per-item truth ratio ``R = P_wrong / (P_right + epsilon)``.
 
     ``P_right = exp(-avg_nll_paraphrased)`` (on Real Authors / World Facts pass the ``answer``'s NLL);
     ``P_wrong = exp(-mean_j avg_nll_perturbed_j)``, the geometric mean of the per-token probabilities of the
-    perturbed answers. So ``R = exp(avg_nll_paraphrased - mean_j avg_nll_perturbed_j)``.
+    perturbed answers. With ``epsilon=0`` (TOFU) ``R = exp(avg_nll_paraphrased - mean_j avg_nll_perturbed_j)``;
+    open-unlearning's ``truth_ratio`` computes ``wrong_prob / (correct_prob + 1e-10)``
+    (:data:`OPEN_UNLEARNING_EPSILON`), here ``exp(t - p) / (1 + epsilon * exp(t))`` in log space.
 
     TOFU stores the inverse, ``curr_stat_1 = exp(mean perturbed loss - paraphrased loss) = 1/R``, and aggregates
     ``min(x, 1/x)`` / ``max(0, 1 - 1/x)`` of it - the same numbers as :func:`truth_ratio_forget` /
     :func:`truth_ratio_utility` of ``R``; open-unlearning's ``truth_ratio`` stores ``R`` itself (wrong/true).
     """
     t, p = _nll_pair(avg_nll_paraphrased, avg_nlls_perturbed, "avg_nll_paraphrased")
+    eps = _check_epsilon(epsilon)
+    log_r = t - p.mean(axis=-1)
+    if eps > 0:
+        log_r = log_r - np.logaddexp(0.0, t + math.log(eps))  # / (1 + epsilon / P_right)
     with np.errstate(over="ignore"):
-        return to_output(np.exp(t - p.mean(axis=-1)))
+        return to_output(np.exp(log_r))
 
 
 def _ratios(r: Any) -> np.ndarray:
@@ -145,15 +176,17 @@ def _ratios(r: Any) -> np.ndarray:
     return arr
 
 
-def truth_ratio_forget(ratios: Any) -> float:
-    """Forget-set aggregation: ``mean(min(R, 1/R))`` (1 = the model cannot tell true from false answers).
+def truth_ratio_forget(ratios: Any, *, epsilon: float = 0.0) -> float:
+    """Forget-set aggregation: ``mean(min(R, 1/(R + epsilon)))`` (1 = the model cannot tell true from false answers).
 
-    TOFU ``get_model_utility`` (``'forget' in k``) / open-unlearning ``closer_to_1_better``. ``R = 0`` or
-    ``inf`` contributes 0.
+    TOFU ``get_model_utility`` (``'forget' in k``, ``epsilon=0``) / open-unlearning ``closer_to_1_better``
+    (``epsilon=1e-10``; it moves the result by less than 1e-10, but is kept so the numbers are open-unlearning's
+    to the last bit). ``R = 0`` or ``inf`` contributes 0.
     """
     arr = _ratios(ratios)
+    eps = _check_epsilon(epsilon)
     with np.errstate(divide="ignore"):  # 1/0 = inf and 1/inf = 0: both items contribute min(...) = 0
-        return float(np.mean(np.minimum(arr, 1.0 / arr)))
+        return float(np.mean(np.minimum(arr, 1.0 / (arr + eps) if eps > 0 else 1.0 / arr)))
 
 
 def truth_ratio_utility(ratios: Any) -> float:

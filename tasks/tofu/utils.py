@@ -10,12 +10,19 @@ YAML's `process_results` (below), so the per-item values stay together in one `-
 Prompts and scored spans come from `cru_harness.prompts` under the TOFU preset named in the run's metadata
 (`--metadata '{"tofu_preset": "legacy", "tofu_model_family": "phi"}'`; default `open-unlearning`), recorded in
 the task config's `metadata` of every result. Likelihood requests carry `JOINT_MARKER` (the references'
-whole-text span rule, applied by `--model cru`) and `EOS_MARKER`.
+whole-text span rule, applied by `--model cru`) and `EOS_MARKER`; under the legacy preset also TOFU's 200-token cut
+(`max_length_marker`). The preset also picks the scoring epsilon (`prompts.tofu_epsilon`: open-unlearning's 1e-10
+in the truth ratio, the forget aggregation and the multiple-choice probability; none for TOFU).
+
+The privacy tasks (`tofu_privacy` group, `TOFUPrivacyTask`) score open-unlearning's MIA of a split's forget rows
+against its holdout rows and memorization on the forget rows, from one answer log-likelihood per item (see
+`cru_harness.metrics.privacy`; GradNorm and the reference attack need the model: `cru_harness.metrics.model_scores`).
 
 This file is loaded by lm-eval from its path (not as `cru_harness.tasks.tofu.utils`), so imports are absolute.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import warnings
@@ -29,7 +36,7 @@ from lm_eval.api.task import ConfigurableTask
 from cru_harness import metrics as M
 from cru_harness.lmeval.metadata import check_metadata_keys
 # `cru` scores a continuation ending in EOS_MARKER with the tokenizer's EOS id appended (TOFU counts EOS).
-from cru_harness.protocol import EOS_MARKER, JOINT_MARKER, has_token_stats, template_date
+from cru_harness.protocol import EOS_MARKER, JOINT_MARKER, has_token_stats, max_length_marker, template_date
 from cru_harness.lmeval.request_cache import UncachedRequests
 from cru_harness import prompts as P
 
@@ -117,8 +124,9 @@ def avg_nll(result) -> float:
     return M.avg_nll(result.token_logprobs)
 
 
-def process_results(doc: dict, results: list) -> dict[str, float]:
-    """Per-item values of one TOFU probe (the `process_results` of every TOFU task).
+def process_results(doc: dict, results: list, tofu_preset: str | None = None) -> dict[str, float]:
+    """Per-item values of one TOFU probe (the `process_results` of every TOFU task; `TOFUTask` passes its preset,
+    which picks the scoring epsilon, `prompts.tofu_epsilon`).
 
     `results` are, in `idx` order, the generation then the log-likelihoods of `scored_continuations`:
     answer, [paraphrased answer,] perturbed answers. The paraphrased answer is present exactly when there are
@@ -132,16 +140,18 @@ def process_results(doc: dict, results: list) -> dict[str, float]:
         raise ValueError(
             f"TOFU: {len(loglikelihoods)} log-likelihood results for {len(doc['perturbed_answer'])} perturbed answers"
         )
-    return score_item("mc" if extra == 1 else "paraphrase", doc, generation, loglikelihoods)
+    return score_item("mc" if extra == 1 else "paraphrase", doc, generation, loglikelihoods,
+                      epsilon=P.tofu_epsilon(tofu_preset))
 
 
-def score_item(kind: str, doc: dict, generation: str, results: list) -> dict[str, float]:
+def score_item(kind: str, doc: dict, generation: str, results: list, *, epsilon: float = 0.0) -> dict[str, float]:
     """The per-item values from a generation and the log-likelihood results (see `process_results`).
 
     `kind` is "mc" (Real Authors / World Facts: the answer against the perturbed answers) or anything else
     (the paraphrased answer against the perturbed answers). `truth_ratio` is the raw R = P_wrong / P_right;
     the task's aggregation turns it into the reported number. `nll_*` are the per-token average NLLs
     (`nll_perturbed`: their mean over the perturbed answers) so other numbers can be re-derived later.
+    `epsilon`: the preset's (`prompts.tofu_epsilon`), in the truth ratio and the multiple-choice probability.
     """
     nlls = [avg_nll(r) for r in results]
     n_perturbed = len(doc["perturbed_answer"])
@@ -155,12 +165,12 @@ def score_item(kind: str, doc: dict, generation: str, results: list) -> dict[str
         return values | {"probability": nan, "truth_ratio": nan, "nll_answer": nan, "nll_paraphrased": nan,
                          "nll_perturbed": nan}
     if kind == "mc":
-        probability = M.mc_probability(nll_answer, nll_perturbed)
+        probability = M.mc_probability(nll_answer, nll_perturbed, epsilon=epsilon)
     else:
         probability = M.probability_from_avg_nll(nll_answer)
     return values | {
         "probability": float(probability),
-        "truth_ratio": float(M.truth_ratio(nll_right, nll_perturbed)),
+        "truth_ratio": float(M.truth_ratio(nll_right, nll_perturbed, epsilon=epsilon)),
         "nll_answer": float(nll_answer),
         "nll_paraphrased": float(nll_right),
         "nll_perturbed": float(np.mean(nll_perturbed)),
@@ -176,10 +186,13 @@ def scored_continuations(kind: str, doc: dict) -> list[str]:
 # --------------------------------------------------------------------------------------------- aggregation
 
 
-def truth_ratio_forget_agg(items) -> float:
-    """Forget set: mean(min(R, 1/R)) over items (NaN if any item is NaN, i.e. a plain `hf` run)."""
+def truth_ratio_forget_agg(items, tofu_preset: str | None = None) -> float:
+    """Forget set: mean(min(R, 1/(R + epsilon))) over items, epsilon the preset's (`TOFUTask.aggregation` binds
+    it); NaN if any item is NaN, i.e. a plain `hf` run."""
     ratios = np.asarray(items, dtype=float)
-    return math.nan if np.isnan(ratios).any() else float(M.truth_ratio_forget(ratios))
+    if np.isnan(ratios).any():
+        return math.nan
+    return float(M.truth_ratio_forget(ratios, epsilon=P.tofu_epsilon(tofu_preset)))
 
 
 def truth_ratio_utility_agg(items) -> float:
@@ -232,8 +245,21 @@ class TOFUTask(UncachedRequests, ConfigurableTask):
         if self.preset == "legacy":
             generation["max_length"] = P.LEGACY_MAX_LENGTH
             generation["max_gen_toks"] = P.LEGACY_MAX_LENGTH
-        config["generation_kwargs"] = generation
+        if config.get("output_type", "generate_until") == "generate_until":   # not the privacy tasks
+            config["generation_kwargs"] = generation
         super().__init__(config=config)
+
+    def process_results(self, doc: dict, results: list) -> dict[str, float]:
+        return process_results(doc, results, tofu_preset=self.preset)
+
+    def aggregation(self) -> dict:
+        """The YAML's aggregations, the forget truth ratio's with the preset's epsilon. lm-eval loads this file
+        once per `!function`, so the YAML's function is recognised by name, not identity."""
+        aggregations = dict(super().aggregation())
+        forget = aggregations.get("truth_ratio")
+        if getattr(forget, "__name__", None) == truth_ratio_forget_agg.__name__:
+            aggregations["truth_ratio"] = functools.partial(truth_ratio_forget_agg, tofu_preset=self.preset)
+        return aggregations
 
     def fewshot_context(self, doc, num_fewshot, system_instruction=None, apply_chat_template=False,
                         chat_template=None, **kwargs):
@@ -275,20 +301,149 @@ class TOFUTask(UncachedRequests, ConfigurableTask):
         return full[len(ctx):]
 
     def construct_requests(self, doc: dict, ctx: str, **kwargs) -> list[Instance]:
-        apply_chat_template = kwargs.pop("apply_chat_template", False)
-        chat_template = kwargs.pop("chat_template", None) if apply_chat_template else None
-        kwargs.pop("chat_template", None)
+        chat_template = _pop_chat_template(kwargs)
         generation_kwargs = deepcopy(self.config.generation_kwargs)
         requests = [
             Instance(request_type="generate_until", doc=doc, arguments=(ctx, generation_kwargs), idx=0, **kwargs)
         ]
+        return requests + self.likelihood_requests(doc, ctx, scored_continuations(self.kind, doc), chat_template,
+                                                   start=1, **kwargs)
+
+    def likelihood_requests(self, doc: dict, ctx: str, answers: list[str], chat_template, *, start: int,
+                            **kwargs) -> list[Instance]:
+        """One `loglikelihood` request per answer (`idx` from `start`): the answer scored as the preset's
+        reference scores it (`JOINT_MARKER`, `EOS_MARKER`; legacy: the 200-token cut)."""
         likelihood_ctx = ctx
         if self.format is not None:
             likelihood_ctx = self.format.question_text(doc["question"])
-        for i, answer in enumerate(scored_continuations(self.kind, doc), start=1):
+        # legacy: the scored text is cut at 200 tokens (tofu evaluate_util.py:99-126 -> data_module.py:15-27)
+        cut = max_length_marker(P.LEGACY_MAX_LENGTH) if self.preset == "legacy" else ""
+        requests = []
+        for i, answer in enumerate(answers, start=start):
             cont = self.continuation_text(likelihood_ctx, doc, answer, chat_template)
             requests.append(
                 Instance(request_type="loglikelihood", doc=doc,
-                         arguments=(likelihood_ctx, f"{JOINT_MARKER}{cont}{EOS_MARKER}"), idx=i, **kwargs)
+                         arguments=(likelihood_ctx, f"{JOINT_MARKER}{cut}{cont}{EOS_MARKER}"), idx=i, **kwargs)
             )
         return requests
+
+
+def _pop_chat_template(kwargs: dict):
+    """lm-eval's chat-template renderer from `construct_requests`' kwargs (None without --apply_chat_template);
+    both keys are removed, as `Instance` does not take them."""
+    apply_chat_template = kwargs.pop("apply_chat_template", False)
+    chat_template = kwargs.pop("chat_template", None)
+    return chat_template if apply_chat_template else None
+
+
+# --------------------------------------------------------------------------------------------- privacy
+
+# open-unlearning's TOFU MIA data (configs/eval/tofu_metrics/mia_*.yaml, data TOFU_MIA): the split's
+# `forgetXX_perturbed` rows against `holdoutXX`, question + answer, the answer scored.
+PRIVACY_HOLDOUT = {"forget01_perturbed": "holdout01", "forget05_perturbed": "holdout05",
+                   "forget10_perturbed": "holdout10"}
+PRIVACY_SETS = ("forget", "holdout")   # labels 0 and 1 (open-unlearning mia/utils.py:mia_auc)
+PRIVACY_ATTACKS = ("mia_loss", "mia_zlib", "mia_min_k", "mia_min_k_plus_plus")
+PRIVACY_MEMORIZATION = ("exact_memorization", "extraction_strength")
+
+
+def _check_privacy_preset(tofu_preset: str | None) -> str:
+    preset = P.check_tofu_preset(tofu_preset)
+    if preset != "open-unlearning":
+        raise P.PresetError(f"the TOFU privacy tasks are open-unlearning's metrics (TOFU's own code has none): run "
+                            f"them with tofu_preset=open-unlearning, not {preset}")
+    return preset
+
+
+def load_tofu_privacy_dataset(tofu_config: str | None = None, data_dir: str | None = None,
+                              tofu_preset: str | None = None, **metadata) -> datasets.DatasetDict:
+    """`custom_dataset` of the privacy tasks: the split's forget rows (`set: forget`) and its holdout rows
+    (`set: holdout`), each `{question, answer, set}`, alternating (so `--limit` keeps both sets; the AUC does not
+    depend on the order)."""
+    from cru_harness.data.tofu import load_tofu
+
+    check_metadata_keys(metadata)
+    _check_privacy_preset(tofu_preset)
+    if tofu_config not in PRIVACY_HOLDOUT:
+        raise ValueError(f"TOFU privacy task: dataset_kwargs.tofu_config must be one of "
+                         f"{', '.join(PRIVACY_HOLDOUT)}; got {tofu_config!r}")
+    sets = []
+    for name, config in zip(PRIVACY_SETS, (tofu_config, PRIVACY_HOLDOUT[tofu_config])):
+        docs = []
+        for index, row in enumerate(load_tofu(config, data_dir=data_dir or None)):
+            missing = [field for field in ("question", "answer") if field not in row]
+            if missing:
+                raise ValueError(f"TOFU {config} row {index} lacks field(s): {', '.join(missing)}")
+            docs.append({"question": row["question"], "answer": row["answer"], "set": name})
+        sets.append(docs)
+    forget, holdout = sets
+    docs = [doc for pair in zip(forget, holdout) for doc in pair]
+    docs += forget[len(holdout):] + holdout[len(forget):]
+    return datasets.DatasetDict({"train": datasets.Dataset.from_list(docs)})
+
+
+def process_privacy_results(doc: dict, results: list) -> dict[str, list]:
+    """Per-item `[label, score]` of each attack (label 0 = forget, 1 = holdout; open-unlearning's loss-like
+    scores, `cru_harness.metrics.privacy`) and of exact memorization / extraction strength, from the answer's
+    `LoglikelihoodResult`. LOSS and ZLib use every scored token (EOS included); Min-K%, Min-K%++ and the two
+    memorization numbers leave out the EOS prediction (open-unlearning's `tokenwise_logprobs`). A plain `hf`
+    result gives NaN scores (with the one-time warning)."""
+    (result,) = results
+    label = PRIVACY_SETS.index(doc["set"])
+    if math.isnan(avg_nll(result)):   # no per-token arrays: `--model hf`
+        return {name: [label, math.nan] for name in PRIVACY_ATTACKS + PRIVACY_MEMORIZATION}
+    if not result.token_greedy or result.text is None:
+        raise ValueError("TOFU privacy: the log-likelihood result lacks token_greedy / text (an old cached result?)")
+    lp = np.asarray(result.token_logprobs)
+    head = M.without_eos(lp)
+    greedy = M.without_eos(np.asarray(result.token_greedy, dtype=bool))
+    em = M.exact_memorization(greedy)
+    return {
+        "mia_loss": [label, M.loss_attack(lp)],
+        "mia_zlib": [label, M.zlib_attack(lp, result.text)],
+        "mia_min_k": [label, M.min_k_attack(head)],
+        "mia_min_k_plus_plus": [label, M.min_k_plus_plus_attack(head, M.without_eos(result.token_mu),
+                                                                M.without_eos(result.token_sigma))],
+        "exact_memorization": [label, None if em is None else float(em)],
+        "extraction_strength": [label, float(M.extraction_strength(greedy))],
+    }
+
+
+def forget_holdout_auc_agg(items) -> float:
+    """MIA AUC of forget (label 0) vs holdout (label 1) as open-unlearning computes it (`forget_holdout_auc`);
+    NaN if any score is NaN (a plain `hf` run)."""
+    labels = np.asarray([item[0] for item in items], dtype=int)
+    scores = np.asarray([item[1] for item in items], dtype=float)
+    if np.isnan(scores).any():
+        return math.nan
+    if not (labels == 0).any() or not (labels == 1).any():
+        warnings.warn("TOFU privacy: the MIA AUC needs forget and holdout items (a --limit below 2?): NaN",
+                      RuntimeWarning, stacklevel=2)
+        return math.nan
+    return M.forget_holdout_auc(scores[labels == 0], scores[labels == 1])
+
+
+def forget_mean_agg(items) -> float:
+    """Mean over the forget items (open-unlearning scores memorization on the forget set only); an item without
+    answer tokens (`None`) is left out, as there; NaN if any forget score is NaN (a plain `hf` run)."""
+    values = np.asarray([score for label, score in items if label == 0 and score is not None], dtype=float)
+    if values.size == 0 or np.isnan(values).any():
+        return math.nan
+    return float(values.mean())
+
+
+class TOFUPrivacyTask(TOFUTask):
+    """One log-likelihood request per item: the answer, written and scored as the TOFU probes score it (chat
+    template, plain prompt or a model family's tags; `JOINT_MARKER` + `EOS_MARKER`). Needs `--model cru` (the
+    per-token arrays); open-unlearning preset only."""
+
+    def __init__(self, config: dict | None = None):
+        _check_privacy_preset((dict(config or {}).get("metadata") or {}).get("tofu_preset"))
+        super().__init__(config=config)
+
+    def process_results(self, doc: dict, results: list) -> dict[str, list]:
+        return process_privacy_results(doc, results)
+
+    def construct_requests(self, doc: dict, ctx: str, **kwargs) -> list[Instance]:
+        chat_template = _pop_chat_template(kwargs)
+        return self.likelihood_requests(doc, ctx, [doc["answer"]], chat_template, start=0, **kwargs)
