@@ -392,11 +392,11 @@ def test_tofu_legacy_scores_300_items_and_errors_name_the_choices(tofu_data, tmp
 
 @pytest.mark.parametrize("name", ALL)
 def test_tofu_privacy_requests_and_model_scores_score_the_same_tokens(name, tmp_path):
-    """The privacy task's request for a row and `metrics.model_scores.encode_rows` (GradNorm, the reference attack)
+    """The privacy task's request for a row and `reporting.model_scores.encode_rows` (GradNorm, the reference attack)
     cover the same ids and the same scored span: open-unlearning's (the answer after the prompt's tokens, + EOS)."""
     from lm_eval.tasks import TaskManager
 
-    from cru_harness.metrics.model_scores import encode_rows
+    from cru_harness.reporting.model_scores import encode_rows
 
     rows = [{"question": r["question"], "answer": r["answer"]} for r in TOFU_ROWS]
     for file in ("forget01_perturbed", "forget10_perturbed"):   # forget10 marks the folder as TOFU data

@@ -9,7 +9,7 @@ Not imported by `cru_harness.metrics` (it needs torch). Typical use (a TOFU cell
 
     from cru_harness.data.tofu import load_tofu
     from cru_harness.metrics import forget_holdout_auc
-    from cru_harness.metrics.model_scores import gradnorm_scores
+    from cru_harness.reporting.model_scores import gradnorm_scores
 
     forget, holdout = load_tofu("forget10_perturbed"), load_tofu("holdout10")
     auc = forget_holdout_auc(gradnorm_scores(model, tok, forget), gradnorm_scores(model, tok, holdout))
@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from ..prompts import DEFAULT_TOFU_PRESET, encode_qa_ids, qa_texts
-from .privacy import GRADNORM_P, gradnorm_attack, loss_attack, reference_attack
+from ..metrics.privacy import GRADNORM_P, gradnorm_attack, loss_attack, reference_attack
 
 __all__ = ["encode_rows", "scored_logprobs", "gradnorm_scores", "reference_scores", "loss_scores"]
 
