@@ -23,6 +23,10 @@ TOFU_COLUMNS = [
       for m, mh, ml in (("rouge_l", "ROUGE-L", "Rouge-L"), ("prob", "Prob.", "Prob."),
                         ("truth_ratio", "TR", "Truth ratio"))],
     Column("model_utility", "MU ↑", "MU$\\uparrow$", "up", ""),
+    # the privacy block (a cell that ran tofu_privacy_<split>): privleak against the retain oracle, 0 is best;
+    # the strongest attack's AUC, 0.5 = forget and holdout text look alike
+    Column("privleak", "privleak →0", "privleak$\\to$0", "zero", "Privacy", optional=True),
+    Column("mia_auc_best", "best MIA AUC →0.5", "MIA AUC$\\to$0.5", "half", "Privacy", optional=True),
 ]
 
 
@@ -56,6 +60,10 @@ class TOFU(Benchmark):
         for key in ("rouge_l", "prob"):
             value = metrics.get(f"forget_{key}")
             metrics[f"forget_1_{key}"] = 1 - value if is_number(value) else None
+        # the attack that best tells forget from holdout text: the AUC farthest from 0.5
+        aucs = [metrics.get(k) for k in ("mia_auc_loss", "mia_auc_zlib", "mia_auc_min_k", "mia_auc_min_k_plus_plus")]
+        aucs = [a for a in aucs if is_number(a)]
+        metrics["mia_auc_best"] = max(aucs, key=lambda a: abs(a - 0.5)) if aucs else None
 
     def forgetting_utility(self, metrics: dict) -> tuple[float | None, float | None]:
         rouge = metrics.get("forget_rouge_l")
@@ -105,7 +113,8 @@ class TOFU(Benchmark):
         return cell_scores.score_tofu_cell(lmeval_dir, split=cell.split, retain_items=retain_items,
                                            original_model=original_model, data_dir=data_dir, device=device,
                                            batch_size=batch_size, device_map=cell.model.device_map,
-                                           trust_remote_code=cell.model.trust_remote_code)
+                                           trust_remote_code=cell.model.trust_remote_code,
+                                           retain_result=retain_result)
 
 
 BENCHMARK = TOFU()

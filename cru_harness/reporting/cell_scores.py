@@ -69,9 +69,47 @@ def forget_items_from_result(result: dict, forget_task: str) -> list[dict] | Non
             for q, v in zip(questions, values)]
 
 
+#: The `tofu_privacy_<split>` task's metrics, as a cell records them (open-unlearning's MIA attacks: AUC of forget
+#: vs holdout; memorization on the forget set: docs/protocol.md).
+PRIVACY_METRICS = {"mia_loss": "mia_auc_loss", "mia_zlib": "mia_auc_zlib", "mia_min_k": "mia_auc_min_k",
+                   "mia_min_k_plus_plus": "mia_auc_min_k_plus_plus", "exact_memorization": "exact_memorization",
+                   "extraction_strength": "extraction_strength"}
+#: The attack privleak compares with the retain oracle's (open-unlearning's default: Min-K% at k = 0.4).
+PRIVLEAK_AUC = "mia_auc_min_k"
+
+
+def privacy_metrics(lmeval_dir: str | Path, split: str) -> dict[str, float | None]:
+    """The `tofu_privacy_<split>` results of an lm-eval output directory (the newest results file that has them),
+    or {} when the cell did not run that task."""
+    task = f"tofu_privacy_{split}"
+    newest: tuple[str, dict] | None = None
+    for path in Path(lmeval_dir).rglob("results_*.json"):
+        match = tofu_score._RESULTS_RE.match(path.name)
+        aggregates = (json.loads(path.read_text(encoding="utf-8")).get("results") or {}).get(task) if match else None
+        if aggregates and (newest is None or match.group("date") > newest[0]):
+            newest = (match.group("date"), aggregates)
+    if newest is None:
+        return {}
+    return {key: _finite_or_none(tofu_score._metric_value(newest[1], name)) for name, key in PRIVACY_METRICS.items()}
+
+
+def privleak_of(auc: float | None, retain_auc: float | None) -> tuple[float | None, dict]:
+    """privleak (MUSE's, as open-unlearning computes it) of a cell's MIA AUC against its retain oracle's; without
+    an oracle AUC, against 0.5 as open-unlearning falls back (said in the details)."""
+    from ..metrics.privacy import PRIVLEAK_DEFAULT_RETAIN_AUC, privleak
+
+    if auc is None:
+        return None, {"available": False, "reason": f"no {PRIVLEAK_AUC}"}
+    reference = retain_auc if retain_auc is not None else PRIVLEAK_DEFAULT_RETAIN_AUC
+    source = "retain cell" if retain_auc is not None else "0.5 (no retain cell with a privacy score)"
+    return privleak(auc, reference), {"available": True, "attack": PRIVLEAK_AUC, "retain_auc": reference,
+                                      "retain_source": source}
+
+
 def score_tofu_cell(lmeval_dir: str | Path, *, split: str, retain_items: list[dict] | None = None,
                     original_model: str | None = None, data_dir: str | None = None, device: str = "cpu",
-                    batch_size: int = 8, device_map=None, trust_remote_code: bool = False) -> dict[str, Any]:
+                    batch_size: int = 8, device_map=None, trust_remote_code: bool = False,
+                    retain_result: dict | None = None) -> dict[str, Any]:
     """`metrics`, `per_item`, `failure_classes`, `details` of a TOFU cell from its lm-eval output directory."""
     forget_task = f"tofu_{split}"
     report = tofu_score.score_runs([lmeval_dir], retain_items=retain_items, original_model=original_model,
@@ -95,6 +133,11 @@ def score_tofu_cell(lmeval_dir: str | Path, *, split: str, retain_items: list[di
     details = {"model_utility": run["model_utility"], "forget_quality": fq,
                "failure_modes": {"forget": {k: v for k, v in fm.items() if k != "fractions"}},
                "scores_file": str(scores_path)}
+    privacy = privacy_metrics(lmeval_dir, split)
+    if privacy:   # the cell ran the split's tofu_privacy task
+        metrics.update(privacy)
+        retain_auc = ((retain_result or {}).get("metrics") or {}).get(PRIVLEAK_AUC)
+        metrics["privleak"], details["privleak"] = privleak_of(privacy.get(PRIVLEAK_AUC), retain_auc)
     return {"metrics": metrics, "per_item": per_item, "failure_classes": failure_classes, "details": details,
             "artifacts": {"per_item": str(per_item_path), "scores": str(scores_path)}}
 

@@ -21,8 +21,9 @@ class Column:
     key: str
     header: str          # plain text (Markdown / CSV)
     latex: str
-    direction: str | None  # "up", "down", "half" (closer to 0.5 is better), None = not ranked
+    direction: str | None  # "up", "down", "half" (closer to 0.5 is better), "zero" (closer to 0), None = not ranked
     group: str = ""
+    optional: bool = False   # CSV lists it only when a row has it (a task a run may not have evaluated)
 
 
 def fc_columns(where: str) -> list[Column]:
@@ -285,6 +286,8 @@ def _mark_best(rows: list[dict], columns: list[Column]) -> None:
             if len(values) < 2 or len({v for _, v in values}) == 1:
                 continue
             def goodness(v):
+                if col.direction == "zero":
+                    return -abs(v)
                 return v if col.direction == "up" else (-v if col.direction == "down" else -abs(v - 0.5))
             best = max(goodness(v) for _, v in values)
             for r, v in values:
@@ -362,7 +365,8 @@ def to_markdown(rows: list[dict], benchmark: str) -> str:
 
 
 def to_csv(rows: list[dict], benchmark: str) -> str:
-    columns = columns_for(benchmark)
+    present = {c.key for c in _present_columns(rows, columns_for(benchmark))}
+    columns = [c for c in columns_for(benchmark) if not c.optional or c.key in present]
     extra = ["forgetting", "utility", "tradeoff"]
     buffer = io.StringIO()
     writer = csv.writer(buffer)
