@@ -116,10 +116,10 @@ from cru_harness.benchmarks.tofu import TOFU
 
 
 class ForgetOnlyTOFU(TOFU):
-    """TOFU scored on its forget split alone (a benchmark variant another package ships)."""
+    """TOFU scored on its forget split and privacy alone (a benchmark variant another package ships)."""
     name = "tofu_forget_only"
-    summary = "TOFU, forget split only"
-    default_tasks = ("tofu_{split}",)
+    summary = "TOFU, forget split and privacy only"
+    default_tasks = ("tofu_{split}", "tofu_privacy_{split}")
     order = 50
 
 
@@ -216,5 +216,9 @@ def test_a_plugin_distribution_runs_end_to_end(tmp_path):
     forget = {label: r["metrics"]["forget_rouge_l"] for label, r in results.items()}
     assert isinstance(forget["Original"], float)
     assert forget["Untouched"] == forget["Original"] == forget["Untouched + replay"]   # nothing changed the model
+    # the privacy task ran: MIA AUCs recorded, privleak against 0.5 (no retain cell here), said so
+    untouched = results["Untouched"]
+    assert isinstance(untouched["metrics"]["mia_auc_min_k"], float) and untouched["metrics"]["privleak"] is not None
+    assert "no retain cell" in untouched["details"]["scoring"]["privleak"]["retain_source"]
     table = (out / "report" / "leaderboard_tofu_forget_only.md").read_text()
     assert "| Untouched |" in table and "| Untouched + replay |" in table
