@@ -166,6 +166,20 @@ def test_relearn_slice_is_seeded_disjoint_and_leaves_items_out():
         relearn.RelearnConfig(slice_fraction=1.0)
 
 
+def test_held_out_forget_metrics_drop_the_slice_by_question_and_aggregate_as_tofu():
+    rows = [{"question": f"q{i}", "rouge_l_recall": r, "probability": p, "truth_ratio": tr}
+            for i, (r, p, tr) in enumerate([(1.0, 0.9, 0.5), (0.5, 0.5, 2.0), (0.0, 0.1, 1.0), (0.25, 0.3, 4.0)])]
+    got = relearn.held_out_forget_metrics(rows, ["q0"], retain_truth_ratios={f"q{i}": 1.0 for i in range(4)})
+    assert got["n_items"] == 3
+    assert got["forget_rouge_l"] == pytest.approx(0.25) and got["forget_prob"] == pytest.approx(0.3)
+    assert got["forget_truth_ratio"] == pytest.approx((0.5 + 1.0 + 0.25) / 3)   # mean(min(R, 1/R))
+    from scipy.stats import ks_2samp
+
+    assert got["forget_quality"] == pytest.approx(ks_2samp([2.0, 1.0, 4.0], [1.0, 1.0, 1.0]).pvalue)
+    with pytest.raises(InputError, match="1 slice question"):
+        relearn.held_out_forget_metrics(rows, ["q0", "elsewhere"])
+
+
 def _mean_nll(model, tokenizer, rows):
     from cru_harness.baselines.data import encode_qa, row_to_qa
 

@@ -77,6 +77,33 @@ def relearn_slice(n_items: int, config: RelearnConfig, seed: int) -> tuple[list[
     return chosen, [i for i in range(n_items) if i not in taken]
 
 
+def held_out_forget_metrics(per_item: list[dict], slice_questions: list[str], *,
+                            retain_truth_ratios: dict[str, float] | None = None) -> dict:
+    """TOFU's forget metrics over the held-out items only: `per_item` are the forget task's rows of a cell's
+    `per_item.jsonl` (`question`, `rouge_l_recall`, `probability`, `truth_ratio`), the slice's rows are dropped by
+    question. `retain_truth_ratios` (question -> the retain oracle's truth ratio) adds Forget Quality on the same
+    held-out items. The aggregations are TOFU's (`cru_harness.metrics`)."""
+    from .. import metrics as M
+
+    taught = set(slice_questions)
+    rows = [row for row in per_item if row["question"] not in taught]
+    if not rows:
+        raise InputError("relearn: no held-out forget item among the scored rows")
+    if len(rows) + len(taught) != len(per_item):
+        missing = taught - {row["question"] for row in per_item}
+        raise InputError(f"relearn: {len(missing)} slice question(s) are not among the scored forget items "
+                         "(another forget set, or a `limit`?)")
+    out = {"n_items": len(rows),
+           "forget_rouge_l": sum(r["rouge_l_recall"] for r in rows) / len(rows),
+           "forget_prob": sum(r["probability"] for r in rows) / len(rows),
+           "forget_truth_ratio": M.truth_ratio_forget([r["truth_ratio"] for r in rows]),
+           "forget_quality": None}
+    if retain_truth_ratios is not None:
+        out["forget_quality"] = M.forget_quality([r["truth_ratio"] for r in rows],
+                                                 [retain_truth_ratios[r["question"]] for r in rows])
+    return out
+
+
 class RelearnAttack(Attack):
     name = "relearn"
     summary = "fine-tune on a slice of the forget set; recovery is measured on the held-out forget items"
