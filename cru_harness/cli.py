@@ -17,6 +17,7 @@ SUBCOMMAND_MODULES = (
     "cru_harness.runner.cli",     # run, merge, demo
     "cru_harness.studies.cli",    # study
     "cru_harness.plugin_cli",     # methods, benchmarks, attacks
+    "cru_harness.attacks.cli",    # attack
 )
 
 

@@ -71,7 +71,7 @@ def _ctx(tmp_path, model_path, attack, settings=None, *, routers=None, data_dir=
 
 
 def test_each_attack_is_registered_under_its_name_by_this_projects_entry_points():
-    """The worktree's pyproject names each module's ATTACK; the registry then serves that object by name."""
+    """This project's pyproject names each module's ATTACK; the registry then serves that object by name."""
     from cru_harness.api import Attack
 
     attacks = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["entry-points"][
@@ -90,6 +90,17 @@ def test_each_attack_is_registered_under_its_name_by_this_projects_entry_points(
         finally:
             if added:
                 plugins.attacks.unregister(name)
+
+
+@pytest.fixture()
+def registered():
+    """This project's attacks in the registry (an install made before they existed lacks their entry points)."""
+    added = [a for a in (detach.ATTACK, quantize.ATTACK, relearn.ATTACK) if a.name not in plugins.attacks.names()]
+    for attack in added:
+        plugins.attacks.register(attack)
+    yield
+    for attack in added:
+        plugins.attacks.unregister(attack.name)
 
 
 # ------------------------------------------------------------------------------------------- detach
@@ -259,3 +270,28 @@ def test_recovery_is_the_share_of_the_gap_closed_beside_the_oracles_change():
         recovery.recovery_score(0.9, 0.1, 0.5, oracle=0.2)
     with pytest.raises(ValueError, match="attacked must be a finite number"):
         recovery.recovery_score(0.9, 0.1, float("nan"))
+
+
+# ------------------------------------------------------------------------------------------- the command
+
+
+def test_attack_command_quantizes_one_model_and_records_it(tmp_path, base, bundle, registered, capsys):
+    import json
+
+    from cru_harness.cli import main
+
+    out = tmp_path / "out"
+    assert main(["attack", "--attack", "quantize", "--model", str(base), "--routers", bundle, "--out", str(out),
+                 "--set", "weights=int8", "--device", "cpu"]) == 0
+    record = json.loads((out / "attack_record.json").read_text())
+    assert record["settings"] == {"weights": "int8"} and record["attacked_routers"] == bundle
+    assert record["details"]["quantize"]["weights"] == "int8"
+    assert Path(record["attacked_model"]).parent == out and "quantize: attacked model" in capsys.readouterr().out
+    # a setting the attack does not have, and a bad value, are one-line errors before any model is loaded
+    assert main(["attack", "--attack", "quantize", "--model", str(base), "--out", str(tmp_path / "x"),
+                 "--set", "bits=4"]) == 2
+    assert "--set bits: not a setting of attack quantize (its settings: weights, exclude)" in capsys.readouterr().err
+    assert main(["attack", "--attack", "quantize", "--model", str(base), "--out", str(tmp_path / "x"),
+                 "--set", "weights=int2"]) == 2
+    assert "weights 'int2': choose one of int8, int4" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

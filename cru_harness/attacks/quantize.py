@@ -46,12 +46,12 @@ class QuantizeConfig:
 
     def __post_init__(self):
         if self.weights not in WEIGHT_TYPES:
-            raise InputError(f"quantize: weights {self.weights!r}: choose one of {', '.join(WEIGHT_TYPES)}")
+            raise InputError(f"weights {self.weights!r}: choose one of {', '.join(WEIGHT_TYPES)}")
         if isinstance(self.exclude, str):
             self.exclude = (self.exclude,)
         self.exclude = tuple(self.exclude)
         if not all(isinstance(p, str) and p for p in self.exclude):
-            raise InputError(f"quantize: exclude must be a list of module-name patterns, got {self.exclude!r}")
+            raise InputError(f"exclude must be a list of module-name patterns, got {self.exclude!r}")
 
 
 def _quanto():

@@ -46,12 +46,12 @@ class RelearnConfig:
 
     def __post_init__(self):
         if not 0 < self.slice_fraction < 1:
-            raise InputError(f"relearn: slice_fraction must be in (0, 1), got {self.slice_fraction}")
+            raise InputError(f"slice_fraction must be in (0, 1), got {self.slice_fraction}")
         if self.slice_size is not None and (isinstance(self.slice_size, bool) or not isinstance(self.slice_size, int)
                                             or self.slice_size < 1):
-            raise InputError(f"relearn: slice_size must be a positive integer, got {self.slice_size!r}")
+            raise InputError(f"slice_size must be a positive integer, got {self.slice_size!r}")
         if self.lr_scheduler not in SCHEDULERS:
-            raise InputError(f"relearn: lr_scheduler {self.lr_scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
+            raise InputError(f"lr_scheduler {self.lr_scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
         self.training()   # the fine-tuning config refuses its own bad values (learning rate, batch sizes, ...)
 
     def training(self):
