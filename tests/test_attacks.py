@@ -155,6 +155,15 @@ def test_int4_moves_the_weights_further_than_int8(tmp_path, base):
     assert 0 < changes["int8"] < changes["int4"]
 
 
+def test_a_head_tied_to_the_embedding_is_not_rounded_with_it(base):
+    model, _ = _load(base)
+    model.lm_head.weight = model.model.embed_tokens.weight     # tie them, as many small models are
+    embedding = model.model.embed_tokens.weight.detach().clone()
+    details = quantize.round_weights(model, quantize.QuantizeConfig(weights="int4", exclude=()))
+    assert details["tied_to_embedding_left"] == ["lm_head"] and details["n_modules"] == 8 * 7
+    assert torch.equal(model.model.embed_tokens.weight, embedding)
+
+
 def test_quantize_without_optimum_quanto_names_the_extra(tmp_path, base, monkeypatch):
     monkeypatch.setitem(sys.modules, "optimum.quanto", None)   # as if not installed
     with pytest.raises(quantize.MissingDependencyError, match=r"pip install 'cru-harness\[attacks\]'"):
@@ -175,6 +184,8 @@ def test_relearn_slice_is_seeded_disjoint_and_leaves_items_out():
         relearn.relearn_slice(5, relearn.RelearnConfig(slice_size=5), seed=0)
     with pytest.raises(InputError, match=r"slice_fraction must be in \(0, 1\)"):
         relearn.RelearnConfig(slice_fraction=1.0)
+    with pytest.raises(InputError, match="corpus must be a corpus source"):
+        relearn.RelearnConfig(corpus="  ")
 
 
 def test_held_out_forget_metrics_drop_the_slice_by_question_and_aggregate_as_tofu():
@@ -223,7 +234,23 @@ def test_relearn_fine_tunes_the_base_with_the_routers_attached_on_the_slice_only
     plain = _ctx(tmp_path / "plain", base, "relearn", settings, data_dir=str(world), seed=1)
     unrouted, _ = _load(relearn.ATTACK.run(plain).model_path)
     assert plain.outcome["details"]["relearn"]["slice_indices"] == chosen
-    assert not torch.allclose(unrouted.model.layers[0].mlp.down_proj.weight, after.model.layers[0].mlp.down_proj.weight)
+    weight = after.model.layers[0].mlp.down_proj.weight
+    assert not torch.allclose(unrouted.model.layers[0].mlp.down_proj.weight, weight)
+
+
+def test_benign_relearn_trains_on_another_corpus_and_holds_every_forget_item_out(tmp_path, base, world):
+    settings = {"corpus": "retain90[:6]", "learning_rate": 1e-3, "num_epochs": 1}
+    ctx = _ctx(tmp_path, base, "relearn", settings, data_dir=str(world))
+    trained = relearn.ATTACK.run(ctx)
+    details = ctx.outcome["details"]["relearn"]
+    n_forget = len(load_corpus_rows("forget01", world)[0])
+    assert details["slice_indices"] == [] and details["held_out_indices"] == list(range(n_forget))
+    assert details["n_training_rows"] == 6 and "retain90" in details["benign_corpus"]
+    assert details["optimizer_steps"] == 2   # 6 rows in batches of 4
+    before, tokenizer = _load(base)
+    after, _ = _load(trained.model_path)
+    other = load_corpus_rows("retain90[:6]", world)[0]
+    assert _mean_nll(after, tokenizer, other) < _mean_nll(before, tokenizer, other)
 
 
 # ------------------------------------------------------------------------------------------- logit lens
@@ -250,7 +277,8 @@ def test_logit_lens_last_layer_is_the_models_own_probability_and_routers_change_
     assert routed.per_layer[:GATED_BLOCK] == pytest.approx(plain.per_layer[:GATED_BLOCK], rel=1e-5)
     assert routed.per_layer[GATED_BLOCK:] != pytest.approx(plain.per_layer[GATED_BLOCK:], rel=1e-3)
     # the routers and the lens's hooks are gone afterwards
-    assert logit_lens.logit_lens_scores(model, tokenizer, rows, prompt_format=PLAIN).per_layer == pytest.approx(plain.per_layer)
+    again = logit_lens.logit_lens_scores(model, tokenizer, rows, prompt_format=PLAIN)
+    assert again.per_layer == pytest.approx(plain.per_layer)
 
 
 # ------------------------------------------------------------------------------------------- recovery

@@ -70,10 +70,16 @@ def round_weights(model, config: QuantizeConfig) -> dict:
 
     quanto = _quanto()
     qtype = {"int8": quanto.qint8, "int4": quanto.qint4}[config.weights]
-    names, group_sizes, change, norm = [], set(), 0.0, 0.0
+    names, group_sizes, change, norm, tied = [], set(), 0.0, 0.0, []
+    # a head tied to the input embedding shares its storage: rounding it would round the embedding too, which a
+    # quantized runtime keeps in full precision; such a head is left as it is (and named in the record)
+    embeddings = {m.weight.data_ptr() for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     with torch.no_grad():
         for name, module in model.named_modules():
             if not isinstance(module, torch.nn.Linear) or any(fnmatch.fnmatch(name, p) for p in config.exclude):
+                continue
+            if module.weight.data_ptr() in embeddings:
+                tied.append(name)
                 continue
             # one module at a time (quanto copies it), so the model is never held twice
             quantized = quanto.quantize_module(module, weights=qtype)
@@ -89,7 +95,8 @@ def round_weights(model, config: QuantizeConfig) -> dict:
     if not names:
         raise InputError(f"quantize: no linear layer left to quantize (exclude={list(config.exclude)})")
     return {"library": f"optimum-quanto {_version()}", "weights": config.weights, "exclude": list(config.exclude),
-            "n_modules": len(names), "group_sizes": sorted(str(g) if g else "per output channel" for g in group_sizes),
+            "n_modules": len(names), "tied_to_embedding_left": tied,
+            "group_sizes": sorted(str(g) if g else "per output channel" for g in group_sizes),
             "relative_weight_change": (change / norm) ** 0.5 if norm else 0.0,
             "checkpoint": "dequantized (weights rounded to the grid and stored in the model's dtype)"}
 

@@ -13,8 +13,10 @@ step counts were not checked against their text here; each is a setting and is r
 The slice is a deterministic function of the forget corpus and the attack cell's seed (`relearn_slice`); the
 items left out ("held out") are the ones a recovery must be measured on, since those in the slice are simply
 taught. They are recorded in the cell's details (`relearn.held_out_indices`, `relearn.slice_questions`): the
-evaluation of all forget items is still the runner's, and excluding the slice from the forget metrics is a
-step of scoring (docs/protocol.md, "Attacks").
+evaluation of all forget items is still the runner's; `held_out_forget_metrics` recomputes TOFU's forget
+metrics from a cell's per-item rows without the slice (apply it with the same slice to the Original, the
+unlearned cell and the attacked one, so the recovery score compares the same items; docs/protocol.md,
+"Attacks"). A `corpus` setting relearns on other text instead (benign relearning): no forget item is trained on.
 
 For an adapter method (CRU) the base is fine-tuned with the routers attached (they gate every forward, and are
 not trained), and the same routers are served with the relearned base.
@@ -33,9 +35,12 @@ SCHEDULERS = ("constant", "linear", "cosine")
 @dataclass
 class RelearnConfig:
     """`slice_fraction`: the share of forget items trained on (or `slice_size` items, when set); the rest are
-    held out. The training fields are `cru_harness.finetune.FinetuneConfig`'s."""
+    held out. `corpus`: benign relearning instead, on every row of this corpus source (e.g. `retain90[:40]`,
+    TOFU's other authors; `rwku:1:passage`, public text on the target); every forget item is then held out and
+    the slice settings are unused. The training fields are `cru_harness.finetune.FinetuneConfig`'s."""
     slice_fraction: float = 0.25
     slice_size: int | None = None
+    corpus: str | None = None
     learning_rate: float = 1e-5
     num_epochs: int = 3
     effective_batch_size: int = 4
@@ -50,6 +55,9 @@ class RelearnConfig:
         if self.slice_size is not None and (isinstance(self.slice_size, bool) or not isinstance(self.slice_size, int)
                                             or self.slice_size < 1):
             raise InputError(f"slice_size must be a positive integer, got {self.slice_size!r}")
+        if self.corpus is not None and (not isinstance(self.corpus, str) or not self.corpus.strip()):
+            raise InputError(f"corpus must be a corpus source (a TOFU config, JSON/JSONL, rwku:...), got "
+                             f"{self.corpus!r}")
         if self.lr_scheduler not in SCHEDULERS:
             raise InputError(f"lr_scheduler {self.lr_scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
         self.training()   # the fine-tuning config refuses its own bad values (learning rate, batch sizes, ...)
@@ -119,7 +127,12 @@ class RelearnAttack(Attack):
         config = RelearnConfig(**cell.extra["attack"]["settings"])
         seed = cell.seed or 0
         rows, source = load_corpus_rows(cell.corpora["forget_corpus"], ctx.data_dir)
-        chosen, held_out = relearn_slice(len(rows), config, seed)
+        if config.corpus is None:
+            chosen, held_out = relearn_slice(len(rows), config, seed)
+            training_rows = [rows[i] for i in chosen]
+        else:   # benign relearning: no forget item is trained on
+            chosen, held_out = [], list(range(len(rows)))
+            training_rows, benign_source = load_corpus_rows(config.corpus, ctx.data_dir)
         # fp32 master weights under the cell's autocast, as every trainer here (`devices.training_precision`):
         # AdamW on bf16 weights would lose most updates at lr 1e-5
         model, tokenizer = load_causal_lm(ctx.model_path, device=ctx.device, device_map=cell.model.device_map,
@@ -128,7 +141,7 @@ class RelearnAttack(Attack):
         handle = _attach(model, ctx.routers)
         try:
             fmt = ctx.prompt_format
-            trained = finetune(model, [rows[i] for i in chosen], tokenizer=tokenizer, config=config.training(),
+            trained = finetune(model, training_rows, tokenizer=tokenizer, config=config.training(),
                                seed=seed, dtype=ctx.dtype, device=ctx.device, device_map=cell.model.device_map,
                                chat_template=fmt.get("chat"), progress=False,
                                **{k: fmt[k] for k in ("preset", "family") if fmt.get(k) is not None})
@@ -142,7 +155,9 @@ class RelearnAttack(Attack):
         ctx.outcome["details"]["relearn"] = {
             "forget_corpus": source, "n_items": len(rows), "seed": seed,
             "slice_indices": chosen, "held_out_indices": held_out,
-            "slice_questions": [rows[i].get("question", rows[i].get("text", ""))[:200] for i in chosen],
+            # whole questions: the held-out scoring drops the slice's items by question (text rows have none)
+            "slice_questions": [rows[i]["question"] for i in chosen if rows[i].get("question")],
+            "benign_corpus": None if config.corpus is None else benign_source, "n_training_rows": len(training_rows),
             "routers_attached": ctx.routers, "optimizer_steps": trained.optimizer_steps,
             "training": trained.config, "final_logs": trained.final_logs,
         }
