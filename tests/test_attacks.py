@@ -198,8 +198,11 @@ def test_held_out_forget_metrics_drop_the_slice_by_question_and_aggregate_as_tof
     from scipy.stats import ks_2samp
 
     assert got["forget_quality"] == pytest.approx(ks_2samp([2.0, 1.0, 4.0], [1.0, 1.0, 1.0]).pvalue)
-    with pytest.raises(InputError, match="1 slice question"):
-        relearn.held_out_forget_metrics(rows, ["q0", "elsewhere"])
+    assert got["n_slice_items_dropped"] == 1
+    # a slice item outside the scored ones (a `limit`) drops nothing more
+    assert relearn.held_out_forget_metrics(rows, ["q0", "q9"])["n_items"] == 3
+    with pytest.raises(InputError, match="no held-out forget item"):
+        relearn.held_out_forget_metrics(rows, ["q0", "q1", "q2", "q3"])
 
 
 def _mean_nll(model, tokenizer, rows):
