@@ -326,3 +326,22 @@ def test_attack_command_quantizes_one_model_and_records_it(tmp_path, base, bundl
                  "--set", "weights=int2"]) == 2
     assert "weights 'int2': choose one of int8, int4" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_lens_command_prints_each_layer_and_the_best(tmp_path, base, world, bundle, capsys):
+    import json
+
+    from cru_harness.cli import main
+
+    out = tmp_path / "lens.json"
+    assert main(["lens", "--model", str(base), "--routers", bundle, "--data", "forget01", "--data-dir", str(world),
+                 "--limit", "2", "--prompt-format", "plain", "--device", "cpu", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    scores = json.loads(out.read_text())
+    assert scores["n_items"] == 2 and len(scores["per_layer"]) == 8 and scores["routers"] == bundle
+    assert f"| {scores['best_layer']} | {scores['best']:.4f} (best) |" in printed
+    model, tokenizer = _load(base)
+    rows = load_corpus_rows("forget01", world)[0][:2]
+    direct = logit_lens.logit_lens_scores(model, tokenizer, rows, routers=bundle, prompt_format=PLAIN)
+    assert scores["per_layer"] == pytest.approx(direct.per_layer)
+    assert main(["lens", "--model", str(base), "--data", "forget01", "--data-dir", str(world), "--limit", "0"]) == 2

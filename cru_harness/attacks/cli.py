@@ -1,4 +1,4 @@
-"""`cru-harness attack`: one registered attack on one model, outside a run.
+"""`cru-harness attack`: one registered attack on one model, outside a run; `cru-harness lens`: the logit lens.
 
     cru-harness attack --attack quantize --model DIR [--routers DIR] --out DIR --set weights=int8
 
@@ -41,6 +41,21 @@ def register(subparsers) -> None:
     add_prompt_format_argument(p)
     add_device_arguments(p)
     p.set_defaults(func=run_attack)
+
+    lens = subparsers.add_parser(
+        "lens", help="logit lens: per layer, the probability of the answers read through the final norm and head",
+        description="For each decoder block, TOFU's answer probability when the final norm and output head read "
+                    "that block's output (with --routers: the bundle attached, as served). A forgotten answer "
+                    "still readable at a middle layer is hidden, not removed (docs/protocol.md, Attacks).")
+    lens.add_argument("--model", required=True, help="HF model id or local checkpoint directory")
+    lens.add_argument("--routers", default=None, help="router bundle directory (dir+dir for several) to attach")
+    lens.add_argument("--data", required=True, help="question-answer rows: a TOFU config, JSON/JSONL, rwku:...")
+    lens.add_argument("--data-dir", default=None, help="local TOFU/RWKU data root (default: env or the Hub)")
+    lens.add_argument("--limit", type=int, default=None, help="first N rows only")
+    lens.add_argument("--json", default=None, metavar="FILE", help="also write the scores to FILE")
+    add_prompt_format_argument(lens)
+    add_device_arguments(lens)
+    lens.set_defaults(func=run_lens)
 
 
 def parse_settings(pairs: list[str], attack) -> dict:
@@ -97,4 +112,34 @@ def run_attack(args: argparse.Namespace) -> int:
     (Path(out) / RECORD_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n")
     served = f" with routers {attacked.routers}" if attacked.routers else " (no routers)"
     print(f"{attack.name}: attacked model {attacked.model_path}{served}; record in {Path(out) / RECORD_FILE}")
+    return 0
+
+
+def run_lens(args: argparse.Namespace) -> int:
+    from ..data.corpora import load_corpus_rows
+    from ..devices import load_causal_lm
+    from ..locations import check_model_path
+    from .logit_lens import logit_lens_scores
+
+    if args.limit is not None and args.limit < 1:
+        raise InputError(f"--limit {args.limit}: give a positive number of rows")
+    check_model_path(args.model, what="--model")
+    rows, source = load_corpus_rows(args.data, args.data_dir)
+    rows = rows[:args.limit] if args.limit else rows
+    if not all(row.get("question") and row.get("answer") for row in rows):
+        raise InputError(f"--data {args.data}: the logit lens needs question-answer rows ({source} has others)")
+    model, tokenizer = load_causal_lm(args.model, device=args.device, device_map=args.device_map, dtype=args.dtype)
+    result = logit_lens_scores(model, tokenizer, rows, routers=args.routers,
+                               prompt_format=prompt_format_choice(args.prompt_format))
+    print(f"logit lens of {args.model}{' + ' + args.routers if args.routers else ''} on {source} "
+          f"({result.n_items} items)")
+    print("| layer | answer probability |\n|---|---|")
+    for layer, value in enumerate(result.per_layer):
+        mark = " (best)" if layer == result.best_layer else ""
+        print(f"| {layer} | {value:.4f}{mark} |")
+    print(f"best layer {result.best_layer} of {len(result.per_layer)}: {result.best:.4f}; "
+          f"output: {result.final:.4f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": args.model, "routers": args.routers, "data": source,
+                                               **result.to_dict()}, indent=2) + "\n")
     return 0
