@@ -112,6 +112,7 @@ def held_out_forget_metrics(per_item: list[dict], slice_questions: list[str], *,
 class RelearnAttack(Attack):
     name = "relearn"
     summary = "fine-tune on a slice of the forget set; recovery is measured on the held-out forget items"
+    seeded = True   # the slice is drawn with the attacked cell's seed
     config = RelearnConfig
     order = 130
 
