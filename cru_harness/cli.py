@@ -17,6 +17,7 @@ SUBCOMMAND_MODULES = (
     "cru_harness.runner.cli",     # run, merge, demo
     "cru_harness.studies.cli",    # study
     "cru_harness.plugin_cli",     # methods, benchmarks, attacks
+    "cru_harness.attacks.cli",    # attack
 )
 
 
@@ -24,7 +25,7 @@ SUBCOMMAND_MODULES = (
 RESUMABLE = ("run", "study", "demo")
 #: Subcommands that train in one process: under `accelerate launch` / torchrun every process would train all of
 #: it again (`finetune` trains data parallel; the others, which train nothing, are left to run).
-ONE_PROCESS = ("unlearn", "run", "study", "demo")
+ONE_PROCESS = ("unlearn", "run", "study", "demo", "attack")
 #: `main`'s status after Ctrl-C (128 + SIGINT, what a shell reports for a process SIGINT ended).
 INTERRUPTED = 130
 

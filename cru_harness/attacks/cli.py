@@ -1,0 +1,145 @@
+"""`cru-harness attack`: one registered attack on one model, outside a run; `cru-harness lens`: the logit lens.
+
+    cru-harness attack --attack quantize --model DIR [--routers DIR] --out DIR --set weights=int8
+
+The attacked model (and the routers to serve with it) are written under `--out` with `attack_record.json`
+(the attack, its settings, what it recorded); evaluate it as any model (`cru-eval --model cru`, with
+`routers=` when the record names them). A run's `attacks:` block does the same for every method cell and
+evaluates each attacked model with the attacked cell's tasks.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from ..devices import add_device_arguments
+from ..errors import InputError
+from ..prompts import add_prompt_format_argument, prompt_format_choice
+
+RECORD_FILE = "attack_record.json"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "attack", help="apply a registered attack (quantize, relearn, detach, ...) to one model",
+        description="Apply one attack to a model (for CRU: the base and its --routers) and save the attacked model; "
+                    "`cru-harness attacks` lists the attacks and their settings.")
+    p.add_argument("--attack", required=True, help="a registered attack's name")
+    p.add_argument("--model", required=True, help="the model as deployed: a HF id or local checkpoint directory")
+    p.add_argument("--routers", default=None, help="router bundle directory (dir+dir for several) served with it")
+    p.add_argument("--out", required=True, help="directory for the attacked model and attack_record.json")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                   help="an attack setting (a YAML value), repeatable: --set weights=int8 --set slice_size=10")
+    p.add_argument("--forget-corpus", default=None,
+                   help="forget corpus of an attack that trains on it (relearn): a TOFU config, JSON/JSONL, rwku:...")
+    p.add_argument("--benchmark", default="tofu", choices=("tofu", "rwku"), help="whose prompt format rows take")
+    p.add_argument("--data-dir", default=None, help="local TOFU/RWKU data root (default: env or the Hub)")
+    p.add_argument("--seed", type=int, default=0, help="seed of a seeded attack (relearn's slice) (default 0)")
+    add_prompt_format_argument(p)
+    add_device_arguments(p)
+    p.set_defaults(func=run_attack)
+
+    lens = subparsers.add_parser(
+        "lens", help="logit lens: per layer, the probability of the answers read through the final norm and head",
+        description="For each decoder block, TOFU's answer probability when the final norm and output head read "
+                    "that block's output (with --routers: the bundle attached, as served). A forgotten answer "
+                    "still readable at a middle layer is hidden, not removed (docs/protocol.md, Attacks).")
+    lens.add_argument("--model", required=True, help="HF model id or local checkpoint directory")
+    lens.add_argument("--routers", default=None, help="router bundle directory (dir+dir for several) to attach")
+    lens.add_argument("--data", required=True, help="question-answer rows: a TOFU config, JSON/JSONL, rwku:...")
+    lens.add_argument("--data-dir", default=None, help="local TOFU/RWKU data root (default: env or the Hub)")
+    lens.add_argument("--limit", type=int, default=None, help="first N rows only")
+    lens.add_argument("--json", default=None, metavar="FILE", help="also write the scores to FILE")
+    add_prompt_format_argument(lens)
+    add_device_arguments(lens)
+    lens.set_defaults(func=run_lens)
+
+
+def parse_settings(pairs: list[str], attack) -> dict:
+    """`KEY=VALUE` pairs -> the attack's settings (YAML values), checked by its config dataclass."""
+    import yaml
+
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--set {pair!r}: write KEY=VALUE")
+        settings[key.strip()] = yaml.safe_load(value)
+    unknown = sorted(set(settings) - set(attack.settings()))
+    if unknown:
+        allowed = ", ".join(attack.settings()) or "none"
+        raise InputError(f"--set {unknown[0]}: not a setting of attack {attack.name} (its settings: {allowed})")
+    attack.check_settings(settings)
+    return settings
+
+
+def run_attack(args: argparse.Namespace) -> int:
+    from .. import plugins
+    from ..api import CellContext
+    from ..devices import load_causal_lm, resolve_device
+    from ..hparams import check_seed
+    from ..locations import check_model_path, check_output_dir
+
+    attack = plugins.attacks.get(args.attack)
+    settings = parse_settings(args.settings, attack)
+    check_seed(args.seed)
+    check_model_path(args.model, what="--model")
+    out = check_output_dir(args.out, what="--out", overwrite=args.overwrite)
+    fmt = prompt_format_choice(args.prompt_format, args.benchmark)
+    fmt.setdefault("preset", None)
+    model_spec = SimpleNamespace(path=args.model, device_map=args.device_map, trust_remote_code=False)
+    cell = SimpleNamespace(kind="attack", method=None, benchmark=args.benchmark, split=None, target=None,
+                           seed=args.seed, hparams={}, corpora={"forget_corpus": args.forget_corpus}, model=model_spec,
+                           extra={"attack": {"name": attack.name, "settings": settings}}, device=args.device,
+                           evaluation={})
+    if args.forget_corpus is None and "slice_fraction" in attack.settings():
+        raise InputError(f"attack {attack.name} trains on forget rows: give --forget-corpus")
+    device = str(resolve_device(args.device)) if args.device_map is None else args.device
+    outcome = {"resources": {}, "details": {}, "artifacts": {}}
+    ctx = CellContext(cell=cell, model_path=args.model, workdir=out, data_dir=args.data_dir, outcome=outcome,
+                      chat=bool(fmt.get("chat")), prompt_format={k: v for k, v in fmt.items() if v is not None},
+                      dtype=args.dtype, device=device, routers=args.routers,
+                      load_model=lambda path: load_causal_lm(path, device=device, device_map=args.device_map,
+                                                             dtype=args.dtype))
+    out.mkdir(parents=True, exist_ok=True)
+    attacked = attack.run(ctx)
+    record = {"attack": attack.name, "settings": settings, "model": args.model, "routers": args.routers,
+              "attacked_model": attacked.model_path, "attacked_routers": attacked.routers, "seed": args.seed,
+              **outcome}
+    (Path(out) / RECORD_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n")
+    served = f" with routers {attacked.routers}" if attacked.routers else " (no routers)"
+    print(f"{attack.name}: attacked model {attacked.model_path}{served}; record in {Path(out) / RECORD_FILE}")
+    return 0
+
+
+def run_lens(args: argparse.Namespace) -> int:
+    from ..data.corpora import load_corpus_rows
+    from ..devices import load_causal_lm
+    from ..locations import check_model_path
+    from .logit_lens import logit_lens_scores
+
+    if args.limit is not None and args.limit < 1:
+        raise InputError(f"--limit {args.limit}: give a positive number of rows")
+    check_model_path(args.model, what="--model")
+    rows, source = load_corpus_rows(args.data, args.data_dir)
+    rows = rows[:args.limit] if args.limit else rows
+    if not all(row.get("question") and row.get("answer") for row in rows):
+        raise InputError(f"--data {args.data}: the logit lens needs question-answer rows ({source} has others)")
+    model, tokenizer = load_causal_lm(args.model, device=args.device, device_map=args.device_map, dtype=args.dtype)
+    result = logit_lens_scores(model, tokenizer, rows, routers=args.routers,
+                               prompt_format=prompt_format_choice(args.prompt_format))
+    print(f"logit lens of {args.model}{' + ' + args.routers if args.routers else ''} on {source} "
+          f"({result.n_items} items)")
+    print("| layer | answer probability |\n|---|---|")
+    for layer, value in enumerate(result.per_layer):
+        mark = " (best)" if layer == result.best_layer else ""
+        print(f"| {layer} | {value:.4f}{mark} |")
+    print(f"best layer {result.best_layer} of {len(result.per_layer)}: {result.best:.4f}; "
+          f"output: {result.final:.4f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": args.model, "routers": args.routers, "data": source,
+                                               **result.to_dict()}, indent=2) + "\n")
+    return 0

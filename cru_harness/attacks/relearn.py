@@ -1,0 +1,189 @@
+"""The relearn attack: fine-tune the deployed model on a slice of the forget set, then ask the rest.
+
+Sources: Hu et al. 2024, "Jogging the Memory of Unlearned LLMs Through Targeted Relearning Attacks" (arXiv:
+2406.13356; TOFU, WMDP, WHP): a few steps of ordinary fine-tuning on a small part of the forget data bring back
+forget items the attack never saw. Łucki et al. 2024, "An Adversarial Perspective on Machine Unlearning for AI
+Safety" (arXiv:2409.18025): fine-tuning on a handful of samples recovers most of what RMU/NPO removed.
+
+Defaults: a quarter of the forget items (`slice_fraction`), trained with TOFU's fine-tuning recipe, the one that
+taught the model these items (AdamW, lr 1e-5, weight decay 0.01), for 3 epochs in batches of 4 with a constant
+rate and no warm-up, so that a small slice gets several updates. The papers' exact TOFU relearn-set sizes and
+step counts were not checked against their text here; each is a setting and is recorded in every attack cell.
+
+The slice is a deterministic function of the forget corpus and the attack cell's seed (`relearn_slice`); the
+items left out ("held out") are the ones a recovery must be measured on, since those in the slice are simply
+taught. They are recorded in the cell's details (`relearn.held_out_indices`, `relearn.slice_questions`): the
+evaluation of all forget items is still the runner's; `held_out_forget_metrics` recomputes TOFU's forget
+metrics from a cell's per-item rows without the slice (apply it with the same slice to the Original, the
+unlearned cell and the attacked one, so the recovery score compares the same items; docs/protocol.md,
+"Attacks"). A `corpus` setting relearns on other text instead (benign relearning): no forget item is trained on.
+
+For an adapter method (CRU) the base is fine-tuned with the routers attached (they gate every forward, and are
+not trained), and the same routers are served with the relearned base.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from ..api import Attack, CellContext, Trained
+from ..errors import InputError
+
+SCHEDULERS = ("constant", "linear", "cosine")
+
+
+@dataclass
+class RelearnConfig:
+    """`slice_fraction`: the share of forget items trained on (or `slice_size` items, when set); the rest are
+    held out. `corpus`: benign relearning instead, on every row of this corpus source (e.g. `retain90[:40]`,
+    TOFU's other authors; `rwku:1:passage`, public text on the target); every forget item is then held out and
+    the slice settings are unused. The training fields are `cru_harness.finetune.FinetuneConfig`'s."""
+    slice_fraction: float = 0.25
+    slice_size: int | None = None
+    corpus: str | None = None
+    learning_rate: float = 1e-5
+    num_epochs: int = 3
+    effective_batch_size: int = 4
+    micro_batch_size: int = 4
+    weight_decay: float = 0.01
+    lr_scheduler: str = "constant"
+    max_length: int = 512
+
+    def __post_init__(self):
+        if not 0 < self.slice_fraction < 1:
+            raise InputError(f"slice_fraction must be in (0, 1), got {self.slice_fraction}")
+        if self.slice_size is not None and (isinstance(self.slice_size, bool) or not isinstance(self.slice_size, int)
+                                            or self.slice_size < 1):
+            raise InputError(f"slice_size must be a positive integer, got {self.slice_size!r}")
+        if self.corpus is not None and (not isinstance(self.corpus, str) or not self.corpus.strip()):
+            raise InputError(f"corpus must be a corpus source (a TOFU config, JSON/JSONL, rwku:...), got "
+                             f"{self.corpus!r}")
+        if self.lr_scheduler not in SCHEDULERS:
+            raise InputError(f"lr_scheduler {self.lr_scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
+        self.training()   # the fine-tuning config refuses its own bad values (learning rate, batch sizes, ...)
+
+    def training(self):
+        from ..finetune.train import FinetuneConfig
+
+        return FinetuneConfig(learning_rate=self.learning_rate, num_epochs=self.num_epochs,
+                              effective_batch_size=self.effective_batch_size, micro_batch_size=self.micro_batch_size,
+                              weight_decay=self.weight_decay, lr_scheduler=self.lr_scheduler, warmup_steps=0,
+                              max_length=self.max_length)
+
+
+def relearn_slice(n_items: int, config: RelearnConfig, seed: int) -> tuple[list[int], list[int]]:
+    """(slice, held out): sorted item indices of a forget set of `n_items`, drawn with `random.Random(seed)`.
+    At least one item is held out and at least one trained on."""
+    if n_items < 2:
+        raise InputError(f"relearn: the forget set has {n_items} item(s); a slice and held-out items need 2 or more")
+    size = config.slice_size if config.slice_size is not None else round(config.slice_fraction * n_items)
+    if size >= n_items:
+        raise InputError(f"relearn: slice_size {size} leaves no held-out item of the {n_items} forget items")
+    size = max(1, size)
+    chosen = sorted(random.Random(seed).sample(range(n_items), size))
+    taken = set(chosen)
+    return chosen, [i for i in range(n_items) if i not in taken]
+
+
+def held_out_forget_metrics(per_item: list[dict], slice_questions: list[str], *,
+                            retain_truth_ratios: dict[str, float] | None = None) -> dict:
+    """TOFU's forget metrics over the held-out items only: `per_item` are the forget task's rows of a cell's
+    `per_item.jsonl` (`question`, `rouge_l_recall`, `probability`, `truth_ratio`), the slice's rows are dropped by
+    question. `retain_truth_ratios` (question -> the retain oracle's truth ratio) adds Forget Quality on the same
+    held-out items. The aggregations are TOFU's (`cru_harness.metrics`)."""
+    from .. import metrics as M
+
+    taught = set(slice_questions)
+    rows = [row for row in per_item if row["question"] not in taught]
+    if not rows:
+        raise InputError("relearn: no held-out forget item among the scored rows")
+    # under a `limit` only the first items are scored, so some (or all) slice items may be absent: not an error
+    out = {"n_items": len(rows), "n_slice_items_dropped": len(per_item) - len(rows),
+           "forget_rouge_l": sum(r["rouge_l_recall"] for r in rows) / len(rows),
+           "forget_prob": sum(r["probability"] for r in rows) / len(rows),
+           "forget_truth_ratio": M.truth_ratio_forget([r["truth_ratio"] for r in rows]),
+           "forget_quality": None}
+    if retain_truth_ratios is not None:
+        out["forget_quality"] = M.forget_quality([r["truth_ratio"] for r in rows],
+                                                 [retain_truth_ratios[r["question"]] for r in rows])
+    return out
+
+
+class RelearnAttack(Attack):
+    name = "relearn"
+    summary = "fine-tune on a slice of the forget set; recovery is measured on the held-out forget items"
+    seeded = True   # the slice is drawn with the attacked cell's seed
+    config = RelearnConfig
+    order = 130
+
+    def run(self, ctx: CellContext) -> Trained:
+        from ..data.corpora import load_corpus_rows
+        from ..devices import load_causal_lm, saved_dtype, training_precision
+        from ..finetune.train import finetune
+
+        cell = ctx.cell
+        config = RelearnConfig(**cell.extra["attack"]["settings"])
+        seed = cell.seed or 0
+        rows, source = load_corpus_rows(cell.corpora["forget_corpus"], ctx.data_dir)
+        if config.corpus is None:
+            chosen, held_out = relearn_slice(len(rows), config, seed)
+            training_rows = [rows[i] for i in chosen]
+        else:   # benign relearning: no forget item is trained on
+            chosen, held_out = [], list(range(len(rows)))
+            training_rows, benign_source = load_corpus_rows(config.corpus, ctx.data_dir)
+        # fp32 master weights under the cell's autocast, as every trainer here (`devices.training_precision`):
+        # AdamW on bf16 weights would lose most updates at lr 1e-5
+        model, tokenizer = load_causal_lm(ctx.model_path, device=ctx.device, device_map=cell.model.device_map,
+                                          dtype=training_precision(ctx.dtype)[0],
+                                          trust_remote_code=cell.model.trust_remote_code)
+        handle = _attach(model, ctx.routers)
+        try:
+            fmt = ctx.prompt_format
+            trained = finetune(model, training_rows, tokenizer=tokenizer, config=config.training(),
+                               seed=seed, dtype=ctx.dtype, device=ctx.device, device_map=cell.model.device_map,
+                               chat_template=fmt.get("chat"), progress=False,
+                               **{k: fmt[k] for k in ("preset", "family") if fmt.get(k) is not None})
+        finally:
+            if handle is not None:
+                handle.remove()   # the saved base carries no hooks; the bundle is served beside it
+        model.to(saved_dtype(ctx.dtype))
+        out = ctx.workdir / "relearned"
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        ctx.outcome["details"]["relearn"] = {
+            "forget_corpus": source, "n_items": len(rows), "seed": seed,
+            "slice_indices": chosen, "held_out_indices": held_out,
+            # whole questions: the held-out scoring drops the slice's items by question (text rows have none)
+            "slice_questions": [rows[i]["question"] for i in chosen if rows[i].get("question")],
+            "benign_corpus": None if config.corpus is None else benign_source, "n_training_rows": len(training_rows),
+            "routers_attached": ctx.routers, "optimizer_steps": trained.optimizer_steps,
+            "training": trained.config, "final_logs": trained.final_logs,
+        }
+        ctx.outcome["resources"]["relearn_wall_time_s"] = trained.resources.get("wall_time_s")
+        return Trained(str(out), routers=ctx.routers)
+
+
+def load_bundles(routers: str | None) -> list:
+    """The router bundles of a `routers` value (`dir` or `dir+dir`, as the `cru` model takes it), frozen."""
+    if not routers:
+        return []
+    from ..cru.bundle import RouterBundle
+    from ..protocol import ROUTER_SEPARATOR
+
+    bundles = [RouterBundle.from_pretrained(part.strip()) for part in str(routers).split(ROUTER_SEPARATOR)]
+    for bundle in bundles:
+        bundle.requires_grad_(False)
+    return bundles
+
+
+def _attach(model, routers: str | None):
+    """Attach the attacked cell's bundles so fine-tuning sees the model as served (None: no bundle)."""
+    bundles = load_bundles(routers)
+    if not bundles:
+        return None
+    from ..cru.attach import attach_bundles
+
+    return attach_bundles(model, bundles)
+
+
+ATTACK = RelearnAttack()
