@@ -187,6 +187,7 @@ class Benchmark:
     kept_score_name: str | None = None
     kept_score_short: str = ""     # its column header in the sweep table
     study_keys: tuple[tuple[str, str], ...] = ()   # (metric, header) a study table shows, forget and utility first
+    recovery_metric: str | None = None   # the forget metric (higher = more knowledge) attacks' recovery is read on
     stats_note: str | None = None  # a caveat printed with the method comparison's p-values
 
     def plots(self, rows: list[dict], out_dir: Path) -> list[Path]:

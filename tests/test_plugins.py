@@ -78,7 +78,8 @@ def test_the_runner_reads_a_method_from_its_plugin(tmp_path):
 
     plugins.methods.register(Toy())
     try:
-        raw = {"name": "t", "output_dir": str(tmp_path), "models": [{"name": "m", "path": "zoo:llama"}], "seeds": [0, 1],
+        raw = {"name": "t", "output_dir": str(tmp_path), "models": [{"name": "m", "path": "zoo:llama"}],
+               "seeds": [0, 1],
                "benchmarks": {"tofu": {"splits": ["forget01"]}}, "methods": [{"method": "toymethod", "strength": 2}]}
         cells = [c for c in build_plan(cfg.validate_config(raw)) if c.kind == "method"]
         assert [(c.method, c.seed, c.hparams) for c in cells] == [("ToyMethod", 0, {"passes": 3, "strength": 2}),
@@ -221,4 +222,6 @@ def test_a_plugin_distribution_runs_end_to_end(tmp_path):
     assert isinstance(untouched["metrics"]["mia_auc_min_k"], float) and untouched["metrics"]["privleak"] is not None
     assert "no retain cell" in untouched["details"]["scoring"]["privleak"]["retain_source"]
     table = (out / "report" / "leaderboard_tofu_forget_only.md").read_text()
-    assert "| Untouched |" in table and "| Untouched + replay |" in table
+    assert "| Untouched |" in table and "replay" not in table     # attack cells have a table of their own
+    report = (out / "report" / "report.md").read_text()
+    assert "### Robustness" in report and "| Untouched | replay |" in report

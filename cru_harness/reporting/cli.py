@@ -243,6 +243,7 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
         of_benchmark = [r for r in results if r.get("benchmark") == benchmark]
         if view.has_oracle:
             summary += tables.regime_check_markdown(of_benchmark)
+        summary += tables.robustness_markdown(of_benchmark, benchmark)
         summary += sweep_markdown(of_benchmark)
         summary += router_lr_markdown(of_benchmark)
         for status in ("unavailable", "failed"):
@@ -259,6 +260,9 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
             for path in plotting.tradeoff_plots(rows, benchmark, plot_dir):
                 written[path.name] = str(path)
             for path in view.plots(rows, plot_dir):   # a benchmark's own figures (RWKU: per probe level)
+                written[path.name] = str(path)
+            path = plotting.robustness_plot(tables.robustness_rows(of_benchmark, benchmark), plot_dir, benchmark)
+            if path:
                 written[path.name] = str(path)
             path = plotting.gate_plot(rows, plot_dir)
             if path:

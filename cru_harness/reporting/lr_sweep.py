@@ -59,7 +59,8 @@ def sweep_choices(results: list[dict], ratio: float = RATIO) -> list[dict]:
         if len(grid) < 2:
             continue  # one learning rate: a run, not a sweep
         original = originals.get(block)
-        entry = {"model": block[0], "benchmark": block[1], "split": block[2], "score": plugins.benchmarks.get(block[1]).kept_score_name,
+        entry = {"model": block[0], "benchmark": block[1], "split": block[2],
+                 "score": plugins.benchmarks.get(block[1]).kept_score_name,
                  "original_score": original, "ratio": ratio, "rows": [], "chosen": None, "reason": None}
         methods_seen = sorted({m for per_method in grid.values() for m in per_method})
         for lr in sorted(grid):

@@ -253,3 +253,33 @@ def resources_figure(results: list[dict]):
 
 def resources_plot(results: list[dict], out_dir: Path) -> Path | None:
     return _write(resources_figure(results), out_dir / "resources.png")
+
+
+def robustness_figure(rows: list[dict]):
+    """Recovery per attacked row (one marker per attack), the oracle's change on the same scale as a hollow marker
+    beside it: a method whose markers sit right of its oracle's hid what it was asked to remove."""
+    rows = [r for r in rows if r["recovery"] is not None and r["recovery"].score is not None]
+    if not rows:
+        return None
+    names = list(dict.fromkeys(f"{r['model']} {r['unit']} {r['label']}" for r in rows))
+    attacks = list(dict.fromkeys(r["attack"] for r in rows))
+    fig, ax = plt.subplots(figsize=(7, max(2.5, 0.3 * len(names) + 1.2)))
+    ys = {name: y for y, name in zip(range(len(names))[::-1], names)}
+    for attack, color in zip(attacks, distinct_colors(len(attacks))):
+        mine = [r for r in rows if r["attack"] == attack]
+        at = [ys[f"{r['model']} {r['unit']} {r['label']}"] for r in mine]
+        ax.scatter([r["recovery"].score for r in mine], at, color=color, s=30, label=attack)
+        oracle = [(r["recovery"].oracle_score, y) for r, y in zip(mine, at) if r["recovery"].oracle_score is not None]
+        if oracle:
+            ax.scatter([o for o, _ in oracle], [y for _, y in oracle], facecolors="none", edgecolors=color, s=30,
+                       label=f"{attack} (oracle)")
+    ax.axvline(0, color="grey", linewidth=0.8)
+    ax.axvline(1, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_yticks(list(ys.values()), list(ys), fontsize=7)
+    ax.set_xlabel(f"Recovery of {rows[0]['metric']} (share of the Original-to-unlearned gap)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    return fig
+
+
+def robustness_plot(rows: list[dict], out_dir: Path, benchmark: str) -> Path | None:
+    return _write(robustness_figure(rows), out_dir / f"robustness_{benchmark}.png")

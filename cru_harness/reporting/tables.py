@@ -166,8 +166,8 @@ def aggregate(results: list[dict], benchmark: str) -> list[dict]:
     """One row per (model, split-or-'targets', method label): means over seeds (and RWKU targets)."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for result in results:
-        if result.get("benchmark") != benchmark or result.get("kind") in ("retain", "finetune"):
-            continue
+        if result.get("benchmark") != benchmark or result.get("kind") in ("retain", "finetune", "attack"):
+            continue   # attack cells have a table of their own (`robustness_rows`)
         unit = benchmark_view(benchmark).row_unit(result)
         groups[(result["model"], unit, result["label"])].append(result)
     rows = []
@@ -479,6 +479,71 @@ def resources_table(results: list[dict]) -> str:
             peak = max(i["cell_peak_cuda_memory_bytes"] for i in items)
             lines.append(f"| {bench} | {model} | {label} | {gpu} | {fmt1(peak / 2**20)} | {len(items)} |")
     return "\n".join(lines) + "\n"
+
+
+def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
+    """One row per (model, unit, attacked row, attack): the benchmark's recovery metric before and after the attack
+    (means over seeds, and RWKU targets), the recovery score (`metrics.recovery`: the share of the Original-to-
+    unlearned gap the attack closes) and, beside it, the retain oracle's change under the same attack on the same
+    scale. Empty when the benchmark names no recovery metric or the run has no attack cells."""
+    from ..metrics.recovery import recovery_score
+
+    view = benchmark_view(benchmark)
+    metric = view.recovery_metric
+    if metric is None:
+        return []
+    values: dict[tuple, list[float]] = defaultdict(list)   # (model, unit, label) -> metric per cell
+    attacked: dict[tuple, dict] = {}                        # (model, unit, attacked label, attack label) -> info
+    for r in results:
+        if r.get("benchmark") != benchmark or r.get("status") != "ok" or r.get("kind") == "finetune":
+            continue
+        value = derived_metrics(r).get(metric)
+        if not stats.is_number(value):
+            continue
+        unit = view.row_unit(r)
+        values[(r["model"], unit, r["label"])].append(value)
+        info = (r.get("details") or {}).get("attack")
+        if r.get("kind") == "attack" and info:
+            attacked[(r["model"], unit, info["attacked_label"], info["attack_label"])] = info
+    mean = {key: statistics.fmean(v) for key, v in values.items()}
+    rows = []
+    for (model, unit, label, attack), info in sorted(attacked.items(), key=lambda kv: [str(k) for k in kv[0]]):
+        if info.get("attacked_kind") == "retain":
+            continue   # the oracle is each row's control, not a row
+        before, after = mean.get((model, unit, label)), mean.get((model, unit, f"{label} + {attack}"))
+        original = mean.get((model, unit, "Original"))
+        oracle, oracle_after = mean.get((model, unit, "Retain")), mean.get((model, unit, f"Retain + {attack}"))
+        if oracle is None or oracle_after is None:
+            oracle = oracle_after = None
+        score = None
+        if None not in (before, after, original):
+            score = recovery_score(original, before, after, oracle=oracle, oracle_attacked=oracle_after)
+        rows.append({"model": model, "unit": unit, "label": label, "attack": attack, "metric": metric,
+                     "original": original, "before": before, "after": after, "recovery": score})
+    return rows
+
+
+def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
+    """Report lines for `robustness_rows` (none without attack cells)."""
+    rows = robustness_rows(results, benchmark)
+    if not rows:
+        return []
+    metric = rows[0]["metric"]
+    lines = ["### Robustness: is the knowledge gone, or only hidden?", "",
+             f"Each attack on each row's model, scored on {metric} (higher = more of the forget set known). Recovery: "
+             "the share of the Original-to-unlearned gap the attack closes (0 = nothing comes back, 1 = all of it). "
+             "Oracle: what the same attack does to the retain model, on the same scale; recovery beyond it is "
+             "knowledge that was hidden, not removed (docs/protocol.md).", "",
+             f"| Model | {benchmark_view(benchmark).table_unit} | Method | Attack | Original | Unlearned | Attacked | "
+             "Recovery | Oracle | Excess |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        rec = row["recovery"]
+        cells = [fmt2(row["original"]), fmt2(row["before"]), fmt2(row["after"]),
+                 fmt2(rec.score if rec else None), fmt2(rec.oracle_score if rec else None),
+                 fmt2(rec.excess if rec else None)]
+        lines.append(f"| {row['model']} | {row['unit']} | {row['label']} | {row['attack']} | "
+                     + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 REGIME_MARGIN = 0.10  # configs/gpu_smollm2.yaml: the fine-tuned model must beat its oracle by this much

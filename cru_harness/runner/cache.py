@@ -1,4 +1,5 @@
-"""Moved to `cru_harness.store` (layering: the results store is foundation I/O, read by reporting and the runner alike); this name stays importable."""
+"""Moved to `cru_harness.store` (layering: the results store is foundation I/O, read by reporting and the runner
+alike); this name stays importable."""
 from ..store import *  # noqa: F401,F403
 
 

@@ -74,7 +74,8 @@ def __getattr__(name: str):
     if name == "BENCHMARKS":
         return tuple(plugins.benchmarks.names())
     if name == "METHOD_BENCHMARKS":
-        return {m.name: tuple(b for b in plugins.benchmarks.names() if m.unsupported(b) is None) for m in plugins.methods}
+        names = plugins.benchmarks.names()
+        return {m.name: tuple(b for b in names if m.unsupported(b) is None) for m in plugins.methods}
     if name == "TRAINED_METHODS":
         return tuple(m.name for m in plugins.methods if m.trains)
     if name == "CRU_BENCHMARK_DEFAULTS":

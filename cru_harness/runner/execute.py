@@ -131,13 +131,14 @@ def attacked_model(result: dict | None, base_path: str) -> tuple[str, str | None
     return model, routers
 
 
-def method_context(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: dict):
-    """What a method plugin's `run` receives (`cru_harness.api.CellContext`): rows are written as the cell's
-    evaluation shows them (chat template or plain)."""
+def method_context(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: dict, *,
+                   trains: bool | None = None):
+    """What a method plugin's (or an attack's) `run` receives (`cru_harness.api.CellContext`): rows are written as
+    the cell's evaluation shows them (chat template or plain)."""
     from ..api import CellContext
 
     # a method that trains nothing (prompt-only, published checkpoints) reads nothing of the base model here
-    trains = method_for(cell).trains
+    trains = method_for(cell).trains if trains is None else trains
     chat = use_chat_template(cell, model_path) if trains else False
     return CellContext(cell=cell, model_path=model_path, workdir=workdir, data_dir=data_dir, outcome=outcome,
                        chat=chat, prompt_format=prompt_format(cell, chat) if trains else {},
@@ -175,17 +176,21 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
                                                workdir, data_dir, outcome, name="retain_model")
         else:
             model_path = train_retain_model(cell, retain["value"], workdir, data_dir, outcome)
+        outcome["artifacts"]["model"] = model_path   # what an attack on the oracle (the control) starts from
     elif cell.kind == "method":   # the method's plugin trains (or fetches) what the evaluation loads
         trained = method_for(cell).run(method_context(cell, model_path, workdir, data_dir, outcome))
         model_path, routers = trained.model_path, trained.routers
         outcome["artifacts"]["model"] = model_path   # what an attack on this cell starts from
     elif cell.kind == "attack":
         model_path, routers = attacked_model(attacked_result, base_path)
-        ctx = method_context(cell, model_path, workdir, data_dir, outcome)
+        ctx = method_context(cell, model_path, workdir, data_dir, outcome, trains=True)
         ctx.routers = routers
         attacked = attack_for(cell).run(ctx)
         model_path, routers = attacked.model_path, attacked.routers
-        outcome["details"]["attack"] = {**cell.extra["attack"], "attacked": cell.extra["attacked"]}
+        label = attacked_result["label"]
+        outcome["details"]["attack"] = {**cell.extra["attack"], "attacked": cell.extra["attacked"],
+                                        "attacked_label": label, "attacked_kind": attacked_result.get("kind"),
+                                        "attack_label": cell.label.removeprefix(f"{label} + ")}
     chat = use_chat_template(cell, model_path)
     outcome["details"]["prompting"] = {"apply_chat_template": chat, "presets": protocol_presets(cell.evaluation)}
     evaluation = evaluate_cell(cell, model_path, routers, workdir, data_dir, chat)

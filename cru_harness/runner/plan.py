@@ -127,6 +127,7 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
             limit = spec["limit"] if spec["limit"] is not None else config.evaluation.get("limit")
             evaluation = {k: v for k, v in config.evaluation.items() if k != "limit"}
             for split, target in units:
+                oracle: list[Cell] = []   # the block's retain cell, when it has a model an attack can take
                 tasks = tuple(_fill(task, bench, split, target) for task in spec["tasks"])
                 common = dict(model=model, benchmark=bench, tasks=tasks, limit=limit, evaluation=evaluation,
                               data_dir=spec["data_dir"], device=config.device)
@@ -138,33 +139,39 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
                     cells.append(Cell(kind="retain", split=split, target=None, method="Retain", label="Retain",
                                       seed=STARTING_MODEL_SEED if trains else None, hparams={},
                                       corpora=corpora, extra={"retain": retain.to_dict()}, **common))
+                    if retain.kind != "per_item":
+                        oracle.append(cells[-1])
                 if config.include_original:
                     cells.append(Cell(kind="original", split=split, target=target, method="Original",
                                       label="Original", seed=None, hparams={}, corpora={}, **common))
                 block = [cell for method in config.methods if bench in method.benchmarks
                          for cell in _method_cells(config, method, common, split, target)]
                 cells.extend(block)
-                cells.extend(_attack_cells(config, block))
+                # the attacks: on every method cell, and on the oracle (the control of the recovery score)
+                forget = {key: _fill(spec[key], bench, split, target) for key in ("forget_corpus", "retain_corpus")}
+                cells.extend(_attack_cells(config, oracle + block, forget))
     return cells
 
 
-def _attack_cells(config: ExperimentConfig, block: list[Cell]) -> list[Cell]:
-    """One cell per (method cell, configured attack): the attacked cell's model under the attack, evaluated with the
-    cell's own tasks. Its hash holds the attacked cell's, so it is recomputed whenever that cell would be."""
+def _attack_cells(config: ExperimentConfig, block: list[Cell], corpora: dict[str, str]) -> list[Cell]:
+    """One cell per (attacked cell, configured attack): the attacked cell's model under the attack, evaluated with the
+    cell's own tasks. Its hash holds the attacked cell's, so it is recomputed whenever that cell would be. `corpora`:
+    the block's forget and retain corpora, for an attacked cell that read none (the oracle, ICU, PURGE)."""
     attacked = []
     for attack in config.attacks:
         for cell in block:
             attacked.append(Cell(
                 kind="attack", model=cell.model, benchmark=cell.benchmark, split=cell.split, target=cell.target,
                 method=cell.method, label=f"{cell.label} + {attack.label}", seed=cell.seed, hparams=cell.hparams,
-                corpora=cell.corpora, tasks=cell.tasks, limit=cell.limit, evaluation=cell.evaluation,
+                corpora={**corpora, **cell.corpora} if cell.kind == "method" else dict(corpora),
+                tasks=cell.tasks, limit=cell.limit, evaluation=cell.evaluation,
                 data_dir=cell.data_dir, device=cell.device,
                 extra={"attack": {"name": attack.attack, "settings": attack.settings}, "attacked": cell.hash}))
     return attacked
 
 
 def attacked_cell_for(cell: Cell, cells: Iterable[Cell]) -> Cell | None:
-    """The method cell an attack cell attacks."""
+    """The cell (a method cell, or the oracle) an attack cell attacks."""
     if cell.kind != "attack":
         return None
     return next((other for other in cells if other.hash == cell.extra["attacked"]), None)

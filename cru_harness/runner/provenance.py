@@ -34,8 +34,10 @@ INPUT_FIELDS = ("code_version", "models", "data", "libraries")
 
 # The code identity and directory fingerprints are foundation (`cru_harness.fingerprints`); imported here under
 # their old names.
-from ..reporting.provenance import code_commits, provenance_lines, record_code, recorded_hub_revisions  # noqa: F401,E402
-from ..fingerprints import (CODE_NAME_ENDINGS, CODE_SUFFIXES, checkout_state, code_files, code_record,  # noqa: E402,F401
+from ..reporting.provenance import (code_commits, provenance_lines, record_code,  # noqa: F401,E402
+                                    recorded_hub_revisions)
+from ..fingerprints import (CODE_NAME_ENDINGS, CODE_SUFFIXES, checkout_state, code_files,  # noqa: E402,F401
+                            code_record,
                             code_version, directory_fingerprint, directory_stamp, file_digest, git_state,
                             is_code_file)
 

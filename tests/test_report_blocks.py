@@ -1,5 +1,6 @@
-"""TOFU cells record the privacy block (`tofu_privacy_<split>`) and the leaderboard shows it: privleak against the
-retain oracle's Min-K% AUC (open-unlearning's default), and the attack that best tells forget from holdout."""
+"""The report's blocks beyond the leaderboard's core: TOFU's privacy block (cells that ran `tofu_privacy_<split>`:
+privleak against the retain oracle's Min-K% AUC, open-unlearning's default, and the attack that best tells forget
+from holdout) and the robustness table of attack cells (recovery beside the oracle's change)."""
 import json
 
 import pytest
@@ -58,3 +59,29 @@ def test_the_leaderboard_shows_the_privacy_block_only_where_cells_have_it():
     npo = next(r for r in rows if r["label"] == "NPO")
     assert "privleak" in npo["best"] and "mia_auc_best" in npo["best"]   # closest to 0, closest to 0.5
     assert "privleak" in tables.to_csv(rows, "tofu").splitlines()[0]
+
+
+def _attack(label, attack, value, attacked_kind="method", seed=0):
+    result = _result(f"{label} + {attack}", kind="attack")
+    result.update(seed=seed, details={"attack": {"name": attack, "attacked_label": label, "attack_label": attack,
+                                                 "attacked_kind": attacked_kind}})
+    result["metrics"]["forget_rouge_l"] = value
+    return result
+
+
+def test_the_robustness_table_reads_recovery_beside_the_oracles_change():
+    """Original 0.9, GA 0.3 (gap 0.6); relearn brings GA to 0.6 (recovery 0.5) and the oracle from 0.2 to 0.35
+    (0.15 of the gap): 0.25 of GA's recovery is beyond what the attack teaches a model that never saw the set."""
+    results = [_result("Original", kind="original"), _result("Retain", kind="retain"), _result("GA"),
+               _attack("GA", "relearn", 0.6), _attack("Retain", "relearn", 0.35, attacked_kind="retain")]
+    for r, value in zip(results[:3], (0.9, 0.2, 0.3)):
+        r["metrics"]["forget_rouge_l"] = value
+    rows = tables.robustness_rows(results, "tofu")
+    assert [(r["label"], r["attack"]) for r in rows] == [("GA", "relearn")]   # the oracle is the control, not a row
+    recovery = rows[0]["recovery"]
+    assert recovery.score == pytest.approx(0.5) and recovery.oracle_score == pytest.approx(0.25)
+    assert recovery.excess == pytest.approx(0.25)
+    text = "\n".join(tables.robustness_markdown(results, "tofu"))
+    assert "| m | forget01 | GA | relearn | 0.90 | 0.30 | 0.60 | 0.50 | 0.25 | 0.25 |" in text
+    # attack cells are not leaderboard rows
+    assert [r["label"] for r in tables.aggregate(results, "tofu")] == ["Original", "GA"]
