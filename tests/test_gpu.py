@@ -221,7 +221,7 @@ def test_device_map_split_over_two_gpus(tiny_dir, tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from cru_harness.devices import input_device, load_causal_lm
-    from cru_harness.reporting.failure_modes import AnswerNLLScorer
+    from cru_harness.scoring.failure_modes import AnswerNLLScorer
 
     config = AutoConfig.from_pretrained(tiny_dir)
     with init_empty_weights():  # the module names, without weights

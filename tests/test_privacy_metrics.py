@@ -266,7 +266,7 @@ def test_gradnorm_scores_match_a_direct_backward_pass(tiny):
     import torch
     import torch.nn.functional as F
 
-    from cru_harness.reporting.model_scores import gradnorm_scores
+    from cru_harness.scoring.model_scores import gradnorm_scores
 
     tok, model, _ = tiny
     model.eval()
@@ -291,7 +291,7 @@ def test_reference_scores_are_the_loss_gap_to_the_reference_model(tiny):
     import torch
     import torch.nn.functional as F
 
-    from cru_harness.reporting.model_scores import loss_scores, reference_scores
+    from cru_harness.scoring.model_scores import loss_scores, reference_scores
 
     tok, model, other = tiny
     assert reference_scores(model, model, tok, ROWS, chat=False) == [0.0, 0.0]

@@ -396,7 +396,7 @@ def test_tofu_privacy_requests_and_model_scores_score_the_same_tokens(name, tmp_
     cover the same ids and the same scored span: open-unlearning's (the answer after the prompt's tokens, + EOS)."""
     from lm_eval.tasks import TaskManager
 
-    from cru_harness.reporting.model_scores import encode_rows
+    from cru_harness.scoring.model_scores import encode_rows
 
     rows = [{"question": r["question"], "answer": r["answer"]} for r in TOFU_ROWS]
     for file in ("forget01_perturbed", "forget10_perturbed"):   # forget10 marks the folder as TOFU data

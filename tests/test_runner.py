@@ -773,7 +773,7 @@ def test_trust_remote_code_reaches_every_model_load_of_a_cell(tmp_path, monkeypa
     implementation and be evaluated with another)."""
     import cru_harness.baselines.trainer as trainer
     import cru_harness.devices as devices
-    from cru_harness.reporting.failure_modes import AnswerNLLScorer
+    from cru_harness.scoring.failure_modes import AnswerNLLScorer
     from cru_harness.runner import training
 
     class Stop(Exception):

@@ -341,7 +341,7 @@ def test_a_scoring_pass_out_of_gpu_memory_names_the_evaluation_batch_size(tmp_pa
     import torch
 
     from cru_harness.devices import GPUMemoryError
-    from cru_harness.reporting import cell_scores
+    from cru_harness.scoring import cell_scores
     from cru_harness.runner import evaluation
 
     def out_of_memory(*args, **kwargs):

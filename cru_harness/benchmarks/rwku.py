@@ -194,7 +194,7 @@ class RWKU(Benchmark):
         return kept, dropped
 
     def score(self, cell, lmeval_dir, *, data_dir, original_model, retain_result, device, batch_size) -> dict:
-        from ..reporting import cell_scores
+        from ..scoring import cell_scores
 
         return cell_scores.score_rwku_cell(lmeval_dir, target=cell.target, original_model=original_model,
                                            device=device, batch_size=batch_size, device_map=cell.model.device_map,

@@ -107,7 +107,7 @@ class TOFU(Benchmark):
         return {"chat": bool(chat), "preset": presets["tofu_preset"], "family": presets["tofu_model_family"]}
 
     def score(self, cell, lmeval_dir, *, data_dir, original_model, retain_result, device, batch_size) -> dict:
-        from ..reporting import cell_scores
+        from ..scoring import cell_scores
 
         forget_task = f"tofu_{cell.split}"
         retain_items = cell_scores.forget_items_from_result(retain_result, forget_task) if retain_result else None

@@ -113,7 +113,7 @@ def reference_attack(token_logprobs: Any, reference_token_logprobs: Any) -> floa
 def gradnorm_attack(parameter_grad_norms: Any) -> float:
     """GradNorm (``mia/gradnorm.py``): the mean over the model's parameters (each tensor that receives a gradient)
     of ``||d loss / d theta||_p`` for one text, with ``loss = -mean`` of :func:`without_eos`'s log-probs. Pass
-    the per-parameter norms (``cru_harness.reporting.model_scores.gradnorm_scores`` computes them from a model). Larger
+    the per-parameter norms (``cru_harness.scoring.model_scores.gradnorm_scores`` computes them from a model). Larger
     = less member-like."""
     norms = as_1d(parameter_grad_norms, "parameter_grad_norms")
     if (norms < 0).any():

@@ -12,7 +12,7 @@ from . import stats, tables
 
 
 def register(subparsers) -> None:
-    from .score import add_score_parser
+    from ..scoring.score import add_score_parser
 
     add_score_parser(subparsers)
     report = subparsers.add_parser("report", help="leaderboards (md/csv/tex), plots and statistics of run dirs",

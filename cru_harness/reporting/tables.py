@@ -75,8 +75,8 @@ def fill_forget_quality(results: list[dict]) -> list[dict]:
     replaces one scored against another oracle: the oracle is not in a method cell's hash, so a cell reused after
     the oracle changed (a config edit, `--reuse` from another run) keeps its old comparison. Without both
     per-item lists the recorded value stays."""
-    from .cell_scores import forget_items_from_result
-    from .score import forget_quality_from_items
+    from ..scoring.cell_scores import forget_items_from_result
+    from ..scoring.score import forget_quality_from_items
 
     oracle = {(r["model"], r["split"]): r for r in results if r.get("kind") == "retain" and r.get("status") == "ok"}
     for result in results:

@@ -16,7 +16,7 @@ in the truth ratio, the forget aggregation and the multiple-choice probability; 
 
 The privacy tasks (`tofu_privacy` group, `TOFUPrivacyTask`) score open-unlearning's MIA of a split's forget rows
 against its holdout rows and memorization on the forget rows, from one answer log-likelihood per item (see
-`cru_harness.metrics.privacy`; GradNorm and the reference attack need the model: `cru_harness.reporting.model_scores`).
+`cru_harness.metrics.privacy`; GradNorm and the reference attack need the model: `cru_harness.scoring.model_scores`).
 
 This file is loaded by lm-eval from its path (not as `cru_harness.tasks.tofu.utils`), so imports are absolute.
 """
