@@ -25,14 +25,21 @@ SELECTION_SCHEMA = 1
 KNOWLEDGE_METRIC = "rouge_l_recall"
 
 
+def selecting_benchmark(config: ExperimentConfig) -> str | None:
+    """The configured benchmark whose units are chosen at run time (its block has `select_known`: RWKU's), or
+    None."""
+    return next((name for name, block in config.benchmarks.items() if block.get("select_known")), None)
+
+
 def selection_key(config: ExperimentConfig, model: ModelSpec) -> dict[str, Any]:
     """Everything that determines the selection of one model (its hash invalidates a stale saved file), the
     code version included: a selection made by other code is made again (as cells are recomputed)."""
     from .evaluation import lmeval_settings
     from .provenance import code_version
 
-    spec = config.benchmarks["rwku"]
-    return {"schema": SELECTION_SCHEMA, "code_version": code_version(), "model": model.identity(), "candidates": spec["targets"],
+    spec = config.benchmarks[selecting_benchmark(config)]
+    return {"schema": SELECTION_SCHEMA, "code_version": code_version(), "model": model.identity(),
+            "candidates": spec["targets"],
             "select_known": spec["select_known"], "data_dir": spec["data_dir"],
             "batch_size": config.evaluation.get("batch_size", 8),
             "apply_chat_template": config.evaluation.get("apply_chat_template"),
@@ -109,7 +116,7 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
     from .evaluation import model_uses_chat_template, run_lmeval
     from .models import resolve_data_dir, resolve_device, resolve_model_path
 
-    spec = config.benchmarks["rwku"]
+    spec = config.benchmarks[selecting_benchmark(config)]
     select = spec["select_known"]
     candidates = list(spec["targets"])
     evaluate = evaluate or run_lmeval
@@ -146,12 +153,12 @@ def resolve_selected_targets(config: ExperimentConfig, *, run: bool, log: Callab
     """Model name -> chosen RWKU targets, for every model whose RWKU targets come from `select_known`.
     `run=False` (dry run): only saved selections are used; models without one are left out (planned later);
     with `any_code`, saved selections made by other code are used too (see `load_selection`)."""
-    rwku = config.benchmarks.get("rwku")
-    if not rwku or not rwku.get("select_known"):
+    bench = selecting_benchmark(config)
+    if bench is None:
         return {}
     chosen: dict[str, list[int]] = {}
     for model in config.models:
-        if "rwku" not in model.benchmarks:
+        if bench not in model.benchmarks:
             continue
         record = (select_known_targets(config, model, log=log, evaluate=evaluate) if run
                   else load_selection(config, model, any_code=any_code))
