@@ -37,8 +37,8 @@ def hub_unreachable(benchmark: Benchmark, what: str, cause: BaseException, repo:
 def resolve_local_dir(benchmark: Benchmark, data_dir: str | os.PathLike | None = None) -> Path | None:
     """The local folder of `benchmark`, or None when data should come from the Hub.
 
-    Order: explicit `data_dir` (the benchmark folder itself, or a root holding `tofu/` and `rwku/`), then
-    `CRU_HARNESS_TOFU_DIR` / `CRU_HARNESS_RWKU_DIR`, then `CRU_HARNESS_DATA_DIR` (a root).
+    Order: explicit `data_dir` (the benchmark folder itself, a root holding `tofu/` and `rwku/`, or
+    `testbed:world`), then `CRU_HARNESS_TOFU_DIR` / `CRU_HARNESS_RWKU_DIR`, then `CRU_HARNESS_DATA_DIR` (a root).
     A directory that is given but does not hold the benchmark is an error, never a silent fall-back to the Hub.
     """
     if benchmark not in _MARKERS:
@@ -51,7 +51,9 @@ def resolve_local_dir(benchmark: Benchmark, data_dir: str | os.PathLike | None =
     elif os.environ.get(ENV_DATA_DIR):
         candidates.append((ENV_DATA_DIR, os.environ[ENV_DATA_DIR]))
     for origin, raw in candidates:
-        path = Path(raw).expanduser()
+        from ..testbed.names import resolve_data_dir   # `testbed:world`: the testbed's world, built once and cached
+
+        path = Path(resolve_data_dir(raw)).expanduser()
         if not path.is_dir():
             raise DataSourceError(f"{origin}={raw} is not a directory")
         for folder in (path, path / benchmark):

@@ -164,9 +164,10 @@ def plan_summary(config, cells, selected_targets=None) -> dict:
 
 
 def _origin(path: str) -> str:
+    from ..testbed.names import is_builtin_model
     from .plan import is_hub_id
 
-    if path.startswith("zoo:") or path == "smollm2":
+    if is_builtin_model(path):
         return "built-in testbed model"
     return "Hugging Face Hub" if is_hub_id(path) else "local path"
 
