@@ -199,8 +199,6 @@ LINKS = relative_links()
 def test_relative_link_resolves(path, target):
     file_part, _, anchor = target.partition("#")
     resolved = (path.parent / file_part).resolve() if file_part else path
-    if resolved == ROOT / "docs" / "extending.md" and not resolved.exists():
-        pytest.xfail("docs/extending.md comes with the plugin registries (benchmarks, methods, attacks)")
     assert resolved.exists(), f"{path.relative_to(ROOT)}: link {target} points to no file"
     if anchor and resolved.suffix == ".md":
         assert anchor in anchors(resolved), (f"{path.relative_to(ROOT)}: link {target}: {resolved.name} has no "
