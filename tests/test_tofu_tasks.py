@@ -483,7 +483,7 @@ def test_tasks_load_without_lm_evals_custom_dataset_hint(caplog):
     checkout's task files, on the testbed's world (`data_dir: testbed:world`)."""
     import logging
 
-    from lm_eval.tasks import TaskManager, get_task_dict
+    from lm_eval.tasks import TaskManager
 
     from cru_harness.lmeval.dataset import QuietCustomDataset
 
@@ -491,7 +491,7 @@ def test_tasks_load_without_lm_evals_custom_dataset_hint(caplog):
     manager = TaskManager(include_path=str(checkout_tasks / "tofu"), include_defaults=False,
                           metadata={"data_dir": "testbed:world"})
     with caplog.at_level(logging.WARNING):
-        tasks = get_task_dict(["tofu_forget01", "tofu_retain"], manager)
+        tasks = manager.load(["tofu_forget01", "tofu_retain"])["tasks"]
     assert {name: len(task.dataset["train"]) > 0 for name, task in tasks.items()} == {"tofu_forget01": True,
                                                                                        "tofu_retain": True}
     assert all(isinstance(task, QuietCustomDataset) for task in tasks.values())

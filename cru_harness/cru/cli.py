@@ -50,7 +50,8 @@ def register(subparsers) -> None:
                                                       "training; must not hold earlier work unless --overwrite)")
     unlearn.add_argument("--overwrite", action="store_true",
                          help="replace an existing bundle (or other files) in --out")
-    unlearn.add_argument("--data-dir", default=None, help="local TOFU/RWKU data root, or testbed:world (default: env or the Hub)")
+    unlearn.add_argument("--data-dir", default=None,
+                         help="local TOFU/RWKU data root, or testbed:world (default: env or the Hub)")
     add_prompt_format_argument(unlearn)
     unlearn.add_argument("--benchmark", choices=BENCHMARKS, default="tofu",
                          help="whose evaluation the question/answer rows are written for: tofu (its prompt; "

@@ -25,13 +25,15 @@ def register(subparsers) -> None:
                     "linear warm-up and decay; every default below is TOFU's. "
                     "Multi-GPU: accelerate launch -m cru_harness finetune ...",
         formatter_class=config_defaults_help(finetune_defaults))
-    p.add_argument("--model", required=True, help="HF model id, local checkpoint directory, or testbed model (zoo:llama:finetuned, smollm2)")
+    p.add_argument("--model", required=True,
+                   help="HF model id, local checkpoint directory, or testbed model (zoo:llama:finetuned, smollm2)")
     p.add_argument("--data", required=True,
                    help="TOFU config (full, retain90, ...), JSON/JSONL file (question+answer or text rows), or "
                         "rwku:<target>:<kind>")
     p.add_argument("--out", required=True, help="directory to save the fine-tuned model to")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
-    p.add_argument("--data-dir", default=None, help="local TOFU/RWKU data root, or testbed:world (default: env or the Hub)")
+    p.add_argument("--data-dir", default=None,
+                   help="local TOFU/RWKU data root, or testbed:world (default: env or the Hub)")
     # The recipe's options default to FinetuneConfig's fields (SUPPRESS: an option not given is not passed).
     config = argparse.SUPPRESS
     p.add_argument("--lr", dest="learning_rate", metavar="LR", type=float, default=config, help="learning rate")
