@@ -296,3 +296,10 @@ def test_unlearn_and_inspect_take_the_testbed_names(setup, monkeypatch, capsys):
     assert manifest["training"]["prompt_format"] == "plain"   # the fixture's tokenizer has no chat template
     assert main(["inspect", str(out), "--base", "zoo:llama"]) == 0
     assert "compatible with zoo:llama" in capsys.readouterr().out
+    ga = root / "ga_testbed"   # another method through the same names
+    assert main(["unlearn", "--method", "GA", "--base", "zoo:llama:finetuned", "--data-dir", "testbed:world",
+                 "--forget", "forget01", "--retain", "retain99", "--out", str(ga), "--set", "num_epochs=1",
+                 "--set", "effective_batch_size=4", "--set", "micro_batch_size=4", "--no-progress"]) == 0, \
+        capsys.readouterr().err
+    # unlearn, inspect, unlearn --method: each resolved the name
+    assert asked == [("llama", "finetuned")] * 3 and (ga / "unlearn_record.json").is_file()
