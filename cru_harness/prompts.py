@@ -288,6 +288,16 @@ def prompt_format_choice(choice: str, benchmark: str = "tofu") -> dict:
     return {"chat": False, "family": choice}
 
 
+def prompt_format_label(fmt: dict, tokenizer=None) -> str:
+    """What a router bundle records of the prompts its routers trained on (manifest `training.prompt_format`):
+    `chat` (the tokenizer's chat template), an open-unlearning model config name (its tags), or `plain`. `fmt` is a
+    `prompt_format_choice` / runner format dict; its `chat` None (auto) is decided by `tokenizer` as training did."""
+    chat = uses_chat(tokenizer, fmt.get("chat")) if tokenizer is not None else bool(fmt.get("chat"))
+    if chat:
+        return "chat"
+    return fmt.get("family") or "plain"
+
+
 def uses_chat(tokenizer, chat: bool | None = None) -> bool:
     """Whether prompts use the chat template: `chat` if given, else whether the tokenizer has one."""
     if chat is None:

@@ -269,3 +269,37 @@ def test_unlearn_method_errors_are_one_line_before_any_training(setup, capsys):
         err = capsys.readouterr().err
         assert "error:" in err and message in err and "Traceback" not in err, (argv, err)
     assert not (root / "y").exists()
+
+
+def test_unlearn_and_inspect_take_the_testbed_names(setup, monkeypatch, capsys):
+    """`zoo:llama:finetuned` and `testbed:world`, as runner configs take them: the model name resolves through the
+    testbed zoo (stood in for by the fixture's tiny model), the world is the testbed's TOFU-schema world, and the
+    bundle records the name it was given and the prompt format its routers trained on."""
+    from cru_harness.testbed import zoo
+
+    root, base, _, _ = setup
+    asked = []
+
+    def checkpoint(arch="llama", variant="finetuned", **_):
+        asked.append((arch, variant))
+        return base
+
+    monkeypatch.setattr(zoo, "tiny_checkpoint", checkpoint)
+    out = root / "bundle_testbed"
+    assert main(["unlearn", "--base", "zoo:llama:finetuned", "--data-dir", "testbed:world", "--forget", "forget01",
+                 "--retain", "retain99", "--out", str(out), "--epochs", "1", "--batch-size", "5", "--percentile",
+                 "80", "--no-progress"]) == 0, capsys.readouterr().err
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    assert asked == [("llama", "finetuned")]
+    assert manifest["base_model"] == "zoo:llama:finetuned"
+    assert manifest["training_data"]["forget"]["n_examples"] > 0
+    assert manifest["training"]["prompt_format"] == "plain"   # the fixture's tokenizer has no chat template
+    assert main(["inspect", str(out), "--base", "zoo:llama"]) == 0
+    assert "compatible with zoo:llama" in capsys.readouterr().out
+    ga = root / "ga_testbed"   # another method through the same names
+    assert main(["unlearn", "--method", "GA", "--base", "zoo:llama:finetuned", "--data-dir", "testbed:world",
+                 "--forget", "forget01", "--retain", "retain99", "--out", str(ga), "--set", "num_epochs=1",
+                 "--set", "effective_batch_size=4", "--set", "micro_batch_size=4", "--no-progress"]) == 0, \
+        capsys.readouterr().err
+    # unlearn, inspect, unlearn --method: each resolved the name
+    assert asked == [("llama", "finetuned")] * 3 and (ga / "unlearn_record.json").is_file()

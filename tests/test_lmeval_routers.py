@@ -122,3 +122,58 @@ def test_use_cache_refuses_a_cache_another_model_wrote(setup, tmp_path):
         written["0" * 64] = (-1.0, True)
     with pytest.raises(ModelArgumentError, match="holds results of a model it does not name"):
         CachingLM(again, foreign)
+
+
+def test_a_bundle_trained_on_another_prompt_format_is_warned_about_once(setup, caplog):
+    """Routers trained on plain prompts scored through the chat template (or the reverse) measure a format change:
+    one warning line, once per model; a bundle that records no format (made before bundles recorded it), or the
+    same format, gives none."""
+    import logging
+
+    model_dir, a, _, _ = setup
+    lm = CRULM(base=str(model_dir), routers=str(a), device="cpu", batch_size=2)
+    bundle = lm.bundles[0]
+    assert "prompt_format" not in bundle.config.training   # trained by train_routers alone: not recorded
+
+    def warnings_after_scoring(trained: str | None, chat: bool) -> list[str]:
+        bundle.config.training.pop("prompt_format", None)
+        if trained is not None:
+            bundle.config.training["prompt_format"] = trained
+        lm._format_checked, lm._chat_rendered = False, chat
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="cru_harness.lmeval.model"):
+            _scores(lm)
+            _scores(lm)
+        return [r.getMessage() for r in caplog.records if "prompt" in r.getMessage()]
+
+    said = warnings_after_scoring("chat", chat=False)
+    assert len(said) == 1 and str(a) in said[0] and "no chat template" in said[0], said
+    said = warnings_after_scoring("plain", chat=True)
+    assert len(said) == 1 and "plain prompts" in said[0] and "with the chat template" in said[0], said
+    assert warnings_after_scoring("plain", chat=False) == []
+    assert warnings_after_scoring("chat", chat=True) == []
+    assert warnings_after_scoring(None, chat=True) == []
+
+
+def test_prompt_format_label_records_what_training_used():
+    from cru_harness.prompts import prompt_format_label
+
+    class Tok:
+        chat_template = "{{ messages }}"
+
+    assert prompt_format_label({"chat": None, "family": None}, Tok()) == "chat"   # auto: the tokenizer decides
+    assert prompt_format_label({"chat": False, "family": None}, Tok()) == "plain"
+    assert prompt_format_label({"chat": False, "family": "Llama-2-7b-chat-hf"}) == "Llama-2-7b-chat-hf"
+    assert prompt_format_label({"chat": True, "benchmark": "rwku"}) == "chat"
+
+
+def test_base_takes_a_testbed_name(setup, monkeypatch):
+    """`--model_args base=zoo:llama:finetuned` (as runner configs name the testbed's models) loads that checkpoint."""
+    from cru_harness.testbed import zoo
+
+    model_dir, a, _, _ = setup
+    asked = []
+    monkeypatch.setattr(zoo, "tiny_checkpoint", lambda arch, variant, **_: asked.append((arch, variant)) or model_dir)
+    named = CRULM(base="zoo:llama:finetuned", routers=str(a), device="cpu", batch_size=2)
+    assert asked == [("llama", "finetuned")]
+    assert _scores(named) == _scores(CRULM(base=str(model_dir), routers=str(a), device="cpu", batch_size=2))

@@ -316,14 +316,16 @@ def test_report_lists_stale_and_dirty_cells(tmp_path):
     for cell in cells:  # as computed from a clean checkout (this test may run in a dirty one)
         path = store.cell_dir(cell.hash) / "run_record.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "git": {"commit": "abc", "dirty": False}}))
-    assert not any("stale" in line or "dirty" in line for line in provenance.provenance_lines([store.root]))
+    assert not any("another code version" in line or "dirty" in line
+                   for line in provenance.provenance_lines([store.root]))
     record_path = store.cell_dir(cells[0].hash) / "run_record.json"
     record = json.loads(record_path.read_text())
     record.update(code_version="0123456789abcdef", git={"commit": "abc", "dirty": True})
     record["inputs"]["code_version"] = "0123456789abcdef"
     record_path.write_text(json.dumps(record))
     text = "\n".join(provenance.provenance_lines([store.root]))
-    assert f"1 of {len(cells)} cells are stale" in text and "1 cells come from a dirty tree" in text
+    assert f"1 of {len(cells)} cells were computed by another code version than this checkout's" in text
+    assert "stale" not in text and "1 cells come from a dirty tree" in text
     assert cells[0].hash in text
 
 

@@ -158,7 +158,7 @@ def test_score_checks_the_original_model_path_before_reading_runs(tmp_path, caps
     assert not (model / "scores.json").exists()
 
 
-def test_refusal_phrases_fall_back_only_without_a_local_copy(tmp_path, monkeypatch):
+def test_refusal_phrases_fall_back_only_without_a_local_copy(tmp_path, monkeypatch, capsys):
     """No local TOFU and no Hub: the default stems, said in the note. A local copy without idontknow.jsonl: an
     error naming the file, not a silent change of the refusal class."""
     from cru_harness.metrics import DEFAULT_REFUSAL_PHRASES
@@ -170,6 +170,8 @@ def test_refusal_phrases_fall_back_only_without_a_local_copy(tmp_path, monkeypat
     failure_modes.tofu_refusal_phrases.cache_clear()
     phrases, note = failure_modes.tofu_refusal_phrases(None)
     assert phrases == tuple(DEFAULT_REFUSAL_PHRASES) and note.startswith("default stems only")
+    said = capsys.readouterr().err.strip().splitlines()   # the fallback is said, in one line, not silent
+    assert len(said) == 1 and "default refusal phrases" in said[0] and "--data-dir" in said[0], said
     local = tmp_path / "tofu"
     local.mkdir()
     (local / "forget10_perturbed.json").write_text("")   # the layout marker, no idontknow.jsonl

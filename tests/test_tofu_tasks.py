@@ -475,3 +475,24 @@ def test_privacy_task_end_to_end_matches_the_metrics(tiny_model_dir, tofu_dir, o
     es = np.mean([s["extraction_strength"][1] for s in forget])
     assert res["results"]["tofu_privacy_forget01"]["extraction_strength,none"] == pytest.approx(es)
     assert 0 < es <= 1
+
+
+def test_tasks_load_without_lm_evals_custom_dataset_hint(caplog):
+    """lm-eval 0.4.13 prints "Custom kwargs can be passed to `--metadata` ..." for every task whose rows come from
+    a function; the project's task classes load them the same way without it (`QuietCustomDataset`). This
+    checkout's task files, on the testbed's world (`data_dir: testbed:world`)."""
+    import logging
+
+    from lm_eval.tasks import TaskManager
+
+    from cru_harness.lmeval.dataset import QuietCustomDataset
+
+    checkout_tasks = Path(__file__).resolve().parents[1] / "tasks"
+    manager = TaskManager(include_path=str(checkout_tasks / "tofu"), include_defaults=False,
+                          metadata={"data_dir": "testbed:world"})
+    with caplog.at_level(logging.WARNING):
+        tasks = manager.load(["tofu_forget01", "tofu_retain"])["tasks"]
+    assert {name: len(task.dataset["train"]) > 0 for name, task in tasks.items()} == {"tofu_forget01": True,
+                                                                                       "tofu_retain": True}
+    assert all(isinstance(task, QuietCustomDataset) for task in tasks.values())
+    assert not [r.getMessage() for r in caplog.records if "Custom kwargs" in r.getMessage()]

@@ -1,5 +1,5 @@
 """RWKU (Jin et al. 2024): real-world people as unlearning targets. A cell's unit is one target; lm-eval tasks in
-`tasks/rwku`; scored by `reporting.cell_scores.score_rwku_cell` (the tasks' `per_target_results`)."""
+`tasks/rwku`; scored by `scoring.cell_scores.score_rwku_cell` (the tasks' `per_target_results`)."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,5 +1,5 @@
 """TOFU (Maini et al. 2024): fictitious authors. A cell's unit is a forget split; its oracle is the retain model
-(Forget Quality); lm-eval tasks in `tasks/tofu`; scored by `reporting.cell_scores.score_tofu_cell`."""
+(Forget Quality); lm-eval tasks in `tasks/tofu`; scored by `scoring.cell_scores.score_tofu_cell`."""
 from __future__ import annotations
 
 from typing import Any

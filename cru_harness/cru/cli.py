@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cru_harness.arguments import config_defaults_help, field_defaults, given_fields
 from cru_harness.devices import add_device_arguments
-from cru_harness.prompts import BENCHMARKS, add_prompt_format_argument, prompt_format_choice
+from cru_harness.prompts import BENCHMARKS, add_prompt_format_argument, prompt_format_choice, prompt_format_label
 from cru_harness.hparams import HPARAM_CHOICES
 
 from ..errors import InputError
@@ -39,7 +39,9 @@ def register(subparsers) -> None:
     unlearn.add_argument("--set", dest="hparams", action="append", default=[], metavar="KEY=VALUE",
                          help="a hyperparameter of --method (e.g. --set learning_rate=1e-5 --set beta=0.1); "
                               "values are read as YAML scalars; repeat for several")
-    unlearn.add_argument("--base", required=True, help="HF model id or local checkpoint directory")
+    unlearn.add_argument("--base", required=True,
+                         help="HF model id, local checkpoint directory, or testbed model (zoo:llama:finetuned, "
+                              "smollm2)")
     unlearn.add_argument("--forget", required=True,
                          help="forget corpus: JSON/JSONL file (question+answer or text rows), TOFU config "
                               "(forget10) or rwku:<target>:<kind>")
@@ -48,7 +50,8 @@ def register(subparsers) -> None:
                                                       "training; must not hold earlier work unless --overwrite)")
     unlearn.add_argument("--overwrite", action="store_true",
                          help="replace an existing bundle (or other files) in --out")
-    unlearn.add_argument("--data-dir", default=None, help="local TOFU/RWKU data root (default: env or the Hub)")
+    unlearn.add_argument("--data-dir", default=None,
+                         help="local TOFU/RWKU data root, or testbed:world (default: env or the Hub)")
     add_prompt_format_argument(unlearn)
     unlearn.add_argument("--benchmark", choices=BENCHMARKS, default="tofu",
                          help="whose evaluation the question/answer rows are written for: tofu (its prompt; "
@@ -105,8 +108,8 @@ def register(subparsers) -> None:
     inspect.add_argument("bundle", help="router bundle directory")
     inspect.add_argument("--json", action="store_true", help="print the raw manifest JSON")
     inspect.add_argument("--base", default=None,
-                         help="also check the bundle against this base model (HF id or local directory; only its "
-                              "config is read)")
+                         help="also check the bundle against this base model (HF id, local directory or testbed "
+                              "model; only its config is read)")
     inspect.set_defaults(func=run_inspect)
 
 
@@ -177,6 +180,7 @@ def run_baseline(args: argparse.Namespace, method) -> int:
     from cru_harness.data.tofu import FORGET_SPLITS
     from cru_harness.hparams import check_seed
     from cru_harness.locations import check_model_path, check_output_dir
+    from cru_harness.testbed.names import resolve_model_path, trained_plain
 
     from .train import RouterTrainingConfig
 
@@ -193,10 +197,12 @@ def run_baseline(args: argparse.Namespace, method) -> int:
                                           **_method_hparams(method, _set_values(args.hparams)))
     fmt = prompt_format_choice(args.prompt_format, benchmark=args.benchmark)
     check_output_dir(args.out, what="--out", overwrite=args.overwrite)
-    check_model_path(args.base, what="--base")
+    if args.prompt_format == "auto" and trained_plain(args.base):
+        fmt["chat"] = False   # a testbed checkpoint learned the plain prompt, as the runner evaluates it
+    base_path = check_model_path(resolve_model_path(args.base), what="--base")
     forget_rows = _corpus_rows(args.forget, args.data_dir, "forget")[0]
     retain_rows = _corpus_rows(args.retain, args.data_dir, "retain")[0]
-    result = unlearn(args.base, None, forget_rows, retain_rows, method.trainer, config, out_dir=args.out, seed=seed,
+    result = unlearn(base_path, None, forget_rows, retain_rows, method.trainer, config, out_dir=args.out, seed=seed,
                      data_dir=args.data_dir, dtype=args.dtype, device=args.device, device_map=args.device_map,
                      progress=not args.no_progress, prompt_format=fmt, overwrite=args.overwrite)
     print(f"saved the {method.name}-unlearned model to {args.out}: {result.optimizer_steps} optimizer steps on "
@@ -220,6 +226,7 @@ def run_cru(args: argparse.Namespace) -> int:
     from cru_harness.devices import load_causal_lm
     from cru_harness.locations import check_model_path, check_output_dir
     from cru_harness.hparams import check_seed
+    from cru_harness.testbed.names import resolve_model_path, trained_plain
 
     from .plugin import METHOD
     from .train import RouterTrainingConfig, train_routers
@@ -234,13 +241,15 @@ def run_cru(args: argparse.Namespace) -> int:
         forget_description=str(args.forget), retain_description=str(args.retain), progress=not args.no_progress,
         prefix_cache=not args.no_prefix_cache)
     fmt = prompt_format_choice(args.prompt_format, benchmark=args.benchmark)
+    if args.prompt_format == "auto" and trained_plain(args.base):
+        fmt["chat"] = False   # a testbed checkpoint learned the plain prompt, as the runner evaluates it
     check_output_dir(args.out, what="--out", overwrite=args.overwrite)
-    check_model_path(args.base, what="--base")
+    base_path = check_model_path(resolve_model_path(args.base), what="--base")
     forget_rows = _corpus_rows(args.forget, args.data_dir, "forget")
     retain_rows = _corpus_rows(args.retain, args.data_dir, "retain")
 
     try:
-        model, tokenizer = load_causal_lm(args.base, device=args.device, device_map=args.device_map,
+        model, tokenizer = load_causal_lm(base_path, device=args.device, device_map=args.device_map,
                                           dtype=args.dtype)
     except OSError as err:
         from cru_harness.arguments import CLIError
@@ -253,6 +262,7 @@ def run_cru(args: argparse.Namespace) -> int:
     model.eval()
     bundle = train_routers(model, tokenizer, forget, retain, config)
     bundle.config.base_model = str(args.base)
+    bundle.config.training["prompt_format"] = prompt_format_label(fmt, tokenizer)   # checked by the cru model
     out = bundle.save_pretrained(args.out)
     metrics = bundle.config.metrics
     print(f"saved router bundle to {out}: blocks {bundle.block_indices}, "
@@ -279,7 +289,9 @@ def config_only_model(base: str):
     from cru_harness.arguments import CLIError
     from cru_harness.locations import check_model_path
 
-    check_model_path(base, what="--base")
+    from cru_harness.testbed.names import resolve_model_path
+
+    base = check_model_path(resolve_model_path(base), what="--base")
     try:
         config = AutoConfig.from_pretrained(base)
     except (OSError, ValueError) as err:

@@ -43,6 +43,9 @@ class CRUMethod(Method):
                                       retain_description=cell.corpora["retain_corpus"])
         with ResourceMonitor(ctx.device) as monitor:
             bundle = train_routers(model, tokenizer, forget, retain, config)
+        from ..prompts import prompt_format_label
+
+        bundle.config.training["prompt_format"] = prompt_format_label(fmt)   # the cru model warns on another one
         out = ctx.workdir / ROUTERS_DIR
         bundle.save_pretrained(out)
         record_resources(outcome, monitor.record.to_dict())

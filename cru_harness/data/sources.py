@@ -37,8 +37,8 @@ def hub_unreachable(benchmark: Benchmark, what: str, cause: BaseException, repo:
 def resolve_local_dir(benchmark: Benchmark, data_dir: str | os.PathLike | None = None) -> Path | None:
     """The local folder of `benchmark`, or None when data should come from the Hub.
 
-    Order: explicit `data_dir` (the benchmark folder itself, or a root holding `tofu/` and `rwku/`), then
-    `CRU_HARNESS_TOFU_DIR` / `CRU_HARNESS_RWKU_DIR`, then `CRU_HARNESS_DATA_DIR` (a root).
+    Order: explicit `data_dir` (the benchmark folder itself, a root holding `tofu/` and `rwku/`, or
+    `testbed:world`), then `CRU_HARNESS_TOFU_DIR` / `CRU_HARNESS_RWKU_DIR`, then `CRU_HARNESS_DATA_DIR` (a root).
     A directory that is given but does not hold the benchmark is an error, never a silent fall-back to the Hub.
     """
     if benchmark not in _MARKERS:
@@ -51,7 +51,7 @@ def resolve_local_dir(benchmark: Benchmark, data_dir: str | os.PathLike | None =
     elif os.environ.get(ENV_DATA_DIR):
         candidates.append((ENV_DATA_DIR, os.environ[ENV_DATA_DIR]))
     for origin, raw in candidates:
-        path = Path(raw).expanduser()
+        path = Path(named_data_dir(raw)).expanduser()
         if not path.is_dir():
             raise DataSourceError(f"{origin}={raw} is not a directory")
         for folder in (path, path / benchmark):
@@ -61,6 +61,21 @@ def resolve_local_dir(benchmark: Benchmark, data_dir: str | os.PathLike | None =
             f"{origin}={raw} holds no {benchmark} data: expected {_MARKERS[benchmark]} in it or in {benchmark}/ below it"
         )
     return None
+
+
+#: Data directories known by name: name -> "module:function" that builds (once, cached) and returns it. The testbed
+#: builds on this package, so its world is named by path and imported only when the name is used.
+NAMED_DATA_DIRS = {"testbed:world": "cru_harness.testbed.zoo:tiny_world_dir"}
+
+
+def named_data_dir(data_dir: str) -> str:
+    """A named data directory (`testbed:world`) resolved to its path; any other value as given."""
+    if data_dir not in NAMED_DATA_DIRS:
+        return data_dir
+    import importlib
+
+    module, _, function = NAMED_DATA_DIRS[data_dir].partition(":")
+    return str(getattr(importlib.import_module(module), function)())
 
 
 def read_json_records(path: Path) -> list[dict]:

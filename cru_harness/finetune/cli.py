@@ -25,13 +25,15 @@ def register(subparsers) -> None:
                     "linear warm-up and decay; every default below is TOFU's. "
                     "Multi-GPU: accelerate launch -m cru_harness finetune ...",
         formatter_class=config_defaults_help(finetune_defaults))
-    p.add_argument("--model", required=True, help="HF model id or local checkpoint directory")
+    p.add_argument("--model", required=True,
+                   help="HF model id, local checkpoint directory, or testbed model (zoo:llama:finetuned, smollm2)")
     p.add_argument("--data", required=True,
                    help="TOFU config (full, retain90, ...), JSON/JSONL file (question+answer or text rows), or "
                         "rwku:<target>:<kind>")
     p.add_argument("--out", required=True, help="directory to save the fine-tuned model to")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
-    p.add_argument("--data-dir", default=None, help="local TOFU/RWKU data root (default: env or the Hub)")
+    p.add_argument("--data-dir", default=None,
+                   help="local TOFU/RWKU data root, or testbed:world (default: env or the Hub)")
     # The recipe's options default to FinetuneConfig's fields (SUPPRESS: an option not given is not passed).
     config = argparse.SUPPRESS
     p.add_argument("--lr", dest="learning_rate", metavar="LR", type=float, default=config, help="learning rate")
@@ -62,8 +64,13 @@ def run_finetune(args: argparse.Namespace) -> int:
 
     from .train import FinetuneConfig, finetune
 
+    from ..testbed.names import resolve_model_path, trained_plain
+
+    if args.prompt_format == "auto" and trained_plain(args.model):
+        fmt["chat"] = False   # a testbed checkpoint learned the plain prompt, as the runner evaluates it
     config = FinetuneConfig(**given_fields(args, FinetuneConfig))
-    result = finetune(args.model, args.data, args.out, config=config, seed=args.seed, data_dir=args.data_dir,
+    result = finetune(resolve_model_path(args.model), args.data, args.out, config=config, seed=args.seed,
+                      data_dir=args.data_dir,
                       dtype=args.dtype, device=args.device, device_map=args.device_map, chat_template=fmt["chat"],
                       family=fmt["family"], overwrite=args.overwrite, progress=not args.no_progress)
 

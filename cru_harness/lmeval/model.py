@@ -260,6 +260,9 @@ class CRULM(HFLM):
         pretrained = base if base is not None else pretrained
         if pretrained is None:
             raise ModelArgumentError("the cru model needs base=<HF model id or local directory> (alias: pretrained=)")
+        from cru_harness.testbed.names import resolve_model_path
+
+        pretrained = resolve_model_path(pretrained)   # a testbed name (zoo:llama:finetuned, smollm2): its directory
         check_arguments(kwargs)
         # HFLM takes the device of a model object it is given as is
         check_argument_values(kwargs, check_device=isinstance(pretrained, (str, Path)))
@@ -291,6 +294,8 @@ class CRULM(HFLM):
         self.bundles: list = []
         self._router_handle = None
         self._dropped_stop_ids: dict[tuple, list[int]] = {}   # stop list -> ids (`dropped_stop_ids`)
+        self._chat_rendered = False      # whether a prompt went through the chat template (`apply_chat_template`)
+        self._format_checked = False     # `check_prompt_format` has run (it warns once)
         if entries:
             self.bundles = bundles
             self.router_sources = [str(e) if isinstance(e, (str, Path)) else repr(e) for e in entries]
@@ -330,7 +335,26 @@ class CRULM(HFLM):
             self._attach()
 
     # ---------------------------------------------------------- loglikelihood
+    def check_prompt_format(self) -> None:
+        """Warn once, in one line, when a bundle's routers trained on another prompt format than this evaluation's
+        (the chat template or not): routers gate text they never saw, so "forgetting" can be a format effect. Called
+        when the requests come, which lm-eval builds (through `apply_chat_template`) before running any.
+        A bundle that does not record its format (made before bundles recorded it) is not checked."""
+        if self._format_checked or not self.bundles:
+            return
+        self._format_checked = True
+        evaluated = "the chat template" if self._chat_rendered else "no chat template"
+        for source, bundle in zip(self.router_sources, self.bundles):
+            trained = (bundle.config.training or {}).get("prompt_format")
+            if trained is not None and (trained == "chat") != self._chat_rendered:
+                eval_logger.warning(
+                    f"router bundle {source} trained on {'chat-template' if trained == 'chat' else trained} prompts, "
+                    f"but this evaluation prompts with {evaluated}: its scores measure a format change too "
+                    f"(train and evaluate alike: unlearn --prompt-format, lm_eval --apply_chat_template)")
+                return
+
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[LoglikelihoodResult]:
+        self.check_prompt_format()
         if self.enable_thinking:
             task_names = sorted({req.task_name for req in requests if req.task_name})
             raise ModelArgumentError(
@@ -576,6 +600,7 @@ class CRULM(HFLM):
         """HFLM's generation, generation kwargs through `resolve_generation_kwargs`. The resolved kwargs go to
         copies of the requests: the caller's keep their own arguments, under which lm-eval's `--use_cache` looks
         them up and `--log_samples` records them (as for `--model hf`)."""
+        self.check_prompt_format()
         resolved_requests = []
         for req in requests:
             context, gen_kwargs = req.args
@@ -593,6 +618,7 @@ class CRULM(HFLM):
         end-of-turn text, neither a generation prompt nor `continue_final_message`): what open-unlearning tokenizes
         as the scored conversation (`src/data/utils.py:61-63`).
         """
+        self._chat_rendered = True
         saved = self.chat_template_args
         self.chat_template_args = {**pinned_template_kwargs(), **(saved or {})}
         try:

@@ -35,8 +35,8 @@ def code_commits(records) -> dict[str, set[str]]:
 
 
 def provenance_lines(dirs) -> list[str]:
-    """Markdown lines for a report: which code computed the cells under `dirs`, which of them are stale (another
-    code version than this checkout's, or none recorded) and which come from a dirty tree."""
+    """Markdown lines for a report: which code computed the cells under `dirs`, which of them another code version
+    than this checkout's computed (or none is recorded; a run recomputes them) and which come from a dirty tree."""
     from ..store import CellStore
 
     current = code_version()
@@ -65,8 +65,10 @@ def provenance_lines(dirs) -> list[str]:
     for version, commits in sorted(code_commits(records).items()):
         lines.append(f"- code version {version}: commit {', '.join(sorted(commits))}")
     if stale:
-        lines.append(f"- **{len(stale)} of {total} cells are stale**: computed by other code than this checkout "
-                     "(`cru-harness run` recomputes them): " + "; ".join(stale))
+        # not an alarm: on a fresh checkout every committed cell was computed by an earlier code version
+        lines.append(f"- {len(stale)} of {total} cells were computed by another code version than this checkout's "
+                     "(named above): their numbers are what that code computed. Running the config again with this "
+                     "checkout would recompute them: " + "; ".join(stale))
     if dirty:
         lines.append(f"- **{len(dirty)} cells come from a dirty tree** (uncommitted changes to the package): not "
                      "reproducible from any commit; do not commit them: " + "; ".join(dirty))

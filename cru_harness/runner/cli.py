@@ -20,7 +20,7 @@ def register(subparsers) -> None:
     run = subparsers.add_parser("run", help="run an experiment config (cells cached; resumes; --dry-run plans)",
                                 description="Run every cell of an experiment config. Finished cells are skipped, "
                                             "an interrupted run resumes, and a report is written at the end.")
-    run.add_argument("config", help="experiment YAML (see configs/ and docs/results_schema.md)")
+    run.add_argument("config", help="experiment YAML (see configs/ and docs/configs.md)")
     run.add_argument("--dry-run", action="store_true",
                      help="validate the config and print the cells (what is trained, downloaded, evaluated); "
                           "touches no model")
@@ -164,9 +164,10 @@ def plan_summary(config, cells, selected_targets=None) -> dict:
 
 
 def _origin(path: str) -> str:
+    from ..testbed.names import is_builtin_model
     from .plan import is_hub_id
 
-    if path.startswith("zoo:") or path == "smollm2":
+    if is_builtin_model(path):
         return "built-in testbed model"
     return "Hugging Face Hub" if is_hub_id(path) else "local path"
 

@@ -1,5 +1,5 @@
 """The evaluation phase of a cell: lm-eval's `simple_evaluate` with the `cru` model on the project's tasks, saved
-as `lm_eval --log_samples` saves it, then scored through the project scorers (`reporting.cell_scores`)."""
+as `lm_eval --log_samples` saves it, then scored through the project scorers (`scoring.cell_scores`)."""
 from __future__ import annotations
 
 import time
@@ -157,8 +157,8 @@ def run_lmeval(model: ModelSpec, model_path: str, tasks: list[str], out: Path, *
 def score_cell(cell: Cell, lmeval_dir: Path, *, data_dir=None, original_model: str | None = None,
                retain_result: dict | None = None) -> dict:
     """Per-cell numbers in the result schema (docs/results_schema.md) from the cell's saved lm-eval outputs,
-    through the project scorers (`reporting.cell_scores`: `reporting.score` for TOFU, the RWKU tasks'
-    `per_target_results` for RWKU, `reporting.failure_modes` for answer classes), by the cell's benchmark plugin."""
+    through the project scorers (`scoring.cell_scores`: `scoring.score` for TOFU, the RWKU tasks'
+    `per_target_results` for RWKU, `scoring.failure_modes` for answer classes), by the cell's benchmark plugin."""
     from .. import plugins
 
     failure = bool(cell.evaluation.get("failure_classes", True))

@@ -6,24 +6,9 @@ import functools
 import time
 from typing import Callable
 
+from ..testbed.names import is_builtin_model, resolve_data_dir, resolve_model_path  # noqa: F401 - the runner's names
 from .config import ModelSpec
 from .plan import Cell
-
-
-def resolve_model_path(path: str) -> str:
-    """`zoo:<arch>[:<variant>]` -> a cached tiny checkpoint; `smollm2` -> the offline SmolLM2; else as given."""
-    if path.startswith("zoo:"):
-        from ..testbed.zoo import tiny_checkpoint
-
-        parts = path.split(":")
-        arch = parts[1] if len(parts) > 1 and parts[1] else "llama"
-        variant = parts[2] if len(parts) > 2 else "finetuned"
-        return str(tiny_checkpoint(arch, variant))
-    if path == "smollm2":
-        from ..testbed.smollm import materialize_smollm2
-
-        return str(materialize_smollm2())
-    return path
 
 
 def local_builds(config) -> list[str]:
@@ -32,7 +17,7 @@ def local_builds(config) -> list[str]:
     for model in config.models:
         candidates = [model.path] + [spec.value for spec in model.retain.values() if spec.kind == "checkpoint"]
         for path in candidates:
-            if (path.startswith("zoo:") or path == "smollm2") and path not in paths:
+            if is_builtin_model(path) and path not in paths:
                 paths.append(path)
     return paths
 
@@ -61,15 +46,6 @@ def prebuild_local_models(config, *, workers: int = 2, log: Callable[[str], None
             except Exception as err:  # noqa: BLE001 - each cell of this model records the error itself
                 log(f"model {path} could not be built ({type(err).__name__}: {err}); its cells will fail with it")
     log(f"built-in models ready in {time.perf_counter() - t0:.1f}s")
-
-
-def resolve_data_dir(data_dir: str | None) -> str | None:
-    """`testbed:world` -> the fictitious TOFU-schema world of the testbed; else as given."""
-    if data_dir == "testbed:world":
-        from ..testbed.zoo import tiny_world_dir
-
-        return str(tiny_world_dir())
-    return data_dir
 
 
 def resolve_device(device: str) -> str:

@@ -3,12 +3,12 @@
 There is one scoring path. The runner saves lm-eval's outputs exactly as `lm_eval --output_path ... --log_samples`
 does (`results_<date>.json` + `samples_<task>_<date>.jsonl`), and this module scores those files with:
 
-- TOFU: `reporting.score.score_runs` (task numbers, Model Utility, Forget Quality against the retain cell's per-item
+- TOFU: `scoring.score.score_runs` (task numbers, Model Utility, Forget Quality against the retain cell's per-item
   truth ratios, per-item values, failure classes with the NLL under the original model); `per_item.jsonl` and
   `scores.json` are written next to the lm-eval files, as `cru-harness score` would.
 - RWKU: `cru_harness.tasks.rwku.utils.per_target_results` (per-target numbers of every task) and
   `per_item_records`; failure classes of the forget (FB, QA, AA) and neighbour answers with
-  `reporting.failure_modes` (NLL under the original model).
+  `scoring.failure_modes` (NLL under the original model).
 
 Here only names are mapped (lm-eval task/metric -> result key); no number is computed twice.
 """

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -38,7 +39,11 @@ def tofu_refusal_phrases(data_dir: str | Path | None = None) -> tuple[tuple[str,
     except DataSourceError as err:
         if resolve_local_dir("tofu", data_dir) is not None:
             raise
-        # no local copy and no Hub: the generic stems still catch most refusals
+        # no local copy and no Hub: the generic stems still catch most refusals, and the user is told in one line
+        # (the Hub's retries took their time; the note also goes into scores.json)
+        print("note: TOFU's refusal list could not be read (no local TOFU copy, and the Hub did not answer): the "
+              "refusal class uses the default refusal phrases only; give --data-dir for the full list",
+              file=sys.stderr)
         return tuple(M.DEFAULT_REFUSAL_PHRASES), f"default stems only (idontknow list unavailable: {err})"
     return tuple(M.DEFAULT_REFUSAL_PHRASES) + tuple(extra), "default stems + TOFU's idontknow answers"
 

@@ -506,8 +506,10 @@ def add_score_parser(subparsers) -> argparse.ArgumentParser:
     retain.add_argument("--retain-per-item", metavar="FILE",
                         help="a per_item.jsonl written by `score` for the retain model")
     parser.add_argument("--original-model", metavar="PATH",
-                        help="HF checkpoint of the original model: NLL of each forget answer under it")
-    parser.add_argument("--data-dir", metavar="DIR", help="local TOFU copy (for the idontknow refusal list)")
+                        help="HF checkpoint (or testbed model) of the original model: NLL of each forget answer under "
+                             "it")
+    parser.add_argument("--data-dir", metavar="DIR",
+                        help="local TOFU copy, or testbed:world (for the idontknow refusal list)")
     from ..devices import add_device_arguments
 
     add_device_arguments(parser, dtype_help="dtype of --original-model (default float32)")
@@ -526,13 +528,16 @@ def run_score(args: argparse.Namespace) -> int:
         from cru_harness.locations import check_output_dir
 
         check_output_dir(args.output_dir, what="--output-dir", allow_existing=True)
-    if args.original_model is not None:   # a missing directory in one line, before any run is read
+    from cru_harness.testbed.names import resolve_model_path
+
+    original_model = args.original_model
+    if original_model is not None:   # a missing directory in one line, before any run is read
         from cru_harness.locations import check_model_path
 
-        check_model_path(args.original_model, what="--original-model")
+        original_model = check_model_path(resolve_model_path(original_model), what="--original-model")
     report = score_runs(
         args.runs, retain_run=args.retain_run, retain_per_item=args.retain_per_item,
-        original_model=args.original_model, data_dir=args.data_dir, device=args.device,
+        original_model=original_model, data_dir=args.data_dir, device=args.device,
         batch_size=args.batch_size, device_map=args.device_map, dtype=args.dtype,
     )
     out_dir = Path(args.output_dir or args.runs[0])

@@ -33,6 +33,7 @@ from cru_harness.data.rwku import PROBE_KINDS as QUESTION_KIND_PROBES
 from cru_harness.errors import InputError
 from cru_harness.lmeval.metadata import check_metadata_keys, metadata_count, metadata_flag
 from cru_harness.protocol import JOINT_MARKER, template_date
+from cru_harness.lmeval.dataset import QuietCustomDataset
 from cru_harness.lmeval.request_cache import UncachedRequests
 from cru_harness.prompts import (RWKU_ANSWER_PREFIX, RWKU_DATE, RWKU_QUESTION_PROBES, check_rwku_preset,
                                  rwku_plain_prompt, rwku_probe_prompt)
@@ -275,7 +276,7 @@ def plain_prompt(doc: Mapping, system_instruction: str | None = None) -> str:
 NEWLINE_STOP_PROBES = ("fb", "qa", "aa", "neighbor_fb", "neighbor_qa", "triviaqa")
 
 
-class RWKUTask(UncachedRequests, ConfigurableTask):
+class RWKUTask(QuietCustomDataset, UncachedRequests, ConfigurableTask):
     """ConfigurableTask with RWKU's own prompt layout.
 
     Chat template: the user message alone (RWKU sends no system turn; an explicit `--system_instruction` is still

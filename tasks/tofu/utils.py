@@ -37,6 +37,7 @@ from cru_harness import metrics as M
 from cru_harness.lmeval.metadata import check_metadata_keys
 # `cru` scores a continuation ending in EOS_MARKER with the tokenizer's EOS id appended (TOFU counts EOS).
 from cru_harness.protocol import EOS_MARKER, JOINT_MARKER, has_token_stats, max_length_marker, template_date
+from cru_harness.lmeval.dataset import QuietCustomDataset
 from cru_harness.lmeval.request_cache import UncachedRequests
 from cru_harness import prompts as P
 
@@ -204,7 +205,7 @@ def truth_ratio_utility_agg(items) -> float:
 # --------------------------------------------------------------------------------------------- task
 
 
-class TOFUTask(UncachedRequests, ConfigurableTask):
+class TOFUTask(QuietCustomDataset, UncachedRequests, ConfigurableTask):
     """A ConfigurableTask whose items each issue a greedy generation and the answer log-likelihoods.
 
     `output_type` stays `generate_until` so lm-eval applies `--gen_kwargs` to the generation request. The preset

