@@ -8,9 +8,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 #: What a task's utils.py may import of the project: its public, lm-eval-facing API (the metrics, prompts and data
-#: loaders, the protocol's markers, lm-eval metadata and request-cache helpers, the user errors).
+#: loaders, the protocol's markers, lm-eval metadata, dataset and request-cache helpers, the user errors).
 TASK_IMPORTS = ("cru_harness.metrics", "cru_harness.prompts", "cru_harness.protocol", "cru_harness.data",
                 "cru_harness.errors", "cru_harness.lmeval.metadata", "cru_harness.lmeval.request_cache",
+                "cru_harness.lmeval.dataset",
                 "cru_harness.lmeval.protocol", "cru_harness")
 
 
