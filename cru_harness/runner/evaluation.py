@@ -59,7 +59,9 @@ def model_uses_chat_template(model: ModelSpec, evaluation: dict, model_path: str
         return bool(model.chat_template)
     if evaluation.get("apply_chat_template") is not None:
         return bool(evaluation["apply_chat_template"])
-    if model.path.startswith("zoo:"):
+    from ..testbed.names import trained_plain
+
+    if trained_plain(model.path):
         return False
     from transformers import AutoTokenizer
 

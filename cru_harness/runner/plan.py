@@ -252,7 +252,9 @@ def retain_cell_for(cell: Cell, cells: Iterable[Cell]) -> Cell | None:
 
 def is_hub_id(path: str) -> bool:
     """A model path that will be fetched from the Hub (not local, not a built-in testbed model)."""
-    if path.startswith(_LOCAL_PREFIXES) or path.startswith("zoo:") or path == "smollm2":
+    from ..testbed.names import is_builtin_model
+
+    if path.startswith(_LOCAL_PREFIXES) or is_builtin_model(path):
         return False
     from pathlib import Path
 
