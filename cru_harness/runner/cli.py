@@ -184,7 +184,10 @@ def security_summary(config) -> list[dict]:
                                 "path": spec.value, "origin": _origin(spec.value),
                                 "trust_remote_code": model.trust_remote_code})
     # A PURGE checkpoint is evaluated under the RWKU model's spec, hence with its trust_remote_code.
-    trusted = any(m.trust_remote_code for m in config.models if "rwku" in m.benchmarks)
+    from .. import plugins
+
+    purge = plugins.methods.get("PURGE").benchmarks or ()
+    trusted = any(m.trust_remote_code for m in config.models if set(purge) & set(m.benchmarks))
     for target, path in sorted(config.purge_checkpoints.items()):
         entries.append({"key": f"purge_checkpoints.{target}", "name": f"PURGE target {target}", "path": path,
                         "origin": _origin(path), "trust_remote_code": trusted})

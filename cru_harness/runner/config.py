@@ -600,7 +600,10 @@ def _validate_finetune(value: Any, where: str, source: str | None, *, needs_data
                 # a model's own fine-tune is one cell for every split: nothing fills a placeholder there
                 _fail(f"{where}.data", f"placeholder {{{names[0]}}} is filled only in a retain oracle's "
                       f"`finetune: data`; a model's fine-tune trains once, on one corpus", source)
-            _check_placeholders(val, "tofu", f"{where}.data", source)
+            # TOFU's recipe: its data names the oracle benchmark's units (`{retain_split}`)
+            oracle = next((b for b in _benchmark_names() if benchmark_plugin(b).has_oracle), None)
+            if oracle is not None:
+                _check_placeholders(val, oracle, f"{where}.data", source)
         elif canon == "dtype":
             if val not in DTYPE_NAMES:
                 _fail(f"{where}.dtype", f"expected one of {', '.join(DTYPE_NAMES)}, got {val!r}", source)
