@@ -16,7 +16,8 @@ torch.set_num_threads(1)  # 2 shared cores
 
 from cru_harness import plugins  # noqa: E402
 from cru_harness.api import CellContext  # noqa: E402
-from cru_harness.attacks import detach, logit_lens, quantize, recovery, relearn  # noqa: E402
+from cru_harness.attacks import detach, logit_lens, quantize, relearn  # noqa: E402
+from cru_harness.metrics import recovery  # noqa: E402
 from cru_harness.cru.bundle import BundleConfig, RouterBundle, base_fingerprint  # noqa: E402
 from cru_harness.data.corpora import load_corpus_rows  # noqa: E402
 from cru_harness.devices import load_causal_lm  # noqa: E402
