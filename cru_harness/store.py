@@ -303,6 +303,58 @@ def load_results(*dirs: str | os.PathLike, log: Callable[[str], None] | None = N
     return list(by_hash.values())
 
 
+# ------------------------------------------------------------------------------------------- run directory
+#: What a run, its shards, `merge`, `study` and `--reproduce` write at the top of a run directory.
+RUN_ENTRIES = frozenset({CELLS_DIR, "report", "study", "target_selection", "reproduction.md", "reproduction.json"})
+
+
+def _run_entry(name: str) -> bool:
+    from .locations import WRITE_TEST_PREFIX
+
+    return (name in RUN_ENTRIES or name.startswith((LOCK_FILE, WRITE_TEST_PREFIX))
+            or (name.startswith("plan") and name.endswith(".json"))   # plan.json, plan.shard1of2.json, plan.input1.json
+            or (name.startswith(".") and name.endswith(".tmp")))      # a killed atomic write's leftover
+
+
+def check_run_directory(output_dir: str | os.PathLike, name: str, what: str = "output_dir") -> None:
+    """Refuse (`OutputLocationError`, before any work) an existing `output_dir` that is neither empty nor a run
+    of the experiment `name`: a run writes plan.json, cells/ and report/ there, replacing files of those names.
+
+    A run of `name` is a directory whose plan.json (or a shard's plan) records a config of that name; its cells are
+    then reused by hash, as resuming does. Without a plan, a directory holding only what a run writes (a run
+    stopped before its plan was written, `merge` output) is taken too. Anything else is refused, naming what is
+    there."""
+    from .locations import OutputLocationError
+
+    root = Path(output_dir).expanduser()
+    if not root.is_dir():
+        return   # absent (created by the run), or a file: check_output_dir names that
+    entries = sorted(root.iterdir(), key=lambda entry: entry.name)
+    plans = [entry for entry in entries if entry.name.startswith("plan") and entry.name.endswith(".json")
+             and entry.is_file()]
+    others: list[str] = []
+    for plan in plans:
+        try:
+            recorded = read_json(plan)
+        except (OSError, ValueError) as err:
+            raise OutputLocationError(f"{what} {root} holds a {plan.name} that cannot be read ({err}): not a run "
+                                      "of this config; choose a new or empty directory") from None
+        config = recorded.get("config") if isinstance(recorded, dict) else None
+        recorded_name = config.get("name") if isinstance(config, dict) else None
+        if recorded_name == name:
+            return
+        others.append(repr(recorded_name) if isinstance(recorded_name, str) else f"no experiment ({plan.name})")
+    if others:
+        raise OutputLocationError(f"{what} {root} holds the run of another experiment ({', '.join(sorted(set(others)))}"
+                                  f", not {name!r}): choose a new or empty directory, or that run's config")
+    foreign = [entry.name + ("/" if entry.is_dir() else "") for entry in entries if not _run_entry(entry.name)]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise OutputLocationError(f"{what} {root} is not empty and is not a cru-harness run (it holds {shown}): a "
+                                  "run would write plan.json, cells/ and report/ among them; choose a new or empty "
+                                  "directory")
+
+
 # --------------------------------------------------------------------------------------------------- run lock
 @contextmanager
 def waiting_lock(path: str | os.PathLike) -> Iterator[None]:

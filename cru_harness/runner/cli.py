@@ -249,7 +249,9 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
     directory whose finished cells of this plan are copied in first (`reuse_cells`; `reuse_bundles`: the run
     reads its CRU cells' router bundles, as a gate_gap study does).
 
-    A real run first checks that its output directory can be written and takes the directory's lock
+    Every run, a dry run too, first refuses an output directory that is the root or home directory, or that
+    exists and holds neither nothing nor a run of this experiment (`store.check_run_directory`): a run writes
+    plan.json, cells/ and report/ there. A real run then checks that it can be written and takes the directory's lock
     (`cache.RunLock`): a second run on the same directory stops there, naming the process that holds it."""
     if reproduce is not None:
         reproduce = Path(reproduce)
@@ -262,6 +264,12 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
         reuse = run_stores([reuse])[0].root   # a mistyped directory stops here, before anything runs
         if reuse.resolve() == Path(config.output_dir).resolve():
             raise InputError(f"--reuse {reuse} is the run's own output directory")
+    from ..locations import check_not_shared_directory
+    from ..store import check_run_directory
+
+    # before anything is planned or written, a dry run too: a run writes plan.json, cells/, report/ there
+    check_not_shared_directory(config.output_dir, "output_dir")
+    check_run_directory(config.output_dir, config.name)
     options = dict(shard=shard, force=force, report=report, executor=executor, as_json=as_json, log=log,
                    reproduce=reproduce, inputs=inputs, only=only, reuse=reuse, reuse_bundles=reuse_bundles)
     if dry_run:
