@@ -141,6 +141,18 @@ def machine_problems(config) -> list[UserError]:
     return problems
 
 
+def check_local_models_exist(config) -> None:
+    """A real run stops before any cell when a model given as a local path is not there: each cell would fail on
+    its own, and transformers would read the path as a Hub repo id ("Repo id must be in the form ..."). (A dry
+    run only warns: it may plan the run for another machine.)"""
+    from .config import ConfigError
+
+    for entry in security_summary(config):
+        if entry["origin"] == "local path" and not Path(entry["path"]).expanduser().exists():
+            raise ConfigError(entry["key"], f"model {entry['path']} does not exist (no such directory)",
+                              config.source)
+
+
 def _load(path: str, output_dir: str | None):
     from .config import load_config
 
@@ -280,6 +292,7 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
 
     if shard:
         parse_shard(shard)  # a bad --shard is reported before anything is locked or written
+    check_local_models_exist(config)
     check_output_dir(config.output_dir, what="output_dir", allow_existing=True)
     with RunLock(config.output_dir, shard=shard, log=log):
         return _run_config(config, dry_run=False, **options)
@@ -350,10 +363,18 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
     counts = run_cells(to_run, store, executor, log=log, force=force, **({"inputs": inputs} if inputs else {}))
     log(f"done: {counts}")
     if report:
+        from ..errors import WRITE_ERRNOS, OutputWriteError
         from ..reporting.cli import write_report
 
-        write_report([store.root], store.root / "report", formats=config.report["formats"],
-                     plots=config.report["plots"], stats=config.report["stats"], log=log)
+        try:
+            write_report([store.root], store.root / "report", formats=config.report["formats"],
+                         plots=config.report["plots"], stats=config.report["stats"], log=log)
+        except OSError as err:   # a full disk while the report is written: the cells are whole, say so
+            if err.errno not in WRITE_ERRNOS:
+                raise
+            raise OutputWriteError(f"cannot write the report into {store.root / 'report'}: {err.strerror}; the "
+                                   f"cells are kept whole: `cru-harness report {store.root}` "
+                                   "writes the report once that is fixed") from err
     status = 0 if counts["failed"] == 0 else 1
     if reproduce is not None:
         from .reproduce import write_reproduction
