@@ -532,3 +532,46 @@ class TestOneLineRefusals:
                                                    r"directory\)"):
             run_config(config, executor=fake_executor(calls), report=False, log=lambda _: None)
         assert calls == [] and not config.output_dir.exists()
+
+
+# --------------------------------------------------------------------------------------------------- class 8
+class TestAbsurdSizes:
+    """Class 8: `effective_batch_size` 10**12, `num_epochs` 10**9, `d_r` 10**9 and `limit` 10**12 passed
+    `--dry-run`. Each is bounded by more than any run can use (the bound and its reason live beside
+    `HPARAM_BOUNDS`); the same table holds for the command lines' and the Python API's settings."""
+
+    @pytest.mark.parametrize("extra, key, words", [
+        ({"methods": [{"method": "GA", "effective_batch_size": 10 ** 12}]}, "methods[0].effective_batch_size",
+         "must be <= 65536"),
+        ({"methods": [{"method": "GA", "num_epochs": 10 ** 9}]}, "methods[0].num_epochs", "must be <= 1000"),
+        ({"methods": [{"method": "CRU", "d_r": 10 ** 9}]}, "methods[0].d_r", "must be <= 65536"),
+        ({"evaluation": {"limit": 10 ** 12}}, "evaluation.limit", "must be <= 1000000"),
+        ({"benchmarks": {"tofu": {"splits": ["forget01"], "limit": 10 ** 12}}}, "benchmarks.tofu.limit",
+         "must be <= 1000000"),
+        ({"evaluation": {"batch_size": 10 ** 9}}, "evaluation.batch_size", "must be <= 65536"),
+    ])
+    def test_absurd_sizes_are_refused_by_a_dry_run(self, extra, key, words, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        assert main(["run", str(write_run_config(tmp_path, **extra)), "--dry-run"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{key}: {words}" in err[0], err
+
+    def test_the_same_bounds_hold_for_the_training_settings_of_the_python_api(self):
+        from cru_harness.cru.train import RouterTrainingConfig
+        from cru_harness.errors import InputError
+
+        with pytest.raises(InputError, match="d_r: must be <= 65536"):
+            RouterTrainingConfig(d_r=10 ** 9)
+        with pytest.raises(InputError, match="epochs: must be <= 1000"):
+            RouterTrainingConfig(epochs=10 ** 9)
+        assert RouterTrainingConfig(d_r=64, epochs=1000).epochs == 1000   # the bounds themselves are taken
+
+    def test_a_dry_run_names_each_trained_cells_settings(self, tmp_path, capsys):
+        """Where no bound is meaningful (warmup_steps, max_length), the plan says what each cell would train with."""
+        from cru_harness.cli import main
+
+        path = write_run_config(tmp_path, methods=[{"method": "GA", "warmup_steps": 10 ** 6, "num_epochs": 1000}])
+        assert main(["run", str(path), "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert "num_epochs=1000" in out and "warmup_steps=1000000" in out

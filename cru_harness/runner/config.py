@@ -19,8 +19,8 @@ from ..devices import DTYPE_NAMES
 from ..reporting.settings import configured_methods, report_settings  # noqa: F401  (importable here)
 from ..validation import MAX_MESSAGE, ConfigChecker, ConfigError, excerpt  # noqa: F401  (importable here)
 from ..validation import _boolean, _check_keys, _fail, _number, _str_list, _suggest  # noqa: F401
-from ..hparams import (HPARAM_BOUNDS, HPARAM_CHOICES, adam_betas_problem, bound_problem, check_seed,  # noqa: F401
-                       fields_problem, seed_problem)
+from ..hparams import (HPARAM_BOUNDS, HPARAM_CHOICES, MAX_BATCH, MAX_ROWS, adam_betas_problem,  # noqa: F401
+                       bound_problem, check_seed, fields_problem, seed_problem)
 from ..errors import InputError, MissingInputError
 from ..prompts import DEFAULT_RWKU_PRESET, DEFAULT_TOFU_PRESET, PresetError, check_rwku_preset, check_tofu_preset
 from ..baselines.purge import PURGE_TARGETS
@@ -330,7 +330,7 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         resolved["tasks"] = tasks
         limit = spec.get("limit")
         if limit is not None:
-            limit = _number(limit, f"{where}.limit", source, low=1, integer=True)
+            limit = _number(limit, f"{where}.limit", source, low=1, high=MAX_ROWS, integer=True)
         resolved["limit"] = limit
         for corpus_key in ("forget_corpus", "retain_corpus"):
             value = spec.get(corpus_key, plugin.default_corpora[corpus_key])
@@ -485,9 +485,10 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
             benchmark_plugin(bench).check_evaluation(evaluation)
     except PresetError as err:
         _fail("evaluation", str(err), source)
-    _number(evaluation["batch_size"], "evaluation.batch_size", source, low=1, integer=True)
+    _number(evaluation["batch_size"], "evaluation.batch_size", source, low=1, high=MAX_BATCH,
+            integer=True)
     if evaluation["limit"] is not None:
-        _number(evaluation["limit"], "evaluation.limit", source, low=1, integer=True)
+        _number(evaluation["limit"], "evaluation.limit", source, low=1, high=MAX_ROWS, integer=True)
     _boolean(evaluation["failure_classes"], "evaluation.failure_classes", source)
     _boolean(evaluation["apply_chat_template"], "evaluation.apply_chat_template", source, allow_none=True)
     report = report_settings(raw.get("report"), source)
