@@ -575,3 +575,109 @@ class TestAbsurdSizes:
         assert main(["run", str(path), "--dry-run"]) == 0
         out = capsys.readouterr().out
         assert "num_epochs=1000" in out and "warmup_steps=1000000" in out
+
+
+# --------------------------------------------------------------------------------------------------- class 6
+def one_computed_run(tmp_path: Path, metrics: dict | None = None):
+    """A run of two cells computed by a test double; returns (config, the path of the GA cell's result.json)."""
+    from cru_harness.runner import config as cfg
+    from cru_harness.runner.cli import run_config
+
+    config = cfg.load_config(write_run_config(tmp_path))
+
+    def executor(cell, workdir):
+        return {"metrics": dict(metrics or {"forget_rouge_l": 0.5, "forget_prob": 0.25})}
+
+    assert run_config(config, executor=executor, report=False, log=lambda _: None) == 0
+    ga = next(p for p in config.output_dir.glob("cells/*/result.json") if json.loads(p.read_text())["label"] == "GA")
+    return config, ga
+
+
+class TestResultContent:
+    """Class 6: a result.json edited by hand (a metric +0.25, still valid JSON) was read by `report` and `run` as
+    if computed. Cells carry a digest of their content, checked wherever a cell is read (run, report, compare and
+    merge all read through `CellStore.load_result`); a metric outside its range is refused by name, digest or
+    not. A cell without a digest (written before digests existed, as the committed results) is read as it is."""
+
+    def test_a_result_carries_the_digest_of_its_content(self, tmp_path):
+        from cru_harness.runner.cache import result_digest
+
+        _, path = one_computed_run(tmp_path)
+        result = json.loads(path.read_text())
+        assert result["digest"].startswith("sha256:") and result["digest"] == result_digest(result)
+
+    def test_an_edited_number_is_refused_and_recomputed(self, tmp_path):
+        from cru_harness.runner.cache import CellStore, load_results
+        from cru_harness.runner.cli import run_config
+
+        config, path = one_computed_run(tmp_path)
+        result = json.loads(path.read_text())
+        result["metrics"]["forget_prob"] += 0.25   # still in range, still valid JSON
+        path.write_text(json.dumps(result, indent=2))
+        logged = []
+        assert CellStore(config.output_dir, log=logged.append).load_result(result["hash"]) is None
+        assert "its content does not match its digest" in logged[0] and str(path) in logged[0]
+        assert result["hash"] not in {r["hash"] for r in load_results(config.output_dir, log=lambda _: None)}
+        calls = []
+        assert run_config(config, executor=fake_executor(calls), report=False, log=lambda _: None) == 0
+        assert calls == [result["hash"]]   # run recomputed the edited cell alone
+
+    def test_report_leaves_an_edited_cell_out_and_names_it(self, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        config, path = one_computed_run(tmp_path)
+        result = json.loads(path.read_text())
+        result["metrics"]["forget_rouge_l"] = 0.75
+        path.write_text(json.dumps(result))
+        assert main(["report", str(config.output_dir)]) == 0
+        err = capsys.readouterr().err
+        assert f"{path} is not a valid cell file (its content does not match its digest" in err
+
+    @pytest.mark.parametrize("name, value", [("forget_rouge_l", 1.25), ("forget_prob", -0.25),
+                                             ("forget_quality", 1.5), ("mia_auc_loss", 2.0),
+                                             ("mia_fm_loss", 0.5), ("utility_fluency", -1.0),
+                                             ("retain_truth_ratio", 7.0), ("forget_fb", "high")])
+    def test_a_metric_outside_its_range_is_refused_by_name_digest_or_not(self, name, value, tmp_path):
+        from cru_harness.runner.cache import CellStore, validate_result, with_digest
+
+        config, path = one_computed_run(tmp_path)
+        result = json.loads(path.read_text())
+        result["metrics"][name] = value
+        legacy = {k: v for k, v in result.items() if k != "digest"}
+        for content in (legacy, with_digest(result)):   # a legacy cell, and one whose digest was recomputed too
+            path.write_text(json.dumps(content))
+            problem = validate_result(json.loads(path.read_text()), result["hash"])
+            assert problem is not None and problem.startswith(f"metric {name} ")
+            assert CellStore(config.output_dir, log=lambda _: None).load_result(result["hash"]) is None
+
+    def test_a_cell_without_a_digest_is_read_as_it_is(self, tmp_path):
+        from cru_harness.runner.cache import CellStore
+
+        config, path = one_computed_run(tmp_path)
+        result = json.loads(path.read_text())
+        del result["digest"]
+        path.write_text(json.dumps(result))
+        loaded = CellStore(config.output_dir, log=pytest.fail).load_result(result["hash"])
+        assert loaded == result
+
+    def test_a_relabelled_copy_gets_a_digest_of_its_own(self, tmp_path):
+        from cru_harness.runner.cache import CellStore
+        from cru_harness.runner.cli import copy_cell
+
+        config, path = one_computed_run(tmp_path)
+        result = json.loads(path.read_text())
+        store = CellStore(config.output_dir)
+
+        class Relabelled:   # what reuse_cells passes: the same computation under another label
+            hash, label = "f" * 16, "GA-again"
+            computation = __import__("cru_harness.runner.plan", fromlist=["computation_key"]).computation_key(
+                json.loads((path.parent / "run_record.json").read_text())["resolved_config"])
+
+            @staticmethod
+            def resolved():
+                return json.loads((path.parent / "run_record.json").read_text())["resolved_config"]
+
+        out = CellStore(tmp_path / "out")
+        assert copy_cell(store, out, result["hash"], keep_ok=True, as_cell=Relabelled)
+        copied = out.load_result("f" * 16)
+        assert copied is not None and copied["label"] == "GA-again"

@@ -500,7 +500,7 @@ def copy_cell(store, out_store, cell_hash: str, *, keep_ok: bool, as_cell=None, 
     not; with `keep_ok`, only an 'ok' result is copied at all. `as_cell`: a planned cell that differs from it only
     in label (`reuse_cells`), whose hash and label the copy takes. `bundle`: copy the cell's router bundle too
     (work/routers), and nothing if it has none. Returns whether it copied."""
-    from ..store import RECORD_FILE, RESULT_FILE, WORK_DIR, atomic_write_json, read_json
+    from ..store import RECORD_FILE, RESULT_FILE, WORK_DIR, atomic_write_json, read_json, with_digest
     from .training import ROUTERS_DIR
 
     result = store.load_result(cell_hash)
@@ -536,7 +536,7 @@ def copy_cell(store, out_store, cell_hash: str, *, keep_ok: bool, as_cell=None, 
         atomic_write_json(tmp / RECORD_FILE, dict(
             record, hash=new_hash, resolved_config=as_cell.resolved(),
             reused_from={"hash": cell_hash, "label": result["label"], "run": str(store.root)}))
-        atomic_write_json(tmp / RESULT_FILE, dict(result, hash=new_hash, label=as_cell.label))
+        atomic_write_json(tmp / RESULT_FILE, with_digest(dict(result, hash=new_hash, label=as_cell.label)))
     if target.exists():
         shutil.rmtree(target)
     tmp.rename(target)
