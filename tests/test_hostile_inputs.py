@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cru_harness.errors import UserError
-
 
 class StopBeforeLoading(Exception):
     """Raised by the stand-in for HFLM.__init__: construction got as far as loading the base."""
@@ -84,43 +82,6 @@ class TestBooleanModelArguments:
         kwargs = {"trust_remote_code": " TRUE ", "parallelize": None, "logits_cache": False}
         check_boolean_arguments(kwargs)
         assert kwargs == {"trust_remote_code": True, "parallelize": None, "logits_cache": False}
-
-
-# --------------------------------------------------------------------------------------------------- class 4
-class TestEmptyModelArguments:
-    """Class 4: `routers=` empty scored the base as if it were CRU (rc 0, no warning). An argument given with no
-    value is refused, naming it, before anything loads; leaving `routers` out still gives the base alone."""
-
-    @pytest.mark.parametrize("spec, name", [("routers=", "routers"), ("routers= ", "routers"),
-                                            ("routers=,dtype=float32", "routers"), ("dtype=", "dtype"),
-                                            ("revision=", "revision")])
-    def test_an_empty_argument_is_refused_by_name(self, spec, name, fake_model_dir, hflm_calls):
-        from lm_eval.utils import simple_parse_args_string
-
-        from cru_harness.lmeval.model import CRULM, ModelArgumentError
-
-        args = simple_parse_args_string(f"base={fake_model_dir},{spec}")
-        with pytest.raises(ModelArgumentError, match=f"cru model: {name}= is empty in --model_args"):
-            CRULM(device="cpu", **args)
-        assert hflm_calls == []
-
-    @pytest.mark.parametrize("routers, words", [([], "routers=\\[\\] names no bundle"),
-                                                (False, "routers=False in --model_args is not a bundle")])
-    def test_routers_that_name_no_bundle_are_refused(self, routers, words, fake_model_dir, hflm_calls):
-        from cru_harness.lmeval.model import CRULM, ModelArgumentError
-
-        with pytest.raises(ModelArgumentError, match=words):
-            CRULM(base=str(fake_model_dir), routers=routers, device="cpu")
-        assert hflm_calls == []
-
-    def test_an_empty_base_is_refused_and_no_routers_means_the_base_alone(self, fake_model_dir, hflm_calls):
-        from cru_harness.lmeval.model import CRULM, ModelArgumentError
-
-        with pytest.raises(ModelArgumentError, match="base= is empty"):
-            CRULM(base="", routers=str(fake_model_dir), device="cpu")
-        with pytest.raises(StopBeforeLoading):   # no routers argument at all: the base is loaded as it is
-            CRULM(base=str(fake_model_dir), device="cpu")
-        assert len(hflm_calls) == 1
 
 
 # --------------------------------------------------------------------------------------------------- class 2
@@ -210,6 +171,134 @@ class TestOutputDirectory:
         kind = "the file system root" if where == "/" else "the home directory"
         assert f"output_dir {where} is {kind}: give a directory of its own" in err
         assert not (Path(where).expanduser() / "plan.json").exists()
+
+
+# --------------------------------------------------------------------------------------------------- class 3
+BOMB_LEVELS = 9   # 10 ** 9 values once expanded, from 11 lines
+
+
+def alias_bomb(key_path: str) -> str:
+    """A config whose `key_path` (a validated key) holds a billion-laughs list of aliases."""
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for level in range(1, BOMB_LEVELS + 1):
+        lines.append(f"l{level}: &l{level} [" + ", ".join([f"*l{level - 1}"] * 10) + "]")
+    bomb = "\n".join(lines)
+    return bomb + "\n" + key_path.format(bomb=f"*l{BOMB_LEVELS}")
+
+
+class TestBoundedConfigs:
+    """Class 3: alias bombs under validated keys took gigabytes and printed error lines of up to 2 GB, since
+    validation walks and echoes the expanded value; deep nesting ended in a RecursionError. Aliases, nesting and
+    file size are bounded before validation, and every error message is bounded."""
+
+    @pytest.mark.parametrize("tail", [
+        "name: t\nseeds: {bomb}\nmodels: [{{name: m, path: zoo:llama}}]\nbenchmarks: {{tofu: {{}}}}\nmethods: [GA]",
+        "name: t\nmodels: [{{name: m, path: zoo:llama, benchmarks: {bomb}}}]\nbenchmarks: {{tofu: {{}}}}\n"
+        "methods: [GA]",
+        "name: t\nmodels: [{{name: m, path: zoo:llama}}]\nbenchmarks: {{tofu: {{tasks: {bomb}}}}}\nmethods: [GA]",
+        "name: t\nmodels: [{{name: m, path: zoo:llama}}]\nbenchmarks: {{tofu: {{}}}}\n"
+        "methods: [{{method: CRU, blocks: {bomb}}}]",
+    ])
+    def test_alias_bombs_are_refused_before_validation(self, tail, tmp_path):
+        import time
+
+        from cru_harness.runner.config import ConfigError, load_config
+
+        path = tmp_path / "bomb.yaml"
+        path.write_text(alias_bomb(tail))
+        start = time.monotonic()
+        with pytest.raises(ConfigError) as info:
+            load_config(path)
+        assert time.monotonic() - start < 5
+        message = str(info.value)
+        assert "stands for more than 100,000 values once its aliases (*name) are expanded" in message
+        assert message.startswith(f"{path}: <file>: ") and len(message) < 400 and "\n" not in message
+
+    def test_a_study_config_is_read_the_same_way(self, tmp_path):
+        from cru_harness.runner.config import ConfigError
+        from cru_harness.studies.config import load_study
+
+        path = tmp_path / "study.yaml"
+        path.write_text(alias_bomb("study: {bomb}"))
+        with pytest.raises(ConfigError, match="stands for more than 100,000 values"):
+            load_study(path)
+
+    @pytest.mark.parametrize("text, words", [
+        ("a: " + "[" * 3000 + "]" * 3000, r"nested more than 50 levels deep \(line 1\)"),
+        ("a: " + "{b: " * 60 + "1" + "}" * 60, "nested more than 50 levels deep"),
+        ("a: &a [1, *a]", "refers to a value that contains it"),
+        ("l0: &l0 [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n"
+         "l1: &l1 [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[*l0]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]",
+         "nested more than 50 levels deep once its aliases"),
+    ], ids=["deep-flow", "deep-mapping", "recursive-alias", "deep-through-aliases"])
+    def test_nesting_is_bounded_in_the_text_and_through_aliases(self, text, words, tmp_path):
+        from cru_harness.runner.config import ConfigError, load_config
+
+        path = tmp_path / "deep.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=words):
+            load_config(path)
+
+    def test_file_size_is_bounded_and_a_few_shared_settings_still_load(self, tmp_path):
+        from cru_harness.runner.config import ConfigError, load_config
+
+        path = tmp_path / "big.yaml"
+        path.write_text("name: t\n" + "# padding\n" * 200_000)
+        with pytest.raises(ConfigError, match=r"big.yaml: <file>: 2,000,008 bytes is more than a config may hold"):
+            load_config(path)
+        path.write_text("name: t\nmodels: [{name: m, path: zoo:llama}]\nbenchmarks: {tofu: {}}\n"
+                        "methods: [{method: GA, lr: &lr 1.0e-05}, {method: NPO, lr: *lr}]\n")
+        assert [m.hparams.get("learning_rate") for m in load_config(path).methods] == [1e-05, 1e-05]
+
+    def test_every_error_message_is_bounded(self, tmp_path):
+        from cru_harness.runner.config import MAX_MESSAGE, ConfigError, excerpt, load_config
+
+        path = tmp_path / "long.yaml"
+        path.write_text("name: " + "x" * 200 + "!" * 500_000 + "\nmodels: []\nbenchmarks: {}\nmethods: []\n")
+        with pytest.raises(ConfigError) as info:
+            load_config(path)
+        message = str(info.value)
+        assert message.startswith(f"{path}: name: expected a simple name") and len(message) <= MAX_MESSAGE + 80
+        assert "characters left out" in message
+        assert excerpt("y" * 1000) == "'" + "y" * 199 + "... (1,002 characters)"
+        assert excerpt([1, 2]) == "[1, 2]"
+
+
+# --------------------------------------------------------------------------------------------------- class 4
+class TestEmptyModelArguments:
+    """Class 4: `routers=` empty scored the base as if it were CRU (rc 0, no warning). An argument given with no
+    value is refused, naming it, before anything loads; leaving `routers` out still gives the base alone."""
+
+    @pytest.mark.parametrize("spec, name", [("routers=", "routers"), ("routers= ", "routers"),
+                                            ("routers=,dtype=float32", "routers"), ("dtype=", "dtype"),
+                                            ("revision=", "revision")])
+    def test_an_empty_argument_is_refused_by_name(self, spec, name, fake_model_dir, hflm_calls):
+        from lm_eval.utils import simple_parse_args_string
+
+        from cru_harness.lmeval.model import CRULM, ModelArgumentError
+
+        args = simple_parse_args_string(f"base={fake_model_dir},{spec}")
+        with pytest.raises(ModelArgumentError, match=f"cru model: {name}= is empty in --model_args"):
+            CRULM(device="cpu", **args)
+        assert hflm_calls == []
+
+    @pytest.mark.parametrize("routers, words", [([], "routers=\\[\\] names no bundle"),
+                                                (False, "routers=False in --model_args is not a bundle")])
+    def test_routers_that_name_no_bundle_are_refused(self, routers, words, fake_model_dir, hflm_calls):
+        from cru_harness.lmeval.model import CRULM, ModelArgumentError
+
+        with pytest.raises(ModelArgumentError, match=words):
+            CRULM(base=str(fake_model_dir), routers=routers, device="cpu")
+        assert hflm_calls == []
+
+    def test_an_empty_base_is_refused_and_no_routers_means_the_base_alone(self, fake_model_dir, hflm_calls):
+        from cru_harness.lmeval.model import CRULM, ModelArgumentError
+
+        with pytest.raises(ModelArgumentError, match="base= is empty"):
+            CRULM(base="", routers=str(fake_model_dir), device="cpu")
+        with pytest.raises(StopBeforeLoading):   # no routers argument at all: the base is loaded as it is
+            CRULM(base=str(fake_model_dir), device="cpu")
+        assert len(hflm_calls) == 1
 
 
 # --------------------------------------------------------------------------------------------------- class 5
@@ -356,95 +445,110 @@ class TestBundles:
         assert words in one_line_inspect_error(capsys, directory)
 
 
-# --------------------------------------------------------------------------------------------------- class 3
-BOMB_LEVELS = 9   # 10 ** 9 values once expanded, from 11 lines
+# --------------------------------------------------------------------------------------------------- class 6
+def one_computed_run(tmp_path: Path, metrics: dict | None = None):
+    """A run of two cells computed by a test double; returns (config, the path of the GA cell's result.json)."""
+    from cru_harness.runner import config as cfg
+    from cru_harness.runner.cli import run_config
+
+    config = cfg.load_config(write_run_config(tmp_path))
+
+    def executor(cell, workdir):
+        return {"metrics": dict(metrics or {"forget_rouge_l": 0.5, "forget_prob": 0.25})}
+
+    assert run_config(config, executor=executor, report=False, log=lambda _: None) == 0
+    ga = next(p for p in config.output_dir.glob("cells/*/result.json") if json.loads(p.read_text())["label"] == "GA")
+    return config, ga
 
 
-def alias_bomb(key_path: str) -> str:
-    """A config whose `key_path` (a validated key) holds a billion-laughs list of aliases."""
-    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
-    for level in range(1, BOMB_LEVELS + 1):
-        lines.append(f"l{level}: &l{level} [" + ", ".join([f"*l{level - 1}"] * 10) + "]")
-    bomb = "\n".join(lines)
-    return bomb + "\n" + key_path.format(bomb=f"*l{BOMB_LEVELS}")
+class TestResultContent:
+    """Class 6: a result.json edited by hand (a metric +0.25, still valid JSON) was read by `report` and `run` as
+    if computed. Cells carry a digest of their content, checked wherever a cell is read (run, report, compare and
+    merge all read through `CellStore.load_result`); a metric outside its range is refused by name, digest or
+    not. A cell without a digest (written before digests existed, as the committed results) is read as it is."""
 
+    def test_a_result_carries_the_digest_of_its_content(self, tmp_path):
+        from cru_harness.runner.cache import result_digest
 
-class TestBoundedConfigs:
-    """Class 3: alias bombs under validated keys took gigabytes and printed error lines of up to 2 GB, since
-    validation walks and echoes the expanded value; deep nesting ended in a RecursionError. Aliases, nesting and
-    file size are bounded before validation, and every error message is bounded."""
+        _, path = one_computed_run(tmp_path)
+        result = json.loads(path.read_text())
+        assert result["digest"].startswith("sha256:") and result["digest"] == result_digest(result)
 
-    @pytest.mark.parametrize("tail", [
-        "name: t\nseeds: {bomb}\nmodels: [{{name: m, path: zoo:llama}}]\nbenchmarks: {{tofu: {{}}}}\nmethods: [GA]",
-        "name: t\nmodels: [{{name: m, path: zoo:llama, benchmarks: {bomb}}}]\nbenchmarks: {{tofu: {{}}}}\n"
-        "methods: [GA]",
-        "name: t\nmodels: [{{name: m, path: zoo:llama}}]\nbenchmarks: {{tofu: {{tasks: {bomb}}}}}\nmethods: [GA]",
-        "name: t\nmodels: [{{name: m, path: zoo:llama}}]\nbenchmarks: {{tofu: {{}}}}\n"
-        "methods: [{{method: CRU, blocks: {bomb}}}]",
-    ])
-    def test_alias_bombs_are_refused_before_validation(self, tail, tmp_path):
-        import time
+    def test_an_edited_number_is_refused_and_recomputed(self, tmp_path):
+        from cru_harness.runner.cache import CellStore, load_results
+        from cru_harness.runner.cli import run_config
 
-        from cru_harness.runner.config import ConfigError, load_config
+        config, path = one_computed_run(tmp_path)
+        result = json.loads(path.read_text())
+        result["metrics"]["forget_prob"] += 0.25   # still in range, still valid JSON
+        path.write_text(json.dumps(result, indent=2))
+        logged = []
+        assert CellStore(config.output_dir, log=logged.append).load_result(result["hash"]) is None
+        assert "its content does not match its digest" in logged[0] and str(path) in logged[0]
+        assert result["hash"] not in {r["hash"] for r in load_results(config.output_dir, log=lambda _: None)}
+        calls = []
+        assert run_config(config, executor=fake_executor(calls), report=False, log=lambda _: None) == 0
+        assert calls == [result["hash"]]   # run recomputed the edited cell alone
 
-        path = tmp_path / "bomb.yaml"
-        path.write_text(alias_bomb(tail))
-        start = time.monotonic()
-        with pytest.raises(ConfigError) as info:
-            load_config(path)
-        assert time.monotonic() - start < 5
-        message = str(info.value)
-        assert "stands for more than 100,000 values once its aliases (*name) are expanded" in message
-        assert message.startswith(f"{path}: <file>: ") and len(message) < 400 and "\n" not in message
+    def test_report_leaves_an_edited_cell_out_and_names_it(self, tmp_path, capsys):
+        from cru_harness.cli import main
 
-    def test_a_study_config_is_read_the_same_way(self, tmp_path):
-        from cru_harness.runner.config import ConfigError
-        from cru_harness.studies.config import load_study
+        config, path = one_computed_run(tmp_path)
+        result = json.loads(path.read_text())
+        result["metrics"]["forget_rouge_l"] = 0.75
+        path.write_text(json.dumps(result))
+        assert main(["report", str(config.output_dir)]) == 0
+        err = capsys.readouterr().err
+        assert f"{path} is not a valid cell file (its content does not match its digest" in err
 
-        path = tmp_path / "study.yaml"
-        path.write_text(alias_bomb("study: {bomb}"))
-        with pytest.raises(ConfigError, match="stands for more than 100,000 values"):
-            load_study(path)
+    @pytest.mark.parametrize("name, value", [("forget_rouge_l", 1.25), ("forget_prob", -0.25),
+                                             ("forget_quality", 1.5), ("mia_auc_loss", 2.0),
+                                             ("mia_fm_loss", 0.5), ("utility_fluency", -1.0),
+                                             ("retain_truth_ratio", 7.0), ("forget_fb", "high")])
+    def test_a_metric_outside_its_range_is_refused_by_name_digest_or_not(self, name, value, tmp_path):
+        from cru_harness.runner.cache import CellStore, validate_result, with_digest
 
-    @pytest.mark.parametrize("text, words", [
-        ("a: " + "[" * 3000 + "]" * 3000, r"nested more than 50 levels deep \(line 1\)"),
-        ("a: " + "{b: " * 60 + "1" + "}" * 60, "nested more than 50 levels deep"),
-        ("a: &a [1, *a]", "refers to a value that contains it"),
-        ("l0: &l0 [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n"
-         "l1: &l1 [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[*l0]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]",
-         "nested more than 50 levels deep once its aliases"),
-    ], ids=["deep-flow", "deep-mapping", "recursive-alias", "deep-through-aliases"])
-    def test_nesting_is_bounded_in_the_text_and_through_aliases(self, text, words, tmp_path):
-        from cru_harness.runner.config import ConfigError, load_config
+        config, path = one_computed_run(tmp_path)
+        result = json.loads(path.read_text())
+        result["metrics"][name] = value
+        legacy = {k: v for k, v in result.items() if k != "digest"}
+        for content in (legacy, with_digest(result)):   # a legacy cell, and one whose digest was recomputed too
+            path.write_text(json.dumps(content))
+            problem = validate_result(json.loads(path.read_text()), result["hash"])
+            assert problem is not None and problem.startswith(f"metric {name} ")
+            assert CellStore(config.output_dir, log=lambda _: None).load_result(result["hash"]) is None
 
-        path = tmp_path / "deep.yaml"
-        path.write_text(text)
-        with pytest.raises(ConfigError, match=words):
-            load_config(path)
+    def test_a_cell_without_a_digest_is_read_as_it_is(self, tmp_path):
+        from cru_harness.runner.cache import CellStore
 
-    def test_file_size_is_bounded_and_a_few_shared_settings_still_load(self, tmp_path):
-        from cru_harness.runner.config import ConfigError, load_config
+        config, path = one_computed_run(tmp_path)
+        result = json.loads(path.read_text())
+        del result["digest"]
+        path.write_text(json.dumps(result))
+        loaded = CellStore(config.output_dir, log=pytest.fail).load_result(result["hash"])
+        assert loaded == result
 
-        path = tmp_path / "big.yaml"
-        path.write_text("name: t\n" + "# padding\n" * 200_000)
-        with pytest.raises(ConfigError, match=r"big.yaml: <file>: 2,000,008 bytes is more than a config may hold"):
-            load_config(path)
-        path.write_text("name: t\nmodels: [{name: m, path: zoo:llama}]\nbenchmarks: {tofu: {}}\n"
-                        "methods: [{method: GA, lr: &lr 1.0e-05}, {method: NPO, lr: *lr}]\n")
-        assert [m.hparams.get("learning_rate") for m in load_config(path).methods] == [1e-05, 1e-05]
+    def test_a_relabelled_copy_gets_a_digest_of_its_own(self, tmp_path):
+        from cru_harness.runner.cache import CellStore
+        from cru_harness.runner.cli import copy_cell
 
-    def test_every_error_message_is_bounded(self, tmp_path):
-        from cru_harness.runner.config import MAX_MESSAGE, ConfigError, excerpt, load_config
+        config, path = one_computed_run(tmp_path)
+        result = json.loads(path.read_text())
+        store = CellStore(config.output_dir)
 
-        path = tmp_path / "long.yaml"
-        path.write_text("name: " + "x" * 200 + "!" * 500_000 + "\nmodels: []\nbenchmarks: {}\nmethods: []\n")
-        with pytest.raises(ConfigError) as info:
-            load_config(path)
-        message = str(info.value)
-        assert message.startswith(f"{path}: name: expected a simple name") and len(message) <= MAX_MESSAGE + 80
-        assert "characters left out" in message
-        assert excerpt("y" * 1000) == "'" + "y" * 199 + "... (1,002 characters)"
-        assert excerpt([1, 2]) == "[1, 2]"
+        class Relabelled:   # what reuse_cells passes: the same computation under another label
+            hash, label = "f" * 16, "GA-again"
+            computation = __import__("cru_harness.runner.plan", fromlist=["computation_key"]).computation_key(
+                json.loads((path.parent / "run_record.json").read_text())["resolved_config"])
+
+            @staticmethod
+            def resolved():
+                return json.loads((path.parent / "run_record.json").read_text())["resolved_config"]
+
+        out = CellStore(tmp_path / "out")
+        assert copy_cell(store, out, result["hash"], keep_ok=True, as_cell=Relabelled)
+        copied = out.load_result("f" * 16)
+        assert copied is not None and copied["label"] == "GA-again"
 
 
 # --------------------------------------------------------------------------------------------------- class 7
@@ -575,109 +679,3 @@ class TestAbsurdSizes:
         assert main(["run", str(path), "--dry-run"]) == 0
         out = capsys.readouterr().out
         assert "num_epochs=1000" in out and "warmup_steps=1000000" in out
-
-
-# --------------------------------------------------------------------------------------------------- class 6
-def one_computed_run(tmp_path: Path, metrics: dict | None = None):
-    """A run of two cells computed by a test double; returns (config, the path of the GA cell's result.json)."""
-    from cru_harness.runner import config as cfg
-    from cru_harness.runner.cli import run_config
-
-    config = cfg.load_config(write_run_config(tmp_path))
-
-    def executor(cell, workdir):
-        return {"metrics": dict(metrics or {"forget_rouge_l": 0.5, "forget_prob": 0.25})}
-
-    assert run_config(config, executor=executor, report=False, log=lambda _: None) == 0
-    ga = next(p for p in config.output_dir.glob("cells/*/result.json") if json.loads(p.read_text())["label"] == "GA")
-    return config, ga
-
-
-class TestResultContent:
-    """Class 6: a result.json edited by hand (a metric +0.25, still valid JSON) was read by `report` and `run` as
-    if computed. Cells carry a digest of their content, checked wherever a cell is read (run, report, compare and
-    merge all read through `CellStore.load_result`); a metric outside its range is refused by name, digest or
-    not. A cell without a digest (written before digests existed, as the committed results) is read as it is."""
-
-    def test_a_result_carries_the_digest_of_its_content(self, tmp_path):
-        from cru_harness.runner.cache import result_digest
-
-        _, path = one_computed_run(tmp_path)
-        result = json.loads(path.read_text())
-        assert result["digest"].startswith("sha256:") and result["digest"] == result_digest(result)
-
-    def test_an_edited_number_is_refused_and_recomputed(self, tmp_path):
-        from cru_harness.runner.cache import CellStore, load_results
-        from cru_harness.runner.cli import run_config
-
-        config, path = one_computed_run(tmp_path)
-        result = json.loads(path.read_text())
-        result["metrics"]["forget_prob"] += 0.25   # still in range, still valid JSON
-        path.write_text(json.dumps(result, indent=2))
-        logged = []
-        assert CellStore(config.output_dir, log=logged.append).load_result(result["hash"]) is None
-        assert "its content does not match its digest" in logged[0] and str(path) in logged[0]
-        assert result["hash"] not in {r["hash"] for r in load_results(config.output_dir, log=lambda _: None)}
-        calls = []
-        assert run_config(config, executor=fake_executor(calls), report=False, log=lambda _: None) == 0
-        assert calls == [result["hash"]]   # run recomputed the edited cell alone
-
-    def test_report_leaves_an_edited_cell_out_and_names_it(self, tmp_path, capsys):
-        from cru_harness.cli import main
-
-        config, path = one_computed_run(tmp_path)
-        result = json.loads(path.read_text())
-        result["metrics"]["forget_rouge_l"] = 0.75
-        path.write_text(json.dumps(result))
-        assert main(["report", str(config.output_dir)]) == 0
-        err = capsys.readouterr().err
-        assert f"{path} is not a valid cell file (its content does not match its digest" in err
-
-    @pytest.mark.parametrize("name, value", [("forget_rouge_l", 1.25), ("forget_prob", -0.25),
-                                             ("forget_quality", 1.5), ("mia_auc_loss", 2.0),
-                                             ("mia_fm_loss", 0.5), ("utility_fluency", -1.0),
-                                             ("retain_truth_ratio", 7.0), ("forget_fb", "high")])
-    def test_a_metric_outside_its_range_is_refused_by_name_digest_or_not(self, name, value, tmp_path):
-        from cru_harness.runner.cache import CellStore, validate_result, with_digest
-
-        config, path = one_computed_run(tmp_path)
-        result = json.loads(path.read_text())
-        result["metrics"][name] = value
-        legacy = {k: v for k, v in result.items() if k != "digest"}
-        for content in (legacy, with_digest(result)):   # a legacy cell, and one whose digest was recomputed too
-            path.write_text(json.dumps(content))
-            problem = validate_result(json.loads(path.read_text()), result["hash"])
-            assert problem is not None and problem.startswith(f"metric {name} ")
-            assert CellStore(config.output_dir, log=lambda _: None).load_result(result["hash"]) is None
-
-    def test_a_cell_without_a_digest_is_read_as_it_is(self, tmp_path):
-        from cru_harness.runner.cache import CellStore
-
-        config, path = one_computed_run(tmp_path)
-        result = json.loads(path.read_text())
-        del result["digest"]
-        path.write_text(json.dumps(result))
-        loaded = CellStore(config.output_dir, log=pytest.fail).load_result(result["hash"])
-        assert loaded == result
-
-    def test_a_relabelled_copy_gets_a_digest_of_its_own(self, tmp_path):
-        from cru_harness.runner.cache import CellStore
-        from cru_harness.runner.cli import copy_cell
-
-        config, path = one_computed_run(tmp_path)
-        result = json.loads(path.read_text())
-        store = CellStore(config.output_dir)
-
-        class Relabelled:   # what reuse_cells passes: the same computation under another label
-            hash, label = "f" * 16, "GA-again"
-            computation = __import__("cru_harness.runner.plan", fromlist=["computation_key"]).computation_key(
-                json.loads((path.parent / "run_record.json").read_text())["resolved_config"])
-
-            @staticmethod
-            def resolved():
-                return json.loads((path.parent / "run_record.json").read_text())["resolved_config"]
-
-        out = CellStore(tmp_path / "out")
-        assert copy_cell(store, out, result["hash"], keep_ok=True, as_cell=Relabelled)
-        copied = out.load_result("f" * 16)
-        assert copied is not None and copied["label"] == "GA-again"
