@@ -387,14 +387,14 @@ def _run_entry(name: str) -> bool:
             or (name.startswith(".") and name.endswith(".tmp")))      # a killed atomic write's leftover
 
 
-def check_run_directory(output_dir: str | os.PathLike, name: str, what: str = "output_dir") -> None:
+def check_run_directory(output_dir: str | os.PathLike, name: str | None, what: str = "output_dir") -> None:
     """Refuse (`OutputLocationError`, before any work) an existing `output_dir` that is neither empty nor a run
     of the experiment `name`: a run writes plan.json, cells/ and report/ there, replacing files of those names.
 
     A run of `name` is a directory whose plan.json (or a shard's plan) records a config of that name; its cells are
     then reused by hash, as resuming does. Without a plan, a directory holding only what a run writes (a run
     stopped before its plan was written, `merge` output) is taken too. Anything else is refused, naming what is
-    there."""
+    there. `name` None (`merge --out`): a run of any experiment is taken."""
     from .locations import OutputLocationError
 
     root = Path(output_dir).expanduser()
@@ -412,7 +412,7 @@ def check_run_directory(output_dir: str | os.PathLike, name: str, what: str = "o
                                       "of this config; choose a new or empty directory") from None
         config = recorded.get("config") if isinstance(recorded, dict) else None
         recorded_name = config.get("name") if isinstance(config, dict) else None
-        if recorded_name == name:
+        if name is None or recorded_name == name:
             return
         others.append(repr(recorded_name) if isinstance(recorded_name, str) else f"no experiment ({plan.name})")
     if others:

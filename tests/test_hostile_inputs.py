@@ -172,6 +172,21 @@ class TestOutputDirectory:
         assert f"output_dir {where} is {kind}: give a directory of its own" in err
         assert not (Path(where).expanduser() / "plan.json").exists()
 
+    def test_merge_writes_into_a_run_directory_only(self, tmp_path, capsys):
+        from cru_harness.cli import main
+        from cru_harness.runner import config as cfg
+        from cru_harness.runner.cli import run_config
+
+        config = cfg.load_config(write_run_config(tmp_path))
+        assert run_config(config, executor=fake_executor([]), report=False, log=lambda _: None) == 0
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        (theirs / "thesis.tex").write_text("keep me")
+        assert main(["merge", str(config.output_dir), "--out", str(theirs), "--no-report"]) == 2
+        assert "is not a cru-harness run (it holds thesis.tex)" in capsys.readouterr().err
+        assert sorted(p.name for p in theirs.iterdir()) == ["thesis.tex"]
+        assert main(["merge", str(config.output_dir), "--out", str(tmp_path / "merged"), "--no-report"]) == 0
+
 
 # --------------------------------------------------------------------------------------------------- class 3
 BOMB_LEVELS = 9   # 10 ** 9 values once expanded, from 11 lines

@@ -545,9 +545,10 @@ def copy_cell(store, out_store, cell_hash: str, *, keep_ok: bool, as_cell=None, 
 
 def cmd_merge(args: argparse.Namespace) -> int:
     from ..locations import check_output_dir
-    from ..store import RunLock
+    from ..store import RunLock, check_run_directory
 
     check_output_dir(args.out, what="--out", allow_existing=True)
+    check_run_directory(args.out, None, what="--out")   # merges into a run directory, never among other files
     run_stores(args.dirs)   # a mistyped input creates no --out (the lock below would)
     with RunLock(args.out):  # no run may write into the merged directory meanwhile
         counts = merge_dirs(args.dirs, args.out)
