@@ -14,7 +14,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-
 from ..devices import DTYPE_NAMES
 from ..reporting.settings import configured_methods, report_settings  # noqa: F401  (importable here)
 from ..validation import MAX_MESSAGE, ConfigChecker, ConfigError, excerpt  # noqa: F401  (importable here)

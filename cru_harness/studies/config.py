@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from ..errors import MissingInputError
 from ..runner.config import ConfigError, ExperimentConfig, config_path, method_plugin, validate_config
 
