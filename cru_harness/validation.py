@@ -6,16 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import UserError
+from .errors import UserError, excerpt  # noqa: F401  (excerpt: importable here)
 from .hparams import bound_problem
-
-
-def excerpt(value: Any, limit: int = 200) -> str:
-    """`repr(value)` cut to about `limit` characters, saying how long it was: what an error shows of a value."""
-    text = repr(value)
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text):,} characters)"
 
 
 #: The longest `ConfigError` message; a longer one keeps its start and end (where the key and the advice are).

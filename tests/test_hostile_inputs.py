@@ -438,6 +438,12 @@ class TestBundles:
         edit_bundle_manifest(directory, lambda m: m.__setitem__(field, value))
         assert words in one_line_inspect_error(capsys, directory)
 
+    def test_a_bundle_error_shows_a_bounded_excerpt_of_the_value(self, tmp_path, capsys):
+        directory = make_bundle(tmp_path / "b")
+        edit_bundle_manifest(directory, lambda m: m.__setitem__("block_indices", [2] * 100_000))
+        line = one_line_inspect_error(capsys, directory)
+        assert "block_indices repeats a block: [2, 2," in line and "(300,000 characters)" in line and len(line) < 400
+
     @pytest.mark.parametrize("sample, words", [
         ({"block": 3}, "base_weights lacks dtype, numel, parameter, values"),
         ({"block": "3", "parameter": "w", "numel": 4, "dtype": "float32", "values": [1.0]},

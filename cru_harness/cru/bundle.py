@@ -16,7 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..errors import UserError
+from ..errors import UserError, excerpt
 from ..locations import BUNDLE_MANIFEST
 from . import blocks as _blocks
 from .losses import LOSS_SHAPES
@@ -224,7 +224,7 @@ class BundleConfig:
         for block in blocks:
             _index_in_range(block, n_layers, "block index", f"the base has {n_layers} blocks", source)
         if len(set(blocks)) != len(blocks):
-            raise BundleFileError(f"{source}: block_indices repeats a block: {blocks}")
+            raise BundleFileError(f"{source}: block_indices repeats a block: {excerpt(blocks)}")
         neurons_raw = data["neurons"]
         if not isinstance(neurons_raw, dict):
             raise BundleFileError(f"{source}: neurons must be an object {{block: [indices]}}, got {neurons_raw!r}")
@@ -299,7 +299,7 @@ def check_manifest_types(data: dict, source: str) -> None:
             continue
         value = data[name]
         if isinstance(value, bool) or not isinstance(value, kinds):
-            raise BundleFileError(f"{source}: {name} must be {_type_names(kinds)}, got {_excerpt(value)}")
+            raise BundleFileError(f"{source}: {name} must be {_type_names(kinds)}, got {excerpt(value)}")
         if isinstance(value, float) and not math.isfinite(value) and name != "format_version":
             raise BundleFileError(f"{source}: {name} must be a finite number, got {value!r}")
     for name in ("router_parameters", "base_parameters"):
@@ -311,23 +311,18 @@ def check_manifest_types(data: dict, source: str) -> None:
         for entry in entries:
             value = data.get(record, {}).get(entry)
             if value is not None and (isinstance(value, bool) or not isinstance(value, _NUMBER)):
-                raise BundleFileError(f"{source}: {record}.{entry} must be a number, got {_excerpt(value)}")
+                raise BundleFileError(f"{source}: {record}.{entry} must be a number, got {excerpt(value)}")
     for side, entry in data.get("training_data", {}).items():
         if side in ("forget", "retain") and not isinstance(entry, dict):
-            raise BundleFileError(f"{source}: training_data.{side} must be an object, got {_excerpt(entry)}")
+            raise BundleFileError(f"{source}: training_data.{side} must be an object, got {excerpt(entry)}")
     for name, version in data.get("library_versions", {}).items():
         if not isinstance(version, (str, type(None))):
-            raise BundleFileError(f"{source}: library_versions.{name} must be a string, got {_excerpt(version)}")
+            raise BundleFileError(f"{source}: library_versions.{name} must be a string, got {excerpt(version)}")
     fingerprint = data["fingerprint"]
     for name, kinds in (("architecture", (str,)), ("hash", (str,)), ("vocab_size", (int, type(None)))):
         if name in fingerprint and (isinstance(fingerprint[name], bool) or not isinstance(fingerprint[name], kinds)):
             raise BundleFileError(f"{source}: fingerprint.{name} must be {_type_names(kinds)}, got "
-                                  f"{_excerpt(fingerprint[name])}")
-
-
-def _excerpt(value, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+                                  f"{excerpt(fingerprint[name])}")
 
 
 def check_base_weights(sample: dict, n_layers: int, source: str) -> None:
@@ -343,16 +338,16 @@ def check_base_weights(sample: dict, n_layers: int, source: str) -> None:
         raise BundleFileError(f"{where} lacks {', '.join(missing)} (an empty object records no sample)")
     _index_in_range(sample["block"], n_layers, "base_weights.block", f"the base has {n_layers} blocks", source)
     if not isinstance(sample["parameter"], str) or not sample["parameter"]:
-        raise BundleFileError(f"{where}.parameter must be a parameter name, got {_excerpt(sample['parameter'])}")
+        raise BundleFileError(f"{where}.parameter must be a parameter name, got {excerpt(sample['parameter'])}")
     numel = _positive_int(sample["numel"], "base_weights.numel", source)
     dtype = getattr(torch, sample["dtype"], None) if isinstance(sample["dtype"], str) else None
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise BundleFileError(f"{where}.dtype must name a torch floating dtype, got {_excerpt(sample['dtype'])}")
+        raise BundleFileError(f"{where}.dtype must name a torch floating dtype, got {excerpt(sample['dtype'])}")
     values = sample["values"]
     if not isinstance(values, list) or not 0 < len(values) <= min(numel, WEIGHT_SAMPLE_SIZE) or any(
             isinstance(v, bool) or not isinstance(v, _NUMBER) or not math.isfinite(v) for v in values):
         raise BundleFileError(f"{where}.values must be a list of 1 to {min(numel, WEIGHT_SAMPLE_SIZE)} finite "
-                              f"numbers, got {_excerpt(values)}")
+                              f"numbers, got {excerpt(values)}")
 
 
 def _positive_int(value, field_name: str, source: str) -> int:
