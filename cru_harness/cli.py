@@ -7,7 +7,7 @@ import importlib
 import sys
 
 from cru_harness.arguments import CLIError, config_defaults_help, field_defaults, given_fields  # noqa: F401
-from cru_harness.errors import UserError, report_user_error
+from cru_harness.errors import WRITE_ERRNOS, OutputWriteError, UserError, report_user_error
 
 # Modules exposing `register(subparsers)`; each subcommand sets `func` on its parser.
 SUBCOMMAND_MODULES = (
@@ -92,6 +92,14 @@ def main(argv: list[str] | None = None) -> int:
         # Bad input (every error type the project raises for it derives from UserError) is reported plainly;
         # anything else is a bug, or a library's own failure, and keeps its traceback.
         report_user_error(f"cru-harness {args.command}", err)
+        return 2
+    except OSError as err:
+        # The disk or quota full, a read-only file system, a permission: the machine's, not the code's (one line);
+        # other OS errors are bugs until shown otherwise and keep their traceback.
+        if err.errno not in WRITE_ERRNOS:
+            raise
+        where = f"{err.filename}: " if err.filename else ""
+        report_user_error(f"cru-harness {args.command}", OutputWriteError(f"{where}{err.strerror}"))
         return 2
     except KeyboardInterrupt:
         # Ctrl-C is the user's stop, not a bug: one line (files are written whole, so what finished is kept)

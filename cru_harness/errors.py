@@ -35,6 +35,15 @@ WRITE_ERRNOS = frozenset(getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "
                          if hasattr(errno, name))
 
 
+def excerpt(value, limit: int = 200) -> str:
+    """`repr(value)` cut to about `limit` characters, saying how long it was: what an error message shows of a
+    value the user gave (a value echoed whole would make an error line as long as the input allows)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def one_line(err: BaseException) -> str:
     """The message of `err` on one line (a multi-line message is joined, so the report stays one line)."""
     return " ".join(part.strip() for part in str(err).splitlines() if part.strip()) or type(err).__name__

@@ -46,19 +46,31 @@ def adam_betas_problem(betas: Any) -> str | None:
 #: it here (`_number`), and the baselines' and CRU's dataclasses check their fields against it (`fields_problem`, in
 #: `BaselineConfig` and `RouterTrainingConfig`: the runner, `cru-harness finetune` / `unlearn` and the Python API),
 #: so a value a config lets through is one training accepts. 
+# Upper bounds where one means something (10**12 passed a dry run and failed, or ran for ever, later): more epochs,
+# rows per batch, router width or rows per task than any run of this harness can use. Each names its reason.
+MAX_EPOCHS = 1_000          # TOFU's and RWKU's recipes train 5 and 3
+MAX_BATCH = 65_536          # more rows than any forget or retain set (TOFU forget10: 400 rows)
+MAX_D_R = 65_536            # wider than any model's hidden size: no longer a bottleneck
+MAX_ROWS = 1_000_000        # more rows than any benchmark task holds (TOFU's largest: 4,000)
+
 HPARAM_BOUNDS: dict[str, dict[str, Any]] = {
-    "learning_rate": dict(above=0), "weight_decay": dict(low=0), "num_epochs": dict(low=1, integer=True),
+    "learning_rate": dict(above=0), "weight_decay": dict(low=0),
+    "num_epochs": dict(low=1, high=MAX_EPOCHS, integer=True),
     "warmup_epochs": dict(low=0), "warmup_steps": dict(low=0, integer=True, optional=True),
-    "effective_batch_size": dict(low=1, integer=True), "micro_batch_size": dict(low=1, integer=True),
+    "effective_batch_size": dict(low=1, high=MAX_BATCH, integer=True),
+    "micro_batch_size": dict(low=1, high=MAX_BATCH, integer=True),
     "max_length": dict(low=8, integer=True), "max_grad_norm": dict(above=0, optional=True),
     "adam_eps": dict(above=0), "alpha": dict(low=0), "forget_weight": dict(low=0),
     "beta": dict(above=0),   # NPO / SimNPO / IdkDPO scale their forget term by 2 / beta
     "gamma": dict(),
-    "lr": dict(above=0), "epochs": dict(low=1, integer=True), "batch_size": dict(low=1, integer=True),
-    "lam": dict(low=0), "percentile": dict(above=0, high=100, below_high=True), "d_r": dict(low=1, integer=True),
+    "lr": dict(above=0), "epochs": dict(low=1, high=MAX_EPOCHS, integer=True),
+    "batch_size": dict(low=1, high=MAX_BATCH, integer=True),
+    "lam": dict(low=0), "percentile": dict(above=0, high=100, below_high=True),
+    "d_r": dict(low=1, high=MAX_D_R, integer=True),
     "last_k": dict(low=1, integer=True), "final_retain_rows": dict(low=1, integer=True, optional=True),
     "prefix_cache_max_gib": dict(above=0, optional=True),
-    "exclude_top_magnitude": dict(low=0, high=100, below_high=True), "retain_batch_ratio": dict(low=1, integer=True),
+    "exclude_top_magnitude": dict(low=0, high=100, below_high=True),
+    "retain_batch_ratio": dict(low=1, high=MAX_BATCH, integer=True),
     # the baselines beyond the paper's (each dataclass checks these too)
     "layer": dict(low=0, integer=True), "steering_coeff": dict(above=0), "lr_decay": dict(above=0, high=1),
     "beta1": dict(low=0), "beta2": dict(low=0), "ignore_first_n_answer_tokens": dict(low=0, integer=True),

@@ -52,6 +52,18 @@ def _writable(directory: Path) -> bool:
     return True
 
 
+def check_not_shared_directory(path: str | os.PathLike, what: str = "output directory") -> None:
+    """Refuse the file system's root and the home directory (or one of its parents) as an output directory:
+    a command writes its own files there by name, and `--overwrite` would remove what is there."""
+    resolved = Path(path).expanduser().resolve()
+    home = Path.home().resolve()
+    if resolved == Path(resolved.anchor) or resolved == home or resolved in home.parents:
+        kind = "the home directory" if resolved == home else "the file system root" if resolved == Path(
+            resolved.anchor) else "a parent of the home directory"
+        raise OutputLocationError(f"{what} {path} is {kind}: give a directory of its own (e.g. {what} "
+                                  f"{Path(path) / 'cru-run'})")
+
+
 def check_output_dir(path: str | os.PathLike, *, what: str = "output directory", overwrite: bool = False,
                      allow_existing: bool = False, overwrite_hint: str = "--overwrite", staged: bool = False) -> Path:
     """Raise `OutputLocationError` unless `path` can be written as a directory; creates nothing.
@@ -62,6 +74,7 @@ def check_output_dir(path: str | os.PathLike, *, what: str = "output directory",
     `staged`: the directory is written whole through `staging_dir` (`save_checkpoint`), so that must not be a file.
     """
     path = Path(path).expanduser()
+    check_not_shared_directory(path, what)
     if path.exists() and not path.is_dir():
         raise OutputLocationError(f"{what} {path} exists and is not a directory")
     if staged and (staging := staging_dir(path)).exists() and not staging.is_dir():   # else found after training

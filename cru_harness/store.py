@@ -1,7 +1,8 @@
 """On-disk results: `<output_dir>/cells/<hash>/{result.json, run_record.json}`, written atomically.
 
 A cell is finished when its `result.json` is a valid result (`validate_result`: schema version, the fields
-readers use, its own hash) with status "ok", and its `run_record.json` is valid too. An invalid file is reported
+readers use, its own hash, the digest of its content, every metric in its range) with status "ok", and its
+`run_record.json` is valid too. An invalid file is reported
 by path and its cell recomputed, never counted as done. Files are written to a temporary file in the same
 directory and moved into place with `os.replace`, so a killed process leaves either the old file or the new
 one, never half a file. `run_record.json` is written before `result.json`, so a result never lacks its record.
@@ -140,9 +141,74 @@ def environment_record() -> dict[str, Any]:
     return record
 
 
+# ----------------------------------------------------------------------------------------- content checks
+DIGEST_FIELD = "digest"
+DIGEST_PREFIX = "sha256:"
+
+
+def result_digest(result: dict) -> str:
+    """The digest of a result's content: SHA-256 of its canonical JSON (sorted keys, no spaces), the digest field
+    itself left out. Python's JSON floats round-trip exactly, so the digest of a file read back equals the one
+    written."""
+    import hashlib
+
+    content = {k: v for k, v in result.items() if k != DIGEST_FIELD}
+    text = json.dumps(_jsonable(content), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return DIGEST_PREFIX + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def with_digest(result: dict) -> dict:
+    """`result` (made JSON-safe) with its `digest` field: what `result.json` holds."""
+    content = _jsonable({k: v for k, v in result.items() if k != DIGEST_FIELD})
+    return {**content, DIGEST_FIELD: result_digest(content)}
+
+
+#: The range of each metric a cell reports (`metrics` of result.json), by name or name suffix: a value outside it
+#: was not computed by a scorer (a file edited by hand, a bug) and the cell is refused by the metric's name.
+#: Probabilities, ROUGE-L, truth ratios (TOFU's reported forms), p-values (Forget Quality), accuracies, F1 and AUCs
+#: lie in [0, 1]; RWKU's MIA LOSS scores are mean token log-likelihoods (<= 0); fluency is an entropy (>= 0).
+UNIT_INTERVAL = (0.0, 1.0)
+METRIC_RANGES: dict[str, tuple[float, float]] = {
+    "forget_quality": UNIT_INTERVAL, "model_utility": UNIT_INTERVAL,
+    **{name: UNIT_INTERVAL for name in ("forget_fb", "forget_qa", "forget_aa", "neighbor_fb", "neighbor_qa",
+                                        "utility_mmlu", "utility_bbh", "utility_truthfulqa", "utility_triviaqa",
+                                        "exact_memorization", "extraction_strength")},
+    "mia_fm_loss": (-math.inf, 0.0), "mia_rm_loss": (-math.inf, 0.0), "utility_fluency": (0.0, math.inf),
+}
+METRIC_SUFFIX_RANGES: dict[str, tuple[float, float]] = {"_prob": UNIT_INTERVAL, "_rouge_l": UNIT_INTERVAL,
+                                                        "_truth_ratio": UNIT_INTERVAL}
+METRIC_PREFIX_RANGES: dict[str, tuple[float, float]] = {"mia_auc": UNIT_INTERVAL}   # every MIA attack's AUC
+
+
+def metric_range(name: str) -> tuple[float, float] | None:
+    """The range of metric `name` (None: any finite number, e.g. privleak, a relative difference)."""
+    if name in METRIC_RANGES:
+        return METRIC_RANGES[name]
+    for prefix, bounds in METRIC_PREFIX_RANGES.items():
+        if name.startswith(prefix):
+            return bounds
+    return next((bounds for suffix, bounds in METRIC_SUFFIX_RANGES.items() if name.endswith(suffix)), None)
+
+
+def metrics_problem(metrics: dict) -> str | None:
+    """What is wrong with a result's `metrics` (None if nothing): every value a finite number or null (NaN is
+    written as null), and in its range (`metric_range`) where it has one."""
+    for name, value in metrics.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"metric {name} is {str(value)[:40]!r}, not a number"
+        bounds = metric_range(name)
+        if bounds is not None and not bounds[0] <= value <= bounds[1]:
+            return f"metric {name} = {value!r} is outside its range [{bounds[0]:g}, {bounds[1]:g}]"
+    return None
+
+
 def validate_result(result: Any, cell_hash: str | None = None) -> str | None:
-    """What is wrong with a parsed `result.json` (None if nothing): schema version, required fields, types, and
-    that it is the result of the cell whose directory holds it."""
+    """What is wrong with a parsed `result.json` (None if nothing): schema version, required fields, types, that
+    it is the result of the cell whose directory holds it, its digest (a result written with one must still match
+    it: its numbers were not edited; one without is a result written before digests, read as it is), and every
+    metric in its range (`metrics_problem`)."""
     if not isinstance(result, dict):
         return f"expected a JSON object, got {type(result).__name__}"
     version = result.get("schema_version")
@@ -158,7 +224,10 @@ def validate_result(result: Any, cell_hash: str | None = None) -> str | None:
         return f"status {result['status']!r} is not one of {', '.join(STATUSES)}"
     if cell_hash is not None and result["hash"] != cell_hash:
         return f"it is the result of cell {result['hash']}, not of {cell_hash}"
-    return None
+    if DIGEST_FIELD in result and result[DIGEST_FIELD] != result_digest(result):
+        return ("its content does not match its digest: it was changed after it was computed (edited by hand?); "
+                "`cru-harness run` recomputes it")
+    return metrics_problem(result["metrics"])
 
 
 def validate_record(record: Any, cell_hash: str | None = None) -> str | None:
@@ -232,6 +301,7 @@ class CellStore:
         else:
             self._invalid(path, f"its {RECORD_FILE} is missing")
             return None
+        result.pop(DIGEST_FIELD, None)   # checked; readers see the content only
         return result
 
     def load_record(self, cell_hash: str) -> dict | None:
@@ -263,10 +333,11 @@ class CellStore:
                                                                    "host": socket.gethostname()})
 
     def write(self, cell_hash: str, result: dict, record: dict) -> None:
-        """Write the record, then the result, each stamped with its schema version."""
+        """Write the record, then the result, each stamped with its schema version; the result also with the
+        digest of its content (`with_digest`)."""
         cdir = self.cell_dir(cell_hash)
         atomic_write_json(cdir / RECORD_FILE, {"schema_version": RECORD_SCHEMA_VERSION, **record})
-        atomic_write_json(cdir / RESULT_FILE, {"schema_version": RESULT_SCHEMA_VERSION, **result})
+        atomic_write_json(cdir / RESULT_FILE, with_digest({"schema_version": RESULT_SCHEMA_VERSION, **result}))
         running = cdir / RUNNING_FILE
         if running.exists():
             running.unlink()
@@ -301,6 +372,58 @@ def load_results(*dirs: str | os.PathLike, log: Callable[[str], None] | None = N
             if previous is None or (previous.get("status") != "ok" and result.get("status") == "ok"):
                 by_hash[cell_hash] = result
     return list(by_hash.values())
+
+
+# ------------------------------------------------------------------------------------------- run directory
+#: What a run, its shards, `merge`, `study` and `--reproduce` write at the top of a run directory.
+RUN_ENTRIES = frozenset({CELLS_DIR, "report", "study", "target_selection", "reproduction.md", "reproduction.json"})
+
+
+def _run_entry(name: str) -> bool:
+    from .locations import WRITE_TEST_PREFIX
+
+    return (name in RUN_ENTRIES or name.startswith((LOCK_FILE, WRITE_TEST_PREFIX))
+            or (name.startswith("plan") and name.endswith(".json"))   # plan.json, plan.shard1of2.json, plan.input1.json
+            or (name.startswith(".") and name.endswith(".tmp")))      # a killed atomic write's leftover
+
+
+def check_run_directory(output_dir: str | os.PathLike, name: str | None, what: str = "output_dir") -> None:
+    """Refuse (`OutputLocationError`, before any work) an existing `output_dir` that is neither empty nor a run
+    of the experiment `name`: a run writes plan.json, cells/ and report/ there, replacing files of those names.
+
+    A run of `name` is a directory whose plan.json (or a shard's plan) records a config of that name; its cells are
+    then reused by hash, as resuming does. Without a plan, a directory holding only what a run writes (a run
+    stopped before its plan was written, `merge` output) is taken too. Anything else is refused, naming what is
+    there. `name` None (`merge --out`): a run of any experiment is taken."""
+    from .locations import OutputLocationError
+
+    root = Path(output_dir).expanduser()
+    if not root.is_dir():
+        return   # absent (created by the run), or a file: check_output_dir names that
+    entries = sorted(root.iterdir(), key=lambda entry: entry.name)
+    plans = [entry for entry in entries if entry.name.startswith("plan") and entry.name.endswith(".json")
+             and entry.is_file()]
+    others: list[str] = []
+    for plan in plans:
+        try:
+            recorded = read_json(plan)
+        except (OSError, ValueError) as err:
+            raise OutputLocationError(f"{what} {root} holds a {plan.name} that cannot be read ({err}): not a run "
+                                      "of this config; choose a new or empty directory") from None
+        config = recorded.get("config") if isinstance(recorded, dict) else None
+        recorded_name = config.get("name") if isinstance(config, dict) else None
+        if name is None or recorded_name == name:
+            return
+        others.append(repr(recorded_name) if isinstance(recorded_name, str) else f"no experiment ({plan.name})")
+    if others:
+        raise OutputLocationError(f"{what} {root} holds the run of another experiment ({', '.join(sorted(set(others)))}"
+                                  f", not {name!r}): choose a new or empty directory, or that run's config")
+    foreign = [entry.name + ("/" if entry.is_dir() else "") for entry in entries if not _run_entry(entry.name)]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise OutputLocationError(f"{what} {root} is not empty and is not a cru-harness run (it holds {shown}): a "
+                                  "run would write plan.json, cells/ and report/ among them; choose a new or empty "
+                                  "directory")
 
 
 # --------------------------------------------------------------------------------------------------- run lock

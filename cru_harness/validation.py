@@ -6,18 +6,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import UserError
+from .errors import UserError, excerpt  # noqa: F401  (excerpt: importable here)
 from .hparams import bound_problem
 
 
+#: The longest `ConfigError` message; a longer one keeps its start and end (where the key and the advice are).
+MAX_MESSAGE = 1000
+
+
+def bound_message(message: str, limit: int = MAX_MESSAGE) -> str:
+    if len(message) <= limit:
+        return message
+    keep = limit // 2
+    return f"{message[:keep]} ...({len(message) - 2 * keep:,} characters left out)... {message[-keep:]}"
+
+
 class ConfigError(UserError, ValueError):
-    """An invalid experiment config. `key` is the path of the offending key, e.g. `methods[2].lr`."""
+    """An invalid experiment config. `key` is the path of the offending key, e.g. `methods[2].lr`. The message is
+    bounded (`bound_message`): a value echoed whole would make an error line as long as the config allows."""
 
     def __init__(self, key: str, message: str, source: str | None = None):
         self.key = key
         where = f"{source}: " if source else ""
         what = f"{key}: " if key else ""   # "" is the config as a whole
-        super().__init__(f"{where}{what}{message}")
+        super().__init__(bound_message(f"{where}{what}{message}"))
 
 
 def _fail(key: str, message: str, source: str | None):

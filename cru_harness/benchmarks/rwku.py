@@ -9,6 +9,7 @@ from ..reporting import stats
 from ..reporting.tables import Column, fc_columns
 from ..data.rwku import DEFAULT_TARGETS, TargetSelectionError, parse_targets
 from ..data.sources import HUB_IDS
+from ..hparams import MAX_ROWS
 
 SELECT_KEYS = ("top", "probes", "rows")
 #: Forget probes whose score on the original model says how well it knows a target (RWKU ROUGE-L recall).
@@ -140,7 +141,7 @@ class RWKU(Benchmark):
                 check.fail(f"{where}.probes[{i}]", f"expected one of {', '.join(SELECT_PROBES)}, got {probe!r}")
         rows = spec.get("rows", limit)
         if rows is not None:
-            rows = check.number(rows, f"{where}.rows", low=1, integer=True)
+            rows = check.number(rows, f"{where}.rows", low=1, high=MAX_ROWS, integer=True)
         return {"top": int(top), "probes": list(dict.fromkeys(probes)), "rows": rows}
 
     def units(self, block: dict, selected=None) -> list[tuple[str | None, int | None]]:

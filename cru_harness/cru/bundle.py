@@ -16,7 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..errors import UserError
+from ..errors import UserError, excerpt
 from ..locations import BUNDLE_MANIFEST
 from . import blocks as _blocks
 from .losses import LOSS_SHAPES
@@ -192,6 +192,7 @@ class BundleConfig:
         missing = sorted(required - data.keys())
         if missing:
             raise BundleFileError(f"{source}: missing field(s) {', '.join(missing)}")
+        check_manifest_types(data, source)
         fingerprint = data["fingerprint"]
         if not isinstance(fingerprint, dict):
             raise BundleFileError(f"{source}: fingerprint must be an object, got {fingerprint!r}")
@@ -223,7 +224,7 @@ class BundleConfig:
         for block in blocks:
             _index_in_range(block, n_layers, "block index", f"the base has {n_layers} blocks", source)
         if len(set(blocks)) != len(blocks):
-            raise BundleFileError(f"{source}: block_indices repeats a block: {blocks}")
+            raise BundleFileError(f"{source}: block_indices repeats a block: {excerpt(blocks)}")
         neurons_raw = data["neurons"]
         if not isinstance(neurons_raw, dict):
             raise BundleFileError(f"{source}: neurons must be an object {{block: [indices]}}, got {neurons_raw!r}")
@@ -250,15 +251,103 @@ class BundleConfig:
         if not isinstance(excluded, dict):
             raise BundleFileError(f"{source}: excluded must be an object {{block: [indices]}}, got {excluded!r}")
         try:
+            if not all(isinstance(indices, list) for indices in excluded.values()):
+                raise TypeError
             kwargs["excluded"] = {int(block): list(indices) for block, indices in excluded.items()}
         except (TypeError, ValueError):
             raise BundleFileError(f"{source}: excluded must map block indices to lists of indices") from None
+        check_base_weights(data.get("base_weights", {}), n_layers, source)
         for block, indices in kwargs["excluded"].items():
             for index in indices:
                 _index_in_range(index, width, "excluded index", f"{where} is {width}", source,
                                 owner=f" of block {block}")
         kwargs["block_indices"] = list(blocks)
         return cls(**kwargs)
+
+
+_NUMBER = (int, float)
+#: The type of each manifest field (what `inspect`, attaching and evaluation read). Fields checked more closely
+#: further on (fingerprint, block_indices, neurons, excluded, the option names) are checked there.
+MANIFEST_TYPES: dict[str, tuple] = {
+    "base_model": (str,), "fingerprint": (dict,), "block_indices": (list,), "neurons": (dict,), "d_r": (int,),
+    "percentile": _NUMBER, "lam": _NUMBER, "seed": (int,), "selection": (str,), "input_norm": (str,),
+    "suppress_loss": (str,), "pass_loss": (str,), "exclude_top_magnitude": _NUMBER, "gate_site": (str,),
+    "site_width": (int, type(None)), "excluded": (dict,), "base_weights": (dict,), "training_data": (dict,),
+    "training": (dict,), "metrics": (dict,), "router_parameters": (int,), "base_parameters": (int,),
+    "library_versions": (dict,), "format_version": (int,),
+}   # weights_file and weights_sha256: `weights_path` and `from_pretrained` check them, saying what they must be
+# Entries of the free-form records that `inspect` formats as numbers.
+_NUMERIC_ENTRIES = {"metrics": ("forget_gate_mean", "retain_gate_mean", "steps", "final_loss"),
+                    "training": ("epochs", "lr", "batch_size", "retain_batch_ratio")}
+
+
+def _type_names(kinds: tuple) -> str:
+    if kinds == _NUMBER:
+        return "a number"
+    return " or ".join("null" if kind is type(None) else {"dict": "an object", "list": "a list", "str": "a string",
+                                                          "int": "an integer", "float": "a number"}[kind.__name__]
+                       for kind in kinds)
+
+
+def check_manifest_types(data: dict, source: str) -> None:
+    """Refuse a manifest field of the wrong JSON type (`MANIFEST_TYPES`), naming it: a string where a number
+    belongs would pass `inspect` and fail when the routers are built or a report is written."""
+    import math
+
+    for name, kinds in MANIFEST_TYPES.items():
+        if name not in data:
+            continue
+        value = data[name]
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise BundleFileError(f"{source}: {name} must be {_type_names(kinds)}, got {excerpt(value)}")
+        if isinstance(value, float) and not math.isfinite(value) and name != "format_version":
+            raise BundleFileError(f"{source}: {name} must be a finite number, got {value!r}")
+    for name in ("router_parameters", "base_parameters"):
+        if data.get(name, 0) < 0:
+            raise BundleFileError(f"{source}: {name} must not be negative, got {data[name]!r}")
+    if not 0 <= data["percentile"] <= 100:
+        raise BundleFileError(f"{source}: percentile must be in [0, 100], got {data['percentile']!r}")
+    for record, entries in _NUMERIC_ENTRIES.items():
+        for entry in entries:
+            value = data.get(record, {}).get(entry)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, _NUMBER)):
+                raise BundleFileError(f"{source}: {record}.{entry} must be a number, got {excerpt(value)}")
+    for side, entry in data.get("training_data", {}).items():
+        if side in ("forget", "retain") and not isinstance(entry, dict):
+            raise BundleFileError(f"{source}: training_data.{side} must be an object, got {excerpt(entry)}")
+    for name, version in data.get("library_versions", {}).items():
+        if not isinstance(version, (str, type(None))):
+            raise BundleFileError(f"{source}: library_versions.{name} must be a string, got {excerpt(version)}")
+    fingerprint = data["fingerprint"]
+    for name, kinds in (("architecture", (str,)), ("hash", (str,)), ("vocab_size", (int, type(None)))):
+        if name in fingerprint and (isinstance(fingerprint[name], bool) or not isinstance(fingerprint[name], kinds)):
+            raise BundleFileError(f"{source}: fingerprint.{name} must be {_type_names(kinds)}, got "
+                                  f"{excerpt(fingerprint[name])}")
+
+
+def check_base_weights(sample: dict, n_layers: int, source: str) -> None:
+    """A manifest's `base_weights` (`sample_base_weights`): empty, or every entry of the right type and in range,
+    so that comparing it with a base (`base_weights_problem`, when the routers are attached) cannot fail."""
+    import math
+
+    if not sample:
+        return
+    where = f"{source}: base_weights"
+    missing = sorted({"block", "parameter", "numel", "dtype", "values"} - sample.keys())
+    if missing:
+        raise BundleFileError(f"{where} lacks {', '.join(missing)} (an empty object records no sample)")
+    _index_in_range(sample["block"], n_layers, "base_weights.block", f"the base has {n_layers} blocks", source)
+    if not isinstance(sample["parameter"], str) or not sample["parameter"]:
+        raise BundleFileError(f"{where}.parameter must be a parameter name, got {excerpt(sample['parameter'])}")
+    numel = _positive_int(sample["numel"], "base_weights.numel", source)
+    dtype = getattr(torch, sample["dtype"], None) if isinstance(sample["dtype"], str) else None
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise BundleFileError(f"{where}.dtype must name a torch floating dtype, got {excerpt(sample['dtype'])}")
+    values = sample["values"]
+    if not isinstance(values, list) or not 0 < len(values) <= min(numel, WEIGHT_SAMPLE_SIZE) or any(
+            isinstance(v, bool) or not isinstance(v, _NUMBER) or not math.isfinite(v) for v in values):
+        raise BundleFileError(f"{where}.values must be a list of 1 to {min(numel, WEIGHT_SAMPLE_SIZE)} finite "
+                              f"numbers, got {excerpt(values)}")
 
 
 def _positive_int(value, field_name: str, source: str) -> int:
@@ -379,8 +468,14 @@ class RouterBundle(nn.Module):
         manifest = read_manifest(directory)
         config = BundleConfig.from_dict(manifest, source=str(directory / MANIFEST_NAME))
         path = weights_path(directory, manifest)
+        _refuse_link(path, "router weights file")
         if not path.is_file():
-            raise BundleFileError(f"router weights file {path} is missing")
+            raise BundleFileError(f"router weights file {path} is missing" + (
+                "" if not path.exists() else " (it is not a regular file)"))
+        limit = _weights_size_limit(config)
+        if path.stat().st_size > limit:   # checked before hashing: hashing a huge file takes minutes
+            raise BundleFileError(f"router weights file {path} holds {path.stat().st_size:,} bytes, more than the "
+                                  f"{limit:,} its manifest's routers can take: not this bundle's weights")
         expected_hash = manifest.get("weights_sha256")
         if not isinstance(expected_hash, str) or not re.fullmatch(r"[0-9a-f]{64}", expected_hash):
             raise BundleFileError(f"{directory / MANIFEST_NAME}: weights_sha256 must be the SHA-256 of "
@@ -408,6 +503,13 @@ class RouterBundle(nn.Module):
                 if tuple(tensors[key].shape) != shape:
                     raise WeightShapeError(f"{path}: tensor {key} has shape {tuple(tensors[key].shape)}, "
                                            f"the manifest implies {shape}")
+                # load_state_dict would cast silently: int64 or bool weights are not routers, and fp16 ones
+                # would be evaluated in another precision than they were saved in
+                if tensors[key].dtype != WEIGHTS_DTYPE:
+                    raise WeightShapeError(f"{path}: tensor {key} is {str(tensors[key].dtype).removeprefix('torch.')}"
+                                           f", a bundle's weights are {str(WEIGHTS_DTYPE).removeprefix('torch.')}")
+                if not torch.isfinite(tensors[key]).all():
+                    raise WeightShapeError(f"{path}: tensor {key} holds NaN or infinite values")
                 state[name] = tensors[key]
             router = Router(hidden, n_selected, config.d_r, input_norm=config.input_norm)
             router.load_state_dict(state)
@@ -423,6 +525,29 @@ class RouterBundle(nn.Module):
         if model is not None:
             bundle.check_compatible(model)
         return bundle
+
+
+#: The dtype `save_pretrained` writes every router tensor in; loading takes no other.
+WEIGHTS_DTYPE = torch.float32
+#: Room for the safetensors header (JSON: names, shapes, offsets) beyond the tensors' bytes.
+_HEADER_ROOM = 1 << 20
+#: The most a manifest may hold (the largest real ones, with every neuron index of a wide model, are a few MB).
+MANIFEST_SIZE_LIMIT = 64 << 20
+
+
+def _weights_size_limit(config: BundleConfig) -> int:
+    hidden = config.fingerprint["hidden_size"]
+    per_block = [config.d_r * hidden + config.d_r + len(config.neurons[b]) * (config.d_r + 1) + hidden
+                 for b in config.block_indices]
+    return sum(per_block) * WEIGHTS_DTYPE.itemsize + _HEADER_ROOM
+
+
+def _refuse_link(path: Path, what: str) -> None:
+    """A bundle's files are read only from the bundle itself: a link may point anywhere (another user's file, a
+    device, a huge file to hash)."""
+    if path.is_symlink():
+        raise BundleFileError(f"{what} {path} is a symbolic link: a bundle's files must be regular files inside "
+                              "its directory (copy the file in)")
 
 
 def _sha256(path: Path) -> str:
@@ -442,8 +567,12 @@ def read_manifest(directory: str | Path) -> dict:
                               f"{MANIFEST_NAME} and {WEIGHTS_NAME})")
     if not directory.is_dir():
         raise BundleFileError(f"router bundle directory {directory} does not exist")
+    _refuse_link(path, "bundle manifest")
     if not path.is_file():
         raise BundleFileError(f"{directory} is not a router bundle: {MANIFEST_NAME} is missing")
+    if path.stat().st_size > MANIFEST_SIZE_LIMIT:
+        raise BundleFileError(f"{path} holds {path.stat().st_size:,} bytes, more than a manifest may "
+                              f"({MANIFEST_SIZE_LIMIT:,})")
     try:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

@@ -82,7 +82,12 @@ def read_json_records(path: Path) -> list[dict]:
     """Rows of a JSON array file or a JSON-lines file, with a clear error for a missing or corrupt file."""
     if not path.is_file():
         raise DataSourceError(f"data file not found: {path}")
-    text = path.read_text(encoding="utf-8")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataSourceError(f"{path} is not UTF-8 text (byte {err.start}: {data[err.start:err.start + 1]!r}); "
+                              "save it as UTF-8") from None
     stripped = text.lstrip()
     try:
         if stripped.startswith("["):

@@ -18,7 +18,9 @@ Use::
   own `BundleError`, naming the mismatch. Bundles are read and validated before the base is loaded, a local
   base path is checked first (`locations.check_model_path`), a model argument that is a near miss of a
   known one (`router=`) is refused (`ModelArgumentError`), dtype names, `max_length` and the device go through the
-  project's rules (`check_argument_values`, `devices.py`), and a base that cannot be read (a Hub id while
+  project's rules (`check_argument_values`, `devices.py`), a boolean (`trust_remote_code`, `parallelize`, ...)
+  takes exactly lm-eval's `true`/`false` (`check_boolean_arguments`: `no` would be a true string), an argument
+  given empty (`routers=`) is refused (`check_empty_arguments`), and a base that cannot be read (a Hub id while
   offline) is named. These are the project's `UserError`s: the `lm_eval` and `cru-eval` command lines print them
   as one line (`cru_harness.lmeval.errors`).
 - `--use_cache DB` holds the identity of the model that wrote it (`cache_identity`: base, bundle digests, dtypes);
@@ -142,6 +144,77 @@ def check_arguments(kwargs: dict) -> None:
                                      f"{best!r}?)")
 
 
+def _boolean_parameters(function) -> frozenset[str]:
+    """Parameters of `function` annotated `bool` or `bool | None` (annotations may be strings: PEP 563)."""
+    import inspect
+    import typing
+
+    names = set()
+    for name, p in inspect.signature(function).parameters.items():
+        annotation = p.annotation
+        if isinstance(annotation, str):
+            kinds = {part.strip() for part in annotation.replace("Optional[", "").rstrip("]").split("|")}
+        else:
+            kinds = {getattr(a, "__name__", str(a)) for a in (typing.get_args(annotation) or (annotation,))}
+        if "bool" in kinds and kinds <= {"bool", "None", "NoneType"}:
+            names.add(name)
+    return frozenset(names)
+
+
+def boolean_arguments() -> frozenset[str]:
+    """The `--model_args` entries that are booleans: HFLM's and `from_pretrained`'s (by annotation) and the
+    booleans `from_pretrained` takes from **kwargs."""
+    from transformers import PreTrainedModel
+
+    return (_boolean_parameters(HFLM.__init__) | _boolean_parameters(PreTrainedModel.from_pretrained)
+            | FROM_PRETRAINED_BOOLEANS)
+
+
+# Booleans among FROM_PRETRAINED_KWARGS (not in any signature, so named here).
+FROM_PRETRAINED_BOOLEANS = frozenset({
+    "from_flax", "from_tf", "load_in_4bit", "load_in_8bit", "low_cpu_mem_usage", "offload_buffers",
+    "offload_state_dict", "output_loading_info", "trust_remote_code", "use_cache", "use_flash_attention_2",
+    "use_kernels",
+})
+#: lm-eval 0.4.13's spellings of a boolean (`lm_eval.utils.handle_arg_string`: case-insensitive).
+BOOLEAN_SPELLINGS = {"true": True, "false": False}
+
+
+def check_boolean_arguments(kwargs: dict) -> None:
+    """Normalise (in place) every boolean `--model_args` entry to a bool, or refuse it.
+
+    lm-eval turns `true`/`false` (any case) into bools and hands any other value over as it is: `no` stays a
+    non-empty string, which the model's code reads as true (`trust_remote_code=no` would run the checkpoint's
+    Python). So exactly lm-eval's spellings are taken (as bools, or as those strings from the Python API), and
+    anything else (`yes`, `no`, `0`, `1`) is refused, naming the argument. None is "not given"."""
+    for name in sorted(boolean_arguments() & kwargs.keys()):
+        value = kwargs[name]
+        if value is None or isinstance(value, bool):
+            continue
+        if isinstance(value, str) and value.strip().lower() in BOOLEAN_SPELLINGS:
+            kwargs[name] = BOOLEAN_SPELLINGS[value.strip().lower()]
+            continue
+        raise ModelArgumentError(f"cru model: {name}={value!r} in --model_args is not a boolean: write "
+                                 f"{name}=true or {name}=false")
+
+
+def check_empty_arguments(base, routers, kwargs: dict) -> None:
+    """An entry given with no value (`routers=`, `base=`, `dtype=`) is a slip, never a choice: `routers=` empty
+    would score the base alone as if it were CRU. Refused, naming it. (Leaving `routers` out is the way to get
+    the base alone.)"""
+    given = {"base": base, "routers": routers, **kwargs}
+    for name, value in given.items():
+        if isinstance(value, (str, Path)) and not str(value).strip():
+            raise ModelArgumentError(f"cru model: {name}= is empty in --model_args: give a value, or leave "
+                                     f"{name} out")
+    if isinstance(routers, (list, tuple)) and not routers:
+        raise ModelArgumentError("cru model: routers=[] names no bundle: give one or more bundle directories, or "
+                                 "leave routers out")
+    if isinstance(routers, bool):
+        raise ModelArgumentError(f"cru model: routers={routers!r} in --model_args is not a bundle directory: give "
+                                 "routers=<dir>[+<dir>...], or leave routers out")
+
+
 # lm-eval takes these as dtype names and looks them up on `torch` only when it loads the model or scores.
 DTYPE_ARGUMENTS = ("dtype", "softmax_dtype", "mixed_precision_dtype")
 # What lm-eval's command line passes when `--device` is not given; HFLM then falls back to the CPU without CUDA.
@@ -206,7 +279,7 @@ def check_argument_values(kwargs: dict, *, check_device: bool = True) -> None:
 
 def parse_router_spec(routers) -> list:
     """`routers=` as given (None, `"a+b"`, a path, a RouterBundle, or a list of those) -> a list of entries."""
-    if routers is None or routers == "" or routers is False:
+    if routers is None or routers == "" or routers is False:   # CRULM refuses "" and False (check_empty_arguments)
         return []
     if isinstance(routers, (str, Path)):
         entries = [part.strip() for part in str(routers).split(ROUTER_SEPARATOR)]
@@ -257,6 +330,7 @@ class CRULM(HFLM):
     def __init__(self, pretrained=None, *, base=None, routers=None, **kwargs) -> None:
         if base is not None and pretrained is not None and base != pretrained:
             raise ModelArgumentError(f"give the base model once: base={base!r} and pretrained={pretrained!r} differ")
+        check_empty_arguments(base if base is not None else pretrained, routers, kwargs)
         pretrained = base if base is not None else pretrained
         if pretrained is None:
             raise ModelArgumentError("the cru model needs base=<HF model id or local directory> (alias: pretrained=)")
@@ -264,6 +338,7 @@ class CRULM(HFLM):
 
         pretrained = resolve_model_path(pretrained)   # a testbed name (zoo:llama:finetuned, smollm2): its directory
         check_arguments(kwargs)
+        check_boolean_arguments(kwargs)
         # HFLM takes the device of a model object it is given as is
         check_argument_values(kwargs, check_device=isinstance(pretrained, (str, Path)))
         if isinstance(pretrained, (str, Path)) and not kwargs.get("gguf_file"):

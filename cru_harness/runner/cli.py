@@ -141,6 +141,18 @@ def machine_problems(config) -> list[UserError]:
     return problems
 
 
+def check_local_models_exist(config) -> None:
+    """A real run stops before any cell when a model given as a local path is not there: each cell would fail on
+    its own, and transformers would read the path as a Hub repo id ("Repo id must be in the form ..."). (A dry
+    run only warns: it may plan the run for another machine.)"""
+    from .config import ConfigError
+
+    for entry in security_summary(config):
+        if entry["origin"] == "local path" and not Path(entry["path"]).expanduser().exists():
+            raise ConfigError(entry["key"], f"model {entry['path']} does not exist (no such directory)",
+                              config.source)
+
+
 def _load(path: str, output_dir: str | None):
     from .config import load_config
 
@@ -249,7 +261,9 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
     directory whose finished cells of this plan are copied in first (`reuse_cells`; `reuse_bundles`: the run
     reads its CRU cells' router bundles, as a gate_gap study does).
 
-    A real run first checks that its output directory can be written and takes the directory's lock
+    Every run, a dry run too, first refuses an output directory that is the root or home directory, or that
+    exists and holds neither nothing nor a run of this experiment (`store.check_run_directory`): a run writes
+    plan.json, cells/ and report/ there. A real run then checks that it can be written and takes the directory's lock
     (`cache.RunLock`): a second run on the same directory stops there, naming the process that holds it."""
     if reproduce is not None:
         reproduce = Path(reproduce)
@@ -262,6 +276,12 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
         reuse = run_stores([reuse])[0].root   # a mistyped directory stops here, before anything runs
         if reuse.resolve() == Path(config.output_dir).resolve():
             raise InputError(f"--reuse {reuse} is the run's own output directory")
+    from ..locations import check_not_shared_directory
+    from ..store import check_run_directory
+
+    # before anything is planned or written, a dry run too: a run writes plan.json, cells/, report/ there
+    check_not_shared_directory(config.output_dir, "output_dir")
+    check_run_directory(config.output_dir, config.name)
     options = dict(shard=shard, force=force, report=report, executor=executor, as_json=as_json, log=log,
                    reproduce=reproduce, inputs=inputs, only=only, reuse=reuse, reuse_bundles=reuse_bundles)
     if dry_run:
@@ -272,6 +292,7 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
 
     if shard:
         parse_shard(shard)  # a bad --shard is reported before anything is locked or written
+    check_local_models_exist(config)
     check_output_dir(config.output_dir, what="output_dir", allow_existing=True)
     with RunLock(config.output_dir, shard=shard, log=log):
         return _run_config(config, dry_run=False, **options)
@@ -342,10 +363,18 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
     counts = run_cells(to_run, store, executor, log=log, force=force, **({"inputs": inputs} if inputs else {}))
     log(f"done: {counts}")
     if report:
+        from ..errors import WRITE_ERRNOS, OutputWriteError
         from ..reporting.cli import write_report
 
-        write_report([store.root], store.root / "report", formats=config.report["formats"],
-                     plots=config.report["plots"], stats=config.report["stats"], log=log)
+        try:
+            write_report([store.root], store.root / "report", formats=config.report["formats"],
+                         plots=config.report["plots"], stats=config.report["stats"], log=log)
+        except OSError as err:   # a full disk while the report is written: the cells are whole, say so
+            if err.errno not in WRITE_ERRNOS:
+                raise
+            raise OutputWriteError(f"cannot write the report into {store.root / 'report'}: {err.strerror}; the "
+                                   f"cells are kept whole: `cru-harness report {store.root}` "
+                                   "writes the report once that is fixed") from err
     status = 0 if counts["failed"] == 0 else 1
     if reproduce is not None:
         from .reproduce import write_reproduction
@@ -471,7 +500,7 @@ def copy_cell(store, out_store, cell_hash: str, *, keep_ok: bool, as_cell=None, 
     not; with `keep_ok`, only an 'ok' result is copied at all. `as_cell`: a planned cell that differs from it only
     in label (`reuse_cells`), whose hash and label the copy takes. `bundle`: copy the cell's router bundle too
     (work/routers), and nothing if it has none. Returns whether it copied."""
-    from ..store import RECORD_FILE, RESULT_FILE, WORK_DIR, atomic_write_json, read_json
+    from ..store import RECORD_FILE, RESULT_FILE, WORK_DIR, atomic_write_json, read_json, with_digest
     from .training import ROUTERS_DIR
 
     result = store.load_result(cell_hash)
@@ -507,7 +536,7 @@ def copy_cell(store, out_store, cell_hash: str, *, keep_ok: bool, as_cell=None, 
         atomic_write_json(tmp / RECORD_FILE, dict(
             record, hash=new_hash, resolved_config=as_cell.resolved(),
             reused_from={"hash": cell_hash, "label": result["label"], "run": str(store.root)}))
-        atomic_write_json(tmp / RESULT_FILE, dict(result, hash=new_hash, label=as_cell.label))
+        atomic_write_json(tmp / RESULT_FILE, with_digest(dict(result, hash=new_hash, label=as_cell.label)))
     if target.exists():
         shutil.rmtree(target)
     tmp.rename(target)
@@ -516,9 +545,10 @@ def copy_cell(store, out_store, cell_hash: str, *, keep_ok: bool, as_cell=None, 
 
 def cmd_merge(args: argparse.Namespace) -> int:
     from ..locations import check_output_dir
-    from ..store import RunLock
+    from ..store import RunLock, check_run_directory
 
     check_output_dir(args.out, what="--out", allow_existing=True)
+    check_run_directory(args.out, None, what="--out")   # merges into a run directory, never among other files
     run_stores(args.dirs)   # a mistyped input creates no --out (the lock below would)
     with RunLock(args.out):  # no run may write into the merged directory meanwhile
         counts = merge_dirs(args.dirs, args.out)

@@ -14,14 +14,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import yaml
-
 from ..devices import DTYPE_NAMES
 from ..reporting.settings import configured_methods, report_settings  # noqa: F401  (importable here)
-from ..validation import ConfigChecker, ConfigError  # noqa: F401  (ConfigError: importable here)
+from ..validation import MAX_MESSAGE, ConfigChecker, ConfigError, excerpt  # noqa: F401  (importable here)
 from ..validation import _boolean, _check_keys, _fail, _number, _str_list, _suggest  # noqa: F401
-from ..hparams import (HPARAM_BOUNDS, HPARAM_CHOICES, adam_betas_problem, bound_problem, check_seed,  # noqa: F401
-                       fields_problem, seed_problem)
+from ..hparams import (HPARAM_BOUNDS, HPARAM_CHOICES, MAX_BATCH, MAX_ROWS, adam_betas_problem,  # noqa: F401
+                       bound_problem, check_seed, fields_problem, seed_problem)
 from ..errors import InputError, MissingInputError
 from ..prompts import DEFAULT_RWKU_PRESET, DEFAULT_TOFU_PRESET, PresetError, check_rwku_preset, check_tofu_preset
 from ..baselines.purge import PURGE_TARGETS
@@ -213,10 +211,9 @@ def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None
         raise MissingInputError(f"{path} is a directory, not a config file (a YAML file such as configs/demo.yaml)")
     if not path.is_file():
         raise MissingInputError(f"config file not found: {path}")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError("<file>", f"not valid YAML: {err}", str(path)) from err
+    from .yamlfile import read_yaml
+
+    raw = read_yaml(path)   # bounded: size, encoding, nesting, aliases (ConfigError naming the file)
     if overrides and (raw is None or isinstance(raw, dict)):  # anything else is refused by validate_config
         raw = {**(raw or {}), **overrides}
     return validate_config(raw, source=given)
@@ -285,7 +282,10 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
     name = raw["name"]
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         _fail("name", f"expected a simple name (letters, digits, _ . -), got {name!r}", source)
-    output_dir = Path(raw.get("output_dir") or Path("results") / name)
+    output_dir = raw.get("output_dir")
+    if output_dir is not None and (not isinstance(output_dir, str) or not output_dir.strip()):
+        _fail("output_dir", f"expected a directory path, got {excerpt(output_dir)}", source)
+    output_dir = Path(output_dir or Path("results") / name)
     data_dir = raw.get("data_dir")
     if data_dir is not None and not isinstance(data_dir, str):
         _fail("data_dir", f"expected a path, got {data_dir!r}", source)
@@ -329,7 +329,7 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         resolved["tasks"] = tasks
         limit = spec.get("limit")
         if limit is not None:
-            limit = _number(limit, f"{where}.limit", source, low=1, integer=True)
+            limit = _number(limit, f"{where}.limit", source, low=1, high=MAX_ROWS, integer=True)
         resolved["limit"] = limit
         for corpus_key in ("forget_corpus", "retain_corpus"):
             value = spec.get(corpus_key, plugin.default_corpora[corpus_key])
@@ -484,9 +484,10 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
             benchmark_plugin(bench).check_evaluation(evaluation)
     except PresetError as err:
         _fail("evaluation", str(err), source)
-    _number(evaluation["batch_size"], "evaluation.batch_size", source, low=1, integer=True)
+    _number(evaluation["batch_size"], "evaluation.batch_size", source, low=1, high=MAX_BATCH,
+            integer=True)
     if evaluation["limit"] is not None:
-        _number(evaluation["limit"], "evaluation.limit", source, low=1, integer=True)
+        _number(evaluation["limit"], "evaluation.limit", source, low=1, high=MAX_ROWS, integer=True)
     _boolean(evaluation["failure_classes"], "evaluation.failure_classes", source)
     _boolean(evaluation["apply_chat_template"], "evaluation.apply_chat_template", source, allow_none=True)
     report = report_settings(raw.get("report"), source)

@@ -7,8 +7,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..errors import MissingInputError
 from ..runner.config import ConfigError, ExperimentConfig, config_path, method_plugin, validate_config
 
@@ -100,10 +98,9 @@ def _read_yaml(path: Path, what: str) -> Any:
     path = config_path(path)
     if not path.is_file():
         raise MissingInputError(f"{what} not found: {path}")
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError("<file>", f"not valid YAML: {err}", str(path)) from err
+    from ..runner.yamlfile import read_yaml
+
+    return read_yaml(path)   # bounded as a runner config is: size, encoding, nesting, aliases
 
 
 # What a scale config (a runner config such as configs/cpu_smollm2.yaml) sets in a study: where and on what it runs.
