@@ -16,6 +16,7 @@ import cru_harness.baselines as B
 from cru_harness.baselines.data import ForgetRetainDataset
 from cru_harness.errors import InputError
 from test_baselines_training import FORGET, RETAIN, fast_config, mean_logp, tiny, tokenizer  # noqa: F401 (fixture)
+from test_baselines_losses import sub_batch  # right-padded sub-batches, as the loss tests build them
 
 V = 6
 
@@ -32,17 +33,6 @@ class TableLM(nn.Module):
         return SimpleNamespace(logits=self.table[input_ids])
 
 
-def sub_batch(rows):
-    """rows: (input_ids, labels); right-padded with pad 0 / label -100 / attention 0."""
-    width = max(len(i) for i, _ in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100)
-    att = torch.zeros(len(rows), width, dtype=torch.long)
-    for r, (i, lab) in enumerate(rows):
-        ids[r, :len(i)] = torch.tensor(i)
-        labels[r, :len(lab)] = torch.tensor(lab)
-        att[r, :len(i)] = 1
-    return {"input_ids": ids, "attention_mask": att, "labels": labels}
 
 
 FORGET_ROWS = [([1, 2, 3, 4], [-100, -100, 3, 4]), ([1, 5, 2, 4], [-100, 5, 2, 4])]   # same length: no padding
