@@ -529,26 +529,31 @@ def test_micro_batches_with_the_group_counts_add_up_to_the_whole_batch(name, cfg
     """Each term divides by its own count (answer tokens, rows, positions, CE-U's tokens, UNDIAL's predicting
     positions): the trainer sums `group_counts` over the micro-batches, and the parts must add up to the loss of
     the whole batch (a count the loss reads under another name would silently fall back to the micro-batch's)."""
-    from cru_harness.baselines.trainer import group_totals
-
     model, ref = TableLM(0), TableLM(1).requires_grad_(False)
     rows = [([1, 2, 3, 4, 5], [-100, -100, 3, 4, 5]), ([2, 4, 1], [-100, 4, 1]), ([3, 1, 1, 2], [-100, 1, 1, 2])]
     batch = make_batch(forget=rows, retain=rows[::-1])
     m = method(name, **cfg)
     whole, _ = m.compute_loss(model, batch, ref_model=ref)
     micros = [{k: sub_batch([rows[i] if k == "forget" else rows[::-1][i]]) for k in batch} for i in range(3)]
+    parts = micro_batch_sum(m, model, ref, micros)
+    assert parts == pytest.approx(whole.item(), rel=1e-5)
+
+
+def micro_batch_sum(m, model, ref, micros) -> float:
+    """The summed loss of micro-batches, each given its group's counts as the trainer gives them."""
+    from cru_harness.baselines.trainer import group_totals
+
     totals = group_totals(micros, SimpleNamespace(device=torch.device("cpu")), m.group_counts)
     parts = 0.0
     for micro in micros:
         for key, counts in totals.items():
             micro[key].update({f"group_{n}": total for n, total in counts.items()})
         parts += m.compute_loss(model, micro, ref_model=ref)[0].item()
-    assert parts == pytest.approx(whole.item(), rel=1e-5)
+    return parts
 
 
 @pytest.mark.parametrize("name", ["rmu", "lunar"])
 def test_activation_methods_add_up_over_micro_batches(tokenizer, name):
-    from cru_harness.baselines.trainer import group_totals
 
     model, ref = tiny(tokenizer, seed=0), tiny(tokenizer, seed=1).requires_grad_(False)
     m = method(name, layer=1, alpha=0.5)
@@ -559,10 +564,5 @@ def test_activation_methods_add_up_over_micro_batches(tokenizer, name):
     batch = {"forget": encoded(tokenizer, FORGET[:3]), "retain": encoded(tokenizer, RETAIN)}
     whole, _ = m.compute_loss(model, batch, ref_model=ref)
     micros = [{"forget": encoded(tokenizer, [FORGET[i]]), "retain": encoded(tokenizer, [RETAIN[i]])} for i in range(3)]
-    totals = group_totals(micros, SimpleNamespace(device=torch.device("cpu")), m.group_counts)
-    parts = 0.0
-    for micro in micros:
-        for key, counts in totals.items():
-            micro[key].update({f"group_{n}": total for n, total in counts.items()})
-        parts += m.compute_loss(model, micro, ref_model=ref)[0].item()
+    parts = micro_batch_sum(m, model, ref, micros)
     assert parts == pytest.approx(whole.item(), rel=1e-4)
