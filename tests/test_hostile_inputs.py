@@ -128,6 +128,21 @@ class TestOutputDirectory:
         assert "is not empty and is not a cru-harness run (it holds notes.txt)" in err
         assert sorted(p.name for p in theirs.iterdir()) == ["notes.txt", "report"]
 
+    @pytest.mark.parametrize("dry_run", [True, False])
+    def test_an_overlap_study_into_someone_elses_files_is_refused(self, tmp_path, capsys, dry_run):
+        """The overlap study writes cells/ without going through `run`: it checks its directory as a run does."""
+        from cru_harness.cli import main
+
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        (theirs / "notes.txt").write_text("keep me")
+        path = write_run_config(tmp_path, output_dir=str(theirs), methods=[{"method": "CRU"}],
+                                study={"kind": "overlap", "title": "t", "examples": [4]})
+        assert main(["study", str(path), *(["--dry-run"] if dry_run else [])]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is not empty and is not a cru-harness run (it holds notes.txt)" in err[0], err
+        assert [p.name for p in theirs.iterdir()] == ["notes.txt"]
+
     def test_another_experiments_run_is_refused_its_own_resumes(self, tmp_path):
         from cru_harness.locations import OutputLocationError
         from cru_harness.runner import config as cfg
@@ -700,3 +715,23 @@ class TestAbsurdSizes:
         assert main(["run", str(path), "--dry-run"]) == 0
         out = capsys.readouterr().out
         assert "num_epochs=1000" in out and "warmup_steps=1000000" in out
+
+    def test_a_dry_run_states_what_each_training_costs_in_optimizer_steps(self, tmp_path, capsys, monkeypatch):
+        """The epochs are bounded at 1000, not at what a user means to pay: the plan states the steps each cell
+        would take, counted from the local data (forget01 of the testbed world: 20 rows)."""
+        from cru_harness.cli import main
+
+        monkeypatch.delenv("CRU_HARNESS_DATA_DIR", raising=False)
+        monkeypatch.delenv("CRU_HARNESS_TOFU_DIR", raising=False)
+        path = write_run_config(
+            tmp_path, methods=[{"method": "GA", "num_epochs": 1000, "effective_batch_size": 8, "micro_batch_size": 4},
+                               {"method": "CRU", "epochs": 3, "batch_size": 16}],
+            benchmarks={"tofu": {"splits": ["forget01"], "data_dir": "testbed:world"}})
+        assert main(["run", str(path), "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert "; 2500 optimizer steps (1000 epochs, effective batch 8, 20 forget rows)" in out
+        assert "; 6 router steps (3 epochs, batch 16, 20 forget rows)" in out
+        # without local data nothing is downloaded to count: the plan says when the steps are known
+        path = write_run_config(tmp_path, name="hub", methods=[{"method": "GA", "num_epochs": 1000}])
+        assert main(["run", str(path), "--dry-run"]) == 0
+        assert "; steps counted when the data is loaded (1000 epochs, effective batch 32)" in capsys.readouterr().out

@@ -16,6 +16,25 @@ def record_resources(outcome: dict, record: dict[str, Any]) -> None:
     outcome["resources"].update({f"train_{k}" if k in RESOURCE_KEYS else k: v for k, v in record.items()})
 
 
+def training_cost(config, corpus: str, benchmark: str, data_dir, rows_name: str = "rows") -> str:
+    """`N optimizer steps (E epochs, effective batch B, R rows)` of a run of the baselines' trainer with `config`
+    on `corpus` (`--dry-run`). Rows are counted only from local data: a dry run never reaches the Hub."""
+    from ..data.corpora import count_local_rows
+    from ..errors import UserError
+    from .trainer import step_counts
+
+    shape = f"{config.num_epochs:g} epochs, effective batch {config.effective_batch_size}"
+    try:
+        rows = count_local_rows(corpus, benchmark, data_dir)
+        per_step = config.micro_batches_per_step()
+    except UserError as error:   # the run itself reports it, naming its key
+        return f"steps not counted: {error} ({shape})"
+    if rows is None:
+        return f"steps counted when the data is loaded ({shape})"
+    steps, _ = step_counts(config, -(-rows // config.micro_batch_size), per_step)
+    return f"{steps} optimizer steps ({shape}, {rows} {rows_name})"
+
+
 class BaselineMethod(Method):
     """A full-weight trainer from `cru_harness.baselines`, trained by `baselines.unlearn` with its preset for the
     cell's benchmark and split (`Config.preset`), then saved for the evaluation."""
@@ -45,6 +64,16 @@ class BaselineMethod(Method):
 
         names = {f.name for f in fields(self.config)}
         self.config(**{k: v for k, v in values.items() if k in names})
+
+    def describe(self, cell) -> tuple[str | None, list[str]]:
+        """What the cell trains, with its cost in optimizer steps where the data is on this machine (`--dry-run`
+        then states what a run of absurd size would cost, beyond the bounds the config check applies)."""
+        what, downloads = super().describe(cell)
+        return f"{what}; {self.cost(cell)}", downloads
+
+    def cost(self, cell) -> str:
+        config = self.trainer.Config.preset(cell.benchmark, cell.split, **cell.hparams)
+        return training_cost(config, cell.corpora["forget_corpus"], cell.benchmark, cell.data_dir, "forget rows")
 
     def run(self, ctx: CellContext) -> Trained:
         from ..data.corpora import load_corpus_rows

@@ -263,17 +263,28 @@ def is_hub_id(path: str) -> bool:
     return path.count("/") == 1
 
 
+def _finetune_cost(spec: dict, corpus: str, cell: Cell) -> str:
+    """The optimizer steps of a fine-tuning cell (TOFU's recipe overridden by `spec`), for `--dry-run`."""
+    from ..baselines.plugin import training_cost
+    from ..finetune import FinetuneConfig
+
+    config = FinetuneConfig.from_dict({k: v for k, v in spec.items() if k not in ("data", "dtype")})
+    return training_cost(config, corpus, cell.benchmark, cell.data_dir)
+
+
 def describe_cell(cell: Cell) -> dict[str, Any]:
     """What running this cell does: trains, downloads, evaluates (for `--dry-run`). Touches no model."""
     downloads, trains = [], None
     if is_hub_id(cell.model.path):
         downloads.append(f"model {cell.model.path} (Hub)")
     if cell.kind == "finetune":
-        trains = f"fine-tune {cell.model.path} on {cell.corpora['train_corpus']} (TOFU's recipe)"
+        trains = (f"fine-tune {cell.model.path} on {cell.corpora['train_corpus']} (TOFU's recipe); "
+                  f"{_finetune_cost(cell.hparams, cell.corpora['train_corpus'], cell)}")
     elif cell.kind == "retain":
         retain = cell.extra["retain"]
         if retain["kind"] == "finetune":
-            trains = f"retain model: fine-tune {cell.model.path} on {cell.corpora['retain_corpus']} (TOFU's recipe)"
+            trains = (f"retain model: fine-tune {cell.model.path} on {cell.corpora['retain_corpus']} (TOFU's recipe); "
+                      f"{_finetune_cost(retain['value'], cell.corpora['retain_corpus'], cell)}")
         elif retain["kind"] == "train":
             source = retain["value"].get("from", cell.model.path)
             trains = f"retain model: fine-tune {source} on {cell.corpora['retain_corpus']}"

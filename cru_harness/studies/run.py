@@ -242,8 +242,8 @@ def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable, tab
     """Localization only: the models' finetune cells (if any) run through the runner, then per CRU cell of the
     plan the forget- and retain-derived localizations are compared (no router is trained). `table_only`: the
     table from the saved analyses, nothing run."""
-    from ..locations import check_output_dir
-    from ..store import CellStore, RunLock
+    from ..locations import check_not_shared_directory, check_output_dir
+    from ..store import CellStore, RunLock, check_run_directory
     from ..runner.execute import PlanExecutor
     from ..runner.loop import run_cells
     from ..runner.provenance import cell_inputs
@@ -261,6 +261,9 @@ def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable, tab
                               for cell in cru], sources)
         log(f"study table: {study.out_dir / 'table.md'} (from the saved analyses)")
         return 0
+    # as a run does (`runner.cli.run_config`), a dry run too: the study writes cells/ into output_dir
+    check_not_shared_directory(config.output_dir, "output_dir")
+    check_run_directory(config.output_dir, config.name)
     if dry_run:
         log(f"study {config.name} (overlap): {len(cru)} CRU cells localized on forget and retain with "
             f"{list(spec.examples)} examples each; finetune cells: "
