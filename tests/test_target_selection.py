@@ -90,18 +90,20 @@ def test_selection_is_made_once_saved_and_invalidated_by_its_key(tmp_path):
     # mean scores: 1 -> 0.3, 2 -> 0.0, 3 -> 0.7, 4 -> 0.3: target 3, then 1 (tie with 4, lower index)
     assert record["chosen"] == [3, 1]
     assert record["scores"]["4"]["score"] == pytest.approx(0.3) and record["scores"]["3"]["target_name"] == "Bruce Lee"
+    # one lm-eval run per candidate (RWKU scores each target alone; the progress bar counts targets)
+    assert [call["targets"] for call in fake.calls] == ["1", "2", "3", "4"]
     call = fake.calls[0]
-    assert call["tasks"] == ["rwku_fb", "rwku_qa"] and call["targets"] == "1,2,3,4" and call["limit"] == 3
+    assert call["tasks"] == ["rwku_fb", "rwku_qa"] and call["limit"] == 3
     assert call["chat_template"] is True  # the model's prompting, as in its cells
     assert json.loads(selection_path(config, model).read_text())["chosen"] == [3, 1]
 
     again = select_known_targets(config, model, evaluate=fake, log=lambda _: None)
-    assert again["chosen"] == [3, 1] and len(fake.calls) == 1  # reused, not recomputed
+    assert again["chosen"] == [3, 1] and len(fake.calls) == 4  # reused, not recomputed
 
     changed = cfg.validate_config(raw_config(tmp_path, probes=["rwku_fb"]))
     assert load_selection(changed, changed.models[0]) is None  # another rule: the saved file is stale
     assert select_known_targets(changed, changed.models[0], evaluate=fake, log=lambda _: None)["chosen"] == [3, 1]
-    assert len(fake.calls) == 2 and fake.calls[1]["tasks"] == ["rwku_fb"]
+    assert len(fake.calls) == 8 and fake.calls[4]["tasks"] == ["rwku_fb"]
 
     selection_path(changed, changed.models[0]).write_text("{not json")  # corrupt: recomputed, never trusted
     assert load_selection(changed, changed.models[0]) is None

@@ -111,6 +111,8 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
     if saved is not None:
         log(f"target selection for {model.name}: reusing {selection_path(config, model)} -> {saved['chosen']}")
         return saved
+    from tqdm.auto import tqdm
+
     from ..tasks.rwku.utils import per_target_results
     from ..store import atomic_write_json, now_iso
     from .evaluation import model_uses_chat_template, run_lmeval
@@ -126,13 +128,19 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
     log(f"target selection for {model.name}: scoring the original model on {', '.join(select['probes'])} for "
         f"{len(candidates)} candidate targets ({select['rows'] or 'all'} rows each), keeping the top {select['top']}")
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="cru_target_selection_") as tmp:
-        results = evaluate(model, model_path, list(select["probes"]), Path(tmp) / "lmeval",
-                           data_dir=resolve_data_dir(spec["data_dir"]),
-                           targets=",".join(str(t) for t in candidates), limit=select["rows"],
-                           batch_size=config.evaluation.get("batch_size", 8), device=resolve_device(config.device),
-                           chat_template=chat, **key["lmeval_settings"])
-    per_target = per_target_results(results.get("samples") or {})
+    per_target: dict[str, dict[int, dict]] = {}
+    # One lm-eval run per candidate, as RWKU's own evaluation scores each target alone: the bar then counts
+    # targets (this step takes most of a small run's time), and a target's rows are batched only with its own.
+    with tempfile.TemporaryDirectory(prefix="cru_target_selection_") as tmp, \
+            tqdm(candidates, desc=f"choosing RWKU targets ({model.name})", unit="target") as bar:
+        for target in bar:
+            bar.set_postfix_str(f"target {target}")
+            results = evaluate(model, model_path, list(select["probes"]), Path(tmp) / f"lmeval_{target}",
+                               data_dir=resolve_data_dir(spec["data_dir"]), targets=str(target),
+                               limit=select["rows"], batch_size=config.evaluation.get("batch_size", 8),
+                               device=resolve_device(config.device), chat_template=chat, **key["lmeval_settings"])
+            for probe, rows in per_target_results(results.get("samples") or {}).items():
+                per_target.setdefault(probe, {}).update(rows)
     scores = knowledge_scores(per_target, select["probes"], candidates)
     chosen = rank_targets({t: row["score"] for t, row in scores.items()}, select["top"])
     names = {t: row.get("target_name", "") for probe in select["probes"]
