@@ -16,6 +16,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from tqdm import tqdm
+
 from ..api import CellUnavailable  # noqa: F401  (raised by executors and plugins; re-exported)
 from ..store import RESULT_SCHEMA_VERSION, CellStore, environment_record, now_iso
 from .plan import Cell
@@ -130,6 +132,19 @@ def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, lo
     cells = list(cells)
     counts = {"skipped": 0, "stale": 0, "ok": 0, "failed": 0, "unavailable": 0}
     computed: list[float] = []   # wall times of the cells this call computed (finished ones take none)
+    # One line per cell when it ends; while it runs, a bar names it (tqdm writes to stderr, the lines go to `log`).
+    bar = tqdm(total=len(cells), desc="cells", unit="cell", leave=False, dynamic_ncols=True, disable=None)
+
+    def log_line(message: str) -> None:
+        with tqdm.external_write_mode():
+            log(message)
+
+    with bar:
+        _run_each(cells, store, executor, bar, log_line, force, inputs, counts, computed)
+    return counts
+
+
+def _run_each(cells, store, executor, bar, log, force, inputs, counts, computed) -> None:
     for position, cell in enumerate(cells, start=1):
         tag = f"[{position}/{len(cells)}] {cell.hash} {cell.describe()}"
         try:
@@ -142,6 +157,7 @@ def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, lo
             if not stale:
                 counts["skipped"] += 1
                 log(f"{tag}: finished earlier, skipped")
+                bar.update(1)
                 continue
             counts["stale"] += 1
             log(f"{tag}: finished earlier with another {' / '.join(stale)}; recomputing")
@@ -149,7 +165,7 @@ def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, lo
             log(f"{tag}: interrupted earlier; recomputing from scratch")
         workdir = store.work_dir(cell.hash, fresh=True)
         store.mark_running(cell.hash)
-        log(f"{tag}: running")
+        bar.set_postfix_str(f"running {cell.describe()}", refresh=True)
         try:
             device = resolve_device(cell.device)
         except Exception:  # noqa: BLE001 - a device that is not there: the executor fails the cell, naming it
@@ -169,7 +185,7 @@ def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, lo
         wall = result["resources"].get("cell_wall_time_s", 0)
         computed.append(wall)
         log(f"{tag}: {result['status']}{suffix} in {wall:.1f}s{time_left(computed, len(cells) - position)}")
-    return counts
+        bar.update(1)
 
 
 def time_left(walls: list[float], cells_left: int) -> str:
