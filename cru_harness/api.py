@@ -189,6 +189,8 @@ class Benchmark:
     study_keys: tuple[tuple[str, str], ...] = ()   # (metric, header) a study table shows, forget and utility first
     recovery_metric: str | None = None   # the forget metric (higher = more knowledge) attacks' recovery is read on
     stats_note: str | None = None  # a caveat printed with the method comparison's p-values
+    #: the `evaluation:` key naming the scoring preset (whose reference the numbers reproduce); reports name it
+    preset_key: str | None = None
 
     def plots(self, rows: list[dict], out_dir: Path) -> list[Path]:
         """Figures of its own beside the trade-off plot (from the leaderboard rows), written under `out_dir`."""

@@ -582,3 +582,25 @@ def test_string_and_lowercase_method_entries_order_the_rows_and_name_absent_meth
     table = (tmp_path / "out" / "leaderboard_tofu.md").read_text()
     assert [line.split(" | ")[2] for line in table.splitlines()[2:5]] == ["Original (reference)", "CRU", "GA"]
     assert "Configured methods without a row here: NPO (its entry runs it on rwku only)." in table
+
+
+def test_the_table_names_the_scoring_preset_behind_its_numbers(tmp_path):
+    """Each preset reproduces another reference (open-unlearning's epsilons, legacy TOFU's 200-token cut): the
+    report names the one its cells were scored with, and which rows used which when a run mixes them."""
+    def scored(label, preset, seed=0):
+        evaluation = {"tofu_preset": preset} if preset else {"batch_size": 8}
+        return {**tofu_result("M", "forget01", label, 0.5, 0.5, seed=seed), "hash": f"{label}-{preset}-{seed}",
+                "resolved_config": {"evaluation": evaluation}}
+
+    rows = tables.aggregate([scored("GA", "open-unlearning"), scored("GA", "open-unlearning", 1),
+                             scored("NPO", "open-unlearning")], "tofu")
+    assert tables.preset_note(rows, "tofu") == ("Scored with the TOFU preset `open-unlearning` "
+                                                "(`evaluation.tofu_preset`; what it reproduces: docs/protocol.md).")
+    assert tables.preset_note(rows, "tofu") in tables.to_markdown(rows, "tofu")
+    mixed = tables.aggregate(tables.split_label_variants([scored("GA", "open-unlearning"), scored("GA", "tofu"),
+                                                          scored("NPO", None)]), "tofu")
+    note = tables.preset_note(mixed, "tofu")
+    assert note.startswith("Scored with several TOFU presets (`evaluation.tofu_preset`; docs/protocol.md): ")
+    assert "`open-unlearning`: GA (evaluation.tofu_preset=open-unlearning) (forget01)" in note
+    assert "`tofu`: GA (evaluation.tofu_preset=tofu) (forget01)" in note
+    assert "`not recorded`: NPO (forget01)" in note

@@ -76,6 +76,7 @@ class RWKU(Benchmark):
     axis_labels = ("Forgetting (1 - forget All ROUGE-L)", "Utility (mean)")
     kept_score_name = "neighbour ROUGE-L recall (mean of FB and QA)"
     kept_score_short = "neighbour"
+    preset_key = "rwku_preset"
     recovery_metric = "forget_all"
     study_keys = (("forget_fb", "forget FB"), ("forget_qa", "forget QA"), ("forget_aa", "forget AA"),
                   ("neighbor_fb", "neighbor FB"), ("neighbor_qa", "neighbor QA"), ("utility", "utility mean"))

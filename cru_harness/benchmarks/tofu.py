@@ -50,6 +50,7 @@ class TOFU(Benchmark):
     axis_labels = ("Forgetting (1 - forget ROUGE-L)", "Model Utility")
     kept_score_name = "Model Utility"
     kept_score_short = "MU"
+    preset_key = "tofu_preset"
     recovery_metric = "forget_rouge_l"
     study_keys = (("forget_1_rouge_l", "forget 1-ROUGE-L"), ("forget_quality", "FQ"), ("model_utility", "MU"),
                   ("retain_rouge_l", "retain ROUGE-L"), ("ra_rouge_l", "real authors ROUGE-L"),

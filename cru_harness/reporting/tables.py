@@ -188,13 +188,39 @@ def aggregate(results: list[dict], benchmark: str) -> list[dict]:
                "gate_means": _gate_means(ok),
                "reasons": sorted({m.get("reason") for m in members if m.get("reason")}),
                "partial": _partial_tasks(ok) + _partial_columns(ok, derived, columns_for(benchmark)),
-               "refinetuned": _refinetuned(ok)}
+               "refinetuned": _refinetuned(ok), "presets": _presets(ok, benchmark)}
         rows.append(row)
     order = _method_order(results)
     rows.sort(key=lambda r: (r["model"], str(r["unit"]), not r["reference"], order.get(r["label"], 99), r["label"]))
     _mark_best(rows, columns_for(benchmark))
     _mark_pareto(rows)
     return rows
+
+
+def _presets(results: list[dict], benchmark: str) -> list[str]:
+    """The scoring presets the cells were scored with (`evaluation.<benchmark>_preset` of their records)."""
+    key = benchmark_view(benchmark).preset_key
+    if key is None:
+        return []
+    return sorted({str(((r.get("resolved_config") or {}).get("evaluation") or {}).get(key)) for r in results
+                   if ((r.get("resolved_config") or {}).get("evaluation") or {}).get(key) is not None})
+
+
+def preset_note(rows: list[dict], benchmark: str) -> str | None:
+    """One line naming the scoring preset behind the table's numbers, or each preset's rows where they differ."""
+    view = benchmark_view(benchmark)
+    key = view.preset_key
+    by_preset: dict[str, list[str]] = defaultdict(list)
+    for row in rows:
+        for preset in row.get("presets") or ["not recorded"]:
+            by_preset[preset].append(f"{row['label']} ({_unit_label(row)})")
+    if key is None or not by_preset:
+        return None
+    if len(by_preset) == 1:
+        return (f"Scored with the {view.name.upper()} preset `{next(iter(by_preset))}` (`evaluation.{key}`; what it "
+                "reproduces: docs/protocol.md).")
+    return (f"Scored with several {view.name.upper()} presets (`evaluation.{key}`; docs/protocol.md): " +
+            "; ".join(f"`{preset}`: {', '.join(labels)}" for preset, labels in sorted(by_preset.items())) + ".")
 
 
 def _tasks_unavailable(result: dict) -> dict:
@@ -361,6 +387,8 @@ def to_markdown(rows: list[dict], benchmark: str) -> str:
     if any(row.get("metrics_sd") for row in rows):
         lines += ["", "Mean ± sample sd (ddof 1) over seeds (RWKU: of each seed's mean over targets); a row without ±"
                   " ran one seed. Bold, ranks and the Pareto column read the means."]
+    if note := preset_note(rows, benchmark):
+        lines += ["", note]
     return "\n".join(lines) + "\n"
 
 
