@@ -170,7 +170,8 @@ def test_plan_cells_and_hashes(tmp_path):
     assert len(cells) == 2 * (2 + 2 + 2)
     hashes = [c.hash for c in cells]
     assert len(set(hashes)) == len(hashes)
-    assert cells[2].tasks == ("tofu_forget01", "tofu_retain", "tofu_real_authors", "tofu_world_facts")
+    assert cells[2].tasks == ("tofu_forget01", "tofu_retain", "tofu_real_authors", "tofu_world_facts",
+                              "tofu_privacy_forget01")   # TOFU's default tasks, the privacy block included
     assert cells[2].corpora == {"forget_corpus": "forget01", "retain_corpus": "retain99"}
     # same config -> same hashes; a changed hyperparameter changes only that method's cells
     again = [c.hash for c in build_plan(cfg.validate_config(base_config(tmp_path)))]

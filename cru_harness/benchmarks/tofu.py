@@ -36,7 +36,7 @@ class TOFU(Benchmark):
                "Model Utility")
     unit = "split"
     config_keys = ("splits", "tasks", "limit", "forget_corpus", "retain_corpus", "data_dir")
-    default_tasks = ("tofu_{split}", "tofu_retain", "tofu_real_authors", "tofu_world_facts")
+    default_tasks = ("tofu_{split}", "tofu_retain", "tofu_real_authors", "tofu_world_facts", "tofu_privacy_{split}")
     default_corpora = {"forget_corpus": "{split}", "retain_corpus": "{retain_split}"}
     placeholders = ("split", "retain_split")
     has_oracle = True

@@ -214,8 +214,8 @@ def preset_note(rows: list[dict], benchmark: str) -> str | None:
     for row in rows:
         for preset in row.get("presets") or ["not recorded"]:
             by_preset[preset].append(f"{row['label']} ({_unit_label(row)})")
-    if key is None or not by_preset:
-        return None
+    if key is None or not any(row.get("presets") for row in rows):
+        return None   # cells whose records name no preset (made before the key existed): nothing to say
     if len(by_preset) == 1:
         return (f"Scored with the {view.name.upper()} preset `{next(iter(by_preset))}` (`evaluation.{key}`; what it "
                 "reproduces: docs/protocol.md).")
