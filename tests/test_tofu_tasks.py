@@ -426,8 +426,9 @@ def test_privacy_dataset_alternates_forget_and_holdout_rows(tofu_dir):
         tofu_utils.load_tofu_privacy_dataset(tofu_config="retain_perturbed", data_dir=str(tofu_dir))
 
 
-def _privacy_result(lp, greedy, text="the answer"):
-    return LoglikelihoodResult(sum(lp), all(greedy), lp, [-1.0] * len(lp), [0.5] * len(lp), greedy, text)
+def _privacy_result(lp, greedy, text="the answer", gradnorm=None):
+    return LoglikelihoodResult(sum(lp), all(greedy), lp, [-1.0] * len(lp), [0.5] * len(lp), greedy, text,
+                               gradnorm=gradnorm)
 
 
 def test_privacy_items_and_aggregations_by_hand():
@@ -437,7 +438,11 @@ def test_privacy_items_and_aggregations_by_hand():
 
     lp = [-0.5, -2.0, -0.1, -3.0, -0.2, -1.0]   # the last stands for EOS
     greedy = [False, True, True, True, True, False]
-    out = tofu_utils.process_privacy_results({"set": "holdout"}, [_privacy_result(lp, greedy)])
+    out = tofu_utils.process_privacy_results({"set": "holdout"}, [_privacy_result(lp, greedy, gradnorm=0.25)])
+    assert out["mia_gradnorm"] == [1, 0.25]
+    # a result without the score (computed without GRADNORM_MARKER): NaN, so the AUC is NaN, never a wrong number
+    assert math.isnan(tofu_utils.process_privacy_results({"set": "forget"}, [_privacy_result(lp, greedy)])[
+        "mia_gradnorm"][1])
     assert out["mia_loss"] == [1, pytest.approx(np.mean([0.5, 2.0, 0.1, 3.0, 0.2, 1.0]))]
     assert out["mia_min_k"] == [1, pytest.approx((3.0 + 2.0) / 2)]   # 5 tokens without EOS, k=0.4 keeps 2
     assert out["mia_min_k_plus_plus"][1] == pytest.approx(M.min_k_plus_plus_attack(lp[:-1], [-1.0] * 5, [0.5] * 5))
@@ -475,6 +480,21 @@ def test_privacy_task_end_to_end_matches_the_metrics(tiny_model_dir, tofu_dir, o
     es = np.mean([s["extraction_strength"][1] for s in forget])
     assert res["results"]["tofu_privacy_forget01"]["extraction_strength,none"] == pytest.approx(es)
     assert 0 < es <= 1
+    # GradNorm of the first forget row, by hand: -mean log p of the answer tokens without EOS, one backward pass,
+    # the mean over parameters of the gradient's 2-norm (open-unlearning mia/gradnorm.py)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cru_harness.scoring.model_scores import encode_rows
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32)
+    ((ids, n_prompt),) = encode_rows(tok, [forget[0]["doc"]], chat=True)
+    logits = model(input_ids=torch.tensor([ids])).logits[0]
+    logp = torch.log_softmax(logits.float(), -1)[torch.arange(n_prompt - 1, len(ids) - 1), torch.tensor(ids[n_prompt:])]
+    (-logp[:-1].mean()).backward()
+    by_hand = float(np.mean([p.grad.norm().item() for p in model.parameters() if p.grad is not None]))
+    assert forget[0]["mia_gradnorm"][1] == pytest.approx(by_hand, rel=1e-4)
 
 
 def test_tasks_load_without_lm_evals_custom_dataset_hint(caplog):

@@ -78,6 +78,7 @@ from cru_harness.protocol import (
     pinned_clock,
     pinned_template_kwargs,
     split_eos_marker,
+    split_gradnorm_marker,
     split_joint_marker,
     split_max_length_marker,
 )
@@ -436,12 +437,34 @@ class CRULM(HFLM):
                 "enable_thinking=True is not compatible with loglikelihood tasks. "
                 f"Triggered by task(s): {', '.join(task_names)}"
             )
-        new_reqs = []
+        new_reqs, gradnorm = [], []
         for context, continuation in tqdm([req.args for req in requests], desc="Tokenizing inputs",
                                           disable=disable_tqdm):
-            ctx_enc, cont_enc = self.encode_request(context, continuation)
+            text, wants_gradnorm = split_gradnorm_marker(continuation)
+            ctx_enc, cont_enc = self.encode_request(context, text)
+            # the key keeps the marker: a cached result without the score never answers a request for it
             new_reqs.append(((context, continuation), ctx_enc, cont_enc))
-        return self._loglikelihood_tokens(new_reqs, disable_tqdm=disable_tqdm)
+            gradnorm.append(wants_gradnorm)
+        results = self._loglikelihood_tokens(new_reqs, disable_tqdm=disable_tqdm)
+        if any(gradnorm):
+            results = self._with_gradnorm(new_reqs, results, gradnorm, disable_tqdm)
+        return results
+
+    def _with_gradnorm(self, requests, results, wanted, disable_tqdm):
+        """The results of the requests that carried `GRADNORM_MARKER` with their GradNorm score: one backward
+        pass each, batch size 1 as open-unlearning, through the model as served (routers attached)."""
+        from .gradnorm import text_gradnorm
+
+        out = list(results)
+        for i in tqdm([i for i, want in enumerate(wanted) if want], desc="GradNorm (one backward pass each)",
+                      disable=disable_tqdm or self.rank != 0):
+            _, ctx_enc, cont_enc = requests[i]
+            ids = (ctx_enc + cont_enc)[-(self.max_length + 1):]   # the window the log-likelihood scored
+            score = text_gradnorm(self.model, ids, len(ids) - len(cont_enc))
+            r = out[i]
+            out[i] = LoglikelihoodResult(r[0], r[1], r.token_logprobs, r.token_mu, r.token_sigma, r.token_greedy,
+                                         r.text, gradnorm=score)
+        return out
 
     def encode_request(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         """The (context ids, scored ids) of one `loglikelihood` request, markers of `protocol` applied.

@@ -21,7 +21,8 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from ..prompts import DEFAULT_TOFU_PRESET, encode_qa_ids, qa_texts
-from ..metrics.privacy import GRADNORM_P, gradnorm_attack, loss_attack, reference_attack
+from ..lmeval.gradnorm import scored_logprobs, text_gradnorm
+from ..metrics.privacy import GRADNORM_P, loss_attack, reference_attack
 
 __all__ = ["encode_rows", "scored_logprobs", "gradnorm_scores", "reference_scores", "loss_scores"]
 
@@ -36,48 +37,13 @@ def encode_rows(tokenizer, rows: Iterable[Mapping], *, preset: str = DEFAULT_TOF
     return out
 
 
-def scored_logprobs(model, input_ids: list[int], n_prompt: int) -> torch.Tensor:
-    """log p of every scored token (positions `n_prompt..`, EOS included) under `model`, in the graph (so a caller
-    may backpropagate through it)."""
-    if not 0 < n_prompt < len(input_ids):
-        raise ValueError(f"nothing to score: {len(input_ids)} ids with a prompt of {n_prompt}")
-    device = next(model.parameters()).device
-    ids = torch.tensor([input_ids], dtype=torch.long, device=device)
-    logits = model(input_ids=ids).logits[0, :-1].float()
-    logp = torch.log_softmax(logits, dim=-1)
-    targets = ids[0, 1:]
-    picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return picked[n_prompt - 1:]   # the prediction of ids[n_prompt] is at position n_prompt - 1
-
-
 def gradnorm_scores(model, tokenizer, rows: Iterable[Mapping], *, p: float = GRADNORM_P, **prompt_kwargs
                     ) -> list[float]:
-    """GradNorm per row (`mia/gradnorm.py`): `loss = -mean` of the scored log-probs without the EOS prediction
-    (`tokenwise_logprobs`), one backward pass per text (batch size 1, as open-unlearning's config), then the mean
-    over parameters with a gradient of `||grad||_p`. Loss-like: larger = less member-like.
-
-    As open-unlearning, the model is put in train mode for the pass (dropout active where the model has any) and
-    its gradients are zeroed: do not call it between a backward pass and the optimizer step that should use it.
-    The model's mode is restored afterwards and its gradients are left cleared."""
-    if p not in (1, 2, float("inf")):
-        raise ValueError(f"GradNorm's p must be 1, 2 or inf (open-unlearning's choices), got {p}")
-    was_training = model.training
-    scores = []
-    try:
-        model.train()
-        for input_ids, n_prompt in encode_rows(tokenizer, rows, **prompt_kwargs):
-            logp = scored_logprobs(model, input_ids, n_prompt)[:-1]   # tokenwise_logprobs: no EOS prediction
-            if logp.numel() == 0:
-                raise ValueError("a scored answer has no token besides EOS: GradNorm needs at least one")
-            model.zero_grad(set_to_none=True)
-            (-logp.mean()).backward()
-            norms = [param.grad.detach().float().norm(p=p).item() for param in model.parameters()
-                     if param.grad is not None]
-            scores.append(gradnorm_attack(norms))
-    finally:
-        model.zero_grad(set_to_none=True)
-        model.train(was_training)
-    return scores
+    """GradNorm per row (`mia/gradnorm.py`; `lmeval.gradnorm.text_gradnorm`): one backward pass per text (batch
+    size 1, as open-unlearning's config). Loss-like: larger = less member-like. The model's gradients are left
+    cleared: do not call it between a backward pass and the optimizer step that should use it."""
+    return [text_gradnorm(model, input_ids, n_prompt, p=p)
+            for input_ids, n_prompt in encode_rows(tokenizer, rows, **prompt_kwargs)]
 
 
 @torch.no_grad()

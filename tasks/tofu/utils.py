@@ -36,7 +36,7 @@ from lm_eval.api.task import ConfigurableTask
 from cru_harness import metrics as M
 from cru_harness.lmeval.metadata import check_metadata_keys
 # `cru` scores a continuation ending in EOS_MARKER with the tokenizer's EOS id appended (TOFU counts EOS).
-from cru_harness.protocol import EOS_MARKER, JOINT_MARKER, has_token_stats, max_length_marker, template_date
+from cru_harness.protocol import EOS_MARKER, GRADNORM_MARKER, JOINT_MARKER, has_token_stats, max_length_marker, template_date
 from cru_harness.lmeval.dataset import QuietCustomDataset
 from cru_harness.lmeval.request_cache import UncachedRequests
 from cru_harness import prompts as P
@@ -311,7 +311,7 @@ class TOFUTask(QuietCustomDataset, UncachedRequests, ConfigurableTask):
                                                    start=1, **kwargs)
 
     def likelihood_requests(self, doc: dict, ctx: str, answers: list[str], chat_template, *, start: int,
-                            **kwargs) -> list[Instance]:
+                            marker: str = "", **kwargs) -> list[Instance]:
         """One `loglikelihood` request per answer (`idx` from `start`): the answer scored as the preset's
         reference scores it (`JOINT_MARKER`, `EOS_MARKER`; legacy: the 200-token cut)."""
         likelihood_ctx = ctx
@@ -324,7 +324,8 @@ class TOFUTask(QuietCustomDataset, UncachedRequests, ConfigurableTask):
             cont = self.continuation_text(likelihood_ctx, doc, answer, chat_template)
             requests.append(
                 Instance(request_type="loglikelihood", doc=doc,
-                         arguments=(likelihood_ctx, f"{JOINT_MARKER}{cut}{cont}{EOS_MARKER}"), idx=i, **kwargs)
+                         arguments=(likelihood_ctx, f"{marker}{JOINT_MARKER}{cut}{cont}{EOS_MARKER}"), idx=i,
+                         **kwargs)
             )
         return requests
 
@@ -344,7 +345,7 @@ def _pop_chat_template(kwargs: dict):
 PRIVACY_HOLDOUT = {"forget01_perturbed": "holdout01", "forget05_perturbed": "holdout05",
                    "forget10_perturbed": "holdout10"}
 PRIVACY_SETS = ("forget", "holdout")   # labels 0 and 1 (open-unlearning mia/utils.py:mia_auc)
-PRIVACY_ATTACKS = ("mia_loss", "mia_zlib", "mia_min_k", "mia_min_k_plus_plus")
+PRIVACY_ATTACKS = ("mia_loss", "mia_zlib", "mia_min_k", "mia_min_k_plus_plus", "mia_gradnorm")
 PRIVACY_MEMORIZATION = ("exact_memorization", "extraction_strength")
 
 
@@ -405,6 +406,8 @@ def process_privacy_results(doc: dict, results: list) -> dict[str, list]:
         "mia_min_k": [label, M.min_k_attack(head)],
         "mia_min_k_plus_plus": [label, M.min_k_plus_plus_attack(head, M.without_eos(result.token_mu),
                                                                 M.without_eos(result.token_sigma))],
+        # None: a result computed without the marker (a cached one); the AUC is then NaN, never a wrong number
+        "mia_gradnorm": [label, math.nan if getattr(result, "gradnorm", None) is None else result.gradnorm],
         "exact_memorization": [label, None if em is None else float(em)],
         "extraction_strength": [label, float(M.extraction_strength(greedy))],
     }
@@ -447,4 +450,6 @@ class TOFUPrivacyTask(TOFUTask):
 
     def construct_requests(self, doc: dict, ctx: str, **kwargs) -> list[Instance]:
         chat_template = _pop_chat_template(kwargs)
-        return self.likelihood_requests(doc, ctx, [doc["answer"]], chat_template, start=0, **kwargs)
+        # GRADNORM_MARKER: `cru` adds the text's GradNorm score (a backward pass) to the result
+        return self.likelihood_requests(doc, ctx, [doc["answer"]], chat_template, start=0, marker=GRADNORM_MARKER,
+                                        **kwargs)
