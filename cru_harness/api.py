@@ -189,6 +189,7 @@ class Benchmark:
     study_keys: tuple[tuple[str, str], ...] = ()   # (metric, header) a study table shows, forget and utility first
     recovery_metric: str | None = None   # the forget metric (higher = more knowledge) attacks' recovery is read on
     stats_note: str | None = None  # a caveat printed with the method comparison's p-values
+    table_note: str | None = None  # printed under its Markdown table (e.g. a score's definition and source)
 
     def plots(self, rows: list[dict], out_dir: Path) -> list[Path]:
         """Figures of its own beside the trade-off plot (from the leaderboard rows), written under `out_dir`."""
@@ -222,6 +223,10 @@ class Benchmark:
 
     def placeholder_values(self, split: str | None, target: int | None) -> dict[str, Any]:
         return {"split": split or "", "target": target if target is not None else ""}
+
+    def task_metadata(self, split: str | None, target: int | None) -> dict[str, Any]:
+        """lm-eval metadata its tasks read for one unit, beside the presets and `data_dir` (e.g. TOFU's author)."""
+        return {}
 
     def unit_label(self, split: str | None, target: int | None) -> str:
         return split if self.unit == "split" else f"target{target}"
