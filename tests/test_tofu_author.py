@@ -72,6 +72,8 @@ def test_the_tasks_read_the_authors_rows_and_lunars_first_200_retain_rows(tofu_d
     assert questions(tofu_author_set="forget", tofu_author="3") == [r["question"] for r in full[40:60]]
     # LUNAR's eval_util.get_dataloader keeps the first 200 rows of the retained edges
     assert questions(tofu_author_set="retain", tofu_author=2) == [r["question"] for r in full[:20] + full[40:220]]
+    with pytest.raises(InputError, match=r"^TOFU author 0: expected an author number in 1\.\.200$"):
+        questions(tofu_author_set="forget", tofu_author=0)
     with pytest.raises(ValueError, match="tofu_author_set"):
         questions(tofu_author_set="holdout")
     with pytest.raises(InputError, match="tofu_autor"):   # a misspelt metadata key is refused, not ignored

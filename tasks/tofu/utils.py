@@ -34,7 +34,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.task import ConfigurableTask
 
 from cru_harness import metrics as M
-from cru_harness.lmeval.metadata import check_metadata_keys, metadata_count
+from cru_harness.lmeval.metadata import check_metadata_keys
 # `cru` scores a continuation ending in EOS_MARKER with the tokenizer's EOS id appended (TOFU counts EOS).
 from cru_harness.protocol import EOS_MARKER, JOINT_MARKER, has_token_stats, max_length_marker, template_date
 from cru_harness.lmeval.dataset import QuietCustomDataset
@@ -460,8 +460,7 @@ AUTHOR_SETS = ("forget", "retain")
 
 
 def load_tofu_author_dataset(tofu_config: str | None = None, tofu_author_set: str | None = None,
-                             tofu_author=None, data_dir: str | None = None, tofu_preset: str | None = None,
-                             **metadata) -> datasets.DatasetDict:
+                             tofu_author=None, data_dir: str | None = None, **metadata) -> datasets.DatasetDict:
     """`custom_dataset` of `tofu_author_forget` / `tofu_author_retain`: `{question, answer}` rows of author
     `tofu_author` (metadata; default 1, LUNAR's `author_1`) or of the others. `tofu_config` (full) and
     `tofu_author_set` come from the task's YAML."""
@@ -471,7 +470,9 @@ def load_tofu_author_dataset(tofu_config: str | None = None, tofu_author_set: st
     if tofu_author_set not in AUTHOR_SETS:
         raise ValueError(f"TOFU author task: dataset_kwargs.tofu_author_set must be one of {', '.join(AUTHOR_SETS)}; "
                          f"got {tofu_author_set!r}")
-    author = metadata_count(tofu_author, "tofu_author") or 1
+    author = 1 if tofu_author in (None, "") else tofu_author
+    if isinstance(author, str) and author.strip().isdigit():   # from a shell or an env var
+        author = int(author)
     rows = load_author_rows(author, data_dir or None, others=tofu_author_set == "retain")
     if tofu_author_set == "retain":
         rows = rows[:AUTHOR_RETAIN_EVAL_ROWS]
