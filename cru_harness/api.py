@@ -183,13 +183,13 @@ class Benchmark:
     columns: tuple = ()
     table_unit: str = "Split"
     caption: str = ""
+    table_note: str | None = None  # printed under its Markdown table (e.g. a score's definition and source)
     axis_labels: tuple[str, str] = ("Forgetting", "Utility")
     kept_score_name: str | None = None
     kept_score_short: str = ""     # its column header in the sweep table
     study_keys: tuple[tuple[str, str], ...] = ()   # (metric, header) a study table shows, forget and utility first
     recovery_metric: str | None = None   # the forget metric (higher = more knowledge) attacks' recovery is read on
     stats_note: str | None = None  # a caveat printed with the method comparison's p-values
-    table_note: str | None = None  # printed under its Markdown table (e.g. a score's definition and source)
 
     def plots(self, rows: list[dict], out_dir: Path) -> list[Path]:
         """Figures of its own beside the trade-off plot (from the leaderboard rows), written under `out_dir`."""
