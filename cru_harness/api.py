@@ -177,6 +177,7 @@ class Benchmark:
     has_oracle: bool = False
     order: int = 100
     hub_files: tuple[tuple[str, str], ...] = ()   # (dataset repo, a file every copy holds): its data's provenance
+    data_source: str | None = None   # the local data it reads (`data.sources`: tofu, rwku); None: its own name
     # How reports show it (read by `cru_harness.reporting`): `columns` are `reporting.tables.Column`s, in order;
     # `table_unit` heads the unit column; `caption` is the LaTeX table's; `axis_labels` the trade-off plot's;
     # `kept_score_name` names what the one-learning-rate rule keeps (None: the rule skips this benchmark).

@@ -197,6 +197,8 @@ def test_a_tiny_run_on_one_author_scores_and_reports_the_deviation_score(tmp_pat
         metrics = result["metrics"]
         assert all(0 <= metrics[k] <= 1 for k in ("forget_rouge1", "retain_rouge1"))
         assert len(result["per_item"]["forget_question"]) == 2   # limit 2 of author 2's 20 rows
+        record = json.loads((out / "cells" / result["hash"] / "run_record.json").read_text())
+        assert record["inputs"]["data"].startswith("sha:")   # TOFU's folder fingerprinted: the cell can be reused
     world = Path(json.loads(next((out / "cells").glob("*/result.json")).read_text())["artifacts"]["lmeval"])
     config_meta = json.loads(next(world.rglob("results_*.json")).read_text())["configs"]["tofu_author_forget"]
     assert config_meta["metadata"]["tofu_author"] == 2   # the cell's author reached the task
