@@ -177,12 +177,14 @@ class Benchmark:
     has_oracle: bool = False
     order: int = 100
     hub_files: tuple[tuple[str, str], ...] = ()   # (dataset repo, a file every copy holds): its data's provenance
+    data_source: str | None = None   # the local data it reads (`data.sources`: tofu, rwku); None: its own name
     # How reports show it (read by `cru_harness.reporting`): `columns` are `reporting.tables.Column`s, in order;
     # `table_unit` heads the unit column; `caption` is the LaTeX table's; `axis_labels` the trade-off plot's;
     # `kept_score_name` names what the one-learning-rate rule keeps (None: the rule skips this benchmark).
     columns: tuple = ()
     table_unit: str = "Split"
     caption: str = ""
+    table_note: str | None = None  # printed under its Markdown table (e.g. a score's definition and source)
     axis_labels: tuple[str, str] = ("Forgetting", "Utility")
     kept_score_name: str | None = None
     kept_score_short: str = ""     # its column header in the sweep table
@@ -224,6 +226,10 @@ class Benchmark:
 
     def placeholder_values(self, split: str | None, target: int | None) -> dict[str, Any]:
         return {"split": split or "", "target": target if target is not None else ""}
+
+    def task_metadata(self, split: str | None, target: int | None) -> dict[str, Any]:
+        """lm-eval metadata its tasks read for one unit, beside the presets and `data_dir` (e.g. TOFU's author)."""
+        return {}
 
     def unit_label(self, split: str | None, target: int | None) -> str:
         return split if self.unit == "split" else f"target{target}"

@@ -42,6 +42,7 @@ class TOFU(Benchmark):
     has_oracle = True
     order = 10
     hub_files = ((HUB_IDS["tofu"], "README.md"), IDK_HUB)
+    data_source = "tofu"   # also its subclasses' (tofu_author)
     columns = tuple(TOFU_COLUMNS)
     table_unit = "Split"
     caption = ("\\texttt{TOFU}: forgetting on the forget set, Forget Quality, utility on Real Authors, World Facts "

@@ -16,7 +16,7 @@ from ..errors import InputError
 from ..prompts import plain_prompt
 from .rwku import load_target_file
 from .sources import DataSourceError, read_json_records
-from .tofu import TOFU_CONFIGS, load_tofu
+from .tofu import TOFU_CONFIGS, load_author_rows, load_tofu, parse_author_source
 
 
 
@@ -92,7 +92,8 @@ def rows_to_texts(rows: list[dict], origin: str, *, tokenizer=None, chat: bool |
 def load_corpus_rows(source: str | os.PathLike, data_dir: str | os.PathLike | None = None) -> tuple[list[dict], str]:
     """The rows of a corpus source and a description of where they came from.
 
-    Sources: a JSON/JSONL file, a TOFU config name (`forget10`, `retain90`), or `rwku:<targets>:<kind>`
+    Sources: a JSON/JSONL file, a TOFU config name (`forget10`, `retain90`), LUNAR's single-author TOFU split
+    (`author_K`: author K's 20 rows of `full`; `not_author_K`: the other authors' rows), or `rwku:<targets>:<kind>`
     (`rwku:1:passage`, `rwku:1-3:forget_mia`; a probe kind such as `rwku:101-110:neighbor_level2` gives its
     `query` + `answer` rows as question/answer pairs). A trailing `[:N]` keeps the first N rows (`rwku:1:passage[:32]`),
     `[A:B]` rows A to B-1 (`full[0:400]`), so a capped corpus is visible in the source string that results
@@ -123,12 +124,14 @@ def load_corpus_rows(source: str | os.PathLike, data_dir: str | os.PathLike | No
         rows, origin = read_json_records(path), str(path)
     elif source_text in TOFU_CONFIGS:
         rows, origin = load_tofu(source_text, data_dir), f"TOFU {source_text}"
+    elif (author := parse_author_source(source_text)) is not None:
+        rows, origin = load_author_rows(author[0], data_dir, others=author[1]), f"TOFU full {source_text}"
     elif source_text.startswith("rwku:"):
         rows, origin = _rwku_rows(source_text, data_dir)
     else:
         raise InputError(
-            f"corpus {source_text!r} is not an existing file, a TOFU config ({', '.join(TOFU_CONFIGS)}) "
-            "or an RWKU source like rwku:1:passage"
+            f"corpus {source_text!r} is not an existing file, a TOFU config ({', '.join(TOFU_CONFIGS)}), "
+            "a TOFU author (author_1, not_author_1) or an RWKU source like rwku:1:passage"
         )
     if not rows:
         raise DataSourceError(f"corpus {origin} is empty")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 from ..errors import InputError
 from .sources import HUB_IDS, DataSourceError, hub_unreachable, read_json_records, resolve_local_dir
@@ -59,6 +60,34 @@ def load_tofu(config: str, data_dir: str | os.PathLike | None = None) -> list[di
         if missing:
             raise DataSourceError(f"TOFU {config} row {index} lacks field(s) {', '.join(missing)}")
     return rows
+
+
+# LUNAR's single-author split (Shen et al. 2025). LUNAR's own dataset/unlearning/dataset_download.py (first commit
+# of facebookresearch/LUNAR) labels row i of TOFU `full` as edge `author_{i // 20 + 1}`: TOFU lists its authors in
+# blocks of 20 QA pairs. Forget = one edge; LUNAR trains on every other edge as retain (dataset_utils.py
+# split_raw_dataset_for_forget) and evaluates the retain edges' first 200 rows (eval_util.py get_dataloader).
+AUTHOR_ROWS = 20
+AUTHOR_RETAIN_EVAL_ROWS = 200
+AUTHOR_SOURCE = re.compile(r"(not_)?author_(\d+)")
+
+
+def parse_author_source(name: str) -> tuple[int, bool] | None:
+    """`author_K` -> (K, False): author K's rows; `not_author_K` -> (K, True): every other author's rows; else None."""
+    match = AUTHOR_SOURCE.fullmatch(str(name))
+    return (int(match.group(2)), bool(match.group(1))) if match else None
+
+
+def load_author_rows(author: int, data_dir: str | os.PathLike | None = None, *, others: bool = False) -> list[dict]:
+    """LUNAR's `author_{author}` edge of TOFU `full` (its 20 rows), or with `others` every other author's rows in
+    file order. Authors are numbered from 1, as LUNAR numbers them."""
+    rows = load_tofu("full", data_dir)
+    n_authors = len(rows) // AUTHOR_ROWS
+    if len(rows) % AUTHOR_ROWS:
+        raise DataSourceError(f"TOFU full has {len(rows)} rows, not blocks of {AUTHOR_ROWS} per author")
+    if isinstance(author, bool) or not isinstance(author, int) or not 1 <= author <= n_authors:
+        raise InputError(f"TOFU author {author!r}: expected an author number in 1..{n_authors}")
+    start, stop = (author - 1) * AUTHOR_ROWS, author * AUTHOR_ROWS
+    return rows[:start] + rows[stop:] if others else rows[start:stop]
 
 
 def _load_from_hub(config: str) -> list[dict]:

@@ -20,11 +20,14 @@ TOFU_METADATA_KEYS = ("tofu_preset", "tofu_model_family")
 RWKU_METADATA_KEYS = ("rwku_targets", "rwku_items_per_target", "rwku_utility_missing", "rwku_preset",
                       "rwku_newline_stop")
 #: Every key the project's tasks read from the metadata (`data_dir`: both suites).
-METADATA_KEYS = ("data_dir",) + TOFU_METADATA_KEYS + RWKU_METADATA_KEYS
+#: Read by the single-author TOFU tasks (tofu_author_forget / _retain): LUNAR's author number, default 1.
+TOFU_AUTHOR_METADATA_KEYS = ("tofu_author",)
+METADATA_KEYS = ("data_dir",) + TOFU_METADATA_KEYS + RWKU_METADATA_KEYS + TOFU_AUTHOR_METADATA_KEYS
 #: Keys with these prefixes must be in METADATA_KEYS.
 SUITE_PREFIXES = ("tofu_", "rwku_")
 #: Set by each task's YAML (`dataset_kwargs`), never by the metadata: the task one runs chooses them.
 TASK_KEYS = {"tofu_config": "the TOFU task chooses the split (tofu_forget01, tofu_forget10, tofu_retain, ...)",
+             "tofu_author_set": "the TOFU task chooses the set (tofu_author_forget, tofu_author_retain)",
              "rwku_probe": "the RWKU task chooses the probe (rwku_fb, rwku_qa, rwku_aa, rwku_mia, ...)"}
 
 

@@ -384,6 +384,8 @@ def to_markdown(rows: list[dict], benchmark: str) -> str:
         pareto = "" if row["pareto"] is None else ("front" if row["pareto"] else "dominated")
         lines.append("| " + " | ".join([row["model"], _unit_label(row), label, *cells, pareto,
                                           str(row["n_ok"]), _row_note(row)]) + " |")
+    if benchmark_view(benchmark).table_note:
+        lines += ["", benchmark_view(benchmark).table_note]
     if any(row.get("metrics_sd") for row in rows):
         lines += ["", "Mean ± sample sd (ddof 1) over seeds (RWKU: of each seed's mean over targets); a row without ±"
                   " ran one seed. Bold, ranks and the Pareto column read the means."]

@@ -62,10 +62,12 @@ HUB_DATA = "hub"
 def data_fingerprint(benchmark: str, data_dir: str | None) -> str:
     """`sha:<content hash>` of the local benchmark folder the cell reads (the testbed world included), or
     `hub` when the data comes from the Hub."""
+    from .. import plugins
     from ..data.sources import resolve_local_dir
     from .models import resolve_data_dir
 
-    folder = resolve_local_dir(benchmark, resolve_data_dir(data_dir))
+    source = plugins.benchmarks.get(benchmark).data_source or benchmark   # tofu_author reads TOFU's folder
+    folder = resolve_local_dir(source, resolve_data_dir(data_dir))
     return f"sha:{directory_fingerprint(folder)}" if folder is not None else HUB_DATA
 
 

@@ -60,7 +60,10 @@ def data_source(benchmark: str, data_dir: str | None, recorded: Counter | None =
             return "the Hugging Face Hub"
         return (f"local files for {recorded['local']} cells and the Hugging Face Hub for {recorded['hub']} "
                 "(their run records)")
-    return local if resolve_local_dir(benchmark) is not None else "the Hugging Face Hub"
+    from .. import plugins
+
+    source = plugins.benchmarks.get(benchmark).data_source or benchmark
+    return local if resolve_local_dir(source) is not None else "the Hugging Face Hub"
 
 
 def cell_records(output_dir, hashes) -> dict[str, dict]:

@@ -223,18 +223,19 @@ class TOFUTask(QuietCustomDataset, UncachedRequests, ConfigurableTask):
 
     _system: str | None = None
     _warned_system = False   # once per process
+    probe_kinds = PROBE_KINDS   # the files this task class scores, and as what
 
     def __init__(self, config: dict | None = None):
         config = dict(config or {})
         config.pop("class", None)
         tofu_config = (config.get("dataset_kwargs") or {}).get("tofu_config")
-        if tofu_config not in PROBE_KINDS:
+        if tofu_config not in self.probe_kinds:
             raise ValueError(
                 f"TOFU task {config.get('task')!r}: dataset_kwargs.tofu_config must be one of "
-                f"{', '.join(PROBE_KINDS)}; got {tofu_config!r}"
+                f"{', '.join(self.probe_kinds)}; got {tofu_config!r}"
             )
         self.tofu_config = tofu_config
-        self.kind = PROBE_KINDS[tofu_config]
+        self.kind = self.probe_kinds[tofu_config]
         metadata = dict(config.get("metadata") or {})
         self.preset = P.check_tofu_preset(metadata.get("tofu_preset"))
         self.family = metadata.get("tofu_model_family") or None
@@ -453,3 +454,53 @@ class TOFUPrivacyTask(TOFUTask):
         # GRADNORM_MARKER: `cru` adds the text's GradNorm score (a backward pass) to the result
         return self.likelihood_requests(doc, ctx, [doc["answer"]], chat_template, start=0, marker=GRADNORM_MARKER,
                                         **kwargs)
+
+
+# --------------------------------------------------------------------------------------------- single author
+
+# LUNAR's single-author split (cru_harness.data.tofu.load_author_rows): the author's 20 rows of `full` ("forget")
+# and the first 200 rows of the other authors ("retain"), scored as LUNAR scores them: ROUGE-1 recall of a greedy
+# generation (LUNAR src/eval_util.py eval_rouge_recall), from which the report derives the deviation score.
+AUTHOR_SETS = ("forget", "retain")
+
+
+def load_tofu_author_dataset(tofu_config: str | None = None, tofu_author_set: str | None = None,
+                             tofu_author=None, data_dir: str | None = None, **metadata) -> datasets.DatasetDict:
+    """`custom_dataset` of `tofu_author_forget` / `tofu_author_retain`: `{question, answer}` rows of author
+    `tofu_author` (metadata; default 1, LUNAR's `author_1`) or of the others. `tofu_config` (full) and
+    `tofu_author_set` come from the task's YAML."""
+    from cru_harness.data.tofu import AUTHOR_RETAIN_EVAL_ROWS, load_author_rows
+
+    check_metadata_keys(metadata)
+    if tofu_author_set not in AUTHOR_SETS:
+        raise ValueError(f"TOFU author task: dataset_kwargs.tofu_author_set must be one of {', '.join(AUTHOR_SETS)}; "
+                         f"got {tofu_author_set!r}")
+    author = 1 if tofu_author in (None, "") else tofu_author
+    if isinstance(author, str) and author.strip().isdigit():   # from a shell or an env var
+        author = int(author)
+    rows = load_author_rows(author, data_dir or None, others=tofu_author_set == "retain")
+    if tofu_author_set == "retain":
+        rows = rows[:AUTHOR_RETAIN_EVAL_ROWS]
+    docs = [{"question": row["question"], "answer": row["answer"]} for row in rows]
+    return datasets.DatasetDict({"train": datasets.Dataset.from_list(docs)})
+
+
+def process_author_results(doc: dict, results: list) -> dict[str, float]:
+    """ROUGE-1 recall (LUNAR's deviation score reads it) and ROUGE-L recall (the protocol's) of the generation."""
+    (generation,) = results
+    return {"rouge1_recall": float(M.rouge1_recall(generation, doc["answer"])),
+            "rouge_l_recall": float(M.rouge_l_recall_tofu(generation, doc["answer"]))}
+
+
+class TOFUAuthorTask(TOFUTask):
+    """A TOFU probe of one greedy generation per item, written as the preset writes TOFU's prompts."""
+
+    probe_kinds = {"full": "author"}
+
+    def process_results(self, doc: dict, results: list) -> dict[str, float]:
+        return process_author_results(doc, results)
+
+    def construct_requests(self, doc: dict, ctx: str, **kwargs) -> list[Instance]:
+        _pop_chat_template(kwargs)
+        return [Instance(request_type="generate_until", doc=doc,
+                         arguments=(ctx, deepcopy(self.config.generation_kwargs)), idx=0, **kwargs)]
