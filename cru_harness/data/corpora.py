@@ -148,8 +148,11 @@ def load_corpus_rows(source: str | os.PathLike, data_dir: str | os.PathLike | No
 def count_local_rows(source: str, benchmark: str, data_dir: str | os.PathLike | None = None) -> int | None:
     """The rows of a corpus when its data is on this machine, None when it would come from the Hub (a dry run
     counts what a run would train on without downloading anything)."""
+    from .. import plugins
     from .sources import resolve_local_dir
 
+    if benchmark in plugins.benchmarks.names():   # a benchmark may read another's folder (tofu_author: TOFU's)
+        benchmark = plugins.benchmarks.get(benchmark).data_source or benchmark
     if resolve_local_dir(benchmark, data_dir) is None and not Path(str(source)).expanduser().is_file():
         return None
     return len(load_corpus_rows(source, data_dir)[0])

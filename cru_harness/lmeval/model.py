@@ -440,8 +440,8 @@ class CRULM(HFLM):
         new_reqs, gradnorm = [], []
         for context, continuation in tqdm([req.args for req in requests], desc="Tokenizing inputs",
                                           disable=disable_tqdm):
-            text, wants_gradnorm = split_gradnorm_marker(continuation)
-            ctx_enc, cont_enc = self.encode_request(context, text)
+            ctx_enc, cont_enc = self.encode_request(context, continuation)
+            wants_gradnorm = split_gradnorm_marker(continuation)[1]
             # the key keeps the marker: a cached result without the score never answers a request for it
             new_reqs.append(((context, continuation), ctx_enc, cont_enc))
             gradnorm.append(wants_gradnorm)
@@ -476,7 +476,8 @@ class CRULM(HFLM):
           then appends EOS only to a text shorter than n, always (TOFU `data_module.py:15-27`);
         - `EOS_MARKER` last: the tokenizer's EOS is appended unless the scored ids already end with it.
         """
-        text, joint = split_joint_marker(continuation)
+        text = split_gradnorm_marker(continuation)[0]   # a request for a score, not for other tokens
+        text, joint = split_joint_marker(text)
         text, max_length = split_max_length_marker(text) if joint else (text, None)
         text, add_eos = split_eos_marker(text)
         cut = False
