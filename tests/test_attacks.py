@@ -257,6 +257,37 @@ def test_benign_relearn_trains_on_another_corpus_and_holds_every_forget_item_out
     assert _mean_nll(after, tokenizer, other) < _mean_nll(before, tokenizer, other)
 
 
+def test_a_benign_corpus_takes_the_attacked_cells_placeholders():
+    tofu = SimpleNamespace(benchmark="tofu", split="forget05", target=None)
+    rwku = SimpleNamespace(benchmark="rwku", split=None, target=7)
+    assert relearn.benign_corpus("{retain_split}[:40]", tofu) == "retain95[:40]"
+    assert relearn.benign_corpus("rwku:{target}:passage", rwku) == "rwku:7:passage"
+    assert relearn.benign_corpus("retain90[:40]", tofu) == "retain90[:40]"
+    with pytest.raises(InputError, match=r"\{target\} has no value for a tofu cell"):
+        relearn.benign_corpus("rwku:{target}:passage", tofu)
+
+
+@pytest.mark.shared_data
+@pytest.mark.parametrize("corpus", [None, "rwku:{target}:passage[:2]"])
+def test_relearn_on_rwku_trains_on_the_targets_passages_so_every_probe_is_held_out(tmp_path, base, shared_data,
+                                                                                    corpus):
+    """RWKU's forget corpus is the target's passages (text, no probe): the slice (or a benign relearn on the
+    cell's own target's text) holds no question, so no probe is trained on and the report counts them all."""
+    settings = {"slice_size": 2, "num_epochs": 1, "max_length": 64} if corpus is None else \
+        {"corpus": corpus, "num_epochs": 1, "max_length": 64}
+    ctx = _ctx(tmp_path, base, "relearn", settings, data_dir=str(shared_data))
+    ctx.cell.benchmark, ctx.cell.split, ctx.cell.target = "rwku", None, 1
+    ctx.cell.corpora = {"forget_corpus": "rwku:1:passage"}
+    relearn.ATTACK.run(ctx)
+    details = ctx.outcome["details"]["relearn"]
+    n_passages = len(load_corpus_rows("rwku:1:passage", shared_data)[0])
+    assert details["slice_questions"] == [] and details["n_training_rows"] == 2
+    assert len(details["slice_indices"]) == (2 if corpus is None else 0)
+    assert len(details["held_out_indices"]) == n_passages - len(details["slice_indices"])
+    if corpus is not None:
+        assert details["benign_corpus"].startswith("RWKU 1 passage")
+
+
 # ------------------------------------------------------------------------------------------- logit lens
 
 
