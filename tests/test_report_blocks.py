@@ -184,3 +184,24 @@ def test_scored_tofu_cells_carry_the_per_item_values_the_held_out_rows_read(tmp_
     row = tables.robustness_rows(results, "tofu")[0]
     assert (row["original"], row["before"], row["after"]) == pytest.approx((0.7, 0.1, 0.4))
     assert row["recovery"].score == pytest.approx(0.5) and row["n_items"] == [2]
+
+
+def test_the_robustness_block_shows_the_best_layer_beside_the_outputs_forget_probability():
+    """Cells that recorded the logit lens (evaluation.logit_lens): means over seeds, the best layers 1-based."""
+    def lensed(label, seed, output, per_layer, kind="method"):
+        result = _result(label, kind=kind)
+        best = max(range(len(per_layer)), key=per_layer.__getitem__)
+        result.update(hash=f"{label}-{seed}", seed=seed, details={"logit_lens": {
+            "per_layer": per_layer, "best_layer": best, "best": per_layer[best], "final": per_layer[-1],
+            "n_items": 4, "n_layers": len(per_layer)}})
+        result["metrics"].update(forget_prob=output, forget_best_layer_prob=per_layer[best])
+        return result
+
+    results = [lensed("Original", None, 0.9, [0.1, 0.5, 0.9], kind="original"),
+               lensed("GA", 0, 0.2, [0.1, 0.6, 0.2]), lensed("GA", 1, 0.4, [0.5, 0.3, 0.4])]
+    text = "\n".join(tables.robustness_markdown(results, "tofu"))   # no attack cell: the lens alone
+    assert text.startswith("### Robustness: is the knowledge gone, or only hidden?")
+    assert "| Model | Split | Row | Output forget probability | Best-layer forget probability (layer l of L) |" in text
+    assert "| m | forget01 | Original | 0.90 | 0.90 (layer 3 of 3) |" in text
+    assert "| m | forget01 | GA | 0.30 | 0.55 (layers 1, 2 of 3) |" in text
+    assert tables.robustness_markdown([_result("GA")], "tofu") == []   # neither attacks nor a lens: no block

@@ -40,7 +40,8 @@ class RelearnConfig:
     held out. `corpus`: benign relearning instead, on every row of this corpus source (e.g. `retain90[:40]`,
     TOFU's other authors; `rwku:{target}:passage`, public text on the cell's target); every forget item is then
     held out and the slice settings are unused. The benchmark's placeholders (`{target}`, `{split}`,
-    `{retain_split}`) are filled with the attacked cell's. The training fields are `cru_harness.finetune.FinetuneConfig`'s."""
+    `{retain_split}`) are filled with the attacked cell's. The training fields are
+    `cru_harness.finetune.FinetuneConfig`'s."""
     slice_fraction: float = 0.25
     slice_size: int | None = None
     corpus: str | None = None

@@ -637,23 +637,67 @@ def _items_text(row: dict) -> str:
     return f"held-out ({counts[0] if len(counts) == 1 else f'{counts[0]}–{counts[-1]}'})"
 
 
-def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
-    """Report lines for `robustness_rows` (none without attack cells)."""
-    rows = robustness_rows(results, benchmark)
+def lens_rows(results: list[dict], benchmark: str) -> list[dict]:
+    """One row per (model, unit, row label) of the cells that recorded the logit lens (`evaluation.logit_lens`):
+    the output's forget probability and the best layer's, means over seeds (and targets), with the best layers
+    (1-based: layer L is the output) and the number of decoder blocks."""
+    view = benchmark_view(benchmark)
+    found: dict[tuple, list[dict]] = defaultdict(list)
+    for r in results:
+        lens = (r.get("details") or {}).get("logit_lens")
+        if r.get("benchmark") == benchmark and r.get("status") == "ok" and lens:
+            found[(r["model"], view.row_unit(r), r["label"])].append(r)
+    rows = []
+    for (model, unit, label), cells in found.items():
+        lenses = [c["details"]["logit_lens"] for c in cells]
+        rows.append({"model": model, "unit": unit, "label": label,
+                     "output": stats.finite_mean((c.get("metrics") or {}).get("forget_prob") for c in cells),
+                     "best": stats.finite_mean(lens["best"] for lens in lenses),
+                     "layers": sorted({lens["best_layer"] + 1 for lens in lenses}),
+                     "n_layers": sorted({lens["n_layers"] for lens in lenses})})
+    return rows
+
+
+def lens_markdown(results: list[dict], benchmark: str) -> list[str]:
+    """Report lines for `lens_rows` (none when no cell recorded the lens)."""
+    rows = lens_rows(results, benchmark)
     if not rows:
         return []
+    lines = ["Logit lens: each decoder block's output read through the final norm and the output head; the best "
+             "block's forget probability beside the output's (higher = more of the forget set readable). A best "
+             "layer far above the output's number is knowledge hidden below the output, not removed "
+             "(docs/protocol.md, Attacks).", "",
+             f"| Model | {benchmark_view(benchmark).table_unit} | Row | Output forget probability | "
+             "Best-layer forget probability (layer l of L) |", "|---|---|---|---:|---|"]
+    for row in rows:
+        layers = ", ".join(str(layer) for layer in row["layers"])
+        total = "/".join(str(n) for n in row["n_layers"])
+        where = f"layer{'s' if len(row['layers']) > 1 else ''} {layers} of {total}"
+        lines.append(f"| {row['model']} | {row['unit']} | {row['label']} | {fmt2(row['output'])} | "
+                     f"{fmt2(row['best'])} ({where}) |")
+    return lines + [""]
+
+
+def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
+    """Report lines for `robustness_rows` and `lens_markdown` (none without attack cells or a lens)."""
+    rows = robustness_rows(results, benchmark)
+    lens = lens_markdown(results, benchmark)
+    if not rows and not lens:
+        return []
+    lines = ["### Robustness: is the knowledge gone, or only hidden?", ""]
+    if not rows:
+        return lines + lens
     metric = rows[0]["metric"]
-    lines = ["### Robustness: is the knowledge gone, or only hidden?", "",
-             f"Each attack on each row's model, scored on {metric} (higher = more of the forget set known). Recovery: "
-             "the share of the Original-to-unlearned gap the attack closes (0 = nothing comes back, 1 = all of it). "
-             "Oracle: what the same attack does to the retain model, on the same scale; recovery beyond it is "
-             "knowledge that was hidden, not removed (docs/protocol.md).", ""]
+    lines += [f"Each attack on each row's model, scored on {metric} (higher = more of the forget set known). "
+              "Recovery: the share of the Original-to-unlearned gap the attack closes (0 = nothing comes back, 1 = "
+              "all of it). Oracle: what the same attack does to the retain model, on the same scale; recovery beyond "
+              "it is knowledge that was hidden, not removed (docs/protocol.md).", ""]
     if any(row["items"] == "held-out" for row in rows):
         lines += ["Relearn rows count the held-out forget items only: the questions of the relearn slice, and of the "
                   "oracle's own slice, are left out of all five numbers (Original, Unlearned, Attacked, the oracle "
-                  "before and after), per seed, so the gap and the recovery compare the same items. Items: how many were "
-                  "counted (none trained on: a benign relearn, or RWKU's passages, where every scored item is held "
-                  "out).", ""]
+                  "before and after), per seed, so the gap and the recovery compare the same items. Items: how many "
+                  "were counted (none trained on: a benign relearn, or RWKU's passages, where every scored item is "
+                  "held out).", ""]
     lines += [f"| Model | {benchmark_view(benchmark).table_unit} | Method | Attack | Items | Original | Unlearned | "
               "Attacked | Recovery | Oracle | Excess |", "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     notes = []
@@ -667,7 +711,7 @@ def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
         if row.get("reason"):
             notes.append(f"- {row['label']} + {row['attack']} ({row['unit']}): not scored on held-out items "
                          f"({row['reason']}).")
-    return lines + ([""] + notes if notes else []) + [""]
+    return lines + ([""] + notes if notes else []) + [""] + lens
 
 
 REGIME_MARGIN = 0.10  # configs/gpu_smollm2.yaml: the fine-tuned model must beat its oracle by this much
