@@ -205,3 +205,15 @@ def test_the_robustness_block_shows_the_best_layer_beside_the_outputs_forget_pro
     assert "| m | forget01 | Original | 0.90 | 0.90 (layer 3 of 3) |" in text
     assert "| m | forget01 | GA | 0.30 | 0.55 (layers 1, 2 of 3) |" in text
     assert tables.robustness_markdown([_result("GA")], "tofu") == []   # neither attacks nor a lens: no block
+
+
+def test_attack_cells_of_several_seeds_stay_one_row():
+    """Each seed's attack cell records the hash of the cell it attacked (one per seed): a link, not a setting, so
+    the report does not split `GA + relearn` into one row per attacked hash."""
+    cells = [{**_cell("GA + relearn", "attack", [0.5] * 4, seed=seed, attacked=f"ga{seed}", slice_questions=["q0"]),
+              "resolved_config": {"extra": {"attack": {"name": "relearn", "settings": {}}, "attacked": f"ga{seed}"}}}
+             for seed in (0, 1)]
+    assert [r["label"] for r in tables.split_label_variants(cells)] == ["GA + relearn"] * 2
+    cells[1]["resolved_config"]["extra"]["attack"]["settings"] = {"slice_size": 3}   # a setting still splits
+    assert {r["label"] for r in tables.split_label_variants(cells)} == {
+        "GA + relearn (extra.attack.settings.slice_size=unset)", "GA + relearn (extra.attack.settings.slice_size=3)"}

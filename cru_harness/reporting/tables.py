@@ -99,7 +99,8 @@ _VARIANT_KEYS = ("method", "model_path")   # beside `hparams`: what makes two ce
 # model's recipe, the corpora, tasks, limit and evaluation settings. Not locations: the data folder, a local
 # PURGE copy, the model's path again (`model_path`).
 _RECORDED_KEYS = ("model", "corpora", "tasks", "limit", "evaluation", "extra")
-_LOCATION_KEYS = ("model.path", "extra.purge_local_checkpoint")
+# An attack cell's `extra.attacked` (the attacked cell's hash) differs per seed: a link, not a setting.
+_LOCATION_KEYS = ("model.path", "extra.purge_local_checkpoint", "extra.attacked")
 
 
 def variant_settings(result: dict) -> dict:
