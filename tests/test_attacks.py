@@ -316,12 +316,12 @@ def test_logit_lens_last_layer_is_the_models_own_probability_and_routers_change_
     assert again.per_layer == pytest.approx(plain.per_layer)
 
 
-def _lens_config(evaluation=None):
+def _lens_config(evaluation=None, **model):
     from cru_harness.runner import config as cfg
 
     return cfg.validate_config({
         "name": "lens", "output_dir": "unused", "device": "cpu", "seeds": [0],
-        "models": [{"name": "tiny", "path": "zoo:llama:finetuned", "dtype": "float32"}],
+        "models": [{"name": "tiny", "path": "zoo:llama:finetuned", "dtype": "float32", **model}],
         "benchmarks": {"tofu": {"data_dir": "testbed:world", "splits": ["forget01"], "limit": 3,
                                 "tasks": ["tofu_{split}"]}},
         "methods": ["GA"], "evaluation": {"failure_classes": False, **(evaluation or {})}})
@@ -340,18 +340,21 @@ def test_the_lens_is_off_by_default_and_a_config_without_it_keeps_its_cell_hashe
         _lens_config({"logit_lens": "yes"})
 
 
-@pytest.mark.parametrize("routed", [False, True])
+@pytest.mark.parametrize("served", ["plain", "routed", "chat"])
 def test_a_cell_asked_for_the_lens_records_its_best_layer_and_the_output_layer_is_lm_evals_probability(
-        tmp_path, base, bundle, routed):
+        tmp_path, base, bundle, served):
     """A runner cell (evaluation.logit_lens) reads the lens on the model as it scored it: the last layer's value is
     the forget probability lm-eval's TOFU task gave the same items (an independent computation, through the `cru`
-    model), with CRU's routers attached when the cell serves them; the recorded best layer is the argmax."""
+    model), with CRU's routers attached when the cell serves them and in the chat format when it is scored in it;
+    the recorded best layer is the argmax."""
     import dataclasses
 
     from cru_harness.runner import execute
     from cru_harness.runner.plan import build_plan
 
-    original = next(c for c in build_plan(_lens_config({"logit_lens": True})) if c.kind == "original")
+    routed = served == "routed"
+    model = {"chat_template": True} if served == "chat" else {}
+    original = next(c for c in build_plan(_lens_config({"logit_lens": True}, **model)) if c.kind == "original")
     if routed:   # an identity attack on a CRU cell: its base served with its bundle
         cell = dataclasses.replace(original, kind="attack", label="CRU + identity",
                                    extra={"attack": {"name": "identity", "settings": {}}, "attacked": "cru"})
@@ -359,6 +362,7 @@ def test_a_cell_asked_for_the_lens_records_its_best_layer_and_the_output_layer_i
             "label": "CRU", "kind": "method", "artifacts": {"model": str(base), "routers": bundle}})
     else:
         outcome = execute.execute_cell(original, tmp_path)
+    assert outcome["details"]["prompting"]["apply_chat_template"] is (served == "chat")
     lens = outcome["details"]["logit_lens"]
     assert lens["n_items"] == 3 and lens["n_layers"] == 8 and lens["routers"] == (bundle if routed else None)
     assert lens["final"] == pytest.approx(outcome["metrics"]["forget_prob"], rel=1e-4)
