@@ -217,3 +217,27 @@ def test_attack_cells_of_several_seeds_stay_one_row():
     cells[1]["resolved_config"]["extra"]["attack"]["settings"] = {"slice_size": 3}   # a setting still splits
     assert {r["label"] for r in tables.split_label_variants(cells)} == {
         "GA + relearn (extra.attack.settings.slice_size=unset)", "GA + relearn (extra.attack.settings.slice_size=3)"}
+
+
+def test_rwku_relearn_on_passages_counts_every_probe_and_pairs_each_target_with_its_own_original():
+    """RWKU's relearn trains on passages (no probe question in its slice): each target's cells give the numbers
+    (forget All), target by target; no oracle. Targets 1 and 2: Original 0.8 / 0.6, GA 0.2 / 0.2, attacked 0.5 /
+    0.3: means 0.7, 0.2, 0.4, recovery 0.2 / 0.5."""
+    def rwku(label, kind, target, value, **details):
+        counts = {f"rwku_{p}": {str(target): {"n": 2}} for p in ("fb", "qa", "aa")}
+        return {"hash": f"{label}-{target}", "status": "ok", "kind": kind, "label": label, "method": label,
+                "model": "m", "benchmark": "rwku", "split": None, "target": target, "seed": None if kind ==
+                "original" else 0, "metrics": {f"forget_{p}": value for p in ("fb", "qa", "aa")},
+                "details": {"scoring": {"per_target": counts}, **details}}
+
+    results = []
+    for target, (orig, ga, after) in {1: (0.8, 0.2, 0.5), 2: (0.6, 0.2, 0.3)}.items():
+        results += [rwku("Original", "original", target, orig), rwku("GA", "method", target, ga),
+                    rwku("GA + relearn", "attack", target, after, relearn={"slice_questions": []}, attack={
+                        "name": "relearn", "attacked": f"GA-{target}", "attacked_label": "GA",
+                        "attack_label": "relearn", "attacked_kind": "method"})]
+    row = tables.robustness_rows(results, "rwku")[0]
+    assert (row["original"], row["before"], row["after"]) == pytest.approx((0.7, 0.2, 0.4))
+    assert row["recovery"].score == pytest.approx(0.4) and row["recovery"].oracle_score is None
+    assert "| m | all targets | GA | relearn | all (none trained on) |" in "\n".join(
+        tables.robustness_markdown(results, "rwku"))
