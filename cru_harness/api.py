@@ -253,6 +253,12 @@ class Benchmark:
         """The cell's tasks its data can serve, and the reason for each one left out."""
         return list(cell.tasks), {}
 
+    def lens_rows(self, cell: Any, data_dir) -> tuple[list[dict], str] | None:
+        """The question-answer rows (and their source) whose forget probability the logit lens reads per layer
+        when a run asks for it (`evaluation.logit_lens`): the forget items the cell scores. None: the benchmark
+        has no forget probability to read."""
+        return None
+
     def score(self, cell: Any, lmeval_dir: Path, *, data_dir, original_model: str | None, retain_result: dict | None,
               device: str, batch_size: int) -> dict:
         """The cell's numbers (docs/results_schema.md) from its saved lm-eval outputs."""

@@ -257,6 +257,37 @@ def test_benign_relearn_trains_on_another_corpus_and_holds_every_forget_item_out
     assert _mean_nll(after, tokenizer, other) < _mean_nll(before, tokenizer, other)
 
 
+def test_a_benign_corpus_takes_the_attacked_cells_placeholders():
+    tofu = SimpleNamespace(benchmark="tofu", split="forget05", target=None)
+    rwku = SimpleNamespace(benchmark="rwku", split=None, target=7)
+    assert relearn.benign_corpus("{retain_split}[:40]", tofu) == "retain95[:40]"
+    assert relearn.benign_corpus("rwku:{target}:passage", rwku) == "rwku:7:passage"
+    assert relearn.benign_corpus("retain90[:40]", tofu) == "retain90[:40]"
+    with pytest.raises(InputError, match=r"\{target\} has no value for a tofu cell"):
+        relearn.benign_corpus("rwku:{target}:passage", tofu)
+
+
+@pytest.mark.shared_data
+@pytest.mark.parametrize("corpus", [None, "rwku:{target}:passage[:2]"])
+def test_relearn_on_rwku_trains_on_the_targets_passages_so_every_probe_is_held_out(tmp_path, base, shared_data,
+                                                                                    corpus):
+    """RWKU's forget corpus is the target's passages (text, no probe): the slice (or a benign relearn on the
+    cell's own target's text) holds no question, so no probe is trained on and the report counts them all."""
+    settings = {"slice_size": 2, "num_epochs": 1, "max_length": 64} if corpus is None else \
+        {"corpus": corpus, "num_epochs": 1, "max_length": 64}
+    ctx = _ctx(tmp_path, base, "relearn", settings, data_dir=str(shared_data))
+    ctx.cell.benchmark, ctx.cell.split, ctx.cell.target = "rwku", None, 1
+    ctx.cell.corpora = {"forget_corpus": "rwku:1:passage"}
+    relearn.ATTACK.run(ctx)
+    details = ctx.outcome["details"]["relearn"]
+    n_passages = len(load_corpus_rows("rwku:1:passage", shared_data)[0])
+    assert details["slice_questions"] == [] and details["n_training_rows"] == 2
+    assert len(details["slice_indices"]) == (2 if corpus is None else 0)
+    assert len(details["held_out_indices"]) == n_passages - len(details["slice_indices"])
+    if corpus is not None:
+        assert details["benign_corpus"].startswith("RWKU 1 passage")
+
+
 # ------------------------------------------------------------------------------------------- logit lens
 
 
@@ -283,6 +314,62 @@ def test_logit_lens_last_layer_is_the_models_own_probability_and_routers_change_
     # the routers and the lens's hooks are gone afterwards
     again = logit_lens.logit_lens_scores(model, tokenizer, rows, prompt_format=PLAIN)
     assert again.per_layer == pytest.approx(plain.per_layer)
+
+
+def _lens_config(evaluation=None, **model):
+    from cru_harness.runner import config as cfg
+
+    return cfg.validate_config({
+        "name": "lens", "output_dir": "unused", "device": "cpu", "seeds": [0],
+        "models": [{"name": "tiny", "path": "zoo:llama:finetuned", "dtype": "float32", **model}],
+        "benchmarks": {"tofu": {"data_dir": "testbed:world", "splits": ["forget01"], "limit": 3,
+                                "tasks": ["tofu_{split}"]}},
+        "methods": ["GA"], "evaluation": {"failure_classes": False, **(evaluation or {})}})
+
+
+def test_the_lens_is_off_by_default_and_a_config_without_it_keeps_its_cell_hashes():
+    from cru_harness.runner import config as cfg
+    from cru_harness.runner.plan import build_plan
+
+    plain = [c.hash for c in build_plan(_lens_config())]
+    assert [c.hash for c in build_plan(_lens_config({"logit_lens": False}))] == plain
+    lens = build_plan(_lens_config({"logit_lens": True}))
+    assert all(c.evaluation["logit_lens"] is True for c in lens)
+    assert not set(c.hash for c in lens) & set(plain)   # cells that record more are cells of their own
+    with pytest.raises(cfg.ConfigError, match=r"evaluation\.logit_lens: expected true or false"):
+        _lens_config({"logit_lens": "yes"})
+
+
+@pytest.mark.parametrize("served", ["plain", "routed", "chat"])
+def test_a_cell_asked_for_the_lens_records_its_best_layer_and_the_output_layer_is_lm_evals_probability(
+        tmp_path, base, bundle, served):
+    """A runner cell (evaluation.logit_lens) reads the lens on the model as it scored it: the last layer's value is
+    the forget probability lm-eval's TOFU task gave the same items (an independent computation, through the `cru`
+    model), with CRU's routers attached when the cell serves them and in the chat format when it is scored in it;
+    the recorded best layer is the argmax."""
+    import dataclasses
+
+    from cru_harness.runner import execute
+    from cru_harness.runner.plan import build_plan
+
+    routed = served == "routed"
+    model = {"chat_template": True} if served == "chat" else {}
+    original = next(c for c in build_plan(_lens_config({"logit_lens": True}, **model)) if c.kind == "original")
+    if routed:   # an identity attack on a CRU cell: its base served with its bundle
+        cell = dataclasses.replace(original, kind="attack", label="CRU + identity",
+                                   extra={"attack": {"name": "identity", "settings": {}}, "attacked": "cru"})
+        outcome = execute.execute_cell(cell, tmp_path, attacked_result={
+            "label": "CRU", "kind": "method", "artifacts": {"model": str(base), "routers": bundle}})
+    else:
+        outcome = execute.execute_cell(original, tmp_path)
+    assert outcome["details"]["prompting"]["apply_chat_template"] is (served == "chat")
+    lens = outcome["details"]["logit_lens"]
+    assert lens["n_items"] == 3 and lens["n_layers"] == 8 and lens["routers"] == (bundle if routed else None)
+    assert lens["final"] == pytest.approx(outcome["metrics"]["forget_prob"], rel=1e-4)
+    per_layer = lens["per_layer"]
+    assert lens["best_layer"] == max(range(len(per_layer)), key=per_layer.__getitem__)
+    assert outcome["metrics"]["forget_best_layer_prob"] == lens["best"] == max(per_layer)
+    assert lens["final"] == per_layer[-1]
 
 
 # ------------------------------------------------------------------------------------------- recovery

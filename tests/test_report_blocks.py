@@ -1,6 +1,7 @@
 """The report's blocks beyond the leaderboard's core: TOFU's privacy block (cells that ran `tofu_privacy_<split>`:
 privleak against the retain oracle's Min-K% AUC, open-unlearning's default, and the attack that best tells forget
-from holdout) and the robustness table of attack cells (recovery beside the oracle's change)."""
+from holdout) and the robustness table of attack cells (recovery beside the oracle's change; relearn on the forget
+items it did not train on)."""
 import json
 
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from cru_harness.benchmarks.tofu import BENCHMARK as TOFU
 from cru_harness.metrics.privacy import privleak
 from cru_harness.reporting import cell_scores, tables
+from score_support import UTILITY, local_tofu_refusals, write_run  # noqa: F401 (an autouse fixture: no Hub wait)
 
 
 def _results_file(directory, date, split, aucs):
@@ -82,6 +84,160 @@ def test_the_robustness_table_reads_recovery_beside_the_oracles_change():
     assert recovery.score == pytest.approx(0.5) and recovery.oracle_score == pytest.approx(0.25)
     assert recovery.excess == pytest.approx(0.25)
     text = "\n".join(tables.robustness_markdown(results, "tofu"))
-    assert "| m | forget01 | GA | relearn | 0.90 | 0.30 | 0.60 | 0.50 | 0.25 | 0.25 |" in text
+    assert "| m | forget01 | GA | relearn | all | 0.90 | 0.30 | 0.60 | 0.50 | 0.25 | 0.25 |" in text
     # attack cells are not leaderboard rows
     assert [r["label"] for r in tables.aggregate(results, "tofu")] == ["Original", "GA"]
+
+
+# ------------------------------------------------------------------------------------------- relearn: held-out items
+
+QUESTIONS = ["q0", "q1", "q2", "q3"]
+
+
+def _cell(label, kind, values, *, seed=0, hash_=None, attacked=None, attacked_kind="method", slice_questions=None):
+    """A TOFU cell with per-item forget ROUGE-L (`values`, one per question); its cell-level number is the mean
+    over all items, as the scorer gives it, so a table that reads it instead of the held-out items is caught."""
+    result = _result(label, kind=kind)
+    result.update(hash=hash_ or f"{label}-{seed}", seed=seed,
+                  per_item={"forget_question": list(QUESTIONS), "forget_rouge_l": list(values),
+                            "forget_truth_ratio": [0.5] * len(values)})
+    result["metrics"]["forget_rouge_l"] = sum(values) / len(values)
+    if kind == "attack":
+        name = label.split(" + ")[0]
+        result["details"] = {"attack": {"name": "relearn", "attacked": attacked, "attacked_label": name,
+                                        "attack_label": "relearn", "attacked_kind": attacked_kind},
+                             "relearn": {"slice_questions": list(slice_questions or [])}}
+    return result
+
+
+def _relearn_run():
+    """Seed 0 trains on q0, seed 1 on q1, the oracle (seed 0) on q3. Held out: seed 0 {q1, q2}, seed 1 {q0, q2}."""
+    return [
+        _cell("Original", "original", [1.0, 0.8, 0.6, 0.2], seed=None, hash_="orig"),
+        _cell("Retain", "retain", [0.1, 0.1, 0.1, 0.9], hash_="ret"),
+        _cell("Retain + relearn", "attack", [0.1, 0.2, 0.2, 1.0], attacked="ret", attacked_kind="retain",
+              slice_questions=["q3"]),
+        _cell("GA", "method", [0.0, 0.2, 0.0, 0.6], seed=0, hash_="ga0"),
+        _cell("GA", "method", [0.0, 0.0, 0.2, 0.6], seed=1, hash_="ga1"),
+        _cell("GA + relearn", "attack", [1.0, 0.5, 0.3, 0.0], seed=0, attacked="ga0", slice_questions=["q0"]),
+        _cell("GA + relearn", "attack", [0.4, 1.0, 0.2, 0.0], seed=1, attacked="ga1", slice_questions=["q1"]),
+    ]
+
+
+def test_relearn_recovery_counts_only_the_items_outside_both_slices_for_every_reference_point():
+    """Per seed, the slice's and the oracle's slice's questions leave all five numbers; then seeds are averaged.
+    seed 0 on {q1, q2}: Original 0.7, GA 0.1, attacked 0.4, oracle 0.1 -> 0.2; seed 1 on {q0, q2}: 0.8, 0.1, 0.3,
+    0.1 -> 0.15. Means: 0.75, 0.1, 0.35, oracle 0.1 -> 0.175: recovery 0.25 / 0.65, the oracle's 0.075 / 0.65."""
+    rows = tables.robustness_rows(_relearn_run(), "tofu")
+    assert [(r["label"], r["attack"], r["items"]) for r in rows] == [("GA", "relearn", "held-out")]
+    row = rows[0]
+    assert (row["original"], row["before"], row["after"]) == pytest.approx((0.75, 0.1, 0.35))
+    assert row["n_items"] == [2, 2]
+    assert row["recovery"].score == pytest.approx(0.25 / 0.65)
+    assert row["recovery"].oracle_score == pytest.approx(0.075 / 0.65)
+    text = "\n".join(tables.robustness_markdown(_relearn_run(), "tofu"))
+    assert "| m | forget01 | GA | relearn | held-out (2) | 0.75 | 0.10 | 0.35 | 0.38 | 0.12 | 0.27 |" in text
+    assert "Relearn rows count the held-out forget items only" in text
+
+
+def test_relearn_without_per_item_values_gives_no_numbers_and_says_why():
+    results = _relearn_run()
+    del results[0]["per_item"]["forget_rouge_l"]    # an Original scored before per-item ROUGE-L was kept
+    row = tables.robustness_rows(results, "tofu")[0]
+    assert row["recovery"] is None and row["after"] is None and "no per-item forget_rouge_l" in row["reason"]
+    text = "\n".join(tables.robustness_markdown(results, "tofu"))
+    assert "- GA + relearn (forget01): not scored on held-out items (no per-item forget_rouge_l" in text
+
+
+def test_benign_relearn_trains_on_no_forget_item_so_every_item_counts():
+    results = _relearn_run()
+    for cell in results:
+        if cell["kind"] == "attack":
+            cell["details"]["relearn"]["slice_questions"] = []
+    row = tables.robustness_rows(results, "tofu")[0]
+    # the cells' own numbers (means over all four items): Original 0.65, GA 0.2, attacked (0.45 + 0.4) / 2
+    assert (row["original"], row["before"], row["after"]) == pytest.approx((0.65, 0.2, 0.425))
+    assert "| all (none trained on) |" in "\n".join(tables.robustness_markdown(results, "tofu"))
+
+
+def test_scored_tofu_cells_carry_the_per_item_values_the_held_out_rows_read(tmp_path):
+    """From lm-eval's saved outputs through the scorer to the table: each cell's per-item forget ROUGE-L (and
+    probability) is recorded by question, and the relearn row reads the items outside the slice (Q0)."""
+    values = {"Original": [1.0, 0.8, 0.6], "GA": [0.0, 0.2, 0.0], "GA + relearn": [1.0, 0.5, 0.3]}
+    results = []
+    for label, rouge in values.items():
+        items = [{"question": f"Q{i}?", "answer": f"A{i}", "generation": "x", "truth_ratio": 0.5,
+                  "rouge_l_recall": r, "probability": r / 2} for i, r in enumerate(rouge)]
+        agg = {"rouge_l_recall": sum(rouge) / 3, "probability": sum(rouge) / 6, "truth_ratio": 0.5}
+        tasks = {"tofu_forget10": {"agg": agg, "items": items},
+                 **{name: {"agg": a, "items": items[:1]} for name, a in UTILITY.items()}}
+        scored = cell_scores.score_tofu_cell(write_run(tmp_path / label, tasks), split="forget10")
+        assert scored["per_item"]["forget_question"] == ["Q0?", "Q1?", "Q2?"]
+        assert scored["per_item"]["forget_rouge_l"] == pytest.approx(rouge)
+        assert scored["per_item"]["forget_prob"] == pytest.approx([r / 2 for r in rouge])
+        kind = {"Original": "original", "GA": "method"}.get(label, "attack")
+        results.append({**_result(label, kind=kind), "split": "forget10", "metrics": scored["metrics"],
+                        "per_item": scored["per_item"]})
+    results[2]["details"] = {"attack": {"name": "relearn", "attacked": "GA", "attacked_label": "GA",
+                                        "attack_label": "relearn", "attacked_kind": "method"},
+                             "relearn": {"slice_questions": ["Q0?"]}}
+    row = tables.robustness_rows(results, "tofu")[0]
+    assert (row["original"], row["before"], row["after"]) == pytest.approx((0.7, 0.1, 0.4))
+    assert row["recovery"].score == pytest.approx(0.5) and row["n_items"] == [2]
+
+
+def test_the_robustness_block_shows_the_best_layer_beside_the_outputs_forget_probability():
+    """Cells that recorded the logit lens (evaluation.logit_lens): means over seeds, the best layers 1-based."""
+    def lensed(label, seed, output, per_layer, kind="method"):
+        result = _result(label, kind=kind)
+        best = max(range(len(per_layer)), key=per_layer.__getitem__)
+        result.update(hash=f"{label}-{seed}", seed=seed, details={"logit_lens": {
+            "per_layer": per_layer, "best_layer": best, "best": per_layer[best], "final": per_layer[-1],
+            "n_items": 4, "n_layers": len(per_layer)}})
+        result["metrics"].update(forget_prob=output, forget_best_layer_prob=per_layer[best])
+        return result
+
+    results = [lensed("Original", None, 0.9, [0.1, 0.5, 0.9], kind="original"),
+               lensed("GA", 0, 0.2, [0.1, 0.6, 0.2]), lensed("GA", 1, 0.4, [0.5, 0.3, 0.4])]
+    text = "\n".join(tables.robustness_markdown(results, "tofu"))   # no attack cell: the lens alone
+    assert text.startswith("### Robustness: is the knowledge gone, or only hidden?")
+    assert "| Model | Split | Row | Output forget probability | Best-layer forget probability (layer l of L) |" in text
+    assert "| m | forget01 | Original | 0.90 | 0.90 (layer 3 of 3) |" in text
+    assert "| m | forget01 | GA | 0.30 | 0.55 (layers 1, 2 of 3) |" in text
+    assert tables.robustness_markdown([_result("GA")], "tofu") == []   # neither attacks nor a lens: no block
+
+
+def test_attack_cells_of_several_seeds_stay_one_row():
+    """Each seed's attack cell records the hash of the cell it attacked (one per seed): a link, not a setting, so
+    the report does not split `GA + relearn` into one row per attacked hash."""
+    cells = [{**_cell("GA + relearn", "attack", [0.5] * 4, seed=seed, attacked=f"ga{seed}", slice_questions=["q0"]),
+              "resolved_config": {"extra": {"attack": {"name": "relearn", "settings": {}}, "attacked": f"ga{seed}"}}}
+             for seed in (0, 1)]
+    assert [r["label"] for r in tables.split_label_variants(cells)] == ["GA + relearn"] * 2
+    cells[1]["resolved_config"]["extra"]["attack"]["settings"] = {"slice_size": 3}   # a setting still splits
+    assert {r["label"] for r in tables.split_label_variants(cells)} == {
+        "GA + relearn (extra.attack.settings.slice_size=unset)", "GA + relearn (extra.attack.settings.slice_size=3)"}
+
+
+def test_rwku_relearn_on_passages_counts_every_probe_and_pairs_each_target_with_its_own_original():
+    """RWKU's relearn trains on passages (no probe question in its slice): each target's cells give the numbers
+    (forget All), target by target; no oracle. Targets 1 and 2: Original 0.8 / 0.6, GA 0.2 / 0.2, attacked 0.5 /
+    0.3: means 0.7, 0.2, 0.4, recovery 0.2 / 0.5."""
+    def rwku(label, kind, target, value, **details):
+        counts = {f"rwku_{p}": {str(target): {"n": 2}} for p in ("fb", "qa", "aa")}
+        return {"hash": f"{label}-{target}", "status": "ok", "kind": kind, "label": label, "method": label,
+                "model": "m", "benchmark": "rwku", "split": None, "target": target, "seed": None if kind ==
+                "original" else 0, "metrics": {f"forget_{p}": value for p in ("fb", "qa", "aa")},
+                "details": {"scoring": {"per_target": counts}, **details}}
+
+    results = []
+    for target, (orig, ga, after) in {1: (0.8, 0.2, 0.5), 2: (0.6, 0.2, 0.3)}.items():
+        results += [rwku("Original", "original", target, orig), rwku("GA", "method", target, ga),
+                    rwku("GA + relearn", "attack", target, after, relearn={"slice_questions": []}, attack={
+                        "name": "relearn", "attacked": f"GA-{target}", "attacked_label": "GA",
+                        "attack_label": "relearn", "attacked_kind": "method"})]
+    row = tables.robustness_rows(results, "rwku")[0]
+    assert (row["original"], row["before"], row["after"]) == pytest.approx((0.7, 0.2, 0.4))
+    assert row["recovery"].score == pytest.approx(0.4) and row["recovery"].oracle_score is None
+    assert "| m | all targets | GA | relearn | all (none trained on) |" in "\n".join(
+        tables.robustness_markdown(results, "rwku"))

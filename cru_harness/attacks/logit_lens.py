@@ -60,6 +60,7 @@ def logit_lens_scores(model, tokenizer, rows: list[dict], *, routers: str | list
     from ..baselines.data import encode_qa, row_to_qa
     from ..cru.attach import attach_bundles
     from ..cru.blocks import block_output_tensor, find_decoder_blocks
+    from ..devices import input_device
     from .relearn import load_bundles
 
     if not rows:
@@ -75,7 +76,8 @@ def logit_lens_scores(model, tokenizer, rows: list[dict], *, routers: str | list
     hooks = [block.register_forward_hook(lambda _m, _i, out, i=i: captured.__setitem__(i, block_output_tensor(out)))
              for i, block in enumerate(blocks)]
     sums = [0.0] * len(blocks)
-    device = next(model.parameters()).device
+    device = input_device(model)
+    head_device = next(norm.parameters(), head.weight).device   # under a device map the blocks sit elsewhere
     try:
         for index, row in enumerate(rows):
             example = encode_qa(tokenizer, *row_to_qa(row, index), max_length, **fmt)
@@ -85,8 +87,9 @@ def logit_lens_scores(model, tokenizer, rows: list[dict], *, routers: str | list
             captured.clear()
             model(input_ids=ids)
             for layer in range(len(blocks)):
-                logits = head(norm(captured[layer]))[0, :-1].float()
-                logp = torch.log_softmax(logits, dim=-1)[answer].gather(1, labels[answer, None])
+                logits = head(norm(captured[layer].to(head_device)))[0, :-1].float()
+                logp = torch.log_softmax(logits, dim=-1)[answer.to(head_device)].gather(
+                    1, labels[answer].to(head_device)[:, None])
                 sums[layer] += float(logp.mean().exp())
     finally:
         for hook in hooks:

@@ -13,10 +13,11 @@ step counts were not checked against their text here; each is a setting and is r
 The slice is a deterministic function of the forget corpus and the attack cell's seed (`relearn_slice`); the
 items left out ("held out") are the ones a recovery must be measured on, since those in the slice are simply
 taught. They are recorded in the cell's details (`relearn.held_out_indices`, `relearn.slice_questions`): the
-evaluation of all forget items is still the runner's; `held_out_forget_metrics` recomputes TOFU's forget
-metrics from a cell's per-item rows without the slice (apply it with the same slice to the Original, the
-unlearned cell and the attacked one, so the recovery score compares the same items; docs/protocol.md,
-"Attacks"). A `corpus` setting relearns on other text instead (benign relearning): no forget item is trained on.
+evaluation of all forget items is still the runner's; the report's robustness table drops the slice's questions
+(and those of the oracle's own slice) from the Original, the unlearned cell, the attacked one and the oracle
+alike, so the recovery score compares the same held-out items (`reporting.tables.robustness_rows`; per-item
+TOFU metrics: `metrics.recovery.held_out_forget_metrics`; docs/protocol.md, "Attacks"). A `corpus` setting
+relearns on other text instead (benign relearning): no forget item is trained on.
 
 For an adapter method (CRU) the base is fine-tuned with the routers attached (they gate every forward, and are
 not trained), and the same routers are served with the relearned base.
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 from ..api import Attack, CellContext, Trained
 from ..errors import InputError
+from ..metrics.recovery import held_out_forget_metrics  # noqa: F401 - the held-out scoring's home; named here too
 
 SCHEDULERS = ("constant", "linear", "cosine")
 
@@ -36,8 +38,10 @@ SCHEDULERS = ("constant", "linear", "cosine")
 class RelearnConfig:
     """`slice_fraction`: the share of forget items trained on (or `slice_size` items, when set); the rest are
     held out. `corpus`: benign relearning instead, on every row of this corpus source (e.g. `retain90[:40]`,
-    TOFU's other authors; `rwku:1:passage`, public text on the target); every forget item is then held out and
-    the slice settings are unused. The training fields are `cru_harness.finetune.FinetuneConfig`'s."""
+    TOFU's other authors; `rwku:{target}:passage`, public text on the cell's target); every forget item is then
+    held out and the slice settings are unused. The benchmark's placeholders (`{target}`, `{split}`,
+    `{retain_split}`) are filled with the attacked cell's. The training fields are
+    `cru_harness.finetune.FinetuneConfig`'s."""
     slice_fraction: float = 0.25
     slice_size: int | None = None
     corpus: str | None = None
@@ -85,30 +89,6 @@ def relearn_slice(n_items: int, config: RelearnConfig, seed: int) -> tuple[list[
     return chosen, [i for i in range(n_items) if i not in taken]
 
 
-def held_out_forget_metrics(per_item: list[dict], slice_questions: list[str], *,
-                            retain_truth_ratios: dict[str, float] | None = None) -> dict:
-    """TOFU's forget metrics over the held-out items only: `per_item` are the forget task's rows of a cell's
-    `per_item.jsonl` (`question`, `rouge_l_recall`, `probability`, `truth_ratio`), the slice's rows are dropped by
-    question. `retain_truth_ratios` (question -> the retain oracle's truth ratio) adds Forget Quality on the same
-    held-out items. The aggregations are TOFU's (`cru_harness.metrics`)."""
-    from .. import metrics as M
-
-    taught = set(slice_questions)
-    rows = [row for row in per_item if row["question"] not in taught]
-    if not rows:
-        raise InputError("relearn: no held-out forget item among the scored rows")
-    # under a `limit` only the first items are scored, so some (or all) slice items may be absent: not an error
-    out = {"n_items": len(rows), "n_slice_items_dropped": len(per_item) - len(rows),
-           "forget_rouge_l": sum(r["rouge_l_recall"] for r in rows) / len(rows),
-           "forget_prob": sum(r["probability"] for r in rows) / len(rows),
-           "forget_truth_ratio": M.truth_ratio_forget([r["truth_ratio"] for r in rows]),
-           "forget_quality": None}
-    if retain_truth_ratios is not None:
-        out["forget_quality"] = M.forget_quality([r["truth_ratio"] for r in rows],
-                                                 [retain_truth_ratios[r["question"]] for r in rows])
-    return out
-
-
 class RelearnAttack(Attack):
     name = "relearn"
     summary = "fine-tune on a slice of the forget set; recovery is measured on the held-out forget items"
@@ -130,7 +110,7 @@ class RelearnAttack(Attack):
             training_rows = [rows[i] for i in chosen]
         else:   # benign relearning: no forget item is trained on
             chosen, held_out = [], list(range(len(rows)))
-            training_rows, benign_source = load_corpus_rows(config.corpus, ctx.data_dir)
+            training_rows, benign_source = load_corpus_rows(benign_corpus(config.corpus, cell), ctx.data_dir)
         # fp32 master weights under the cell's autocast, as every trainer here (`devices.training_precision`):
         # AdamW on bf16 weights would lose most updates at lr 1e-5
         model, tokenizer = load_causal_lm(ctx.model_path, device=ctx.device, device_map=cell.model.device_map,
@@ -161,6 +141,24 @@ class RelearnAttack(Attack):
         }
         ctx.outcome["resources"]["relearn_wall_time_s"] = trained.resources.get("wall_time_s")
         return Trained(str(out), routers=ctx.routers)
+
+
+def benign_corpus(template: str, cell) -> str:
+    """A benign `corpus` with the attacked cell's placeholders filled (`rwku:{target}:passage` -> `rwku:3:passage`),
+    as the runner fills a benchmark's corpus templates."""
+    import string
+
+    from .. import plugins
+
+    names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    if not names:
+        return template
+    values = plugins.benchmarks.get(cell.benchmark).placeholder_values(cell.split, cell.target)
+    for name in names:
+        if values.get(name) in (None, ""):
+            raise InputError(f"relearn corpus {template!r}: {{{name}}} has no value for a {cell.benchmark} cell "
+                             f"(its placeholders: {', '.join('{' + k + '}' for k, v in values.items() if v != '')})")
+    return template.format(**values)
 
 
 def load_bundles(routers: str | None) -> list:

@@ -109,6 +109,14 @@ class TOFU(Benchmark):
     def training_prompt_format(self, cell, chat: bool, presets: dict) -> dict[str, Any]:
         return {"chat": bool(chat), "preset": presets["tofu_preset"], "family": presets["tofu_model_family"]}
 
+    def lens_rows(self, cell, data_dir) -> tuple[list[dict], str]:
+        """The forget task's items, in its order, under the cell's `limit` (lm-eval's: the first N)."""
+        from ..data.tofu import load_tofu
+
+        config = f"{cell.split}_perturbed"   # the forget task's file: the forget split's questions and answers
+        rows = load_tofu(config, data_dir)
+        return rows[:cell.limit] if cell.limit else rows, f"TOFU {config}"
+
     def score(self, cell, lmeval_dir, *, data_dir, original_model, retain_result, device, batch_size) -> dict:
         from ..scoring import cell_scores
 

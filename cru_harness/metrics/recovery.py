@@ -10,12 +10,17 @@ that fine-tunes on forget items teaches them to the retain oracle too, so only r
 is knowledge that was hidden rather than removed (Hu et al. 2024; Łucki et al. 2024). The oracle's change is
 also given on the recovery scale (divided by the same gap), so the two can be compared in one table.
 
+An attack that trains on forget items (relearn) is scored on the items it did not train on: `held_out_mean` and
+`held_out_forget_metrics` restrict per-item values to those, the same items for every reference point.
+
 Pure functions of numbers: no torch, no files.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from ..errors import InputError
 
 #: A gap smaller than this (in the metric's units) leaves nothing to recover: the score is undefined (None).
 MIN_GAP = 1e-9
@@ -62,3 +67,39 @@ def recovery_score(original: float, unlearned: float, attacked: float, *, oracle
         oracle_score = oracle_change / gap if gap > MIN_GAP else None
     return Recovery(score=score, gap=gap, attacked_change=change, oracle_change=oracle_change,
                     oracle_score=oracle_score)
+
+
+def held_out_mean(values: dict[str, float], items) -> float | None:
+    """The mean of per-item `values` (question -> value) over `items` (questions), every one of which must have a
+    value; None for no items or a non-finite value among them."""
+    items = list(items)
+    if not items:
+        return None
+    chosen = [values[q] for q in items]
+    if any(v is None or not math.isfinite(v) for v in chosen):
+        return None
+    return sum(chosen) / len(chosen)
+
+
+def held_out_forget_metrics(per_item: list[dict], slice_questions: list[str], *,
+                            retain_truth_ratios: dict[str, float] | None = None) -> dict:
+    """TOFU's forget metrics over the held-out items only: `per_item` are the forget task's rows of a cell's
+    `per_item.jsonl` (`question`, `rouge_l_recall`, `probability`, `truth_ratio`), the slice's rows are dropped by
+    question. `retain_truth_ratios` (question -> the retain oracle's truth ratio) adds Forget Quality on the same
+    held-out items. The aggregations are TOFU's (`cru_harness.metrics`)."""
+    from .tofu import forget_quality, truth_ratio_forget
+
+    taught = set(slice_questions)
+    rows = [row for row in per_item if row["question"] not in taught]
+    if not rows:
+        raise InputError("relearn: no held-out forget item among the scored rows")
+    # under a `limit` only the first items are scored, so some (or all) slice items may be absent: not an error
+    out = {"n_items": len(rows), "n_slice_items_dropped": len(per_item) - len(rows),
+           "forget_rouge_l": sum(r["rouge_l_recall"] for r in rows) / len(rows),
+           "forget_prob": sum(r["probability"] for r in rows) / len(rows),
+           "forget_truth_ratio": truth_ratio_forget([r["truth_ratio"] for r in rows]),
+           "forget_quality": None}
+    if retain_truth_ratios is not None:
+        out["forget_quality"] = forget_quality([r["truth_ratio"] for r in rows],
+                                               [retain_truth_ratios[r["question"]] for r in rows])
+    return out

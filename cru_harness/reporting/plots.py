@@ -268,7 +268,9 @@ def robustness_figure(rows: list[dict]):
     for attack, color in zip(attacks, distinct_colors(len(attacks))):
         mine = [r for r in rows if r["attack"] == attack]
         at = [ys[f"{r['model']} {r['unit']} {r['label']}"] for r in mine]
-        ax.scatter([r["recovery"].score for r in mine], at, color=color, s=30, label=attack)
+        held_out = any(r["items"] == "held-out" for r in mine)   # relearn: read on the items it did not train on
+        ax.scatter([r["recovery"].score for r in mine], at, color=color, s=30,
+                   label=f"{attack} (held-out items)" if held_out else attack)
         oracle = [(r["recovery"].oracle_score, y) for r, y in zip(mine, at) if r["recovery"].oracle_score is not None]
         if oracle:
             ax.scatter([o for o, _ in oracle], [y for _, y in oracle], facecolors="none", edgecolors=color, s=30,

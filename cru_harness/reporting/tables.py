@@ -99,7 +99,8 @@ _VARIANT_KEYS = ("method", "model_path")   # beside `hparams`: what makes two ce
 # model's recipe, the corpora, tasks, limit and evaluation settings. Not locations: the data folder, a local
 # PURGE copy, the model's path again (`model_path`).
 _RECORDED_KEYS = ("model", "corpora", "tasks", "limit", "evaluation", "extra")
-_LOCATION_KEYS = ("model.path", "extra.purge_local_checkpoint")
+# An attack cell's `extra.attacked` (the attacked cell's hash) differs per seed: a link, not a setting.
+_LOCATION_KEYS = ("model.path", "extra.purge_local_checkpoint", "extra.attacked")
 
 
 def variant_settings(result: dict) -> dict:
@@ -511,11 +512,57 @@ def resources_table(results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def taught_questions(result: dict) -> list[str] | None:
+    """The forget questions an attack cell trained on (relearn's slice; [] for a benign relearn), or None for an
+    attack that trains on no forget item (its numbers count every item)."""
+    relearn = (result.get("details") or {}).get("relearn")
+    return None if relearn is None else list(relearn.get("slice_questions") or [])
+
+
+def _per_item_values(result: dict | None, metric: str) -> dict[str, float | None] | None:
+    """question -> a cell's per-item value of `metric` (TOFU's `per_item.forget_rouge_l`, ...), None if absent."""
+    per_item = (result or {}).get("per_item") or {}
+    values, questions = per_item.get(metric), per_item.get("forget_question")
+    if not values or not questions or len(values) != len(questions):
+        return None
+    return dict(zip(questions, values))
+
+
+def _held_out_points(attack: dict, cells: dict, metric: str) -> dict:
+    """The five numbers of one relearn attack cell on the same items: those its slice and the oracle's slice left
+    out, among the items every one of the cells scored. `cells`: original, before, after, oracle, oracle_after (the
+    last two may be None). Without any taught item (benign relearn, RWKU's passages) the cells' own numbers are
+    those held-out numbers; with some, each cell needs its per-item values."""
+    from ..metrics.recovery import held_out_mean
+
+    taught = set(taught_questions(attack) or []) | set(taught_questions(cells["oracle_after"] or {}) or [])
+    pairs = [("original", "before", "after"), ("oracle", "oracle_after")]
+    if not taught:
+        point = {key: derived_metrics(cell).get(metric) if cell else None for key, cell in cells.items()}
+        return {**point, "n_items": None, "reason": None}
+    maps = {key: _per_item_values(cell, metric) for key, cell in cells.items()}
+    if any(maps[key] is None for key in pairs[0]):
+        return {"reason": f"no per-item {metric} to leave the relearn slice out"}
+    if any(maps[key] is None for key in pairs[1]):
+        maps["oracle"] = maps["oracle_after"] = None   # the control needs the same items; without them it is left out
+    common = set.intersection(*(set(m) for m in maps.values() if m is not None))
+    items = sorted(common - taught)
+    if not items:
+        return {"reason": "no held-out item"}
+    point = {key: None if m is None else held_out_mean(m, items) for key, m in maps.items()}
+    return {**point, "n_items": len(items), "reason": None}
+
+
 def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
     """One row per (model, unit, attacked row, attack): the benchmark's recovery metric before and after the attack
     (means over seeds, and RWKU targets), the recovery score (`metrics.recovery`: the share of the Original-to-
     unlearned gap the attack closes) and, beside it, the retain oracle's change under the same attack on the same
-    scale. Empty when the benchmark names no recovery metric or the run has no attack cells."""
+    scale. Empty when the benchmark names no recovery metric or the run has no attack cells.
+
+    An attack that trained on forget items (relearn: `taught_questions`) is read on the held-out items only: per
+    attack cell, its slice's questions and the oracle's slice's are dropped from all five numbers (Original,
+    unlearned, attacked, oracle, oracle attacked), so the gap and the recovery compare the same items; then the
+    five are averaged over the row's cells. `items` says which were counted."""
     from ..metrics.recovery import recovery_score
 
     view = benchmark_view(benchmark)
@@ -524,9 +571,10 @@ def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
         return []
     values: dict[tuple, list[float]] = defaultdict(list)   # (model, unit, label) -> metric per cell
     attacked: dict[tuple, dict] = {}                        # (model, unit, attacked label, attack label) -> info
-    for r in results:
-        if r.get("benchmark") != benchmark or r.get("status") != "ok" or r.get("kind") == "finetune":
-            continue
+    cells: dict[tuple, list[dict]] = defaultdict(list)     # the same key -> its attack cells
+    usable = [r for r in results if r.get("benchmark") == benchmark and r.get("status") == "ok"
+              and r.get("kind") != "finetune"]
+    for r in usable:
         value = derived_metrics(r).get(metric)
         if not stats.is_number(value):
             continue
@@ -535,11 +583,16 @@ def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
         info = (r.get("details") or {}).get("attack")
         if r.get("kind") == "attack" and info:
             attacked[(r["model"], unit, info["attacked_label"], info["attack_label"])] = info
+            cells[(r["model"], unit, info["attacked_label"], info["attack_label"])].append(r)
     mean = {key: statistics.fmean(v) for key, v in values.items()}
     rows = []
-    for (model, unit, label, attack), info in sorted(attacked.items(), key=lambda kv: [str(k) for k in kv[0]]):
+    for key, info in sorted(attacked.items(), key=lambda kv: [str(k) for k in kv[0]]):
+        model, unit, label, attack = key
         if info.get("attacked_kind") == "retain":
             continue   # the oracle is each row's control, not a row
+        if any(taught_questions(cell) is not None for cell in cells[key]):
+            rows.append(_held_out_row(key, cells[key], usable, metric))
+            continue
         before, after = mean.get((model, unit, label)), mean.get((model, unit, f"{label} + {attack}"))
         original = mean.get((model, unit, "Original"))
         oracle, oracle_after = mean.get((model, unit, "Retain")), mean.get((model, unit, f"Retain + {attack}"))
@@ -549,31 +602,147 @@ def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
         if None not in (before, after, original):
             score = recovery_score(original, before, after, oracle=oracle, oracle_attacked=oracle_after)
         rows.append({"model": model, "unit": unit, "label": label, "attack": attack, "metric": metric,
-                     "original": original, "before": before, "after": after, "recovery": score})
+                     "original": original, "before": before, "after": after, "recovery": score,
+                     "items": "all", "n_items": [], "reason": None})
     return rows
 
 
-def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
-    """Report lines for `robustness_rows` (none without attack cells)."""
-    rows = robustness_rows(results, benchmark)
+def _held_out_row(key: tuple, attack_cells: list[dict], results: list[dict], metric: str) -> dict:
+    """A robustness row of an attack that trained on forget items: each attack cell with its own references (the
+    cell it attacked, the Original and the oracle of its split or target), on the items held out from it."""
+    from ..metrics.recovery import recovery_score
+
+    model, unit, label, attack = key
+    by_hash = {r.get("hash"): r for r in results}
+
+    def place(r):
+        return (r.get("model"), r.get("split"), r.get("target"))
+
+    points, reasons = [], []
+    for cell in attack_cells:
+        oracle_after = next((r for r in results if r.get("kind") == "attack" and place(r) == place(cell)
+                             and ((r.get("details") or {}).get("attack") or {}).get("attacked_kind") == "retain"
+                             and r["details"]["attack"].get("attack_label") == attack), None)
+        refs = {"original": next((r for r in results if r.get("kind") == "original" and place(r) == place(cell)),
+                                 None),
+                "before": by_hash.get(cell["details"]["attack"].get("attacked")), "after": cell,
+                "oracle": by_hash.get(oracle_after["details"]["attack"].get("attacked")) if oracle_after else None,
+                "oracle_after": oracle_after}
+        if refs["original"] is None or refs["before"] is None:
+            reasons.append("no Original or unlearned cell beside it")
+            continue
+        if refs["oracle"] is None:
+            refs["oracle"] = refs["oracle_after"] = None
+        point = _held_out_points(cell, refs, metric)
+        if point["reason"] is None and all(stats.is_number(point[k]) for k in ("original", "before", "after")):
+            points.append(point)
+        else:
+            reasons.append(point["reason"] or f"no {metric}")
+
+    def avg(name):
+        got = [p[name] for p in points]
+        return statistics.fmean(got) if got and all(stats.is_number(v) for v in got) else None
+
+    original, before, after, oracle, oracle_after = (avg(k) for k in ("original", "before", "after", "oracle",
+                                                                     "oracle_after"))
+    if oracle is None or oracle_after is None:
+        oracle = oracle_after = None
+    score = None
+    if points and not reasons:   # every attack cell of the row read on its held-out items, or no row number
+        score = recovery_score(original, before, after, oracle=oracle, oracle_attacked=oracle_after)
+    else:
+        original = before = after = None
+    counts = [p["n_items"] for p in points if p["n_items"] is not None]
+    return {"model": model, "unit": unit, "label": label, "attack": attack, "metric": metric,
+            "original": original, "before": before, "after": after, "recovery": score,
+            "items": "held-out", "n_items": counts, "reason": "; ".join(dict.fromkeys(reasons)) or None}
+
+
+def _items_text(row: dict) -> str:
+    """Which forget items a robustness row counts: all, or how many were held out of the attack's training."""
+    if row["items"] == "all":
+        return "all"
+    counts = sorted(set(row["n_items"]))
+    if not counts:
+        return "all (none trained on)"   # a benign relearn, or RWKU's passages: no scored item was trained on
+    return f"held-out ({counts[0] if len(counts) == 1 else f'{counts[0]}–{counts[-1]}'})"
+
+
+def lens_rows(results: list[dict], benchmark: str) -> list[dict]:
+    """One row per (model, unit, row label) of the cells that recorded the logit lens (`evaluation.logit_lens`):
+    the output's forget probability and the best layer's, means over seeds (and targets), with the best layers
+    (1-based: layer L is the output) and the number of decoder blocks."""
+    view = benchmark_view(benchmark)
+    found: dict[tuple, list[dict]] = defaultdict(list)
+    for r in results:
+        lens = (r.get("details") or {}).get("logit_lens")
+        if r.get("benchmark") == benchmark and r.get("status") == "ok" and lens:
+            found[(r["model"], view.row_unit(r), r["label"])].append(r)
+    rows = []
+    for (model, unit, label), cells in found.items():
+        lenses = [c["details"]["logit_lens"] for c in cells]
+        rows.append({"model": model, "unit": unit, "label": label,
+                     "output": stats.finite_mean((c.get("metrics") or {}).get("forget_prob") for c in cells),
+                     "best": stats.finite_mean(lens["best"] for lens in lenses),
+                     "layers": sorted({lens["best_layer"] + 1 for lens in lenses}),
+                     "n_layers": sorted({lens["n_layers"] for lens in lenses})})
+    return rows
+
+
+def lens_markdown(results: list[dict], benchmark: str) -> list[str]:
+    """Report lines for `lens_rows` (none when no cell recorded the lens)."""
+    rows = lens_rows(results, benchmark)
     if not rows:
         return []
+    lines = ["Logit lens: each decoder block's output read through the final norm and the output head; the best "
+             "block's forget probability beside the output's (higher = more of the forget set readable). A best "
+             "layer far above the output's number is knowledge hidden below the output, not removed "
+             "(docs/protocol.md, Attacks).", "",
+             f"| Model | {benchmark_view(benchmark).table_unit} | Row | Output forget probability | "
+             "Best-layer forget probability (layer l of L) |", "|---|---|---|---:|---|"]
+    for row in rows:
+        layers = ", ".join(str(layer) for layer in row["layers"])
+        total = "/".join(str(n) for n in row["n_layers"])
+        where = f"layer{'s' if len(row['layers']) > 1 else ''} {layers} of {total}"
+        lines.append(f"| {row['model']} | {row['unit']} | {row['label']} | {fmt2(row['output'])} | "
+                     f"{fmt2(row['best'])} ({where}) |")
+    return lines + [""]
+
+
+def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
+    """Report lines for `robustness_rows` and `lens_markdown` (none without attack cells or a lens)."""
+    rows = robustness_rows(results, benchmark)
+    lens = lens_markdown(results, benchmark)
+    if not rows and not lens:
+        return []
+    lines = ["### Robustness: is the knowledge gone, or only hidden?", ""]
+    if not rows:
+        return lines + lens
     metric = rows[0]["metric"]
-    lines = ["### Robustness: is the knowledge gone, or only hidden?", "",
-             f"Each attack on each row's model, scored on {metric} (higher = more of the forget set known). Recovery: "
-             "the share of the Original-to-unlearned gap the attack closes (0 = nothing comes back, 1 = all of it). "
-             "Oracle: what the same attack does to the retain model, on the same scale; recovery beyond it is "
-             "knowledge that was hidden, not removed (docs/protocol.md).", "",
-             f"| Model | {benchmark_view(benchmark).table_unit} | Method | Attack | Original | Unlearned | Attacked | "
-             "Recovery | Oracle | Excess |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"Each attack on each row's model, scored on {metric} (higher = more of the forget set known). "
+              "Recovery: the share of the Original-to-unlearned gap the attack closes (0 = nothing comes back, 1 = "
+              "all of it). Oracle: what the same attack does to the retain model, on the same scale; recovery beyond "
+              "it is knowledge that was hidden, not removed (docs/protocol.md).", ""]
+    if any(row["items"] == "held-out" for row in rows):
+        lines += ["Relearn rows count the held-out forget items only: the questions of the relearn slice, and of the "
+                  "oracle's own slice, are left out of all five numbers (Original, Unlearned, Attacked, the oracle "
+                  "before and after), per seed, so the gap and the recovery compare the same items. Items: how many "
+                  "were counted (none trained on: a benign relearn, or RWKU's passages, where every scored item is "
+                  "held out).", ""]
+    lines += [f"| Model | {benchmark_view(benchmark).table_unit} | Method | Attack | Items | Original | Unlearned | "
+              "Attacked | Recovery | Oracle | Excess |", "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    notes = []
     for row in rows:
         rec = row["recovery"]
         cells = [fmt2(row["original"]), fmt2(row["before"]), fmt2(row["after"]),
                  fmt2(rec.score if rec else None), fmt2(rec.oracle_score if rec else None),
                  fmt2(rec.excess if rec else None)]
-        lines.append(f"| {row['model']} | {row['unit']} | {row['label']} | {row['attack']} | "
+        lines.append(f"| {row['model']} | {row['unit']} | {row['label']} | {row['attack']} | {_items_text(row)} | "
                      + " | ".join(cells) + " |")
-    return lines + [""]
+        if row.get("reason"):
+            notes.append(f"- {row['label']} + {row['attack']} ({row['unit']}): not scored on held-out items "
+                         f"({row['reason']}).")
+    return lines + ([""] + notes if notes else []) + [""] + lens
 
 
 REGIME_MARGIN = 0.10  # configs/gpu_smollm2.yaml: the fine-tuned model must beat its oracle by this much

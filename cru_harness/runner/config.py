@@ -100,7 +100,7 @@ _FINETUNE_KEYS = ("data", "learning_rate", "lr", "weight_decay", "num_epochs", "
 _FINETUNE_ALIASES = {"lr": "learning_rate", "epochs": "num_epochs", "batch_size": "effective_batch_size"}
 _RETAIN_TRAIN_KEYS = ("from", "epochs", "lr", "batch_size", "max_length", "weight_decay")
 _EVAL_KEYS = ("batch_size", "limit", "max_gen_toks", "failure_classes", "apply_chat_template", "tofu_preset",
-              "tofu_model_family", "rwku_preset", "rwku_newline_stop")
+              "tofu_model_family", "rwku_preset", "rwku_newline_stop", "logit_lens")
 #: The evaluation settings that decide how prompts are written, with their defaults: the one place for them
 #: (validation fills them in; the cells' presets and the finetune cell read them from here).
 PROMPTING_DEFAULTS = {"apply_chat_template": None, "tofu_preset": DEFAULT_TOFU_PRESET, "tofu_model_family": None,
@@ -490,6 +490,9 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         _number(evaluation["limit"], "evaluation.limit", source, low=1, high=MAX_ROWS, integer=True)
     _boolean(evaluation["failure_classes"], "evaluation.failure_classes", source)
     _boolean(evaluation["apply_chat_template"], "evaluation.apply_chat_template", source, allow_none=True)
+    # off unless asked for, and then absent from the cells: a config without it keeps its cells' hashes
+    if _boolean(evaluation.pop("logit_lens", False), "evaluation.logit_lens", source):
+        evaluation["logit_lens"] = True
     report = report_settings(raw.get("report"), source)
     attacks = _validate_attacks(raw.get("attacks"), source)
 

@@ -180,6 +180,31 @@ def score_cell(cell: Cell, lmeval_dir: Path, *, data_dir=None, original_model: s
     return scored
 
 
+def logit_lens_of_cell(cell: Cell, model_path: str, routers: str | None, data_dir, chat: bool) -> dict | None:
+    """The logit lens (`attacks.logit_lens`) on the cell's model as it was scored (its routers attached, its
+    scoring dtype, its prompt format), over its benchmark's forget items (`Benchmark.lens_rows`): per decoder block
+    the forget probability read through the final norm and head, and the best block. None when the benchmark has
+    no forget probability (RWKU)."""
+    import gc
+
+    from .. import plugins
+    from ..attacks.logit_lens import logit_lens_scores
+    from .models import load_model
+    from .training import prompt_format
+
+    found = plugins.benchmarks.get(cell.benchmark).lens_rows(cell, data_dir)
+    if found is None:
+        return None
+    rows, source = found
+    model, tokenizer = load_model(model_path, cell, dtype=model_dtype(cell.model, "eval"))
+    try:
+        result = logit_lens_scores(model, tokenizer, rows, routers=routers, prompt_format=prompt_format(cell, chat))
+    finally:
+        del model
+        gc.collect()
+    return {**result.to_dict(), "rows": source, "routers": routers}
+
+
 def retain_from_per_item(path: str, forget_task: str | None = None) -> dict:
     """A retain model given as a saved per-item file: its forget truth ratios (and questions, to match items)
     feed Forget Quality. `.json`: a cell result (or its `per_item`); else a `per_item.jsonl` written by `score`."""

@@ -12,7 +12,8 @@ from typing import Any, Iterable
 
 from ..errors import MissingInputError
 from ..store import CellStore, waiting_lock
-from .evaluation import evaluate_cell, protocol_presets, retain_from_per_item, score_cell, use_chat_template
+from .evaluation import (evaluate_cell, logit_lens_of_cell, protocol_presets, retain_from_per_item, score_cell,
+                         use_chat_template)
 from .models import cell_device, load_model, model_dtype, resolve_data_dir, resolve_model_path
 from .plan import Cell
 from .provenance import directory_fingerprint
@@ -208,4 +209,9 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
                    failure_classes=scored.get("failure_classes", {}))
     outcome["artifacts"].update(scored.get("artifacts", {}))
     outcome["details"]["scoring"] = {**scored.get("details", {}), "nll_original_model": base_path}
+    if cell.evaluation.get("logit_lens"):   # asked for by the run: the answer read at every layer
+        lens = logit_lens_of_cell(cell, model_path, routers, data_dir, chat)
+        if lens is not None:
+            outcome["metrics"]["forget_best_layer_prob"] = lens["best"]
+            outcome["details"]["logit_lens"] = lens
     return outcome

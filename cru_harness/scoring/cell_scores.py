@@ -127,8 +127,11 @@ def score_tofu_cell(lmeval_dir: str | Path, *, split: str, retain_items: list[di
     fq = run["forget_quality"].get(forget_task) or tofu_score.unavailable(f"{forget_task} not evaluated")
     metrics["forget_quality"] = fq["value"]
     forget_rows = [row for row in report["per_item"] if row["task"] == forget_task]
+    # ROUGE-L and probability per item too: a relearn attack's recovery is read on the items it did not train on
     per_item = {"forget_truth_ratio": [_finite_or_none(r["truth_ratio"]) for r in forget_rows],
-                "forget_question": [r["question"] for r in forget_rows]}
+                "forget_question": [r["question"] for r in forget_rows],
+                "forget_rouge_l": [_finite_or_none(r.get("rouge_l_recall")) for r in forget_rows],
+                "forget_prob": [_finite_or_none(r.get("probability")) for r in forget_rows]}
     fm = run["failure_modes"].get(forget_task) or {}
     failure_classes = {"forget": fm["fractions"]} if fm.get("fractions") else {}
     details = {"model_utility": run["model_utility"], "forget_quality": fq,
