@@ -17,10 +17,11 @@ Importable without torch or lm-eval (task `process_results` functions import it)
 - `max_length_marker(n)`: right after `JOINT_MARKER`, "cut the whole text at its first n tokens, as TOFU's dataset
   does" (locuslab/tofu `data_module.py:15-27`: `truncation=True, max_length=n`; a text that reaches n tokens gets no
   EOS, a shorter one always gets one). The legacy TOFU preset sends it with n = 200.
-- `GRADNORM_MARKER`: before everything else in a continuation, "also return the GradNorm membership score of this
-  text" (open-unlearning `mia/gradnorm.py`: one backward pass of the mean scored-token loss without the EOS
-  prediction, the mean over parameters of the gradient's p-norm); `split_gradnorm_marker(...)` reads it, and
-  `LoglikelihoodResult.gradnorm` carries the score (None when not asked).
+- `MIA_MARKER`: before everything else in a continuation, "also return the membership scores that need the model
+  itself": GradNorm (open-unlearning `mia/gradnorm.py`: one backward pass of the mean scored-token loss without
+  the EOS prediction, the mean over parameters of the gradient's p-norm) in `LoglikelihoodResult.gradnorm`, and,
+  when the `cru` model was given `reference=<model>`, that model's mean loss on the same scored tokens
+  (`mia/reference.py`) in `LoglikelihoodResult.reference_loss`; `split_mia_marker(...)` reads the marker.
 - `UNK_STOP`: a stop string standing for the tokenizer's unknown token (RWKU's `convert_tokens_to_ids("\n")`
   resolves to it on byte-level and SentencePiece vocabularies, so RWKU stops there).
 - Chat-template date pinning: `PINNED_DATE`, `template_date(...)` (a task's protocol may pin another date while
@@ -37,8 +38,8 @@ from collections.abc import Sequence
 
 __all__ = [
     "EOS_MARKER",
-    "GRADNORM_MARKER",
-    "split_gradnorm_marker",
+    "MIA_MARKER",
+    "split_mia_marker",
     "JOINT_MARKER",
     "UNK_STOP",
     "TOKENIZER_EOS",
@@ -66,8 +67,9 @@ EOS_MARKER = "<|cru_eos|>"
 #: context's own token count" (the references' span rule; see the module docstring).
 JOINT_MARKER = "<|cru_joint|>"
 
-#: Prepended (before JOINT_MARKER) to a loglikelihood continuation: "return this text's GradNorm score too".
-GRADNORM_MARKER = "<|cru_gradnorm|>"
+#: Prepended (before JOINT_MARKER) to a loglikelihood continuation: "return this text's model-side membership
+#: scores too" (GradNorm; the reference model's loss when one is given).
+MIA_MARKER = "<|cru_mia|>"
 
 _MAX_LENGTH_MARKER = re.compile(r"<\|cru_max_length=(\d+)\|>")
 
@@ -170,10 +172,10 @@ def split_joint_marker(continuation: str) -> tuple[str, bool]:
     return continuation, False
 
 
-def split_gradnorm_marker(continuation: str) -> tuple[str, bool]:
+def split_mia_marker(continuation: str) -> tuple[str, bool]:
     """`(text without the marker, whether the marker was there)`. The marker counts only at the very start."""
-    if continuation.startswith(GRADNORM_MARKER):
-        return continuation[len(GRADNORM_MARKER):], True
+    if continuation.startswith(MIA_MARKER):
+        return continuation[len(MIA_MARKER):], True
     return continuation, False
 
 
@@ -239,18 +241,22 @@ class LoglikelihoodResult(_TokenStats, tuple):
       memorization and extraction strength); `is_greedy` is their conjunction. Empty when not recorded.
     - `text`: the scored tokens decoded without special tokens (open-unlearning's ZLib text); None when not
       recorded.
-    - `gradnorm`: the text's GradNorm score when the request carried `GRADNORM_MARKER`, else None.
+    - `gradnorm`: the text's GradNorm score when the request carried `MIA_MARKER`, else None.
+    - `reference_loss`: a reference model's mean loss on the same scored tokens (EOS included) when the request
+      carried `MIA_MARKER` and the `cru` model has a reference model, else None.
     """
 
     def __new__(cls, logprob_sum: float, is_greedy: bool, token_logprobs: Sequence[float] = (),
                 token_mu: Sequence[float] = (), token_sigma: Sequence[float] = (),
-                token_greedy: Sequence[bool] = (), text: str | None = None, gradnorm: float | None = None):
+                token_greedy: Sequence[bool] = (), text: str | None = None, gradnorm: float | None = None,
+                reference_loss: float | None = None):
         self = tuple.__new__(cls, (float(logprob_sum), bool(is_greedy)))
         self._set_stats(token_logprobs, token_mu, token_sigma)
         greedy = tuple(bool(g) for g in token_greedy)
         if greedy and len(greedy) != len(self.token_logprobs):
             raise ValueError(f"token_greedy has {len(greedy)} flags for {len(self.token_logprobs)} tokens")
-        self.__dict__.update(token_greedy=greedy, text=text, gradnorm=None if gradnorm is None else float(gradnorm))
+        self.__dict__.update(token_greedy=greedy, text=text, gradnorm=None if gradnorm is None else float(gradnorm),
+                             reference_loss=None if reference_loss is None else float(reference_loss))
         return self
 
     @property
@@ -263,7 +269,7 @@ class LoglikelihoodResult(_TokenStats, tuple):
 
     def __reduce__(self):  # pickling (CachingLM's sqlite cache, accelerate's gather_object)
         return (type(self), (self[0], self[1], self.token_logprobs, self.token_mu, self.token_sigma,
-                             self.token_greedy, self.text, self.gradnorm))
+                             self.token_greedy, self.text, self.gradnorm, self.reference_loss))
 
     def __repr__(self) -> str:
         return f"LoglikelihoodResult({self[0]!r}, {self[1]!r}, n_tokens={self.n_tokens})"

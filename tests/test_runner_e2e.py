@@ -76,6 +76,17 @@ def test_ci_minimal_end_to_end_then_resume(tmp_path, monkeypatch):
         assert 0.0 < results[label]["metrics"]["forget_quality"] <= 1.0
     assert results["Retain"]["metrics"]["forget_quality"] is None  # the oracle is not scored against itself
 
+    # the privacy block (TOFU's default tasks run tofu_privacy_<split>): five MIA AUCs, the reference attack
+    # against the retain oracle's checkpoint, privleak against the oracle's Min-K% AUC
+    for label in ("Original", "GA", "CRU"):
+        metrics = results[label]["metrics"]
+        for key in ("mia_auc_loss", "mia_auc_zlib", "mia_auc_min_k", "mia_auc_min_k_plus_plus", "mia_auc_gradnorm",
+                    "mia_auc_reference", "extraction_strength"):
+            assert isinstance(metrics.get(key), float) and 0.0 <= metrics[key] <= 1.0, (label, key, metrics.get(key))
+        assert results[label]["details"]["privacy_reference"]["source"] == f"retain cell {retain['hash']}"
+        assert metrics["privleak"] is not None
+    assert "privacy_reference" not in results["Retain"]["details"]
+
     # training resources
     for label in ("GA", "CRU"):
         resources = results[label]["resources"]

@@ -194,14 +194,14 @@ def tiny_model_dir(tmp_path_factory, tofu_dir):
     return save_tiny_model(model, tokenizer, tmp_path_factory.mktemp("tiny_tofu_model"))
 
 
-def _evaluate(model_dir, tofu_dir, tasks, *, model="cru", limit=None, max_gen_toks=8, **kwargs):
+def _evaluate(model_dir, tofu_dir, tasks, *, model="cru", limit=None, max_gen_toks=8, model_args="", **kwargs):
     import lm_eval
 
     from cru_harness.lmeval.registration import register
 
     register()
     return lm_eval.simple_evaluate(
-        model=model, model_args=f"pretrained={model_dir},dtype=float32", tasks=tasks,
+        model=model, model_args=f"pretrained={model_dir},dtype=float32{model_args}", tasks=tasks,
         task_manager=_task_manager(tofu_dir), limit=limit, log_samples=True, batch_size=32, device="cpu",
         gen_kwargs={"max_gen_toks": max_gen_toks}, bootstrap_iters=0, **kwargs,
     )
@@ -440,7 +440,7 @@ def test_privacy_items_and_aggregations_by_hand():
     greedy = [False, True, True, True, True, False]
     out = tofu_utils.process_privacy_results({"set": "holdout"}, [_privacy_result(lp, greedy, gradnorm=0.25)])
     assert out["mia_gradnorm"] == [1, 0.25]
-    # a result without the score (computed without GRADNORM_MARKER): NaN, so the AUC is NaN, never a wrong number
+    # a result without the score (computed without MIA_MARKER): NaN, so the AUC is NaN, never a wrong number
     assert math.isnan(tofu_utils.process_privacy_results({"set": "forget"}, [_privacy_result(lp, greedy)])[
         "mia_gradnorm"][1])
     assert out["mia_loss"] == [1, pytest.approx(np.mean([0.5, 2.0, 0.1, 3.0, 0.2, 1.0]))]
@@ -459,13 +459,21 @@ def test_privacy_items_and_aggregations_by_hand():
 
 @pytest.mark.slow
 @pytest.mark.shared_data
-def test_privacy_task_end_to_end_matches_the_metrics(tiny_model_dir, tofu_dir, one_torch_thread):
+def test_privacy_task_end_to_end_matches_the_metrics(tiny_model_dir, tofu_dir, one_torch_thread, tmp_path):
     """tofu_privacy_forget01 through `--model cru`: per-item scores from the answer's token arrays, the AUC from
     them, and the answer scored as the TOFU probes score it (same request as tofu_forget01's answer)."""
     from sklearn.metrics import roc_auc_score
 
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # a reference model for the reference attack: the same model with its output head scaled
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32)
+    with torch.no_grad():
+        reference.get_output_embeddings().weight.mul_(0.5)
+    reference.save_pretrained(tmp_path / "reference")
     res = _evaluate(tiny_model_dir, tofu_dir, ["tofu_privacy_forget01", "tofu_forget01"], limit=6,
-                    apply_chat_template=True)
+                    apply_chat_template=True, model_args=f",reference={tmp_path / 'reference'}")
     samples = res["samples"]["tofu_privacy_forget01"]
     assert [s["doc"]["set"] for s in samples] == ["forget", "holdout"] * 3
     for name in tofu_utils.PRIVACY_ATTACKS:
@@ -482,9 +490,6 @@ def test_privacy_task_end_to_end_matches_the_metrics(tiny_model_dir, tofu_dir, o
     assert 0 < es <= 1
     # GradNorm of the first forget row, by hand: -mean log p of the answer tokens without EOS, one backward pass,
     # the mean over parameters of the gradient's 2-norm (open-unlearning mia/gradnorm.py)
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from cru_harness.scoring.model_scores import encode_rows
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -495,6 +500,14 @@ def test_privacy_task_end_to_end_matches_the_metrics(tiny_model_dir, tofu_dir, o
     (-logp[:-1].mean()).backward()
     by_hand = float(np.mean([p.grad.norm().item() for p in model.parameters() if p.grad is not None]))
     assert forget[0]["mia_gradnorm"][1] == pytest.approx(by_hand, rel=1e-4)
+    # the reference attack (mia/reference.py): the model's mean loss minus the reference's, EOS included
+    with torch.no_grad():
+        ref_logits = reference(input_ids=torch.tensor([ids])).logits[0]
+    ref_lp = torch.log_softmax(ref_logits.float(), -1)[torch.arange(n_prompt - 1, len(ids) - 1),
+                                                       torch.tensor(ids[n_prompt:])]
+    own = -float(logp.detach().mean())
+    assert forget[0]["mia_reference"][1] == pytest.approx(own - (-float(ref_lp.mean())), rel=1e-4, abs=1e-6)
+    assert forget[0]["mia_reference"][1] != pytest.approx(0.0, abs=1e-3)   # the reference differs
 
 
 def test_tasks_load_without_lm_evals_custom_dataset_hint(caplog):

@@ -65,7 +65,7 @@ class TOFU(Benchmark):
             metrics[f"forget_1_{key}"] = 1 - value if is_number(value) else None
         # the attack that best tells forget from holdout text: the AUC farthest from 0.5
         aucs = [metrics.get(k) for k in ("mia_auc_loss", "mia_auc_zlib", "mia_auc_min_k", "mia_auc_min_k_plus_plus",
-                                         "mia_auc_gradnorm")]
+                                         "mia_auc_gradnorm", "mia_auc_reference")]
         aucs = [a for a in aucs if is_number(a)]
         metrics["mia_auc_best"] = max(aucs, key=lambda a: abs(a - 0.5)) if aucs else None
 

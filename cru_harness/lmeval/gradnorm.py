@@ -1,5 +1,5 @@
 """GradNorm, open-unlearning's gradient-based membership attack (`src/evals/metrics/mia/gradnorm.py`), on token ids:
-the `cru` model computes it for requests that carry `protocol.GRADNORM_MARKER`, and
+the `cru` model computes it for requests that carry `protocol.MIA_MARKER`, and
 `cru_harness.scoring.model_scores.gradnorm_scores` for TOFU rows. One function, so both score the same."""
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ from cru_harness.protocol import (
     pinned_clock,
     pinned_template_kwargs,
     split_eos_marker,
-    split_gradnorm_marker,
+    split_mia_marker,
     split_joint_marker,
     split_max_length_marker,
 )
@@ -108,7 +108,7 @@ _HFLM_ARGUMENTS = _named_parameters(HFLM.__init__)
 def known_arguments() -> set[str]:
     """What `cru` takes by name: its own (`base`, `routers`) and HFLM's. Other names go on to
     `from_pretrained` (HFLM forwards them), so only a near miss of a known name is refused."""
-    return set(_HFLM_ARGUMENTS) | {"base", "routers"}
+    return set(_HFLM_ARGUMENTS) | {"base", "routers", "reference"}
 
 
 # Arguments transformers' `from_pretrained` takes from **kwargs (so not in its signature); some are near misses
@@ -328,10 +328,11 @@ def token_stats(logp: torch.Tensor, tokens: torch.Tensor):
 class CRULM(HFLM):
     """HFLM + CRU router bundles + extended loglikelihood results. Registered in lm-eval as `cru`."""
 
-    def __init__(self, pretrained=None, *, base=None, routers=None, **kwargs) -> None:
+    def __init__(self, pretrained=None, *, base=None, routers=None, reference=None, **kwargs) -> None:
         if base is not None and pretrained is not None and base != pretrained:
             raise ModelArgumentError(f"give the base model once: base={base!r} and pretrained={pretrained!r} differ")
-        check_empty_arguments(base if base is not None else pretrained, routers, kwargs)
+        check_empty_arguments(base if base is not None else pretrained, routers,
+                              kwargs if reference is None else {**kwargs, "reference": reference})
         pretrained = base if base is not None else pretrained
         if pretrained is None:
             raise ModelArgumentError("the cru model needs base=<HF model id or local directory> (alias: pretrained=)")
@@ -372,6 +373,7 @@ class CRULM(HFLM):
         self._dropped_stop_ids: dict[tuple, list[int]] = {}   # stop list -> ids (`dropped_stop_ids`)
         self._chat_rendered = False      # whether a prompt went through the chat template (`apply_chat_template`)
         self._format_checked = False     # `check_prompt_format` has run (it warns once)
+        self.reference = None if reference is None else str(reference)   # the reference attack's model
         if entries:
             self.bundles = bundles
             self.router_sources = [str(e) if isinstance(e, (str, Path)) else repr(e) for e in entries]
@@ -441,30 +443,56 @@ class CRULM(HFLM):
         for context, continuation in tqdm([req.args for req in requests], desc="Tokenizing inputs",
                                           disable=disable_tqdm):
             ctx_enc, cont_enc = self.encode_request(context, continuation)
-            wants_gradnorm = split_gradnorm_marker(continuation)[1]
+            wants_scores = split_mia_marker(continuation)[1]
             # the key keeps the marker: a cached result without the score never answers a request for it
             new_reqs.append(((context, continuation), ctx_enc, cont_enc))
-            gradnorm.append(wants_gradnorm)
+            gradnorm.append(wants_scores)
         results = self._loglikelihood_tokens(new_reqs, disable_tqdm=disable_tqdm)
         if any(gradnorm):
-            results = self._with_gradnorm(new_reqs, results, gradnorm, disable_tqdm)
+            results = self._with_model_scores(new_reqs, results, gradnorm, disable_tqdm)
         return results
 
-    def _with_gradnorm(self, requests, results, wanted, disable_tqdm):
-        """The results of the requests that carried `GRADNORM_MARKER` with their GradNorm score: one backward
-        pass each, batch size 1 as open-unlearning, through the model as served (routers attached)."""
-        from .gradnorm import text_gradnorm
+    def _with_model_scores(self, requests, results, wanted, disable_tqdm):
+        """The results of the requests that carried `MIA_MARKER` with their GradNorm score (one backward pass
+        each, batch size 1 as open-unlearning, through the model as served: routers attached) and, with a
+        `reference=` model, its mean loss on the same scored tokens."""
+        import torch
 
+        from .gradnorm import scored_logprobs, text_gradnorm
+
+        reference = self._reference_model()
         out = list(results)
         for i in tqdm([i for i, want in enumerate(wanted) if want], desc="GradNorm (one backward pass each)",
                       disable=disable_tqdm or self.rank != 0):
             _, ctx_enc, cont_enc = requests[i]
             ids = (ctx_enc + cont_enc)[-(self.max_length + 1):]   # the window the log-likelihood scored
             score = text_gradnorm(self.model, ids, len(ids) - len(cont_enc))
+            ref_loss = None
+            if reference is not None:
+                with torch.no_grad():
+                    ref_loss = -float(scored_logprobs(reference, ids, len(ids) - len(cont_enc)).mean())
             r = out[i]
             out[i] = LoglikelihoodResult(r[0], r[1], r.token_logprobs, r.token_mu, r.token_sigma, r.token_greedy,
-                                         r.text, gradnorm=score)
+                                         r.text, gradnorm=score, reference_loss=ref_loss)
         return out
+
+    def _reference_model(self):
+        """The `reference=` model (the reference attack's; open-unlearning's TOFU config names the retain model),
+        loaded once on first use, in the scored model's dtype and device; None without one."""
+        if self.reference is None:
+            return None
+        if getattr(self, "_reference", None) is None:
+            from transformers import AutoModelForCausalLM
+
+            from cru_harness.testbed.names import resolve_model_path
+
+            model = AutoModelForCausalLM.from_pretrained(resolve_model_path(self.reference),
+                                                         dtype=self.model.dtype).to(self.device).eval()
+            if model.get_input_embeddings().num_embeddings != self.model.get_input_embeddings().num_embeddings:
+                raise ModelArgumentError(f"cru model: reference={self.reference} has another vocabulary than the "
+                                         "scored model: the reference attack compares losses on the same tokens")
+            self._reference = model
+        return self._reference
 
     def encode_request(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         """The (context ids, scored ids) of one `loglikelihood` request, markers of `protocol` applied.
@@ -476,7 +504,7 @@ class CRULM(HFLM):
           then appends EOS only to a text shorter than n, always (TOFU `data_module.py:15-27`);
         - `EOS_MARKER` last: the tokenizer's EOS is appended unless the scored ids already end with it.
         """
-        text = split_gradnorm_marker(continuation)[0]   # a request for a score, not for other tokens
+        text = split_mia_marker(continuation)[0]   # a request for a score, not for other tokens
         text, joint = split_joint_marker(text)
         text, max_length = split_max_length_marker(text) if joint else (text, None)
         text, add_eos = split_eos_marker(text)

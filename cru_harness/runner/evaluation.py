@@ -70,7 +70,7 @@ def model_uses_chat_template(model: ModelSpec, evaluation: dict, model_path: str
 
 
 def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Path, data_dir,
-                  chat_template: bool) -> dict:
+                  chat_template: bool, reference: str | None = None) -> dict:
     """lm-eval `simple_evaluate` with the `cru` model on the cell's tasks; its outputs are saved under
     workdir/lmeval exactly as `lm_eval --output_path ... --log_samples` saves them (what the scorers read)."""
     out = workdir / "lmeval"
@@ -78,7 +78,7 @@ def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Pat
 
     tasks, unavailable = rwku_tasks_with_data(cell, data_dir)
     t0 = time.perf_counter()
-    run_lmeval(cell.model, model_path, tasks, out, routers=routers, data_dir=data_dir,
+    run_lmeval(cell.model, model_path, tasks, out, routers=routers, reference=reference, data_dir=data_dir,
                targets=None if cell.target is None else str(cell.target), limit=cell.limit,
                batch_size=cell.evaluation.get("batch_size", 8), device=cell_device(cell), chat_template=chat_template,
                metadata=plugins.benchmarks.get(cell.benchmark).task_metadata(cell.split, cell.target),
@@ -95,7 +95,8 @@ def rwku_tasks_with_data(cell: Cell, data_dir) -> tuple[list[str], dict[str, str
     return plugins.benchmarks.get(cell.benchmark).tasks_with_data(cell, data_dir)
 
 
-def eval_model_args(model: ModelSpec, model_path: str, routers: str | None = None) -> dict[str, Any]:
+def eval_model_args(model: ModelSpec, model_path: str, routers: str | None = None,
+                    reference: str | None = None) -> dict[str, Any]:
     """`--model cru` arguments for a model spec, in its scoring dtype (`models.model_dtype`: `auto` is the
     model's own checkpoint's, whatever dtype `model_path` was saved in). Scoring in bf16/fp16 keeps the
     log-softmax in float32: lm-eval computes it in the model's dtype by default, which rounds log-probs to a few
@@ -108,13 +109,15 @@ def eval_model_args(model: ModelSpec, model_path: str, routers: str | None = Non
         args["parallelize"] = True  # lm-eval's HF loader: device_map="auto" over the visible GPUs
     if routers:
         args["routers"] = routers
+    if reference:
+        args["reference"] = reference   # the TOFU privacy tasks' reference attack
     if model.trust_remote_code:
         args["trust_remote_code"] = True
     return args
 
 
 def run_lmeval(model: ModelSpec, model_path: str, tasks: list[str], out: Path, *, routers: str | None = None,
-               data_dir=None, targets: str | None = None, limit: int | None = None, batch_size=8,
+               reference: str | None = None, data_dir=None, targets: str | None = None, limit: int | None = None, batch_size=8,
                device: str = "cpu", chat_template: bool = False, gen_kwargs: dict | None = None,
                presets: dict | None = None, metadata: dict | None = None) -> dict:
     """One `simple_evaluate` on the project's tasks, saved under `out` as `lm_eval --log_samples` saves it.
@@ -143,7 +146,7 @@ def run_lmeval(model: ModelSpec, model_path: str, tasks: list[str], out: Path, *
     tracker = EvaluationTracker(output_path=str(out))
     with explain_out_of_memory(f"lm-eval at batch size {batch_size}", SMALLER_EVALUATION):
         results = lm_eval.simple_evaluate(
-            model="cru", model_args=eval_model_args(model, model_path, routers), tasks=tasks, limit=limit,
+            model="cru", model_args=eval_model_args(model, model_path, routers, reference), tasks=tasks, limit=limit,
             batch_size=batch_size, device=device, log_samples=True,
             task_manager=TaskManager(include_path=tasks_dir(), include_defaults=False, metadata=metadata or None),
             apply_chat_template=chat_template, gen_kwargs=gen_kwargs, evaluation_tracker=tracker,

@@ -147,6 +147,21 @@ def method_context(cell: Cell, model_path: str, workdir: Path, data_dir, outcome
                        load_model=lambda path: load_model(path, cell), device=cell_device(cell))
 
 
+def privacy_reference(cell: Cell, retain_result: dict | None, outcome: dict) -> str | None:
+    """The reference model of the TOFU privacy tasks' reference attack: the cell's retain oracle (open-unlearning's
+    TOFU config names the retain model), when the cell runs a privacy task and the oracle's checkpoint is on this
+    machine. Recorded in `details.privacy_reference` either way, so a missing AUC says why."""
+    if not any(task.startswith("tofu_privacy_") for task in cell.tasks) or cell.kind in ("retain", "finetune"):
+        return None
+    path = ((retain_result or {}).get("artifacts") or {}).get("model")
+    if path and Path(path).is_dir():
+        outcome["details"]["privacy_reference"] = {"model": path, "source": f"retain cell {retain_result.get('hash')}"}
+        return path
+    outcome["details"]["privacy_reference"] = {
+        "model": None, "reason": "no retain cell checkpoint on this machine: the reference attack was not run"}
+    return None
+
+
 def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None,
                  base_path: str | None = None, attacked_result: dict | None = None) -> dict:
     """Train (if the cell's method trains), evaluate with lm-eval + the `cru` model, score. See module doc.
@@ -194,7 +209,8 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
                                         "attack_label": cell.label.removeprefix(f"{label} + ")}
     chat = use_chat_template(cell, model_path)
     outcome["details"]["prompting"] = {"apply_chat_template": chat, "presets": protocol_presets(cell.evaluation)}
-    evaluation = evaluate_cell(cell, model_path, routers, workdir, data_dir, chat)
+    reference = privacy_reference(cell, retain_result, outcome)
+    evaluation = evaluate_cell(cell, model_path, routers, workdir, data_dir, chat, reference=reference)
     outcome["artifacts"].update(evaluation["artifacts"])
     outcome["resources"]["eval_wall_time_s"] = evaluation["wall_time_s"]
     if evaluation["tasks_unavailable"]:

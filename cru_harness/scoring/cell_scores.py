@@ -73,6 +73,7 @@ def forget_items_from_result(result: dict, forget_task: str) -> list[dict] | Non
 #: vs holdout; memorization on the forget set: docs/protocol.md).
 PRIVACY_METRICS = {"mia_loss": "mia_auc_loss", "mia_zlib": "mia_auc_zlib", "mia_min_k": "mia_auc_min_k",
                    "mia_min_k_plus_plus": "mia_auc_min_k_plus_plus", "mia_gradnorm": "mia_auc_gradnorm",
+                   "mia_reference": "mia_auc_reference",
                    "exact_memorization": "exact_memorization",
                    "extraction_strength": "extraction_strength"}
 #: The attack privleak compares with the retain oracle's (open-unlearning's default: Min-K% at k = 0.4).

@@ -36,7 +36,7 @@ from lm_eval.api.task import ConfigurableTask
 from cru_harness import metrics as M
 from cru_harness.lmeval.metadata import check_metadata_keys
 # `cru` scores a continuation ending in EOS_MARKER with the tokenizer's EOS id appended (TOFU counts EOS).
-from cru_harness.protocol import EOS_MARKER, GRADNORM_MARKER, JOINT_MARKER, has_token_stats, max_length_marker, template_date
+from cru_harness.protocol import EOS_MARKER, MIA_MARKER, JOINT_MARKER, has_token_stats, max_length_marker, template_date
 from cru_harness.lmeval.dataset import QuietCustomDataset
 from cru_harness.lmeval.request_cache import UncachedRequests
 from cru_harness import prompts as P
@@ -346,7 +346,7 @@ def _pop_chat_template(kwargs: dict):
 PRIVACY_HOLDOUT = {"forget01_perturbed": "holdout01", "forget05_perturbed": "holdout05",
                    "forget10_perturbed": "holdout10"}
 PRIVACY_SETS = ("forget", "holdout")   # labels 0 and 1 (open-unlearning mia/utils.py:mia_auc)
-PRIVACY_ATTACKS = ("mia_loss", "mia_zlib", "mia_min_k", "mia_min_k_plus_plus", "mia_gradnorm")
+PRIVACY_ATTACKS = ("mia_loss", "mia_zlib", "mia_min_k", "mia_min_k_plus_plus", "mia_gradnorm", "mia_reference")
 PRIVACY_MEMORIZATION = ("exact_memorization", "extraction_strength")
 
 
@@ -409,6 +409,9 @@ def process_privacy_results(doc: dict, results: list) -> dict[str, list]:
                                                                 M.without_eos(result.token_sigma))],
         # None: a result computed without the marker (a cached one); the AUC is then NaN, never a wrong number
         "mia_gradnorm": [label, math.nan if getattr(result, "gradnorm", None) is None else result.gradnorm],
+        # NaN without a reference model (`--model_args reference=...`): no AUC rather than a wrong one
+        "mia_reference": [label, math.nan if getattr(result, "reference_loss", None) is None
+                          else M.loss_attack(lp) - result.reference_loss],
         "exact_memorization": [label, None if em is None else float(em)],
         "extraction_strength": [label, float(M.extraction_strength(greedy))],
     }
@@ -451,8 +454,8 @@ class TOFUPrivacyTask(TOFUTask):
 
     def construct_requests(self, doc: dict, ctx: str, **kwargs) -> list[Instance]:
         chat_template = _pop_chat_template(kwargs)
-        # GRADNORM_MARKER: `cru` adds the text's GradNorm score (a backward pass) to the result
-        return self.likelihood_requests(doc, ctx, [doc["answer"]], chat_template, start=0, marker=GRADNORM_MARKER,
+        # MIA_MARKER: `cru` adds the text's GradNorm score (a backward pass), and with `reference=` that model's loss
+        return self.likelihood_requests(doc, ctx, [doc["answer"]], chat_template, start=0, marker=MIA_MARKER,
                                         **kwargs)
 
 
