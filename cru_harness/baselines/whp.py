@@ -263,5 +263,5 @@ class WHPMethod(BaselineMethod):
 
 #: The runner's view of it (entry point `cru_harness.methods`: WHP).
 METHOD = WHPMethod(WHP, "WHP", "Who's Harry Potter (MUSE): logits v_b - alpha * ReLU(v_r - v_b) of the starting "
-                               "model and a model reinforced on the forget set", order=60)
+                               "model and a model reinforced on the forget set", order=59)
 METHOD.needs = ("the starting model at evaluation (two models served)",)
