@@ -209,16 +209,20 @@ class WHPModel(torch.nn.Module):
         caches: list = [None, None]
         unfinished = torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         models = (self.baseline, self.reinforced)
-        # transformers 5 names the KV cache `cache`, earlier versions `past_key_values`
-        cache_names = ["cache" if "cache" in inspect.signature(m.forward).parameters else "past_key_values"
-                       for m in models]
+        # transformers 5 names the KV cache `cache`, earlier versions `past_key_values`; only the last position's
+        # logits are needed (HF's `logits_to_keep`, where the model takes it: a prompt's [T, V] logits are large)
+        extra = []
+        for model in models:
+            parameters = inspect.signature(model.forward).parameters
+            extra.append(("cache" if "cache" in parameters else "past_key_values",
+                          {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}))
         while ids.shape[1] < max_length:
             last = []
             for i, model in enumerate(models):
                 out = model(input_ids=step_ids.to(model.device), attention_mask=mask.to(model.device),
                             position_ids=step_positions.to(model.device), use_cache=use_cache,
-                            **{cache_names[i]: caches[i]})
-                caches[i] = getattr(out, cache_names[i]) if use_cache else None
+                            **{extra[i][0]: caches[i]}, **extra[i][1])
+                caches[i] = getattr(out, extra[i][0]) if use_cache else None
                 last.append(out.logits[:, -1])
             next_tokens = whp_logits(last[0], last[1], self.alpha).argmax(-1).to(ids.device)
             if len(eos_ids) and pad_token_id is not None:   # a finished sequence grows by padding
