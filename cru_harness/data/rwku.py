@@ -66,8 +66,6 @@ REQUIRED_FIELDS = {
     "forget_level1": ("query", "answer"), "forget_level2": ("query", "answer"), "forget_level3": ("query", "answer", "type"),
     "neighbor_level1": ("query", "answer"), "neighbor_level2": ("query", "answer"),
     "forget_mia": ("text",), "retain_mia": ("text",), "passage": ("text",),
-    "pair": ("prompt", "response"), "pair_phi": ("prompt", "response"),
-    "reject": ("instruction", "output"), "reject_phi": ("instruction", "output"),
 }
 #: RWKU's LLaMA-Factory corpora read as training rows with their own `alternate` answer (`corpus_row`).
 ALTERNATE_KINDS = ("pair", "pair_phi", "reject", "reject_phi")
@@ -204,6 +202,9 @@ def corpus_row(kind: str, row: dict, index: int, origin: str) -> dict:
     no true answer; RT trains on the alternate only)."""
     from ..prompts import RWKU_INSTRUCTION_PROBE
 
+    needed = ("prompt", "response") if kind.startswith("pair") else ("instruction", "output")
+    if missing := [field for field in needed if row.get(field) is None]:
+        raise DataSourceError(f"{origin} row {index} lacks field(s) {', '.join(missing)}")
     if kind.startswith("pair"):
         response = row["response"]
         if not (isinstance(response, list) and len(response) == 2 and all(isinstance(r, str) and r.strip()
