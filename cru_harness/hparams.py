@@ -74,7 +74,7 @@ HPARAM_BOUNDS: dict[str, dict[str, Any]] = {
     # the baselines beyond the paper's (each dataclass checks these too)
     "layer": dict(low=0, integer=True), "steering_coeff": dict(above=0), "lr_decay": dict(above=0, high=1),
     "beta1": dict(low=0), "beta2": dict(low=0), "ignore_first_n_answer_tokens": dict(low=0, integer=True),
-    "scaling_coef": dict(above=0),
+    "scaling_coef": dict(above=0), "whp_alpha": dict(above=0),
 }
 
 

@@ -20,6 +20,8 @@ from .errors import UserError
 
 #: The file that makes a directory a CRU router bundle (`cru.bundle.MANIFEST_NAME` is this name).
 BUNDLE_MANIFEST = "cru_bundle.json"
+#: The file that makes a directory a WHP model (`baselines.whp`): two models whose logits are combined at inference.
+WHP_MANIFEST = "whp.json"
 
 
 class OutputLocationError(UserError, ValueError):
@@ -111,6 +113,7 @@ def check_model_path(path: str | os.PathLike, what: str = "base model") -> str:
     if local.exists():
         if not local.is_dir():
             raise ModelPathError(f"{what} {text} is a file, not a model directory")
+        check_single_checkpoint(text, what)
         if not (local / "config.json").is_file():
             raise ModelPathError(f"{what} directory {text} holds no config.json: not a Hugging Face model "
                                  "checkpoint (save one with save_pretrained)")
@@ -118,6 +121,15 @@ def check_model_path(path: str | os.PathLike, what: str = "base model") -> str:
     if looks_local(text):
         raise ModelPathError(f"{what} {text} does not exist (no such directory)")
     return text
+
+
+def check_single_checkpoint(path: str | os.PathLike, what: str = "model") -> None:
+    """Refuse a WHP directory where one checkpoint is loaded: it holds two models, and only their combined logits
+    are the unlearned model (lm-eval's `cru` model loads the pair)."""
+    if (Path(str(path)).expanduser() / WHP_MANIFEST).is_file():
+        raise ModelPathError(f"{what} {path} is a WHP model (two models whose logits are combined at inference, "
+                             f"{WHP_MANIFEST}): lm-eval's cru model scores it (base={path}); it cannot be loaded, "
+                             "quantized or trained as one checkpoint")
 
 
 def staging_dir(path: str | os.PathLike) -> Path:

@@ -42,7 +42,7 @@ __all__ = [
     "PLAIN_PROMPT", "plain_prompt", "tofu_messages", "render_chat", "QATexts", "qa_texts", "uses_chat", "writes_chat",
     "encode_qa_ids", "encode_text", "adds_special_tokens", "PROMPT_FORMATS", "add_prompt_format_argument",
     "prompt_format_choice", "BENCHMARKS", "RWKU_FB_INSTRUCTION", "RWKU_QA_INSTRUCTION", "RWKU_ANSWER_PREFIX",
-    "RWKU_QUESTION_PROBES", "rwku_probe_prompt", "rwku_plain_prompt", "rwku_qa_texts", "check_benchmark",
+    "RWKU_QUESTION_PROBES", "RWKU_INSTRUCTION_PROBE", "rwku_probe_prompt", "rwku_plain_prompt", "rwku_qa_texts", "check_benchmark",
 ]
 
 TOFU_PRESETS = ("open-unlearning", "legacy")
@@ -67,6 +67,9 @@ RWKU_FB_INSTRUCTION = "Please complete the blank in the following question.\n"
 RWKU_QA_INSTRUCTION = "Please briefly answer the following question.\n"
 RWKU_ANSWER_PREFIX = "Answer:"
 RWKU_QUESTION_PROBES = ("fb", "qa", "aa", "neighbor_fb", "neighbor_qa")
+#: RWKU's own training corpora (LLaMA-Factory's pair / reject files): the prompt is the user turn as it is, with no
+#: instruction line and no answer prefix (LLaMA-Factory's template around `prompt` / `instruction`).
+RWKU_INSTRUCTION_PROBE = "instruction"
 #: The benchmarks whose question format `qa_texts` writes (the benchmark a runner cell evaluates).
 BENCHMARKS = ("tofu", "rwku")
 
@@ -248,7 +251,10 @@ def rwku_probe_prompt(probe: str, query: str, aa_type: str = "") -> tuple[str, s
         return f"{RWKU_QA_INSTRUCTION}{query}\n", RWKU_ANSWER_PREFIX
     if probe in ("qa", "neighbor_qa", "aa"):
         return f"{RWKU_QA_INSTRUCTION}Question: {query}\n", RWKU_ANSWER_PREFIX
-    raise InputError(f"unknown RWKU question probe {probe!r}; valid: {', '.join(RWKU_QUESTION_PROBES)}")
+    if probe == RWKU_INSTRUCTION_PROBE:
+        return query, ""
+    raise InputError(f"unknown RWKU question probe {probe!r}; valid: "
+                     f"{', '.join((*RWKU_QUESTION_PROBES, RWKU_INSTRUCTION_PROBE))}")
 
 
 def rwku_plain_prompt(user: str, prefix: str, system_instruction: str | None = None) -> str:

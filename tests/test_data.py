@@ -130,6 +130,35 @@ def test_corpora_from_files_splits_and_targets(tmp_path, shared_data):
     assert len(load_idontknow(shared_data)) > 10
 
 
+@pytest.mark.shared_data
+def test_rwku_dpo_and_rt_cells_train_on_rwkus_pair_and_reject_files(shared_data):
+    """configs/paper_rwku.yaml's DPO and RT rows read the target's pair / reject files (RWKU's run_dpo.sh and
+    run_rt.sh datasets): DPO prefers response[0] to response[1], RT's alternate is the refusal, and each prompt is the
+    user turn as LLaMA-Factory writes it, without an RWKU probe's instruction."""
+    from cru_harness.data.corpora import row_prompt
+    from cru_harness.prompts import rwku_probe_prompt
+    from cru_harness.runner.config import load_config
+    from cru_harness.runner.plan import build_plan
+
+    config = load_config("configs/paper_rwku.yaml", {"benchmarks": {"rwku": {"targets": "1"}}})
+    cells = {cell.method: cell for cell in build_plan(config) if cell.kind == "method"}
+    assert (cells["DPO"].corpora["forget_corpus"], cells["RT"].corpora["forget_corpus"]) == (
+        "rwku:1:pair_phi", "rwku:1:reject_phi")
+    assert (cells["DPO"].hparams["learning_rate"], cells["RT"].hparams["learning_rate"]) == (5e-6, 4e-7)
+    folder = shared_data / "rwku" / "Target" / "1_Stephen_King"
+    for kind in ("pair", "pair_phi"):
+        raw = json.loads((folder / f"{kind}.json").read_text())
+        rows, _ = load_corpus_rows(f"rwku:1:{kind}", shared_data)
+        assert [(r["question"], r["alternate"], r["answer"]) for r in rows] == [
+            (r["prompt"], r["response"][0], r["response"][1]) for r in raw]
+    for kind in ("reject", "reject_phi"):
+        raw = json.loads((folder / f"{kind}.json").read_text())
+        rows, _ = load_corpus_rows(f"rwku:1:{kind}", shared_data)
+        assert [(r["question"], r["alternate"]) for r in rows] == [
+            (r["instruction"] + (f"\n{r['input']}" if r["input"] else ""), r["output"]) for r in raw]
+    assert rwku_probe_prompt(row_prompt(rows[0])["probe"], rows[0]["question"]) == (rows[0]["question"], "")
+
+
 def test_rwku_question_probes_train_as_question_answer_pairs(tmp_path):
     folder = tmp_path / "Target" / "7_Someone"
     folder.mkdir(parents=True)

@@ -24,7 +24,7 @@ def test_builtins_register_through_their_entry_points():
     from importlib.metadata import entry_points
 
     assert plugins.methods.names() == ["GA", "GD", "GD-KL", "NPO", "NPO-KL", "SimNPO", "IdkDPO", "DPO", "RT", "RMU",
-                                       "LUNAR", "UNDIAL", "SatImp", "WGA", "CE-U", "TaskVector", "CRU", "ICU",
+                                       "LUNAR", "UNDIAL", "SatImp", "WGA", "CE-U", "TaskVector", "WHP", "CRU", "ICU",
                                        "PURGE"]
     assert plugins.benchmarks.names() == ["tofu", "tofu_author", "rwku"]
     assert "identity" in plugins.attacks.names()

@@ -500,7 +500,7 @@ def test_shipped_configs_follow_the_paper():
     assert (cru.hparams["lam"], cru.hparams["percentile"], cru.hparams["d_r"]) == (1, 95, 32)
     rwku = cfg.load_config(REPO / "configs" / "paper_rwku.yaml")
     assert rwku.benchmarks["rwku"]["targets"] == list(range(1, 21))
-    assert {m.method for m in rwku.methods} == {"GA", "GD", "NPO", "SimNPO", "ICU", "PURGE", "CRU"}
+    assert {m.method for m in rwku.methods} == {"GA", "GD", "NPO", "SimNPO", "DPO", "RT", "ICU", "PURGE", "CRU"}
     cru = next(m for m in rwku.methods if m.method == "CRU")
     assert (cru.hparams["lam"], cru.hparams["percentile"], cru.hparams["d_r"]) == (50, 90, 256)
     cells = build_plan(rwku)

@@ -75,19 +75,25 @@ class BaselineMethod(Method):
         config = self.trainer.Config.preset(cell.benchmark, cell.split, **cell.hparams)
         return training_cost(config, cell.corpora["forget_corpus"], cell.benchmark, cell.data_dir, "forget rows")
 
+    def train(self, base_path: str, forget: list[dict], retain: list[dict], config, out, **kwargs):
+        """Train from `base_path` and save to `out` what the evaluation loads (`lm_eval --model cru --model_args
+        base=<out>`); keyword arguments as `baselines.unlearn`'s. The runner and `cru-harness unlearn` call it."""
+        from .api import unlearn
+
+        return unlearn(base_path, None, forget, retain, self.trainer, config, out_dir=out, **kwargs)
+
     def run(self, ctx: CellContext) -> Trained:
         from ..data.corpora import load_corpus_rows
-        from .api import unlearn
 
         cell = ctx.cell
         out = ctx.workdir / "model"
         config = self.trainer.Config.preset(cell.benchmark, cell.split, **cell.hparams)
         forget = load_corpus_rows(cell.corpora["forget_corpus"], ctx.data_dir)[0]
         retain = load_corpus_rows(cell.corpora["retain_corpus"], ctx.data_dir)[0]
-        trained = unlearn(ctx.model_path, None, forget, retain, self.trainer, config, out_dir=out,
-                          seed=cell.seed or 0, data_dir=ctx.data_dir, dtype=ctx.dtype, device=cell.device,
-                          device_map=cell.model.device_map, progress=False, prompt_format=ctx.prompt_format,
-                          trust_remote_code=cell.model.trust_remote_code, overwrite=True)
+        trained = self.train(ctx.model_path, forget, retain, config, out,
+                             seed=cell.seed or 0, data_dir=ctx.data_dir, dtype=ctx.dtype, device=cell.device,
+                             device_map=cell.model.device_map, progress=False, prompt_format=ctx.prompt_format,
+                             trust_remote_code=cell.model.trust_remote_code, overwrite=True)
         ctx.outcome["details"]["training_prompts"] = ctx.prompt_format
         resources = getattr(trained, "resources", None)
         if resources is not None:

@@ -36,4 +36,4 @@ def make_config(name: str, benchmark: str = "tofu", split: str | None = None, **
 
 def _ensure_loaded() -> None:
     from . import (  # noqa: F401  (registration side effects)
-        ceu, dpo, ga, gd, gd_kl, icu, idkdpo, lunar, npo, npo_kl, rmu, rt, satimp, simnpo, task_vector, undial, wga)
+        ceu, dpo, ga, gd, gd_kl, icu, idkdpo, lunar, npo, npo_kl, rmu, rt, satimp, simnpo, task_vector, undial, wga, whp)

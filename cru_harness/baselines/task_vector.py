@@ -27,13 +27,19 @@ _MUSE_FINETUNE = dict(num_epochs=10, learning_rate=1e-5, lr_scheduler="cosine", 
 
 
 @dataclass
-class TaskVectorConfig(BaselineConfig):
-    scaling_coef: float = 5.0    # MUSE --alpha
+class MuseFinetuneConfig(BaselineConfig):
+    """MUSE's fine-tuning recipe (baselines/finetune.py, the scripts' FT_* settings), on every benchmark: the
+    reinforced model of Task Vector and WHP."""
     num_epochs: int = 10
     lr_scheduler: str = "cosine"
     warmup_epochs: float = 0.0
     weight_decay: float = 0.0
     _PRESETS: ClassVar = {("rwku", None): _MUSE_FINETUNE}
+
+
+@dataclass
+class TaskVectorConfig(MuseFinetuneConfig):
+    scaling_coef: float = 5.0    # MUSE --alpha
 
     def __post_init__(self):
         super().__post_init__()
@@ -50,15 +56,19 @@ def negate_task_vector(model, start, scaling_coef: float) -> None:
             param.copy_(p0 - scaling_coef * (param - p0))
 
 
+class Reinforce(UnlearningMethod):
+    """MUSE's `finetune`: NLL on the forget rows, which makes the reinforced model (Task Vector, WHP)."""
+
+    def compute_loss(self, model, batch, ref_model=None):
+        term, value = nll_loss(model, batch["forget"])
+        return term, {"loss": float(term.detach()), "forget_nll": value}
+
+
 @register_method
-class TaskVector(UnlearningMethod):
+class TaskVector(Reinforce):
     name = "task_vector"
     Config = TaskVectorConfig
     needs_ref = True   # the starting weights theta_0, for the subtraction
-
-    def compute_loss(self, model, batch, ref_model=None):
-        term, value = nll_loss(model, batch["forget"])   # reinforce: fine-tune on the forget rows
-        return term, {"loss": float(term.detach()), "forget_nll": value}
 
     def post_train(self, model, ref_model=None):
         if ref_model is None:

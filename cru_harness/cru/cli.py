@@ -175,7 +175,6 @@ def _method_hparams(method, given: dict) -> dict:
 def run_baseline(args: argparse.Namespace, method) -> int:
     """`unlearn --method` for a trainer of `cru_harness.baselines`: its preset for --benchmark (and the TOFU split
     --forget names), `--set` overrides, the same checks before loading, the model saved to --out."""
-    from cru_harness.baselines import unlearn
     from cru_harness.baselines.plugin import BaselineMethod
     from cru_harness.data.tofu import FORGET_SPLITS
     from cru_harness.hparams import check_seed
@@ -202,9 +201,9 @@ def run_baseline(args: argparse.Namespace, method) -> int:
     base_path = check_model_path(resolve_model_path(args.base), what="--base")
     forget_rows = _corpus_rows(args.forget, args.data_dir, "forget")[0]
     retain_rows = _corpus_rows(args.retain, args.data_dir, "retain")[0]
-    result = unlearn(base_path, None, forget_rows, retain_rows, method.trainer, config, out_dir=args.out, seed=seed,
-                     data_dir=args.data_dir, dtype=args.dtype, device=args.device, device_map=args.device_map,
-                     progress=not args.no_progress, prompt_format=fmt, overwrite=args.overwrite)
+    result = method.train(base_path, forget_rows, retain_rows, config, args.out, seed=seed, data_dir=args.data_dir,
+                          dtype=args.dtype, device=args.device, device_map=args.device_map,
+                          progress=not args.no_progress, prompt_format=fmt, overwrite=args.overwrite)
     print(f"saved the {method.name}-unlearned model to {args.out}: {result.optimizer_steps} optimizer steps on "
           f"{result.n_forget} forget and {result.n_retain} retain rows")
     return 0

@@ -95,7 +95,8 @@ def load_corpus_rows(source: str | os.PathLike, data_dir: str | os.PathLike | No
     Sources: a JSON/JSONL file, a TOFU config name (`forget10`, `retain90`), LUNAR's single-author TOFU split
     (`author_K`: author K's 20 rows of `full`; `not_author_K`: the other authors' rows), or `rwku:<targets>:<kind>`
     (`rwku:1:passage`, `rwku:1-3:forget_mia`; a probe kind such as `rwku:101-110:neighbor_level2` gives its
-    `query` + `answer` rows as question/answer pairs). A trailing `[:N]` keeps the first N rows (`rwku:1:passage[:32]`),
+    `query` + `answer` rows as question/answer pairs; `rwku:1:pair` / `rwku:1:reject` give RWKU's DPO / RT rows with
+    their own `alternate` answer, `rwku.corpus_row`). A trailing `[:N]` keeps the first N rows (`rwku:1:passage[:32]`),
     `[A:B]` rows A to B-1 (`full[0:400]`), so a capped corpus is visible in the source string that results
     record. Sources joined by ` + ` are concatenated in order (`retain99[:40] + forget01`: a reduced TOFU
     fine-tuning set of two retain authors and the forget01 authors).
@@ -168,7 +169,7 @@ def load_corpus(source: str | os.PathLike, data_dir: str | os.PathLike | None = 
 
 
 def _rwku_rows(source: str, data_dir) -> tuple[list[dict], str]:
-    from .rwku import PROBE_KINDS, parse_targets
+    from .rwku import ALTERNATE_KINDS, PROBE_KINDS, corpus_row, parse_targets
 
     parts = source.split(":")
     if len(parts) != 3:
@@ -177,4 +178,6 @@ def _rwku_rows(source: str, data_dir) -> tuple[list[dict], str]:
     rows = [row for index in parse_targets(targets) for row in load_target_file(index, kind, data_dir)]
     if kind in PROBE_KINDS:  # trained on as what they ask: the probe's question and its answer
         rows = [{**row, "question": row["query"], "rwku_probe": PROBE_KINDS[kind]} for row in rows]
+    elif kind in ALTERNATE_KINDS:  # RWKU's DPO / RT corpora: the prompt, the answer and the preferred answer
+        rows = [corpus_row(kind, row, i, f"RWKU {targets} {kind}") for i, row in enumerate(rows)]
     return rows, f"RWKU {targets} {kind}"

@@ -67,6 +67,8 @@ REQUIRED_FIELDS = {
     "neighbor_level1": ("query", "answer"), "neighbor_level2": ("query", "answer"),
     "forget_mia": ("text",), "retain_mia": ("text",), "passage": ("text",),
 }
+#: RWKU's LLaMA-Factory corpora read as training rows with their own `alternate` answer (`corpus_row`).
+ALTERNATE_KINDS = ("pair", "pair_phi", "reject", "reject_phi")
 # Fields that arrive as Python-literal strings ("['a', 'b']") in some copies of RWKU's utility sets.
 _LITERAL_FIELDS = ("choices", "examples", "answers", "mc1_targets", "mc2_targets")
 
@@ -187,6 +189,35 @@ def load_target_file(target: int | str | RWKUTarget, kind: str,
         if missing:
             raise DataSourceError(f"RWKU target {resolved.folder} {kind} row {index} lacks field(s) {', '.join(missing)}")
     return [_parse_literals(row) for row in rows]
+
+
+def corpus_row(kind: str, row: dict, index: int, origin: str) -> dict:
+    """A pair / reject row (`ALTERNATE_KINDS`) as a training row: `question`, `answer`, its own `alternate` answer,
+    asked as the user turn it is (`rwku_probe` "instruction").
+
+    RWKU's LLaMA-Factory reads them by data/dataset_info.json: a pair file is a ranking set, `prompt` with `response`
+    = [chosen, rejected], and the DPO stage prefers response[0] (an invented biography) to response[1] (the model's
+    own, true one): answer = response[1], alternate = response[0]. A reject file is an SFT set, `instruction` (+ "\n"
+    + `input` when there is one) -> `output`, a refusal: alternate = output, and answer = output too (the file holds
+    no true answer; RT trains on the alternate only)."""
+    from ..prompts import RWKU_INSTRUCTION_PROBE
+
+    needed = ("prompt", "response") if kind.startswith("pair") else ("instruction", "output")
+    if missing := [field for field in needed if row.get(field) is None]:
+        raise DataSourceError(f"{origin} row {index} lacks field(s) {', '.join(missing)}")
+    if kind.startswith("pair"):
+        response = row["response"]
+        if not (isinstance(response, list) and len(response) == 2 and all(isinstance(r, str) and r.strip()
+                                                                          for r in response)):
+            raise DataSourceError(f"{origin} row {index}: `response` must be [chosen, rejected] texts, got "
+                                  f"{str(response)[:80]!r}")
+        question, answer, alternate = row["prompt"], response[1], response[0]
+    else:
+        extra = row.get("input") or ""
+        question = row["instruction"] + (f"\n{extra}" if extra else "")
+        answer = alternate = row["output"]
+    return {**row, "question": question, "answer": answer, "alternate": alternate,
+            "rwku_probe": RWKU_INSTRUCTION_PROBE}
 
 
 def _missing_kind_message(target: RWKUTarget, kind: str, where) -> str:

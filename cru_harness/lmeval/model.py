@@ -307,6 +307,17 @@ def _load_bundle(entry):
     return RouterBundle.from_pretrained(Path(entry).expanduser())
 
 
+def read_whp_dir(pretrained):
+    """The manifest of a WHP directory given as the base (`baselines.whp.read_whp`), else None."""
+    from cru_harness.locations import WHP_MANIFEST
+
+    if not isinstance(pretrained, (str, Path)) or not (Path(pretrained).expanduser() / WHP_MANIFEST).is_file():
+        return None
+    from cru_harness.baselines.whp import read_whp
+
+    return read_whp(pretrained)
+
+
 def token_stats(logp: torch.Tensor, tokens: torch.Tensor):
     """Per position of `logp` [n, V] (log-probs) and `tokens` [n]: (log p(token), mu, sigma) as float32 lists.
 
@@ -339,6 +350,17 @@ class CRULM(HFLM):
         from cru_harness.testbed.names import resolve_model_path
 
         pretrained = resolve_model_path(pretrained)   # a testbed name (zoo:llama:finetuned, smollm2): its directory
+        # A WHP directory (`baselines.whp`): HFLM loads its reinforced model, `_create_model` adds the baseline
+        self._whp = read_whp_dir(pretrained)
+        if self._whp is not None:
+            if routers is not None:
+                raise ModelArgumentError(f"cru model: {pretrained} is a WHP model; router bundles attach to one "
+                                         "base, so leave routers out")
+            from cru_harness.locations import check_model_path
+
+            self._whp_dir = str(pretrained)
+            self._whp_baseline = check_model_path(resolve_model_path(self._whp.baseline), what="WHP baseline model")
+            pretrained = str(Path(pretrained).expanduser() / self._whp.reinforced)
         check_arguments(kwargs)
         check_boolean_arguments(kwargs)
         # HFLM takes the device of a model object it is given as is
@@ -378,6 +400,18 @@ class CRULM(HFLM):
             self.bundles = bundles
             self.router_sources = [str(e) if isinstance(e, (str, Path)) else repr(e) for e in entries]
             self._attach()
+
+    def _create_model(self, pretrained, **kwargs) -> None:
+        """HFLM's loading; for a WHP directory it loads the baseline the same way (dtype, device map, ...) and
+        serves the pair (`baselines.whp.WHPModel`): loglikelihood and generation see the combined logits."""
+        super()._create_model(pretrained, **kwargs)
+        if self._whp is None:
+            return
+        from cru_harness.baselines.whp import WHPModel
+
+        reinforced = self._model
+        super()._create_model(self._whp_baseline, **kwargs)
+        self._model = WHPModel(self._model, reinforced, self._whp.alpha)
 
     def _get_config(self, pretrained, **kwargs) -> None:   # HFLM's own (lm-eval 0.4.13, pinned), narrowed
         try:
@@ -779,6 +813,12 @@ class CRULM(HFLM):
             base = {"path": str(path.resolve()), "files": directory_stamp(path)}
         else:
             base = {"hub": str(self.pretrained), "revision": self.revision}
+        if self._whp is not None:   # the pair: the baseline (and alpha) decide the logits too
+            from cru_harness.fingerprints import directory_stamp
+
+            baseline = Path(self._whp.baseline).expanduser()
+            base = {**base, "whp": {"alpha": self._whp.alpha, "baseline": {"path": str(baseline.resolve()), "files":
+                    directory_stamp(baseline)} if baseline.is_dir() else {"hub": self._whp.baseline}}}
         return {"base": base, "routers": [bundle.digest() for bundle in self.bundles],
                 "dtype": str(self.model.dtype), "softmax_dtype": str(self.softmax_dtype),
                 "add_bos_token": self.add_bos_token, "max_length": self.max_length}
@@ -808,6 +848,8 @@ class CRULM(HFLM):
     def get_model_info(self) -> dict[str, Any]:
         info = super().get_model_info()
         info["cru_routers"] = list(self.router_sources)
+        if self._whp is not None:
+            info["cru_whp"] = {"directory": self._whp_dir, "baseline": self._whp.baseline, "alpha": self._whp.alpha}
         # the default; a task's preset may render with its own date (protocol.template_date), recorded in its metadata
         info["cru_pinned_date"] = pinned_template_kwargs()["date_string"]
         return info
