@@ -14,8 +14,10 @@ from collections.abc import Mapping
 
 from cru_harness.errors import InputError
 
-#: Read by the TOFU tasks (tasks/tofu/utils.py); `tofu_config` comes from each task's YAML, not the metadata.
-TOFU_METADATA_KEYS = ("tofu_preset", "tofu_model_family")
+#: Read by the TOFU tasks (tasks/tofu/utils.py); `tofu_config` comes from each task's YAML, not the metadata. The
+#: `tofu_icl_*` keys: the in-context attack's task variants (`tofu_forgetXX_in_context`): k, the slice, its seed.
+TOFU_METADATA_KEYS = ("tofu_preset", "tofu_model_family", "tofu_icl_k", "tofu_icl_slice_fraction",
+                      "tofu_icl_slice_size", "tofu_icl_seed")
 #: Read by the RWKU tasks (tasks/rwku/utils.py); `rwku_probe` comes from each task's YAML, not the metadata.
 RWKU_METADATA_KEYS = ("rwku_targets", "rwku_items_per_target", "rwku_utility_missing", "rwku_preset",
                       "rwku_newline_stop")
@@ -25,6 +27,8 @@ METADATA_KEYS = ("data_dir",) + TOFU_METADATA_KEYS + RWKU_METADATA_KEYS
 SUITE_PREFIXES = ("tofu_", "rwku_")
 #: Set by each task's YAML (`dataset_kwargs`), never by the metadata: the task one runs chooses them.
 TASK_KEYS = {"tofu_config": "the TOFU task chooses the split (tofu_forget01, tofu_forget10, tofu_retain, ...)",
+             "tofu_variant": "the TOFU task chooses the attack variant (tofu_forget10_paraphrase, "
+                             "tofu_forget10_in_context, ...)",
              "rwku_probe": "the RWKU task chooses the probe (rwku_fb, rwku_qa, rwku_aa, rwku_mia, ...)"}
 
 

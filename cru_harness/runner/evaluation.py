@@ -70,16 +70,17 @@ def model_uses_chat_template(model: ModelSpec, evaluation: dict, model_path: str
 
 
 def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Path, data_dir,
-                  chat_template: bool) -> dict:
+                  chat_template: bool, metadata: dict | None = None) -> dict:
     """lm-eval `simple_evaluate` with the `cru` model on the cell's tasks; its outputs are saved under
-    workdir/lmeval exactly as `lm_eval --output_path ... --log_samples` saves them (what the scorers read)."""
+    workdir/lmeval exactly as `lm_eval --output_path ... --log_samples` saves them (what the scorers read).
+    `metadata`: more lm-eval metadata for the tasks (an attack's `task_metadata`)."""
     out = workdir / "lmeval"
     tasks, unavailable = rwku_tasks_with_data(cell, data_dir)
     t0 = time.perf_counter()
     run_lmeval(cell.model, model_path, tasks, out, routers=routers, data_dir=data_dir,
                targets=None if cell.target is None else str(cell.target), limit=cell.limit,
                batch_size=cell.evaluation.get("batch_size", 8), device=cell_device(cell), chat_template=chat_template,
-               **lmeval_settings(cell.evaluation))
+               metadata=metadata, **lmeval_settings(cell.evaluation))
     return {"output_dir": out, "wall_time_s": time.perf_counter() - t0, "artifacts": {"lmeval": str(out)},
             "tasks_unavailable": unavailable}
 
@@ -113,10 +114,10 @@ def eval_model_args(model: ModelSpec, model_path: str, routers: str | None = Non
 def run_lmeval(model: ModelSpec, model_path: str, tasks: list[str], out: Path, *, routers: str | None = None,
                data_dir=None, targets: str | None = None, limit: int | None = None, batch_size=8,
                device: str = "cpu", chat_template: bool = False, gen_kwargs: dict | None = None,
-               presets: dict | None = None) -> dict:
+               presets: dict | None = None, metadata: dict | None = None) -> dict:
     """One `simple_evaluate` on the project's tasks, saved under `out` as `lm_eval --log_samples` saves it.
     `targets`: RWKU targets (lm-eval metadata `rwku_targets`); `limit` on RWKU = rows per file and target;
-    `presets`: `protocol_presets(...)` (default: the default presets)."""
+    `presets`: `protocol_presets(...)` (default: the default presets); `metadata`: more task metadata."""
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
@@ -126,7 +127,9 @@ def run_lmeval(model: ModelSpec, model_path: str, tasks: list[str], out: Path, *
     register()
     # The tasks read their data and targets from lm-eval's metadata; it must go to the TaskManager (simple_evaluate's
     # own `metadata=` is only used when it builds the TaskManager itself).
+    extra = metadata or {}
     metadata: dict[str, Any] = {k: v for k, v in (presets or protocol_presets({})).items() if v is not None}
+    metadata.update(extra)
     if targets is not None:
         metadata["rwku_targets"] = targets
     if data_dir:
