@@ -40,7 +40,8 @@ class PromptAttack(Attack):
         return variant_tasks(tasks, self.variant)
 
     def run(self, ctx: CellContext) -> Trained:
-        variants = [task for task in ctx.cell.tasks if task.endswith(f"_{self.variant}")]
+        # a runner cell has its tasks (`cru-harness attack` evaluates nothing)
+        variants = [task for task in getattr(ctx.cell, "tasks", ()) if task.endswith(f"_{self.variant}")]
         ctx.outcome["details"][self.name] = {
             "variant_tasks": variants,
             "task_metadata": self.task_metadata(ctx.cell.extra["attack"]["settings"], ctx.cell.seed),
