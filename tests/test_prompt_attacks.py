@@ -234,6 +234,7 @@ def test_prompt_attack_cells_through_the_executor_score_the_variant_as_the_forge
         samples = next(Path(outcome["artifacts"]["lmeval"]).rglob(f"samples_{forget_task}_*.jsonl"))
         prompts = [json.loads(line)["arguments"]["gen_args_0"]["arg_0"] for line in samples.read_text().splitlines()]
         questions = outcome["per_item"]["forget_question"]
+        assert len(outcome["per_item"]["forget_rouge_l"]) == len(questions)   # what the robustness table reads
         if attack == "in_context":   # the first two held-out items, each after two pairs
             assert questions == [rows[i]["question"] for i in held_out[:2]]
             assert all(p.count("Question: ") == 3 for p in prompts)
@@ -257,3 +258,46 @@ def test_rwku_cells_report_the_adversarial_probe_per_attack_type_of_their_target
             sample(2, "role play", 1.0)]
     assert aa_types(rows, 1) == {"reverse query": {"n": 1, "rouge_l_recall": 0.5},
                                  "role play": {"n": 2, "rouge_l_recall": 0.5}}
+
+
+def _cell(label, kind, rouge, *, attack=None, attacked=None, shown=(), seed=0):
+    """A TOFU cell's result with per-item ROUGE-L on questions q0..q3 (`rouge`: one value per question)."""
+    questions = [f"q{i}" for i in range(len(rouge))]
+    result = {"hash": f"{label}-{seed}", "status": "ok", "kind": kind, "label": label, "method": label, "model": "m",
+              "benchmark": "tofu", "split": "forget01", "target": None, "seed": seed,
+              "metrics": {"forget_rouge_l": sum(rouge) / len(rouge)},
+              "per_item": {"forget_question": questions, "forget_rouge_l": list(rouge)}}
+    if attack:
+        result["details"] = {"attack": {"name": attack, "attacked": attacked["hash"], "attack_label": attack,
+                                        "attacked_label": attacked["label"], "attacked_kind": attacked["kind"]},
+                             attack: {"slice_questions": list(shown)}}
+    return result
+
+
+def test_the_robustness_table_reads_every_number_on_the_attacks_held_out_items():
+    """in_context scores q2, q3 only; relearn scores all four but trained on q0, q1. Each row compares Original,
+    the unlearned row and the attacked row on q2, q3: recovery (0.6 - 0.2) / (1.0 - 0.2) = 0.5 for both, where the
+    cells' means (slice items included) would give other numbers."""
+    from cru_harness.reporting import tables
+
+    original = _cell("Original", "original", [0.0, 0.0, 1.0, 1.0])
+    ga = _cell("GA", "method", [1.0, 1.0, 0.2, 0.2])
+    retain = _cell("Retain", "retain", [0.5, 0.5, 0.1, 0.1])
+    icl = _cell("GA + in_context", "attack", [0.6, 0.6], attack="in_context", attacked=ga)
+    icl["per_item"]["forget_question"] = ["q2", "q3"]
+    relearned = _cell("GA + relearn", "attack", [1.0, 1.0, 0.6, 0.6], attack="relearn", attacked=ga,
+                      shown=["q0", "q1"])
+    oracle = _cell("Retain + relearn", "attack", [1.0, 1.0, 0.3, 0.3], attack="relearn", attacked=retain,
+                   shown=["q0", "q1"])
+    rows = {r["attack"]: r for r in tables.robustness_rows([original, ga, retain, icl, relearned, oracle], "tofu")}
+    for attack in ("in_context", "relearn"):
+        row = rows[attack]
+        assert (row["original"], row["before"], row["after"]) == pytest.approx((1.0, 0.2, 0.6))
+        assert row["recovery"].score == pytest.approx(0.5) and row["items"] == "held out"
+    assert rows["relearn"]["recovery"].oracle_score == pytest.approx((0.3 - 0.1) / 0.8)
+    assert rows["in_context"]["recovery"].oracle_score is None   # no oracle cell under this attack
+    # cells without per-item values (older results, RWKU) are read on their means, as before
+    for cell in (original, ga, retain, icl, relearned, oracle):
+        del cell["per_item"]
+    plain = {r["attack"]: r for r in tables.robustness_rows([original, ga, retain, icl, relearned, oracle], "tofu")}
+    assert plain["relearn"]["items"] == "all" and plain["relearn"]["before"] == pytest.approx(0.6)

@@ -485,7 +485,9 @@ def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
     """One row per (model, unit, attacked row, attack): the benchmark's recovery metric before and after the attack
     (means over seeds, and RWKU targets), the recovery score (`metrics.recovery`: the share of the Original-to-
     unlearned gap the attack closes) and, beside it, the retain oracle's change under the same attack on the same
-    scale. Empty when the benchmark names no recovery metric or the run has no attack cells."""
+    scale. Where the cells carry the metric per item (TOFU), every number of a row is read on the items the attack
+    cell scored and did not show the model (`_held_out`), so that all four compare the same items; otherwise on
+    the cells' means. Empty when the benchmark names no recovery metric or the run has no attack cells."""
     from ..metrics.recovery import recovery_score
 
     view = benchmark_view(benchmark)
@@ -493,6 +495,8 @@ def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
     if metric is None:
         return []
     values: dict[tuple, list[float]] = defaultdict(list)   # (model, unit, label) -> metric per cell
+    cells: dict[tuple, list[dict]] = defaultdict(list)     # (model, unit, label) -> its cells
+    by_hash: dict[str, dict] = {}
     attacked: dict[tuple, dict] = {}                        # (model, unit, attacked label, attack label) -> info
     for r in results:
         if r.get("benchmark") != benchmark or r.get("status") != "ok" or r.get("kind") == "finetune":
@@ -502,6 +506,8 @@ def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
             continue
         unit = view.row_unit(r)
         values[(r["model"], unit, r["label"])].append(value)
+        cells[(r["model"], unit, r["label"])].append(r)
+        by_hash[r.get("hash")] = r
         info = (r.get("details") or {}).get("attack")
         if r.get("kind") == "attack" and info:
             attacked[(r["model"], unit, info["attacked_label"], info["attack_label"])] = info
@@ -510,17 +516,66 @@ def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
     for (model, unit, label, attack), info in sorted(attacked.items(), key=lambda kv: [str(k) for k in kv[0]]):
         if info.get("attacked_kind") == "retain":
             continue   # the oracle is each row's control, not a row
-        before, after = mean.get((model, unit, label)), mean.get((model, unit, f"{label} + {attack}"))
-        original = mean.get((model, unit, "Original"))
-        oracle, oracle_after = mean.get((model, unit, "Retain")), mean.get((model, unit, f"Retain + {attack}"))
+        originals = cells.get((model, unit, "Original")) or [None]
+        paired = _on_held_out(cells[(model, unit, f"{label} + {attack}")], by_hash, originals[0], metric)
+        oracle_pair = _on_held_out(cells.get((model, unit, f"Retain + {attack}"), []), by_hash, None, metric)
+        if paired is not None:
+            original, before, after = paired
+            oracle, oracle_after = oracle_pair[1:] if oracle_pair is not None else (None, None)
+        else:
+            before, after = mean.get((model, unit, label)), mean.get((model, unit, f"{label} + {attack}"))
+            original = mean.get((model, unit, "Original"))
+            oracle, oracle_after = mean.get((model, unit, "Retain")), mean.get((model, unit, f"Retain + {attack}"))
         if oracle is None or oracle_after is None:
             oracle = oracle_after = None
         score = None
         if None not in (before, after, original):
             score = recovery_score(original, before, after, oracle=oracle, oracle_attacked=oracle_after)
         rows.append({"model": model, "unit": unit, "label": label, "attack": attack, "metric": metric,
-                     "original": original, "before": before, "after": after, "recovery": score})
+                     "original": original, "before": before, "after": after, "recovery": score,
+                     "items": "held out" if paired is not None else "all"})
     return rows
+
+
+def _held_out(result: dict) -> set[str] | None:
+    """The forget questions an attack cell's recovery is read on: those it scored, less those its attack showed the
+    model (`details.<attack>.slice_questions`: relearn's training slice); None without per-item questions."""
+    asked = (result.get("per_item") or {}).get("forget_question")
+    if not asked:
+        return None
+    details = result.get("details") or {}
+    shown = (details.get((details.get("attack") or {}).get("name")) or {}).get("slice_questions") or ()
+    return set(asked) - set(shown)
+
+
+def _item_mean(result: dict | None, metric: str, questions: set[str]) -> float | None:
+    """A cell's per-item `metric` (`per_item[metric]`, beside `forget_question`) averaged over `questions`."""
+    per_item = (result or {}).get("per_item") or {}
+    values, asked = per_item.get(metric), per_item.get("forget_question")
+    if not values or not asked or len(values) != len(asked):
+        return None
+    kept = [v for q, v in zip(asked, values) if q in questions and stats.is_number(v)]
+    return statistics.fmean(kept) if kept else None
+
+
+def _on_held_out(attack_cells: list[dict], by_hash: dict, original: dict | None, metric: str) -> tuple | None:
+    """(Original, attacked, attack) on each attack cell's held-out items (its attacked cell: the one it names),
+    means over the attack's cells (seeds); None unless every number of every cell is there (Original: None when
+    not given, for the oracle's pair)."""
+    triples = []
+    for cell in attack_cells:
+        held = _held_out(cell)
+        source = by_hash.get(((cell.get("details") or {}).get("attack") or {}).get("attacked"))
+        if not held or source is None:
+            return None
+        triple = [None if original is None else _item_mean(original, metric, held), _item_mean(source, metric, held),
+                  _item_mean(cell, metric, held)]
+        if None in triple[1:] or (original is not None and triple[0] is None):
+            return None
+        triples.append(triple)
+    if not triples:
+        return None
+    return tuple(None if column[0] is None else statistics.fmean(column) for column in zip(*triples))
 
 
 def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
@@ -533,7 +588,9 @@ def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
              f"Each attack on each row's model, scored on {metric} (higher = more of the forget set known). Recovery: "
              "the share of the Original-to-unlearned gap the attack closes (0 = nothing comes back, 1 = all of it). "
              "Oracle: what the same attack does to the retain model, on the same scale; recovery beyond it is "
-             "knowledge that was hidden, not removed (docs/protocol.md).", "",
+             "knowledge that was hidden, not removed (docs/protocol.md). Where cells carry per-item values (TOFU), "
+             "each row is read on the forget items its attack cells scored and did not show the model (relearn's "
+             "and in_context's held-out items).", "",
              f"| Model | {benchmark_view(benchmark).table_unit} | Method | Attack | Original | Unlearned | Attacked | "
              "Recovery | Oracle | Excess |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:

@@ -131,7 +131,10 @@ def score_tofu_cell(lmeval_dir: str | Path, *, split: str, retain_items: list[di
     metrics["forget_quality"] = fq["value"]
     forget_rows = [row for row in report["per_item"] if row["task"] == forget_task]
     per_item = {"forget_truth_ratio": [_finite_or_none(r["truth_ratio"]) for r in forget_rows],
-                "forget_question": [r["question"] for r in forget_rows]}
+                "forget_question": [r["question"] for r in forget_rows],
+                # the recovery metrics per item: the robustness table reads them on an attack's held-out items
+                "forget_rouge_l": [_finite_or_none(r["rouge_l_recall"]) for r in forget_rows],
+                "forget_prob": [_finite_or_none(r["probability"]) for r in forget_rows]}
     fm = run["failure_modes"].get(forget_task) or {}
     failure_classes = {"forget": fm["fractions"]} if fm.get("fractions") else {}
     details = {"model_utility": run["model_utility"], "forget_quality": fq,
