@@ -196,6 +196,7 @@ def test_attack_command_says_how_to_evaluate_a_prompt_attack(tmp_path, registere
     record = json.loads((out / "attack_record.json").read_text())
     assert record["attacked_model"] == str(base) and record["evaluate_with"]["tasks_example"] == \
         "tofu_forget10_in_context"
+    assert record["details"]["in_context"]["note"].startswith("the model as it is: evaluate it with")
 
 
 # ------------------------------------------------------------------------------------------- through the runner
@@ -301,3 +302,20 @@ def test_the_robustness_table_reads_every_number_on_the_attacks_held_out_items()
         del cell["per_item"]
     plain = {r["attack"]: r for r in tables.robustness_rows([original, ga, retain, icl, relearned, oracle], "tofu")}
     assert plain["relearn"]["items"] == "all" and plain["relearn"]["before"] == pytest.approx(0.6)
+
+
+def test_prompt_attacks_return_the_model_as_deployed_and_say_when_no_variant_applies(tmp_path):
+    from types import SimpleNamespace
+
+    from cru_harness.api import CellContext
+
+    for tasks, variant in ((("tofu_forget01_paraphrase", "tofu_retain"), True), (("rwku_forget",), False)):
+        cell = SimpleNamespace(tasks=tasks, seed=1, extra={"attack": {"name": "paraphrase", "settings": {}}})
+        ctx = CellContext(cell=cell, model_path="base", workdir=tmp_path, data_dir=None,
+                          outcome={"resources": {}, "details": {}, "artifacts": {}}, chat=False, prompt_format={},
+                          dtype="float32", load_model=None, routers="bundle")
+        trained = paraphrase.ATTACK.run(ctx)
+        assert (trained.model_path, trained.routers) == ("base", "bundle")
+        details = ctx.outcome["details"]["paraphrase"]
+        assert details["variant_tasks"] == (["tofu_forget01_paraphrase"] if variant else [])
+        assert details["note"].endswith("(the identity)") != variant

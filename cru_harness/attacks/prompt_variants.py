@@ -40,13 +40,18 @@ class PromptAttack(Attack):
         return variant_tasks(tasks, self.variant)
 
     def run(self, ctx: CellContext) -> Trained:
-        # a runner cell has its tasks (`cru-harness attack` evaluates nothing)
-        variants = [task for task in getattr(ctx.cell, "tasks", ()) if task.endswith(f"_{self.variant}")]
+        tasks = getattr(ctx.cell, "tasks", None)   # a runner cell's; `cru-harness attack` evaluates nothing
+        variants = [task for task in tasks or () if task.endswith(f"_{self.variant}")]
+        if tasks is None:
+            note = f"the model as it is: evaluate it with the {self.variant} task variants"
+        elif variants:
+            note = f"the model as deployed, asked through the {self.variant} task variants"
+        else:
+            note = (f"no {self.variant} variant of this cell's tasks: the model as deployed, asked as the attacked "
+                    "cell asks it (the identity)")
         ctx.outcome["details"][self.name] = {
             "variant_tasks": variants,
             "task_metadata": self.task_metadata(ctx.cell.extra["attack"]["settings"], ctx.cell.seed),
-            "note": (f"the model as deployed, asked through the {self.variant} task variants" if variants else
-                     f"no {self.variant} variant of this cell's tasks: the model as deployed, asked as the attacked "
-                     "cell asks it (the identity)"),
+            "note": note,
         }
         return Trained(ctx.model_path, routers=ctx.routers)
