@@ -319,3 +319,18 @@ def test_prompt_attacks_return_the_model_as_deployed_and_say_when_no_variant_app
         details = ctx.outcome["details"]["paraphrase"]
         assert details["variant_tasks"] == (["tofu_forget01_paraphrase"] if variant else [])
         assert details["note"].endswith("(the identity)") != variant
+
+
+def test_under_a_limit_the_robustness_table_reads_the_items_every_cell_scored():
+    """The first items of Original (q0-q2) and of the in_context cell (held out: q2, q3) differ: only q2 counts."""
+    from cru_harness.reporting import tables
+
+    original = _cell("Original", "original", [0.0, 0.0, 1.0])
+    ga = _cell("GA", "method", [1.0, 1.0, 0.2, 0.0])
+    icl = _cell("GA + in_context", "attack", [0.6, 0.0], attack="in_context", attacked=ga)
+    icl["per_item"]["forget_question"] = ["q2", "q3"]
+    (row,) = tables.robustness_rows([original, ga, icl], "tofu")
+    assert (row["original"], row["before"], row["after"]) == pytest.approx((1.0, 0.2, 0.6))
+    icl["per_item"]["forget_question"] = ["q3", "q4"]   # nothing in common with Original: no number, no mean
+    (row,) = tables.robustness_rows([original, ga, icl], "tofu")
+    assert (row["original"], row["recovery"]) == (None, None)

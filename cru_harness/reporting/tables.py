@@ -548,31 +548,32 @@ def _held_out(result: dict) -> set[str] | None:
     return set(asked) - set(shown)
 
 
-def _item_mean(result: dict | None, metric: str, questions: set[str]) -> float | None:
-    """A cell's per-item `metric` (`per_item[metric]`, beside `forget_question`) averaged over `questions`."""
+def _item_values(result: dict | None, metric: str) -> dict[str, float] | None:
+    """A cell's per-item `metric` (`per_item[metric]`, beside `forget_question`) by question; None without them."""
     per_item = (result or {}).get("per_item") or {}
     values, asked = per_item.get(metric), per_item.get("forget_question")
     if not values or not asked or len(values) != len(asked):
         return None
-    kept = [v for q, v in zip(asked, values) if q in questions and stats.is_number(v)]
-    return statistics.fmean(kept) if kept else None
+    return {q: v for q, v in zip(asked, values) if stats.is_number(v)}
 
 
 def _on_held_out(attack_cells: list[dict], by_hash: dict, original: dict | None, metric: str) -> tuple | None:
-    """(Original, attacked, attack) on each attack cell's held-out items (its attacked cell: the one it names),
-    means over the attack's cells (seeds); None unless every number of every cell is there (Original: None when
-    not given, for the oracle's pair)."""
+    """(Original, attacked, attack) of each attack cell on its held-out items that every one of the three scored
+    (its attacked cell: the one it names; under `limit` the cells score different first items), means over the
+    attack's cells (seeds). None where a cell has no per-item values (the caller reads the means instead); a
+    number is None where no item is common. `original` None: the oracle's pair, (None, oracle, oracle + attack)."""
     triples = []
     for cell in attack_cells:
         held = _held_out(cell)
         source = by_hash.get(((cell.get("details") or {}).get("attack") or {}).get("attacked"))
-        if not held or source is None:
+        tables = [_item_values(r, metric) for r in ((original,) if original is not None else ()) + (source, cell)]
+        if not held or source is None or None in tables:
             return None
-        triple = [None if original is None else _item_mean(original, metric, held), _item_mean(source, metric, held),
-                  _item_mean(cell, metric, held)]
-        if None in triple[1:] or (original is not None and triple[0] is None):
-            return None
-        triples.append(triple)
+        common = held.intersection(*tables)
+        if not common:
+            return (None, None, None)
+        means = [statistics.fmean(table[q] for q in common) for table in tables]
+        triples.append(means if original is not None else [None] + means)
     if not triples:
         return None
     return tuple(None if column[0] is None else statistics.fmean(column) for column in zip(*triples))
