@@ -116,7 +116,8 @@ def test_in_context_variant_asks_held_out_items_after_k_slice_pairs(tofu_dir):
         pairs = [(shot["question"], shot["answer"]) for shot in doc["shots"]]
         assert len(pairs) == 3 and set(pairs) <= slice_pairs and not {q for q, _ in pairs} & held
         prompt = task.fewshot_context(doc, 0)
-        expected = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in pairs) + f"Question: {doc['question']}\nAnswer:"
+        expected = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in pairs)
+        expected += f"Question: {doc['question']}\nAnswer:"
         assert prompt == expected
     # the scored spans follow the whole prompt
     task.build_all_requests(limit=1, rank=0, world_size=1)
