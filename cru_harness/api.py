@@ -153,6 +153,14 @@ class Attack:
         if self.config is not None:
             self.config(**values)
 
+    def tasks(self, tasks: tuple[str, ...], settings: Mapping[str, Any]) -> tuple[str, ...]:
+        """The tasks its cells evaluate: the attacked cell's, or variants of them (an attack on the prompts)."""
+        return tasks
+
+    def task_metadata(self, settings: Mapping[str, Any], seed: int | None) -> dict[str, Any]:
+        """lm-eval metadata its task variants read (`cru_harness.lmeval.metadata.METADATA_KEYS`); {} for none."""
+        return {}
+
     def run(self, ctx: CellContext) -> Trained:
         raise NotImplementedError(f"{type(self).__name__}.run")
 

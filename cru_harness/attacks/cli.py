@@ -95,7 +95,10 @@ def run_attack(args: argparse.Namespace) -> int:
                            seed=args.seed, hparams={}, corpora={"forget_corpus": args.forget_corpus}, model=model_spec,
                            extra={"attack": {"name": attack.name, "settings": settings}}, device=args.device,
                            evaluation={})
-    if args.forget_corpus is None and "slice_fraction" in attack.settings():
+    # an attack on the prompts names task variants: it leaves the model as it is and needs no forget corpus
+    variant = attack.tasks(("tofu_forget10",), settings)[0]
+    on_prompts = variant != "tofu_forget10"
+    if args.forget_corpus is None and "slice_fraction" in attack.settings() and not on_prompts:
         raise InputError(f"attack {attack.name} trains on forget rows: give --forget-corpus")
     device = str(resolve_device(args.device)) if args.device_map is None else args.device
     outcome = {"resources": {}, "details": {}, "artifacts": {}}
@@ -109,7 +112,15 @@ def run_attack(args: argparse.Namespace) -> int:
     record = {"attack": attack.name, "settings": settings, "model": args.model, "routers": args.routers,
               "attacked_model": attacked.model_path, "attacked_routers": attacked.routers, "seed": args.seed,
               **outcome}
+    if on_prompts:
+        record["evaluate_with"] = {"tasks_example": variant, "metadata": attack.task_metadata(settings, args.seed)}
     (Path(out) / RECORD_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n")
+    if on_prompts:
+        metadata = record["evaluate_with"]["metadata"]
+        flag = f" --metadata '{json.dumps(metadata)}'" if metadata else ""
+        print(f"{attack.name} changes the prompts, not the model: evaluate {args.model} with its task variants "
+              f"(e.g. --tasks {variant}{flag}), or in a run's attacks:; record in {Path(out) / RECORD_FILE}")
+        return 0
     served = f" with routers {attacked.routers}" if attacked.routers else " (no routers)"
     print(f"{attack.name}: attacked model {attacked.model_path}{served}; record in {Path(out) / RECORD_FILE}")
     return 0

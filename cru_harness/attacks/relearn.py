@@ -24,10 +24,10 @@ not trained), and the same routers are served with the relearned base.
 """
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 from ..api import Attack, CellContext, Trained
+from ..data.slices import DEFAULT_SLICE_FRACTION, check_slice_settings, forget_slice
 from ..errors import InputError
 from ..metrics.recovery import held_out_forget_metrics  # noqa: F401 - the held-out scoring's home; named here too
 
@@ -42,7 +42,7 @@ class RelearnConfig:
     held out and the slice settings are unused. The benchmark's placeholders (`{target}`, `{split}`,
     `{retain_split}`) are filled with the attacked cell's. The training fields are
     `cru_harness.finetune.FinetuneConfig`'s."""
-    slice_fraction: float = 0.25
+    slice_fraction: float = DEFAULT_SLICE_FRACTION
     slice_size: int | None = None
     corpus: str | None = None
     learning_rate: float = 1e-5
@@ -54,11 +54,7 @@ class RelearnConfig:
     max_length: int = 512
 
     def __post_init__(self):
-        if not 0 < self.slice_fraction < 1:
-            raise InputError(f"slice_fraction must be in (0, 1), got {self.slice_fraction}")
-        if self.slice_size is not None and (isinstance(self.slice_size, bool) or not isinstance(self.slice_size, int)
-                                            or self.slice_size < 1):
-            raise InputError(f"slice_size must be a positive integer, got {self.slice_size!r}")
+        check_slice_settings(self.slice_fraction, self.slice_size)
         if self.corpus is not None and (not isinstance(self.corpus, str) or not self.corpus.strip()):
             raise InputError(f"corpus must be a corpus source (a TOFU config, JSON/JSONL, rwku:...), got "
                              f"{self.corpus!r}")
@@ -76,17 +72,10 @@ class RelearnConfig:
 
 
 def relearn_slice(n_items: int, config: RelearnConfig, seed: int) -> tuple[list[int], list[int]]:
-    """(slice, held out): sorted item indices of a forget set of `n_items`, drawn with `random.Random(seed)`.
-    At least one item is held out and at least one trained on."""
-    if n_items < 2:
-        raise InputError(f"relearn: the forget set has {n_items} item(s); a slice and held-out items need 2 or more")
-    size = config.slice_size if config.slice_size is not None else round(config.slice_fraction * n_items)
-    if size >= n_items:
-        raise InputError(f"relearn: slice_size {size} leaves no held-out item of the {n_items} forget items")
-    size = max(1, size)
-    chosen = sorted(random.Random(seed).sample(range(n_items), size))
-    taken = set(chosen)
-    return chosen, [i for i in range(n_items) if i not in taken]
+    """(slice, held out): sorted item indices of a forget set of `n_items`, drawn with `random.Random(seed)`
+    (`data.slices.forget_slice`, which `in_context` draws its slice with too). At least one item is held out and at
+    least one trained on."""
+    return forget_slice(n_items, fraction=config.slice_fraction, size=config.slice_size, seed=seed, what="relearn")
 
 
 class RelearnAttack(Attack):

@@ -119,14 +119,15 @@ class TOFU(Benchmark):
 
     def score(self, cell, lmeval_dir, *, data_dir, original_model, retain_result, device, batch_size) -> dict:
         from ..scoring import cell_scores
+        from ..scoring.score import forget_task_for
 
-        forget_task = f"tofu_{cell.split}"
+        forget_task = forget_task_for(cell.split, cell.tasks)   # an attack cell's variant, where it has one
         retain_items = cell_scores.forget_items_from_result(retain_result, forget_task) if retain_result else None
         return cell_scores.score_tofu_cell(lmeval_dir, split=cell.split, retain_items=retain_items,
                                            original_model=original_model, data_dir=data_dir, device=device,
                                            batch_size=batch_size, device_map=cell.model.device_map,
                                            trust_remote_code=cell.model.trust_remote_code,
-                                           retain_result=retain_result)
+                                           retain_result=retain_result, forget_task=forget_task)
 
 
 BENCHMARK = TOFU()

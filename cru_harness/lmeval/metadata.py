@@ -16,18 +16,23 @@ from cru_harness.errors import InputError
 
 #: Read by the TOFU tasks (tasks/tofu/utils.py); `tofu_config` comes from each task's YAML, not the metadata.
 TOFU_METADATA_KEYS = ("tofu_preset", "tofu_model_family")
+#: Read by the in-context attack's TOFU task variants (`tofu_forgetXX_in_context`): k, the slice, its seed.
+TOFU_IN_CONTEXT_KEYS = ("tofu_icl_k", "tofu_icl_slice_fraction", "tofu_icl_slice_size", "tofu_icl_seed")
 #: Read by the RWKU tasks (tasks/rwku/utils.py); `rwku_probe` comes from each task's YAML, not the metadata.
 RWKU_METADATA_KEYS = ("rwku_targets", "rwku_items_per_target", "rwku_utility_missing", "rwku_preset",
                       "rwku_newline_stop")
 #: Every key the project's tasks read from the metadata (`data_dir`: both suites).
 #: Read by the single-author TOFU tasks (tofu_author_forget / _retain): LUNAR's author number, default 1.
 TOFU_AUTHOR_METADATA_KEYS = ("tofu_author",)
-METADATA_KEYS = ("data_dir",) + TOFU_METADATA_KEYS + RWKU_METADATA_KEYS + TOFU_AUTHOR_METADATA_KEYS
+METADATA_KEYS = (("data_dir",) + TOFU_METADATA_KEYS + RWKU_METADATA_KEYS + TOFU_AUTHOR_METADATA_KEYS +
+                 TOFU_IN_CONTEXT_KEYS)
 #: Keys with these prefixes must be in METADATA_KEYS.
 SUITE_PREFIXES = ("tofu_", "rwku_")
 #: Set by each task's YAML (`dataset_kwargs`), never by the metadata: the task one runs chooses them.
 TASK_KEYS = {"tofu_config": "the TOFU task chooses the split (tofu_forget01, tofu_forget10, tofu_retain, ...)",
              "tofu_author_set": "the TOFU task chooses the set (tofu_author_forget, tofu_author_retain)",
+             "tofu_variant": "the TOFU task chooses the attack variant (tofu_forget10_paraphrase, "
+                             "tofu_forget10_in_context, ...)",
              "rwku_probe": "the RWKU task chooses the probe (rwku_fb, rwku_qa, rwku_aa, rwku_mia, ...)"}
 
 

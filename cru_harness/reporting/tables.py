@@ -513,10 +513,13 @@ def resources_table(results: list[dict]) -> str:
 
 
 def taught_questions(result: dict) -> list[str] | None:
-    """The forget questions an attack cell trained on (relearn's slice; [] for a benign relearn), or None for an
-    attack that trains on no forget item (its numbers count every item)."""
-    relearn = (result.get("details") or {}).get("relearn")
-    return None if relearn is None else list(relearn.get("slice_questions") or [])
+    """The forget questions an attack cell showed the model (relearn's training slice, in_context's prompt pairs;
+    [] for a benign relearn), or None for an attack that shows none (its numbers count every item)."""
+    details = result.get("details") or {}
+    attack = details.get((details.get("attack") or {}).get("name")) or {}   # relearn's, in_context's slice
+    if "slice_questions" in attack:
+        return list(attack["slice_questions"] or [])
+    return [] if "relearn" in details else None   # a benign relearn trains on no forget item
 
 
 def _per_item_values(result: dict | None, metric: str) -> dict[str, float | None] | None:
@@ -570,6 +573,8 @@ def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
     if metric is None:
         return []
     values: dict[tuple, list[float]] = defaultdict(list)   # (model, unit, label) -> metric per cell
+    cells: dict[tuple, list[dict]] = defaultdict(list)     # (model, unit, label) -> its cells
+    by_hash: dict[str, dict] = {}
     attacked: dict[tuple, dict] = {}                        # (model, unit, attacked label, attack label) -> info
     cells: dict[tuple, list[dict]] = defaultdict(list)     # the same key -> its attack cells
     usable = [r for r in results if r.get("benchmark") == benchmark and r.get("status") == "ok"
@@ -580,6 +585,8 @@ def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
             continue
         unit = view.row_unit(r)
         values[(r["model"], unit, r["label"])].append(value)
+        cells[(r["model"], unit, r["label"])].append(r)
+        by_hash[r.get("hash")] = r
         info = (r.get("details") or {}).get("attack")
         if r.get("kind") == "attack" and info:
             attacked[(r["model"], unit, info["attacked_label"], info["attack_label"])] = info

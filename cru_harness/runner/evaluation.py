@@ -70,9 +70,10 @@ def model_uses_chat_template(model: ModelSpec, evaluation: dict, model_path: str
 
 
 def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Path, data_dir,
-                  chat_template: bool, reference: str | None = None) -> dict:
+                  chat_template: bool, reference: str | None = None, metadata: dict | None = None) -> dict:
     """lm-eval `simple_evaluate` with the `cru` model on the cell's tasks; its outputs are saved under
-    workdir/lmeval exactly as `lm_eval --output_path ... --log_samples` saves them (what the scorers read)."""
+    workdir/lmeval exactly as `lm_eval --output_path ... --log_samples` saves them (what the scorers read).
+    `metadata`: more lm-eval metadata for the tasks (an attack's `task_metadata`)."""
     out = workdir / "lmeval"
     from .. import plugins
 
@@ -81,7 +82,8 @@ def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Pat
     run_lmeval(cell.model, model_path, tasks, out, routers=routers, reference=reference, data_dir=data_dir,
                targets=None if cell.target is None else str(cell.target), limit=cell.limit,
                batch_size=cell.evaluation.get("batch_size", 8), device=cell_device(cell), chat_template=chat_template,
-               metadata=plugins.benchmarks.get(cell.benchmark).task_metadata(cell.split, cell.target),
+               metadata={**plugins.benchmarks.get(cell.benchmark).task_metadata(cell.split, cell.target),
+                         **(metadata or {})},
                **lmeval_settings(cell.evaluation))
     return {"output_dir": out, "wall_time_s": time.perf_counter() - t0, "artifacts": {"lmeval": str(out)},
             "tasks_unavailable": unavailable}

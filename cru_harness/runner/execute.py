@@ -180,6 +180,7 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
     base_path = base_path or given_path
     model_path = base_path
     routers = None
+    task_metadata = None   # an attack's on the prompts: what its task variants read
 
     if cell.kind == "retain":
         retain = cell.extra["retain"]
@@ -201,16 +202,20 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
         model_path, routers = attacked_model(attacked_result, base_path)
         ctx = method_context(cell, model_path, workdir, data_dir, outcome, trains=True)
         ctx.routers = routers
-        attacked = attack_for(cell).run(ctx)
+        attack = attack_for(cell)
+        attacked = attack.run(ctx)
         model_path, routers = attacked.model_path, attacked.routers
+        task_metadata = attack.task_metadata(cell.extra["attack"]["settings"], cell.seed) or None
         label = attacked_result["label"]
         outcome["details"]["attack"] = {**cell.extra["attack"], "attacked": cell.extra["attacked"],
                                         "attacked_label": label, "attacked_kind": attacked_result.get("kind"),
-                                        "attack_label": cell.label.removeprefix(f"{label} + ")}
+                                        "attack_label": cell.label.removeprefix(f"{label} + "),
+                                        **({"task_metadata": task_metadata} if task_metadata else {})}
     chat = use_chat_template(cell, model_path)
     outcome["details"]["prompting"] = {"apply_chat_template": chat, "presets": protocol_presets(cell.evaluation)}
     reference = privacy_reference(cell, retain_result, outcome)
-    evaluation = evaluate_cell(cell, model_path, routers, workdir, data_dir, chat, reference=reference)
+    evaluation = evaluate_cell(cell, model_path, routers, workdir, data_dir, chat, reference=reference,
+                               metadata=task_metadata)
     outcome["artifacts"].update(evaluation["artifacts"])
     outcome["resources"]["eval_wall_time_s"] = evaluation["wall_time_s"]
     if evaluation["tasks_unavailable"]:

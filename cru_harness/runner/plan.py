@@ -157,14 +157,18 @@ def _attack_cells(config: ExperimentConfig, block: list[Cell], corpora: dict[str
     """One cell per (attacked cell, configured attack): the attacked cell's model under the attack, evaluated with the
     cell's own tasks. Its hash holds the attacked cell's, so it is recomputed whenever that cell would be. `corpora`:
     the block's forget and retain corpora, for an attacked cell that read none (the oracle, ICU, PURGE)."""
+    from .. import plugins
+
     attacked = []
     for attack in config.attacks:
+        plugin = plugins.attacks.get(attack.attack)
         for cell in block:
             attacked.append(Cell(
                 kind="attack", model=cell.model, benchmark=cell.benchmark, split=cell.split, target=cell.target,
                 method=cell.method, label=f"{cell.label} + {attack.label}", seed=cell.seed, hparams=cell.hparams,
                 corpora={**corpora, **cell.corpora} if cell.kind == "method" else dict(corpora),
-                tasks=cell.tasks, limit=cell.limit, evaluation=cell.evaluation,
+                tasks=tuple(plugin.tasks(cell.tasks, attack.settings)),   # a prompt attack's task variants
+                limit=cell.limit, evaluation=cell.evaluation,
                 data_dir=cell.data_dir, device=cell.device,
                 extra={"attack": {"name": attack.attack, "settings": attack.settings}, "attacked": cell.hash}))
     return attacked

@@ -111,9 +111,11 @@ def privleak_of(auc: float | None, retain_auc: float | None) -> tuple[float | No
 def score_tofu_cell(lmeval_dir: str | Path, *, split: str, retain_items: list[dict] | None = None,
                     original_model: str | None = None, data_dir: str | None = None, device: str = "cpu",
                     batch_size: int = 8, device_map=None, trust_remote_code: bool = False,
-                    retain_result: dict | None = None) -> dict[str, Any]:
-    """`metrics`, `per_item`, `failure_classes`, `details` of a TOFU cell from its lm-eval output directory."""
-    forget_task = f"tofu_{split}"
+                    retain_result: dict | None = None, forget_task: str | None = None) -> dict[str, Any]:
+    """`metrics`, `per_item`, `failure_classes`, `details` of a TOFU cell from its lm-eval output directory.
+    `forget_task`: the forget task it ran (default `tofu_<split>`; a prompt attack's variant, `score.forget_task_for`),
+    whose numbers are the cell's `forget_*`."""
+    forget_task = forget_task or f"tofu_{split}"
     report = tofu_score.score_runs([lmeval_dir], retain_items=retain_items, original_model=original_model,
                                    data_dir=data_dir, device=device, batch_size=batch_size, labels=["cell"],
                                    device_map=device_map, trust_remote_code=trust_remote_code)
@@ -124,6 +126,8 @@ def score_tofu_cell(lmeval_dir: str | Path, *, split: str, retain_items: list[di
         numbers = run["tasks"].get(task) or {}
         for metric, suffix in TOFU_METRICS.items():
             metrics[f"{prefix}_{suffix}"] = _finite_or_none(numbers.get(metric))
+    if "mc_probability" in (run["tasks"].get(forget_task) or {}):   # the paraphrase variant's multiple choice
+        metrics["forget_mc_prob"] = _finite_or_none(run["tasks"][forget_task]["mc_probability"])
     metrics["model_utility"] = run["model_utility"]["value"]
     fq = run["forget_quality"].get(forget_task) or tofu_score.unavailable(f"{forget_task} not evaluated")
     metrics["forget_quality"] = fq["value"]
@@ -263,4 +267,20 @@ def score_rwku_cell(lmeval_dir: str | Path, *, target: int, original_model: str 
             "nll_under_original": original_model, "tasks": [by_probe[p][0] for p in probes if p in by_probe]}
     details = {"per_target": {task: {str(t): row for t, row in rows.items()} for task, rows in per_target.items()},
                "failure_modes": fm_details}
+    if "aa" in by_probe:
+        details["forget_aa_types"] = aa_types(by_probe["aa"][1], target)
     return {"metrics": metrics, "per_item": {}, "failure_classes": failure_classes, "details": details}
+
+
+def aa_types(rows: list[dict], target: int) -> dict[str, dict]:
+    """RWKU's adversarial probe per attack type (the rows' `type`: prefix injection, reverse query, role play, ...)
+    for one target: `{type: {"n", "rouge_l_recall"}}`, the mean over that type's items (the paraphrase attack on
+    RWKU, docs/protocol.md "Attacks")."""
+    from cru_harness.tasks.rwku.utils import per_item_records
+
+    by_type: dict[str, list[float]] = {}
+    for record in per_item_records(rows):
+        if record.get("target") == int(target) and record.get("rouge_l_recall") is not None:
+            by_type.setdefault(record.get("type") or "", []).append(float(record["rouge_l_recall"]))
+    return {kind: {"n": len(values), "rouge_l_recall": sum(values) / len(values)}
+            for kind, values in sorted(by_type.items())}

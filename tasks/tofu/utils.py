@@ -34,6 +34,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.task import ConfigurableTask
 
 from cru_harness import metrics as M
+from cru_harness.errors import InputError
 from cru_harness.lmeval.metadata import check_metadata_keys
 # `cru` scores a continuation ending in EOS_MARKER with the tokenizer's EOS id appended (TOFU counts EOS).
 from cru_harness.protocol import EOS_MARKER, MIA_MARKER, JOINT_MARKER, has_token_stats, max_length_marker, template_date
@@ -66,7 +67,8 @@ _warned_plain_results = False
 
 
 def load_tofu_dataset(tofu_config: str | None = None, data_dir: str | None = None, tofu_preset: str | None = None,
-                      **metadata) -> datasets.DatasetDict:
+                      tofu_variant: str | None = None, tofu_icl_k=None, tofu_icl_slice_fraction=None,
+                      tofu_icl_slice_size=None, tofu_icl_seed=None, **metadata) -> datasets.DatasetDict:
     """`custom_dataset` of every TOFU task: `{"train": rows of tofu_config}`.
 
     lm-eval 0.4.13 calls it as `custom_dataset(**metadata, **dataset_kwargs)`: `tofu_config` comes from the
@@ -74,6 +76,11 @@ def load_tofu_dataset(tofu_config: str | None = None, data_dir: str | None = Non
     `TaskManager(metadata=...)`); other metadata keys (version, model args, RWKU's keys, ...) are ignored, but a
     misspelt `tofu_`/`rwku_` key is refused (`check_metadata_keys`): it would leave a default in force. Without a
     `data_dir`, `cru_harness.data.tofu.load_tofu` reads CRU_HARNESS_TOFU_DIR / CRU_HARNESS_DATA_DIR, else the Hub.
+
+    `tofu_variant` (a forget task variant's `dataset_kwargs`, docs/protocol.md "Attacks"): `paraphrase` adds
+    `asked`, the row's `paraphrased_question`, which the task asks instead of `question`; `in_context` keeps the
+    held-out rows only, each with `shots`, the slice's question-answer pairs put before it (`in_context_docs`).
+    `question` stays the file's, so items match across cells by question.
     """
     from cru_harness.data.tofu import load_tofu
 
@@ -82,7 +89,13 @@ def load_tofu_dataset(tofu_config: str | None = None, data_dir: str | None = Non
         raise ValueError(
             f"TOFU task: dataset_kwargs.tofu_config must be one of {', '.join(PROBE_KINDS)}; got {tofu_config!r}"
         )
+    check_variant(tofu_variant, tofu_config)
     rows = load_tofu(tofu_config, data_dir=data_dir or None)
+    shots = None
+    if tofu_variant == "in_context":   # drawn over the whole file, as relearn draws its slice of the forget corpus
+        shots = in_context_docs(len(rows), k=tofu_icl_k, fraction=tofu_icl_slice_fraction,
+                                size=tofu_icl_slice_size, seed=tofu_icl_seed)
+    rows_all = rows
     if P.check_tofu_preset(tofu_preset) == "legacy":
         rows = rows[:P.LEGACY_DS_SIZE]  # TOFU config/eval_everything.yaml:30 (ds_size: 300)
     kind = PROBE_KINDS[tofu_config]
@@ -95,13 +108,67 @@ def load_tofu_dataset(tofu_config: str | None = None, data_dir: str | None = Non
         perturbed = row["perturbed_answer"]
         if isinstance(perturbed, str) or not perturbed:
             raise ValueError(f"TOFU {tofu_config} row {index}: perturbed_answer must be a non-empty list")
-        docs.append({
+        doc = {
             "question": row["question"],
             "answer": row["answer"],
             "paraphrased_answer": row.get("paraphrased_answer", row["answer"]) if kind != "mc" else row["answer"],
             "perturbed_answer": [str(p) for p in perturbed],
-        })
+        }
+        if tofu_variant == "paraphrase":
+            if not row.get("paraphrased_question"):
+                raise ValueError(f"TOFU {tofu_config} row {index} lacks field(s): paraphrased_question")
+            doc["asked"] = row["paraphrased_question"]
+        if shots is not None:
+            if index not in shots:
+                continue   # in the slice: shown in other items' prompts, never scored
+            doc["shots"] = [{"question": rows_all[i]["question"], "answer": rows_all[i]["answer"]}
+                            for i in shots[index]]
+        docs.append(doc)
     return datasets.DatasetDict({"train": datasets.Dataset.from_list(docs)})
+
+
+#: The forget-task variants of the prompt attacks: `tofu_variant` of a variant task's `dataset_kwargs`.
+VARIANTS = ("paraphrase", "in_context")
+#: Between in-context pairs and before the question: lm-eval's default `fewshot_delimiter`.
+SHOT_DELIMITER = "\n\n"
+
+
+def check_variant(variant: str | None, tofu_config: str | None) -> None:
+    """A variant exists for the forget probe files only (they hold `paraphrased_question` and are what the slice
+    splits)."""
+    if variant is None:
+        return
+    if variant not in VARIANTS:
+        raise ValueError(f"TOFU task: dataset_kwargs.tofu_variant must be one of {', '.join(VARIANTS)}; got "
+                         f"{variant!r}")
+    if PROBE_KINDS.get(tofu_config) != "forget":
+        raise ValueError(f"TOFU task: the {variant} variant is for the forget files, not {tofu_config!r}")
+
+
+def in_context_docs(n_items: int, *, k=None, fraction=None, size=None, seed=None) -> dict[int, list[int]]:
+    """Held-out row index -> the slice row indices whose pairs go before it, from the `tofu_icl_*` metadata (unset:
+    the in_context attack's defaults, seed 0). The slice is `data.slices.forget_slice`, relearn's: one seed, one
+    split."""
+    from cru_harness.data.slices import DEFAULT_IN_CONTEXT_K, DEFAULT_SLICE_FRACTION, forget_slice, in_context_shots
+
+    k = DEFAULT_IN_CONTEXT_K if k in (None, "") else _metadata_int(k, "tofu_icl_k")
+    seed = 0 if seed in (None, "") else _metadata_int(seed, "tofu_icl_seed")
+    size = None if size in (None, "") else _metadata_int(size, "tofu_icl_slice_size")
+    fraction = DEFAULT_SLICE_FRACTION if fraction in (None, "") else fraction
+    if isinstance(fraction, str):
+        try:
+            fraction = float(fraction)
+        except ValueError:
+            raise InputError(f"--metadata tofu_icl_slice_fraction={fraction!r}: expected a number in (0, 1)") from None
+    chosen, held_out = forget_slice(n_items, fraction=fraction, size=size, seed=seed, what="in_context")
+    return in_context_shots(chosen, held_out, k, seed)
+
+
+def _metadata_int(value, key: str) -> int:
+    """An integer metadata value (or its digits, as a shell gives it); anything else is an `InputError`."""
+    if isinstance(value, bool) or not (isinstance(value, int) or str(value).strip().lstrip("-").isdigit()):
+        raise InputError(f"--metadata {key}={value!r}: expected an integer")
+    return int(value)
 
 
 # --------------------------------------------------------------------------------------------- scoring
@@ -125,13 +192,15 @@ def avg_nll(result) -> float:
     return M.avg_nll(result.token_logprobs)
 
 
-def process_results(doc: dict, results: list, tofu_preset: str | None = None) -> dict[str, float]:
+def process_results(doc: dict, results: list, tofu_preset: str | None = None, *, mc: bool = False
+                    ) -> dict[str, float]:
     """Per-item values of one TOFU probe (the `process_results` of every TOFU task; `TOFUTask` passes its preset,
     which picks the scoring epsilon, `prompts.tofu_epsilon`).
 
     `results` are, in `idx` order, the generation then the log-likelihoods of `scored_continuations`:
     answer, [paraphrased answer,] perturbed answers. The paraphrased answer is present exactly when there are
     two log-likelihoods more than perturbed answers (forget / retain probes), absent on RA / WF (one more).
+    `mc`: also the multiple-choice form of a forget item (`score_item`; the paraphrase variant's).
     """
     generation, *loglikelihoods = results
     if not isinstance(generation, str):
@@ -142,10 +211,11 @@ def process_results(doc: dict, results: list, tofu_preset: str | None = None) ->
             f"TOFU: {len(loglikelihoods)} log-likelihood results for {len(doc['perturbed_answer'])} perturbed answers"
         )
     return score_item("mc" if extra == 1 else "paraphrase", doc, generation, loglikelihoods,
-                      epsilon=P.tofu_epsilon(tofu_preset))
+                      epsilon=P.tofu_epsilon(tofu_preset), mc=mc)
 
 
-def score_item(kind: str, doc: dict, generation: str, results: list, *, epsilon: float = 0.0) -> dict[str, float]:
+def score_item(kind: str, doc: dict, generation: str, results: list, *, epsilon: float = 0.0,
+               mc: bool = False) -> dict[str, float]:
     """The per-item values from a generation and the log-likelihood results (see `process_results`).
 
     `kind` is "mc" (Real Authors / World Facts: the answer against the perturbed answers) or anything else
@@ -153,6 +223,8 @@ def score_item(kind: str, doc: dict, generation: str, results: list, *, epsilon:
     the task's aggregation turns it into the reported number. `nll_*` are the per-token average NLLs
     (`nll_perturbed`: their mean over the perturbed answers) so other numbers can be re-derived later.
     `epsilon`: the preset's (`prompts.tofu_epsilon`), in the truth ratio and the multiple-choice probability.
+    `mc`: add `mc_probability`, the answer against the perturbed answers as Real Authors scores it
+    (`p_answer / (p_answer + sum p_perturbed)`), from the same log-likelihoods.
     """
     nlls = [avg_nll(r) for r in results]
     n_perturbed = len(doc["perturbed_answer"])
@@ -164,18 +236,21 @@ def score_item(kind: str, doc: dict, generation: str, results: list, *, epsilon:
     if any(math.isnan(x) for x in nlls):  # plain `hf` results: nothing normalised can be computed
         nan = math.nan
         return values | {"probability": nan, "truth_ratio": nan, "nll_answer": nan, "nll_paraphrased": nan,
-                         "nll_perturbed": nan}
+                         "nll_perturbed": nan} | ({"mc_probability": nan} if mc else {})
     if kind == "mc":
         probability = M.mc_probability(nll_answer, nll_perturbed, epsilon=epsilon)
     else:
         probability = M.probability_from_avg_nll(nll_answer)
-    return values | {
+    values |= {
         "probability": float(probability),
         "truth_ratio": float(M.truth_ratio(nll_right, nll_perturbed, epsilon=epsilon)),
         "nll_answer": float(nll_answer),
         "nll_paraphrased": float(nll_right),
         "nll_perturbed": float(np.mean(nll_perturbed)),
     }
+    if mc:
+        values["mc_probability"] = float(M.mc_probability(nll_answer, nll_perturbed, epsilon=epsilon))
+    return values
 
 
 def scored_continuations(kind: str, doc: dict) -> list[str]:
@@ -236,11 +311,17 @@ class TOFUTask(QuietCustomDataset, UncachedRequests, ConfigurableTask):
             )
         self.tofu_config = tofu_config
         self.kind = self.probe_kinds[tofu_config]
+        self.variant = (config.get("dataset_kwargs") or {}).get("tofu_variant")
+        check_variant(self.variant, tofu_config)
         metadata = dict(config.get("metadata") or {})
         self.preset = P.check_tofu_preset(metadata.get("tofu_preset"))
         self.family = metadata.get("tofu_model_family") or None
         # a fixed text format (legacy, or an open-unlearning family); an unknown family fails here
         self.format = P.tofu_format(self.preset, self.family)
+        if self.variant == "in_context" and self.preset == "legacy":
+            # legacy cuts the scored text at 200 tokens in total: k pairs before the question would cut the answer
+            raise P.PresetError("the in_context variant puts question-answer pairs before each question; the legacy "
+                                "preset cuts the text at 200 tokens: run it with tofu_preset=open-unlearning")
         metadata["tofu_preset"] = self.preset  # recorded in the results' task config
         config["metadata"] = metadata
         generation = dict(config.get("generation_kwargs") or {})
@@ -252,7 +333,28 @@ class TOFUTask(QuietCustomDataset, UncachedRequests, ConfigurableTask):
         super().__init__(config=config)
 
     def process_results(self, doc: dict, results: list) -> dict[str, float]:
-        return process_results(doc, results, tofu_preset=self.preset)
+        return process_results(doc, results, tofu_preset=self.preset, mc=self.variant == "paraphrase")
+
+    @staticmethod
+    def asked(doc: dict) -> str:
+        """The question the prompt asks: the row's own, or its paraphrase (the paraphrase variant's `asked`)."""
+        return doc.get("asked") or doc["question"]
+
+    def shot_text(self, doc: dict) -> str:
+        """The in_context variant's slice pairs before the question (no chat template), each written as the
+        preset writes a scored question and answer, joined by lm-eval's few-shot delimiter; "" without `shots`."""
+        texts = [self.format.text(shot["question"], shot["answer"]) if self.format is not None
+                 else P.plain_prompt(shot["question"]) + " " + shot["answer"] for shot in doc.get("shots") or []]
+        return "".join(text + SHOT_DELIMITER for text in texts)
+
+    def messages(self, doc: dict, answer: str | None = None) -> list[dict[str, str]]:
+        """The chat of one item: the system prompt, each slice pair as a user and an assistant turn (the
+        in_context variant), the question asked, and the answer when given."""
+        messages = P.tofu_messages(self.asked(doc), answer, system_prompt=self._system)
+        at = 1 if self._system else 0
+        turns = [turn for shot in doc.get("shots") or [] for turn in
+                 ({"role": "user", "content": shot["question"]}, {"role": "assistant", "content": shot["answer"]})]
+        return messages[:at] + turns + messages[at:]
 
     def aggregation(self) -> dict:
         """The YAML's aggregations, the forget truth ratio's with the preset's epsilon. lm-eval loads this file
@@ -270,28 +372,29 @@ class TOFUTask(QuietCustomDataset, UncachedRequests, ConfigurableTask):
                 raise P.PresetError(P.format_refuses_chat_message(self.preset, self.family))
             if system_instruction:
                 raise P.PresetError(P.format_refuses_system_message(self.preset, self.family))
-            return self.format.generation_prompt(doc["question"])
+            return self.shot_text(doc) + self.format.generation_prompt(self.asked(doc))
         if apply_chat_template and chat_template is not None:
             # lm-eval calls fewshot_context right before construct_requests for the same doc: the scored
             # conversation reuses this system prompt.
             self._system = P.OPEN_UNLEARNING_SYSTEM_PROMPT if system_instruction is None else system_instruction
             with template_date(P.OPEN_UNLEARNING_DATE):
-                return chat_template(P.tofu_messages(doc["question"], system_prompt=self._system))
+                return chat_template(self.messages(doc))
         if system_instruction and not TOFUTask._warned_system:
             TOFUTask._warned_system = True
             eval_logger.warning("TOFU's references write no system prompt without a chat template; putting the "
                                 "given system instruction first anyway: the numbers are not the preset's.")
-        return P.with_system_instruction(P.plain_prompt(doc["question"]), system_instruction)
+        return P.with_system_instruction(self.shot_text(doc) + P.plain_prompt(self.asked(doc)), system_instruction)
 
     def continuation_text(self, ctx: str, doc: dict, answer: str, chat_template=None) -> str:
         """What follows `ctx` in the text the reference tokenizes as a whole (see `cru_harness.prompts`)."""
         if self.format is not None:
             # the span starts after the question part's tokens (tofu data_module.py:13,30; open-unlearning
-            # utils.py:106-116); ctx is the question part
-            return self.format.text(doc["question"], answer)[len(ctx):]
+            # utils.py:106-116); ctx ends with the question part
+            asked = self.asked(doc)
+            return self.format.text(asked, answer)[len(self.format.question_text(asked)):]
         if chat_template is None:
             return " " + answer
-        messages = P.tofu_messages(doc["question"], answer, system_prompt=self._system)
+        messages = self.messages(doc, answer)
         try:
             with template_date(P.OPEN_UNLEARNING_DATE):
                 full = chat_template(messages, add_generation_prompt=False, close_final_turn=True)
@@ -317,7 +420,7 @@ class TOFUTask(QuietCustomDataset, UncachedRequests, ConfigurableTask):
         reference scores it (`JOINT_MARKER`, `EOS_MARKER`; legacy: the 200-token cut)."""
         likelihood_ctx = ctx
         if self.format is not None:
-            likelihood_ctx = self.format.question_text(doc["question"])
+            likelihood_ctx = self.shot_text(doc) + self.format.question_text(self.asked(doc))
         # legacy: the scored text is cut at 200 tokens (tofu evaluate_util.py:99-126 -> data_module.py:15-27)
         cut = max_length_marker(P.LEGACY_MAX_LENGTH) if self.preset == "legacy" else ""
         requests = []

@@ -1,0 +1,57 @@
+"""The attacks on the prompts, not the model (`paraphrase`, `in_context`): each returns the deployed model as it
+is and names the task variants its cells are evaluated with (TOFU's forget task `tofu_forgetXX` ->
+`tofu_forgetXX_<variant>`, in `tasks/tofu`). The variants ask differently; the scored answers, the scorer and the
+other tasks of the cell stay the attacked cell's, so an attack cell's numbers feed the robustness table as any
+attack's. A benchmark without such a variant (RWKU) is evaluated as deployed, and the cell's details say so.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from ..api import Attack, CellContext, Trained
+
+_FORGET = re.compile(r"tofu_(forget\d\d)")
+_SUITE = re.compile(r"tofu_(forget\d\d)_suite")
+#: What a `tofu_forgetXX_suite` group holds beside its forget task (tasks/tofu/tofu_forgetXX_suite.yaml).
+SUITE_UTILITY_TASKS = ("tofu_retain", "tofu_real_authors", "tofu_world_facts")
+
+
+def variant_tasks(tasks: tuple[str, ...], variant: str) -> tuple[str, ...]:
+    """`tasks` with each TOFU forget task replaced by its `variant` (a suite group by its members, the forget one
+    replaced: lm-eval cannot swap one task inside a group); every other task unchanged."""
+    out: list[str] = []
+    for task in tasks:
+        if _FORGET.fullmatch(task):
+            out.append(f"{task}_{variant}")
+        elif (suite := _SUITE.fullmatch(task)):
+            out.extend((f"tofu_{suite.group(1)}_{variant}", *SUITE_UTILITY_TASKS))
+        else:
+            out.append(task)
+    return tuple(dict.fromkeys(out))
+
+
+class PromptAttack(Attack):
+    """An attack whose task variants ask the attacked model differently (subclasses set `variant`)."""
+
+    variant = ""
+
+    def tasks(self, tasks: tuple[str, ...], settings: Mapping[str, Any]) -> tuple[str, ...]:
+        return variant_tasks(tasks, self.variant)
+
+    def run(self, ctx: CellContext) -> Trained:
+        tasks = getattr(ctx.cell, "tasks", None)   # a runner cell's; `cru-harness attack` evaluates nothing
+        variants = [task for task in tasks or () if task.endswith(f"_{self.variant}")]
+        if tasks is None:
+            note = f"the model as it is: evaluate it with the {self.variant} task variants"
+        elif variants:
+            note = f"the model as deployed, asked through the {self.variant} task variants"
+        else:
+            note = (f"no {self.variant} variant of this cell's tasks: the model as deployed, asked as the attacked "
+                    "cell asks it (the identity)")
+        ctx.outcome["details"][self.name] = {
+            "variant_tasks": variants,
+            "task_metadata": self.task_metadata(ctx.cell.extra["attack"]["settings"], ctx.cell.seed),
+            "note": note,
+        }
+        return Trained(ctx.model_path, routers=ctx.routers)
