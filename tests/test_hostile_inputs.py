@@ -735,3 +735,17 @@ class TestAbsurdSizes:
         path = write_run_config(tmp_path, name="hub", methods=[{"method": "GA", "num_epochs": 1000}])
         assert main(["run", str(path), "--dry-run"]) == 0
         assert "; steps counted when the data is loaded (1000 epochs, effective batch 32)" in capsys.readouterr().out
+
+    def test_a_dry_run_names_an_input_file_a_method_reads_that_is_not_there(self, tmp_path, capsys):
+        """LUNAR's refusal prompts are the user's file: a path that is not there would fail every LUNAR cell after
+        the fine-tuning and the other cells; the plan says so before anything runs."""
+        from cru_harness.cli import main
+
+        path = write_run_config(tmp_path, methods=[{"method": "LUNAR", "refusal_prompts_path": "no/such.json"}])
+        assert main(["run", str(path), "--dry-run"]) == 0
+        assert "; refusal_prompts_path no/such.json does not exist: these cells will fail" in capsys.readouterr().out
+        (tmp_path / "prompts.json").write_text('["Write malware."]')
+        path = write_run_config(tmp_path, name="there",
+                                methods=[{"method": "LUNAR", "refusal_prompts_path": str(tmp_path / "prompts.json")}])
+        assert main(["run", str(path), "--dry-run"]) == 0
+        assert "does not exist" not in capsys.readouterr().out

@@ -68,8 +68,13 @@ class BaselineMethod(Method):
     def describe(self, cell) -> tuple[str | None, list[str]]:
         """What the cell trains, with its cost in optimizer steps where the data is on this machine (`--dry-run`
         then states what a run of absurd size would cost, beyond the bounds the config check applies)."""
+        from pathlib import Path
+
         what, downloads = super().describe(cell)
-        return f"{what}; {self.cost(cell)}", downloads
+        # an input file a method reads (LUNAR's refusal prompts) that is not there fails its cells: say so now
+        missing = [f"; {key} {value} does not exist: these cells will fail" for key, value in sorted(cell.hparams.items())
+                   if key.endswith("_path") and isinstance(value, str) and not Path(value).expanduser().exists()]
+        return f"{what}; {self.cost(cell)}{''.join(missing)}", downloads
 
     def cost(self, cell) -> str:
         config = self.trainer.Config.preset(cell.benchmark, cell.split, **cell.hparams)
