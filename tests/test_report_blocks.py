@@ -241,3 +241,25 @@ def test_rwku_relearn_on_passages_counts_every_probe_and_pairs_each_target_with_
     assert row["recovery"].score == pytest.approx(0.4) and row["recovery"].oracle_score is None
     assert "| m | all targets | GA | relearn | all (none trained on) |" in "\n".join(
         tables.robustness_markdown(results, "rwku"))
+
+
+def test_rwku_adversarial_probes_are_reported_per_attack_type():
+    """The paraphrase attack on RWKU is its AA probe read per attack type: each row pools its cells' per-type
+    recalls weighted by their item counts (target 1 has 3 role-play items, target 2 one)."""
+    from cru_harness.reporting import tables
+
+    def cell(label, target, types, kind="method"):
+        return {"model": "M", "label": label, "kind": kind, "status": "ok", "benchmark": "rwku", "target": target,
+                "details": {"scoring": {"forget_aa_types": {k: {"n": n, "rouge_l_recall": v}
+                                                            for k, (n, v) in types.items()}}}}
+
+    results = [cell("GA", 1, {"role play": (3, 0.2), "reverse query": (2, 0.5)}),
+               cell("GA", 2, {"role play": (1, 0.6)}),
+               cell("Retain", 1, {"role play": (3, 0.9)}, kind="retain")]
+    (row,) = tables.aa_type_rows(results)
+    assert row["types"]["role play"] == (pytest.approx((3 * 0.2 + 0.6) / 4), 4)
+    assert row["types"]["reverse query"] == (pytest.approx(0.5), 2)
+    lines = tables.aa_type_markdown(results)
+    assert "| Model | Method | reverse query | role play |" in lines
+    assert "| M | GA | 0.50 (2) | 0.30 (4) |" in lines
+    assert tables.aa_type_markdown([cell("GA", 1, {})]) == []

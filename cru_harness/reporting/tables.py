@@ -716,6 +716,41 @@ def lens_markdown(results: list[dict], benchmark: str) -> list[str]:
     return lines + [""]
 
 
+def aa_type_rows(results: list[dict]) -> list[dict]:
+    """RWKU's adversarial probe per attack type (`details.scoring.forget_aa_types` of each cell): per (model, row
+    label), the ROUGE-L recall of each type over the row's items (targets and seeds pooled, item-weighted)."""
+    pooled: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
+    for r in results:
+        types = ((r.get("details") or {}).get("scoring") or {}).get("forget_aa_types")
+        if r.get("status") != "ok" or not types or r.get("kind") in ("retain", "finetune"):
+            continue
+        for kind, value in types.items():
+            if stats.is_number(value.get("rouge_l_recall")) and value.get("n"):
+                total = pooled[(r["model"], r["label"])][kind]
+                total[0] += value["rouge_l_recall"] * value["n"]
+                total[1] += value["n"]
+    return [{"model": model, "label": label, "types": {kind: (t[0] / t[1], t[1]) for kind, t in kinds.items()}}
+            for (model, label), kinds in pooled.items()]
+
+
+def aa_type_markdown(results: list[dict]) -> list[str]:
+    """Report lines for `aa_type_rows` (none when no cell recorded RWKU's AA types)."""
+    rows = aa_type_rows(results)
+    if not rows:
+        return []
+    kinds = sorted({kind for row in rows for kind in row["types"]})
+    lines = ["### Adversarial probes by attack type", "",
+             "RWKU's AA probe (forget ROUGE-L recall, higher = more of the target known) per attack type, over the "
+             "row's targets and seeds (item-weighted; n items per type in parentheses). A type that keeps much more "
+             "than the others is a way around the unlearning (docs/protocol.md, Attacks: paraphrase).", "",
+             "| Model | Method | " + " | ".join(kind or "(none)" for kind in kinds) + " |",
+             "|---|---|" + "---:|" * len(kinds)]
+    for row in rows:
+        cells = [f"{fmt2(row['types'][k][0])} ({row['types'][k][1]})" if k in row["types"] else "" for k in kinds]
+        lines.append(f"| {row['model']} | {row['label']} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
     """Report lines for `robustness_rows` and `lens_markdown` (none without attack cells or a lens)."""
     rows = robustness_rows(results, benchmark)
