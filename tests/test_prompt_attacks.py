@@ -295,14 +295,16 @@ def test_the_robustness_table_reads_every_number_on_the_attacks_held_out_items()
     for attack in ("in_context", "relearn"):
         row = rows[attack]
         assert (row["original"], row["before"], row["after"]) == pytest.approx((1.0, 0.2, 0.6))
-        assert row["recovery"].score == pytest.approx(0.5) and row["items"] == "held out"
+        assert row["recovery"].score == pytest.approx(0.5) and row["items"] == "held-out" and row["n_items"] == [2]
     assert rows["relearn"]["recovery"].oracle_score == pytest.approx((0.3 - 0.1) / 0.8)
     assert rows["in_context"]["recovery"].oracle_score is None   # no oracle cell under this attack
-    # cells without per-item values (older results, RWKU) are read on their means, as before
+    # cells without per-item values (older results, RWKU): an attack that showed no item is read on the means; one
+    # that trained on a slice gets no number rather than one that counts the slice (a note says why)
     for cell in (original, ga, retain, icl, relearned, oracle):
         del cell["per_item"]
     plain = {r["attack"]: r for r in tables.robustness_rows([original, ga, retain, icl, relearned, oracle], "tofu")}
-    assert plain["relearn"]["items"] == "all" and plain["relearn"]["before"] == pytest.approx(0.6)
+    assert plain["in_context"]["before"] == pytest.approx(0.6)
+    assert plain["relearn"]["before"] is None and "per-item" in plain["relearn"]["reason"]
 
 
 def test_prompt_attacks_return_the_model_as_deployed_and_say_when_no_variant_applies(tmp_path):

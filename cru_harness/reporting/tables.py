@@ -531,6 +531,15 @@ def _per_item_values(result: dict | None, metric: str) -> dict[str, float | None
     return dict(zip(questions, values))
 
 
+def _scores_other_items(attack: dict, by_hash: dict, metric: str) -> bool:
+    """Whether an attack cell scored other items than its attacked cell (in_context asks only the held-out
+    questions; under `limit` each cell scores its own first items): its row must then read every number on the
+    items they share."""
+    mine = _per_item_values(attack, metric)
+    source = _per_item_values(by_hash.get(((attack.get("details") or {}).get("attack") or {}).get("attacked")), metric)
+    return mine is not None and source is not None and set(mine) != set(source)
+
+
 def _held_out_points(attack: dict, cells: dict, metric: str) -> dict:
     """The five numbers of one relearn attack cell on the same items: those its slice and the oracle's slice left
     out, among the items every one of the cells scored. `cells`: original, before, after, oracle, oracle_after (the
@@ -540,12 +549,13 @@ def _held_out_points(attack: dict, cells: dict, metric: str) -> dict:
 
     taught = set(taught_questions(attack) or []) | set(taught_questions(cells["oracle_after"] or {}) or [])
     pairs = [("original", "before", "after"), ("oracle", "oracle_after")]
-    if not taught:
+    maps = {key: _per_item_values(cell, metric) for key, cell in cells.items()}
+    fewer = maps["after"] is not None and maps["before"] is not None and set(maps["after"]) != set(maps["before"])
+    if not taught and not fewer:
         point = {key: derived_metrics(cell).get(metric) if cell else None for key, cell in cells.items()}
         return {**point, "n_items": None, "reason": None}
-    maps = {key: _per_item_values(cell, metric) for key, cell in cells.items()}
     if any(maps[key] is None for key in pairs[0]):
-        return {"reason": f"no per-item {metric} to leave the relearn slice out"}
+        return {"reason": f"no per-item {metric} to leave the attack's slice out"}
     if any(maps[key] is None for key in pairs[1]):
         maps["oracle"] = maps["oracle_after"] = None   # the control needs the same items; without them it is left out
     common = set.intersection(*(set(m) for m in maps.values() if m is not None))
@@ -597,7 +607,8 @@ def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
         model, unit, label, attack = key
         if info.get("attacked_kind") == "retain":
             continue   # the oracle is each row's control, not a row
-        if any(taught_questions(cell) is not None for cell in cells[key]):
+        by_hash = {r.get("hash"): r for r in usable}
+        if any(taught_questions(cell) is not None or _scores_other_items(cell, by_hash, metric) for cell in cells[key]):
             rows.append(_held_out_row(key, cells[key], usable, metric))
             continue
         before, after = mean.get((model, unit, label)), mean.get((model, unit, f"{label} + {attack}"))
