@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -159,3 +160,23 @@ def test_unlearn_writes_what_the_cru_model_scores(models, tmp_path, capsys):
     lm = CRULM(base=str(out), device="cpu", batch_size=2)
     assert lm.model.alpha == 3.0 and len(lm.loglikelihood([Instance("loglikelihood", {}, PAIRS[0], 0)])) == 1
     assert METHOD.describe(SimpleNamespace(hparams={}, corpora={"forget_corpus": "forget01"}))[0].startswith("WHP")
+
+
+def test_the_privacy_scores_read_the_served_pair(models):
+    """The TOFU privacy tasks' model-side scores (GradNorm, the reference attack) go through the WHP pair as
+    served: the backward pass through both models, the reference loss on the same tokens."""
+    from cru_harness.protocol import EOS_MARKER, JOINT_MARKER, MIA_MARKER
+
+    base, _, whp = models
+    lm = CRULM(base=str(whp), device="cpu", batch_size=2, reference=str(base))
+    request = (PAIRS[0][0], f"{MIA_MARKER}{JOINT_MARKER}{PAIRS[0][1]}{EOS_MARKER}")
+    (result,) = lm.loglikelihood([Instance("loglikelihood", {}, request, 0)])
+    assert result.gradnorm > 0 and math.isfinite(result.gradnorm)
+    ids = lm.tok_encode(PAIRS[0][0] + PAIRS[0][1]) + [lm.tokenizer.eos_token_id]
+    n_prompt = len(lm.tok_encode(PAIRS[0][0]))
+    ref = AutoModelForCausalLM.from_pretrained(base)
+    with torch.no_grad():
+        logp = torch.log_softmax(ref(torch.tensor([ids])).logits[0].float(), -1)
+    picked = logp[torch.arange(n_prompt - 1, len(ids) - 1), torch.tensor(ids[n_prompt:])]
+    assert result.reference_loss == pytest.approx(-float(picked.mean()), rel=1e-5)
+    assert lm.model.parameters() is not None and all(p.grad is None for p in lm.model.parameters())

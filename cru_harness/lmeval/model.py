@@ -522,9 +522,10 @@ class CRULM(HFLM):
 
             model = AutoModelForCausalLM.from_pretrained(resolve_model_path(self.reference),
                                                          dtype=self.model.dtype).to(self.device).eval()
-            if model.get_input_embeddings().num_embeddings != self.model.get_input_embeddings().num_embeddings:
+            if model.get_input_embeddings().num_embeddings < len(self.tokenizer):
                 raise ModelArgumentError(f"cru model: reference={self.reference} has another vocabulary than the "
-                                         "scored model: the reference attack compares losses on the same tokens")
+                                         "scored model's tokenizer: the reference attack compares losses on the "
+                                         "same tokens")
             self._reference = model
         return self._reference
 
