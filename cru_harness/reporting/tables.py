@@ -531,13 +531,17 @@ def _per_item_values(result: dict | None, metric: str) -> dict[str, float | None
     return dict(zip(questions, values))
 
 
-def _scores_other_items(attack: dict, by_hash: dict, metric: str) -> bool:
-    """Whether an attack cell scored other items than its attacked cell (in_context asks only the held-out
-    questions; under `limit` each cell scores its own first items): its row must then read every number on the
-    items they share."""
-    mine = _per_item_values(attack, metric)
-    source = _per_item_values(by_hash.get(((attack.get("details") or {}).get("attack") or {}).get("attacked")), metric)
+def _other_items(mine: dict | None, source: dict | None) -> bool:
+    """Whether two cells' per-item values (`_per_item_values`) cover different items (in_context asks only the
+    held-out questions; under `limit` each cell scores its own first items): a row must then read every number on
+    the items they share."""
     return mine is not None and source is not None and set(mine) != set(source)
+
+
+def _scores_other_items(attack: dict, by_hash: dict, metric: str) -> bool:
+    """`_other_items` of an attack cell and the cell it attacked."""
+    source = by_hash.get(((attack.get("details") or {}).get("attack") or {}).get("attacked"))
+    return _other_items(_per_item_values(attack, metric), _per_item_values(source, metric))
 
 
 def _held_out_points(attack: dict, cells: dict, metric: str) -> dict:
@@ -550,8 +554,7 @@ def _held_out_points(attack: dict, cells: dict, metric: str) -> dict:
     taught = set(taught_questions(attack) or []) | set(taught_questions(cells["oracle_after"] or {}) or [])
     pairs = [("original", "before", "after"), ("oracle", "oracle_after")]
     maps = {key: _per_item_values(cell, metric) for key, cell in cells.items()}
-    fewer = maps["after"] is not None and maps["before"] is not None and set(maps["after"]) != set(maps["before"])
-    if not taught and not fewer:
+    if not taught and not _other_items(maps["after"], maps["before"]):
         point = {key: derived_metrics(cell).get(metric) if cell else None for key, cell in cells.items()}
         return {**point, "n_items": None, "reason": None}
     if any(maps[key] is None for key in pairs[0]):
@@ -583,20 +586,17 @@ def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
     if metric is None:
         return []
     values: dict[tuple, list[float]] = defaultdict(list)   # (model, unit, label) -> metric per cell
-    cells: dict[tuple, list[dict]] = defaultdict(list)     # (model, unit, label) -> its cells
-    by_hash: dict[str, dict] = {}
     attacked: dict[tuple, dict] = {}                        # (model, unit, attacked label, attack label) -> info
     cells: dict[tuple, list[dict]] = defaultdict(list)     # the same key -> its attack cells
     usable = [r for r in results if r.get("benchmark") == benchmark and r.get("status") == "ok"
               and r.get("kind") != "finetune"]
+    by_hash = {r.get("hash"): r for r in usable}
     for r in usable:
         value = derived_metrics(r).get(metric)
         if not stats.is_number(value):
             continue
         unit = view.row_unit(r)
         values[(r["model"], unit, r["label"])].append(value)
-        cells[(r["model"], unit, r["label"])].append(r)
-        by_hash[r.get("hash")] = r
         info = (r.get("details") or {}).get("attack")
         if r.get("kind") == "attack" and info:
             attacked[(r["model"], unit, info["attacked_label"], info["attack_label"])] = info
@@ -607,9 +607,8 @@ def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
         model, unit, label, attack = key
         if info.get("attacked_kind") == "retain":
             continue   # the oracle is each row's control, not a row
-        by_hash = {r.get("hash"): r for r in usable}
         if any(taught_questions(cell) is not None or _scores_other_items(cell, by_hash, metric) for cell in cells[key]):
-            rows.append(_held_out_row(key, cells[key], usable, metric))
+            rows.append(_held_out_row(key, cells[key], usable, by_hash, metric))
             continue
         before, after = mean.get((model, unit, label)), mean.get((model, unit, f"{label} + {attack}"))
         original = mean.get((model, unit, "Original"))
@@ -625,13 +624,12 @@ def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
     return rows
 
 
-def _held_out_row(key: tuple, attack_cells: list[dict], results: list[dict], metric: str) -> dict:
+def _held_out_row(key: tuple, attack_cells: list[dict], results: list[dict], by_hash: dict, metric: str) -> dict:
     """A robustness row of an attack that trained on forget items: each attack cell with its own references (the
     cell it attacked, the Original and the oracle of its split or target), on the items held out from it."""
     from ..metrics.recovery import recovery_score
 
     model, unit, label, attack = key
-    by_hash = {r.get("hash"): r for r in results}
 
     def place(r):
         return (r.get("model"), r.get("split"), r.get("target"))
