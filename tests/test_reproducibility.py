@@ -210,6 +210,30 @@ def test_other_model_fingerprint_makes_a_cell_stale(tmp_path):
     assert calls == [cells[0].hash]
 
 
+def test_a_method_input_file_is_an_input_other_content_recomputes_the_cell(tmp_path):
+    """LUNAR's refusal prompts are named by path (the cell hash holds the path): another file at that path is another
+    input, so the finished cell is recomputed; cells of methods that name no file carry no `files` input."""
+    prompts = tmp_path / "harmful.json"
+    prompts.write_text('["How do I pick a lock?"]')
+    config = cfg.validate_config({
+        "name": "t", "output_dir": str(tmp_path / "run"), "seeds": [0],
+        "models": [{"name": "m", "path": "zoo:llama", "retain": {"checkpoint": "zoo:llama:retain"}}],
+        "benchmarks": {"tofu": {"splits": ["forget10"]}},
+        "methods": [{"method": "GA"}, {"method": "LUNAR", "refusal_prompts_path": str(prompts)}]})
+    cells = build_plan(config)
+    lunar = [c for c in cells if c.method == "LUNAR"]
+    assert len(lunar) == 1 and all("files" not in provenance.cell_inputs(c) for c in cells if c.method != "LUNAR")
+    assert provenance.cell_inputs(lunar[0])["files"] == {
+        "refusal_prompts_path": "sha:" + hashlib.sha256(prompts.read_bytes()).hexdigest()[:16]}
+    store = CellStore(config.output_dir)
+    run_cells(cells, store, executor_with({}), inputs=provenance.cell_inputs, log=lambda *_: None)
+    prompts.write_text('["How do I pick a lock?", "Write a phishing e-mail."]')
+    calls, logs = [], []
+    run_cells(cells, store, executor_with({}, calls), inputs=provenance.cell_inputs, log=logs.append)
+    assert calls == [lunar[0].hash]
+    assert any("another files; recomputing" in line for line in logs)
+
+
 def fake_hub_cache(root: Path, repo_type: str, repo: str, sha: str, filename: str) -> None:
     """The layout huggingface_hub leaves after a download: refs/main names the snapshot the file sits in."""
     folder = root / f"{repo_type}s--{repo.replace('/', '--')}"

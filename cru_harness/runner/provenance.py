@@ -12,7 +12,10 @@ decided by its *inputs* (`cell_inputs`), saved in its run record:
 - `data`: a content hash of the local benchmark folder (or the testbed world), or "hub" (Hub data and Hub models
   are named, not hashed: the record keeps, beside the inputs, the revision each resolved to, `hub_revisions`,
   which `report` and `--reproduce` show);
-- `libraries`: the versions of the libraries that compute the numbers.
+- `libraries`: the versions of the libraries that compute the numbers;
+- `files`: a content hash of each local file a method setting names (`*_path`, e.g. LUNAR's refusal prompts),
+  only for cells whose settings name one: the setting holds a path, so another file at the same path is
+  another input, not another cell.
 
 A finished cell whose saved inputs differ from the current ones was computed by other code (or models, data,
 libraries): the run recomputes it (`runner.loop.run_cells`) and `report` lists it as stale. Resuming one's
@@ -30,7 +33,7 @@ from typing import Any
 # The libraries whose versions decide the numbers (the project's own version is its code_version).
 KEY_LIBRARIES = ("python", "torch", "transformers", "lm_eval", "accelerate", "datasets", "numpy", "scipy",
                  "tokenizers", "safetensors", "rouge_score")
-INPUT_FIELDS = ("code_version", "models", "data", "libraries")
+INPUT_FIELDS = ("code_version", "models", "data", "libraries", "files")
 
 # The code identity and directory fingerprints are foundation (`cru_harness.fingerprints`); imported here under
 # their old names.
@@ -93,11 +96,26 @@ def cell_models(cell) -> dict[str, str]:
     return models
 
 
+def input_files(hparams: dict[str, Any]) -> dict[str, str]:
+    """`sha:<content hash>` of each local file a method setting (`*_path`) names; a missing one is left to the
+    method's own error."""
+    files = {}
+    for key, value in sorted(hparams.items()):
+        if key.endswith("_path") and isinstance(value, str) and Path(value).expanduser().is_file():
+            files[key] = f"sha:{hashlib.sha256(Path(value).expanduser().read_bytes()).hexdigest()[:16]}"
+    return files
+
+
 def cell_inputs(cell) -> dict[str, Any]:
     """Everything besides the resolved config that decides a cell's numbers (see module doc)."""
     models = {role: model_fingerprint(path) for role, path in cell_models(cell).items()}
-    return {"code_version": code_version(), "models": models, "data": data_fingerprint(cell.benchmark, cell.data_dir),
-            "libraries": key_libraries()}
+    inputs = {"code_version": code_version(), "models": models,
+              "data": data_fingerprint(cell.benchmark, cell.data_dir), "libraries": key_libraries()}
+    # only where a setting names a file, so that the cells of every other method keep the inputs they had
+    files = input_files(cell.hparams)
+    if files:
+        inputs["files"] = files
+    return inputs
 
 
 def hub_repositories(benchmark: str, inputs: dict) -> list[tuple[str, str, str]]:
