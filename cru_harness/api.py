@@ -120,10 +120,14 @@ class Method:
         """Settings of one cell beyond its hyperparameters that enter its hash (e.g. a local checkpoint)."""
         return {}
 
+    def trained_weights(self, cell: Any) -> str:
+        """What a cell of this method trains, in words (`--dry-run`)."""
+        return "routers (base frozen)" if self.adapter else "all weights"
+
     def describe(self, cell: Any) -> tuple[str | None, list[str]]:
         """What running a cell does, for `--dry-run`: (what it trains, what it downloads)."""
         hp = ", ".join(f"{k}={v}" for k, v in sorted(cell.hparams.items())) or "defaults"
-        what = "routers (base frozen)" if self.adapter else "all weights"
+        what = self.trained_weights(cell)
         return (f"{cell.method} {what} on forget={cell.corpora.get('forget_corpus')} "
                 f"retain={cell.corpora.get('retain_corpus')} [{hp}]"), []
 

@@ -736,6 +736,19 @@ class TestAbsurdSizes:
         assert main(["run", str(path), "--dry-run"]) == 0
         assert "; steps counted when the data is loaded (1000 epochs, effective batch 32)" in capsys.readouterr().out
 
+    def test_a_dry_run_names_the_weights_each_method_trains(self, tmp_path, capsys):
+        """LUNAR and RMU train a few matrices, not the whole model: the plan says which, from the cell's settings."""
+        from cru_harness.cli import main
+
+        path = write_run_config(tmp_path, methods=[{"method": "GA"}, {"method": "RMU", "layer": 3},
+                                                   {"method": "LUNAR", "layer": 5, "refusal_prompts_path": "p.json"},
+                                                   {"method": "CRU"}])
+        assert main(["run", str(path), "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert "trains: GA all weights on" in out and "trains: CRU routers (base frozen) on" in out
+        assert "trains: RMU blocks 1, 2, 3: weights matching mlp\\.down_proj\\.weight on" in out
+        assert "trains: LUNAR block 5's MLP down projection on" in out
+
     def test_a_dry_run_names_an_input_file_a_method_reads_that_is_not_there(self, tmp_path, capsys):
         """LUNAR's refusal prompts are the user's file: a path that is not there would fail every LUNAR cell after
         the fine-tuning and the other cells; the plan says so before anything runs."""

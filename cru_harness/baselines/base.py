@@ -161,6 +161,10 @@ class UnlearningMethod:
     def compute_loss(self, model, batch: dict, ref_model=None) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
 
+    def trained_weights(self) -> str:
+        """What `trainable_parameters` trains, in words, for `--dry-run` (no model needed)."""
+        return "all weights"
+
     def trainable_parameters(self, model) -> list[str] | None:
         """Names (as `model.named_parameters()` gives them) of the only parameters this method trains; None: all.
         The trainer freezes the others before building the optimizer (and leaves them frozen)."""

@@ -132,6 +132,9 @@ class LUNAR(UnlearningMethod):
     def _down_projection(self, model):
         return mlp_down_projection(decoder_block(model, self.config.layer), self.config.layer)
 
+    def trained_weights(self) -> str:
+        return f"block {self.config.layer}'s MLP down projection"
+
     def trainable_parameters(self, model):
         path, blocks = find_decoder_blocks(model)
         decoder_block(model, self.config.layer)   # a clear error for a layer the model lacks

@@ -76,6 +76,9 @@ class BaselineMethod(Method):
                    if key.endswith("_path") and isinstance(value, str) and not Path(value).expanduser().exists()]
         return f"{what}; {self.cost(cell)}{''.join(missing)}", downloads
 
+    def trained_weights(self, cell) -> str:
+        return self.trainer(self.trainer.Config.preset(cell.benchmark, cell.split, **cell.hparams)).trained_weights()
+
     def cost(self, cell) -> str:
         config = self.trainer.Config.preset(cell.benchmark, cell.split, **cell.hparams)
         return training_cost(config, cell.corpora["forget_corpus"], cell.benchmark, cell.data_dir, "forget rows")

@@ -123,6 +123,10 @@ class RMU(UnlearningMethod):
     needs_retain = True
     control_vector: torch.Tensor | None = None
 
+    def trained_weights(self) -> str:
+        params = ", ".join(self.config.trainable_params)
+        return f"blocks {', '.join(map(str, self.config.layers_trained))}: weights matching {params}"
+
     def trainable_parameters(self, model):
         return block_parameter_names(model, self.config.layers_trained, self.config.trainable_params, "rmu")
 
