@@ -735,6 +735,12 @@ class TestAbsurdSizes:
         path = write_run_config(tmp_path, name="hub", methods=[{"method": "GA", "num_epochs": 1000}])
         assert main(["run", str(path), "--dry-run"]) == 0
         assert "; steps counted when the data is loaded (1000 epochs, effective batch 32)" in capsys.readouterr().out
+        # a batch the trainer would refuse is named although the rows cannot be counted
+        path = write_run_config(tmp_path, name="ratio",
+                                methods=[{"method": "GA", "effective_batch_size": 10, "micro_batch_size": 4}])
+        main(["run", str(path), "--dry-run"])
+        out = capsys.readouterr()
+        assert "steps not counted: effective_batch_size 10 is not a multiple of micro_batch_size 4" in out.out + out.err
 
     def test_a_dry_run_names_the_weights_each_method_trains(self, tmp_path, capsys):
         """LUNAR and RMU train a few matrices, not the whole model: the plan says which, from the cell's settings."""

@@ -19,20 +19,16 @@ def record_resources(outcome: dict, record: dict[str, Any]) -> None:
 def training_cost(config, corpus: str, benchmark: str, data_dir, rows_name: str = "rows") -> str:
     """`N optimizer steps (E epochs, effective batch B, R rows)` of a run of the baselines' trainer with `config`
     on `corpus` (`--dry-run`). Rows are counted only from local data: a dry run never reaches the Hub."""
-    from ..data.corpora import count_local_rows
-    from ..errors import UserError
+    from ..data.corpora import training_steps_note
     from .trainer import step_counts
 
     shape = f"{config.num_epochs:g} epochs, effective batch {config.effective_batch_size}"
-    try:
-        rows = count_local_rows(corpus, benchmark, data_dir)
-        per_step = config.micro_batches_per_step()
-    except UserError as error:   # the run itself reports it, naming its key
-        return f"steps not counted: {error} ({shape})"
-    if rows is None:
-        return f"steps counted when the data is loaded ({shape})"
-    steps, _ = step_counts(config, -(-rows // config.micro_batch_size), per_step)
-    return f"{steps} optimizer steps ({shape}, {rows} {rows_name})"
+
+    def steps(rows: int) -> str:
+        count, _ = step_counts(config, -(-rows // config.micro_batch_size), config.micro_batches_per_step())
+        return f"{count} optimizer steps ({shape}, {rows} {rows_name})"
+
+    return training_steps_note(corpus, benchmark, data_dir, shape, steps, check=config.micro_batches_per_step)
 
 
 class BaselineMethod(Method):

@@ -28,21 +28,18 @@ class CRUMethod(Method):
 
     def describe(self, cell) -> tuple[str | None, list[str]]:
         """What the cell trains and its router steps (epochs x forget batches), counted from local data only."""
-        from ..data.corpora import count_local_rows
-        from ..errors import UserError
+        from ..data.corpora import training_steps_note
         from .train import RouterTrainingConfig
 
         what, downloads = super().describe(cell)
         config = RouterTrainingConfig(**cell.hparams, seed=cell.seed or 0, progress=False)
         shape = f"{config.epochs} epochs, batch {config.batch_size}"
-        try:
-            rows = count_local_rows(cell.corpora["forget_corpus"], cell.benchmark, cell.data_dir)
-        except UserError as error:
-            return f"{what}; steps not counted: {error} ({shape})", downloads
-        if rows is None:
-            return f"{what}; steps counted when the data is loaded ({shape})", downloads
-        steps = config.epochs * -(-rows // config.batch_size)   # router_schedule's count
-        return f"{what}; {steps} router steps ({shape}, {rows} forget rows)", downloads
+
+        def steps(rows: int) -> str:   # router_schedule's count
+            return f"{config.epochs * -(-rows // config.batch_size)} router steps ({shape}, {rows} forget rows)"
+
+        note = training_steps_note(cell.corpora["forget_corpus"], cell.benchmark, cell.data_dir, shape, steps)
+        return f"{what}; {note}", downloads
 
     def run(self, ctx: CellContext) -> Trained:
         from ..baselines.plugin import record_resources

@@ -8,6 +8,8 @@ Without a tokenizer they use the plain template `Question: {q}\nAnswer: {a}`.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import os
 import re
 from pathlib import Path
@@ -157,6 +159,21 @@ def count_local_rows(source: str, benchmark: str, data_dir: str | os.PathLike | 
     if resolve_local_dir(benchmark, data_dir) is None and not Path(str(source)).expanduser().is_file():
         return None
     return len(load_corpus_rows(source, data_dir)[0])
+
+
+def training_steps_note(source: str, benchmark: str, data_dir, shape: str, steps: Callable[[int], str],
+                        check: Callable[[], object] = lambda: None) -> str:
+    """`--dry-run`'s cost of training on a corpus: `steps(rows)`, rows counted from local data only; `shape` (the
+    epochs and batch) where they cannot be counted. A problem the run itself would report (`check`, the row
+    count) is named here, not raised: the dry run goes on to the other cells."""
+    from ..errors import UserError
+
+    try:
+        check()
+        rows = count_local_rows(source, benchmark, data_dir)
+        return f"steps counted when the data is loaded ({shape})" if rows is None else steps(rows)
+    except UserError as error:
+        return f"steps not counted: {error} ({shape})"
 
 
 def load_corpus(source: str | os.PathLike, data_dir: str | os.PathLike | None = None, *, tokenizer=None,
