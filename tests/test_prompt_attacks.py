@@ -298,6 +298,8 @@ def test_the_robustness_table_reads_every_number_on_the_attacks_held_out_items()
         assert row["recovery"].score == pytest.approx(0.5) and row["items"] == "held-out" and row["n_items"] == [2]
     assert rows["relearn"]["recovery"].oracle_score == pytest.approx((0.3 - 0.1) / 0.8)
     assert rows["in_context"]["recovery"].oracle_score is None   # no oracle cell under this attack
+    text = "\n".join(tables.robustness_markdown([original, ga, retain, icl, relearned, oracle], "tofu"))
+    assert "Rows of in_context, relearn count the held-out forget items only" in text
     # cells without per-item values (older results, RWKU): an attack that showed no item is read on the means; one
     # that trained on a slice gets no number rather than one that counts the slice (a note says why)
     for cell in (original, ga, retain, icl, relearned, oracle):

@@ -137,7 +137,7 @@ def test_relearn_recovery_counts_only_the_items_outside_both_slices_for_every_re
     assert row["recovery"].oracle_score == pytest.approx(0.075 / 0.65)
     text = "\n".join(tables.robustness_markdown(_relearn_run(), "tofu"))
     assert "| m | forget01 | GA | relearn | held-out (2) | 0.75 | 0.10 | 0.35 | 0.38 | 0.12 | 0.27 |" in text
-    assert "Relearn rows count the held-out forget items only" in text
+    assert "Rows of relearn count the held-out forget items only" in text
 
 
 def test_relearn_without_per_item_values_gives_no_numbers_and_says_why():

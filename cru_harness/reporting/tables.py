@@ -774,12 +774,14 @@ def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
               "Recovery: the share of the Original-to-unlearned gap the attack closes (0 = nothing comes back, 1 = "
               "all of it). Oracle: what the same attack does to the retain model, on the same scale; recovery beyond "
               "it is knowledge that was hidden, not removed (docs/protocol.md).", ""]
-    if any(row["items"] == "held-out" for row in rows):
-        lines += ["Relearn rows count the held-out forget items only: the questions of the relearn slice, and of the "
-                  "oracle's own slice, are left out of all five numbers (Original, Unlearned, Attacked, the oracle "
-                  "before and after), per seed, so the gap and the recovery compare the same items. Items: how many "
-                  "were counted (none trained on: a benign relearn, or RWKU's passages, where every scored item is "
-                  "held out).", ""]
+    held_out = list(dict.fromkeys(row["attack"] for row in rows if row["items"] == "held-out"))
+    if held_out:
+        # relearn trains on a slice of the forget set, in_context shows some of its pairs: both read the rest only
+        lines += [f"Rows of {', '.join(held_out)} count the held-out forget items only: the forget questions the "
+                  "attack showed the model (a relearn slice, in-context examples), and those it showed the oracle, "
+                  "are left out of all five numbers (Original, Unlearned, Attacked, the oracle before and after), "
+                  "per seed, so the gap and the recovery compare the same items. Items: how many were counted (none "
+                  "shown: a benign relearn, or RWKU's passages, where every scored item is held out).", ""]
     lines += [f"| Model | {benchmark_view(benchmark).table_unit} | Method | Attack | Items | Original | Unlearned | "
               "Attacked | Recovery | Oracle | Excess |", "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     notes = []
