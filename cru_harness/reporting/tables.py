@@ -772,8 +772,9 @@ def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
     metric = rows[0]["metric"]
     lines += [f"Each attack on each row's model, scored on {metric} (higher = more of the forget set known). "
               "Recovery: the share of the Original-to-unlearned gap the attack closes (0 = nothing comes back, 1 = "
-              "all of it). Oracle: what the same attack does to the retain model, on the same scale; recovery beyond "
-              "it is knowledge that was hidden, not removed (docs/protocol.md).", ""]
+              "all of it; below 0, the attack lowered the forget score further). Oracle: what the same attack does to "
+              "the retain model, on the same scale; recovery beyond it is knowledge that was hidden, not removed "
+              "(docs/protocol.md).", ""]
     held_out = list(dict.fromkeys(row["attack"] for row in rows if row["items"] == "held-out"))
     if held_out:
         # relearn trains on a slice of the forget set, in_context shows some of its pairs: both read the rest only
