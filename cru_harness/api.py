@@ -153,6 +153,12 @@ class Attack:
     def settings(self) -> tuple[str, ...]:
         return () if self.config is None else tuple(f.name for f in dataclasses.fields(self.config))
 
+    def applies_to(self, method: "Method | None") -> bool:
+        """Whether the plan attacks a cell of `method` (None: the retain oracle). An attack that would only
+        re-evaluate the model as deployed (detach on a method without a bundle) gets no cell: no compute for a
+        number known beforehand."""
+        return True
+
     def check_settings(self, values: dict[str, Any]) -> None:
         if self.config is not None:
             self.config(**values)

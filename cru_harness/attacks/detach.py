@@ -3,8 +3,9 @@
 An adapter method (CRU) leaves the base weights untouched and gates them at inference. Whoever holds the files
 can load the base alone, so its forget scores fall back to the base model's. This is the trivial white-box
 attack on any adapter-style unlearning (issue 51, item 6); reporting it states plainly that CRU's forgetting
-lives in the bundle, not in the weights. For a method that changes the weights there is nothing to detach: the
-attack returns the model as deployed (the identity) and records so in the cell's details.
+lives in the bundle, not in the weights. For a method that changes the weights, and for the retain oracle, there is
+nothing to detach: a plan makes no detach cell for them (their scores would be the cell's own). Run by hand on a
+model without a bundle (`cru-harness attack`), it returns the model as deployed and records so in the details.
 """
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ class DetachAttack(Attack):
                "that changes the weights")
     config = DetachConfig
     order = 110   # after identity (100), the baseline row of a robustness table
+
+    def applies_to(self, method) -> bool:
+        return method is not None and method.adapter
 
     def run(self, ctx: CellContext) -> Trained:
         ctx.outcome["details"]["detach"] = {

@@ -163,6 +163,8 @@ def _attack_cells(config: ExperimentConfig, block: list[Cell], corpora: dict[str
     for attack in config.attacks:
         plugin = plugins.attacks.get(attack.attack)
         for cell in block:
+            if not plugin.applies_to(plugins.methods.get(cell.method) if cell.kind == "method" else None):
+                continue
             attacked.append(Cell(
                 kind="attack", model=cell.model, benchmark=cell.benchmark, split=cell.split, target=cell.target,
                 method=cell.method, label=f"{cell.label} + {attack.label}", seed=cell.seed, hparams=cell.hparams,
