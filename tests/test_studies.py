@@ -174,6 +174,9 @@ def test_scale_runs_a_study_on_another_configs_models_and_benchmarks(capsys):
     assert config.output_dir == Path("results/studies/lambda-demo")
     assert [m.label for m in config.methods] == [f"CRU-lambda{v}" for v in ("0_5", "1", "10", "50", "100")]
     assert study.spec.scale.endswith("demo.yaml") and study.spec.collapse_line
+    # the study's own tasks: demo.yaml scores TOFU's default tasks (its privacy task too), the study lists four
+    assert config.benchmarks["tofu"]["tasks"] == ["tofu_{split}", "tofu_retain", "tofu_real_authors",
+                                                  "tofu_world_facts"]
     from cru_harness.studies.run import header_lines
 
     assert any("configs/demo.yaml" in line and "--scale" in line for line in header_lines(study))
