@@ -67,7 +67,9 @@ class Method:
     which setting trained it); `sources`: where each default comes from. `seeded`: False for a method whose result
     does not depend on a seed (prompt-only, published checkpoints). `reads_corpora`: whether it trains on the forget
     / retain corpora. `needs`: what it needs beyond the forget corpus, for `cru-harness methods`. `adapter`: it
-    leaves the base untouched and attaches bundles (its cells have router artifacts)."""
+    leaves the base untouched and attaches bundles (its cells have router artifacts). `one_checkpoint`: its
+    deployed model is one checkpoint (False for WHP, two models whose logits are combined): an attack or metric
+    that loads, quantizes or trains one checkpoint does not apply to it."""
 
     name: str = ""
     summary: str = ""
@@ -82,6 +84,7 @@ class Method:
     trains: bool = True
     needs: tuple[str, ...] = ()
     adapter: bool = False
+    one_checkpoint: bool = True
     order: int = 100               # where listings put it (lower first; then by name)
 
     def __repr__(self) -> str:

@@ -180,3 +180,34 @@ def test_the_privacy_scores_read_the_served_pair(models):
     picked = logp[torch.arange(n_prompt - 1, len(ids) - 1), torch.tensor(ids[n_prompt:])]
     assert result.reference_loss == pytest.approx(-float(picked.mean()), rel=1e-5)
     assert lm.model.parameters() is not None and all(p.grad is None for p in lm.model.parameters())
+
+
+def test_a_run_plans_no_single_checkpoint_attack_on_whp_and_reports_its_lens_as_not_applicable(tmp_path):
+    """A WHP model is two checkpoints: a run gives it no quantize or relearn cell (the oracle and one-checkpoint
+    methods keep theirs) and the logit lens, which reads one layer stack, is recorded as not applicable instead
+    of failing the cell; the report's lens block says so beside the Original's row."""
+    import yaml
+
+    from cru_harness.cli import main
+    from cru_harness.reporting import tables
+    from cru_harness.runner import config as cfg
+    from cru_harness.runner.plan import build_plan
+
+    raw = {"name": "whp", "output_dir": str(tmp_path / "run"), "seeds": [0], "device": "cpu",
+           "models": [{"name": "tiny", "path": "zoo:llama:finetuned", "dtype": "float32"}],
+           "benchmarks": {"tofu": {"data_dir": "testbed:world", "splits": ["forget01"], "limit": 3,
+                                   "tasks": ["tofu_{split}"]}},
+           "methods": [{"method": "WHP", "num_epochs": 1}, {"method": "GA", "num_epochs": 1}],
+           "evaluation": {"logit_lens": True, "failure_classes": False, "max_gen_toks": 8}}
+    attacked = build_plan(cfg.validate_config({**raw, "attacks": ["quantize", "relearn", "paraphrase"]}))
+    assert sorted(c.label for c in attacked if c.kind == "attack") == [
+        "GA + paraphrase", "GA + quantize", "GA + relearn", "WHP + paraphrase"]
+    path = tmp_path / "whp.yaml"
+    path.write_text(yaml.safe_dump({**raw, "methods": [{"method": "WHP", "num_epochs": 1}]}))
+    assert main(["run", str(path), "--no-report"]) == 0
+    results = [json.loads(p.read_text()) for p in (tmp_path / "run" / "cells").glob("*/result.json")]
+    by_label = {r["label"]: r for r in results}
+    assert by_label["WHP"]["status"] == "ok" and "two models" in by_label["WHP"]["details"]["logit_lens"]["skipped"]
+    assert by_label["Original"]["details"]["logit_lens"]["best"] > 0
+    text = "\n".join(tables.lens_markdown(results, "tofu"))
+    assert "| Original |" in text and "- WHP: no logit lens (a WHP model combines two models' output logits" in text

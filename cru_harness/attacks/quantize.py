@@ -113,6 +113,9 @@ class QuantizeAttack(Attack):
     config = QuantizeConfig
     order = 120
 
+    def applies_to(self, method) -> bool:
+        return method is None or method.one_checkpoint   # a WHP model is two checkpoints: no cell for it
+
     def run(self, ctx: CellContext) -> Trained:
         config = QuantizeConfig(**ctx.cell.extra["attack"]["settings"])
         _quanto()    # a missing library is reported before the model is loaded

@@ -85,6 +85,9 @@ class RelearnAttack(Attack):
     config = RelearnConfig
     order = 130
 
+    def applies_to(self, method) -> bool:
+        return method is None or method.one_checkpoint   # a WHP model is two checkpoints: no cell for it
+
     def run(self, ctx: CellContext) -> Trained:
         from ..data.corpora import load_corpus_rows
         from ..devices import load_causal_lm, saved_dtype, training_precision

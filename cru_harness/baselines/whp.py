@@ -247,6 +247,8 @@ class WHPModel(torch.nn.Module):
 class WHPMethod(BaselineMethod):
     """The runner's and `unlearn`'s WHP: trains the reinforced model, writes the WHP directory."""
 
+    one_checkpoint = False   # two models served: no quantize or relearn cell, no logit lens
+
     def train(self, base_path: str, forget: list[dict], retain: list[dict], config: WHPConfig, out, *,
               overwrite: bool = False, trust_remote_code: bool = False, **kwargs):
         from transformers import AutoTokenizer

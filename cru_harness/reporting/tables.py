@@ -692,7 +692,7 @@ def lens_rows(results: list[dict], benchmark: str) -> list[dict]:
     found: dict[tuple, list[dict]] = defaultdict(list)
     for r in results:
         lens = (r.get("details") or {}).get("logit_lens")
-        if r.get("benchmark") == benchmark and r.get("status") == "ok" and lens:
+        if r.get("benchmark") == benchmark and r.get("status") == "ok" and lens and "skipped" not in lens:
             found[(r["model"], view.row_unit(r), r["label"])].append(r)
     rows = []
     for (model, unit, label), cells in found.items():
@@ -708,7 +708,11 @@ def lens_rows(results: list[dict], benchmark: str) -> list[dict]:
 def lens_markdown(results: list[dict], benchmark: str) -> list[str]:
     """Report lines for `lens_rows` (none when no cell recorded the lens)."""
     rows = lens_rows(results, benchmark)
-    if not rows:
+    # a row whose model has no one layer stack (WHP) says so instead of a number
+    skipped = {r["label"]: r["details"]["logit_lens"]["skipped"] for r in results
+               if r.get("benchmark") == benchmark and r.get("status") == "ok"
+               and "skipped" in ((r.get("details") or {}).get("logit_lens") or {})}
+    if not rows and not skipped:
         return []
     lines = ["Logit lens: each decoder block's output read through the final norm and the output head; the best "
              "block's forget probability beside the output's (higher = more of the forget set readable). A best "
@@ -722,7 +726,8 @@ def lens_markdown(results: list[dict], benchmark: str) -> list[str]:
         where = f"layer{'s' if len(row['layers']) > 1 else ''} {layers} of {total}"
         lines.append(f"| {row['model']} | {row['unit']} | {row['label']} | {fmt2(row['output'])} | "
                      f"{fmt2(row['best'])} ({where}) |")
-    return lines + [""]
+    return lines + [""] + [f"- {label}: no logit lens ({reason})." for label, reason in skipped.items()] + \
+        ([""] if skipped else [])
 
 
 def aa_type_rows(results: list[dict]) -> list[dict]:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from .. import plugins
 from ..errors import MissingInputError
 from ..store import CellStore, waiting_lock
 from .evaluation import (evaluate_cell, logit_lens_of_cell, protocol_presets, retain_from_per_item, score_cell,
@@ -230,7 +231,12 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
                    failure_classes=scored.get("failure_classes", {}))
     outcome["artifacts"].update(scored.get("artifacts", {}))
     outcome["details"]["scoring"] = {**scored.get("details", {}), "nll_original_model": base_path}
-    if cell.evaluation.get("logit_lens"):   # asked for by the run: the answer read at every layer
+    # the oracle and Original (attacked too) are one checkpoint; a method says whether its model is
+    one_checkpoint = cell.method not in plugins.methods.names() or method_for(cell).one_checkpoint
+    if cell.evaluation.get("logit_lens") and not one_checkpoint:
+        outcome["details"]["logit_lens"] = {"skipped": f"a {cell.method} model combines two models' output logits: "
+                                                       "no one stack of layers to read"}
+    elif cell.evaluation.get("logit_lens"):   # asked for by the run: the answer read at every layer
         lens = logit_lens_of_cell(cell, model_path, routers, data_dir, chat)
         if lens is not None:
             outcome["metrics"]["forget_best_layer_prob"] = lens["best"]
