@@ -147,12 +147,16 @@ def test_in_context_is_refused_under_the_legacy_cut_and_bad_metadata_is_one_line
 # ------------------------------------------------------------------------------------------- the attacks
 
 
-def test_attacks_name_the_forget_task_variants_and_leave_the_other_tasks():
-    tasks = ("tofu_forget10", "tofu_retain", "tofu_real_authors", "tofu_world_facts")
-    assert paraphrase.ATTACK.tasks(tasks, {}) == ("tofu_forget10_paraphrase",) + tasks[1:]
-    assert in_context.ATTACK.tasks(("tofu_forget05_suite",), {}) == (
+def test_attacks_name_the_forget_task_variants_and_evaluate_only_those():
+    """A run's prompt-attack cell scores the variants alone (the other tasks would give the attacked cell's numbers);
+    `variant_tasks` (what `cru-harness attack` tells a user to evaluate) keeps the other tasks."""
+    tasks = ("tofu_forget10", "tofu_retain", "tofu_real_authors", "tofu_world_facts", "tofu_privacy_forget10")
+    assert paraphrase.ATTACK.tasks(tasks, {}) == ("tofu_forget10_paraphrase",)
+    assert variant_tasks(tasks, "paraphrase") == ("tofu_forget10_paraphrase",) + tasks[1:]
+    assert in_context.ATTACK.tasks(("tofu_forget05_suite",), {}) == ("tofu_forget05_in_context",)
+    assert variant_tasks(("tofu_forget05_suite",), "in_context") == (
         "tofu_forget05_in_context", "tofu_retain", "tofu_real_authors", "tofu_world_facts")
-    assert paraphrase.ATTACK.tasks(("rwku_forget", "rwku_mia"), {}) == ("rwku_forget", "rwku_mia")
+    assert paraphrase.ATTACK.tasks(("rwku_forget", "rwku_mia"), {}) == ("rwku_forget", "rwku_mia")   # no variant
     assert variant_tasks(("tofu_privacy_forget10",), "paraphrase") == ("tofu_privacy_forget10",)
     assert in_context.ATTACK.task_metadata({"k": 2, "slice_size": 4}, seed=3) == {
         "tofu_icl_k": 2, "tofu_icl_slice_fraction": 0.25, "tofu_icl_seed": 3, "tofu_icl_slice_size": 4}
@@ -179,7 +183,7 @@ def test_a_plan_gives_attack_cells_the_variants_and_other_attacks_the_attacked_t
     ga = cells[("GA", 0)]
     assert cells[("GA + identity", 0)].tasks == ga.tasks
     assert cells[("GA + in_context", 1)].tasks[0] == "tofu_forget01_in_context"
-    assert cells[("GA + paraphrase", 0)].tasks == ("tofu_forget01_paraphrase",) + ga.tasks[1:]
+    assert cells[("GA + paraphrase", 0)].tasks == ("tofu_forget01_paraphrase",)
     assert cells[("GA + in_context", 0)].hash != cells[("GA + in_context", 1)].hash   # the seed draws the slice
 
 

@@ -1,8 +1,10 @@
 """The attacks on the prompts, not the model (`paraphrase`, `in_context`): each returns the deployed model as it
 is and names the task variants its cells are evaluated with (TOFU's forget task `tofu_forgetXX` ->
-`tofu_forgetXX_<variant>`, in `tasks/tofu`). The variants ask differently; the scored answers, the scorer and the
-other tasks of the cell stay the attacked cell's, so an attack cell's numbers feed the robustness table as any
-attack's. A benchmark without such a variant (RWKU) is evaluated as deployed, and the cell's details say so.
+`tofu_forgetXX_<variant>`, in `tasks/tofu`). The variants ask differently; the scored answers and the scorer stay
+the attacked cell's, so an attack cell's numbers feed the robustness table as any attack's. A run's attack cell
+evaluates the variants only: the cell's other tasks would score the attacked cell's model on its own questions,
+the attacked cell's numbers. A benchmark without such a variant (RWKU) is evaluated as deployed, every task, and
+the cell's details say so.
 """
 from __future__ import annotations
 
@@ -37,7 +39,12 @@ class PromptAttack(Attack):
     variant = ""
 
     def tasks(self, tasks: tuple[str, ...], settings: Mapping[str, Any]) -> tuple[str, ...]:
-        return variant_tasks(tasks, self.variant)
+        """The variants alone: a task the attack leaves as it is would ask the attacked cell's model the attacked
+        cell's questions, so its numbers are the attacked cell's (no cell re-scores them). Without a variant
+        (RWKU), every task: the cell is the model as deployed."""
+        changed = tuple(task for task in variant_tasks(tasks, self.variant) if task not in tasks
+                        and task not in SUITE_UTILITY_TASKS)
+        return changed or tuple(tasks)
 
     def run(self, ctx: CellContext) -> Trained:
         tasks = getattr(ctx.cell, "tasks", None)   # a runner cell's; `cru-harness attack` evaluates nothing
