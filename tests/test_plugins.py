@@ -108,6 +108,10 @@ def test_attack_cells_are_planned_per_method_cell_and_keyed_by_it(tmp_path):
     lr = {**raw, "attacks": ["identity"], "methods": [{"method": "GA", "learning_rate": 1e-3}, "CRU"]}
     moved = build_plan(cfg.validate_config(lr))
     assert moved[len(plain)].hash != extra[0].hash and moved[len(plain) + 1].hash == extra[1].hash
+    from cru_harness.runner.cli import plan_summary
+
+    summary = plan_summary(cfg.validate_config({**raw, "attacks": ["identity"]}), attacked)
+    assert (summary["n_trained"], summary["n_attacked"], summary["n_evaluated"]) == (len(plain) - 1, 2, len(attacked))
     # detach has nothing to remove from GA's weights or the oracle's: only the adapter method's cell is attacked
     oracle = {**raw, "models": [{"name": "m", "path": "zoo:llama", "retain": {"checkpoint": "zoo:llama:retain"}}]}
     detached = build_plan(cfg.validate_config({**oracle, "attacks": ["detach", "identity"]}))

@@ -168,7 +168,9 @@ def plan_summary(config, cells, selected_targets=None) -> dict:
     data = {bench: (spec["data_dir"] or "Hub / CRU_HARNESS_* env (see data.sources)")
             for bench, spec in config.benchmarks.items()}
     return {"name": config.name, "output_dir": str(config.output_dir), "n_cells": len(cells),
-            "n_trained": sum(1 for item in described if item["trains"] and not item["trains"].startswith("nothing")),
+            "n_trained": sum(1 for item in described if item["kind"] != "attack" and item["trains"]
+                             and not item["trains"].startswith("nothing")),
+            "n_attacked": sum(1 for item in described if item["kind"] == "attack"),
             "n_evaluated": sum(1 for item in described if item["evaluates"]), "downloads": downloads,
             "data": data, "cells": described, "target_selection": _selection_summary(config, selected_targets),
             "pending_selection": pending_selections(config, selected_targets),
@@ -222,7 +224,8 @@ def print_plan(summary: dict, out=None) -> None:
     if summary.get("only") is not None:
         count = f"{summary['n_cells']} of {summary['n_planned']} cells (--only {summary['only']})"
     print(f"experiment {summary['name']}: {count} -> {summary['output_dir']}", file=out)
-    print(f"  trains {summary['n_trained']} cells, evaluates {summary['n_evaluated']}", file=out)
+    attacks = f", attacks {summary['n_attacked']}" if summary["n_attacked"] else ""
+    print(f"  trains {summary['n_trained']} cells{attacks}, evaluates {summary['n_evaluated']}", file=out)
     for bench, where in summary["data"].items():
         print(f"  data {bench}: {where}", file=out)
     print("  models loaded (weights; code too where trust_remote_code is true):", file=out)
