@@ -252,6 +252,39 @@ def test_prompt_attack_cells_through_the_executor_score_the_variant_as_the_forge
         assert scored["forget_quality"]["reason"].startswith("no retain model")
 
 
+@pytest.mark.slow
+def test_a_prompt_attack_cell_takes_the_lens_of_the_model_it_serves_unchanged(tmp_path, registered):
+    """The lens reads the plain forget rows: on a prompt attack's cell (the attacked cell's model as it is) it would
+    read them again, so the cell records the attacked cell's lens; a relearned model is read anew."""
+    import yaml
+
+    from cru_harness.runner.config import load_config
+    from cru_harness.runner.execute import execute_cell
+    from cru_harness.runner.plan import build_plan
+    from cru_harness.testbed.zoo import tiny_checkpoint
+
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "p", "output_dir": str(tmp_path / "out"), "seeds": [0], "device": "cpu",
+        "models": [{"name": "m", "path": "zoo:llama:finetuned", "dtype": "float32",
+                    "retain": {"checkpoint": "zoo:llama:retain"}}],
+        "benchmarks": {"tofu": {"data_dir": "testbed:world", "splits": ["forget01"], "tasks": ["tofu_{split}"],
+                                "limit": 2}},
+        "methods": [{"method": "GA"}], "include_original": False,
+        "attacks": ["paraphrase", {"attack": "relearn", "num_epochs": 1}],
+        "evaluation": {"max_gen_toks": 4, "failure_classes": False, "logit_lens": True}}))
+    cells = {c.label: c for c in build_plan(load_config(config))}
+    lens = {"best": 0.123, "best_layer": 3, "n_layers": 8, "per_layer": [0.1] * 8, "final": 0.1}
+    oracle = {"label": "Retain", "kind": "retain", "artifacts": {"model": str(tiny_checkpoint("llama", "retain"))},
+              "details": {"logit_lens": lens}}
+    asked = execute_cell(cells["Retain + paraphrase"], tmp_path / "p", attacked_result=oracle)
+    assert asked["details"]["logit_lens"]["from_attacked_cell"] == cells["Retain"].hash
+    assert asked["metrics"]["forget_best_layer_prob"] == 0.123
+    relearned = execute_cell(cells["Retain + relearn"], tmp_path / "r", attacked_result=oracle)
+    assert "from_attacked_cell" not in relearned["details"]["logit_lens"]
+    assert relearned["metrics"]["forget_best_layer_prob"] != 0.123
+
+
 def test_rwku_cells_report_the_adversarial_probe_per_attack_type_of_their_target():
     from cru_harness.scoring.cell_scores import aa_types
 

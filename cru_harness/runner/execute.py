@@ -182,6 +182,7 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
     model_path = base_path
     routers = None
     task_metadata = None   # an attack's on the prompts: what its task variants read
+    same_model = False     # an attack that serves the attacked cell's model as it is (on other prompts)
 
     if cell.kind == "retain":
         retain = cell.extra["retain"]
@@ -205,6 +206,7 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
         ctx.routers = routers
         attack = attack_for(cell)
         attacked = attack.run(ctx)
+        same_model = (attacked.model_path, attacked.routers) == (model_path, routers)   # a prompt attack
         model_path, routers = attacked.model_path, attacked.routers
         task_metadata = attack.task_metadata(cell.extra["attack"]["settings"], cell.seed) or None
         label = attacked_result["label"]
@@ -236,6 +238,12 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
     if cell.evaluation.get("logit_lens") and not one_checkpoint:
         outcome["details"]["logit_lens"] = {"skipped": f"a {cell.method} model combines two models' output logits: "
                                                        "no one stack of layers to read"}
+    elif cell.evaluation.get("logit_lens") and same_model and (attacked_result.get("details") or {}).get("logit_lens"):
+        # the attacked cell's model, read on the same forget rows: its lens, not a second reading of it
+        lens = {**attacked_result["details"]["logit_lens"], "from_attacked_cell": cell.extra["attacked"]}
+        if "best" in lens:
+            outcome["metrics"]["forget_best_layer_prob"] = lens["best"]
+        outcome["details"]["logit_lens"] = lens
     elif cell.evaluation.get("logit_lens"):   # asked for by the run: the answer read at every layer
         lens = logit_lens_of_cell(cell, model_path, routers, data_dir, chat)
         if lens is not None:
