@@ -8,7 +8,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .. import plugins
 from ..errors import MissingInputError
@@ -33,9 +33,10 @@ class PlanExecutor:
     the report fills it once the retain cell exists (`reporting.tables.fill_forget_quality`).
     """
 
-    def __init__(self, store: CellStore, cells: Iterable[Cell]):
+    def __init__(self, store: CellStore, cells: Iterable[Cell], log: Callable[[str], None] | None = None):
         self.store = store
         self.cells = list(cells)
+        self.log = log
 
     def finetuned_checkpoint(self, cell: Cell, source: Cell) -> tuple[str, dict]:
         """The checkpoint `cell` starts from, written by the finetune cell `source`, and where it came from.
@@ -95,6 +96,8 @@ class PlanExecutor:
 
             target = attacked_cell_for(cell, self.cells)
             attacked = self.store.load_result(target.hash) if target is not None else None
+            if target is not None and not attacked:   # another shard of the run may be computing it
+                attacked = self.store.wait_while_running_elsewhere(target.hash, log=self.log)
             if not attacked or attacked.get("status") != "ok":
                 state = "is not in this plan" if target is None else (
                     "has not run" if not attacked else f"is {attacked.get('status')}")
