@@ -236,20 +236,25 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
                    failure_classes=scored.get("failure_classes", {}))
     outcome["artifacts"].update(scored.get("artifacts", {}))
     outcome["details"]["scoring"] = {**scored.get("details", {}), "nll_original_model": base_path}
-    # the oracle and Original (attacked too) are one checkpoint; a method says whether its model is
-    one_checkpoint = cell.method not in plugins.methods.names() or method_for(cell).one_checkpoint
-    if cell.evaluation.get("logit_lens") and not one_checkpoint:
-        outcome["details"]["logit_lens"] = {"skipped": f"a {cell.method} model combines two models' output logits: "
-                                                       "no one stack of layers to read"}
-    elif cell.evaluation.get("logit_lens") and same_model and (attacked_result.get("details") or {}).get("logit_lens"):
-        # the attacked cell's model, read on the same forget rows: its lens, not a second reading of it
-        lens = {**attacked_result["details"]["logit_lens"], "from_attacked_cell": cell.extra["attacked"]}
-        if "best" in lens:
-            outcome["metrics"]["forget_best_layer_prob"] = lens["best"]
-        outcome["details"]["logit_lens"] = lens
-    elif cell.evaluation.get("logit_lens"):   # asked for by the run: the answer read at every layer
-        lens = logit_lens_of_cell(cell, model_path, routers, data_dir, chat)
+    if cell.evaluation.get("logit_lens"):   # asked for by the run: the answer read at every layer
+        lens = cell_lens(cell, model_path, routers, data_dir, chat,
+                         attacked_result if same_model else None)
         if lens is not None:
-            outcome["metrics"]["forget_best_layer_prob"] = lens["best"]
+            if "best" in lens:
+                outcome["metrics"]["forget_best_layer_prob"] = lens["best"]
             outcome["details"]["logit_lens"] = lens
     return outcome
+
+
+def cell_lens(cell: Cell, model_path: str, routers: str | None, data_dir, chat: bool,
+              served_by: dict | None) -> dict | None:
+    """The logit lens a cell records: read on its model (`logit_lens_of_cell`); that of `served_by`, the attacked
+    cell whose model a prompt attack serves unchanged on the same forget rows; or why there is none (a model of
+    several checkpoints, WHP's). None: the benchmark has no forget probability."""
+    # the oracle and Original (attacked too) are one checkpoint; a method says whether its model is
+    if cell.method in plugins.methods.names() and not method_for(cell).one_checkpoint:
+        return {"skipped": f"a {cell.method} model combines two models' output logits: no one stack of layers to read"}
+    seen = ((served_by or {}).get("details") or {}).get("logit_lens")
+    if seen:
+        return {**seen, "from_attacked_cell": cell.extra["attacked"]}
+    return logit_lens_of_cell(cell, model_path, routers, data_dir, chat)
