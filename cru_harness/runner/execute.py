@@ -109,13 +109,6 @@ class PlanExecutor:
         return outcome
 
 
-def method_for(cell: Cell):
-    """The registered method plugin (`cru_harness.api.Method`) of a method cell."""
-    from .. import plugins
-
-    return plugins.methods.get(cell.method)
-
-
 def attack_for(cell: Cell):
     """The registered attack plugin (`cru_harness.api.Attack`) of an attack cell."""
     from .. import plugins
@@ -143,7 +136,7 @@ def method_context(cell: Cell, model_path: str, workdir: Path, data_dir, outcome
     from ..api import CellContext
 
     # a method that trains nothing (prompt-only, published checkpoints) reads nothing of the base model here
-    trains = method_for(cell).trains if trains is None else trains
+    trains = cell.method_plugin.trains if trains is None else trains
     chat = use_chat_template(cell, model_path) if trains else False
     return CellContext(cell=cell, model_path=model_path, workdir=workdir, data_dir=data_dir, outcome=outcome,
                        chat=chat, prompt_format=prompt_format(cell, chat) if trains else {},
@@ -200,7 +193,7 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
             model_path = train_retain_model(cell, retain["value"], workdir, data_dir, outcome)
         outcome["artifacts"]["model"] = model_path   # what an attack on the oracle (the control) starts from
     elif cell.kind == "method":   # the method's plugin trains (or fetches) what the evaluation loads
-        trained = method_for(cell).run(method_context(cell, model_path, workdir, data_dir, outcome))
+        trained = cell.method_plugin.run(method_context(cell, model_path, workdir, data_dir, outcome))
         model_path, routers = trained.model_path, trained.routers
         outcome["artifacts"]["model"] = model_path   # what an attack on this cell starts from
     elif cell.kind == "attack":
@@ -252,7 +245,7 @@ def cell_lens(cell: Cell, model_path: str, routers: str | None, data_dir, chat: 
     cell whose model a prompt attack serves unchanged on the same forget rows; or why there is none (a model of
     several checkpoints, WHP's). None: the benchmark has no forget probability."""
     # the oracle and Original (attacked too) are one checkpoint; a method says whether its model is
-    if cell.method in plugins.methods.names() and not method_for(cell).one_checkpoint:
+    if cell.method_plugin is not None and not cell.method_plugin.one_checkpoint:
         return {"skipped": f"a {cell.method} model combines two models' output logits: no one stack of layers to read"}
     seen = ((served_by or {}).get("details") or {}).get("logit_lens")
     if seen:
