@@ -47,6 +47,8 @@ class PlanExecutor:
         the cell recorded: equal on the CPU; a GPU's kernels need not be bitwise deterministic, and cells that
         start from a differing checkpoint say so (`details.finetuned_from`, a note in the report)."""
         loaded = self.store.load_result(source.hash)
+        if not loaded:   # another shard of the run may be fine-tuning it: its cells wait, as attack cells do
+            loaded = self.store.wait_while_running_elsewhere(source.hash, log=self.log)
         if not loaded or loaded.get("status") != "ok":
             state = "has not run" if not loaded else f"is {loaded.get('status')}"
             raise RuntimeError(f"model {cell.model.name} starts from its fine-tuned checkpoint, but its finetune "
