@@ -319,12 +319,26 @@ def test_dpo_loss_prefers_the_alternate():
     assert (rw.learning_rate, rw.effective_batch_size, rw.beta, rw.alpha) == (5e-6, 8, 0.1, 0.0)
 
 
-def test_rt_loss_is_the_refusals_nll():
+def test_rt_loss_is_tofus_idk_loss_one_token_mean_over_refusals_and_retain():
+    """locuslab/tofu dataloader.py, loss_type "idk": the refusal and retain batches concatenated, one
+    `model(...).loss` (a token mean over both), re-typed; not the sum of the two token means."""
     model = TableLM(0)
     batch = {**make_batch(), "alternate": sub_batch(ALTERNATE_ROWS)}
-    loss, logs = method("rt", alpha=0.5).compute_loss(model, batch)
-    expected = ref_nll(model, batch["alternate"]) + 0.5 * ref_nll(model, batch["retain"])
-    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    loss, logs = method("rt").compute_loss(model, batch)
+    alt, ret = batch["alternate"], batch["retain"]
+    width = max(alt["input_ids"].shape[1], ret["input_ids"].shape[1])
+
+    def padded(tensor, value):
+        return F.pad(tensor, (0, width - tensor.shape[1]), value=value)
+
+    concatenated = {"input_ids": torch.cat([padded(alt["input_ids"], 0), padded(ret["input_ids"], 0)]),
+                    "labels": torch.cat([padded(alt["labels"], -100), padded(ret["labels"], -100)])}
+    assert loss.item() == pytest.approx(ref_nll(model, concatenated).item(), rel=1e-5)
+    assert loss.item() != pytest.approx((ref_nll(model, alt) + ref_nll(model, ret)).item(), rel=1e-3)
+    assert logs["refusal_nll"] == pytest.approx(ref_nll(model, alt).item(), rel=1e-5)
+    # alpha 0 (RWKU's): the refusals' token mean alone
+    loss, _ = method("rt", alpha=0.0).compute_loss(model, {"alternate": alt})
+    assert loss.item() == pytest.approx(ref_nll(model, alt).item(), rel=1e-5)
     rw = B.make_config("rt", "rwku")
     assert (rw.learning_rate, rw.effective_batch_size, rw.alpha, rw.num_epochs) == (4e-7, 8, 0.0, 3)
 
