@@ -485,6 +485,7 @@ def test_lunar_trains_one_down_projection_with_lunars_decay(tokenizer, tmp_path)
     res = B.unlearn(model, tokenizer, FORGET, RETAIN, "lunar", cfg, progress=False)
     changed = {k for k, v in res.model.state_dict().items() if not torch.equal(v, start[k])}
     assert changed == {"model.layers.1.mlp.down_proj.weight"}
+    assert res.resources["trainable_params"] == start["model.layers.1.mlp.down_proj.weight"].numel()   # as recorded
     tokens = res.final_logs["forget_tokens"] + res.final_logs["retain_tokens"]
     per_epoch = -(-tokens // 16)   # every forget and retain prompt token, each epoch
     assert res.final_logs["retain_tokens"] > 0 and len(res.history) == 3 * per_epoch
