@@ -34,6 +34,7 @@ def as_studied(name, seeds=None):
     tofu["tasks"] = [task for task in tofu["tasks"] if not task.startswith("tofu_privacy")]
     raw["methods"] = [m for m in raw["methods"] if m["method"] in STUDIED]
     raw.pop("attacks", None)
+    raw.get("evaluation", {}).pop("logit_lens", None)
     if seeds is not None:
         raw["seeds"] = seeds
     return cfg.validate_config(raw, source=str(CONFIGS / name))

@@ -177,6 +177,14 @@ def test_scale_runs_a_study_on_another_configs_models_and_benchmarks(capsys):
     # the study's own tasks: demo.yaml scores TOFU's default tasks (its privacy task too), the study lists four
     assert config.benchmarks["tofu"]["tasks"] == ["tofu_{split}", "tofu_retain", "tofu_real_authors",
                                                   "tofu_world_facts"]
+    # and its own logit-lens setting: a scale that reads the lens (forget01's campaign) leaves a study's cells alone
+    from cru_harness.studies.config import apply_scale
+
+    raw, scale = {"study": {}, "benchmarks": {"tofu": {}}}, {"benchmarks": {"tofu": {}}, "evaluation": {
+        "batch_size": 8, "logit_lens": True}}
+    assert apply_scale(raw, scale, "s.yaml")["evaluation"] == {"batch_size": 8}
+    asked = {**raw, "evaluation": {"logit_lens": True}}
+    assert apply_scale(asked, scale, "s.yaml")["evaluation"] == {"batch_size": 8, "logit_lens": True}
     from cru_harness.studies.run import header_lines
 
     assert any("configs/demo.yaml" in line and "--scale" in line for line in header_lines(study))
