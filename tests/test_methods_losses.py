@@ -362,6 +362,18 @@ def test_rt_loss_is_tofus_idk_loss_one_token_mean_over_refusals_and_retain():
     assert (rw.learning_rate, rw.effective_batch_size, rw.alpha, rw.num_epochs) == (4e-7, 8, 0.0, 3)
 
 
+@pytest.mark.parametrize("name", ["gd", "gd_kl", "rt", "rmu"])
+def test_a_retain_term_without_retain_rows_is_one_clear_error(tokenizer, name):
+    """alpha > 0 and no retain rows in the batch: the method names itself and alpha, whatever its retain term."""
+    model, ref = tiny(tokenizer, seed=0), tiny(tokenizer, seed=1).requires_grad_(False)
+    forget = encoded(tokenizer, FORGET[:2])
+    m = method(name, alpha=2.0, **({"layer": 0} if name == "rmu" else {}))
+    if name == "rmu":
+        m.prepare(model, seed=0)
+    with pytest.raises(InputError, match=rf"^{m.name}: alpha=2.0 but the batch has no retain examples"):
+        m.compute_loss(model, {"forget": forget, "alternate": forget}, ref_model=ref)
+
+
 def test_a_rows_own_alternate_wins_over_drawn_refusals(tokenizer):
     rows = [dict(FORGET[0], alternate="A made-up answer."), FORGET[1]]
     dataset = ForgetRetainDataset(tokenizer, rows, refusals=["I don't know."], seed=1)

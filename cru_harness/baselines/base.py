@@ -197,16 +197,21 @@ class UnlearningMethod:
 
         return default_counts(inputs)
 
-    def _retain_term(self, model, batch: dict, logs: dict, ref_model=None) -> torch.Tensor | float:
-        if not self.uses_retain:
-            return 0.0
+    def _retain_batch(self, batch: dict) -> dict:
+        """The batch's retain examples, which a method with a retain term (alpha > 0) cannot run without."""
         if "retain" not in batch:
             raise InputError(f"{self.name}: alpha={self.config.alpha} but the batch has no retain examples "
                              "(pass retain rows, or set alpha=0)")
+        return batch["retain"]
+
+    def _retain_term(self, model, batch: dict, logs: dict, ref_model=None) -> torch.Tensor | float:
+        if not self.uses_retain:
+            return 0.0
+        retain = self._retain_batch(batch)
         from .losses import kl_to_reference, nll_loss
 
         if self.retain_loss == "kl":
-            term, logs["retain_kl"] = kl_to_reference(model, ref_model, batch["retain"])
+            term, logs["retain_kl"] = kl_to_reference(model, ref_model, retain)
         else:
-            term, logs["retain_nll"] = nll_loss(model, batch["retain"])
+            term, logs["retain_nll"] = nll_loss(model, retain)
         return self.config.alpha * term

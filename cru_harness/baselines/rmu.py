@@ -145,11 +145,9 @@ class RMU(UnlearningMethod):
         loss = self.config.forget_weight * sequence_mean(per_row, forget)
         logs["rmu_forget"] = float(per_row.detach().mean())
         if self.uses_retain:
-            if "retain" not in batch:
-                raise InputError(f"rmu: alpha={self.config.alpha} but the batch has no retain examples")
+            retain = self._retain_batch(batch)
             if ref_model is None:
                 raise ValueError("rmu needs a reference model (a frozen copy of the starting model)")
-            retain = batch["retain"]
             acts = block_output(model, retain, self.config.layer)
             with torch.no_grad():
                 frozen = block_output(ref_model, retain, self.config.layer).to(acts.device)

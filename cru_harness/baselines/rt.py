@@ -39,10 +39,7 @@ class RT(UnlearningMethod):
             raise InputError("rt: the batch has no 'alternate' (refusal) examples")
         parts = [("refusal_nll", batch["alternate"], self.config.forget_weight)]
         if self.uses_retain:
-            if "retain" not in batch:
-                raise InputError(f"rt: alpha={self.config.alpha} but the batch has no retain examples "
-                                 "(pass retain rows, or set alpha=0)")
-            parts.append(("retain_nll", batch["retain"], self.config.alpha))
+            parts.append(("retain_nll", self._retain_batch(batch), self.config.alpha))
         logs: dict[str, float] = {}
         summed, tokens = 0.0, 0
         for name, inputs, weight in parts:
