@@ -82,14 +82,15 @@ def logit_lens_scores(model, tokenizer, rows: list[dict], *, routers: str | list
         for index, row in enumerate(rows):
             example = encode_qa(tokenizer, *row_to_qa(row, index), max_length, **fmt)
             ids = torch.tensor([example.input_ids], device=device)
-            labels = torch.tensor(example.labels[1:], device=device)
+            labels = torch.tensor(example.labels[1:], device=head_device)
             answer = labels != -100
             captured.clear()
             model(input_ids=ids)
             for layer in range(len(blocks)):
-                logits = head(norm(captured[layer].to(head_device)))[0, :-1].float()
-                logp = torch.log_softmax(logits, dim=-1)[answer.to(head_device)].gather(
-                    1, labels[answer].to(head_device)[:, None])
+                # the norm is per position: read the head at the answer's positions only (the vocabulary
+                # projection is most of the lens's cost)
+                hidden = captured[layer].to(head_device)[0, :-1][answer]
+                logp = torch.log_softmax(head(norm(hidden)).float(), dim=-1).gather(1, labels[answer][:, None])
                 sums[layer] += float(logp.mean().exp())
     finally:
         for hook in hooks:
