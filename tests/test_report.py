@@ -232,6 +232,26 @@ def test_forget_quality_from_retain_cell():
     assert stale["metrics"]["forget_quality"] == pytest.approx(1.0) and bare["metrics"]["forget_quality"] == 0.5
 
 
+def test_privleak_from_retain_cell():
+    """The report computes privleak against the run's retain cell from both cells' Min-K% AUCs (open-unlearning's
+    formula): it fills a cell scored against the 0.5 fallback (scored before its oracle existed) and one scored
+    against another oracle; the oracle's own is 0; a cell without an AUC keeps its number, and no oracle AUC
+    leaves every recorded number."""
+    from cru_harness.metrics import privleak
+
+    retain = tofu_result("M1", "forget01", "Retain", 0.0, 0.5, kind="retain", mia_auc_min_k=0.68, privleak=-36.0)
+    early = tofu_result("M1", "forget01", "GA", 0.0, 0.5, mia_auc_min_k=0.86, privleak=privleak(0.86))
+    other = tofu_result("M1", "forget01", "NPO", 0.0, 0.5, mia_auc_min_k=0.9, privleak=privleak(0.9, 0.6))
+    bare = tofu_result("M1", "forget01", "CRU", 0.0, 0.5, privleak=12.0)
+    elsewhere = tofu_result("M2", "forget01", "GA", 0.0, 0.5, mia_auc_min_k=0.86, privleak=privleak(0.86))
+    tables.fill_from_oracle([early, other, bare, elsewhere, retain])
+    assert early["metrics"]["privleak"] == pytest.approx(((1 - 0.86) - (1 - 0.68)) / (1 - 0.68) * 100)
+    assert early["metrics"]["privleak"] == pytest.approx(-56.25)
+    assert other["metrics"]["privleak"] == pytest.approx(((1 - 0.9) - (1 - 0.68)) / (1 - 0.68) * 100)
+    assert retain["metrics"]["privleak"] == 0.0
+    assert bare["metrics"]["privleak"] == 12.0 and elsewhere["metrics"]["privleak"] == pytest.approx(-72.0)
+
+
 def write_cells(root, results):
     store = CellStore(root)
     for r in results:

@@ -120,6 +120,46 @@ def test_a_shards_cells_wait_while_another_shard_fine_tunes_their_model(tmp_path
     assert said == [f"waiting for cell {ft.hash}, which process {other.pid} is computing"]
 
 
+def test_a_shards_cells_wait_while_another_shard_computes_their_retain_oracle(tmp_path, monkeypatch):
+    """Shards started together: a TOFU cell whose retain cell another live process computes waits for it, so its
+    Forget Quality, privleak and the privacy task's reference attack read the oracle; a retain cell that has not
+    run (no live process on it) is not waited on, and the log says what the cell goes without."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    cells = build_plan(cfg.validate_config(raw_config(tmp_path, retain={"checkpoint": "open-unlearning/retain"})))
+    retain = next(c for c in cells if c.kind == "retain")
+    ga = next(c for c in cells if c.label == "GA")
+    store = CellStore(tmp_path / "run")
+    store.cell_dir(retain.hash).mkdir(parents=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    waits = CellStore.wait_while_running_elsewhere
+    monkeypatch.setattr(CellStore, "wait_while_running_elsewhere",
+                        lambda self, cell_hash, log=None: waits(self, cell_hash, log=log, poll_s=0.05))
+    seen, said = {}, []
+    monkeypatch.setattr(execute, "execute_cell", lambda cell, workdir, **kw: seen.update(kw) or {})
+    executor = execute.PlanExecutor(store, cells, log=said.append)
+    executor(ga, tmp_path / "w0")   # nobody computes the oracle: no wait
+    assert seen["retain_result"] is None and said == [
+        f"{ga.hash}: its retain cell {retain.hash} has no result: Forget Quality and privleak are filled by the "
+        "report once it exists; the privacy task's reference attack is not run"]
+    said.clear()
+    try:
+        (store.cell_dir(retain.hash) / "RUNNING").write_text(json.dumps({"pid": other.pid,
+                                                                         "host": socket.gethostname()}))
+        threading.Timer(0.3, lambda: store.write(retain.hash, *run_one(retain, tmp_path / "r", lambda cell, workdir: {
+            "metrics": {"mia_auc_min_k": 0.7}}))).start()
+        executor(ga, tmp_path / "w1")
+    finally:
+        other.kill()
+        other.wait()
+    assert seen["retain_result"]["metrics"]["mia_auc_min_k"] == 0.7
+    assert said == [f"waiting for cell {retain.hash}, which process {other.pid} is computing"]
+
+
 def test_device_map_reaches_lm_eval():
     args = eval_model_args(cfg.ModelSpec("m", "p", dtype="bfloat16", device_map="auto"), "/m")
     assert args["parallelize"] is True and args["softmax_dtype"] == "float32"

@@ -208,7 +208,7 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
     from .router_lr import router_lr_markdown
 
     # first: a mistyped run directory creates nothing
-    results = tables.fill_forget_quality(load_results(*dirs))
+    results = tables.fill_from_oracle(load_results(*dirs))
     plans = read_plans(dirs)   # the configs' method order and lists, read once
     results = tables.split_label_variants(configured_order(plans, results))
     if require_cells and not results:   # an empty report would read as a run with nothing in it

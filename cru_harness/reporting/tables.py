@@ -94,6 +94,32 @@ def fill_forget_quality(results: list[dict]) -> list[dict]:
     return results
 
 
+def fill_privleak(results: list[dict]) -> list[dict]:
+    """TOFU privleak of each cell against the retain cell (same model, same split) among `results`, from both
+    cells' recorded MIA AUCs by the scorer's rule (`cell_scores.privleak_of`). As `fill_forget_quality`: it is
+    the number a cell records when scored beside its oracle, and it fills one scored before the oracle existed
+    (against open-unlearning's 0.5 fallback) or replaces one scored against another oracle. The retain cell's own
+    is 0, against itself (as MUSE reports its retain model). Without both AUCs the recorded value stays."""
+    from ..scoring.cell_scores import PRIVLEAK_AUC, privleak_of
+
+    oracle = {(r["model"], r["split"]): r for r in results if r.get("kind") == "retain" and r.get("status") == "ok"}
+    for result in results:
+        if not benchmark_view(result.get("benchmark")).has_oracle or result.get("status") != "ok" or \
+                result.get("kind") == "finetune":
+            continue
+        retain = oracle.get((result["model"], result["split"]))
+        auc = (result.get("metrics") or {}).get(PRIVLEAK_AUC)
+        retain_auc = ((retain or {}).get("metrics") or {}).get(PRIVLEAK_AUC)
+        if auc is not None and retain_auc is not None:
+            result["metrics"]["privleak"] = privleak_of(auc, retain_auc)[0]
+    return results
+
+
+def fill_from_oracle(results: list[dict]) -> list[dict]:
+    """What a TOFU cell compares with its retain oracle, as the report shows it: Forget Quality and privleak."""
+    return fill_privleak(fill_forget_quality(results))
+
+
 # ------------------------------------------------------------------------------------------------ aggregation
 _VARIANT_KEYS = ("method", "model_path")   # beside `hparams`: what makes two cells of one label different runs
 # ... and beside those, what the cell's record says it ran with (`resolved_config`, which its hash covers): the

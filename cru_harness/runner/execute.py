@@ -30,8 +30,10 @@ class PlanExecutor:
 
     A TOFU method/original cell's Forget Quality compares its per-item forget truth ratios with those of the
     retain cell of the same model and split (`plan.retain_cell_for`); the plan runs that cell first, and its
-    finished result is read from the store. When it is missing or failed, Forget Quality stays null here and
-    the report fills it once the retain cell exists (`reporting.tables.fill_forget_quality`).
+    finished result is read from the store; while another shard computes it, the cell waits. When it is missing
+    or failed, Forget Quality stays null here, privleak falls back to open-unlearning's 0.5, and the report fills
+    both once the retain cell exists (`reporting.tables.fill_from_oracle`); the privacy task's reference attack
+    (the oracle as reference model) is then not run.
     """
 
     def __init__(self, store: CellStore, cells: Iterable[Cell], log: Callable[[str], None] | None = None):
@@ -91,8 +93,14 @@ class PlanExecutor:
             retain = retain_cell_for(cell, self.cells)
             if retain is not None:
                 loaded = self.store.load_result(retain.hash)
+                if not loaded:   # another shard may be computing the oracle: wait, as for a fine-tune (its
+                    # reference attack cannot be run later, as Forget Quality and privleak can be filled)
+                    loaded = self.store.wait_while_running_elsewhere(retain.hash, log=self.log)
                 if loaded and loaded.get("status") == "ok":
                     retain_result = loaded
+                elif self.log is not None:
+                    self.log(f"{cell.hash}: its retain cell {retain.hash} has no result: Forget Quality and privleak "
+                             "are filled by the report once it exists; the privacy task's reference attack is not run")
         attacked = None
         if cell.kind == "attack":
             from .plan import attacked_cell_for

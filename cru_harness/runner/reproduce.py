@@ -292,14 +292,15 @@ def compare_runs(run_dir: str | Path, reference_dir: str | Path) -> Comparison:
 
 
 def _as_reported(store: CellStore) -> dict[str, dict]:
-    """A run's results by hash with the Forget Quality the report fills in (`reporting.tables.fill_forget_quality`):
-    a cell scored before its retain cell existed (another shard's) has none in its file, and its report computes
-    it from the two cells' truth ratios. Compared as reported, such a cell is not a difference."""
-    from ..reporting.tables import fill_forget_quality
+    """A run's results by hash with the Forget Quality and privleak the report fills in
+    (`reporting.tables.fill_from_oracle`): a cell scored before its retain cell existed (another shard's) has
+    neither against the oracle in its file, and its report computes them from the two cells' numbers. Compared as
+    reported, such a cell is not a difference."""
+    from ..reporting.tables import fill_from_oracle
 
     results = {cell_hash: dict(result, hash=cell_hash, metrics=dict(result.get("metrics") or {}))
                for cell_hash, result in store.iter_results()}
-    fill_forget_quality(list(results.values()))
+    fill_from_oracle(list(results.values()))
     return results
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from ..cru.losses import collapsed_gate
 from ..reporting.router_lr import cru_setting
 from ..reporting.stats import finite_mean, is_number
-from ..reporting.tables import FAILURE_CLASSES, derived_metrics, fill_forget_quality, scientific
+from ..reporting.tables import FAILURE_CLASSES, derived_metrics, fill_from_oracle, scientific
 
 # (key in the derived metrics, header): after the benchmark's own `study_keys` (its forget and utility axes, then
 # the retain / neighbour scores to watch), the forget answers' failure classes, the gates and the cost.
@@ -71,7 +71,7 @@ def block_name(result: dict) -> str:
 def study_rows(results: list[dict], label_order: list[str], x: str | None = None) -> list[dict]:
     """Rows {block, benchmark, label, seeds, x, n_units, stats: {key: (mean, sd, n)}} over the finished cells
     (status ok; finetune cells are not rows). Reference rows first, then the config's method order."""
-    results = fill_forget_quality([dict(r) for r in results if r.get("status") == "ok"])
+    results = fill_from_oracle([dict(r) for r in results if r.get("status") == "ok"])
     grouped: dict[tuple, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for result in results:
         if result.get("kind") == "finetune":
