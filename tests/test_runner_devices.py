@@ -1,6 +1,11 @@
 """Runner configs: `device`, `device_map`, per-phase dtype, and `finetune:` (a model fine-tuned with TOFU's recipe
 first, its retain oracle the same way), as cells cached like any other."""
+import contextlib
 import json
+import socket
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -87,58 +92,50 @@ def test_cells_wait_for_their_finetuned_checkpoint(tmp_path, monkeypatch):
     assert seen["base_path"] == str(checkpoint)
 
 
-def test_a_shards_cells_wait_while_another_shard_fine_tunes_their_model(tmp_path, monkeypatch):
-    """Shards started together: the one without the finetune cell waits while a live process of this host computes
-    it (the log says so), then starts from its checkpoint, instead of failing every cell of the model."""
-    import json
-    import socket
-    import subprocess
-    import sys
-    import threading
-
-    cells = build_plan(cfg.validate_config(raw_config(tmp_path, finetune={"data": "full"})))
-    ft = cells[0]
-    store = CellStore(tmp_path / "run")
-    store.cell_dir(ft.hash).mkdir(parents=True)
-    checkpoint = tmp_path / "ckpt"
-    checkpoint.mkdir()
+@contextlib.contextmanager
+def another_shard_computes(store, cell, outcome, workdir, monkeypatch):
+    """A live process of this host holds `cell` (its RUNNING marker) and writes it 0.3 s later with the executor
+    outcome `outcome`; waits poll every 0.05 s. Yields that process's pid."""
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     waits = CellStore.wait_while_running_elsewhere
     monkeypatch.setattr(CellStore, "wait_while_running_elsewhere",
                         lambda self, cell_hash, log=None: waits(self, cell_hash, log=log, poll_s=0.05))
-    seen, said = {}, []
-    monkeypatch.setattr(execute, "execute_cell", lambda cell, workdir, **kw: seen.update(kw) or {})
     try:
-        (store.cell_dir(ft.hash) / "RUNNING").write_text(json.dumps({"pid": other.pid, "host": socket.gethostname()}))
-        threading.Timer(0.3, lambda: store.write(ft.hash, *run_one(ft, tmp_path / "ft", lambda cell, workdir: {
-            "artifacts": {"checkpoint": str(checkpoint)}}))).start()
-        execute.PlanExecutor(store, cells, log=said.append)(cells[1], tmp_path / "w")
+        store.cell_dir(cell.hash).mkdir(parents=True, exist_ok=True)
+        (store.cell_dir(cell.hash) / "RUNNING").write_text(json.dumps({"pid": other.pid,
+                                                                       "host": socket.gethostname()}))
+        threading.Timer(0.3, lambda: store.write(cell.hash, *run_one(cell, workdir, lambda c, w: outcome))).start()
+        yield other.pid
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_shards_cells_wait_while_another_shard_fine_tunes_their_model(tmp_path, monkeypatch):
+    """Shards started together: the one without the finetune cell waits while a live process of this host computes
+    it (the log says so), then starts from its checkpoint, instead of failing every cell of the model."""
+    cells = build_plan(cfg.validate_config(raw_config(tmp_path, finetune={"data": "full"})))
+    ft = cells[0]
+    store = CellStore(tmp_path / "run")
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    seen, said = {}, []
+    monkeypatch.setattr(execute, "execute_cell", lambda cell, workdir, **kw: seen.update(kw) or {})
+    with another_shard_computes(store, ft, {"artifacts": {"checkpoint": str(checkpoint)}}, tmp_path / "ft",
+                                monkeypatch) as pid:
+        execute.PlanExecutor(store, cells, log=said.append)(cells[1], tmp_path / "w")
     assert seen["base_path"] == str(checkpoint)
-    assert said == [f"waiting for cell {ft.hash}, which process {other.pid} is computing"]
+    assert said == [f"waiting for cell {ft.hash}, which process {pid} is computing"]
 
 
 def test_a_shards_cells_wait_while_another_shard_computes_their_retain_oracle(tmp_path, monkeypatch):
     """Shards started together: a TOFU cell whose retain cell another live process computes waits for it, so its
     Forget Quality, privleak and the privacy task's reference attack read the oracle; a retain cell that has not
     run (no live process on it) is not waited on, and the log says what the cell goes without."""
-    import json
-    import socket
-    import subprocess
-    import sys
-    import threading
-
     cells = build_plan(cfg.validate_config(raw_config(tmp_path, retain={"checkpoint": "open-unlearning/retain"})))
     retain = next(c for c in cells if c.kind == "retain")
     ga = next(c for c in cells if c.label == "GA")
     store = CellStore(tmp_path / "run")
-    store.cell_dir(retain.hash).mkdir(parents=True)
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    waits = CellStore.wait_while_running_elsewhere
-    monkeypatch.setattr(CellStore, "wait_while_running_elsewhere",
-                        lambda self, cell_hash, log=None: waits(self, cell_hash, log=log, poll_s=0.05))
     seen, said = {}, []
     monkeypatch.setattr(execute, "execute_cell", lambda cell, workdir, **kw: seen.update(kw) or {})
     executor = execute.PlanExecutor(store, cells, log=said.append)
@@ -147,17 +144,11 @@ def test_a_shards_cells_wait_while_another_shard_computes_their_retain_oracle(tm
         f"{ga.hash}: its retain cell {retain.hash} has no result: Forget Quality and privleak are filled by the "
         "report once it exists; the privacy task's reference attack is not run"]
     said.clear()
-    try:
-        (store.cell_dir(retain.hash) / "RUNNING").write_text(json.dumps({"pid": other.pid,
-                                                                         "host": socket.gethostname()}))
-        threading.Timer(0.3, lambda: store.write(retain.hash, *run_one(retain, tmp_path / "r", lambda cell, workdir: {
-            "metrics": {"mia_auc_min_k": 0.7}}))).start()
+    with another_shard_computes(store, retain, {"metrics": {"mia_auc_min_k": 0.7}}, tmp_path / "r",
+                                monkeypatch) as pid:
         executor(ga, tmp_path / "w1")
-    finally:
-        other.kill()
-        other.wait()
     assert seen["retain_result"]["metrics"]["mia_auc_min_k"] == 0.7
-    assert said == [f"waiting for cell {retain.hash}, which process {other.pid} is computing"]
+    assert said == [f"waiting for cell {retain.hash}, which process {pid} is computing"]
 
 
 def test_device_map_reaches_lm_eval():
@@ -313,8 +304,6 @@ def _fake_finetune(calls, delay=0.0):
 def test_shards_missing_the_fine_tuned_checkpoint_at_once_fine_tune_it_once(tmp_path, monkeypatch):
     """Two shards of one run on one machine, both without the checkpoint: one fine-tunes it, the other waits and
     starts from the whole checkpoint (not the half-written one it would otherwise find)."""
-    import threading
-
     cells = build_plan(cfg.validate_config(raw_config(tmp_path, finetune={"data": "full"})))
     ft = cells[0]
     store = CellStore(tmp_path / "run")
