@@ -68,6 +68,16 @@ def forgetting_utility(benchmark: str | None, metrics: dict) -> tuple[float | No
     return benchmark_view(benchmark).forgetting_utility(metrics)
 
 
+def _with_oracle(results: list[dict]):
+    """(cell, its retain cell or None) for each finished cell of a benchmark with an oracle, the oracle itself
+    included (finetune cells are not scored): the retain cell of the same model and split among `results`."""
+    oracle = {(r["model"], r["split"]): r for r in results if r.get("kind") == "retain" and r.get("status") == "ok"}
+    for result in results:
+        if benchmark_view(result.get("benchmark")).has_oracle and result.get("status") == "ok" and \
+                result.get("kind") != "finetune":
+            yield result, oracle.get((result["model"], result["split"]))
+
+
 def fill_forget_quality(results: list[dict]) -> list[dict]:
     """TOFU Forget Quality of each cell against the retain cell (same model, same split) among `results`,
     computed by the scorer's own rule (`score.forget_quality_from_items`: items matched by question, NaN refused)
@@ -79,14 +89,11 @@ def fill_forget_quality(results: list[dict]) -> list[dict]:
     from ..scoring.cell_scores import forget_items_from_result
     from ..scoring.score import forget_quality_from_items
 
-    oracle = {(r["model"], r["split"]): r for r in results if r.get("kind") == "retain" and r.get("status") == "ok"}
-    for result in results:
-        if not benchmark_view(result.get("benchmark")).has_oracle or result.get("status") != "ok" or \
-                result.get("kind") in ("retain", "finetune"):
+    for result, retain in _with_oracle(results):
+        if result.get("kind") == "retain":
             continue
         task = f"tofu_{result['split']}"
         mine = forget_items_from_result(result, task)
-        retain = oracle.get((result["model"], result["split"]))
         reference = forget_items_from_result(retain, task) if retain else None
         if mine and reference:
             value = forget_quality_from_items(task, mine, reference, reference[0]["run"])["value"]
@@ -102,12 +109,7 @@ def fill_privleak(results: list[dict]) -> list[dict]:
     is 0, against itself (as MUSE reports its retain model). Without both AUCs the recorded value stays."""
     from ..scoring.cell_scores import PRIVLEAK_AUC, privleak_of
 
-    oracle = {(r["model"], r["split"]): r for r in results if r.get("kind") == "retain" and r.get("status") == "ok"}
-    for result in results:
-        if not benchmark_view(result.get("benchmark")).has_oracle or result.get("status") != "ok" or \
-                result.get("kind") == "finetune":
-            continue
-        retain = oracle.get((result["model"], result["split"]))
+    for result, retain in _with_oracle(results):
         auc = (result.get("metrics") or {}).get(PRIVLEAK_AUC)
         retain_auc = ((retain or {}).get("metrics") or {}).get(PRIVLEAK_AUC)
         if auc is not None and retain_auc is not None:
