@@ -185,6 +185,8 @@ def test_scale_runs_a_study_on_another_configs_models_and_benchmarks(capsys):
     assert apply_scale(raw, scale, "s.yaml")["evaluation"] == {"batch_size": 8}
     asked = {**raw, "evaluation": {"logit_lens": True}}
     assert apply_scale(asked, scale, "s.yaml")["evaluation"] == {"batch_size": 8, "logit_lens": True}
+    lensless = {**scale, "evaluation": {"batch_size": 8}}   # a scale without the key keeps the study's too
+    assert apply_scale(asked, lensless, "s.yaml")["evaluation"] == {"batch_size": 8, "logit_lens": True}
     from cru_harness.studies.run import header_lines
 
     assert any("configs/demo.yaml" in line and "--scale" in line for line in header_lines(study))

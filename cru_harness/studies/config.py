@@ -110,7 +110,8 @@ SCALE_KEYS = ("models", "benchmarks", "evaluation", "device", "data_dir")
 def apply_scale(raw: dict, scale: dict, scale_path: str) -> dict:
     """The study `raw` run at another scale: `SCALE_KEYS` from the runner config `scale`, restricted to the
     study's benchmarks (a TOFU study stays TOFU) and with the tasks the study lists, its logit-lens setting, its
-    methods and `study:` block kept; output under `<output_dir>-<scale name>` so results of two scales never share cells or tables."""
+    methods and `study:` block kept; output under `<output_dir>-<scale name>` so results of two scales never share
+    cells or tables."""
     if not isinstance(scale, dict) or not isinstance(scale.get("benchmarks"), dict):
         raise ConfigError("--scale", "expected a runner config with `models` and `benchmarks`", scale_path)
     own = raw.get("benchmarks") or {}
@@ -139,10 +140,11 @@ def apply_scale(raw: dict, scale: dict, scale_path: str) -> dict:
         models.append(model)
     scaled = {**raw, **{k: scale[k] for k in SCALE_KEYS if k in scale}, "benchmarks": benchmarks, "models": models}
     # the logit lens is a measurement, like the tasks: the study's own setting (off unless it asks), not the scale's
-    if isinstance(scaled.get("evaluation"), dict) and "logit_lens" in scaled["evaluation"]:
+    own = raw.get("evaluation") or {}
+    if isinstance(scaled.get("evaluation"), dict):
         evaluation = {k: v for k, v in scaled["evaluation"].items() if k != "logit_lens"}
-        if "logit_lens" in (raw.get("evaluation") or {}):
-            evaluation["logit_lens"] = raw["evaluation"]["logit_lens"]
+        if "logit_lens" in own:
+            evaluation["logit_lens"] = own["logit_lens"]
         scaled["evaluation"] = evaluation
     name = scale.get("name") or Path(scale_path).stem
     scaled["output_dir"] = f"{raw.get('output_dir') or Path('results') / raw.get('name', 'study')}-{name}"
