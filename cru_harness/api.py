@@ -169,7 +169,9 @@ class Attack:
             self.config(**values)
 
     def tasks(self, tasks: tuple[str, ...], settings: Mapping[str, Any]) -> tuple[str, ...]:
-        """The tasks its cells evaluate: the attacked cell's, or variants of them (an attack on the prompts)."""
+        """The tasks its cells evaluate: the attacked cell's, or variants of them (an attack on the prompts). None
+        (an attack on the prompts of tasks that have no variant): the plan makes no cell, whose numbers would be
+        the attacked cell's."""
         return tasks
 
     def task_metadata(self, settings: Mapping[str, Any], seed: int | None) -> dict[str, Any]:
@@ -231,6 +233,10 @@ class Benchmark:
     def derive(self, metrics: dict, result: dict) -> None:
         """Add a result's derived columns to `metrics` in place (e.g. 1 - ROUGE-L)."""
 
+    def derive_mean(self, metrics: dict, spread: dict) -> None:
+        """Recompute, in place, a leaderboard row's columns that pick among a cell's values (a mean of each seed's
+        pick would mix different picks); `spread`: the row's per-metric sd over seeds."""
+
     def forgetting_utility(self, metrics: dict) -> tuple[float | None, float | None]:
         """The trade-off axes of one result: (forgetting, utility), each higher-is-better, or None."""
         return None, None
@@ -263,6 +269,11 @@ class Benchmark:
 
     def check_evaluation(self, evaluation: dict) -> None:
         """Raise `cru_harness.prompts.PresetError` for an `evaluation:` setting this benchmark cannot use."""
+
+    def tasks_under(self, tasks: list[str], evaluation: dict, defaulted: bool) -> list[str]:
+        """The tasks a cell evaluates under `evaluation`'s presets. A task the presets cannot score raises
+        `cru_harness.prompts.PresetError` when the config names it; a default one (`defaulted`) is left out."""
+        return tasks
 
     def fixed_prompt_format(self, evaluation: dict) -> bool:
         """Whether the evaluation settings fix the prompt text (no chat template whatever the model has)."""

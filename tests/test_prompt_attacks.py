@@ -156,7 +156,7 @@ def test_attacks_name_the_forget_task_variants_and_evaluate_only_those():
     assert in_context.ATTACK.tasks(("tofu_forget05_suite",), {}) == ("tofu_forget05_in_context",)
     assert variant_tasks(("tofu_forget05_suite",), "in_context") == (
         "tofu_forget05_in_context", "tofu_retain", "tofu_real_authors", "tofu_world_facts")
-    assert paraphrase.ATTACK.tasks(("rwku_forget", "rwku_mia"), {}) == ("rwku_forget", "rwku_mia")   # no variant
+    assert paraphrase.ATTACK.tasks(("rwku_forget", "rwku_mia"), {}) == ()   # no variant: no cell
     assert variant_tasks(("tofu_privacy_forget10",), "paraphrase") == ("tofu_privacy_forget10",)
     assert in_context.ATTACK.task_metadata({"k": 2, "slice_size": 4}, seed=3) == {
         "tofu_icl_k": 2, "tofu_icl_slice_fraction": 0.25, "tofu_icl_seed": 3, "tofu_icl_slice_size": 4}
@@ -185,6 +185,56 @@ def test_a_plan_gives_attack_cells_the_variants_and_other_attacks_the_attacked_t
     assert cells[("GA + in_context", 1)].tasks[0] == "tofu_forget01_in_context"
     assert cells[("GA + paraphrase", 0)].tasks == ("tofu_forget01_paraphrase",)
     assert cells[("GA + in_context", 0)].hash != cells[("GA + in_context", 1)].hash   # the seed draws the slice
+
+
+def test_prompt_attacks_plan_no_cell_where_no_task_has_a_variant(tmp_path, registered):
+    """RWKU has no variant: an in_context or paraphrase cell would re-score the attacked cell's model on its own
+    questions, a number known beforehand. relearn changes the model, so it keeps its cells."""
+    import yaml
+
+    from cru_harness.runner.config import load_config
+    from cru_harness.runner.plan import build_plan
+
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "p", "output_dir": str(tmp_path / "out"), "seeds": [0],
+        "models": [{"name": "m", "path": "zoo:llama:finetuned"}],
+        "benchmarks": {"rwku": {"targets": [1]}}, "methods": [{"method": "GA"}],
+        "attacks": ["in_context", "paraphrase", "relearn"]}))
+    labels = {c.label for c in build_plan(load_config(config))}
+    assert "GA + relearn" in labels
+    assert not {label for label in labels if "in_context" in label or "paraphrase" in label}
+
+
+def _legacy_config(tmp_path, tofu: dict, attacks: list):
+    import yaml
+
+    from cru_harness.runner.config import load_config
+
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "p", "output_dir": str(tmp_path / "out"), "seeds": [0],
+        "models": [{"name": "m", "path": "zoo:llama:finetuned", "retain": {"checkpoint": "zoo:llama:retain"}}],
+        "benchmarks": {"tofu": {"data_dir": "testbed:world", "splits": ["forget01"], **tofu}},
+        "methods": [{"method": "GA"}], "attacks": attacks,
+        "evaluation": {"tofu_preset": "legacy", "tofu_model_family": "phi"}}))
+    return load_config(config)
+
+
+def test_the_legacy_preset_drops_the_default_privacy_task_and_refuses_what_it_cannot_score(tmp_path, registered):
+    """TOFU's own evaluation has no privacy metrics and cuts text at 200 tokens: the default tasks lose the privacy
+    task; a config that names it, or asks for in_context, fails when it loads, not in every cell."""
+    from cru_harness.runner.config import ConfigError
+    from cru_harness.runner.plan import build_plan
+
+    config = _legacy_config(tmp_path, {}, ["paraphrase"])
+    assert config.benchmarks["tofu"]["tasks"] == ["tofu_{split}", "tofu_retain", "tofu_real_authors",
+                                                  "tofu_world_facts"]
+    assert all("privacy" not in task for cell in build_plan(config) for task in cell.tasks)
+    with pytest.raises(ConfigError, match=r"benchmarks\.tofu\.tasks.*tofu_privacy_\{split\}.*open-unlearning"):
+        _legacy_config(tmp_path, {"tasks": ["tofu_{split}", "tofu_privacy_{split}"]}, [])
+    with pytest.raises(ConfigError, match=r"attacks\[1\].*tofu_forget01_in_context.*200 tokens"):
+        _legacy_config(tmp_path, {}, ["paraphrase", "in_context"])
 
 
 def test_attack_command_says_how_to_evaluate_a_prompt_attack(tmp_path, registered, capsys):
@@ -352,16 +402,16 @@ def test_prompt_attacks_return_the_model_as_deployed_and_say_when_no_variant_app
 
     from cru_harness.api import CellContext
 
-    for tasks, variant in ((("tofu_forget01_paraphrase", "tofu_retain"), True), (("rwku_forget",), False)):
-        cell = SimpleNamespace(tasks=tasks, seed=1, extra={"attack": {"name": "paraphrase", "settings": {}}})
-        ctx = CellContext(cell=cell, model_path="base", workdir=tmp_path, data_dir=None,
-                          outcome={"resources": {}, "details": {}, "artifacts": {}}, chat=False, prompt_format={},
-                          dtype="float32", load_model=None, routers="bundle")
-        trained = paraphrase.ATTACK.run(ctx)
-        assert (trained.model_path, trained.routers) == ("base", "bundle")
-        details = ctx.outcome["details"]["paraphrase"]
-        assert details["variant_tasks"] == (["tofu_forget01_paraphrase"] if variant else [])
-        assert details["note"].endswith("(the identity)") != variant
+    cell = SimpleNamespace(tasks=("tofu_forget01_paraphrase", "tofu_retain"), seed=1,
+                           extra={"attack": {"name": "paraphrase", "settings": {}}})
+    ctx = CellContext(cell=cell, model_path="base", workdir=tmp_path, data_dir=None,
+                      outcome={"resources": {}, "details": {}, "artifacts": {}}, chat=False, prompt_format={},
+                      dtype="float32", load_model=None, routers="bundle")
+    trained = paraphrase.ATTACK.run(ctx)
+    assert (trained.model_path, trained.routers) == ("base", "bundle")
+    details = ctx.outcome["details"]["paraphrase"]
+    assert details["variant_tasks"] == ["tofu_forget01_paraphrase"]
+    assert details["note"] == "the model as deployed, asked through the paraphrase task variants"
 
 
 def test_under_a_limit_the_robustness_table_reads_the_items_every_cell_scored():

@@ -4,7 +4,7 @@ TOFU: the forget task's `tofu_forgetXX_in_context` variant splits the forget fil
 corpus (`data.slices.forget_slice`, the attacked cell's seed: one seed, one split), and asks only the held-out
 questions, each after `k` pairs drawn from the slice (`data.slices.in_context_shots`), written as the preset writes
 a question and its answer (chat: one user and one assistant turn per pair). Only held-out items are scored, so no
-item is shown its own answer. RWKU has no variant: its cells are evaluated as deployed.
+item is shown its own answer. RWKU has no variant: it gets no in_context cell.
 
 Defaults: k = 5, the 5-shot prompts of Doshi & Cooper Stickland 2024 (arXiv:2411.12103), where 5 in-context
 examples brought back much of what unlearning removed; the slice is relearn's (a quarter of the forget items),

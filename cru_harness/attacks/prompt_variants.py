@@ -3,8 +3,8 @@ is and names the task variants its cells are evaluated with (TOFU's forget task 
 `tofu_forgetXX_<variant>`, in `tasks/tofu`). The variants ask differently; the scored answers and the scorer stay
 the attacked cell's, so an attack cell's numbers feed the robustness table as any attack's. A run's attack cell
 evaluates the variants only: the cell's other tasks would score the attacked cell's model on its own questions,
-the attacked cell's numbers. A benchmark without such a variant (RWKU) is evaluated as deployed, every task, and
-the cell's details say so.
+the attacked cell's numbers. A benchmark without such a variant (RWKU; TOFU's one-author split) gets no attack cell:
+its numbers would be the attacked cell's, known beforehand.
 """
 from __future__ import annotations
 
@@ -41,21 +41,17 @@ class PromptAttack(Attack):
     def tasks(self, tasks: tuple[str, ...], settings: Mapping[str, Any]) -> tuple[str, ...]:
         """The variants alone: a task the attack leaves as it is would ask the attacked cell's model the attacked
         cell's questions, so its numbers are the attacked cell's (no cell re-scores them). Without a variant
-        (RWKU), every task: the cell is the model as deployed."""
-        changed = tuple(task for task in variant_tasks(tasks, self.variant) if task not in tasks
-                        and task not in SUITE_UTILITY_TASKS)
-        return changed or tuple(tasks)
+        (RWKU), none: the plan makes no cell."""
+        return tuple(task for task in variant_tasks(tasks, self.variant) if task not in tasks
+                     and task not in SUITE_UTILITY_TASKS)
 
     def run(self, ctx: CellContext) -> Trained:
         tasks = getattr(ctx.cell, "tasks", None)   # a runner cell's; `cru-harness attack` evaluates nothing
         variants = [task for task in tasks or () if task.endswith(f"_{self.variant}")]
         if tasks is None:
             note = f"the model as it is: evaluate it with the {self.variant} task variants"
-        elif variants:
-            note = f"the model as deployed, asked through the {self.variant} task variants"
         else:
-            note = (f"no {self.variant} variant of this cell's tasks: the model as deployed, asked as the attacked "
-                    "cell asks it (the identity)")
+            note = f"the model as deployed, asked through the {self.variant} task variants"
         ctx.outcome["details"][self.name] = {
             "variant_tasks": variants,
             "task_metadata": self.task_metadata(ctx.cell.extra["attack"]["settings"], ctx.cell.seed),

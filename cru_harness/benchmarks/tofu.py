@@ -24,10 +24,21 @@ TOFU_COLUMNS = [
                         ("truth_ratio", "TR", "Truth ratio"))],
     Column("model_utility", "MU ↑", "MU$\\uparrow$", "up", ""),
     # the privacy block (a cell that ran tofu_privacy_<split>): privleak against the retain oracle, 0 is best;
-    # the strongest attack's AUC, 0.5 = forget and holdout text look alike
+    # the strongest attack's AUC, not ranked: the right value is the retain oracle's, which is not 0.5 when forget
+    # and holdout questions differ (docs/protocol.md)
     Column("privleak", "privleak →0", "privleak$\\to$0", "zero", "Privacy", optional=True),
-    Column("mia_auc_best", "best MIA AUC →0.5", "MIA AUC$\\to$0.5", "half", "Privacy", optional=True),
+    Column("mia_auc_best", "best MIA AUC", "best MIA AUC", None, "Privacy", optional=True),
 ]
+
+#: The MIA attacks of `tofu_privacy_<split>`, each one AUC (`scoring.cell_scores.PRIVACY_METRICS`).
+MIA_AUCS = ("mia_auc_loss", "mia_auc_zlib", "mia_auc_min_k", "mia_auc_min_k_plus_plus", "mia_auc_gradnorm",
+            "mia_auc_reference")
+
+
+def strongest_attack(metrics: dict) -> str | None:
+    """The MIA attack whose AUC is farthest from 0.5: the one that best tells forget from holdout text."""
+    found = [key for key in MIA_AUCS if is_number(metrics.get(key))]
+    return max(found, key=lambda key: abs(metrics[key] - 0.5)) if found else None
 
 
 class TOFU(Benchmark):
@@ -63,11 +74,17 @@ class TOFU(Benchmark):
         for key in ("rouge_l", "prob"):
             value = metrics.get(f"forget_{key}")
             metrics[f"forget_1_{key}"] = 1 - value if is_number(value) else None
-        # the attack that best tells forget from holdout text: the AUC farthest from 0.5
-        aucs = [metrics.get(k) for k in ("mia_auc_loss", "mia_auc_zlib", "mia_auc_min_k", "mia_auc_min_k_plus_plus",
-                                         "mia_auc_gradnorm", "mia_auc_reference")]
-        aucs = [a for a in aucs if is_number(a)]
-        metrics["mia_auc_best"] = max(aucs, key=lambda a: abs(a - 0.5)) if aucs else None
+        best = strongest_attack(metrics)
+        metrics["mia_auc_best"] = metrics[best] if best else None
+
+    def derive_mean(self, metrics: dict, spread: dict) -> None:
+        """The strongest attack of the seeds' mean AUCs: seeds whose best attacks lie on opposite sides of 0.5
+        (0.25 and 0.80) would otherwise average to a chance-like 0.525."""
+        best = strongest_attack(metrics)
+        metrics["mia_auc_best"] = metrics[best] if best else None
+        spread.pop("mia_auc_best", None)
+        if best in spread:
+            spread["mia_auc_best"] = spread[best]
 
     def forgetting_utility(self, metrics: dict) -> tuple[float | None, float | None]:
         rouge = metrics.get("forget_rouge_l")
@@ -98,6 +115,27 @@ class TOFU(Benchmark):
         from ..prompts import tofu_format
 
         tofu_format(evaluation["tofu_preset"], evaluation["tofu_model_family"])
+
+    def tasks_under(self, tasks: list[str], evaluation: dict, defaulted: bool) -> list[str]:
+        """Under the legacy preset (TOFU's own evaluation): no privacy task (TOFU's code has no privacy metrics; the
+        task refuses the preset) and no in_context variant (its 200-token cut would cut the answers)."""
+        from ..prompts import PresetError, check_tofu_preset
+
+        if check_tofu_preset(evaluation["tofu_preset"]) != "legacy":
+            return tasks
+        kept = []
+        for task in tasks:
+            if task.startswith("tofu_privacy"):
+                if defaulted:
+                    continue
+                raise PresetError(f"task {task}: the TOFU privacy metrics are open-unlearning's (TOFU's own code has "
+                                  "none); drop the task or set tofu_preset: open-unlearning")
+            if task.endswith("_in_context"):
+                raise PresetError(f"task {task}: the in_context variant puts question-answer pairs before each "
+                                  "question and the legacy preset cuts the text at 200 tokens; set tofu_preset: "
+                                  "open-unlearning")
+            kept.append(task)
+        return kept
 
     def fixed_prompt_format(self, evaluation: dict) -> bool:
         """A preset and `tofu_model_family` that fix the text format (legacy, or an open-unlearning model config

@@ -219,6 +219,7 @@ def aggregate(results: list[dict], benchmark: str) -> list[dict]:
                "reasons": sorted({m.get("reason") for m in members if m.get("reason")}),
                "partial": _partial_tasks(ok) + _partial_columns(ok, derived, columns_for(benchmark)),
                "refinetuned": _refinetuned(ok), "presets": _presets(ok, benchmark)}
+        benchmark_view(benchmark).derive_mean(row["metrics"], row["metrics_sd"])
         rows.append(row)
     order = _method_order(results)
     rows.sort(key=lambda r: (r["model"], str(r["unit"]), not r["reference"], order.get(r["label"], 99), r["label"]))

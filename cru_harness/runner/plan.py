@@ -171,13 +171,14 @@ def _attack_cells(config: ExperimentConfig, block: list[Cell], corpora: dict[str
     for attack in config.attacks:
         plugin = plugins.attacks.get(attack.attack)
         for cell in block:
-            if not plugin.applies_to(cell.method_plugin):
+            tasks = tuple(plugin.tasks(cell.tasks, attack.settings))   # a prompt attack's task variants
+            if not plugin.applies_to(cell.method_plugin) or not tasks:
                 continue
             attacked.append(Cell(
                 kind="attack", model=cell.model, benchmark=cell.benchmark, split=cell.split, target=cell.target,
                 method=cell.method, label=f"{cell.label} + {attack.label}", seed=cell.seed, hparams=cell.hparams,
                 corpora={**corpora, **cell.corpora} if cell.kind == "method" else dict(corpora),
-                tasks=tuple(plugin.tasks(cell.tasks, attack.settings)),   # a prompt attack's task variants
+                tasks=tasks,
                 limit=cell.limit, evaluation=cell.evaluation,
                 data_dir=cell.data_dir, device=cell.device,
                 extra={"attack": {"name": attack.attack, "settings": attack.settings}, "attacked": cell.hash}))
