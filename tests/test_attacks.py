@@ -1,4 +1,4 @@
-"""The attack modules of issue 51 on the tiny testbed Llama: detach, quantize (int8 / int4 through optimum-quanto),
+"""The attack modules of issue 51 on the tiny testbed Llama: detach, quantize (int8 / int4 through optimum-quanto or bitsandbytes),
 relearn (the slice and its held-out items, the base fine-tuned with the routers attached), the logit lens and
 the recovery score. Each runs the attack's own `run` on a hand-built `CellContext`, as the runner calls it."""
 from __future__ import annotations
@@ -163,6 +163,50 @@ def test_a_head_tied_to_the_embedding_is_not_rounded_with_it(base):
     details = quantize.round_weights(model, quantize.QuantizeConfig(weights="int4", exclude=()))
     assert details["tied_to_embedding_left"] == ["lm_head"] and details["n_modules"] == 8 * 7
     assert torch.equal(model.model.embed_tokens.weight, embedding)
+
+
+def test_bitsandbytes_int8_is_llm_int8s_row_grid_on_the_float16_weight(base):
+    """LLM.int8 (`Int8Params`): the weight in float16, one absmax per output row, round(w * (127 / absmax))."""
+    model, _ = _load(base)
+    original = model.model.layers[0].mlp.up_proj.weight.detach().clone()
+    details = quantize.round_weights(model, quantize.QuantizeConfig(weights="int8", library="bitsandbytes"))
+    half = original.to(torch.float16).float()
+    absmax = half.abs().amax(dim=1, keepdim=True)
+    expected = torch.round(half * (127 / absmax)) * absmax / 127
+    torch.testing.assert_close(model.model.layers[0].mlp.up_proj.weight, expected, rtol=1e-6, atol=0)
+    assert details["library"].startswith("bitsandbytes ") and details["group_sizes"] == ["per output channel"]
+
+
+def test_bitsandbytes_int4_rounds_blocks_of_64_to_16_levels_and_its_two_grids_differ(tmp_path, base):
+    """Linear4bit's grid: blocks of 64 weights (row-major), each at most 16 values, the block's largest magnitude
+    kept; fp4 (transformers' default, Zhang et al.'s) and nf4 are different grids."""
+    rounded = {}
+    for quant_type in ("fp4", "nf4"):
+        model, _ = _load(base)
+        original = model.model.layers[1].self_attn.q_proj.weight.detach().clone()
+        details = quantize.round_weights(model, quantize.QuantizeConfig(library="bitsandbytes",
+                                                                        quant_type=quant_type))
+        weight = model.model.layers[1].self_attn.q_proj.weight.detach()
+        assert details["group_sizes"] == ["64"] and details["weights"] == f"int4 {quant_type}"
+        blocks, before = weight.reshape(-1, 64), original.reshape(-1, 64)
+        assert max(len(torch.unique(block)) for block in blocks) <= 16
+        torch.testing.assert_close(blocks.abs().amax(dim=1), before.abs().amax(dim=1))
+        rounded[quant_type] = weight
+    assert not torch.equal(rounded["fp4"], rounded["nf4"])
+    model, _ = _load(base)
+    int8 = quantize.round_weights(model, quantize.QuantizeConfig(weights="int8", library="bitsandbytes"))
+    assert 0 < int8["relative_weight_change"] < details["relative_weight_change"]
+    for bad, match in (({"library": "gptq"}, "library 'gptq': choose one of optimum-quanto, bitsandbytes"),
+                       ({"quant_type": "nf4"}, "quant_type picks bitsandbytes' 4-bit grid"),
+                       ({"library": "bitsandbytes", "weights": "int8", "quant_type": "nf4"}, "needs library")):
+        with pytest.raises(InputError, match=match):
+            quantize.QuantizeConfig(**bad)
+
+
+def test_quantize_without_bitsandbytes_names_the_library_and_the_extra(tmp_path, base, monkeypatch):
+    monkeypatch.setitem(sys.modules, "bitsandbytes.functional", None)   # as if not installed
+    with pytest.raises(quantize.MissingDependencyError, match=r"needs bitsandbytes: pip install 'cru-harness\[attacks\]'"):
+        quantize.ATTACK.run(_ctx(tmp_path, base, "quantize", {"library": "bitsandbytes"}))
 
 
 def test_quantize_without_optimum_quanto_names_the_extra(tmp_path, base, monkeypatch):
@@ -409,7 +453,8 @@ def test_attack_command_quantizes_one_model_and_records_it(tmp_path, base, bundl
     # a setting the attack does not have, and a bad value, are one-line errors before any model is loaded
     assert main(["attack", "--attack", "quantize", "--model", str(base), "--out", str(tmp_path / "x"),
                  "--set", "bits=4"]) == 2
-    assert "--set bits: not a setting of attack quantize (its settings: weights, exclude)" in capsys.readouterr().err
+    assert ("--set bits: not a setting of attack quantize (its settings: weights, exclude, library, quant_type)"
+            in capsys.readouterr().err)
     assert main(["attack", "--attack", "quantize", "--model", str(base), "--out", str(tmp_path / "x"),
                  "--set", "weights=int2"]) == 2
     assert "weights 'int2': choose one of int8, int4" in capsys.readouterr().err

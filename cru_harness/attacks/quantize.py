@@ -6,16 +6,23 @@ unlearning with a small learning rate moves weights by less than one quantizatio
 only, with round-to-nearest (RTN) as well as GPTQ/AWQ, keeping `lm_head` in full precision; RTN is what this
 attack does, so it needs no calibration data.
 
-Library: optimum-quanto (`pip install 'cru-harness[attacks]'`). Its `qint8` (per output channel, symmetric) and
-`qint4` (groups of up to 128 input weights, with a zero point) weights are computed by the same code on CPU and
-GPU. torchao 0.18 was the alternative: its int8 weight-only path runs on the CPU, but `Int4WeightOnlyConfig`
-needs the `mslk` GPU kernels (ImportError on a CPU machine), and bitsandbytes' 4-bit needs a GPU too.
+Libraries (`pip install 'cru-harness[attacks]'`), the `library` setting:
+- `optimum-quanto` (default): `qint8` (per output channel, symmetric) and `qint4` (groups of up to 128 input
+  weights, with a zero point), computed by the same code on CPU and GPU. torchao 0.18 was the alternative: its int8
+  weight-only path runs on the CPU, but `Int4WeightOnlyConfig` needs the `mslk` GPU kernels (ImportError on a CPU
+  machine).
+- `bitsandbytes`: Zhang et al.'s own library (their code, zzwjames/FailureLLMUnlearning `utils.py`, loads the
+  model with transformers' `BitsAndBytesConfig(load_in_4bit=True)` or `load_in_8bit=True`). int8 is LLM.int8's
+  weight grid (`Int8Params`: the weight in float16, one absmax scale per output row, 127 levels a side); int4 is
+  `Linear4bit`'s (`quant_type` fp4, transformers' default and so theirs, or nf4; bitsandbytes' block size, 64).
+  bitsandbytes 0.50 computes both grids on the CPU as well.
 
-What is evaluated: a *dequantized* checkpoint. Each quantized weight is rounded to its int8/int4 grid by quanto
-and written back in the model's dtype, so the runner's lm-eval `cru` model loads an ordinary checkpoint. The
+What is evaluated: a *dequantized* checkpoint. Each quantized weight is rounded to its int8/int4 grid by the
+library and written back in the model's dtype, so the runner's lm-eval `cru` model loads an ordinary checkpoint. The
 attack therefore measures exactly the weight rounding (what Zhang et al. attribute the recovery to); it does not
 run quantized kernels, whose activations in higher precision would differ from these only by floating-point
-rounding. Biases, norms and embeddings stay as they are.
+rounding (LLM.int8 also quantizes the activations outside its outlier columns; that part is not measured).
+Biases, norms and embeddings stay as they are.
 
 For an adapter method (CRU) the base is quantized and the routers stay attached (`routers` of the result), as a
 deployed adapter would be served on a quantized base; the routers themselves are not quantized.
@@ -30,6 +37,8 @@ from ..api import Attack, CellContext, Trained
 from ..errors import InputError, UserError
 
 WEIGHT_TYPES = ("int8", "int4")
+LIBRARIES = ("optimum-quanto", "bitsandbytes")
+QUANT_TYPES = ("fp4", "nf4")   # bitsandbytes' 4-bit grids
 EXTRA = "attacks"
 
 
@@ -40,13 +49,23 @@ class MissingDependencyError(UserError, ImportError):
 @dataclass
 class QuantizeConfig:
     """`weights`: int8 or int4 (Zhang et al.'s two settings; 4 bits is where they find the recovery).
-    `exclude`: module-name patterns (fnmatch) left in full precision; `lm_head` as in GPTQ/AWQ and Zhang et al."""
+    `exclude`: module-name patterns (fnmatch) left in full precision; `lm_head` as in GPTQ/AWQ and Zhang et al.
+    `library`: whose grid (see the module docstring); `quant_type`: bitsandbytes' 4-bit grid."""
     weights: str = "int4"
     exclude: tuple[str, ...] = field(default=("lm_head",))
+    library: str = "optimum-quanto"
+    quant_type: str = "fp4"
 
     def __post_init__(self):
         if self.weights not in WEIGHT_TYPES:
             raise InputError(f"weights {self.weights!r}: choose one of {', '.join(WEIGHT_TYPES)}")
+        if self.library not in LIBRARIES:
+            raise InputError(f"library {self.library!r}: choose one of {', '.join(LIBRARIES)}")
+        if self.quant_type not in QUANT_TYPES:
+            raise InputError(f"quant_type {self.quant_type!r}: choose one of {', '.join(QUANT_TYPES)}")
+        if self.quant_type != "fp4" and (self.library != "bitsandbytes" or self.weights != "int4"):
+            raise InputError("quant_type picks bitsandbytes' 4-bit grid: it needs library: bitsandbytes and "
+                             "weights: int4")
         if isinstance(self.exclude, str):
             self.exclude = (self.exclude,)
         self.exclude = tuple(self.exclude)
@@ -54,22 +73,52 @@ class QuantizeConfig:
             raise InputError(f"exclude must be a list of module-name patterns, got {self.exclude!r}")
 
 
-def _quanto():
+def _library(name: str):
+    module = {"optimum-quanto": "optimum.quanto", "bitsandbytes": "bitsandbytes.functional"}[name]
     try:
-        quanto = importlib.import_module("optimum.quanto")
+        return importlib.import_module(module)
     except ImportError as err:
         raise MissingDependencyError(
-            f"the quantize attack needs optimum-quanto: pip install 'cru-harness[{EXTRA}]' ({err})") from None
-    return quanto
+            f"the quantize attack needs {name}: pip install 'cru-harness[{EXTRA}]' ({err})") from None
+
+
+def _quanto():
+    return _library("optimum-quanto")
+
+
+def _rounder(config: QuantizeConfig):
+    """fn(linear module) -> (its weight rounded to the library's grid, in its dtype; the group size or None for
+    one scale per output row)."""
+    import torch
+
+    if config.library == "optimum-quanto":
+        quanto = _quanto()
+        qtype = {"int8": quanto.qint8, "int4": quanto.qint4}[config.weights]
+
+        def rounded(module):
+            # one module at a time (quanto copies it), so the model is never held twice
+            quantized = quanto.quantize_module(module, weights=qtype)
+            quantized.freeze()
+            return quantized.qweight.dequantize().to(module.weight.dtype), quantized.weight_group_size
+        return rounded
+    bnb = _library("bitsandbytes")
+
+    def rounded(module):
+        weight = module.weight.detach()
+        if config.weights == "int8":   # Int8Params._quantize: float16, then one absmax per row
+            codes, row_absmax, _ = bnb.int8_vectorwise_quant(weight.to(torch.float16).contiguous())
+            return bnb.int8_vectorwise_dequant(codes, row_absmax).to(weight.dtype), None
+        packed, state = bnb.quantize_4bit(weight.contiguous(), quant_type=config.quant_type)
+        return bnb.dequantize_4bit(packed, state).to(weight.dtype), state.blocksize
+    return rounded
 
 
 def round_weights(model, config: QuantizeConfig) -> dict:
-    """Round every linear weight of `model` (but `config.exclude`) through quanto's int8/int4 grid and back, in
-    place. Returns what was done: the modules, their group sizes and the weights' relative change."""
+    """Round every linear weight of `model` (but `config.exclude`) through the library's int8/int4 grid and back,
+    in place. Returns what was done: the modules, their group sizes and the weights' relative change."""
     import torch
 
-    quanto = _quanto()
-    qtype = {"int8": quanto.qint8, "int4": quanto.qint4}[config.weights]
+    rounder = _rounder(config)
     names, group_sizes, change, norm, tied = [], set(), 0.0, 0.0, []
     # a head tied to the input embedding shares its storage: rounding it would round the embedding too, which a
     # quantized runtime keeps in full precision; such a head is left as it is (and named in the record)
@@ -81,42 +130,43 @@ def round_weights(model, config: QuantizeConfig) -> dict:
             if module.weight.data_ptr() in embeddings:
                 tied.append(name)
                 continue
-            # one module at a time (quanto copies it), so the model is never held twice
-            quantized = quanto.quantize_module(module, weights=qtype)
-            quantized.freeze()
-            rounded = quantized.qweight.dequantize().to(module.weight.dtype)
-            group_sizes.add(quantized.weight_group_size)
+            rounded, group_size = rounder(module)
+            group_sizes.add(group_size)
             delta = (rounded.float() - module.weight.float())
             change += float(delta.pow(2).sum())
             norm += float(module.weight.float().pow(2).sum())
             module.weight.copy_(rounded)
             names.append(name)
-            del quantized
+            del rounded
     if not names:
         raise InputError(f"quantize: no linear layer left to quantize (exclude={list(config.exclude)})")
-    return {"library": f"optimum-quanto {_version()}", "weights": config.weights, "exclude": list(config.exclude),
+    grid = config.weights + (f" {config.quant_type}" if config.library == "bitsandbytes" and
+                             config.weights == "int4" else "")
+    return {"library": f"{config.library} {_version(config.library)}", "weights": grid,
+            "exclude": list(config.exclude),
             "n_modules": len(names), "tied_to_embedding_left": tied,
             "group_sizes": sorted(str(g) if g else "per output channel" for g in group_sizes),
             "relative_weight_change": (change / norm) ** 0.5 if norm else 0.0,
             "checkpoint": "dequantized (weights rounded to the grid and stored in the model's dtype)"}
 
 
-def _version() -> str:
+def _version(library: str) -> str:
     from importlib.metadata import version
 
-    return version("optimum-quanto")
+    return version(library)
 
 
 class QuantizeAttack(Attack):
     name = "quantize"
-    summary = "weight-only int8/int4 round-to-nearest (optimum-quanto), evaluated as a dequantized checkpoint"
+    summary = ("weight-only int8/int4 round-to-nearest (optimum-quanto, or bitsandbytes as Zhang et al.), evaluated "
+               "as a dequantized checkpoint")
     config = QuantizeConfig
     order = 120
     needs_one_checkpoint = True   # no cell for a WHP model (two checkpoints)
 
     def run(self, ctx: CellContext) -> Trained:
         config = QuantizeConfig(**ctx.cell.extra["attack"]["settings"])
-        _quanto()    # a missing library is reported before the model is loaded
+        _library(config.library)    # a missing library is reported before the model is loaded
         model, tokenizer = ctx.load_model(ctx.model_path)
         details = round_weights(model, config)
         details["routers_kept"] = ctx.routers

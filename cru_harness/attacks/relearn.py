@@ -5,12 +5,12 @@ Sources: Hu et al. 2024, "Jogging the Memory of Unlearned LLMs Through Targeted 
 forget items the attack never saw. Łucki et al. 2024, "An Adversarial Perspective on Machine Unlearning for AI
 Safety" (arXiv:2409.18025): fine-tuning on a handful of samples recovers most of what RMU/NPO removed.
 
-Defaults: a quarter of the forget items (`slice_fraction`), trained with TOFU's fine-tuning recipe, the one that
-taught TOFU's models these items (AdamW, lr 1e-5, weight decay 0.01), for 3 epochs in batches of 4 with a
-constant rate and no warm-up, so that a small slice gets several updates. A model fine-tuned at another rate is
-relearned at that rate: set `learning_rate`. (Łucki et al.: LoRA r 128, lr 2e-4, 3 epochs, batch 1; Hu et al.:
-full weights at lr 1e-5 for up to 30 epochs.) The papers' exact TOFU relearn-set sizes and
-step counts were not checked against their text here; each is a setting and is recorded in every attack cell.
+Defaults (docs/protocol.md, "Relearn, in detail", quotes each source's code): full weights at lr 1e-5 (Hu et al.'s
+`relearn_full.py`; also TOFU's fine-tuning rate, the recipe that taught TOFU's models these items), 3 epochs and
+weight decay 0.01 (Łucki et al.'s `finetune.py`), batches of 4 (Hu et al.'s per-device batch), AdamW at a constant
+rate without warm-up. The slice, a quarter of the forget items (`slice_fraction`), is this project's choice: Hu
+et al.'s public code has no TOFU experiment. A model fine-tuned at another rate is relearned at that rate: set
+`learning_rate`. Each setting is recorded in every attack cell.
 
 The slice is a deterministic function of the forget corpus and the attack cell's seed (`relearn_slice`); the
 items left out ("held out") are the ones a recovery must be measured on, since those in the slice are simply
