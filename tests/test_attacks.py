@@ -1,6 +1,6 @@
-"""The attack modules of issue 51 on the tiny testbed Llama: detach, quantize (int8 / int4 through optimum-quanto or bitsandbytes),
-relearn (the slice and its held-out items, the base fine-tuned with the routers attached), the logit lens and
-the recovery score. Each runs the attack's own `run` on a hand-built `CellContext`, as the runner calls it."""
+"""The attack modules of issue 51 on the tiny testbed Llama: detach, quantize (int8 / int4 through optimum-quanto or
+bitsandbytes), relearn (the slice and its held-out items, the base fine-tuned with the routers attached), the logit
+lens and the recovery score. Each runs the attack's own `run` on a hand-built `CellContext`, as the runner calls it."""
 from __future__ import annotations
 
 import sys
@@ -205,7 +205,8 @@ def test_bitsandbytes_int4_rounds_blocks_of_64_to_16_levels_and_its_two_grids_di
 
 def test_quantize_without_bitsandbytes_names_the_library_and_the_extra(tmp_path, base, monkeypatch):
     monkeypatch.setitem(sys.modules, "bitsandbytes.functional", None)   # as if not installed
-    with pytest.raises(quantize.MissingDependencyError, match=r"needs bitsandbytes: pip install 'cru-harness\[attacks\]'"):
+    with pytest.raises(quantize.MissingDependencyError,
+                       match=r"needs bitsandbytes: pip install 'cru-harness\[attacks\]'"):
         quantize.ATTACK.run(_ctx(tmp_path, base, "quantize", {"library": "bitsandbytes"}))
 
 
