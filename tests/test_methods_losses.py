@@ -159,6 +159,15 @@ def test_rmu_loss_matches_wmdp_and_open_unlearning(tokenizer):
     retain = activation_loss(h0(model, batch["retain"]), frozen, batch["retain"]["labels"] != -100)
     assert loss.item() == pytest.approx((forget + 5.0 * retain).item(), rel=1e-5)
     assert logs["rmu_forget"] == pytest.approx(forget.item(), rel=1e-5)
+    # the gradients too: a detach on either side (the retain activations, say) leaves the values as they are
+    params = [p for p in model.parameters() if p.requires_grad]
+    got = torch.autograd.grad(loss, params, allow_unused=True)
+    want = torch.autograd.grad(forget + 5.0 * retain, params, allow_unused=True)
+    assert sum(g is not None for g in want) > 0
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None)
+        if w is not None:
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-7)
 
 
 def test_rmu_trains_only_the_named_mlp_weights():
@@ -557,7 +566,8 @@ def test_task_vector_reinforces_then_subtracts(tokenizer):
 # ---------------------------------------------------------------- every new method from a checkpoint, CPU and CUDA
 
 NEW_METHODS = {"gd_kl": {}, "npo_kl": {}, "rmu": {"layer": 1}, "lunar": {"layer": 1}, "undial": {"beta": 3.0},
-               "satimp": {}, "wga": {}, "ceu": {}, "dpo": {}, "rt": {}, "task_vector": {"scaling_coef": 1.0}}
+               "satimp": {}, "wga": {}, "ceu": {}, "dpo": {}, "rt": {}, "task_vector": {"scaling_coef": 1.0},
+               "whp": {}}   # WHP: its reinforced model's training step (the served pair: tests/test_whp.py)
 
 
 @pytest.fixture(scope="module")

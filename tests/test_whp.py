@@ -102,6 +102,18 @@ def test_a_pair_of_equal_models_generates_as_hf_generates(models, tmp_path):
     assert ours == HFLM(pretrained=str(base_dir), device="cpu", batch_size=2).generate_until(requests)
 
 
+@pytest.mark.gpu
+def test_the_pair_scores_on_cuda_as_on_the_cpu(models):
+    """Both checkpoints of the pair go to the GPU and the combined logits match the CPU's."""
+    whp_dir = models[2]
+    requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(PAIRS)]
+    cpu = CRULM(base=str(whp_dir), device="cpu", batch_size=2).loglikelihood(requests)
+    lm = CRULM(base=str(whp_dir), device="cuda", batch_size=2)
+    assert {p.device.type for p in lm.model.parameters()} == {"cuda"}
+    for on_gpu, on_cpu in zip(lm.loglikelihood(requests), cpu):
+        assert on_gpu[0] == pytest.approx(on_cpu[0], abs=1e-3) and on_gpu[1] == on_cpu[1]
+
+
 def test_the_directory_is_refused_as_one_checkpoint(models):
     from cru_harness.attacks.quantize import ATTACK
     from cru_harness.devices import load_causal_lm
