@@ -33,6 +33,18 @@ def test_builtins_register_through_their_entry_points():
     assert plugins.methods.canonical("simnpo") == "SimNPO" and plugins.methods.canonical("nope") is None
 
 
+def test_methods_say_what_they_need_beyond_their_trainers_flags():
+    """`cru-harness methods` lists `needs`: LUNAR fails without its refusal prompts, DPO's alternate answers on RWKU
+    are the pair corpus, not refusals."""
+    needs = {name: plugins.methods.get(name).needs for name in ("GA", "GD", "NPO", "IdkDPO", "DPO", "RT", "LUNAR")}
+    assert needs["GA"] == () and needs["GD"] == ("retain corpus",)
+    assert needs["IdkDPO"] == ("retain corpus", "reference model", "refusals")
+    assert needs["DPO"][:2] == ("retain corpus", "reference model") and "rwku:{target}:pair" in needs["DPO"][2]
+    assert "refusals" not in needs["DPO"] and len(needs["DPO"]) == 3
+    assert needs["RT"] == ("retain corpus", "refusals (TOFU: IdkDPO's list; RWKU: rwku:{target}:reject)")
+    assert needs["LUNAR"] == ("retain corpus", "refusal_prompts_path (LUNAR's harmful.json)")
+
+
 def test_unknown_names_are_one_line_errors_naming_the_registered_ones():
     with pytest.raises(UnknownPluginError, match=r"unknown method 'NPOO' \(did you mean 'NPO'\?\); registered: GA"):
         plugins.methods.get("NPOO")

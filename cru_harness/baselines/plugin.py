@@ -36,17 +36,18 @@ class BaselineMethod(Method):
     cell's benchmark and split (`Config.preset`), then saved for the evaluation."""
 
     def __init__(self, trainer: type, name: str, summary: str, *, refusals: dict[str, str] | None = None,
-                 order: int = 100):
+                 order: int = 100, needs: tuple[str, ...] = ()):
         self.trainer = trainer
         self.order = order
         self.name = name
         self.summary = summary
         self.config = trainer.Config
         self.aliases = TRAINER_ALIASES
+        # what the trainer's flags say, then what only the method knows (`needs`: an input file, a corpus)
         self.needs = tuple(need for flag, need in (("needs_retain", "retain corpus"),
                                                    ("needs_ref", "reference model"),
                                                    ("needs_alternate", "refusals"))
-                           if getattr(trainer, flag, False))
+                           if getattr(trainer, flag, False) and not (flag == "needs_alternate" and needs)) + needs
         self._refusals = refusals or {}
         doc = (trainer.Config.__doc__ or "").strip()
         self.sources = {"presets": doc.splitlines()[0]} if doc else {}
