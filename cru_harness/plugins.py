@@ -36,8 +36,9 @@ class PluginError(UserError, TypeError):
 class Registry:
     """Name -> plugin object for one entry-point group, loaded lazily."""
 
-    def __init__(self, kind: str, group: str):
+    def __init__(self, kind: str, group: str, not_here: dict[str, str] | None = None):
         self.kind, self.group = kind, group
+        self.not_here = not_here or {}   # a name users try that is something else: where to find it instead
         self._items: dict[str, Any] | None = None
         self._added: dict[str, Any] = {}
 
@@ -99,6 +100,8 @@ class Registry:
     def get(self, name: Any) -> Any:
         obj = self._load().get(str(name).lower())
         if obj is None:
+            if (elsewhere := self.not_here.get(str(name).lower())):
+                raise UnknownPluginError(f"{name!r} is not a registered {self.kind}: {elsewhere}")
             names = self.names()
             close = difflib.get_close_matches(str(name), names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -117,4 +120,7 @@ class Registry:
 
 benchmarks = Registry("benchmark", GROUPS["benchmark"])
 methods = Registry("method", GROUPS["method"])
-attacks = Registry("attack", GROUPS["attack"])
+attacks = Registry("attack", GROUPS["attack"], not_here={
+    name: "the logit lens reads a model and changes nothing, so it is a metric: set `evaluation.logit_lens: true` in "
+          "a run's config, or run `cru-harness lens --model DIR --data forget10` on one model"
+    for name in ("logit_lens", "logit-lens", "lens")})

@@ -56,6 +56,15 @@ def test_unknown_names_are_one_line_errors_naming_the_registered_ones():
         cfg.validate_config(raw)
 
 
+def test_the_logit_lens_named_as_an_attack_says_where_it_is():
+    """It is a metric (`evaluation.logit_lens`, `cru-harness lens`), not a registered attack: the error says so."""
+    for name in ("logit_lens", "lens"):
+        with pytest.raises(UnknownPluginError,
+                           match=r"is not a registered attack: the logit lens .*evaluation\.logit_lens: true"):
+            plugins.attacks.get(name)
+    assert "logit_lens" not in plugins.attacks.names()
+
+
 def test_a_registered_object_must_be_of_its_kind():
     class NotAMethod:
         name = "Fake"

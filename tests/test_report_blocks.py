@@ -212,15 +212,20 @@ def test_the_robustness_block_shows_the_best_layer_beside_the_outputs_forget_pro
 
     # the output column is the lens's own last layer (its items), not the cell's forget probability (all items)
     results = [lensed("Original", None, 0.8, [0.1, 0.5, 0.9], kind="original"),
+               lensed("Retain", 0, 0.3, [0.2, 0.5, 0.3], kind="retain"),
                lensed("GA", 0, 0.2, [0.1, 0.6, 0.2]), lensed("GA", 1, 0.4, [0.5, 0.3, 0.4])]
     copied = lensed("GA + paraphrase", 0, 0.7, [0.1, 0.6, 0.2])   # a prompt attack: its attacked cell's lens
     copied["details"]["logit_lens"]["from_attacked_cell"] = "GA-0"
-    assert [row["label"] for row in tables.lens_rows(results + [copied], "tofu")] == ["Original", "GA"]
+    assert [row["label"] for row in tables.lens_rows(results + [copied], "tofu")] == ["Original", "Retain", "GA"]
     text = "\n".join(tables.robustness_markdown(results, "tofu"))   # no attack cell: the lens alone
     assert text.startswith("### Robustness: is the knowledge gone, or only hidden?")
-    assert "| Model | Split | Row | Output forget probability | Best-layer forget probability (layer l of L) |" in text
-    assert "| m | forget01 | Original | 0.90 | 0.90 (layer 3 of 3) |" in text
-    assert "| m | forget01 | GA | 0.30 | 0.55 (layers 1, 2 of 3) |" in text
+    assert ("| Model | Split | Row | Output forget probability | Best-layer forget probability (layer l of L) | "
+            "Recovery | Oracle | Excess |") in text
+    assert "| m | forget01 | Original | 0.90 | 0.90 (layer 3 of 3) | -- | -- | -- |" in text
+    # GA: output 0.30, best 0.55, the Original's best 0.90: (0.55 - 0.30) / 0.60; the oracle: (0.50 - 0.30) / 0.60
+    assert "| m | forget01 | GA | 0.30 | 0.55 (layers 1, 2 of 3) | 0.42 | 0.33 | 0.08 |" in text
+    without_oracle = "\n".join(tables.lens_markdown([results[0]] + results[2:], "tofu"))
+    assert "| m | forget01 | GA | 0.30 | 0.55 (layers 1, 2 of 3) | 0.42 | -- | -- |" in without_oracle
     assert tables.robustness_markdown([_result("GA")], "tofu") == []   # neither attacks nor a lens: no block
 
 

@@ -12,7 +12,7 @@ attached, so each h_l is the gated state the next block reads (the model as serv
 It reads the model and returns no model, so it is a metric, not a runner attack: `logit_lens_scores` gives the
 per-layer scores and the best layer. Report it per cell as "best-layer forget probability (layer l of L)" next to
 the output's forget probability; the recovery score (`metrics.recovery`) applies to it with the original model's
-best-layer value as the top of the gap.
+best-layer value as the top of the gap (`reporting.tables.lens_rows`, with the oracle's best over its output).
 """
 from __future__ import annotations
 

@@ -719,6 +719,8 @@ def lens_rows(results: list[dict], benchmark: str) -> list[dict]:
     held-out items), means over seeds (and targets), with the best layers (1-based: layer L is the output) and the
     number of decoder blocks. A prompt attack's cell, which serves its attacked cell's model and copies that
     cell's lens, adds no row."""
+    from ..metrics.recovery import recovery_score
+
     view = benchmark_view(benchmark)
     found: dict[tuple, list[dict]] = defaultdict(list)
     for r, lens in _lens_cells(results, benchmark):
@@ -727,11 +729,23 @@ def lens_rows(results: list[dict], benchmark: str) -> list[dict]:
     rows = []
     for (model, unit, label), cells in found.items():
         lenses = [c["details"]["logit_lens"] for c in cells]
-        rows.append({"model": model, "unit": unit, "label": label,
+        rows.append({"model": model, "unit": unit, "label": label, "kind": cells[0].get("kind"),
                      "output": stats.finite_mean(lens["final"] for lens in lenses),
                      "best": stats.finite_mean(lens["best"] for lens in lenses),
                      "layers": sorted({lens["best_layer"] + 1 for lens in lenses}),
-                     "n_layers": sorted({lens["n_layers"] for lens in lenses})})
+                     "n_layers": sorted({lens["n_layers"] for lens in lenses}), "recovery": None})
+    # the lens as an attack on a method's row: unlearned = its output, attacked = its best layer, the top of the
+    # gap the Original's best layer (the lens reads every model so); the oracle's best over its own output beside
+    for row in rows:
+        place = [r for r in rows if (r["model"], r["unit"]) == (row["model"], row["unit"])]
+        original = next((r for r in place if r["kind"] == "original"), None)
+        oracle = next((r for r in place if r["kind"] == "retain"), None)
+        values = (original and original["best"], row["output"], row["best"])
+        if row["kind"] != "method" or not all(stats.is_number(v) for v in values):
+            continue
+        both = oracle is not None and stats.is_number(oracle["output"]) and stats.is_number(oracle["best"])
+        row["recovery"] = recovery_score(*values, oracle=oracle["output"] if both else None,
+                                         oracle_attacked=oracle["best"] if both else None)
     return rows
 
 
@@ -744,16 +758,21 @@ def lens_markdown(results: list[dict], benchmark: str) -> list[str]:
         return []
     lines = ["Logit lens: each decoder block's output read through the final norm and the output head; the best "
              "block's forget probability beside the output's (higher = more of the forget set readable). A best "
-             "layer far above the output's number is knowledge hidden below the output, not removed "
+             "layer far above the output's number is knowledge hidden below the output, not removed. Recovery (a "
+             "method's row): the share of the gap from its output up to the Original's best layer that its own best "
+             "layer closes; Oracle: the retain model's best layer over its output, on the same scale "
              "(docs/protocol.md, Attacks).", "",
              f"| Model | {benchmark_view(benchmark).table_unit} | Row | Output forget probability | "
-             "Best-layer forget probability (layer l of L) |", "|---|---|---|---:|---|"]
+             "Best-layer forget probability (layer l of L) | Recovery | Oracle | Excess |",
+             "|---|---|---|---:|---|---:|---:|---:|"]
     for row in rows:
         layers = ", ".join(str(layer) for layer in row["layers"])
         total = "/".join(str(n) for n in row["n_layers"])
         where = f"layer{'s' if len(row['layers']) > 1 else ''} {layers} of {total}"
+        rec = row["recovery"]
         lines.append(f"| {row['model']} | {row['unit']} | {row['label']} | {fmt2(row['output'])} | "
-                     f"{fmt2(row['best'])} ({where}) |")
+                     f"{fmt2(row['best'])} ({where}) | {fmt2(rec.score if rec else None)} | "
+                     f"{fmt2(rec.oracle_score if rec else None)} | {fmt2(rec.excess if rec else None)} |")
     return lines + [""] + [f"- {label}: no logit lens ({reason})." for label, reason in skipped.items()] + \
         ([""] if skipped else [])
 
