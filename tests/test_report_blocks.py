@@ -173,6 +173,23 @@ def test_benign_relearn_trains_on_no_forget_item_so_every_item_counts():
     assert "| all (none trained on) |" in "\n".join(tables.robustness_markdown(results, "tofu"))
 
 
+def test_the_retain_oracle_records_its_own_privleak_as_0(tmp_path):
+    """The oracle is its own reference: its cell records privleak 0 (as the report computes it), not a number
+    against open-unlearning's 0.5 fallback, which a method cell without an oracle still gets and says so."""
+    items = [{"question": "Q0?", "answer": "A0", "generation": "x", "truth_ratio": 0.5}]
+    tasks = {"tofu_forget10": {"agg": {"rouge_l_recall": 0.5, "probability": 0.5, "truth_ratio": 0.5},
+                               "items": items},
+             **{name: {"agg": a, "items": items} for name, a in UTILITY.items()},
+             "tofu_privacy_forget10": {"agg": {"mia_min_k": 0.8, "mia_loss": 0.7}}}
+    run = write_run(tmp_path / "oracle", tasks)
+    oracle = cell_scores.score_tofu_cell(run, split="forget10", is_oracle=True)
+    assert oracle["metrics"]["privleak"] == 0.0 and oracle["metrics"]["mia_auc_min_k"] == 0.8
+    assert oracle["details"]["privleak"]["retain_source"] == "this cell (the retain oracle)"
+    alone = cell_scores.score_tofu_cell(run, split="forget10")
+    assert alone["metrics"]["privleak"] == pytest.approx(privleak(0.8, 0.5))
+    assert "no retain cell" in alone["details"]["privleak"]["retain_source"]
+
+
 def test_scored_tofu_cells_carry_the_per_item_values_the_held_out_rows_read(tmp_path):
     """From lm-eval's saved outputs through the scorer to the table: each cell's per-item forget ROUGE-L (and
     probability) is recorded by question, and the relearn row reads the items outside the slice (Q0)."""

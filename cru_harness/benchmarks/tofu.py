@@ -165,7 +165,8 @@ class TOFU(Benchmark):
                                            original_model=original_model, data_dir=data_dir, device=device,
                                            batch_size=batch_size, device_map=cell.model.device_map,
                                            trust_remote_code=cell.model.trust_remote_code,
-                                           retain_result=retain_result, forget_task=forget_task)
+                                           retain_result=retain_result, forget_task=forget_task,
+                                           is_oracle=cell.kind == "retain")
 
 
 BENCHMARK = TOFU()

@@ -111,10 +111,11 @@ def privleak_of(auc: float | None, retain_auc: float | None) -> tuple[float | No
 def score_tofu_cell(lmeval_dir: str | Path, *, split: str, retain_items: list[dict] | None = None,
                     original_model: str | None = None, data_dir: str | None = None, device: str = "cpu",
                     batch_size: int = 8, device_map=None, trust_remote_code: bool = False,
-                    retain_result: dict | None = None, forget_task: str | None = None) -> dict[str, Any]:
+                    retain_result: dict | None = None, forget_task: str | None = None,
+                    is_oracle: bool = False) -> dict[str, Any]:
     """`metrics`, `per_item`, `failure_classes`, `details` of a TOFU cell from its lm-eval output directory.
     `forget_task`: the forget task it ran (default `tofu_<split>`; a prompt attack's variant, `score.forget_task_for`),
-    whose numbers are the cell's `forget_*`."""
+    whose numbers are the cell's `forget_*`. `is_oracle`: the cell is the retain oracle, its own privleak reference."""
     forget_task = forget_task or f"tofu_{split}"
     report = tofu_score.score_runs([lmeval_dir], retain_items=retain_items, original_model=original_model,
                                    data_dir=data_dir, device=device, batch_size=batch_size, labels=["cell"],
@@ -146,7 +147,11 @@ def score_tofu_cell(lmeval_dir: str | Path, *, split: str, retain_items: list[di
     if privacy:   # the cell ran the split's tofu_privacy task
         metrics.update(privacy)
         retain_auc = ((retain_result or {}).get("metrics") or {}).get(PRIVLEAK_AUC)
+        if is_oracle:   # 0 by definition, as the report computes it, not a number against the 0.5 fallback
+            retain_auc = privacy.get(PRIVLEAK_AUC)
         metrics["privleak"], details["privleak"] = privleak_of(privacy.get(PRIVLEAK_AUC), retain_auc)
+        if is_oracle and retain_auc is not None:
+            details["privleak"]["retain_source"] = "this cell (the retain oracle)"
     return {"metrics": metrics, "per_item": per_item, "failure_classes": failure_classes, "details": details,
             "artifacts": {"per_item": str(per_item_path), "scores": str(scores_path)}}
 
