@@ -169,7 +169,7 @@ class Attack:
             self.config(**values)
 
     def tasks(self, tasks: tuple[str, ...], settings: Mapping[str, Any]) -> tuple[str, ...]:
-        """The tasks its cells evaluate: the attacked cell's, or variants of them (an attack on the prompts). None
+        """The tasks its cells evaluate: the attacked cell's, or variants of them (an attack on the prompts). Empty
         (an attack on the prompts of tasks that have no variant): the plan makes no cell, whose numbers would be
         the attacked cell's."""
         return tasks

@@ -89,6 +89,20 @@ def check_tofu_preset(name: str | None) -> str:
     return name
 
 
+def tofu_preset_refusal(preset: str | None, task: str) -> str | None:
+    """Why a TOFU preset cannot score `task` (an lm-eval task name), or None: the privacy tasks are
+    open-unlearning's metrics, and the in_context variant's pairs would be cut by legacy's 200-token limit. The one
+    rule both the tasks (`tasks/tofu/utils.py`) and the runner's config check apply."""
+    preset = check_tofu_preset(preset)
+    if task.startswith("tofu_privacy") and preset != "open-unlearning":
+        return (f"the TOFU privacy tasks are open-unlearning's metrics (TOFU's own code has none): run them with "
+                f"tofu_preset=open-unlearning, not {preset}")
+    if task.endswith("_in_context") and preset == "legacy":
+        return ("the in_context variant puts question-answer pairs before each question; the legacy preset cuts the "
+                "text at 200 tokens: run it with tofu_preset=open-unlearning")
+    return None
+
+
 def tofu_epsilon(preset: str | None) -> float:
     """What a TOFU preset's reference adds to the truth ratio's and the multiple-choice probability's denominators:
     open-unlearning's 1e-10 (`src/evals/metrics/memorization.py`), TOFU's nothing."""

@@ -82,17 +82,13 @@ def _library(name: str):
             f"the quantize attack needs {name}: pip install 'cru-harness[{EXTRA}]' ({err})") from None
 
 
-def _quanto():
-    return _library("optimum-quanto")
-
-
 def _rounder(config: QuantizeConfig):
     """fn(linear module) -> (its weight rounded to the library's grid, in its dtype; the group size or None for
     one scale per output row)."""
     import torch
 
     if config.library == "optimum-quanto":
-        quanto = _quanto()
+        quanto = _library("optimum-quanto")
         qtype = {"int8": quanto.qint8, "int4": quanto.qint4}[config.weights]
 
         def rounded(module):

@@ -36,18 +36,19 @@ class BaselineMethod(Method):
     cell's benchmark and split (`Config.preset`), then saved for the evaluation."""
 
     def __init__(self, trainer: type, name: str, summary: str, *, refusals: dict[str, str] | None = None,
-                 order: int = 100, needs: tuple[str, ...] = ()):
+                 order: int = 100, alternate: str = "refusals", needs: tuple[str, ...] = ()):
         self.trainer = trainer
         self.order = order
         self.name = name
         self.summary = summary
         self.config = trainer.Config
         self.aliases = TRAINER_ALIASES
-        # what the trainer's flags say, then what only the method knows (`needs`: an input file, a corpus)
+        # what the trainer's flags say (`alternate`: what its alternate answers are), then what only the method
+        # knows (`needs`: an input file)
         self.needs = tuple(need for flag, need in (("needs_retain", "retain corpus"),
                                                    ("needs_ref", "reference model"),
-                                                   ("needs_alternate", "refusals"))
-                           if getattr(trainer, flag, False) and not (flag == "needs_alternate" and needs)) + needs
+                                                   ("needs_alternate", alternate))
+                           if getattr(trainer, flag, False)) + needs
         self._refusals = refusals or {}
         doc = (trainer.Config.__doc__ or "").strip()
         self.sources = {"presets": doc.splitlines()[0]} if doc else {}

@@ -30,14 +30,12 @@ TOFU_COLUMNS = [
     Column("mia_auc_best", "best MIA AUC", "best MIA AUC", None, "Privacy", optional=True),
 ]
 
-#: The MIA attacks of `tofu_privacy_<split>`, each one AUC (`scoring.cell_scores.PRIVACY_METRICS`).
-MIA_AUCS = ("mia_auc_loss", "mia_auc_zlib", "mia_auc_min_k", "mia_auc_min_k_plus_plus", "mia_auc_gradnorm",
-            "mia_auc_reference")
-
-
 def strongest_attack(metrics: dict) -> str | None:
-    """The MIA attack whose AUC is farthest from 0.5: the one that best tells forget from holdout text."""
-    found = [key for key in MIA_AUCS if is_number(metrics.get(key))]
+    """The MIA attack whose AUC is farthest from 0.5: the one that best tells forget from holdout text (the AUCs a
+    cell records: `scoring.cell_scores.PRIVACY_METRICS`)."""
+    from ..scoring.cell_scores import PRIVACY_METRICS
+
+    found = [key for key in PRIVACY_METRICS.values() if key.startswith("mia_auc_") and is_number(metrics.get(key))]
     return max(found, key=lambda key: abs(metrics[key] - 0.5)) if found else None
 
 
@@ -119,21 +117,14 @@ class TOFU(Benchmark):
     def tasks_under(self, tasks: list[str], evaluation: dict, defaulted: bool) -> list[str]:
         """Under the legacy preset (TOFU's own evaluation): no privacy task (TOFU's code has no privacy metrics; the
         task refuses the preset) and no in_context variant (its 200-token cut would cut the answers)."""
-        from ..prompts import PresetError, check_tofu_preset
+        from ..prompts import PresetError, tofu_preset_refusal
 
-        if check_tofu_preset(evaluation["tofu_preset"]) != "legacy":
-            return tasks
         kept = []
         for task in tasks:
-            if task.startswith("tofu_privacy"):
+            if refusal := tofu_preset_refusal(evaluation["tofu_preset"], task):
                 if defaulted:
                     continue
-                raise PresetError(f"task {task}: the TOFU privacy metrics are open-unlearning's (TOFU's own code has "
-                                  "none); drop the task or set tofu_preset: open-unlearning")
-            if task.endswith("_in_context"):
-                raise PresetError(f"task {task}: the in_context variant puts question-answer pairs before each "
-                                  "question and the legacy preset cuts the text at 200 tokens; set tofu_preset: "
-                                  "open-unlearning")
+                raise PresetError(f"task {task}: {refusal}")
             kept.append(task)
         return kept
 

@@ -318,10 +318,8 @@ class TOFUTask(QuietCustomDataset, UncachedRequests, ConfigurableTask):
         self.family = metadata.get("tofu_model_family") or None
         # a fixed text format (legacy, or an open-unlearning family); an unknown family fails here
         self.format = P.tofu_format(self.preset, self.family)
-        if self.variant == "in_context" and self.preset == "legacy":
-            # legacy cuts the scored text at 200 tokens in total: k pairs before the question would cut the answer
-            raise P.PresetError("the in_context variant puts question-answer pairs before each question; the legacy "
-                                "preset cuts the text at 200 tokens: run it with tofu_preset=open-unlearning")
+        if self.variant and (refusal := P.tofu_preset_refusal(self.preset, f"tofu_{self.variant}")):
+            raise P.PresetError(refusal)
         metadata["tofu_preset"] = self.preset  # recorded in the results' task config
         config["metadata"] = metadata
         generation = dict(config.get("generation_kwargs") or {})
@@ -454,11 +452,9 @@ PRIVACY_MEMORIZATION = ("exact_memorization", "extraction_strength")
 
 
 def _check_privacy_preset(tofu_preset: str | None) -> str:
-    preset = P.check_tofu_preset(tofu_preset)
-    if preset != "open-unlearning":
-        raise P.PresetError(f"the TOFU privacy tasks are open-unlearning's metrics (TOFU's own code has none): run "
-                            f"them with tofu_preset=open-unlearning, not {preset}")
-    return preset
+    if refusal := P.tofu_preset_refusal(tofu_preset, "tofu_privacy"):
+        raise P.PresetError(refusal)
+    return P.check_tofu_preset(tofu_preset)
 
 
 def load_tofu_privacy_dataset(tofu_config: str | None = None, data_dir: str | None = None,
