@@ -76,10 +76,11 @@ def test_a_rows_best_mia_auc_is_the_strongest_attack_of_the_seed_means():
     assert row["metrics_sd"]["mia_auc_best"] == pytest.approx(row["metrics_sd"]["mia_auc_min_k"])
 
 
-def _attack(label, attack, value, attacked_kind="method", seed=0):
+def _attack(label, attack, value, attacked_kind="method", seed=0, attacked=None):
     result = _result(f"{label} + {attack}", kind="attack")
-    result.update(seed=seed, details={"attack": {"name": attack, "attacked_label": label, "attack_label": attack,
-                                                 "attacked_kind": attacked_kind}})
+    result.update(hash=f"{label} + {attack}-{seed}", seed=seed,
+                  details={"attack": {"name": attack, "attacked": attacked or label, "attacked_label": label,
+                                      "attack_label": attack, "attacked_kind": attacked_kind}})
     result["metrics"]["forget_rouge_l"] = value
     return result
 
@@ -97,9 +98,29 @@ def test_the_robustness_table_reads_recovery_beside_the_oracles_change():
     assert recovery.score == pytest.approx(0.5) and recovery.oracle_score == pytest.approx(0.25)
     assert recovery.excess == pytest.approx(0.25)
     text = "\n".join(tables.robustness_markdown(results, "tofu"))
-    assert "| m | forget01 | GA | relearn | all | 0.90 | 0.30 | 0.60 | 0.50 | 0.25 | 0.25 |" in text
+    assert "| m | forget01 | GA | relearn | all | 0.90 | 0.30 | 0.60 | 0.50 | 0.25 | 0.25 | 1 |" in text
     # attack cells are not leaderboard rows
     assert [r["label"] for r in tables.aggregate(results, "tofu")] == ["Original", "GA"]
+
+
+def test_a_robustness_row_reads_each_attack_cell_against_the_seed_it_attacked():
+    """GA's seeds 0 and 1 forget to 0.3 and 0.7; only seed 0's quantized cell finished (0.6). Against its own seed
+    the attack closes half of the gap (0.9 - 0.3); against the mean over both seeds (0.5) it would read 0.25."""
+    ga0, ga1 = _result("GA"), _result("GA")
+    ga0.update(hash="ga0", seed=0)
+    ga1.update(hash="ga1", seed=1)
+    results = [_result("Original", kind="original"), ga0, ga1, _attack("GA", "int4", 0.6, attacked="ga0")]
+    for r, value in zip(results[:3], (0.9, 0.3, 0.7)):
+        r["metrics"]["forget_rouge_l"] = value
+    (row,) = tables.robustness_rows(results, "tofu")
+    assert (row["before"], row["n"]) == (pytest.approx(0.3), 1)
+    assert row["recovery"].score == pytest.approx(0.5)
+    # an attack cell whose attacked cell is not among the results gives the row no number, and says why
+    results[-1]["details"]["attack"]["attacked"] = "gone"
+    (row,) = tables.robustness_rows(results, "tofu")
+    assert row["recovery"] is None and row["before"] is None and "no Original or attacked cell" in row["reason"]
+    assert "not scored against its references (no Original or attacked cell beside it)" in \
+        "\n".join(tables.robustness_markdown(results, "tofu"))
 
 
 # ------------------------------------------------------------------------------------------- relearn: held-out items
@@ -149,7 +170,7 @@ def test_relearn_recovery_counts_only_the_items_outside_both_slices_for_every_re
     assert row["recovery"].score == pytest.approx(0.25 / 0.65)
     assert row["recovery"].oracle_score == pytest.approx(0.075 / 0.65)
     text = "\n".join(tables.robustness_markdown(_relearn_run(), "tofu"))
-    assert "| m | forget01 | GA | relearn | held-out (2) | 0.75 | 0.10 | 0.35 | 0.38 | 0.12 | 0.27 |" in text
+    assert "| m | forget01 | GA | relearn | held-out (2) | 0.75 | 0.10 | 0.35 | 0.38 | 0.12 | 0.27 | 2 |" in text
     assert "Rows of relearn count the held-out forget items only" in text
 
 

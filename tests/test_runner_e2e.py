@@ -134,3 +134,12 @@ def test_ci_minimal_end_to_end_then_resume(tmp_path, monkeypatch):
         for key in ("forget_rouge_l", "forget_prob", "model_utility"):
             assert attack["metrics"][key] == results[label]["metrics"][key], (label, key)
     assert attacked["CRU + identity"]["metrics"]["forget_prob"] != results["Original"]["metrics"]["forget_prob"]
+    # the robustness table pairs each attack cell with the cell its record names: the identity attack closes none
+    # of the gap, and the oracle's own change is none
+    from cru_harness.reporting import tables
+
+    rows = {r["label"]: r for r in tables.robustness_rows(list(attacked.values()), "tofu")}
+    assert set(rows) == {"GA", "CRU"} and all(r["n"] == 1 for r in rows.values())
+    for row in rows.values():
+        assert row["after"] == row["before"] and row["recovery"].oracle_change == 0
+        assert row["recovery"].score in (0, None)   # None only where unlearning left no gap

@@ -595,58 +595,38 @@ def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
     unlearned gap the attack closes) and, beside it, the retain oracle's change under the same attack on the same
     scale. Empty when the benchmark names no recovery metric or the run has no attack cells.
 
-    An attack that trained on forget items (relearn: `taught_questions`) is read on the held-out items only: per
-    attack cell, its slice's questions and the oracle's slice's are dropped from all five numbers (Original,
-    unlearned, attacked, oracle, oracle attacked), so the gap and the recovery compare the same items; then the
-    five are averaged over the row's cells. `items` says which were counted."""
-    from ..metrics.recovery import recovery_score
-
+    Each attack cell is read against its own references: the cell it attacked (the same seed), the Original and
+    the oracle of its split or target, and the oracle under the same attack; then the five numbers are averaged
+    over the row's attack cells (`n`). A mean over every seed of the unlearned row beside a mean over the seeds
+    whose attack finished would compare different models. An attack that trained on forget items (relearn:
+    `taught_questions`) or scored other items (in_context) is read on the items held out from it: per attack
+    cell, its slice's questions and the oracle's slice's are dropped from all five numbers, so the gap and the
+    recovery compare the same items. `items` says which were counted."""
     view = benchmark_view(benchmark)
     metric = view.recovery_metric
     if metric is None:
         return []
-    values: dict[tuple, list[float]] = defaultdict(list)   # (model, unit, label) -> metric per cell
-    attacked: dict[tuple, dict] = {}                        # (model, unit, attacked label, attack label) -> info
-    cells: dict[tuple, list[dict]] = defaultdict(list)     # the same key -> its attack cells
     usable = [r for r in results if r.get("benchmark") == benchmark and r.get("status") == "ok"
               and r.get("kind") != "finetune"]
     by_hash = {r.get("hash"): r for r in usable}
+    cells: dict[tuple, list[dict]] = defaultdict(list)     # (model, unit, attacked label, attack label) -> cells
     for r in usable:
-        value = derived_metrics(r).get(metric)
-        if not stats.is_number(value):
-            continue
-        unit = view.row_unit(r)
-        values[(r["model"], unit, r["label"])].append(value)
         info = (r.get("details") or {}).get("attack")
-        if r.get("kind") == "attack" and info:
-            attacked[(r["model"], unit, info["attacked_label"], info["attack_label"])] = info
-            cells[(r["model"], unit, info["attacked_label"], info["attack_label"])].append(r)
-    mean = {key: statistics.fmean(v) for key, v in values.items()}
+        if r.get("kind") == "attack" and info and info.get("attacked_kind") != "retain":   # the oracle: control
+            cells[(r["model"], view.row_unit(r), info["attacked_label"], info["attack_label"])].append(r)
     rows = []
-    for key, info in sorted(attacked.items(), key=lambda kv: [str(k) for k in kv[0]]):
-        model, unit, label, attack = key
-        if info.get("attacked_kind") == "retain":
-            continue   # the oracle is each row's control, not a row
-        if any(taught_questions(cell) is not None or _scores_other_items(cell, by_hash, metric) for cell in cells[key]):
-            rows.append(_held_out_row(key, cells[key], usable, by_hash, metric))
-            continue
-        before, after = mean.get((model, unit, label)), mean.get((model, unit, f"{label} + {attack}"))
-        original = mean.get((model, unit, "Original"))
-        oracle, oracle_after = mean.get((model, unit, "Retain")), mean.get((model, unit, f"Retain + {attack}"))
-        if oracle is None or oracle_after is None:
-            oracle = oracle_after = None
-        score = None
-        if None not in (before, after, original):
-            score = recovery_score(original, before, after, oracle=oracle, oracle_attacked=oracle_after)
-        rows.append({"model": model, "unit": unit, "label": label, "attack": attack, "metric": metric,
-                     "original": original, "before": before, "after": after, "recovery": score,
-                     "items": "all", "n_items": [], "reason": None})
+    for key in sorted(cells, key=lambda k: [str(part) for part in k]):
+        held_out = any(taught_questions(cell) is not None or _scores_other_items(cell, by_hash, metric)
+                       for cell in cells[key])
+        rows.append(_paired_row(key, cells[key], usable, by_hash, metric, held_out))
     return rows
 
 
-def _held_out_row(key: tuple, attack_cells: list[dict], results: list[dict], by_hash: dict, metric: str) -> dict:
-    """A robustness row of an attack that trained on forget items: each attack cell with its own references (the
-    cell it attacked, the Original and the oracle of its split or target), on the items held out from it."""
+def _paired_row(key: tuple, attack_cells: list[dict], results: list[dict], by_hash: dict, metric: str,
+                held_out: bool) -> dict:
+    """A robustness row: each attack cell with its own references (the cell it attacked, the Original and the
+    oracle of its split or target, the oracle under the same attack), on the items held out from it where
+    `held_out`; the row's numbers only when every cell has them."""
     from ..metrics.recovery import recovery_score
 
     model, unit, label, attack = key
@@ -665,11 +645,13 @@ def _held_out_row(key: tuple, attack_cells: list[dict], results: list[dict], by_
                 "oracle": by_hash.get(oracle_after["details"]["attack"].get("attacked")) if oracle_after else None,
                 "oracle_after": oracle_after}
         if refs["original"] is None or refs["before"] is None:
-            reasons.append("no Original or unlearned cell beside it")
+            reasons.append("no Original or attacked cell beside it")
             continue
         if refs["oracle"] is None:
             refs["oracle"] = refs["oracle_after"] = None
-        point = _held_out_points(cell, refs, metric)
+        point = _held_out_points(cell, refs, metric) if held_out else \
+            {**{k: derived_metrics(c).get(metric) if c else None for k, c in refs.items()}, "n_items": None,
+             "reason": None}
         if point["reason"] is None and all(stats.is_number(point[k]) for k in ("original", "before", "after")):
             points.append(point)
         else:
@@ -684,14 +666,15 @@ def _held_out_row(key: tuple, attack_cells: list[dict], results: list[dict], by_
     if oracle is None or oracle_after is None:
         oracle = oracle_after = None
     score = None
-    if points and not reasons:   # every attack cell of the row read on its held-out items, or no row number
+    if points and not reasons:   # every attack cell of the row read against its references, or no row number
         score = recovery_score(original, before, after, oracle=oracle, oracle_attacked=oracle_after)
     else:
         original = before = after = None
     counts = [p["n_items"] for p in points if p["n_items"] is not None]
     return {"model": model, "unit": unit, "label": label, "attack": attack, "metric": metric,
             "original": original, "before": before, "after": after, "recovery": score,
-            "items": "held-out", "n_items": counts, "reason": "; ".join(dict.fromkeys(reasons)) or None}
+            "items": "held-out" if held_out else "all", "n_items": counts, "n": len(attack_cells),
+            "reason": "; ".join(dict.fromkeys(reasons)) or None}
 
 
 def _items_text(row: dict) -> str:
@@ -826,7 +809,8 @@ def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
               "Recovery: the share of the Original-to-unlearned gap the attack closes (0 = nothing comes back, 1 = "
               "all of it; below 0, the attack lowered the forget score further). Oracle: what the same attack does to "
               "the retain model, on the same scale; recovery beyond it is knowledge that was hidden, not removed "
-              "(docs/protocol.md).", ""]
+              "(docs/protocol.md). n: the attack cells averaged (seeds, and RWKU targets), each read against the "
+              "cell it attacked, so Unlearned is the mean over the same seeds as Attacked.", ""]
     held_out = list(dict.fromkeys(row["attack"] for row in rows if row["items"] == "held-out"))
     if held_out:
         # relearn trains on a slice of the forget set, in_context shows some of its pairs: both read the rest only
@@ -836,7 +820,7 @@ def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
                   "per seed, so the gap and the recovery compare the same items. Items: how many were counted (none "
                   "shown: a benign relearn, or RWKU's passages, where every scored item is held out).", ""]
     lines += [f"| Model | {benchmark_view(benchmark).table_unit} | Method | Attack | Items | Original | Unlearned | "
-              "Attacked | Recovery | Oracle | Excess |", "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+              "Attacked | Recovery | Oracle | Excess | n |", "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     notes = []
     for row in rows:
         rec = row["recovery"]
@@ -844,9 +828,10 @@ def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
                  fmt2(rec.score if rec else None), fmt2(rec.oracle_score if rec else None),
                  fmt2(rec.excess if rec else None)]
         lines.append(f"| {row['model']} | {row['unit']} | {row['label']} | {row['attack']} | {_items_text(row)} | "
-                     + " | ".join(cells) + " |")
+                     + " | ".join(cells) + f" | {row['n']} |")
         if row.get("reason"):
-            notes.append(f"- {row['label']} + {row['attack']} ({row['unit']}): not scored on held-out items "
+            what = "on held-out items" if row["items"] == "held-out" else "against its references"
+            notes.append(f"- {row['label']} + {row['attack']} ({row['unit']}): not scored {what} "
                          f"({row['reason']}).")
     return lines + ([""] + notes if notes else []) + [""] + mc_markdown(results, benchmark) + lens
 
