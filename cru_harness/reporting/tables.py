@@ -625,8 +625,9 @@ def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
 def _paired_row(key: tuple, attack_cells: list[dict], results: list[dict], by_hash: dict, metric: str,
                 held_out: bool) -> dict:
     """A robustness row: each attack cell with its own references (the cell it attacked, the Original and the
-    oracle of its split or target, the oracle under the same attack), on the items held out from it where
-    `held_out`; the row's numbers only when every cell has them."""
+    oracle of its split or target, the oracle under the same attack), on the items held out from it
+    (`_held_out_points`: all of them for an attack that showed none); the row's numbers only when every cell has
+    them. `held_out` labels the row's items."""
     from ..metrics.recovery import recovery_score
 
     model, unit, label, attack = key
@@ -649,9 +650,7 @@ def _paired_row(key: tuple, attack_cells: list[dict], results: list[dict], by_ha
             continue
         if refs["oracle"] is None:
             refs["oracle"] = refs["oracle_after"] = None
-        point = _held_out_points(cell, refs, metric) if held_out else \
-            {**{k: derived_metrics(c).get(metric) if c else None for k, c in refs.items()}, "n_items": None,
-             "reason": None}
+        point = _held_out_points(cell, refs, metric)   # an attack that showed no item: the cells' own numbers
         if point["reason"] is None and all(stats.is_number(point[k]) for k in ("original", "before", "after")):
             points.append(point)
         else:
