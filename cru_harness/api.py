@@ -256,6 +256,10 @@ class Benchmark:
     def placeholder_values(self, split: str | None, target: int | None) -> dict[str, Any]:
         return {"split": split or "", "target": target if target is not None else ""}
 
+    def fill(self, template: str, split: str | None, target: int | None) -> str:
+        """A task or corpus template (`tofu_{split}`, `rwku_{target}`) with this unit's placeholders filled."""
+        return template.format(**self.placeholder_values(split, target))
+
     def task_metadata(self, split: str | None, target: int | None) -> dict[str, Any]:
         """lm-eval metadata its tasks read for one unit, beside the presets and `data_dir` (e.g. TOFU's author)."""
         return {}

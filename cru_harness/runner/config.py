@@ -510,7 +510,6 @@ def _check_tasks_under_presets(benchmarks: dict, raw: dict, attacks: tuple, eval
     presets cannot score is left out (TOFU's privacy task under the legacy preset); a named one fails here, not
     in every cell at run time."""
     from .. import plugins
-    from .plan import _fill
 
     for bench, block in benchmarks.items():
         plugin = benchmark_plugin(bench)
@@ -521,7 +520,7 @@ def _check_tasks_under_presets(benchmarks: dict, raw: dict, attacks: tuple, eval
             _fail(f"benchmarks.{bench}.tasks", str(err), source)
         for attack in attacks:
             for split, target in plugin.units(block)[:1]:   # the variants' names do not depend on the unit
-                tasks = tuple(_fill(task, bench, split, target) for task in block["tasks"])
+                tasks = tuple(plugin.fill(task, split, target) for task in block["tasks"])
                 try:
                     plugin.tasks_under(list(plugins.attacks.get(attack.attack).tasks(tasks, attack.settings)),
                                        evaluation, defaulted=False)

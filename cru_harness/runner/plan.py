@@ -109,10 +109,9 @@ def computation_key(resolved: dict[str, Any]) -> str:
 
 
 def _fill(template: str, benchmark: str, split: str | None, target: int | None) -> str:
-    """A task or corpus template with the benchmark's placeholders filled for one unit."""
     from .. import plugins
 
-    return template.format(**plugins.benchmarks.get(benchmark).placeholder_values(split, target))
+    return plugins.benchmarks.get(benchmark).fill(template, split, target)
 
 
 def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] | None = None) -> list[Cell]:
