@@ -102,9 +102,22 @@ def test_cpu_forget01_config_changes_only_the_scale_its_header_states():
     assert whole.benchmarks["tofu"]["limit"] == 40   # forget01's whole evaluation set (40 rows)
     assert (whole.benchmarks["tofu"]["forget_corpus"], whole.benchmarks["tofu"]["retain_corpus"]) == \
         ("{split}", "retain99[:40]")
-    assert whole.evaluation == small.evaluation and (small.seeds, whole.seeds) == ((0,), (0, 1, 2))
-    assert [m.method for m in whole.methods] == [m.method for m in small.methods]
-    for s, w in zip(small.methods, whole.methods):
+    # the lens is recorded beside the attacks forget01 adds; the rest of the evaluation is cpu_smollm2's
+    lensless = {k: v for k, v in whole.evaluation.items() if k != "logit_lens"}
+    assert lensless == {k: v for k, v in small.evaluation.items() if k != "logit_lens"}
+    assert whole.evaluation["logit_lens"] is True and not small.evaluation.get("logit_lens")
+    assert (small.seeds, whole.seeds) == ((0,), (0, 1, 2))
+    # cpu_smollm2's methods first, as there (CRU last); then the field's other methods at the baselines' rule
+    small_methods = [m.method for m in small.methods]
+    assert [m.method for m in whole.methods[:len(small_methods) - 1]] == small_methods[:-1]
+    assert whole.methods[-1].method == small_methods[-1] == "CRU"
+    baseline_rule = {"learning_rate": 1e-4, "num_epochs": 2, "effective_batch_size": 8, "micro_batch_size": 8,
+                     "warmup_epochs": 0.4}
+    for m in whole.methods[len(small_methods) - 1:-1]:
+        assert m.hparams_for("tofu", "forget01") == (baseline_rule if m.method != "LUNAR" else
+                                                     {"refusal_prompts_path": "data/lunar/harmful.json"}), m.method
+    assert whole.attacks and not small.attacks
+    for s, w in zip(small.methods[:-1] + small.methods[-1:], whole.methods[:len(small_methods) - 1] + whole.methods[-1:]):
         hs, hw = s.hparams_for("tofu", "forget01"), w.hparams_for("tofu", "forget01")
         batch = ("effective_batch_size", "micro_batch_size")
         assert {k: v for k, v in hw.items() if k not in batch} == {k: v for k, v in hs.items() if k not in batch}
