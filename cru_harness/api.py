@@ -148,6 +148,7 @@ class Attack:
     summary: str = ""
     config: type | None = None
     seeded: bool = False
+    needs_one_checkpoint: bool = False   # it loads, quantizes or trains the attacked model as one checkpoint
     order: int = 100
 
     def __repr__(self) -> str:
@@ -157,10 +158,11 @@ class Attack:
         return () if self.config is None else tuple(f.name for f in dataclasses.fields(self.config))
 
     def applies_to(self, method: "Method | None") -> bool:
-        """Whether the plan attacks a cell of `method` (None: the retain oracle). An attack that would only
-        re-evaluate the model as deployed (detach on a method without a bundle) gets no cell: no compute for a
-        number known beforehand."""
-        return True
+        """Whether the plan attacks a cell of `method` (None: the retain oracle). An attack that loads, quantizes
+        or trains one checkpoint (`needs_one_checkpoint`) skips a model of several (WHP's); one that would only
+        re-evaluate the model as deployed (detach on a method without a bundle) overrides this: no cell, no
+        compute for a number known beforehand."""
+        return not self.needs_one_checkpoint or method is None or method.one_checkpoint
 
     def check_settings(self, values: dict[str, Any]) -> None:
         if self.config is not None:

@@ -1,5 +1,5 @@
 """The code's identity and content fingerprints: what a run record says about the code that computed a cell
-(`code_version`, `git_state`) and the content hash of a local directory (a model, a data folder). Foundation
+(`code_version`, `git_state`) and the content hash of a local directory (a model, a data folder) or file. Foundation
 layer: stdlib only, so the testbed, the `cru` lm-eval model, the results store and reporting can read it
 (`runner.provenance` builds the cells' inputs on it)."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import subprocess
 import tokenize
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 CODE_SUFFIXES = (".py", ".yaml", ".yml", ".jinja", ".json", ".txt")
 # lm-eval task templates are named `_default_template_yaml` (no suffix, so lm-eval does not index them as tasks);
@@ -169,3 +169,14 @@ def directory_fingerprint(path: str | os.PathLike) -> str:
     while the files' sizes and mtimes stay the same (`directory_stamp`)."""
     root = Path(path).resolve()
     return _directory_fingerprint(str(root), directory_stamp(root))
+
+
+def file_fingerprint(path: str | os.PathLike) -> str:
+    """`sha:<content hash>` of one local file (a per-item oracle file, a method's input file)."""
+    return f"sha:{hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]}"
+
+
+def setting_paths(settings: Mapping[str, Any]) -> dict[str, Path]:
+    """The settings that name a local file by path (`*_path`, e.g. LUNAR's refusal prompts), key -> path, sorted."""
+    return {key: Path(value).expanduser() for key, value in sorted(settings.items())
+            if key.endswith("_path") and isinstance(value, str)}

@@ -23,6 +23,7 @@ import secrets
 import shutil
 import socket
 import sys
+import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -321,6 +322,28 @@ class CellStore:
         cdir = self.cell_dir(cell_hash)
         return cdir.is_dir() and not (cdir / RESULT_FILE).is_file() and (
             (cdir / RUNNING_FILE).exists() or (cdir / WORK_DIR).exists())
+
+    def running_elsewhere(self, cell_hash: str) -> dict | None:
+        """The RUNNING marker of a cell another live process of this host is computing (a shard of the same run),
+        or None: not running, run by this process, by a dead process, or on another host (not judged)."""
+        try:
+            info = json.loads((self.cell_dir(cell_hash) / RUNNING_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(info, dict) or info.get("host") != socket.gethostname() or info.get("pid") == os.getpid():
+            return None
+        return info if _pid_alive(info.get("pid")) else None
+
+    def wait_while_running_elsewhere(self, cell_hash: str, log: Callable[[str], None] | None = None,
+                                     poll_s: float = 10.0) -> dict | None:
+        """Wait while another live process computes the cell, then return its result (None: still none)."""
+        info = self.running_elsewhere(cell_hash)
+        if info is not None and log is not None:
+            log(f"waiting for cell {cell_hash}, which process {info.get('pid')} is computing")
+        while info is not None:
+            time.sleep(poll_s)
+            info = self.running_elsewhere(cell_hash)
+        return self.load_result(cell_hash)
 
     def mark_running(self, cell_hash: str) -> None:
         """The cell is being computed (again): its previous result goes first, so that a run killed before the new

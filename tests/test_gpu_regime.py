@@ -278,6 +278,7 @@ def _without_provenance(report_md: str) -> str:
 # test reads the same list, so a landed run is named once.
 COMMITTED_CPU_RUNS = [
     ("cpu_smollm2.yaml", None, "cpu_smollm2"), ("cpu_smollm2_forget01.yaml", None, "cpu_smollm2_forget01"),
+    ("cpu_smollm2_lunar.yaml", None, "cpu_smollm2_lunar"),
     ("studies/options_report_forget01_cpu.yaml", None, "studies/options_report-cpu_smollm2_forget01"),
     ("studies/random_control.yaml", "cpu_smollm2_forget01.yaml", "studies/random_control-cpu_smollm2_forget01"),
     ("studies/lambda.yaml", "cpu_smollm2_forget01.yaml", "studies/lambda-cpu_smollm2_forget01"),

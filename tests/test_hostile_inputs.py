@@ -645,7 +645,7 @@ class TestOneLineRefusals:
         def full(*args, **kwargs):
             raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "report" / "x.md"))
 
-        monkeypatch.setattr(execute, "PlanExecutor", lambda store, cells: fake_executor([]))
+        monkeypatch.setattr(execute, "PlanExecutor", lambda store, cells, log=None: fake_executor([]))
         monkeypatch.setattr(reporting, "write_report", full)
         (tmp_path / "config.json").write_text("{}")
         assert main(["run", str(write_run_config(tmp_path))]) == 2

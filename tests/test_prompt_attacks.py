@@ -207,15 +207,12 @@ def test_attack_command_says_how_to_evaluate_a_prompt_attack(tmp_path, registere
 # ------------------------------------------------------------------------------------------- through the runner
 
 
-@pytest.mark.slow
-def test_prompt_attack_cells_through_the_executor_score_the_variant_as_the_forget_task(tmp_path, registered):
-    """The runner's executor on the oracle's attack cells (the tiny retain checkpoint; 2 items, 8 new tokens)."""
+def _oracle_attack_cells(tmp_path, attacks: list, evaluation: dict) -> dict:
+    """The plan of GA on the tiny testbed (2 forget01 items, the forget task only) under `attacks`, by label."""
     import yaml
 
     from cru_harness.runner.config import load_config
-    from cru_harness.runner.execute import execute_cell
     from cru_harness.runner.plan import build_plan
-    from cru_harness.testbed.zoo import tiny_checkpoint, tiny_world_dir
 
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({
@@ -224,10 +221,18 @@ def test_prompt_attack_cells_through_the_executor_score_the_variant_as_the_forge
                     "retain": {"checkpoint": "zoo:llama:retain"}}],
         "benchmarks": {"tofu": {"data_dir": "testbed:world", "splits": ["forget01"], "tasks": ["tofu_{split}"],
                                 "limit": 2}},
-        "methods": [{"method": "GA"}], "include_original": False,
-        "attacks": [{"attack": "in_context", "k": 2}, "paraphrase"],
-        "evaluation": {"max_gen_toks": 8, "failure_classes": False}}))
-    cells = {c.label: c for c in build_plan(load_config(config))}
+        "methods": [{"method": "GA"}], "include_original": False, "attacks": attacks,
+        "evaluation": {"failure_classes": False, **evaluation}}))
+    return {c.label: c for c in build_plan(load_config(config))}
+
+
+@pytest.mark.slow
+def test_prompt_attack_cells_through_the_executor_score_the_variant_as_the_forget_task(tmp_path, registered):
+    """The runner's executor on the oracle's attack cells (the tiny retain checkpoint; 2 items, 8 new tokens)."""
+    from cru_harness.runner.execute import execute_cell
+    from cru_harness.testbed.zoo import tiny_checkpoint, tiny_world_dir
+
+    cells = _oracle_attack_cells(tmp_path, [{"attack": "in_context", "k": 2}, "paraphrase"], {"max_gen_toks": 8})
     oracle = {"label": "Retain", "kind": "retain", "artifacts": {"model": str(tiny_checkpoint("llama", "retain"))}}
     world = tiny_world_dir()
     rows = _rows(world, "forget01_perturbed")
@@ -256,24 +261,11 @@ def test_prompt_attack_cells_through_the_executor_score_the_variant_as_the_forge
 def test_a_prompt_attack_cell_takes_the_lens_of_the_model_it_serves_unchanged(tmp_path, registered):
     """The lens reads the plain forget rows: on a prompt attack's cell (the attacked cell's model as it is) it would
     read them again, so the cell records the attacked cell's lens; a relearned model is read anew."""
-    import yaml
-
-    from cru_harness.runner.config import load_config
     from cru_harness.runner.execute import execute_cell
-    from cru_harness.runner.plan import build_plan
     from cru_harness.testbed.zoo import tiny_checkpoint
 
-    config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump({
-        "name": "p", "output_dir": str(tmp_path / "out"), "seeds": [0], "device": "cpu",
-        "models": [{"name": "m", "path": "zoo:llama:finetuned", "dtype": "float32",
-                    "retain": {"checkpoint": "zoo:llama:retain"}}],
-        "benchmarks": {"tofu": {"data_dir": "testbed:world", "splits": ["forget01"], "tasks": ["tofu_{split}"],
-                                "limit": 2}},
-        "methods": [{"method": "GA"}], "include_original": False,
-        "attacks": ["paraphrase", {"attack": "relearn", "num_epochs": 1}],
-        "evaluation": {"max_gen_toks": 4, "failure_classes": False, "logit_lens": True}}))
-    cells = {c.label: c for c in build_plan(load_config(config))}
+    cells = _oracle_attack_cells(tmp_path, ["paraphrase", {"attack": "relearn", "num_epochs": 1}],
+                                 {"max_gen_toks": 4, "logit_lens": True})
     lens = {"best": 0.123, "best_layer": 3, "n_layers": 8, "per_layer": [0.1] * 8, "final": 0.1}
     oracle = {"label": "Retain", "kind": "retain", "artifacts": {"model": str(tiny_checkpoint("llama", "retain"))},
               "details": {"logit_lens": lens}}

@@ -586,3 +586,62 @@ def test_the_verdict_names_the_code_of_the_runs_cells_not_of_the_process_compari
     text = (Path(run) / "reproduction.md").read_text()
     assert f"- this run's cells: code version(s) {'b' * 16}; commit(s) c0ffee" in text
     assert f"- compared by code version {provenance.code_version()}" in text
+
+
+def test_an_attack_waits_for_its_attacked_cell_while_another_shard_computes_it(tmp_path):
+    """Shards of one run share its directory: an attack cell whose attacked cell another live process of this host
+    is computing waits for that result instead of failing; a marker left by a dead process is not waited on."""
+    import threading
+
+    store = CellStore(tmp_path / "run")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        (store.cell_dir("ab" * 8)).mkdir(parents=True)
+        marker = store.cell_dir("ab" * 8) / "RUNNING"
+        marker.write_text(json.dumps({"pid": other.pid, "host": __import__("socket").gethostname()}))
+        assert store.running_elsewhere("ab" * 8)["pid"] == other.pid
+        result = {"hash": "ab" * 8, "status": "ok", "kind": "method", "label": "GA", "model": "m", "benchmark": "tofu",
+                  "metrics": {}}
+        timer = threading.Timer(0.3, lambda: store.write("ab" * 8, result, {"hash": "ab" * 8, "status": "ok"}))
+        timer.start()
+        said = []
+        got = store.wait_while_running_elsewhere("ab" * 8, log=said.append, poll_s=0.05)
+        assert got["status"] == "ok" and said == [f"waiting for cell {'ab' * 8}, which process {other.pid} is computing"]
+    finally:
+        other.kill()
+        other.wait()
+    marker.write_text(json.dumps({"pid": other.pid, "host": __import__("socket").gethostname()}))   # now dead
+    assert store.running_elsewhere("ab" * 8) is None
+    marker.write_text(json.dumps({"pid": os.getpid(), "host": __import__("socket").gethostname()}))   # this one
+    assert store.running_elsewhere("ab" * 8) is None
+
+
+def test_a_shards_attack_cell_runs_once_the_other_shard_finishes_the_cell_it_attacks(tmp_path, monkeypatch):
+    """The runner's executor waits on the store (above) instead of failing the attack cell."""
+    import threading
+
+    from cru_harness.runner import execute
+
+    config = cfg.validate_config({**small_config(tmp_path).raw, "attacks": ["identity"]})
+    cells = build_plan(config)
+    ga = next(c for c in cells if c.label == "GA")
+    attack = next(c for c in cells if c.label == "GA + identity")
+    store = CellStore(config.output_dir)
+    store.cell_dir(ga.hash).mkdir(parents=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    seen = {}
+    monkeypatch.setattr(execute, "execute_cell", lambda cell, workdir, **kw: seen.update(kw) or {})
+    waits = CellStore.wait_while_running_elsewhere
+    monkeypatch.setattr(CellStore, "wait_while_running_elsewhere",
+                        lambda self, cell_hash, log=None: waits(self, cell_hash, log=log, poll_s=0.05))
+    try:
+        (store.cell_dir(ga.hash) / "RUNNING").write_text(
+            json.dumps({"pid": other.pid, "host": __import__("socket").gethostname()}))
+        result = {"hash": ga.hash, "status": "ok", "kind": "method", "label": "GA", "model": "m", "benchmark": "tofu",
+                  "metrics": {}, "artifacts": {"model": "zoo:llama"}}
+        threading.Timer(0.3, lambda: store.write(ga.hash, result, {"hash": ga.hash, "status": "ok"})).start()
+        execute.PlanExecutor(store, cells, log=lambda *_: None)(attack, tmp_path / "w")
+    finally:
+        other.kill()
+        other.wait()
+    assert seen["attacked_result"]["label"] == "GA"

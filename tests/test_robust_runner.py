@@ -25,7 +25,7 @@ import os, sys, time
 import cru_harness.runner.execute as execute
 
 class FakeExecutor:
-    def __init__(self, store, cells):
+    def __init__(self, store, cells, log=None):
         pass
 
     def __call__(self, cell, workdir):

@@ -794,12 +794,12 @@ def test_trust_remote_code_reaches_every_model_load_of_a_cell(tmp_path, monkeypa
     ga = next(c for c in cells if c.method == "GA")
     tune = next(c for c in cells if c.kind == "finetune")
     outcome = {"resources": {}, "details": {}, "artifacts": {}}
-    from cru_harness.runner.execute import method_context, method_for
+    from cru_harness.runner.execute import method_context
     from cru_harness.runner.models import resolve_data_dir, resolve_model_path
 
     data_dir, model = resolve_data_dir(ga.data_dir), resolve_model_path("zoo:llama")
     with pytest.raises(Stop):
-        method_for(ga).run(method_context(ga, model, tmp_path, data_dir, outcome))
+        ga.method_plugin.run(method_context(ga, model, tmp_path, data_dir, outcome))
     with pytest.raises(Stop):
         training.train_finetuned_model(tune, tune.hparams, model, "full", tmp_path / "ft", data_dir, outcome)
     with pytest.raises(Stop):

@@ -112,9 +112,7 @@ class QuantizeAttack(Attack):
     summary = "weight-only int8/int4 round-to-nearest (optimum-quanto), evaluated as a dequantized checkpoint"
     config = QuantizeConfig
     order = 120
-
-    def applies_to(self, method) -> bool:
-        return method is None or method.one_checkpoint   # a WHP model is two checkpoints: no cell for it
+    needs_one_checkpoint = True   # no cell for a WHP model (two checkpoints)
 
     def run(self, ctx: CellContext) -> Trained:
         config = QuantizeConfig(**ctx.cell.extra["attack"]["settings"])

@@ -84,9 +84,7 @@ class RelearnAttack(Attack):
     seeded = True   # the slice is drawn with the attacked cell's seed
     config = RelearnConfig
     order = 130
-
-    def applies_to(self, method) -> bool:
-        return method is None or method.one_checkpoint   # a WHP model is two checkpoints: no cell for it
+    needs_one_checkpoint = True   # no cell for a WHP model (two checkpoints)
 
     def run(self, ctx: CellContext) -> Trained:
         from ..data.corpora import load_corpus_rows

@@ -64,20 +64,24 @@ class BaselineMethod(Method):
     def describe(self, cell) -> tuple[str | None, list[str]]:
         """What the cell trains, with its cost in optimizer steps where the data is on this machine (`--dry-run`
         then states what a run of absurd size would cost, beyond the bounds the config check applies)."""
-        from pathlib import Path
+        from ..fingerprints import setting_paths
 
         what, downloads = super().describe(cell)
         # an input file a method reads (LUNAR's refusal prompts) that is not there fails its cells: say so now
-        missing = [f"; {key} {value} does not exist: these cells will fail" for key, value in sorted(cell.hparams.items())
-                   if key.endswith("_path") and isinstance(value, str) and not Path(value).expanduser().exists()]
+        missing = [f"; {key} {cell.hparams[key]} does not exist: these cells will fail"
+                   for key, path in setting_paths(cell.hparams).items() if not path.exists()]
         return f"{what}; {self.cost(cell)}{''.join(missing)}", downloads
 
+    def cell_config(self, cell):
+        """The trainer's config of a cell: its preset for the cell's benchmark and split, the cell's settings on top."""
+        return self.trainer.Config.preset(cell.benchmark, cell.split, **cell.hparams)
+
     def trained_weights(self, cell) -> str:
-        return self.trainer(self.trainer.Config.preset(cell.benchmark, cell.split, **cell.hparams)).trained_weights()
+        return self.trainer(self.cell_config(cell)).trained_weights()
 
     def cost(self, cell) -> str:
-        config = self.trainer.Config.preset(cell.benchmark, cell.split, **cell.hparams)
-        return training_cost(config, cell.corpora["forget_corpus"], cell.benchmark, cell.data_dir, "forget rows")
+        return training_cost(self.cell_config(cell), cell.corpora["forget_corpus"], cell.benchmark, cell.data_dir,
+                             "forget rows")
 
     def train(self, base_path: str, forget: list[dict], retain: list[dict], config, out, **kwargs):
         """Train from `base_path` and save to `out` what the evaluation loads (`lm_eval --model cru --model_args
@@ -91,7 +95,7 @@ class BaselineMethod(Method):
 
         cell = ctx.cell
         out = ctx.workdir / "model"
-        config = self.trainer.Config.preset(cell.benchmark, cell.split, **cell.hparams)
+        config = self.cell_config(cell)
         forget = load_corpus_rows(cell.corpora["forget_corpus"], ctx.data_dir)[0]
         retain = load_corpus_rows(cell.corpora["retain_corpus"], ctx.data_dir)[0]
         trained = self.train(ctx.model_path, forget, retain, config, out,

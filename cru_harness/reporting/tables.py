@@ -684,15 +684,23 @@ def _items_text(row: dict) -> str:
     return f"held-out ({counts[0] if len(counts) == 1 else f'{counts[0]}–{counts[-1]}'})"
 
 
+def _lens_cells(results: list[dict], benchmark: str):
+    """(result, its `details.logit_lens`) of each finished cell of `benchmark` that recorded one (or its reason
+    for none: `skipped`)."""
+    for r in results:
+        lens = (r.get("details") or {}).get("logit_lens")
+        if r.get("benchmark") == benchmark and r.get("status") == "ok" and lens:
+            yield r, lens
+
+
 def lens_rows(results: list[dict], benchmark: str) -> list[dict]:
     """One row per (model, unit, row label) of the cells that recorded the logit lens (`evaluation.logit_lens`):
     the output's forget probability and the best layer's, means over seeds (and targets), with the best layers
     (1-based: layer L is the output) and the number of decoder blocks."""
     view = benchmark_view(benchmark)
     found: dict[tuple, list[dict]] = defaultdict(list)
-    for r in results:
-        lens = (r.get("details") or {}).get("logit_lens")
-        if r.get("benchmark") == benchmark and r.get("status") == "ok" and lens and "skipped" not in lens:
+    for r, lens in _lens_cells(results, benchmark):
+        if "skipped" not in lens:
             found[(r["model"], view.row_unit(r), r["label"])].append(r)
     rows = []
     for (model, unit, label), cells in found.items():
@@ -709,9 +717,7 @@ def lens_markdown(results: list[dict], benchmark: str) -> list[str]:
     """Report lines for `lens_rows` (none when no cell recorded the lens)."""
     rows = lens_rows(results, benchmark)
     # a row whose model has no one layer stack (WHP) says so instead of a number
-    skipped = {r["label"]: r["details"]["logit_lens"]["skipped"] for r in results
-               if r.get("benchmark") == benchmark and r.get("status") == "ok"
-               and "skipped" in ((r.get("details") or {}).get("logit_lens") or {})}
+    skipped = {r["label"]: lens["skipped"] for r, lens in _lens_cells(results, benchmark) if "skipped" in lens}
     if not rows and not skipped:
         return []
     lines = ["Logit lens: each decoder block's output read through the final norm and the output head; the best "

@@ -355,7 +355,7 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
     if executor is None:  # the real one; it reads the retain cell (of the whole plan) for Forget Quality
         from .provenance import cell_inputs
 
-        executor = PlanExecutor(store, all_cells)
+        executor = PlanExecutor(store, all_cells, log=log)
         inputs = inputs or cell_inputs
     store.root.mkdir(parents=True, exist_ok=True)
     atomic_write_json(store.root / ("plan.json" if not shard else f"plan.shard{shard.replace('/', 'of')}.json"),

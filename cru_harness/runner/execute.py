@@ -8,7 +8,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .. import plugins
 from ..errors import MissingInputError
@@ -33,9 +33,10 @@ class PlanExecutor:
     the report fills it once the retain cell exists (`reporting.tables.fill_forget_quality`).
     """
 
-    def __init__(self, store: CellStore, cells: Iterable[Cell]):
+    def __init__(self, store: CellStore, cells: Iterable[Cell], log: Callable[[str], None] | None = None):
         self.store = store
         self.cells = list(cells)
+        self.log = log
 
     def finetuned_checkpoint(self, cell: Cell, source: Cell) -> tuple[str, dict]:
         """The checkpoint `cell` starts from, written by the finetune cell `source`, and where it came from.
@@ -95,6 +96,8 @@ class PlanExecutor:
 
             target = attacked_cell_for(cell, self.cells)
             attacked = self.store.load_result(target.hash) if target is not None else None
+            if target is not None and not attacked:   # another shard of the run may be computing it
+                attacked = self.store.wait_while_running_elsewhere(target.hash, log=self.log)
             if not attacked or attacked.get("status") != "ok":
                 state = "is not in this plan" if target is None else (
                     "has not run" if not attacked else f"is {attacked.get('status')}")
@@ -104,13 +107,6 @@ class PlanExecutor:
         if finetuned_from is not None:
             outcome.setdefault("details", {})["finetuned_from"] = finetuned_from
         return outcome
-
-
-def method_for(cell: Cell):
-    """The registered method plugin (`cru_harness.api.Method`) of a method cell."""
-    from .. import plugins
-
-    return plugins.methods.get(cell.method)
 
 
 def attack_for(cell: Cell):
@@ -140,7 +136,7 @@ def method_context(cell: Cell, model_path: str, workdir: Path, data_dir, outcome
     from ..api import CellContext
 
     # a method that trains nothing (prompt-only, published checkpoints) reads nothing of the base model here
-    trains = method_for(cell).trains if trains is None else trains
+    trains = cell.method_plugin.trains if trains is None else trains
     chat = use_chat_template(cell, model_path) if trains else False
     return CellContext(cell=cell, model_path=model_path, workdir=workdir, data_dir=data_dir, outcome=outcome,
                        chat=chat, prompt_format=prompt_format(cell, chat) if trains else {},
@@ -197,7 +193,7 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
             model_path = train_retain_model(cell, retain["value"], workdir, data_dir, outcome)
         outcome["artifacts"]["model"] = model_path   # what an attack on the oracle (the control) starts from
     elif cell.kind == "method":   # the method's plugin trains (or fetches) what the evaluation loads
-        trained = method_for(cell).run(method_context(cell, model_path, workdir, data_dir, outcome))
+        trained = cell.method_plugin.run(method_context(cell, model_path, workdir, data_dir, outcome))
         model_path, routers = trained.model_path, trained.routers
         outcome["artifacts"]["model"] = model_path   # what an attack on this cell starts from
     elif cell.kind == "attack":
@@ -233,20 +229,25 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
                    failure_classes=scored.get("failure_classes", {}))
     outcome["artifacts"].update(scored.get("artifacts", {}))
     outcome["details"]["scoring"] = {**scored.get("details", {}), "nll_original_model": base_path}
-    # the oracle and Original (attacked too) are one checkpoint; a method says whether its model is
-    one_checkpoint = cell.method not in plugins.methods.names() or method_for(cell).one_checkpoint
-    if cell.evaluation.get("logit_lens") and not one_checkpoint:
-        outcome["details"]["logit_lens"] = {"skipped": f"a {cell.method} model combines two models' output logits: "
-                                                       "no one stack of layers to read"}
-    elif cell.evaluation.get("logit_lens") and same_model and (attacked_result.get("details") or {}).get("logit_lens"):
-        # the attacked cell's model, read on the same forget rows: its lens, not a second reading of it
-        lens = {**attacked_result["details"]["logit_lens"], "from_attacked_cell": cell.extra["attacked"]}
-        if "best" in lens:
-            outcome["metrics"]["forget_best_layer_prob"] = lens["best"]
-        outcome["details"]["logit_lens"] = lens
-    elif cell.evaluation.get("logit_lens"):   # asked for by the run: the answer read at every layer
-        lens = logit_lens_of_cell(cell, model_path, routers, data_dir, chat)
+    if cell.evaluation.get("logit_lens"):   # asked for by the run: the answer read at every layer
+        lens = cell_lens(cell, model_path, routers, data_dir, chat,
+                         attacked_result if same_model else None)
         if lens is not None:
-            outcome["metrics"]["forget_best_layer_prob"] = lens["best"]
+            if "best" in lens:
+                outcome["metrics"]["forget_best_layer_prob"] = lens["best"]
             outcome["details"]["logit_lens"] = lens
     return outcome
+
+
+def cell_lens(cell: Cell, model_path: str, routers: str | None, data_dir, chat: bool,
+              served_by: dict | None) -> dict | None:
+    """The logit lens a cell records: read on its model (`logit_lens_of_cell`); that of `served_by`, the attacked
+    cell whose model a prompt attack serves unchanged on the same forget rows; or why there is none (a model of
+    several checkpoints, WHP's). None: the benchmark has no forget probability."""
+    # the oracle and Original (attacked too) are one checkpoint; a method says whether its model is
+    if cell.method_plugin is not None and not cell.method_plugin.one_checkpoint:
+        return {"skipped": f"a {cell.method} model combines two models' output logits: no one stack of layers to read"}
+    seen = ((served_by or {}).get("details") or {}).get("logit_lens")
+    if seen:
+        return {**seen, "from_attacked_cell": cell.extra["attacked"]}
+    return logit_lens_of_cell(cell, model_path, routers, data_dir, chat)

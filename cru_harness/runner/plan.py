@@ -53,6 +53,14 @@ class Cell:
 
         return plugins.benchmarks.get(self.benchmark).unit_label(self.split, self.target)
 
+    @property
+    def method_plugin(self):
+        """The registered method (`cru_harness.api.Method`) whose model this cell serves: its own, or for an
+        attack cell the attacked cell's; None for the Original, the oracle and the fine-tune."""
+        from .. import plugins
+
+        return plugins.methods.get(self.method) if self.method in plugins.methods.names() else None
+
     def resolved(self) -> dict[str, Any]:
         """Everything that determines this cell's result; its hash is the cache key."""
         return {
@@ -163,7 +171,7 @@ def _attack_cells(config: ExperimentConfig, block: list[Cell], corpora: dict[str
     for attack in config.attacks:
         plugin = plugins.attacks.get(attack.attack)
         for cell in block:
-            if not plugin.applies_to(plugins.methods.get(cell.method) if cell.kind == "method" else None):
+            if not plugin.applies_to(cell.method_plugin):
                 continue
             attacked.append(Cell(
                 kind="attack", model=cell.model, benchmark=cell.benchmark, split=cell.split, target=cell.target,
@@ -302,9 +310,7 @@ def describe_cell(cell: Cell) -> dict[str, Any]:
         else:
             trains = None
     elif cell.kind == "method":
-        from .. import plugins
-
-        trains, fetched = plugins.methods.get(cell.method).describe(cell)
+        trains, fetched = cell.method_plugin.describe(cell)
         if fetched:
             downloads = fetched
     elif cell.kind == "attack":

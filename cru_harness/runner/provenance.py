@@ -26,7 +26,6 @@ changes (`git_state`): such cells are marked dirty in reports, and must never be
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +40,8 @@ from ..reporting.provenance import (code_commits, provenance_lines, record_code,
                                     recorded_hub_revisions)
 from ..fingerprints import (CODE_NAME_ENDINGS, CODE_SUFFIXES, checkout_state, code_files,  # noqa: E402,F401
                             code_record,
-                            code_version, directory_fingerprint, directory_stamp, file_digest, git_state,
-                            is_code_file)
+                            code_version, directory_fingerprint, directory_stamp, file_digest, file_fingerprint,
+                            git_state, is_code_file, setting_paths)
 
 
 def model_fingerprint(path: str) -> str:
@@ -54,7 +53,7 @@ def model_fingerprint(path: str) -> str:
     if resolved.is_dir():
         return f"sha:{directory_fingerprint(resolved)}"
     if resolved.is_file():  # a per-item file (retain oracle given as truth ratios)
-        return f"sha:{hashlib.sha256(resolved.read_bytes()).hexdigest()[:16]}"
+        return file_fingerprint(resolved)
     return f"hub:{path}"
 
 
@@ -99,11 +98,7 @@ def cell_models(cell) -> dict[str, str]:
 def input_files(hparams: dict[str, Any]) -> dict[str, str]:
     """`sha:<content hash>` of each local file a method setting (`*_path`) names; a missing one is left to the
     method's own error."""
-    files = {}
-    for key, value in sorted(hparams.items()):
-        if key.endswith("_path") and isinstance(value, str) and Path(value).expanduser().is_file():
-            files[key] = f"sha:{hashlib.sha256(Path(value).expanduser().read_bytes()).hexdigest()[:16]}"
-    return files
+    return {key: file_fingerprint(path) for key, path in setting_paths(hparams).items() if path.is_file()}
 
 
 def cell_inputs(cell) -> dict[str, Any]:

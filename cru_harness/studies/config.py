@@ -110,19 +110,22 @@ SCALE_KEYS = ("models", "benchmarks", "evaluation", "device", "data_dir")
 def apply_scale(raw: dict, scale: dict, scale_path: str) -> dict:
     """The study `raw` run at another scale: `SCALE_KEYS` from the runner config `scale`, restricted to the
     study's benchmarks (a TOFU study stays TOFU) and with the tasks the study lists, its methods and `study:` block
-    kept; output under
-    `<output_dir>-<scale name>` so results of two scales never share cells or tables."""
+    kept; output under `<output_dir>-<scale name>` so results of two scales never share cells or tables."""
     if not isinstance(scale, dict) or not isinstance(scale.get("benchmarks"), dict):
         raise ConfigError("--scale", "expected a runner config with `models` and `benchmarks`", scale_path)
     own = raw.get("benchmarks") or {}
-    wanted = set(own)
-    # the scale says on what and how much (splits, limit, corpora, data); the study says what it measures: tasks
-    # a study lists stay its own, so a scale config that scores more (a privacy task) does not change its cells
-    benchmarks = {b: {**spec, **({"tasks": own[b]["tasks"]} if isinstance(own[b], dict) and "tasks" in own[b] else {})}
-                  if isinstance(spec, dict) else spec
-                  for b, spec in scale["benchmarks"].items() if b in wanted}
+    benchmarks = {}
+    for bench, spec in scale["benchmarks"].items():
+        if bench not in own:
+            continue
+        # the scale says on what and how much (splits, limit, corpora, data); the study says what it measures: tasks
+        # a study lists stay its own, so a scale config that scores more (a privacy task) does not change its cells
+        mine = own.get(bench) if isinstance(own, dict) else None
+        if isinstance(spec, dict) and isinstance(mine, dict) and "tasks" in mine:
+            spec = {**spec, "tasks": mine["tasks"]}
+        benchmarks[bench] = spec
     if not benchmarks:
-        raise ConfigError("--scale", f"configures none of the study's benchmarks ({', '.join(sorted(wanted))})",
+        raise ConfigError("--scale", f"configures none of the study's benchmarks ({', '.join(sorted(own))})",
                           scale_path)
     models = []
     for model in scale.get("models") or []:
