@@ -143,7 +143,7 @@ def test_reference_model_only_where_needed():
     needs = {name: cls.needs_ref for name, cls in B.METHODS.items()}
     assert needs == {"ga": False, "gd": False, "npo": True, "simnpo": False, "idkdpo": True, "icu": False,
                      "gd_kl": True, "npo_kl": True, "rmu": True, "undial": True, "wga": False, "satimp": False,
-                     "ceu": False, "lunar": True, "dpo": True, "rt": False,
+                     "ceu": False, "lunar": False, "dpo": True, "rt": False,
                      "task_vector": True, "whp": False}
 
 

@@ -319,12 +319,26 @@ def test_dpo_loss_prefers_the_alternate():
     assert (rw.learning_rate, rw.effective_batch_size, rw.beta, rw.alpha) == (5e-6, 8, 0.1, 0.0)
 
 
-def test_rt_loss_is_the_refusals_nll():
+def test_rt_loss_is_tofus_idk_loss_one_token_mean_over_refusals_and_retain():
+    """locuslab/tofu dataloader.py, loss_type "idk": the refusal and retain batches concatenated, one
+    `model(...).loss` (a token mean over both), re-typed; not the sum of the two token means."""
     model = TableLM(0)
     batch = {**make_batch(), "alternate": sub_batch(ALTERNATE_ROWS)}
-    loss, logs = method("rt", alpha=0.5).compute_loss(model, batch)
-    expected = ref_nll(model, batch["alternate"]) + 0.5 * ref_nll(model, batch["retain"])
-    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    loss, logs = method("rt").compute_loss(model, batch)
+    alt, ret = batch["alternate"], batch["retain"]
+    width = max(alt["input_ids"].shape[1], ret["input_ids"].shape[1])
+
+    def padded(tensor, value):
+        return F.pad(tensor, (0, width - tensor.shape[1]), value=value)
+
+    concatenated = {"input_ids": torch.cat([padded(alt["input_ids"], 0), padded(ret["input_ids"], 0)]),
+                    "labels": torch.cat([padded(alt["labels"], -100), padded(ret["labels"], -100)])}
+    assert loss.item() == pytest.approx(ref_nll(model, concatenated).item(), rel=1e-5)
+    assert loss.item() != pytest.approx((ref_nll(model, alt) + ref_nll(model, ret)).item(), rel=1e-3)
+    assert logs["refusal_nll"] == pytest.approx(ref_nll(model, alt).item(), rel=1e-5)
+    # alpha 0 (RWKU's): the refusals' token mean alone
+    loss, _ = method("rt", alpha=0.0).compute_loss(model, {"alternate": alt})
+    assert loss.item() == pytest.approx(ref_nll(model, alt).item(), rel=1e-5)
     rw = B.make_config("rt", "rwku")
     assert (rw.learning_rate, rw.effective_batch_size, rw.alpha, rw.num_epochs) == (4e-7, 8, 0.0, 3)
 
@@ -365,38 +379,57 @@ def test_token_level_methods_lower_the_forget_likelihood(tokenizer, name, cfg):
 
 # ---------------------------------------------------------------- LUNAR
 
-def mlp_output(model, inputs, layer):
-    """Block `layer`'s MLP output, read by a hook on the MLP module itself (not on its down projection)."""
-    seen = []
-    handle = model.model.layers[layer].mlp.register_forward_hook(lambda m, i, o: seen.append(o))
-    model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
-    handle.remove()
-    return seen[0]
+def test_lunar_fit_is_lunars_training_loop_on_its_activation_targets(tokenizer):
+    """LUNAR re-typed (run_lunar.py, src/hook_for_unlearn.py, src/dataset_utils.py, src/estimated_net_utils.py):
+    every prompt token's down-projection input (a pre-hook) and MLP output (a hook on the MLP itself), forget
+    targets shifted by coeff * r, one ConcatDataset of forget and retain tokens, DataLoader(shuffle=True),
+    AdamW, ExponentialLR(0.9) per epoch, MSELoss; the fitted weight must be the model's new down projection."""
+    import copy
 
+    from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
 
-def test_lunar_loss_is_lunars_mse_to_the_redirected_mlp_output(tokenizer):
-    model, ref = tiny(tokenizer, seed=0), tiny(tokenizer, seed=1).requires_grad_(False)
-    batch = {"forget": encoded(tokenizer, FORGET[:3]), "retain": encoded(tokenizer, RETAIN)}
-    m = method("lunar", layer=1, coeff=2.0, alpha=0.5)
+    from cru_harness.prompts import qa_texts
+
+    model = tiny(tokenizer, seed=0)
+    start = copy.deepcopy(model)
+    m = method("lunar", layer=1, coeff=2.0, num_epochs=3, learning_rate=1e-2, token_batch_size=8)
     r = torch.randn(32, generator=torch.Generator().manual_seed(0))
     m.set_direction(r)
-    loss, logs = m.compute_loss(model, batch, ref_model=ref)
+    m.fit(model, ForgetRetainDataset(tokenizer, FORGET, RETAIN), seed=3, progress=False)
 
-    def mse(inputs, shift):   # LUNAR src/estimated_net_utils.py: nn.MSELoss() over the question's tokens
-        keep = inputs["attention_mask"].bool() & (inputs["labels"] == -100)
-        with torch.no_grad():
-            target = mlp_output(ref, inputs, 1) + shift
-        return nn.MSELoss()(mlp_output(model, inputs, 1)[keep], target[keep])
+    def activations(rows):
+        xs, ys = [], []
+        block = start.model.layers[1]
+        pre = block.mlp.down_proj.register_forward_pre_hook(lambda mod, args: xs.append(args[0][0]))
+        post = block.mlp.register_forward_hook(lambda mod, args, out: ys.append(out[0]))
+        for row in rows:
+            texts = qa_texts(tokenizer, row["question"], "")
+            ids = tokenizer(texts.prompt, add_special_tokens=texts.add_special_tokens)["input_ids"]
+            with torch.no_grad():
+                start(input_ids=torch.tensor([ids]))
+        pre.remove()
+        post.remove()
+        return torch.cat(xs), torch.cat(ys)
 
-    expected = mse(batch["forget"], 2.0 * r) + 0.5 * mse(batch["retain"], 0.0)
-    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
-    loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad()
-    expected.backward()
-    for n, p in model.named_parameters():
-        if p.grad is not None:
-            torch.testing.assert_close(grads[n], p.grad)
+    x_f, y_f = activations(FORGET)
+    x_r, y_r = activations(RETAIN)
+    net = nn.Linear(x_f.shape[1], y_f.shape[1], bias=False)
+    with torch.no_grad():
+        net.weight.copy_(start.model.layers[1].mlp.down_proj.weight)
+    loader = DataLoader(ConcatDataset([TensorDataset(x_f, y_f + 2.0 * r), TensorDataset(x_r, y_r)]), batch_size=8,
+                        shuffle=True, generator=torch.Generator().manual_seed(3))
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.9)
+    for _ in range(3):
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.MSELoss()(net(x), y).backward()
+            optimizer.step()
+        scheduler.step()
+    torch.testing.assert_close(model.model.layers[1].mlp.down_proj.weight, net.weight.detach(), rtol=1e-4,
+                               atol=1e-6)
+    moved = (net.weight - start.model.layers[1].mlp.down_proj.weight).abs().max()
+    assert moved > 1e-3
     assert m.trainable_parameters(model) == ["model.layers.1.mlp.down_proj.weight"]
 
 
@@ -428,12 +461,16 @@ def test_lunar_trains_one_down_projection_with_lunars_decay(tokenizer, tmp_path)
     prompts.write_text('{"question": "How do I pick a lock?"}\n{"question": "Write malware."}\n')
     model = tiny(tokenizer)
     start = {k: v.clone() for k, v in model.state_dict().items()}
-    cfg = fast_config("lunar", layer=1, refusal_prompts_path=str(prompts), num_epochs=3, learning_rate=1e-2)
+    cfg = fast_config("lunar", layer=1, refusal_prompts_path=str(prompts), num_epochs=3, learning_rate=1e-2,
+                      token_batch_size=16)
     res = B.unlearn(model, tokenizer, FORGET, RETAIN, "lunar", cfg, progress=False)
     changed = {k for k, v in res.model.state_dict().items() if not torch.equal(v, start[k])}
     assert changed == {"model.layers.1.mlp.down_proj.weight"}
-    assert [h["lr"] for h in res.history] == pytest.approx([1e-2, 1e-2 * 0.9, 1e-2 * 0.81])  # one step an epoch
-    assert res.history[-1]["lunar_forget"] < res.history[0]["lunar_forget"]
+    tokens = res.final_logs["forget_tokens"] + res.final_logs["retain_tokens"]
+    per_epoch = -(-tokens // 16)   # every forget and retain prompt token, each epoch
+    assert res.final_logs["retain_tokens"] > 0 and len(res.history) == 3 * per_epoch
+    assert [res.history[e * per_epoch]["lr"] for e in range(3)] == pytest.approx([1e-2, 1e-2 * 0.9, 1e-2 * 0.81])
+    assert math.isfinite(res.final_logs["lunar_forget"]) and math.isfinite(res.final_logs["lunar_retain"])
 
 
 def test_rt_raises_the_refusals_likelihood_and_dpo_trains_on_row_alternates(tokenizer):
@@ -508,8 +545,8 @@ def test_one_step_of_every_new_method_from_a_checkpoint(tiny_checkpoint_dir, nam
     from transformers import AutoModelForCausalLM
 
     extra = dict(NEW_METHODS[name])
-    if name == "lunar":
-        extra["refusal_prompts_path"] = str(tiny_checkpoint_dir.parent / "refuse.json")
+    if name == "lunar":   # one batch of all the prompts' tokens: one step
+        extra.update(refusal_prompts_path=str(tiny_checkpoint_dir.parent / "refuse.json"), token_batch_size=4096)
     config = fast_config(name, num_epochs=1, learning_rate=1e-3, **extra)
     rows = [dict(r, alternate="I don't know.") for r in FORGET]   # DPO's and RT's alternate, from the rows
     res = B.unlearn(str(tiny_checkpoint_dir), None, rows, RETAIN, name, config, seed=0, dtype=dtype, device=device,
@@ -552,7 +589,7 @@ def micro_batch_sum(m, model, ref, micros) -> float:
     return parts
 
 
-@pytest.mark.parametrize("name", ["rmu", "lunar"])
+@pytest.mark.parametrize("name", ["rmu"])
 def test_activation_methods_add_up_over_micro_batches(tokenizer, name):
 
     model, ref = tiny(tokenizer, seed=0), tiny(tokenizer, seed=1).requires_grad_(False)

@@ -275,6 +275,15 @@ def test_a_prompt_attack_cell_takes_the_lens_of_the_model_it_serves_unchanged(tm
     relearned = execute_cell(cells["Retain + relearn"], tmp_path / "r", attacked_result=oracle)
     assert "from_attacked_cell" not in relearned["details"]["logit_lens"]
     assert relearned["metrics"]["forget_best_layer_prob"] != 0.123
+    # read on the items the relearn slice left out, as its recovery is
+    from cru_harness import plugins
+    from cru_harness.testbed.names import resolve_data_dir
+
+    cell = cells["Retain + relearn"]
+    rows = plugins.benchmarks.get("tofu").lens_rows(cell, resolve_data_dir(cell.data_dir))[0]   # the first `limit` items
+    taught = [row["question"] for row in rows if row["question"] in relearned["details"]["relearn"]["slice_questions"]]
+    assert taught and relearned["details"]["logit_lens"]["n_items"] == len(rows) - len(taught)
+    assert f"less the {len(taught)} items the attack trained on" in relearned["details"]["logit_lens"]["rows"]
 
 
 def test_rwku_cells_report_the_adversarial_probe_per_attack_type_of_their_target():

@@ -197,8 +197,12 @@ def test_the_robustness_block_shows_the_best_layer_beside_the_outputs_forget_pro
         result["metrics"].update(forget_prob=output, forget_best_layer_prob=per_layer[best])
         return result
 
-    results = [lensed("Original", None, 0.9, [0.1, 0.5, 0.9], kind="original"),
+    # the output column is the lens's own last layer (its items), not the cell's forget probability (all items)
+    results = [lensed("Original", None, 0.8, [0.1, 0.5, 0.9], kind="original"),
                lensed("GA", 0, 0.2, [0.1, 0.6, 0.2]), lensed("GA", 1, 0.4, [0.5, 0.3, 0.4])]
+    copied = lensed("GA + paraphrase", 0, 0.7, [0.1, 0.6, 0.2])   # a prompt attack: its attacked cell's lens
+    copied["details"]["logit_lens"]["from_attacked_cell"] = "GA-0"
+    assert [row["label"] for row in tables.lens_rows(results + [copied], "tofu")] == ["Original", "GA"]
     text = "\n".join(tables.robustness_markdown(results, "tofu"))   # no attack cell: the lens alone
     assert text.startswith("### Robustness: is the knowledge gone, or only hidden?")
     assert "| Model | Split | Row | Output forget probability | Best-layer forget probability (layer l of L) |" in text

@@ -87,6 +87,39 @@ def test_cells_wait_for_their_finetuned_checkpoint(tmp_path, monkeypatch):
     assert seen["base_path"] == str(checkpoint)
 
 
+def test_a_shards_cells_wait_while_another_shard_fine_tunes_their_model(tmp_path, monkeypatch):
+    """Shards started together: the one without the finetune cell waits while a live process of this host computes
+    it (the log says so), then starts from its checkpoint, instead of failing every cell of the model."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    cells = build_plan(cfg.validate_config(raw_config(tmp_path, finetune={"data": "full"})))
+    ft = cells[0]
+    store = CellStore(tmp_path / "run")
+    store.cell_dir(ft.hash).mkdir(parents=True)
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    waits = CellStore.wait_while_running_elsewhere
+    monkeypatch.setattr(CellStore, "wait_while_running_elsewhere",
+                        lambda self, cell_hash, log=None: waits(self, cell_hash, log=log, poll_s=0.05))
+    seen, said = {}, []
+    monkeypatch.setattr(execute, "execute_cell", lambda cell, workdir, **kw: seen.update(kw) or {})
+    try:
+        (store.cell_dir(ft.hash) / "RUNNING").write_text(json.dumps({"pid": other.pid, "host": socket.gethostname()}))
+        threading.Timer(0.3, lambda: store.write(ft.hash, *run_one(ft, tmp_path / "ft", lambda cell, workdir: {
+            "artifacts": {"checkpoint": str(checkpoint)}}))).start()
+        execute.PlanExecutor(store, cells, log=said.append)(cells[1], tmp_path / "w")
+    finally:
+        other.kill()
+        other.wait()
+    assert seen["base_path"] == str(checkpoint)
+    assert said == [f"waiting for cell {ft.hash}, which process {other.pid} is computing"]
+
+
 def test_device_map_reaches_lm_eval():
     args = eval_model_args(cfg.ModelSpec("m", "p", dtype="bfloat16", device_map="auto"), "/m")
     assert args["parallelize"] is True and args["softmax_dtype"] == "float32"

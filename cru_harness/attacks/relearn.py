@@ -6,8 +6,10 @@ forget items the attack never saw. Łucki et al. 2024, "An Adversarial Perspecti
 Safety" (arXiv:2409.18025): fine-tuning on a handful of samples recovers most of what RMU/NPO removed.
 
 Defaults: a quarter of the forget items (`slice_fraction`), trained with TOFU's fine-tuning recipe, the one that
-taught the model these items (AdamW, lr 1e-5, weight decay 0.01), for 3 epochs in batches of 4 with a constant
-rate and no warm-up, so that a small slice gets several updates. The papers' exact TOFU relearn-set sizes and
+taught TOFU's models these items (AdamW, lr 1e-5, weight decay 0.01), for 3 epochs in batches of 4 with a
+constant rate and no warm-up, so that a small slice gets several updates. A model fine-tuned at another rate is
+relearned at that rate: set `learning_rate`. (Łucki et al.: LoRA r 128, lr 2e-4, 3 epochs, batch 1; Hu et al.:
+full weights at lr 1e-5 for up to 30 epochs.) The papers' exact TOFU relearn-set sizes and
 step counts were not checked against their text here; each is a setting and is recorded in every attack cell.
 
 The slice is a deterministic function of the forget corpus and the attack cell's seed (`relearn_slice`); the

@@ -174,6 +174,12 @@ class UnlearningMethod:
         """Called once by the trainer before the first step (after seeding), with the training dataset
         (`data.ForgetRetainDataset`): draw or compute per-run state here."""
 
+    def fit(self, model, dataset, *, seed: int, progress: bool):
+        """A method that is not trained by the trainer's loop over batches of rows returns its own
+        `trainer.TrainResult` here, after `prepare` (LUNAR fits one projection on cached activations); None:
+        the trainer's loop trains it with `compute_loss`."""
+        return None
+
     def post_train(self, model, ref_model=None) -> None:
         """Called once by the trainer after the last step, on the unwrapped model (no gradients): a final edit of
         the weights (Task Vector's arithmetic)."""

@@ -149,6 +149,7 @@ class ForgetRetainDataset(Dataset):
         fmt = {"preset": preset, "family": family, "chat": chat, "benchmark": benchmark}
         # kept for methods that read more than the batches before training (LUNAR's direction: `prepare`)
         self.tokenizer, self.format, self.forget_rows = tokenizer, fmt, list(forget_rows)
+        self.retain_rows = list(retain_rows or [])
         self.forget = [encode_row(tokenizer, r, i, "forget", max_length, **fmt) for i, r in enumerate(forget_rows)]
         self.retain = ([encode_row(tokenizer, r, i, "retain", max_length, **fmt) for i, r in enumerate(retain_rows)]
                        if retain_rows else [])

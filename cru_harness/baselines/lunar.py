@@ -1,35 +1,33 @@
-"""LUNAR (Shen et al. 2025, "LUNAR: LLM Unlearning via Neural Activation Redirection").
+"""LUNAR (Shen et al. 2025, "LUNAR: LLM Unlearning via Neural Activation Redirection"), as its code runs it.
 
 r = mean over refusal prompts of h_L(last prompt token) - mean over the forget prompts of the same, h_L the output
-of decoder block `layer` of the starting model; then the MLP down projection of block `layer` (its only trained
-weight) is fitted so that its output m_L on the prompt tokens is redirected:
-forget term = mean_{forget prompt tokens t} (1/d) ||m_L(x)_t - (m_L^ref(x)_t + coeff * r)||^2
-retain term = mean_{retain prompt tokens t} (1/d) ||m_L(x)_t - m_L^ref(x)_t||^2
-loss = forget_weight * forget term + alpha * retain term, m_L^ref the frozen starting model's MLP output.
+of decoder block `layer` of the starting model. Then a copy of block `layer`'s MLP down projection (its only
+trained weight) is fitted on activations cached from the starting model, every token of every prompt one example:
+forget tokens map their down-projection input to the MLP output plus coeff * r, retain tokens to the MLP output
+unchanged; the two pooled and shuffled every epoch into batches of `token_batch_size` tokens, the loss an MSE over
+the batch's tokens and coordinates (torch MSELoss). The fitted weight replaces the block's down projection.
 
-What follows LUNAR's code (facebookresearch/LUNAR run_lunar.py, src/generate_directions.py,
-src/dataset_utils.py, src/estimated_net_utils.py; open-unlearning src/trainer/unlearn/lunar.py ports it):
-the direction (mean difference at the last prompt position, refusal minus forget, `positions: -1`, read at
-the input of block L+1 = the output of block L); the target (the block's output plus coeff * r, less the
-residual entering the MLP: the MLP output plus coeff * r); every token of a question with its chat template, the
-answer not used (`instructions_only`); an MSE over tokens and coordinates; only `mlp.down_proj.weight` of the
-layer trained; the defaults of config/forget.yaml (layer 22 of a 32-block model such as Llama-3-8B-Instruct,
-coeff +2.0, lr 0.01, 20 epochs) and the learning rate decayed by 0.9 every epoch (ExponentialLR), torch AdamW
-(weight decay 0.01), no clipping. The prompts the model refuses are LUNAR's dataset/splits/harmful.json (a
-harmful-instruction set, not shipped in its repository): pass yours as `refusal_prompts_path`.
+Followed from LUNAR's code (facebookresearch/LUNAR run_lunar.py, src/generate_directions.py,
+src/dataset_utils.py `prepare_trainset`, src/hook_for_unlearn.py `get_activations` /
+`perturb_post_block_activations_forget`, src/estimated_net_utils.py `train`): the direction (mean difference at
+the last prompt position, refusal minus forget, `positions: -1`, read at the input of block L+1 = the output of
+block L); every token of a question with its chat template, one prompt at a time, the answer not used
+(`instructions_only`); the target of a forget token (block output + coeff * r, less the residual entering the
+MLP: the MLP output + coeff * r) and of a retain token (the MLP output); the retain prompts all the retain rows'
+questions (LUNAR: every question of the dataset outside the forget edge); one ConcatDataset of forget and retain
+tokens, DataLoader(batch_size=64, shuffle=True); torch AdamW at lr 0.01 (its default weight decay 0.01),
+ExponentialLR(0.9) stepped every epoch, 20 epochs, no clipping; config/forget.yaml's layer 22 (of a 32-block
+model such as Llama-3-8B-Instruct) and coeff +2.0. The prompts the model refuses are LUNAR's
+dataset/splits/harmful.json (260 harmful instructions): pass the file as `refusal_prompts_path`.
 
-What differs, from the structure of this trainer: LUNAR fits a copy of the down projection on cached
-activations, forget and retain tokens pooled in shuffled batches of 64 tokens (every token weighted alike); here
-the whole model runs on batches of rows, a forget row paired with a retain row, the two terms token means
-weighted by `alpha` (1: alike when forget and retain prompts have equal token counts). The MLP's input at the
-layer does not change while only its down projection trains, so the fitted map is the same problem. One layer:
-LUNAR's list of layers fits each on the starting model's activations, which training several layers at once in
-one model would not reproduce.
+Beyond LUNAR's code: `forget_weight` and `alpha` weight a forget and a retain token's squared error (1 and 1:
+LUNAR's plain MSE; alpha 0: no retain tokens); a retain row without a question (a passage) gives all its tokens.
+The fit runs in float32 on the down projection's device (LUNAR fits in the model's dtype). One layer: LUNAR's
+list of layers fits each on the starting model's activations (`layer` is one).
 """
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -41,11 +39,10 @@ from ..cru.sites import mlp_down_projection
 from ..data.corpora import row_prompt
 from ..errors import InputError, MissingInputError
 from ..hparams import bound_problem
-from ._activations import block_output, capture_output, decoder_block
+from ._activations import block_output, decoder_block
 from .base import RetainConfig, UnlearningMethod
 from ..prompts import qa_texts
-from .data import IGNORE_INDEX, row_to_qa
-from .losses import default_counts, group_mean
+from .data import row_to_qa
 from .plugin import BaselineMethod
 from .registry import register_method
 
@@ -56,12 +53,12 @@ class LUNARConfig(RetainConfig):
     coeff: float = 2.0                    # coeff_list [+2.0]
     lr_decay: float = 0.9                 # ExponentialLR gamma, per epoch
     refusal_prompts_path: str | None = None   # prompts the model refuses (LUNAR: dataset/splits/harmful.json)
+    token_batch_size: int = 64            # run_lunar.py DataLoader(batch_size=64): tokens, not rows
     learning_rate: float = 0.01
     num_epochs: int = 20
+    weight_decay: float = 0.01            # torch AdamW's default, which LUNAR keeps
     warmup_epochs: float = 0.0
-    lr_scheduler: str = "constant"        # replaced by the per-epoch decay (`make_scheduler`)
-    effective_batch_size: int = 4
-    micro_batch_size: int = 4
+    lr_scheduler: str = "constant"        # unused: the fit decays the rate by lr_decay every epoch
     max_grad_norm: float | None = None
     _PRESETS: ClassVar = {("rwku", None): dict(num_epochs=20, lr_scheduler="constant", warmup_steps=None,
                                                weight_decay=0.01)}
@@ -69,7 +66,7 @@ class LUNARConfig(RetainConfig):
     def __post_init__(self):
         super().__post_init__()
         for name, rule in (("layer", dict(low=0, integer=True)), ("coeff", dict()),
-                           ("lr_decay", dict(above=0, high=1))):
+                           ("lr_decay", dict(above=0, high=1)), ("token_batch_size", dict(low=1, integer=True))):
             if problem := bound_problem(getattr(self, name), **rule):
                 raise InputError(f"{name}: {problem}")
 
@@ -116,16 +113,93 @@ def mean_last_prompt_activation(model, prompts: list[list[int]], layer: int) -> 
     return total / len(prompts)
 
 
-def prompt_positions(inputs: dict) -> torch.Tensor:
-    """[B, T] mask of the rows' prompt tokens (attended, not answer)."""
-    return inputs["attention_mask"].bool() & (inputs["labels"] == IGNORE_INDEX)
+def forget_prompt_ids(dataset, max_length: int) -> list[list[int]]:
+    """The forget rows' questions as token ids, as training and evaluation write them (`prompt_ids`), each cut at
+    `max_length`."""
+    prompts = []
+    for i, row in enumerate(dataset.forget_rows):
+        question = row_to_qa(row, i, "forget")[0]
+        if not question:
+            raise InputError("lunar redirects question prompts: forget rows must have a question (not text)")
+        prompts.append(prompt_ids(dataset.tokenizer, question, dataset.format, row)[:max_length])
+    return prompts
+
+
+def retain_prompt_ids(dataset, max_length: int) -> list[list[int]]:
+    """The retain rows' questions as token ids (a row without one, a passage, as the trainer encodes it), each cut
+    at `max_length`."""
+    prompts = []
+    for i, row in enumerate(dataset.retain_rows):
+        question = row_to_qa(row, i, "retain")[0]
+        prompts.append((prompt_ids(dataset.tokenizer, question, dataset.format, row) if question
+                        else list(dataset.retain[i].input_ids))[:max_length])
+    return prompts
+
+
+@torch.no_grad()
+def down_projection_pairs(model, projection, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, d_in] inputs and [N, d_out] outputs of `projection` (a block's MLP down projection) at every token of
+    `prompts`, one prompt at a time (no padding, as LUNAR's batches of 1), in the activations' dtype."""
+    device = next(model.parameters()).device
+    inputs, outputs = [], []
+
+    def hook(_module, args, output):
+        inputs.append(args[0].reshape(-1, args[0].shape[-1]))
+        outputs.append(output.reshape(-1, output.shape[-1]))
+
+    handle = projection.register_forward_hook(hook)
+    try:
+        for ids in prompts:
+            model(input_ids=torch.tensor([ids], device=device),
+                  attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device))
+    finally:
+        handle.remove()
+    return torch.cat(inputs), torch.cat(outputs)
+
+
+def token_mse(prediction: torch.Tensor, target: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Mean over the batch's tokens of weight * (mean over coordinates of the squared error): with every weight 1,
+    torch's MSELoss (LUNAR's criterion)."""
+    return ((prediction - target).pow(2).mean(-1) * weight).mean()
+
+
+def fit_projection(weight: torch.Tensor, bias: torch.Tensor | None, inputs: torch.Tensor, targets: torch.Tensor,
+                   token_weights: torch.Tensor, *, learning_rate: float, weight_decay: float, lr_decay: float,
+                   num_epochs: int, batch_size: int, seed: int, on_step=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """LUNAR's fit (src/estimated_net_utils.py `train`) of a linear map initialised at (`weight`, `bias`), in
+    float32: DataLoader(shuffle=True) over the token examples, AdamW, ExponentialLR(lr_decay) every epoch.
+    `on_step(epoch, loss, lr)` after each step. Returns the fitted (weight, bias)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device,
+                             dtype=torch.float32)
+    with torch.no_grad():
+        linear.weight.copy_(weight.float())
+        if bias is not None:
+            linear.bias.copy_(bias.float())
+    optimizer = torch.optim.AdamW(linear.parameters(), lr=learning_rate, weight_decay=weight_decay)
+    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=lr_decay)
+    loader = DataLoader(TensorDataset(inputs, targets, token_weights), batch_size=batch_size, shuffle=True,
+                        generator=torch.Generator().manual_seed(seed))
+    for epoch in range(num_epochs):
+        for x, y, w in loader:
+            x, y, w = (t.to(weight.device).float() for t in (x, y, w))
+            loss = token_mse(linear(x), y, w)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+            if on_step is not None:
+                on_step(epoch, float(loss.detach()), lr)
+        scheduler.step()
+    return linear.weight.detach(), None if bias is None else linear.bias.detach()
 
 
 @register_method
 class LUNAR(UnlearningMethod):
     name = "lunar"
     Config = LUNARConfig
-    needs_ref = True
+    needs_ref = False   # the fit reads the starting model's activations before changing anything
     needs_retain = True
     direction: torch.Tensor | None = None
 
@@ -150,56 +224,78 @@ class LUNAR(UnlearningMethod):
                              "refusal_prompts_path")
         if dataset is None:
             raise ValueError("lunar.prepare needs the training dataset (its forget prompts)")
-        tok, fmt = dataset.tokenizer, dataset.format
-        refusal = [prompt_ids(tok, q, fmt) for q in read_prompts(self.config.refusal_prompts_path)]
-        forget = []
-        for i, row in enumerate(dataset.forget_rows):
-            question = row_to_qa(row, i, "forget")[0]
-            if not question:
-                raise InputError("lunar redirects question prompts: forget rows must have a question (not text)")
-            forget.append(prompt_ids(tok, question, fmt, row))
+        refusal = [prompt_ids(dataset.tokenizer, q, dataset.format)
+                   for q in read_prompts(self.config.refusal_prompts_path)]
+        forget = forget_prompt_ids(dataset, self.config.max_length)
         self.set_direction(mean_last_prompt_activation(model, refusal, self.config.layer)
                            - mean_last_prompt_activation(model, forget, self.config.layer))
 
     def set_direction(self, direction: torch.Tensor) -> None:
         self.direction = direction.float().cpu()
 
-    def make_scheduler(self, optimizer, total_steps, warmup_steps, steps_per_epoch):
-        decay = self.config.lr_decay
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: decay ** math.floor(step / steps_per_epoch))
+    def fit(self, model, dataset, *, seed: int, progress: bool):
+        """LUNAR's fit of the down projection on the starting model's cached activations (module doc)."""
+        from tqdm.auto import tqdm
 
-    def group_counts(self, key, inputs):
-        return {**default_counts(inputs), "prompt_tokens": prompt_positions(inputs).sum()}
+        from .trainer import TrainResult
 
-    def _term(self, model, ref_model, inputs, shift):
-        with capture_output(self._down_projection(model)) as seen:
-            model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
-        with torch.no_grad(), capture_output(self._down_projection(ref_model)) as frozen:
-            ref_model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
-        out = seen[0].float()
-        target = frozen[0].float().to(out.device) + shift.to(out.device)
-        mask = prompt_positions(inputs).to(out.device)
-        summed = ((out - target).pow(2).mean(-1) * mask).sum()
-        return group_mean(summed, mask.sum(), inputs, "prompt_tokens"), float((summed / mask.sum()).detach())
-
-    def compute_loss(self, model, batch, ref_model=None):
         if self.direction is None:
             raise RuntimeError("lunar: call prepare(model, seed, dataset) first (the trainer does) for the direction")
-        if ref_model is None:
-            raise ValueError("lunar needs a reference model (a frozen copy of the starting model)")
-        logs: dict[str, float] = {}
-        term, logs["lunar_forget"] = self._term(model, ref_model, batch["forget"], self.config.coeff * self.direction)
-        loss = self.config.forget_weight * term
-        if self.uses_retain:
-            if "retain" not in batch:
-                raise InputError(f"lunar: alpha={self.config.alpha} but the batch has no retain examples")
-            term, logs["lunar_retain"] = self._term(model, ref_model, batch["retain"], torch.zeros(()))
-            loss = loss + self.config.alpha * term
-        logs["loss"] = float(loss.detach())
-        return loss, logs
+        cfg = self.config
+        projection = self._down_projection(model)
+        forget = forget_prompt_ids(dataset, cfg.max_length)
+        retain = retain_prompt_ids(dataset, cfg.max_length) if self.uses_retain else []
+        was_training = model.training
+        model.eval()
+        x_forget, y_forget = down_projection_pairs(model, projection, forget)
+        shift = (cfg.coeff * self.direction).to(y_forget.device, y_forget.dtype)
+        pieces = [(x_forget, y_forget + shift, cfg.forget_weight)]
+        if retain:
+            pieces.append((*down_projection_pairs(model, projection, retain), cfg.alpha))
+        inputs = torch.cat([x for x, _, _ in pieces])
+        targets = torch.cat([y for _, y, _ in pieces])
+        weights = torch.cat([torch.full((len(x),), float(w), device=x.device) for x, _, w in pieces])
+        n_forget = len(x_forget)
+
+        result = TrainResult(model=model)
+        steps = -(-len(inputs) // cfg.token_batch_size) * cfg.num_epochs
+        bar = tqdm(total=steps, desc=f"unlearn[{self.name}] fit", disable=not progress, dynamic_ncols=True)
+
+        def on_step(epoch, loss, lr):
+            result.optimizer_steps += 1
+            result.history.append({"loss": loss, "lr": lr, "epoch": epoch, "step": result.optimizer_steps})
+            bar.update(1)
+
+        weight, bias = fit_projection(
+            projection.weight, projection.bias, inputs, targets, weights, learning_rate=cfg.learning_rate,
+            weight_decay=cfg.weight_decay, lr_decay=cfg.lr_decay, num_epochs=cfg.num_epochs,
+            batch_size=cfg.token_batch_size, seed=seed, on_step=on_step)
+        bar.close()
+        with torch.no_grad():
+            projection.weight.copy_(weight.to(projection.weight.dtype))
+            if bias is not None:
+                projection.bias.copy_(bias.to(projection.bias.dtype))
+            fitted = inputs.to(weight.device).float() @ weight.T + (0 if bias is None else bias)
+            errors = (fitted - targets.to(weight.device).float()).pow(2).mean(-1)
+        result.final_logs = {**(result.history[-1] if result.history else {}),
+                             "lunar_forget": float(errors[:n_forget].mean()), "forget_tokens": n_forget,
+                             "retain_tokens": len(inputs) - n_forget}
+        if len(inputs) > n_forget:
+            result.final_logs["lunar_retain"] = float(errors[n_forget:].mean())
+        model.train(was_training)
+        return result
+
+
+class LUNARMethod(BaselineMethod):
+    def cost(self, cell) -> str:
+        """LUNAR's steps follow the prompts' token count (known once tokenized), not the rows: say how they arise."""
+        cfg = self.cell_config(cell)
+        retain = " and retain" if cfg.alpha > 0 else ""
+        return (f"{cfg.num_epochs:g} epochs of LUNAR's fit on cached activations: every forget{retain} prompt "
+                f"token one example, shuffled batches of {cfg.token_batch_size} tokens")
 
 
 #: The runner's view of it (entry point `cru_harness.methods`: LUNAR).
-METHOD = BaselineMethod(LUNAR, "LUNAR",
+METHOD = LUNARMethod(LUNAR, "LUNAR",
                         "one layer's MLP output on forget inputs redirected toward refusal activations",
                         order=54)

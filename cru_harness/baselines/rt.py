@@ -1,12 +1,14 @@
 """RT, rejection tuning (RWKU's baseline; TOFU's "idk" fine-tuning): fine-tune on refusals to the forget questions.
 
-loss = NLL(alternate) + alpha * NLL(retain), token means over the answer tokens: the alternate of a forget row is
-its own `alternate` answer (RWKU reject.json: `instruction` -> `output`, a refusal) or a refusal drawn from
-TOFU's `idontknow` list every epoch.
+loss = (forget_weight * Σ NLL(alternate tokens) + alpha * Σ NLL(retain tokens)) / (alternate + retain tokens): one
+token mean over the refusal and retain answers together, as locuslab/tofu's `idk` loss concatenates the two
+batches and takes one `model(...).loss` (dataloader.py, CustomTrainerForgetting, loss_type "idk"; weights 1 and
+1 there), so a short refusal weighs by its tokens, not as half the loss. The alternate of a forget row is its
+own `alternate` answer (RWKU reject.json: `instruction` -> `output`, a refusal) or a refusal drawn from TOFU's
+`idontknow` list every epoch. Without a retain term (alpha 0) it is the refusals' token-mean NLL.
 Sources: RWKU LLaMA-Factory/src/llmtuner/train/rt/workflow.py (supervised fine-tuning, stage "sft", on the
 target's Reject corpus) and scripts/full/run_rt.sh (lr 4e-7, batch 8, 3 epochs, cosine, 20 warm-up steps, no
-retain term); on TOFU, locuslab/tofu's `idk` loss (the refusal NLL on forget questions plus the retain NLL,
-alpha 1) with the protocol's TOFU schedule.
+retain term); on TOFU, locuslab/tofu's `idk` loss with the protocol's TOFU schedule.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import ClassVar
 
 from ..errors import InputError
 from .base import RetainConfig, UnlearningMethod
-from .losses import nll_loss
+from .losses import sequence_logprobs
 from .plugin import BaselineMethod
 from .registry import register_method
 
@@ -35,9 +37,22 @@ class RT(UnlearningMethod):
     def compute_loss(self, model, batch, ref_model=None):
         if "alternate" not in batch:
             raise InputError("rt: the batch has no 'alternate' (refusal) examples")
+        parts = [("refusal_nll", batch["alternate"], self.config.forget_weight)]
+        if self.uses_retain:
+            if "retain" not in batch:
+                raise InputError(f"rt: alpha={self.config.alpha} but the batch has no retain examples "
+                                 "(pass retain rows, or set alpha=0)")
+            parts.append(("retain_nll", batch["retain"], self.config.alpha))
         logs: dict[str, float] = {}
-        term, logs["refusal_nll"] = nll_loss(model, batch["alternate"])
-        loss = self.config.forget_weight * term + self._retain_term(model, batch, logs, ref_model)
+        summed, tokens = 0.0, 0
+        for name, inputs, weight in parts:
+            logp, n_tokens = sequence_logprobs(model, inputs)
+            logs[name] = float((-logp.sum() / n_tokens.sum()).detach())
+            summed = summed + weight * -logp.sum()
+            # the accumulation group's tokens of each side (the trainer's totals), or this batch's
+            group = inputs.get("group_tokens")
+            tokens = tokens + (n_tokens.sum() if group is None else group.to(logp.device))
+        loss = summed / tokens
         logs["loss"] = float(loss.detach())
         return loss, logs
 

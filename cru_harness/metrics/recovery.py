@@ -7,7 +7,8 @@ For a forget metric m (higher = more knowledge, e.g. TOFU's forget probability o
 0: the attack brings nothing back; 1: it closes the whole Original-to-unlearned gap (above 1: past the original).
 It is reported next to the oracle's own change under the same attack, m(oracle + attack) - m(oracle): an attack
 that fine-tunes on forget items teaches them to the retain oracle too, so only recovery beyond the oracle's gain
-is knowledge that was hidden rather than removed (Hu et al. 2024; Łucki et al. 2024). The oracle's change is
+is knowledge that was hidden rather than removed (the attacks: Hu et al. 2024; Łucki et al. 2024; the oracle
+control is this project's addition, the papers compare with the original model). The oracle's change is
 also given on the recovery scale (divided by the same gap), so the two can be compared in one table.
 
 An attack that trains on forget items (relearn) is scored on the items it did not train on: `held_out_mean` and
@@ -103,3 +104,13 @@ def held_out_forget_metrics(per_item: list[dict], slice_questions: list[str], *,
         out["forget_quality"] = forget_quality([r["truth_ratio"] for r in rows],
                                                [retain_truth_ratios[r["question"]] for r in rows])
     return out
+
+
+def taught_questions(result: dict) -> list[str] | None:
+    """The forget questions an attack cell showed the model (relearn's training slice, in_context's prompt pairs;
+    [] for a benign relearn), or None for an attack that shows none (its numbers count every item)."""
+    details = result.get("details") or {}
+    attack = details.get((details.get("attack") or {}).get("name")) or {}   # relearn's, in_context's slice
+    if "slice_questions" in attack:
+        return list(attack["slice_questions"] or [])
+    return [] if "relearn" in details else None   # a benign relearn trains on no forget item

@@ -11,6 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..metrics.failure import ANSWER_CLASSES
+from ..metrics.recovery import taught_questions
 from . import stats
 
 FAILURE_CLASSES = ANSWER_CLASSES
@@ -512,16 +513,6 @@ def resources_table(results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def taught_questions(result: dict) -> list[str] | None:
-    """The forget questions an attack cell showed the model (relearn's training slice, in_context's prompt pairs;
-    [] for a benign relearn), or None for an attack that shows none (its numbers count every item)."""
-    details = result.get("details") or {}
-    attack = details.get((details.get("attack") or {}).get("name")) or {}   # relearn's, in_context's slice
-    if "slice_questions" in attack:
-        return list(attack["slice_questions"] or [])
-    return [] if "relearn" in details else None   # a benign relearn trains on no forget item
-
-
 def _per_item_values(result: dict | None, metric: str) -> dict[str, float | None] | None:
     """question -> a cell's per-item value of `metric` (TOFU's `per_item.forget_rouge_l`, ...), None if absent."""
     per_item = (result or {}).get("per_item") or {}
@@ -694,19 +685,21 @@ def _lens_cells(results: list[dict], benchmark: str):
 
 
 def lens_rows(results: list[dict], benchmark: str) -> list[dict]:
-    """One row per (model, unit, row label) of the cells that recorded the logit lens (`evaluation.logit_lens`):
-    the output's forget probability and the best layer's, means over seeds (and targets), with the best layers
-    (1-based: layer L is the output) and the number of decoder blocks."""
+    """One row per (model, unit, row label) of the cells that read the logit lens (`evaluation.logit_lens`): the
+    output layer's forget probability and the best layer's, both on the items the lens read (a relearn attack's
+    held-out items), means over seeds (and targets), with the best layers (1-based: layer L is the output) and the
+    number of decoder blocks. A prompt attack's cell, which serves its attacked cell's model and copies that
+    cell's lens, adds no row."""
     view = benchmark_view(benchmark)
     found: dict[tuple, list[dict]] = defaultdict(list)
     for r, lens in _lens_cells(results, benchmark):
-        if "skipped" not in lens:
+        if "skipped" not in lens and "from_attacked_cell" not in lens:
             found[(r["model"], view.row_unit(r), r["label"])].append(r)
     rows = []
     for (model, unit, label), cells in found.items():
         lenses = [c["details"]["logit_lens"] for c in cells]
         rows.append({"model": model, "unit": unit, "label": label,
-                     "output": stats.finite_mean((c.get("metrics") or {}).get("forget_prob") for c in cells),
+                     "output": stats.finite_mean(lens["final"] for lens in lenses),
                      "best": stats.finite_mean(lens["best"] for lens in lenses),
                      "layers": sorted({lens["best_layer"] + 1 for lens in lenses}),
                      "n_layers": sorted({lens["n_layers"] for lens in lenses})})

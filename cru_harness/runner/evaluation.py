@@ -185,11 +185,13 @@ def score_cell(cell: Cell, lmeval_dir: Path, *, data_dir=None, original_model: s
     return scored
 
 
-def logit_lens_of_cell(cell: Cell, model_path: str, routers: str | None, data_dir, chat: bool) -> dict | None:
+def logit_lens_of_cell(cell: Cell, model_path: str, routers: str | None, data_dir, chat: bool,
+                       exclude: list[str] | None = None) -> dict | None:
     """The logit lens (`attacks.logit_lens`) on the cell's model as it was scored (its routers attached, its
-    scoring dtype, its prompt format), over its benchmark's forget items (`Benchmark.lens_rows`): per decoder block
-    the forget probability read through the final norm and head, and the best block. None when the benchmark has
-    no forget probability (RWKU)."""
+    scoring dtype, its prompt format), over its benchmark's forget items (`Benchmark.lens_rows`) less those whose
+    question is in `exclude` (the items a relearn attack trained on): per decoder block the forget probability
+    read through the final norm and head, and the best block. None when the benchmark has no forget probability
+    (RWKU)."""
     import gc
 
     from .. import plugins
@@ -201,6 +203,13 @@ def logit_lens_of_cell(cell: Cell, model_path: str, routers: str | None, data_di
     if found is None:
         return None
     rows, source = found
+    if exclude:
+        left_out = set(exclude)
+        kept = [row for row in rows if row.get("question") not in left_out]
+        if not kept:
+            return {"skipped": "the attack trained on every forget item: none is left to read"}
+        source = f"{source}, less the {len(rows) - len(kept)} items the attack trained on"
+        rows = kept
     model, tokenizer = load_model(model_path, cell, dtype=model_dtype(cell.model, "eval"))
     try:
         result = logit_lens_scores(model, tokenizer, rows, routers=routers, prompt_format=prompt_format(cell, chat))

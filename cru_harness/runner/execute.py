@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable
 
 from .. import plugins
 from ..errors import MissingInputError
+from ..metrics.recovery import taught_questions
 from ..store import CellStore, waiting_lock
 from .evaluation import (evaluate_cell, logit_lens_of_cell, protocol_presets, retain_from_per_item, score_cell,
                          use_chat_template)
@@ -47,6 +48,8 @@ class PlanExecutor:
         the cell recorded: equal on the CPU; a GPU's kernels need not be bitwise deterministic, and cells that
         start from a differing checkpoint say so (`details.finetuned_from`, a note in the report)."""
         loaded = self.store.load_result(source.hash)
+        if not loaded:   # another shard of the run may be fine-tuning it: its cells wait, as attack cells do
+            loaded = self.store.wait_while_running_elsewhere(source.hash, log=self.log)
         if not loaded or loaded.get("status") != "ok":
             state = "has not run" if not loaded else f"is {loaded.get('status')}"
             raise RuntimeError(f"model {cell.model.name} starts from its fine-tuned checkpoint, but its finetune "
@@ -231,7 +234,7 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
     outcome["details"]["scoring"] = {**scored.get("details", {}), "nll_original_model": base_path}
     if cell.evaluation.get("logit_lens"):   # asked for by the run: the answer read at every layer
         lens = cell_lens(cell, model_path, routers, data_dir, chat,
-                         attacked_result if same_model else None)
+                         attacked_result if same_model else None, taught=taught_questions(outcome))
         if lens is not None:
             if "best" in lens:
                 outcome["metrics"]["forget_best_layer_prob"] = lens["best"]
@@ -240,9 +243,10 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
 
 
 def cell_lens(cell: Cell, model_path: str, routers: str | None, data_dir, chat: bool,
-              served_by: dict | None) -> dict | None:
-    """The logit lens a cell records: read on its model (`logit_lens_of_cell`); that of `served_by`, the attacked
-    cell whose model a prompt attack serves unchanged on the same forget rows; or why there is none (a model of
+              served_by: dict | None, taught: list[str] | None = None) -> dict | None:
+    """The logit lens a cell records: read on its model (`logit_lens_of_cell`) over the forget items it was not
+    trained on (`taught`: a relearn attack's slice, left out as its recovery leaves them out); that of
+    `served_by`, the attacked cell whose model a prompt attack serves unchanged; or why there is none (a model of
     several checkpoints, WHP's). None: the benchmark has no forget probability."""
     # the oracle and Original (attacked too) are one checkpoint; a method says whether its model is
     if cell.method_plugin is not None and not cell.method_plugin.one_checkpoint:
@@ -250,4 +254,6 @@ def cell_lens(cell: Cell, model_path: str, routers: str | None, data_dir, chat: 
     seen = ((served_by or {}).get("details") or {}).get("logit_lens")
     if seen:
         return {**seen, "from_attacked_cell": cell.extra["attacked"]}
-    return logit_lens_of_cell(cell, model_path, routers, data_dir, chat)
+    # a prompt attack's shown pairs are not in the weights: only a model trained on forget items leaves some out
+    return logit_lens_of_cell(cell, model_path, routers, data_dir, chat,
+                              exclude=taught if served_by is None else None)
