@@ -319,6 +319,25 @@ def test_dpo_loss_prefers_the_alternate():
     assert (rw.learning_rate, rw.effective_batch_size, rw.beta, rw.alpha) == (5e-6, 8, 0.1, 0.0)
 
 
+@pytest.mark.parametrize("name", ["dpo", "idkdpo"])
+def test_rwkus_dpo_is_trls_sigmoid_loss_without_the_2_over_beta_factor(name):
+    """RWKU's LLaMA-Factory runs trl's DPOTrainer, loss_type sigmoid: -logsigmoid(beta * margin), mean over the
+    batch, re-typed; open-unlearning's (the default) is 2/beta times that."""
+    model, ref = TableLM(0), TableLM(1).requires_grad_(False)
+    batch = {"forget": sub_batch(FORGET_ROWS), "alternate": sub_batch(ALTERNATE_ROWS)}
+    win, lose = batch["alternate"], batch["forget"]
+    margin = (-(ref_batch_nll(model, win) - ref_batch_nll(ref, win)) + (ref_batch_nll(model, lose)
+                                                                        - ref_batch_nll(ref, lose)))
+    trl = -F.logsigmoid(0.1 * margin).mean()
+    rwku = B.get_method(name)(B.make_config(name, "rwku"))
+    loss, _ = rwku.compute_loss(model, batch, ref_model=ref)
+    assert rwku.config.alpha == 0.0 and loss.item() == pytest.approx(trl.item(), rel=1e-5)
+    default, _ = method(name, alpha=0.0).compute_loss(model, batch, ref_model=ref)
+    assert default.item() == pytest.approx(20 * trl.item(), rel=1e-5)
+    with pytest.raises(InputError, match="loss_scale"):
+        method(name, loss_scale=0.0)
+
+
 def test_rt_loss_is_tofus_idk_loss_one_token_mean_over_refusals_and_retain():
     """locuslab/tofu dataloader.py, loss_type "idk": the refusal and retain batches concatenated, one
     `model(...).loss` (a token mean over both), re-typed; not the sum of the two token means."""
@@ -466,6 +485,7 @@ def test_lunar_trains_one_down_projection_with_lunars_decay(tokenizer, tmp_path)
     res = B.unlearn(model, tokenizer, FORGET, RETAIN, "lunar", cfg, progress=False)
     changed = {k for k, v in res.model.state_dict().items() if not torch.equal(v, start[k])}
     assert changed == {"model.layers.1.mlp.down_proj.weight"}
+    assert res.resources["trainable_params"] == start["model.layers.1.mlp.down_proj.weight"].numel()   # as recorded
     tokens = res.final_logs["forget_tokens"] + res.final_logs["retain_tokens"]
     per_epoch = -(-tokens // 16)   # every forget and retain prompt token, each epoch
     assert res.final_logs["retain_tokens"] > 0 and len(res.history) == 3 * per_epoch

@@ -267,3 +267,21 @@ def test_rwku_adversarial_probes_are_reported_per_attack_type():
     assert "| Model | Method | reverse query | role play |" in lines
     assert "| M | GA | 0.50 (2) | 0.30 (4) |" in lines
     assert tables.aa_type_markdown([cell("GA", 1, {})]) == []
+
+
+def test_the_paraphrase_attacks_multiple_choice_form_has_its_own_table():
+    """`forget_mc_prob` of paraphrase cells (TOFU's multiple-choice form) reaches the report: a row per attacked row,
+    the mean over seeds; cells without it add none."""
+    def mc(label, seed, value, kind="attack"):
+        result = _result(f"{label} + paraphrase", kind=kind)
+        result.update(hash=f"{label}-p-{seed}", seed=seed, details={"attack": {
+            "attacked_label": label, "attack_label": "paraphrase"}})
+        result["metrics"]["forget_mc_prob"] = value
+        return result
+
+    results = [mc("GA", 0, 0.2), mc("GA", 1, 0.4), mc("Retain", 0, 0.3), _result("GA")]
+    assert [(r["label"], r["attack"], r["n"]) for r in tables.mc_rows(results, "tofu")] == [
+        ("GA", "paraphrase", 2), ("Retain", "paraphrase", 1)]
+    text = "\n".join(tables.mc_markdown(results, "tofu"))
+    assert "| m | forget01 | GA | paraphrase | 0.30 | 2 |" in text and "| m | forget01 | Retain | paraphrase | 0.30 | 1 |" in text
+    assert tables.mc_markdown([_result("GA")], "tofu") == []

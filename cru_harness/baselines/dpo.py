@@ -8,8 +8,8 @@ loss = forget_weight * forget term + alpha * NLL(retain).
 Sources: open-unlearning src/trainer/unlearn/dpo.py and utils.py `compute_dpo_loss`, configs/trainer/DPO.yaml
 (beta 0.1, alpha 1.0, gamma = our forget_weight 1.0), the protocol's TOFU schedule; RWKU
 LLaMA-Factory/scripts/full/run_dpo.sh (lr 5e-6, batch 2 x 4 = 8, 3 epochs, cosine, 20 warm-up steps, dpo_beta
-0.1, dpo_ftx 0: no retain term). LLaMA-Factory's sigmoid DPO loss has no 2/beta factor; under AdamW a constant
-factor on the loss barely changes the updates (only against adam_eps).
+0.1, dpo_ftx 0: no retain term), whose sigmoid DPO loss (trl's) has no 2/beta factor: RWKU's preset sets
+`loss_scale` 1 (the factor matters because the gradient norm is clipped at 1.0; `idkdpo`).
 """
 from __future__ import annotations
 

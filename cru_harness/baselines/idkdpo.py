@@ -1,8 +1,11 @@
 """IdkDPO: DPO preferring a refusal over the true answer (TOFU's `idontknow` list), + retain term.
 
-forget term = -(2/beta) * mean_i log sigmoid(beta * ((log pi(w_i) - log ref(w_i)) - (log pi(l_i) - log ref(l_i))))
+forget term = -s * mean_i log sigmoid(beta * ((log pi(w_i) - log ref(w_i)) - (log pi(l_i) - log ref(l_i))))
 with w = the refusal (batch["alternate"]), l = the true answer (batch["forget"]), same prompt, sequence
-log-probs; the 2/beta scale is open-unlearning's. The refusal per forget item is redrawn every epoch,
+log-probs; s = `loss_scale`: 2/beta by default, open-unlearning's (`compute_dpo_loss`); RWKU's preset 1, the
+sigmoid loss of trl's DPOTrainer that RWKU's LLaMA-Factory runs (no 2/beta factor). The factor matters beyond
+AdamW's scale invariance because both clip the gradient norm at 1.0: a loss 20x larger (beta 0.1) is clipped on
+steps where RWKU's is not. The refusal per forget item is redrawn every epoch,
 deterministically from (seed, epoch) (`data.pick_refusals`), as the references draw one on every fetch.
 """
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import ClassVar
 import torch.nn.functional as F
 
 from ..errors import InputError
+from ..hparams import bound_problem
 from .base import RetainConfig, UnlearningMethod
 from .losses import reference_logprobs, sequence_logprobs, sequence_mean
 from .plugin import BaselineMethod
@@ -22,18 +26,25 @@ from .registry import register_method
 @dataclass
 class IdkDPOConfig(RetainConfig):
     beta: float = 0.1
+    loss_scale: float | None = None    # the forget term's factor; None: 2/beta (open-unlearning)
     # RWKU scripts/full/run_dpo.sh: lr 5e-6, batch 2 x 4 accumulation = 8, LLaMA-Factory's dpo_beta 0.1,
-    # no auxiliary retain loss (dpo_ftx 0).
-    _PRESETS: ClassVar = {("rwku", None): dict(learning_rate=5e-6, effective_batch_size=8, alpha=0.0)}
+    # no auxiliary retain loss (dpo_ftx 0), trl's sigmoid loss (factor 1).
+    _PRESETS: ClassVar = {("rwku", None): dict(learning_rate=5e-6, effective_batch_size=8, alpha=0.0,
+                                               loss_scale=1.0)}
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.loss_scale is not None and (problem := bound_problem(self.loss_scale, above=0)):
+            raise InputError(f"loss_scale: {problem}")
 
 
-def dpo_forget_term(model, ref_model, chosen, rejected, beta: float):
+def dpo_forget_term(model, ref_model, chosen, rejected, beta: float, scale: float | None = None):
     logp_w, _ = sequence_logprobs(model, chosen)
     logp_l, _ = sequence_logprobs(model, rejected)
     ratio_w = logp_w - reference_logprobs(ref_model, chosen).to(logp_w.device)
     ratio_l = logp_l - reference_logprobs(ref_model, rejected).to(logp_l.device)
     margin = ratio_w - ratio_l
-    per_seq = -(2.0 / beta) * F.logsigmoid(beta * margin)
+    per_seq = -(2.0 / beta if scale is None else scale) * F.logsigmoid(beta * margin)
     return sequence_mean(per_seq, rejected), float(per_seq.detach().mean()), float(margin.detach().mean())
 
 
@@ -50,7 +61,7 @@ class IdkDPO(UnlearningMethod):
             raise InputError("idkdpo: the batch has no 'alternate' (refusal) examples")
         logs: dict[str, float] = {}
         term, logs["dpo_forget"], logs["dpo_margin"] = dpo_forget_term(
-            model, ref_model, batch["alternate"], batch["forget"], self.config.beta)
+            model, ref_model, batch["alternate"], batch["forget"], self.config.beta, self.config.loss_scale)
         loss = self.config.forget_weight * term + self._retain_term(model, batch, logs, ref_model)
         logs["loss"] = float(loss.detach())
         return loss, logs

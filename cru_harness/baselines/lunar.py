@@ -275,8 +275,11 @@ class LUNAR(UnlearningMethod):
             projection.weight.copy_(weight.to(projection.weight.dtype))
             if bias is not None:
                 projection.bias.copy_(bias.to(projection.bias.dtype))
-            fitted = inputs.to(weight.device).float() @ weight.T + (0 if bias is None else bias)
-            errors = (fitted - targets.to(weight.device).float()).pow(2).mean(-1)
+            # in chunks: at a 7B model's width all the tokens' inputs in float32 would be gigabytes more
+            errors = torch.cat([
+                (x.to(weight.device).float() @ weight.T + (0 if bias is None else bias)
+                 - y.to(weight.device).float()).pow(2).mean(-1)
+                for x, y in zip(inputs.split(4096), targets.split(4096))])
         result.final_logs = {**(result.history[-1] if result.history else {}),
                              "lunar_forget": float(errors[:n_forget].mean()), "forget_tokens": n_forget,
                              "retain_tokens": len(inputs) - n_forget}

@@ -294,12 +294,13 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
     loader = DataLoader(dataset, batch_size=config.micro_batch_size, shuffle=True, collate_fn=dataset.collate,
                         generator=generator)
     method.prepare(model, seed, dataset)
+    # frozen before a method's own fit too: the resource record counts the weights it trains by requires_grad
+    freeze_all_but(model, method.trainable_parameters(model), method.name)
     fitted = method.fit(model, dataset, seed=seed, progress=progress and accelerator.is_main_process)
     if fitted is not None:
         fitted.model.eval()
         fitted.num_processes = n_proc
         return fitted
-    freeze_all_but(model, method.trainable_parameters(model), method.name)
     model.train()
     optimizer = build_optimizer(model, config)
     model, optimizer = accelerator.prepare(model, optimizer)

@@ -800,7 +800,39 @@ def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
         if row.get("reason"):
             notes.append(f"- {row['label']} + {row['attack']} ({row['unit']}): not scored on held-out items "
                          f"({row['reason']}).")
-    return lines + ([""] + notes if notes else []) + [""] + lens
+    return lines + ([""] + notes if notes else []) + [""] + mc_markdown(results, benchmark) + lens
+
+
+def mc_rows(results: list[dict], benchmark: str) -> list[dict]:
+    """One row per (model, unit, attacked row) of the paraphrase cells' multiple-choice form
+    (`metrics.forget_mc_prob`: the correct answer's normalised probability among it and the perturbed ones), the
+    mean over seeds, in the order the cells come."""
+    view = benchmark_view(benchmark)
+    found: dict[tuple, list[float]] = defaultdict(list)
+    for r in results:
+        value = (r.get("metrics") or {}).get("forget_mc_prob")
+        if r.get("benchmark") == benchmark and r.get("status") == "ok" and stats.is_number(value):
+            attack = ((r.get("details") or {}).get("attack") or {})
+            found[(r["model"], view.row_unit(r), attack.get("attacked_label", r["label"]),
+                   attack.get("attack_label", ""))].append(value)
+    return [{"model": model, "unit": unit, "label": label, "attack": attack, "mc_prob": stats.finite_mean(values),
+             "n": len(values)} for (model, unit, label, attack), values in found.items()]
+
+
+def mc_markdown(results: list[dict], benchmark: str) -> list[str]:
+    """Report lines for `mc_rows` (none without a paraphrase cell that scored the multiple-choice form)."""
+    rows = mc_rows(results, benchmark)
+    if not rows:
+        return []
+    lines = ["Multiple-choice form of the paraphrase attack: each paraphrased forget question with its true answer "
+             "and the perturbed ones as options; the true answer's probability, normalised over the options "
+             "(TOFU's Real Authors formula; higher = more of the forget set known; the oracle's row is the level of "
+             "a model that never saw the authors).", "",
+             f"| Model | {benchmark_view(benchmark).table_unit} | Row | Attack | MC probability | n |",
+             "|---|---|---|---|---:|---:|"]
+    lines += [f"| {r['model']} | {r['unit']} | {r['label']} | {r['attack']} | {fmt2(r['mc_prob'])} | {r['n']} |"
+              for r in rows]
+    return lines + [""]
 
 
 REGIME_MARGIN = 0.10  # configs/gpu_smollm2.yaml: the fine-tuned model must beat its oracle by this much
