@@ -116,7 +116,7 @@ def test_cpu_forget01_config_changes_only_the_scale_its_header_states():
     for m in whole.methods[len(small_methods) - 1:-1]:
         assert m.hparams_for("tofu", "forget01") == (baseline_rule if m.method != "LUNAR" else
                                                      {"refusal_prompts_path": "data/lunar/harmful.json"}), m.method
-    assert whole.attacks and not small.attacks
+    assert not whole.attacks and not small.attacks   # forget01's attacks: cpu_smollm2_forget01_robustness.yaml
     for s, w in zip(small.methods[:-1] + small.methods[-1:], whole.methods[:len(small_methods) - 1] + whole.methods[-1:]):
         hs, hw = s.hparams_for("tofu", "forget01"), w.hparams_for("tofu", "forget01")
         batch = ("effective_batch_size", "micro_batch_size")
@@ -126,6 +126,25 @@ def test_cpu_forget01_config_changes_only_the_scale_its_header_states():
             # 20 forget rows in micro-batches of 4, 40 in micro-batches of 8: the same steps
             assert step_counts(make_config(s.method, "tofu", "forget01", **hs), 20 // hs["micro_batch_size"], 1) == \
                 step_counts(make_config(w.method, "tofu", "forget01", **hw), 40 // hw["micro_batch_size"], 1) == (10, 2)
+
+
+def test_cpu_forget01_robustness_config_is_forget01_with_its_attacks():
+    """The robustness run is forget01's run plus the attacks: the same settings besides name, output and
+    `attacks:`, so its plan holds forget01's 57 cells under the same hashes (reused with --reuse) and an attack
+    cell per (attack, attacked cell)."""
+    import yaml
+
+    whole, robust = (cfg.load_config(CONFIGS / f"{name}.yaml")
+                     for name in ("cpu_smollm2_forget01", "cpu_smollm2_forget01_robustness"))
+    raws = [yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+            for name in ("cpu_smollm2_forget01", "cpu_smollm2_forget01_robustness")]
+    others = ("name", "output_dir", "attacks")
+    assert {k: v for k, v in raws[0].items() if k not in others} == \
+        {k: v for k, v in raws[1].items() if k not in others}
+    assert {a.attack for a in robust.attacks} == {"detach", "quantize", "relearn", "in_context", "paraphrase"}
+    plain, attacked = build_plan(whole), build_plan(robust)
+    assert len(plain) == 57 and {c.hash for c in plain} < {c.hash for c in attacked}
+    assert all(c.kind == "attack" for c in attacked if c.hash not in {p.hash for p in plain})
 
 
 class _FakeCuda:
