@@ -108,9 +108,17 @@ def test_cpu_forget01_config_changes_only_the_scale_its_header_states():
         ("{split}", "retain99[:40]")
     lensless = [{k: v for k, v in c.evaluation.items() if k != "logit_lens"} for c in (whole, small)]
     assert lensless[0] == lensless[1] and (small.seeds, whole.seeds) == ((0,), (0, 1, 2))
-    # forget01 may add the field's other methods; the ones both run change only the batch
+    assert not whole.attacks and not small.attacks   # forget01's attacks: cpu_smollm2_forget01_robustness.yaml
+    # forget01 adds the field's other methods at the baselines' rule (LUNAR at its own fit); the ones both run
+    # change only the batch
     methods = [m.method for m in whole.methods]
     assert [m.method for m in small.methods] == [m for m in methods if m in {s.method for s in small.methods}]
+    baseline_rule = {"learning_rate": 1e-4, "num_epochs": 2, "effective_batch_size": 8, "micro_batch_size": 8,
+                     "warmup_epochs": 0.4}
+    for m in whole.methods:
+        if m.method not in {s.method for s in small.methods}:
+            assert m.hparams_for("tofu", "forget01") == (baseline_rule if m.method != "LUNAR" else
+                                                         {"refusal_prompts_path": "data/lunar/harmful.json"}), m.method
     for s in small.methods:
         w = next(m for m in whole.methods if m.method == s.method)
         hs, hw = s.hparams_for("tofu", "forget01"), w.hparams_for("tofu", "forget01")
@@ -121,6 +129,25 @@ def test_cpu_forget01_config_changes_only_the_scale_its_header_states():
             # 20 forget rows in micro-batches of 4, 40 in micro-batches of 8: the same steps
             assert step_counts(make_config(s.method, "tofu", "forget01", **hs), 20 // hs["micro_batch_size"], 1) == \
                 step_counts(make_config(w.method, "tofu", "forget01", **hw), 40 // hw["micro_batch_size"], 1) == (10, 2)
+
+
+def test_cpu_forget01_robustness_config_is_forget01_with_its_attacks():
+    """The robustness run is forget01's run plus the attacks: the same settings besides name, output and
+    `attacks:`, so its plan holds forget01's 57 cells under the same hashes (reused with --reuse) and an attack
+    cell per (attack, attacked cell)."""
+    import yaml
+
+    whole, robust = (cfg.load_config(CONFIGS / f"{name}.yaml")
+                     for name in ("cpu_smollm2_forget01", "cpu_smollm2_forget01_robustness"))
+    raws = [yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+            for name in ("cpu_smollm2_forget01", "cpu_smollm2_forget01_robustness")]
+    others = ("name", "output_dir", "attacks")
+    assert {k: v for k, v in raws[0].items() if k not in others} == \
+        {k: v for k, v in raws[1].items() if k not in others}
+    assert {a.attack for a in robust.attacks} == {"detach", "quantize", "relearn", "in_context", "paraphrase"}
+    plain, attacked = build_plan(whole), build_plan(robust)
+    assert len(plain) == 57 and {c.hash for c in plain} < {c.hash for c in attacked}
+    assert all(c.kind == "attack" for c in attacked if c.hash not in {p.hash for p in plain})
 
 
 class _FakeCuda:
