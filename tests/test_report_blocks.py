@@ -99,8 +99,18 @@ def test_the_robustness_table_reads_recovery_beside_the_oracles_change():
     assert recovery.excess == pytest.approx(0.25)
     text = "\n".join(tables.robustness_markdown(results, "tofu"))
     assert "| m | forget01 | GA | relearn | all | 0.90 | 0.30 | 0.60 | 0.50 | 0.25 | 0.25 | 1 |" in text
+    assert "- GA + relearn" not in text   # a row with every number needs no note
     # attack cells are not leaderboard rows
     assert [r["label"] for r in tables.aggregate(results, "tofu")] == ["Original", "GA"]
+    # without the oracle's attack cell the row keeps its recovery and says why the Oracle column is empty
+    text = "\n".join(tables.robustness_markdown(results[:4], "tofu"))
+    assert "| GA | relearn | all | 0.90 | 0.30 | 0.60 | 0.50 | -- | -- | 1 |" in text
+    assert "- GA + relearn (forget01): no oracle beside it" in text
+    # a method that left the Original's score has no gap: no recovery share, and the note says why
+    results[2]["metrics"]["forget_rouge_l"] = 0.9
+    text = "\n".join(tables.robustness_markdown(results, "tofu"))
+    assert "| GA | relearn | all | 0.90 | 0.90 | 0.60 | -- | -- | -- | 1 |" in text
+    assert "- GA + relearn (forget01): no recovery: the unlearned model's forget score is not below" in text
 
 
 def test_a_robustness_row_reads_each_attack_cell_against_the_seed_it_attacked():

@@ -828,10 +828,15 @@ def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
                  fmt2(rec.excess if rec else None)]
         lines.append(f"| {row['model']} | {row['unit']} | {row['label']} | {row['attack']} | {_items_text(row)} | "
                      + " | ".join(cells) + f" | {row['n']} |")
+        name = f"- {row['label']} + {row['attack']} ({row['unit']})"
         if row.get("reason"):
             what = "on held-out items" if row["items"] == "held-out" else "against its references"
-            notes.append(f"- {row['label']} + {row['attack']} ({row['unit']}): not scored {what} "
-                         f"({row['reason']}).")
+            notes.append(f"{name}: not scored {what} ({row['reason']}).")
+        elif rec is not None and rec.score is None:   # a recovery share of no gap is undefined, not 0
+            notes.append(f"{name}: no recovery: the unlearned model's forget score is not below the Original's, "
+                         "so there is no gap to close.")
+        elif rec is not None and rec.oracle_change is None:
+            notes.append(f"{name}: no oracle beside it (the retain oracle under this attack has no cell).")
     return lines + ([""] + notes if notes else []) + [""] + mc_markdown(results, benchmark) + lens
 
 
