@@ -140,11 +140,11 @@ def apply_scale(raw: dict, scale: dict, scale_path: str) -> dict:
         models.append(model)
     scaled = {**raw, **{k: scale[k] for k in SCALE_KEYS if k in scale}, "benchmarks": benchmarks, "models": models}
     # the logit lens is a measurement, like the tasks: the study's own setting (off unless it asks), not the scale's
-    own = raw.get("evaluation") or {}
+    study_evaluation = raw.get("evaluation") or {}
     if isinstance(scaled.get("evaluation"), dict):
         evaluation = {k: v for k, v in scaled["evaluation"].items() if k != "logit_lens"}
-        if "logit_lens" in own:
-            evaluation["logit_lens"] = own["logit_lens"]
+        if "logit_lens" in study_evaluation:
+            evaluation["logit_lens"] = study_evaluation["logit_lens"]
         scaled["evaluation"] = evaluation
     name = scale.get("name") or Path(scale_path).stem
     scaled["output_dir"] = f"{raw.get('output_dir') or Path('results') / raw.get('name', 'study')}-{name}"
