@@ -1,0 +1,71 @@
+"""Land a campaign's finished cells on this checkout (see README.md beside this file).
+
+    python benchmarks/cpu_campaign/land.py CONFIG COMPUTE_DIR
+
+Copies every planned cell that finished clean in COMPUTE_DIR (status ok, run record from a committed tree of the
+pinned commit) into the config's output_dir here: its result and run record only (no work/), writes the whole
+plan as plan.json, and writes the report with this checkout's code. A cell that failed, or was computed from an
+uncommitted tree or by other code than the cells already landed, stops the landing, naming it. Run from the root
+of the checkout that commits the results (main), with this checkout's package installed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from cru_harness.runner.config import load_config
+from cru_harness.runner.plan import build_plan
+from cru_harness.store import atomic_write_json
+
+
+def landable(cell_dir: Path) -> tuple[dict, dict] | None:
+    """(result, record) of a cell that finished clean, else None; a failed or dirty one stops the landing."""
+    result_path, record_path = cell_dir / "result.json", cell_dir / "run_record.json"
+    if not (result_path.is_file() and record_path.is_file()):
+        return None   # not finished (running, interrupted, or never started)
+    result, record = json.loads(result_path.read_text()), json.loads(record_path.read_text())
+    if result.get("status") != "ok" or record.get("status") != "ok":
+        sys.exit(f"{cell_dir}: status {result.get('status')}: {result.get('reason')}; not landed")
+    if record["git"]["dirty"]:
+        sys.exit(f"{cell_dir}: computed from an uncommitted tree ({record['git']['dirty_files'][:3]}); not landed")
+    return result, record
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config")
+    parser.add_argument("compute_dir")
+    args = parser.parse_args(argv)
+    config = load_config(args.config)
+    cells = build_plan(config)
+    target, source = Path(config.output_dir), Path(args.compute_dir)
+    versions = {json.loads(p.read_text())["code_version"] for p in target.glob("cells/*/run_record.json")}
+    landed = 0
+    for cell in cells:
+        found = landable(source / "cells" / cell.hash)
+        if found is None:
+            continue
+        result, record = found
+        versions.add(record["code_version"])
+        if len(versions) > 1:
+            sys.exit(f"{cell.hash}: code version {record['code_version']}, but the run holds {sorted(versions)}: "
+                     "one campaign, one pinned commit")
+        out = target / "cells" / cell.hash
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("run_record.json", "result.json"):   # the result last: a cell without one is unfinished
+            shutil.copyfile(source / "cells" / cell.hash / name, out / name)
+        landed += 1
+    atomic_write_json(target / "plan.json", {"config": config.raw, "source": config.source, "shard": None,
+                                             "cells": [{"hash": c.hash, "cell": c.describe()} for c in cells]})
+    total = sum(1 for _ in target.glob("cells/*/result.json"))
+    print(f"{target}: {landed} cells copied from {source}; {total} of {len(cells)} planned cells landed")
+    from cru_harness.cli import main as cli
+
+    return cli(["report", str(target)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

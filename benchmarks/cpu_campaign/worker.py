@@ -1,0 +1,168 @@
+"""One worker of a multi-session CPU campaign (see README.md beside this file).
+
+Several workers share one output directory. Each takes the next cell of a fixed order that nobody computes yet:
+the fine-tune, the oracle, the Original, then per seed and per method the method cell followed by its attack
+cells, so that a method's attacks run in the session that trained its model (a new session has no models). A
+finished cell whose model a later cell needs but which is not on this machine (landed by an earlier session) is
+computed again first, and its numbers are compared with the landed ones (`recomputed.jsonl`). No cell is started
+that would not end before the deadline.
+
+    python worker.py CONFIG OUTPUT_DIR --deadline 2026-11-27T23:15 [--order CRU,GA,...]
+
+Run it with the campaign's pinned checkout on the path (its venv), from that checkout's root.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from cru_harness.runner.config import load_config
+from cru_harness.runner.execute import PlanExecutor
+from cru_harness.runner.loop import run_cells
+from cru_harness.runner.plan import attacked_cell_for, build_plan, retain_cell_for
+from cru_harness.runner.provenance import cell_inputs, stale_fields
+from cru_harness.store import CellStore, atomic_write_json, waiting_lock
+
+# Minutes one cell takes on one thread of the 2-core CPU (forget01 at limit 40), from the campaign's own cells.
+MINUTES = {"finetune": 8, "retain": 15, "original": 10, "method": 20, "heavy_attack": 17, "prompt_attack": 6}
+PROMPT_ATTACKS = ("in_context", "paraphrase", "detach")
+
+
+def minutes(cell) -> float:
+    if cell.kind == "attack":
+        name = cell.extra["attack"]["name"]
+        return MINUTES["prompt_attack" if name in PROMPT_ATTACKS else "heavy_attack"]
+    return MINUTES.get(cell.kind, 20)
+
+
+def ordered(cells, methods: list[str]) -> list:
+    """The fine-tune, the oracle, the Original, the oracle's attacks (the control); then seed by seed, method by
+    method, each method cell followed by its attacks."""
+    by_hash = {c.hash: c for c in cells}
+    attacks: dict[str, list] = {}
+    for cell in cells:
+        if cell.kind == "attack":
+            attacks.setdefault(cell.extra["attacked"], []).append(cell)
+    head = [c for kind in ("finetune", "retain", "original") for c in cells if c.kind == kind]
+    out = list(head)
+    for c in head:
+        out += attacks.get(c.hash, [])
+    rank = {label: i for i, label in enumerate(methods)}
+    method_cells = sorted((c for c in cells if c.kind == "method"),
+                          key=lambda c: (c.seed or 0, rank.get(c.label, len(rank)), c.label))
+    for c in method_cells:
+        out += [c] + attacks.get(c.hash, [])
+    assert sorted(x.hash for x in out) == sorted(by_hash), "the order must hold every planned cell once"
+    return out
+
+
+def model_on_disk(result: dict | None, root: Path) -> bool:
+    """The deployed model of a finished cell is on this machine: its weights and, for CRU, its router bundle, where
+    the cell wrote them into its work directory under the run directory `root` (other paths: the base model)."""
+    artifacts = (result or {}).get("artifacts") or {}
+    paths = [Path(artifacts[key]) for key in ("model", "routers") if artifacts.get(key)]
+    inside = [p for p in paths if p.resolve().is_relative_to(root.resolve())]
+    return all(p.exists() for p in inside)
+
+
+class Worker:
+    def __init__(self, config_path: str, output_dir: str, deadline: dt.datetime, methods: list[str]):
+        self.config = load_config(config_path, {"output_dir": output_dir})
+        self.cells = build_plan(self.config)
+        self.order = ordered(self.cells, methods)
+        self.store = CellStore(output_dir, log=self.log)
+        self.executor = PlanExecutor(self.store, self.cells, log=self.log)
+        self.deadline = deadline
+        self.root = Path(output_dir)
+        self.done_this_session: set[str] = set()   # computed here: their models are on this machine
+        self.inputs: dict[str, dict] = {}
+
+    @staticmethod
+    def log(message: str) -> None:
+        print(f"[{dt.datetime.now():%H:%M:%S} pid {os.getpid()}] {message}", flush=True)
+
+    def current(self, cell) -> bool:
+        """Finished, by this code and with these inputs."""
+        if not self.store.is_finished(cell.hash):
+            return False
+        if cell.hash not in self.inputs:   # fingerprints the model directories: once per cell
+            self.inputs[cell.hash] = cell_inputs(cell)
+        return not stale_fields(self.store.load_record(cell.hash), self.inputs[cell.hash])
+
+    def fits(self, cell, extra: float = 0.0) -> bool:
+        return dt.datetime.now() + dt.timedelta(minutes=minutes(cell) + extra) <= self.deadline
+
+    def needs_model(self, owner) -> bool:
+        """The owner's model is needed but not here: it was finished by an earlier session."""
+        result = self.store.load_result(owner.hash)
+        return self.current(owner) and owner.hash not in self.done_this_session and not model_on_disk(result, self.root)
+
+    def pick(self):
+        """(cell, force) to compute next, or None. Called under the queue lock."""
+        for cell in self.order:
+            if self.current(cell) or self.store.running_elsewhere(cell.hash):
+                continue
+            deps = [d for d in (attacked_cell_for(cell, self.cells), retain_cell_for(cell, self.cells))
+                    if d is not None and d.hash != cell.hash]
+            if any(self.store.running_elsewhere(d.hash) or not self.current(d) for d in deps):
+                continue   # its model is being made (or failed): take a later cell meanwhile
+            missing = [d for d in deps if self.needs_model(d)]
+            if missing:   # landed by an earlier session: make its model again first
+                return (missing[0], True) if self.fits(missing[0]) else None
+            if cell.kind == "method":   # start a method only when its attacks can end today, two workers sharing
+                share = sum(minutes(c) for c in self.order if c.kind == "attack"
+                            and c.extra["attacked"] == cell.hash) / 2
+                if not self.fits(cell, share):
+                    continue
+            elif not self.fits(cell):
+                continue
+            return cell, False
+        return None
+
+    def run(self) -> None:
+        while True:
+            with waiting_lock(self.root / ".campaign-queue.lock"):
+                picked = self.pick()
+                if picked is None:
+                    break
+                cell, force = picked
+                previous = self.store.load_result(cell.hash) if force else None
+                self.store.mark_running(cell.hash)
+            self.log(f"start {cell.hash} {cell.describe()}{' (again, for its model)' if force else ''}")
+            run_cells([cell], self.store, self.executor, log=self.log, force=force, inputs=cell_inputs)
+            self.done_this_session.add(cell.hash)
+            if previous is not None:
+                self.compare(cell, previous)
+        self.log("nothing more to start before the deadline")
+
+    def compare(self, cell, previous: dict) -> None:
+        """A cell recomputed for its model: its numbers against the landed ones (equal on one CPU)."""
+        now = self.store.load_result(cell.hash) or {}
+        old, new = previous.get("metrics") or {}, now.get("metrics") or {}
+        differ = {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
+        line = {"hash": cell.hash, "cell": cell.describe(), "status": now.get("status"), "differ": differ}
+        with open(self.root / "recomputed.jsonl", "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(line) + "\n")
+        self.log(f"recomputed {cell.hash}: {'same numbers' if not differ else f'{len(differ)} metrics differ'}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config")
+    parser.add_argument("output_dir")
+    parser.add_argument("--deadline", required=True, help="local time, ISO (2026-11-27T23:15)")
+    parser.add_argument("--order", default="CRU,GA,NPO,GD,SimNPO,IdkDPO,GD-KL,NPO-KL,DPO,RT,RMU,UNDIAL,SatImp,"
+                                           "WGA,CE-U,TaskVector,WHP,LUNAR",
+                        help="method labels, in the order their cells run within a seed")
+    args = parser.parse_args(argv)
+    Worker(args.config, args.output_dir, dt.datetime.fromisoformat(args.deadline), args.order.split(",")).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
