@@ -310,6 +310,11 @@ COMMITTED_CPU_RUNS = [
     ("studies/gate_gap.yaml", "cpu_smollm2_forget01.yaml", "studies/gate_gap-cpu_smollm2_forget01")]
 
 
+#: Runs committed while their campaign still computes (benchmarks/cpu_campaign/): a part of the plan, landed
+#: session by session from one pinned commit; the report says how many planned cells are still owed.
+PARTIAL_CPU_RUNS = [("cpu_smollm2_forget01_robustness.yaml", None, "cpu_smollm2_forget01_robustness")]
+
+
 @pytest.mark.parametrize("config_name, scale, name", COMMITTED_CPU_RUNS)
 def test_committed_cpu_run_is_its_whole_plan_and_its_report_regenerates(config_name, scale, name, tmp_path,
                                                                          monkeypatch):
@@ -317,16 +322,41 @@ def test_committed_cpu_run_is_its_whole_plan_and_its_report_regenerates(config_n
     computed from a committed (clean) tree; `cru-harness report` on those cells writes the committed tables,
     statistics and report again, byte for byte (plots aside: their bytes follow the matplotlib version; the
     Provenance section follows the code)."""
+    committed, planned = _committed_run(config_name, scale, name)
+    assert sorted(p.name for p in (committed / "cells").iterdir()) == sorted(planned)
+    _check_committed_cells_and_report(committed, name, tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("config_name, scale, name", PARTIAL_CPU_RUNS)
+def test_partial_cpu_run_holds_planned_cells_of_one_commit_and_says_what_is_owed(config_name, scale, name,
+                                                                                 tmp_path, monkeypatch):
+    """A run landed part by part holds only its config's cells, finished clean by one code version (the campaign's
+    pinned commit), and its report names the planned cells it still lacks, so that it never reads as the whole."""
+    committed, planned = _committed_run(config_name, scale, name)
+    held = sorted(p.name for p in (committed / "cells").iterdir())
+    assert held and set(held) <= set(planned)
+    versions = {json.loads(p.read_text())["code_version"] for p in (committed / "cells").glob("*/run_record.json")}
+    assert len(versions) == 1, versions
+    report = (committed / "report" / "report.md").read_text()
+    owed = len(planned) - len(held)
+    assert (f"**{owed} of {len(planned)} planned cell(s)" in report) == (owed > 0)
+    _check_committed_cells_and_report(committed, name, tmp_path, monkeypatch)
+
+
+def _committed_run(config_name, scale, name):
+    from cru_harness.studies.config import load_study
+
+    committed = CONFIGS.parent / "results" / name
+    config = load_study(CONFIGS / config_name, scale=scale and CONFIGS / scale).config \
+        if config_name.startswith("studies/") else cfg.load_config(CONFIGS / config_name)
+    return committed, [c.hash for c in build_plan(config)]
+
+
+def _check_committed_cells_and_report(committed, name, tmp_path, monkeypatch):
     import shutil
 
     from cru_harness.cli import main
-    from cru_harness.studies.config import load_study
 
-    repo = CONFIGS.parent
-    committed = repo / "results" / name
-    config = load_study(CONFIGS / config_name, scale=scale and CONFIGS / scale).config \
-        if config_name.startswith("studies/") else cfg.load_config(CONFIGS / config_name)
-    assert sorted(p.name for p in (committed / "cells").iterdir()) == sorted(c.hash for c in build_plan(config))
     for path in (committed / "cells").glob("*/run_record.json"):
         record = json.loads(path.read_text())
         assert record["status"] == "ok" and record["git"]["dirty"] is False, path
@@ -618,7 +648,7 @@ def test_every_gpu_run_writes_where_git_ignores_it_until_it_is_committed():
     assert len(outputs) >= 15
     ignored = subprocess.run(["git", "check-ignore", *map(str, outputs)], cwd=repo, capture_output=True, text=True)
     assert sorted(ignored.stdout.split()) == sorted(map(str, outputs))
-    committed = [f"results/{name}" for *_, name in COMMITTED_CPU_RUNS] + [
+    committed = [f"results/{name}" for *_, name in COMMITTED_CPU_RUNS + PARTIAL_CPU_RUNS] + [
         "results/studies/lambda-cpu_smollm2", "results/studies/overlap-cpu_smollm2_forget01", "results/demo"]
     assert subprocess.run(["git", "check-ignore", *committed], cwd=repo).returncode == 1   # none ignored
 

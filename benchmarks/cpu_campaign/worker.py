@@ -103,14 +103,19 @@ class Worker:
         return self.current(owner) and owner.hash not in self.done_this_session and not model_on_disk(result, self.root)
 
     def pick(self):
-        """(cell, force) to compute next, or None. Called under the queue lock."""
+        """(cell, force) to compute next; "wait" while the only cells left wait on cells being computed; None when
+        nothing more can start before the deadline. Called under the queue lock."""
+        waiting = False
         for cell in self.order:
             if self.current(cell) or self.store.running_elsewhere(cell.hash):
                 continue
             deps = [d for d in (attacked_cell_for(cell, self.cells), retain_cell_for(cell, self.cells))
                     if d is not None and d.hash != cell.hash]
-            if any(self.store.running_elsewhere(d.hash) or not self.current(d) for d in deps):
-                continue   # its model is being made (or failed): take a later cell meanwhile
+            if any(self.store.running_elsewhere(d.hash) for d in deps):
+                waiting = True   # its model is being made: take a later cell meanwhile
+                continue
+            if any(not self.current(d) for d in deps):
+                continue   # comes after its dependency in the order, which failed or does not fit
             missing = [d for d in deps if self.needs_model(d)]
             if missing:   # landed by an earlier session: make its model again first
                 return (missing[0], True) if self.fits(missing[0]) else None
@@ -122,17 +127,21 @@ class Worker:
             elif not self.fits(cell):
                 continue
             return cell, False
-        return None
+        return "wait" if waiting else None
 
     def run(self) -> None:
         while True:
             with waiting_lock(self.root / ".campaign-queue.lock"):
                 picked = self.pick()
-                if picked is None:
-                    break
-                cell, force = picked
-                previous = self.store.load_result(cell.hash) if force else None
-                self.store.mark_running(cell.hash)
+                if picked not in (None, "wait"):
+                    cell, force = picked
+                    previous = self.store.load_result(cell.hash) if force else None
+                    self.store.mark_running(cell.hash)   # the other workers' sign that it is taken
+            if picked is None:
+                break
+            if picked == "wait":
+                time.sleep(30)
+                continue
             self.log(f"start {cell.hash} {cell.describe()}{' (again, for its model)' if force else ''}")
             run_cells([cell], self.store, self.executor, log=self.log, force=force, inputs=cell_inputs)
             self.done_this_session.add(cell.hash)
