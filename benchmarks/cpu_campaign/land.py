@@ -4,7 +4,8 @@
 
 Copies every planned cell that finished clean in COMPUTE_DIR (status ok, run record from a committed tree of the
 pinned commit) into the config's output_dir here: its result and run record only (no work/), writes the whole
-plan as plan.json, and writes the report with this checkout's code. A cell that failed, or was computed from an
+plan as plan.json, and writes the report with this checkout's code. The worker's `recomputed.jsonl` (landed cells
+made again for their models, their numbers compared) is added to the run's own. A cell that failed, or was computed from an
 uncommitted tree or by other code than the cells already landed, stops the landing, naming it. Run from the root
 of the checkout that commits the results (main), with this checkout's package installed.
 """
@@ -60,6 +61,13 @@ def main(argv=None) -> int:
         landed += 1
     atomic_write_json(target / "plan.json", {"config": config.raw, "source": config.source, "shard": None,
                                              "cells": [{"hash": c.hash, "cell": c.describe()} for c in cells]})
+    # the cells made again for their models, compared with their landed numbers (worker.py): kept as evidence
+    recomputed = source / "recomputed.jsonl"
+    if recomputed.is_file():
+        kept = target / "recomputed.jsonl"
+        lines = kept.read_text().splitlines() if kept.is_file() else []
+        lines += [line for line in recomputed.read_text().splitlines() if line not in lines]
+        kept.write_text("".join(line + "\n" for line in lines))
     total = sum(1 for _ in target.glob("cells/*/result.json"))
     print(f"{target}: {landed} cells copied from {source}; {total} of {len(cells)} planned cells landed")
     from cru_harness.cli import main as cli

@@ -37,4 +37,4 @@ for i in $(seq 1 "$workers"); do
      --deadline "$until" > "campaign-logs/worker$i.log" 2>&1 &)
   sleep 15   # the first takes the fine-tune; the next ones wait for it or take other cells
 done
-echo "$workers workers until $until; logs: $wt/campaign-logs (grep -a '^\[' for the cell lines)"
+echo "$workers workers until $until; progress: $wt/$name/campaign.log"

@@ -75,16 +75,21 @@ class Worker:
         self.config = load_config(config_path, {"output_dir": output_dir})
         self.cells = build_plan(self.config)
         self.order = ordered(self.cells, methods)
+        self.root = Path(output_dir)
+        self.root.mkdir(parents=True, exist_ok=True)
         self.store = CellStore(output_dir, log=self.log)
         self.executor = PlanExecutor(self.store, self.cells, log=self.log)
         self.deadline = deadline
-        self.root = Path(output_dir)
         self.done_this_session: set[str] = set()   # computed here: their models are on this machine
         self.inputs: dict[str, dict] = {}
 
-    @staticmethod
-    def log(message: str) -> None:
-        print(f"[{dt.datetime.now():%H:%M:%S} pid {os.getpid()}] {message}", flush=True)
+    def log(self, message: str) -> None:
+        """To stdout, and one line per event to the run directory's campaign.log: the workers' own logs interleave
+        these lines with progress bars."""
+        line = f"[{dt.datetime.now():%H:%M:%S} pid {os.getpid()}] {message}"
+        print(line, flush=True)
+        with open(self.root / "campaign.log", "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
 
     def current(self, cell) -> bool:
         """Finished, by this code and with these inputs."""
@@ -161,6 +166,11 @@ class Worker:
 
 
 def main(argv=None) -> int:
+    import torch
+
+    # A landed cell made again in a later session must give the same numbers: on a CPU they change with the thread
+    # count (the sums' order), so every worker of every session runs one thread.
+    torch.set_num_threads(1)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config")
     parser.add_argument("output_dir")
