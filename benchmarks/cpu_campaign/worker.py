@@ -5,7 +5,8 @@ the fine-tune, the oracle, the Original, then per seed and per method the method
 cells, so that a method's attacks run in the session that trained its model (a new session has no models). A
 finished cell whose model a later cell needs but which is not on this machine (landed by an earlier session) is
 computed again first, and its numbers are compared with the landed ones (`recomputed.jsonl`). No cell is started
-that would not end before the deadline.
+that would not end before the deadline, and a method cell only when its attacks would end too, unless nothing else
+can start: some of its attacks still fit then, and the next session makes its model again for the rest.
 
     python worker.py CONFIG OUTPUT_DIR --deadline 2026-11-27T23:15 [--order CRU,GA,...]
 
@@ -110,7 +111,7 @@ class Worker:
     def pick(self):
         """(cell, force) to compute next; "wait" while the only cells left wait on cells being computed; None when
         nothing more can start before the deadline. Called under the queue lock."""
-        waiting = False
+        waiting, fallback = False, None
         for cell in self.order:
             if self.current(cell) or self.store.running_elsewhere(cell.hash):
                 continue
@@ -128,10 +129,14 @@ class Worker:
                 share = sum(minutes(c) for c in self.order if c.kind == "attack"
                             and c.extra["attacked"] == cell.hash) / 2
                 if not self.fits(cell, share):
+                    if fallback is None and self.fits(cell):
+                        fallback = (cell, False)
                     continue
             elif not self.fits(cell):
                 continue
             return cell, False
+        if fallback is not None:   # late in the session: some of its attacks fit, better than an idle core
+            return fallback
         return "wait" if waiting else None
 
     def run(self) -> None:
