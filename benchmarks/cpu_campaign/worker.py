@@ -29,8 +29,10 @@ from cru_harness.runner.plan import attacked_cell_for, build_plan, retain_cell_f
 from cru_harness.runner.provenance import cell_inputs, stale_fields
 from cru_harness.store import CellStore, atomic_write_json, waiting_lock
 
-# Minutes one cell takes on one thread of the 2-core CPU (forget01 at limit 40), from the campaign's own cells.
-MINUTES = {"finetune": 8, "retain": 15, "original": 10, "method": 20, "heavy_attack": 17, "prompt_attack": 6}
+# Minutes one cell takes on one thread of the 2-core CPU (forget01 at limit 40), rounded up from the campaign's
+# own cells (2026-11-27: fine-tune 3.8, oracle 11.6, Original 6.3, GA 7.0, CRU 8.9, quantize and relearn 6-9,
+# in_context 5.7, paraphrase 2.0, detach 6.5).
+MINUTES = {"finetune": 5, "retain": 13, "original": 8, "method": 12, "heavy_attack": 10, "prompt_attack": 7}
 PROMPT_ATTACKS = ("in_context", "paraphrase", "detach")
 
 
