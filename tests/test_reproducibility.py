@@ -30,30 +30,35 @@ import hashlib, json, sys
 from pathlib import Path
 import torch
 from cru_harness.testbed.zoo import ModelRecipe, WorldRecipe, tiny_checkpoint, checkpoint_record
+torch.set_num_threads(int(sys.argv[2]))
+process = torch.get_num_threads()
 path = tiny_checkpoint("llama", "finetuned", cache_dir=sys.argv[1],
                        recipe=ModelRecipe(n_layers=2, epochs=2, batch_size=8, max_length=64),
                        world=WorldRecipe(n_authors=4, qa_per_author=5, n_real_authors=4, n_world_facts=4))
 files = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(Path(path).iterdir())
          if f.is_file() and f.name != "testbed_recipe.json"}
-print(json.dumps({"files": files, "threads": checkpoint_record(path)["torch_threads"],
-                  "name": Path(path).name}))
+print(json.dumps({"files": files, "process": process, "after": torch.get_num_threads(),
+                  "threads": checkpoint_record(path)["torch_threads"], "name": Path(path).name}))
 """
 
 
 @pytest.mark.slow
-def test_testbed_model_is_the_same_bytes_at_one_and_two_threads(tmp_path):
-    """Two builds of one recipe, each from an empty cache, at 1 and 2 torch/OpenMP threads (and different
-    Python hash seeds): every file of the checkpoint (weights, tokenizer, configs) is byte-identical."""
+def test_testbed_model_is_the_same_bytes_in_one_and_two_thread_processes(tmp_path):
+    """Two builds of one recipe, each from an empty cache, in processes running 1 and 2 torch/OpenMP threads (and
+    different Python hash seeds): every file of the checkpoint (weights, tokenizer, configs) is byte-identical,
+    because the build runs one thread either way (on an AVX-512 CPU a two-thread build gave other weights) and
+    gives the process its count back."""
     outputs = []
     for threads in (1, 2):
-        env = dict(os.environ, CRU_HARNESS_TESTBED_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
-                   MKL_NUM_THREADS=str(threads), PYTHONHASHSEED=str(threads), TOKENIZERS_PARALLELISM="true")
-        done = subprocess.run([sys.executable, "-c", BUILD_SCRIPT, str(tmp_path / f"cache{threads}")], env=env,
-                              capture_output=True, text=True, timeout=300)
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+                   PYTHONHASHSEED=str(threads), TOKENIZERS_PARALLELISM="true")
+        done = subprocess.run([sys.executable, "-c", BUILD_SCRIPT, str(tmp_path / f"cache{threads}"), str(threads)],
+                              env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         outputs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     one, two = outputs
-    assert (one["threads"], two["threads"]) == (1, 2)          # the builds really ran at different counts
+    assert (one["process"], two["process"]) == (1, 2) == (one["after"], two["after"])   # really ran at 1 and 2
+    assert (one["threads"], two["threads"]) == (1, 1)          # the build's own count, recorded
     assert {"model.safetensors", "tokenizer.json", "config.json"} <= set(one["files"])
     assert one["files"] == two["files"]
     assert one["name"] == two["name"]
@@ -462,6 +467,19 @@ def test_thread_counts_are_shown_and_unmeasured_ones_named(tmp_path, threads, no
     assert f"- torch threads, reference: {threads[0]}" in text
     assert f"- torch threads, this run: {threads[1]}" in text
     assert ("the cross-thread bound was measured at 1 and 2 threads" in text) is notice
+
+
+@pytest.mark.parametrize("cpus, notice", [(("AVX2", "AVX2"), False), (("AVX2", "AVX512"), True)])
+def test_cpu_instruction_sets_are_shown_and_a_difference_named(tmp_path, cpus, notice):
+    # The forget01 fine-tune's weights differ between an AVX2 and an AVX-512 machine (docs/reproducibility.md).
+    reference, run = make_run(tmp_path, "ref", METRICS), make_run(tmp_path, "run", METRICS)
+    for root, cpu in zip((reference, run), cpus):
+        for path in Path(root).glob("cells/*/run_record.json"):
+            path.write_text(json.dumps({**json.loads(path.read_text()), "cpu_capability": cpu}))
+    write_reproduction(run, reference, log=lambda *_: None)
+    text = (Path(run) / "reproduction.md").read_text()
+    assert f"- CPU instruction set, reference: {cpus[0]}" in text and f"- CPU instruction set, this run: {cpus[1]}" in text
+    assert ("**the runs' CPUs use different instruction sets (AVX2, AVX512)**" in text) is notice
 
 
 @pytest.mark.parametrize("threads, delta, reproduced", [((2, 2), 5e-7, False), ((1, 2), 5e-7, True),

@@ -134,6 +134,7 @@ class CellComparison:
     reference_dirty: bool = False
     device: str | None = None
     threads: tuple = (None, None)   # torch threads of the reference's and the run's cell
+    cpus: tuple = (None, None)      # CPU instruction sets (torch's cpu_capability) of the reference's and the run's
 
 
 @dataclass
@@ -233,7 +234,9 @@ def compare_cell(cell_hash: str, reference: dict, ref_record: dict | None, resul
     comparison = CellComparison(hash=cell_hash, cell=_describe(reference), status="match", device=device,
                                 reference_dirty=bool(((ref_record or {}).get("git") or {}).get("dirty")),
                                 threads=((ref_record or {}).get("torch_threads"),
-                                         (record or {}).get("torch_threads")))
+                                         (record or {}).get("torch_threads")),
+                                cpus=((ref_record or {}).get("cpu_capability"),
+                                      (record or {}).get("cpu_capability")))
     saved_ref = saved_inputs(ref_record)
     saved_run = saved_inputs(record) if record is not None else (
         {"code_version": run_code_version} if run_code_version else {})
@@ -362,6 +365,16 @@ def comparison_markdown(comparison: Comparison) -> str:
         lines.append(f"- **the runs used different thread counts ({', '.join(map(str, sorted(counts)))})**: the cross-thread "
                      f"bound was measured at {' and '.join(map(str, MEASURED_THREADS))} threads; at other counts MKL "
                      "may block matrix products differently again")
+    cpu_cells = [c for c in comparison.cells if (c.device or "cpu") == "cpu"]
+    for side, name in ((0, "reference"), (1, "this run")):
+        sets = sorted({c.cpus[side] for c in cpu_cells if c.cpus[side] is not None})
+        if sets:
+            lines.append(f"- CPU instruction set, {name}: {', '.join(sets)}")
+    sets = {c.cpus[side] for c in cpu_cells for side in (0, 1) if c.cpus[side] is not None}
+    if len(sets) > 1:   # measured: the forget01 fine-tune's weights differ between AVX2 and AVX-512 machines
+        lines.append(f"- **the runs' CPUs use different instruction sets ({', '.join(sorted(sets))})**: float32 "
+                     "results are exact only on the same one (docs/reproducibility.md), so differences in the last "
+                     "digits here may be the CPU's")
     lines.append("")
     devices = sorted({c.device or "cpu" for c in comparison.cells})
     lines += ["## Tolerances", "", "| numbers | device | tolerance (absolute) | why |", "|---|---|---|---|"]

@@ -158,15 +158,16 @@ def build_cached(final_dir: Path, build) -> Path:
 
 @contextlib.contextmanager
 def _build_threads():
-    """Build with `$CRU_HARNESS_TESTBED_THREADS` torch threads (default 1), restoring the count afterwards.
+    """Build with one torch thread, whatever the process uses, restoring its count afterwards.
 
-    Tiny models are dominated by per-op overhead: on a shared 2-core machine one thread trained the default
-    recipe ~7x faster (4.3 vs 0.6 steps/s) than two threads fighting for the cores. The bytes do not depend on
-    the count (same checkpoint at 1 and 2 threads, tests/test_reproducibility.py); the count and the CPU's
-    vector instruction set are recorded in the recipe file.
+    One thread makes the bytes independent of the machine's core count: on an AVX-512 CPU a two-thread build of
+    the same recipe gave other weights (tests/test_reproducibility.py), and the cache names a checkpoint by its
+    recipe alone. It is also faster: tiny models are dominated by per-op overhead, and on a shared 2-core machine
+    one thread trained the default recipe ~7x faster (4.3 vs 0.6 steps/s) than two threads fighting for the
+    cores. The count and the CPU's vector instruction set are recorded in the recipe file.
     """
     previous = torch.get_num_threads()
-    torch.set_num_threads(int(os.environ.get("CRU_HARNESS_TESTBED_THREADS", "1")))
+    torch.set_num_threads(1)
     try:
         yield
     finally:
