@@ -27,7 +27,7 @@ from cru_harness.runner.execute import PlanExecutor
 from cru_harness.runner.loop import run_cells
 from cru_harness.runner.plan import attacked_cell_for, build_plan, retain_cell_for
 from cru_harness.runner.provenance import cell_inputs, stale_fields
-from cru_harness.store import CellStore, atomic_write_json, waiting_lock
+from cru_harness.store import CellStore, waiting_lock
 
 # Minutes one cell takes on one thread of the 2-core CPU (forget01 at limit 40), rounded up from the campaign's
 # own cells (2026-11-27: fine-tune 3.8, oracle 11.6, Original 6.3, GA 7.0, CRU 8.9, quantize and relearn 6-9,
