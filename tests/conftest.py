@@ -63,8 +63,9 @@ def pytest_runtest_setup(item):
 
 
 def load_benchmark(name: str):
-    """A script of benchmarks/ as a module (they are scripts, not a package), e.g. load_benchmark("outlier_gates")."""
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "benchmarks" / f"{name}.py")
+    """A script of benchmarks/ as a module (they are scripts, not a package), e.g. load_benchmark("outlier_gates"),
+    load_benchmark("cpu_campaign/land")."""
+    spec = importlib.util.spec_from_file_location(name.replace("/", "."), REPO_ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -18,8 +18,7 @@ import sys
 from pathlib import Path
 
 from cru_harness.runner.config import load_config
-from cru_harness.runner.plan import build_plan
-from cru_harness.store import atomic_write_json
+from cru_harness.runner.plan import build_plan, write_plan
 
 
 def landable(cell_dir: Path) -> tuple[dict, dict] | None:
@@ -28,8 +27,9 @@ def landable(cell_dir: Path) -> tuple[dict, dict] | None:
     if not (result_path.is_file() and record_path.is_file()):
         return None   # not finished (running, interrupted, or never started)
     result, record = json.loads(result_path.read_text()), json.loads(record_path.read_text())
-    if result.get("status") != "ok" or record.get("status") != "ok":
-        sys.exit(f"{cell_dir}: status {result.get('status')}: {result.get('reason')}; not landed")
+    for name, doc in (("result", result), ("run record", record)):
+        if doc.get("status") != "ok":
+            sys.exit(f"{cell_dir}: {name} status {doc.get('status')}: {doc.get('reason')}; not landed")
     if record["git"]["dirty"]:
         sys.exit(f"{cell_dir}: computed from an uncommitted tree ({record['git']['dirty_files'][:3]}); not landed")
     return result, record
@@ -59,8 +59,7 @@ def main(argv=None) -> int:
         for name in ("run_record.json", "result.json"):   # the result last: a cell without one is unfinished
             shutil.copyfile(source / "cells" / cell.hash / name, out / name)
         landed += 1
-    atomic_write_json(target / "plan.json", {"config": config.raw, "source": config.source, "shard": None,
-                                             "cells": [{"hash": c.hash, "cell": c.describe()} for c in cells]})
+    write_plan(target, config, cells)
     # the cells made again for their models, compared with their landed numbers (worker.py): kept as evidence
     recomputed = source / "recomputed.jsonl"
     if recomputed.is_file():

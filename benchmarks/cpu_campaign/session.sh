@@ -3,7 +3,7 @@
 # results (main):   bash benchmarks/cpu_campaign/session.sh HH:MM [WORKERS]
 # Makes (or reuses) a worktree of the pinned commit and a venv with that checkout installed, copies the landed
 # cells into its compute directory, and starts WORKERS (default 2, one thread each) that start no cell they
-# cannot end by HH:MM today. Land what they finished with land.py before the machine goes.
+# cannot end by the next HH:MM. Land what they finished with land.py before the machine goes.
 set -euo pipefail
 deadline=${1:?usage: session.sh HH:MM [WORKERS]}; workers=${2:-2}
 here=$(cd "$(dirname "$0")" && pwd); source "$here/pin.sh"
@@ -30,7 +30,9 @@ for cell in "$main/$name"/cells/*/; do
   fi
 done
 mkdir -p "$wt/campaign-logs"
-until=$(date +%Y-%m-%dT)$deadline
+# HH:MM is the next such time: a session that passes midnight ends tomorrow
+until=$(date -d "$deadline" +%Y-%m-%dT%H:%M)
+if [ "$(date -d "$deadline" +%s)" -le "$(date +%s)" ]; then until=$(date -d "tomorrow $deadline" +%Y-%m-%dT%H:%M); fi
 for i in $(seq 1 "$workers"); do
   (cd "$wt" && CRU_HARNESS_DATA_DIR=${CRU_HARNESS_DATA_DIR:-$main/../shared/data} TOKENIZERS_PARALLELISM=false \
      OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nohup "$venv/bin/python" "$here/worker.py" "$CONFIG" "$name" \

@@ -43,14 +43,20 @@ def minutes(cell) -> float:
     return MINUTES.get(cell.kind, 20)
 
 
-def ordered(cells, methods: list[str]) -> list:
-    """The fine-tune, the oracle, the Original, the oracle's attacks (the control); then seed by seed, method by
-    method, each method cell followed by its attacks."""
-    by_hash = {c.hash: c for c in cells}
+def attacks_by_cell(cells) -> dict[str, list]:
+    """Each attacked cell's hash -> its attack cells, in plan order."""
     attacks: dict[str, list] = {}
     for cell in cells:
         if cell.kind == "attack":
             attacks.setdefault(cell.extra["attacked"], []).append(cell)
+    return attacks
+
+
+def ordered(cells, methods: list[str]) -> list:
+    """The fine-tune, the oracle, the Original, the oracle's attacks (the control); then seed by seed, method by
+    method, each method cell followed by its attacks."""
+    by_hash = {c.hash: c for c in cells}
+    attacks = attacks_by_cell(cells)
     head = [c for kind in ("finetune", "retain", "original") for c in cells if c.kind == kind]
     out = list(head)
     for c in head:
@@ -78,6 +84,7 @@ class Worker:
         self.config = load_config(config_path, {"output_dir": output_dir})
         self.cells = build_plan(self.config)
         self.order = ordered(self.cells, methods)
+        self.attacks = attacks_by_cell(self.cells)
         self.root = Path(output_dir)
         self.root.mkdir(parents=True, exist_ok=True)
         self.store = CellStore(output_dir, log=self.log)
@@ -128,8 +135,7 @@ class Worker:
             if missing:   # landed by an earlier session: make its model again first
                 return (missing[0], True) if self.fits(missing[0]) else None
             if cell.kind == "method":   # start a method only when its attacks can end today, two workers sharing
-                share = sum(minutes(c) for c in self.order if c.kind == "attack"
-                            and c.extra["attacked"] == cell.hash) / 2
+                share = sum(minutes(c) for c in self.attacks.get(cell.hash, [])) / 2
                 if not self.fits(cell, share):
                     if fallback is None and self.fits(cell):
                         fallback = (cell, False)

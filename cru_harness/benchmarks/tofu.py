@@ -39,6 +39,13 @@ def strongest_attack(metrics: dict) -> str | None:
     return max(found, key=lambda key: abs(metrics[key] - 0.5)) if found else None
 
 
+def _best_attack(metrics: dict) -> str | None:
+    """Set `mia_auc_best` to the strongest membership attack's AUC (`strongest_attack`); returns that attack."""
+    best = strongest_attack(metrics)
+    metrics["mia_auc_best"] = metrics[best] if best else None
+    return best
+
+
 class TOFU(Benchmark):
     name = "tofu"
     summary = ("TOFU: 200 fictitious authors; forget01/05/10 splits, Forget Quality against a retain oracle, "
@@ -72,14 +79,12 @@ class TOFU(Benchmark):
         for key in ("rouge_l", "prob"):
             value = metrics.get(f"forget_{key}")
             metrics[f"forget_1_{key}"] = 1 - value if is_number(value) else None
-        best = strongest_attack(metrics)
-        metrics["mia_auc_best"] = metrics[best] if best else None
+        _best_attack(metrics)
 
     def derive_mean(self, metrics: dict, spread: dict) -> None:
         """The strongest attack of the seeds' mean AUCs: seeds whose best attacks lie on opposite sides of 0.5
         (0.25 and 0.80) would otherwise average to a chance-like 0.525."""
-        best = strongest_attack(metrics)
-        metrics["mia_auc_best"] = metrics[best] if best else None
+        best = _best_attack(metrics)
         spread.pop("mia_auc_best", None)
         if best in spread:
             spread["mia_auc_best"] = spread[best]

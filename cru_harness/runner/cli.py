@@ -304,8 +304,8 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
 def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log, reproduce, inputs, only,
                 reuse, reuse_bundles) -> int:
     from ..data.rwku import TargetSelectionError
-    from ..store import CellStore, atomic_write_json
-    from .plan import build_plan
+    from ..store import CellStore
+    from .plan import build_plan, write_plan
     from .shard import parse_shard, select_shard
     from .targets import resolve_selected_targets
 
@@ -358,9 +358,7 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
         executor = PlanExecutor(store, all_cells, log=log)
         inputs = inputs or cell_inputs
     store.root.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(store.root / ("plan.json" if not shard else f"plan.shard{shard.replace('/', 'of')}.json"),
-                      {"config": config.raw, "source": config.source, "shard": shard,
-                       "cells": [{"hash": c.hash, "cell": c.describe()} for c in cells]})
+    write_plan(store.root, config, cells, shard)
     if reuse is not None:   # the plan's, not only --only's: those cells start from the shared fine-tune
         reuse_cells(reuse, store, cells, log, bundles=reuse_bundles)
     counts = run_cells(to_run, store, executor, log=log, force=force, **({"inputs": inputs} if inputs else {}))

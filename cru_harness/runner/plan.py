@@ -13,8 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable
 
+from ..store import atomic_write_json
 from .config import PROMPTING_DEFAULTS, ExperimentConfig, MethodSpec, ModelSpec
 
 HASH_SCHEMA = 1          # bump when the meaning of a resolved cell changes (invalidates caches)
@@ -158,6 +160,15 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
                 forget = {key: _fill(spec[key], bench, split, target) for key in ("forget_corpus", "retain_corpus")}
                 cells.extend(_attack_cells(config, oracle + block, forget))
     return cells
+
+
+def write_plan(root: Path, config: ExperimentConfig, cells: list[Cell], shard: str | None = None) -> Path:
+    """Write a run directory's plan (plan.json, or a shard's plan.shardIofN.json): the config as read and every
+    planned cell. The report reads it to name the cells a run left undone."""
+    path = Path(root) / ("plan.json" if not shard else f"plan.shard{shard.replace('/', 'of')}.json")
+    atomic_write_json(path, {"config": config.raw, "source": config.source, "shard": shard,
+                             "cells": [{"hash": c.hash, "cell": c.describe()} for c in cells]})
+    return path
 
 
 def _attack_cells(config: ExperimentConfig, block: list[Cell], corpora: dict[str, str]) -> list[Cell]:

@@ -340,6 +340,18 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _per_side(cells, value, label: str, missing: str | None) -> tuple[list[str], set]:
+    """A line per side (reference, this run) naming the values `value(cell, side)` its cells recorded, `missing`
+    when none (None: no line then); and the values both sides recorded."""
+    lines, every = [], set()
+    for side, name in ((0, "reference"), (1, "this run")):
+        seen = {value(cell, side) for cell in cells} - {None}
+        every |= seen
+        if seen or missing:
+            lines.append(f"- {label}, {name}: {', '.join(map(str, sorted(seen))) or missing}")
+    return lines, every
+
+
 def comparison_markdown(comparison: Comparison) -> str:
     git = comparison.run_code.get("git") or {}
     dirty = any(commit.endswith("(dirty)") for commit in comparison.run_commits)
@@ -357,20 +369,15 @@ def comparison_markdown(comparison: Comparison) -> str:
                      f"({same})")
     if comparison.selections:
         lines.append("")
-    for side, name in ((0, "reference"), (1, "this run")):
-        counts = sorted({c.threads[side] for c in comparison.cells if c.threads[side] is not None})
-        lines.append(f"- torch threads, {name}: {', '.join(map(str, counts)) or 'not recorded'}")
-    counts = {c.threads[side] for c in comparison.cells for side in (0, 1) if c.threads[side] is not None}
+    named, counts = _per_side(comparison.cells, lambda c, side: c.threads[side], "torch threads", "not recorded")
+    lines += named
     if len(counts) > 1 and not counts <= set(MEASURED_THREADS):
         lines.append(f"- **the runs used different thread counts ({', '.join(map(str, sorted(counts)))})**: the cross-thread "
                      f"bound was measured at {' and '.join(map(str, MEASURED_THREADS))} threads; at other counts MKL "
                      "may block matrix products differently again")
     cpu_cells = [c for c in comparison.cells if (c.device or "cpu") == "cpu"]
-    for side, name in ((0, "reference"), (1, "this run")):
-        sets = sorted({c.cpus[side] for c in cpu_cells if c.cpus[side] is not None})
-        if sets:
-            lines.append(f"- CPU instruction set, {name}: {', '.join(sets)}")
-    sets = {c.cpus[side] for c in cpu_cells for side in (0, 1) if c.cpus[side] is not None}
+    named, sets = _per_side(cpu_cells, lambda c, side: c.cpus[side], "CPU instruction set", None)
+    lines += named
     if len(sets) > 1:   # measured: the forget01 fine-tune's weights differ between AVX2 and AVX-512 machines
         lines.append(f"- **the runs' CPUs use different instruction sets ({', '.join(sorted(sets))})**: float32 "
                      "results are exact only on the same one (docs/reproducibility.md), so differences in the last "

@@ -1,0 +1,113 @@
+"""benchmarks/cpu_campaign/land.py: a campaign computed in another checkout lands its finished cells here, with the
+plan a run of the same config writes (one format: `runner.plan.write_plan`)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+import cru_harness.cli
+from cru_harness.runner.cli import run_config
+from cru_harness.runner.config import load_config
+from cru_harness.runner.plan import build_plan
+
+from conftest import REPO_ROOT, load_benchmark
+
+
+class Killed(BaseException):
+    """The worker's process killed mid-cell (not an Exception: the runner must not record it as a result)."""
+
+
+def _executor(calls, kill_at):
+    def executor(cell, workdir):  # test double: no model
+        calls.append(cell.hash)
+        (workdir / "partial.txt").write_text("half")
+        if len(calls) == kill_at:
+            raise Killed()
+        return {"metrics": {"forget_rouge_l": 0.5, "model_utility": 0.4}}
+    return executor
+
+
+def _records(run, hashes, **change):
+    """Rewrite finished cells' run records (a committed tree, another code version, ...)."""
+    for cell_hash in hashes:
+        path = run / "cells" / cell_hash / "run_record.json"
+        record = json.loads(path.read_text())
+        for key, value in change.items():
+            record[key] = dict(record[key], **value) if isinstance(value, dict) else value
+        path.write_text(json.dumps(record))
+
+
+@pytest.fixture
+def campaign(tmp_path, monkeypatch):
+    """A config whose run stopped mid-plan in a worktree (`wt/`): two cells finished, the third killed."""
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump({
+        "name": "t", "output_dir": "results/t", "seeds": [0],
+        "models": [{"name": "m", "path": "zoo:llama", "retain": {"checkpoint": "zoo:llama:retain"}}],
+        "benchmarks": {"tofu": {"splits": ["forget01"]}}, "methods": [{"method": "GA", "lr": 1e-4}]}))
+    (tmp_path / "wt").mkdir()
+    (tmp_path / "main").mkdir()
+    monkeypatch.chdir(tmp_path / "wt")
+    calls = []
+    with pytest.raises(Killed):
+        run_config(load_config(config_path), executor=_executor(calls, kill_at=3), report=False,
+                   log=lambda *_: None)
+    compute = tmp_path / "wt" / "results" / "t"
+    _records(compute, calls[:2], git={"dirty": False, "dirty_files": []})   # as a pinned commit's worktree has it
+    monkeypatch.chdir(tmp_path / "main")
+    reports = []
+    monkeypatch.setattr(cru_harness.cli, "main", lambda argv: reports.append(argv) or 0)
+    return config_path, compute, calls, reports
+
+
+def test_land_copies_the_finished_cells_and_the_runs_plan(campaign, tmp_path):
+    config_path, compute, calls, reports = campaign
+    land = load_benchmark("cpu_campaign/land")
+    (compute / "recomputed.jsonl").write_text('{"hash": "a"}\n{"hash": "b"}\n')
+    assert land.main([str(config_path), str(compute)]) == 0
+    target = tmp_path / "main" / "results" / "t"
+    assert sorted(p.name for p in (target / "cells").iterdir()) == sorted(calls[:2])   # not the killed cell
+    for cell_hash in calls[:2]:
+        landed = target / "cells" / cell_hash
+        assert sorted(p.name for p in landed.iterdir()) == ["result.json", "run_record.json"]   # no work/
+        assert (landed / "result.json").read_bytes() == (compute / "cells" / cell_hash / "result.json").read_bytes()
+    # the plan is the one the run wrote, byte for byte, naming the owed cell for the report
+    assert (target / "plan.json").read_bytes() == (compute / "plan.json").read_bytes()
+    assert [c["hash"] for c in json.loads((target / "plan.json").read_text())["cells"]] == \
+        [c.hash for c in build_plan(load_config(config_path))]
+    assert reports == [["report", "results/t"]]
+    # landing again adds nothing twice; new recomputation lines are kept after the old
+    (compute / "recomputed.jsonl").write_text('{"hash": "b"}\n{"hash": "c"}\n')
+    assert land.main([str(config_path), str(compute)]) == 0
+    assert (target / "recomputed.jsonl").read_text() == '{"hash": "a"}\n{"hash": "b"}\n{"hash": "c"}\n'
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"git": {"dirty": True, "dirty_files": ["cru_harness/x.py"]}}, "uncommitted tree"),
+    ({"code_version": "0000000000000000"}, "one campaign, one pinned commit"),
+    ({"status": "failed"}, "run record status failed"),
+])
+def test_land_refuses_a_dirty_failed_or_other_code_cell(campaign, tmp_path, change, words):
+    config_path, compute, calls, reports = campaign
+    _records(compute, calls[1:2], **change)
+    with pytest.raises(SystemExit) as stop:
+        load_benchmark("cpu_campaign/land").main([str(config_path), str(compute)])
+    assert words in str(stop.value) and reports == []
+
+
+def test_worker_order_puts_each_method_cell_before_its_own_attacks():
+    worker = load_benchmark("cpu_campaign/worker")
+    cells = build_plan(load_config(REPO_ROOT / "configs" / "cpu_smollm2_forget01_robustness.yaml"))
+    order = worker.ordered(cells, ["GA", "CRU"])
+    assert sorted(c.hash for c in order) == sorted(c.hash for c in cells)
+    assert [c.kind for c in order[:3]] == ["finetune", "retain", "original"]
+    attacks = worker.attacks_by_cell(cells)
+    retain = order[1]
+    assert [c.hash for c in order[3:3 + len(attacks[retain.hash])]] == [c.hash for c in attacks[retain.hash]]
+    methods = [i for i, c in enumerate(order) if c.kind == "method"]
+    assert [(order[i].seed, order[i].label) for i in methods[:2]] == [(0, "GA"), (0, "CRU")]
+    for i in methods:   # each method cell, then exactly its attacks
+        own = attacks.get(order[i].hash, [])
+        assert own and [c.hash for c in order[i + 1:i + 1 + len(own)]] == [c.hash for c in own]
