@@ -113,6 +113,29 @@ def test_the_robustness_table_reads_recovery_beside_the_oracles_change():
     assert "- GA + relearn (forget01): no recovery: the unlearned model's forget score is not below" in text
 
 
+def test_the_robustness_matrix_puts_methods_by_attacks_and_names_short_entries():
+    """GA has both seeds attacked by relearn, NPO one of two and no int4 cell: the matrix reads recovery (oracle)
+    per method and attack, says n where an entry averages fewer cells than the rest, and leaves a dash for none."""
+    results = [_result("Original", kind="original"), _result("Retain", kind="retain")]
+    for label, seed, value in (("GA", 0, 0.3), ("GA", 1, 0.3), ("NPO", 0, 0.6), ("NPO", 1, 0.6)):
+        cell = _result(label)
+        cell.update(hash=f"{label}{seed}", seed=seed)
+        cell["metrics"]["forget_rouge_l"] = value
+        results.append(cell)
+    results += [_attack("GA", "relearn", 0.6, attacked="GA0"), _attack("GA", "relearn", 0.6, seed=1, attacked="GA1"),
+                _attack("NPO", "relearn", 0.75, attacked="NPO0"), _attack("GA", "int4", 0.3, attacked="GA0"),
+                _attack("GA", "int4", 0.3, seed=1, attacked="GA1"),
+                _attack("Retain", "relearn", 0.35, attacked_kind="retain", attacked="Retain")]
+    results[-1]["details"]["attack"]["attacked"] = results[1]["hash"]
+    for r, value in zip(results[:2], (0.9, 0.2)):
+        r["metrics"]["forget_rouge_l"] = value
+    text = "\n".join(tables.robustness_markdown(results, "tofu"))
+    assert "Recovery by method and attack, m, split forget01" in text and "averages 2 attack cell(s)" in text
+    assert "| Method | int4 | relearn |" in text
+    assert "| GA | 0.00 (--) | 0.50 (0.25) |" in text
+    assert "| NPO | – | 0.50 (0.50) n=1 |" in text
+
+
 def test_a_robustness_row_reads_each_attack_cell_against_the_seed_it_attacked():
     """GA's seeds 0 and 1 forget to 0.3 and 0.7; only seed 0's quantized cell finished (0.6). Against its own seed
     the attack closes half of the gap (0.9 - 0.3); against the mean over both seeds (0.5) it would read 0.25."""

@@ -837,7 +837,39 @@ def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
                          "so there is no gap to close.")
         elif rec is not None and rec.oracle_change is None:
             notes.append(f"{name}: no oracle beside it (the retain oracle under this attack has no cell).")
-    return lines + ([""] + notes if notes else []) + [""] + mc_markdown(results, benchmark) + lens
+    return (lines + ([""] + notes if notes else []) + [""] + robustness_matrix_markdown(rows, benchmark)
+            + mc_markdown(results, benchmark) + lens)
+
+
+def robustness_matrix_markdown(rows: list[dict], benchmark: str) -> list[str]:
+    """`robustness_rows` read at a glance: per (model, unit), one table of methods by attacks, each entry the
+    recovery with the oracle's change under the same attack in brackets. An entry averaging fewer attack cells
+    than the table's most says how many (a run still computing its seeds)."""
+    blocks: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        blocks[(row["model"], row["unit"])].append(row)
+    lines = []
+    for (model, unit), block in blocks.items():
+        attacks = sorted({row["attack"] for row in block})
+        most = max(row["n"] for row in block)
+        found = {(row["label"], row["attack"]): row for row in block}
+        lines += [f"Recovery by method and attack, {model}, {benchmark_view(benchmark).table_unit.lower()} {unit} (in "
+                  f"brackets: the oracle's change under the same attack; each entry averages {most} attack "
+                  "cell(s) unless it says n):", "",
+                  "| Method | " + " | ".join(attacks) + " |", "|---|" + "---:|" * len(attacks)]
+        for label in dict.fromkeys(row["label"] for row in block):
+            entries = []
+            for attack in attacks:
+                row = found.get((label, attack))
+                if row is None:
+                    entries.append("–")
+                    continue
+                rec = row["recovery"]
+                entry = f"{fmt2(rec.score if rec else None)} ({fmt2(rec.oracle_score if rec else None)})"
+                entries.append(entry + (f" n={row['n']}" if row["n"] < most else ""))
+            lines.append(f"| {label} | " + " | ".join(entries) + " |")
+        lines.append("")
+    return lines
 
 
 def mc_rows(results: list[dict], benchmark: str) -> list[dict]:
