@@ -343,6 +343,31 @@ def test_partial_cpu_run_holds_planned_cells_of_one_commit_and_says_what_is_owed
     _check_committed_cells_and_report(committed, name, tmp_path, monkeypatch)
 
 
+def _table(text: str, header: str) -> list[str]:
+    """The Markdown table that starts at line `header` in `text` (empty when no line is `header`)."""
+    lines = text.splitlines()
+    if header not in lines:
+        return []
+    start = lines.index(header)
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return lines[start:end]
+
+
+def test_the_docs_show_the_partial_robustness_runs_matrix_as_its_report_writes_it():
+    """README.md and docs/results.md copy the robustness run's method x attack matrix from its report, and
+    docs/results.md names how many cells have landed: a landing that adds cells updates the docs with it."""
+    root = CONFIGS.parent
+    report = (root / "results" / "cpu_smollm2_forget01_robustness" / "report" / "report.md").read_text()
+    header = next(line for line in report.splitlines() if line.startswith("| Method | detach |"))
+    matrix = _table(report, header)
+    assert len(matrix) > 2
+    for doc in ("README.md", "docs/results.md"):
+        assert _table((root / doc).read_text(), header) == matrix, f"{doc}: not the report's robustness matrix"
+    _, planned = _committed_run(*PARTIAL_CPU_RUNS[0])
+    held = len(list((root / "results" / "cpu_smollm2_forget01_robustness" / "cells").iterdir()))
+    assert f"{held} of {len(planned)}" in (root / "docs" / "results.md").read_text()
+
+
 def _committed_run(config_name, scale, name):
     from cru_harness.studies.config import load_study
 
