@@ -131,9 +131,9 @@ def test_the_robustness_matrix_puts_methods_by_attacks_and_names_short_entries()
         r["metrics"]["forget_rouge_l"] = value
     text = "\n".join(tables.robustness_markdown(results, "tofu"))
     assert "Recovery by method and attack, m, split forget01" in text and "averages 2 attack cell(s)" in text
-    assert "| Method | int4 | relearn |" in text
-    assert "| GA | 0.00 (--) | 0.50 (0.25) |" in text
-    assert "| NPO | – | 0.50 (0.50) n=1 |" in text
+    assert "| Method | Gap | int4 | relearn |" in text
+    assert "| GA | 0.60 | 0.00 (--) | 0.50 (0.25) |" in text
+    assert "| NPO | 0.30 | – | 0.50 (0.50) n=1 |" in text
 
 
 def test_a_robustness_row_reads_each_attack_cell_against_the_seed_it_attacked():

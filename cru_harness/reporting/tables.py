@@ -844,7 +844,9 @@ def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
 def robustness_matrix_markdown(rows: list[dict], benchmark: str) -> list[str]:
     """`robustness_rows` read at a glance: per (model, unit), one table of methods by attacks, each entry the
     recovery with the oracle's change under the same attack in brackets. An entry averaging fewer attack cells
-    than the table's most says how many (a run still computing its seeds)."""
+    than the table's most says how many (a run still computing its seeds). Gap: the Original's score minus the
+    unlearned model's, on all items (an attack row that scored all of them), the denominator of every share in
+    the row: where it is small, the shares swing wide."""
     blocks: dict[tuple, list[dict]] = defaultdict(list)
     for row in rows:
         blocks[(row["model"], row["unit"])].append(row)
@@ -855,10 +857,14 @@ def robustness_matrix_markdown(rows: list[dict], benchmark: str) -> list[str]:
         found = {(row["label"], row["attack"]): row for row in block}
         lines += [f"Recovery by method and attack, {model}, {benchmark_view(benchmark).table_unit.lower()} {unit} (in "
                   f"brackets: the oracle's change under the same attack; each entry averages {most} attack "
-                  "cell(s) unless it says n):", "",
-                  "| Method | " + " | ".join(attacks) + " |", "|---|" + "---:|" * len(attacks)]
+                  "cell(s) unless it says n; Gap: the Original's score minus the unlearned one's on all items, the "
+                  "shares' denominator):", "",
+                  "| Method | Gap | " + " | ".join(attacks) + " |", "|---|---:|" + "---:|" * len(attacks)]
         for label in dict.fromkeys(row["label"] for row in block):
-            entries = []
+            gap = next((row["original"] - row["before"] for row in block if row["label"] == label
+                        and row["items"] == "all" and stats.is_number(row["original"])
+                        and stats.is_number(row["before"])), None)
+            entries = [fmt2(gap)]
             for attack in attacks:
                 row = found.get((label, attack))
                 if row is None:
