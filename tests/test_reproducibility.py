@@ -337,7 +337,7 @@ def test_only_a_checkout_that_tracks_the_package_names_a_commit(tmp_path):
     assert provenance.checkout_state(checkout / "cru_harness")["dirty"] is True
 
 
-def test_report_lists_stale_and_dirty_cells(tmp_path):
+def test_report_lists_stale_and_dirty_cells(tmp_path, monkeypatch):
     config = small_config(tmp_path)
     cells = build_plan(config)
     store = CellStore(config.output_dir)
@@ -356,6 +356,17 @@ def test_report_lists_stale_and_dirty_cells(tmp_path):
     assert f"1 of {len(cells)} cells were computed by another code version than this checkout's" in text
     assert "stale" not in text and "1 cells come from a dirty tree" in text
     assert cells[0].hash in text
+    # a long list names the first cells and counts the rest (a 378-cell run's line stays readable)
+    monkeypatch.setattr("cru_harness.reporting.provenance.LISTED", 1)
+    for cell in cells:
+        path = store.cell_dir(cell.hash) / "run_record.json"
+        saved = json.loads(path.read_text())
+        saved.update(code_version="0123456789abcdef", inputs={**saved["inputs"], "code_version": "0123456789abcdef"})
+        path.write_text(json.dumps(saved))
+    text = "\n".join(provenance.provenance_lines([store.root]))
+    assert f"{len(cells)} of {len(cells)} cells were computed by another code version" in text
+    (line,) = [line for line in text.splitlines() if "another code version" in line]
+    assert line.endswith(f"; and {len(cells) - 1} more") and sum(cell.hash in line for cell in cells) == 1
 
 
 # ------------------------------------------------------------------------------------------- comparison

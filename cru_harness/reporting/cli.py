@@ -167,7 +167,9 @@ def unfinished_plan_lines(dirs, results: list[dict]) -> list[str]:
         planned = planned_cells([directory])
         missing = [name for cell_hash, name in planned.items() if cell_hash not in done]
         if missing:
-            shown = "; ".join(missing[:10]) + (f"; and {len(missing) - 10} more" if len(missing) > 10 else "")
+            from .provenance import listed
+
+            shown = listed(missing)
             lines.append(f"**{len(missing)} of {len(planned)} planned cell(s) of {directory} have no result** (not "
                          f"run yet, interrupted, or invalid; `cru-harness run` computes them): {shown}\n")
     return lines

@@ -7,6 +7,14 @@ from pathlib import Path
 
 from ..fingerprints import code_version
 
+LISTED = 10   # cells a report line names before it counts the rest: a 378-cell run stays readable
+
+
+def listed(names: list[str], limit: int | None = None) -> str:
+    """The first `limit` (default `LISTED`) names, then how many more."""
+    limit = LISTED if limit is None else limit
+    return "; ".join(names[:limit]) + (f"; and {len(names) - limit} more" if len(names) > limit else "")
+
 
 def recorded_hub_revisions(record: dict | None) -> dict[str, str]:
     """A run record's `hub_revisions`, its well-formed entries only (a damaged record must not break a report)."""
@@ -68,10 +76,10 @@ def provenance_lines(dirs) -> list[str]:
         # not an alarm: on a fresh checkout every committed cell was computed by an earlier code version
         lines.append(f"- {len(stale)} of {total} cells were computed by another code version than this checkout's "
                      "(named above): their numbers are what that code computed. Running the config again with this "
-                     "checkout would recompute them: " + "; ".join(stale))
+                     "checkout would recompute them: " + listed(stale))
     if dirty:
         lines.append(f"- **{len(dirty)} cells come from a dirty tree** (uncommitted changes to the package): not "
-                     "reproducible from any commit; do not commit them: " + "; ".join(dirty))
+                     "reproducible from any commit; do not commit them: " + listed(dirty))
     hub: dict[str, Counter] = defaultdict(Counter)
     for record in records:
         for repo, revision in recorded_hub_revisions(record).items():
