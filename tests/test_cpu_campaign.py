@@ -100,10 +100,10 @@ def test_land_refuses_a_dirty_failed_or_other_code_cell(campaign, tmp_path, chan
 def test_worker_order_puts_each_method_cell_before_its_own_attacks():
     worker = load_benchmark("cpu_campaign/worker")
     cells = build_plan(load_config(REPO_ROOT / "configs" / "cpu_smollm2_forget01_robustness.yaml"))
-    order = worker.ordered(cells, ["GA", "CRU"])
+    attacks = worker.attacks_by_cell(cells)
+    order = worker.ordered(cells, ["GA", "CRU"], attacks)
     assert sorted(c.hash for c in order) == sorted(c.hash for c in cells)
     assert [c.kind for c in order[:3]] == ["finetune", "retain", "original"]
-    attacks = worker.attacks_by_cell(cells)
     retain = order[1]
     assert [c.hash for c in order[3:3 + len(attacks[retain.hash])]] == [c.hash for c in attacks[retain.hash]]
     methods = [i for i, c in enumerate(order) if c.kind == "method"]

@@ -52,11 +52,10 @@ def attacks_by_cell(cells) -> dict[str, list]:
     return attacks
 
 
-def ordered(cells, methods: list[str]) -> list:
+def ordered(cells, methods: list[str], attacks: dict[str, list]) -> list:
     """The fine-tune, the oracle, the Original, the oracle's attacks (the control); then seed by seed, method by
-    method, each method cell followed by its attacks."""
+    method, each method cell followed by its attacks (`attacks_by_cell`)."""
     by_hash = {c.hash: c for c in cells}
-    attacks = attacks_by_cell(cells)
     head = [c for kind in ("finetune", "retain", "original") for c in cells if c.kind == kind]
     out = list(head)
     for c in head:
@@ -83,8 +82,8 @@ class Worker:
     def __init__(self, config_path: str, output_dir: str, deadline: dt.datetime, methods: list[str]):
         self.config = load_config(config_path, {"output_dir": output_dir})
         self.cells = build_plan(self.config)
-        self.order = ordered(self.cells, methods)
         self.attacks = attacks_by_cell(self.cells)
+        self.order = ordered(self.cells, methods, self.attacks)
         self.root = Path(output_dir)
         self.root.mkdir(parents=True, exist_ok=True)
         self.store = CellStore(output_dir, log=self.log)

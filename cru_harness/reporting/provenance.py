@@ -10,10 +10,9 @@ from ..fingerprints import code_version
 LISTED = 10   # cells a report line names before it counts the rest: a 378-cell run stays readable
 
 
-def listed(names: list[str], limit: int | None = None) -> str:
-    """The first `limit` (default `LISTED`) names, then how many more."""
-    limit = LISTED if limit is None else limit
-    return "; ".join(names[:limit]) + (f"; and {len(names) - limit} more" if len(names) > limit else "")
+def listed(names: list[str]) -> str:
+    """The first `LISTED` names, then how many more."""
+    return "; ".join(names[:LISTED]) + (f"; and {len(names) - LISTED} more" if len(names) > LISTED else "")
 
 
 def recorded_hub_revisions(record: dict | None) -> dict[str, str]:
