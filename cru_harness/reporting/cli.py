@@ -9,6 +9,7 @@ from pathlib import Path
 from ..errors import MissingInputError
 from ..store import read_recorded_json
 from . import stats, tables
+from .provenance import listed, provenance_lines
 
 
 def register(subparsers) -> None:
@@ -167,11 +168,8 @@ def unfinished_plan_lines(dirs, results: list[dict]) -> list[str]:
         planned = planned_cells([directory])
         missing = [name for cell_hash, name in planned.items() if cell_hash not in done]
         if missing:
-            from .provenance import listed
-
-            shown = listed(missing)
             lines.append(f"**{len(missing)} of {len(planned)} planned cell(s) of {directory} have no result** (not "
-                         f"run yet, interrupted, or invalid; `cru-harness run` computes them): {shown}\n")
+                         f"run yet, interrupted, or invalid; `cru-harness run` computes them): {listed(missing)}\n")
     return lines
 
 
@@ -205,7 +203,6 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
     """Write the whole report for the cells under `dirs`. Returns {name: path}. `require_cells`: refuse, in one
     line, directories without one valid cell result (`cru-harness report`; a run reports whatever it has)."""
     from ..store import atomic_write_json, atomic_write_text, load_results
-    from .provenance import provenance_lines
     from .lr_sweep import sweep_markdown
     from .router_lr import router_lr_markdown
 
