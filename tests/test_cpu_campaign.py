@@ -80,8 +80,13 @@ def test_land_copies_the_finished_cells_and_the_runs_plan(campaign, tmp_path):
     assert reports == [["report", "results/t"]]
     # landing again adds nothing twice; new recomputation lines are kept after the old
     (compute / "recomputed.jsonl").write_text('{"hash": "b"}\n{"hash": "c"}\n')
+    # a landed cell made again for its model (same numbers, its own timings) keeps its first computation
+    first = (target / "cells" / calls[0] / "result.json").read_bytes()
+    (compute / "cells" / calls[0] / "result.json").write_text(json.dumps(
+        dict(json.loads(first), resources={"cell_wall_time_s": 1687.5})))
     assert land.main([str(config_path), str(compute)]) == 0
     assert (target / "recomputed.jsonl").read_text() == '{"hash": "a"}\n{"hash": "b"}\n{"hash": "c"}\n'
+    assert (target / "cells" / calls[0] / "result.json").read_bytes() == first
 
 
 @pytest.mark.parametrize("change, words", [

@@ -3,11 +3,11 @@
     python benchmarks/cpu_campaign/land.py CONFIG COMPUTE_DIR
 
 Copies every planned cell that finished clean in COMPUTE_DIR (status ok, run record from a committed tree of the
-pinned commit) into the config's output_dir here: its result and run record only (no work/), writes the whole
-plan as plan.json, and writes the report with this checkout's code. The worker's `recomputed.jsonl` (landed cells
-made again for their models, their numbers compared) is added to the run's own. A cell that failed, or was computed from an
-uncommitted tree or by other code than the cells already landed, stops the landing, naming it. Run from the root
-of the checkout that commits the results (main), with this checkout's package installed.
+pinned commit) and has not landed yet into the config's output_dir here: its result and run record only (no work/),
+writes the whole plan as plan.json, and writes the report with this checkout's code. The worker's `recomputed.jsonl`
+(landed cells made again for their models, their numbers compared) is added to the run's own. A cell that failed, or
+was computed from an uncommitted tree or by other code than the cells already landed, stops the landing, naming it.
+Run from the root of the checkout that commits the results (main), with this checkout's package installed.
 """
 from __future__ import annotations
 
@@ -55,6 +55,8 @@ def main(argv=None) -> int:
             sys.exit(f"{cell.hash}: code version {record['code_version']}, but the run holds {sorted(versions)}: "
                      "one campaign, one pinned commit")
         out = target / "cells" / cell.hash
+        if (out / "result.json").is_file():
+            continue   # landed before: its first computation stays (one made again is in recomputed.jsonl)
         out.mkdir(parents=True, exist_ok=True)
         for name in ("run_record.json", "result.json"):   # the result last: a cell without one is unfinished
             shutil.copyfile(source / "cells" / cell.hash / name, out / name)
