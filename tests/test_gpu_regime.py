@@ -310,9 +310,9 @@ COMMITTED_CPU_RUNS = [
     ("studies/gate_gap.yaml", "cpu_smollm2_forget01.yaml", "studies/gate_gap-cpu_smollm2_forget01")]
 
 
-#: Runs committed while their campaign still computes (benchmarks/cpu_campaign/): a part of the plan, landed
-#: session by session from one pinned commit; the report says how many planned cells are still owed.
-PARTIAL_CPU_RUNS = [("cpu_smollm2_forget01_robustness.yaml", None, "cpu_smollm2_forget01_robustness")]
+#: Runs computed by a campaign (benchmarks/cpu_campaign/): landed session by session from one pinned commit, a part
+#: of the plan while it computes; the report says how many planned cells are still owed, and none once it is whole.
+CAMPAIGN_CPU_RUNS = [("cpu_smollm2_forget01_robustness.yaml", None, "cpu_smollm2_forget01_robustness")]
 
 
 @pytest.mark.parametrize("config_name, scale, name", COMMITTED_CPU_RUNS)
@@ -327,11 +327,12 @@ def test_committed_cpu_run_is_its_whole_plan_and_its_report_regenerates(config_n
     _check_committed_cells_and_report(committed, name, tmp_path, monkeypatch)
 
 
-@pytest.mark.parametrize("config_name, scale, name", PARTIAL_CPU_RUNS)
-def test_partial_cpu_run_holds_planned_cells_of_one_commit_and_says_what_is_owed(config_name, scale, name,
-                                                                                 tmp_path, monkeypatch):
+@pytest.mark.parametrize("config_name, scale, name", CAMPAIGN_CPU_RUNS)
+def test_campaign_cpu_run_holds_planned_cells_of_one_commit_and_says_what_is_owed(config_name, scale, name,
+                                                                                  tmp_path, monkeypatch):
     """A run landed part by part holds only its config's cells, finished clean by one code version (the campaign's
-    pinned commit), and its report names the planned cells it still lacks, so that it never reads as the whole."""
+    pinned commit), and its report names the planned cells it still lacks, so that a part never reads as the whole
+    (and the whole run names none)."""
     committed, planned = _committed_run(config_name, scale, name)
     held = sorted(p.name for p in (committed / "cells").iterdir())
     assert held and set(held) <= set(planned)
@@ -353,9 +354,10 @@ def _table(text: str, header: str) -> list[str]:
     return lines[start:end]
 
 
-def test_the_docs_show_the_partial_robustness_runs_matrix_as_its_report_writes_it():
+def test_the_docs_show_the_robustness_runs_matrix_as_its_report_writes_it():
     """README.md and docs/results.md copy the robustness run's method x attack matrix from its report, and
-    docs/results.md names how many cells have landed: a landing that adds cells updates the docs with it."""
+    docs/results.md names how many cells have landed ("N of M" while some are owed, "M (all planned)" once none
+    is): a landing that adds cells updates the docs with it."""
     root = CONFIGS.parent
     report = (root / "results" / "cpu_smollm2_forget01_robustness" / "report" / "report.md").read_text()
     header = next(line for line in report.splitlines() if line.startswith("| Method | Gap |"))
@@ -363,9 +365,10 @@ def test_the_docs_show_the_partial_robustness_runs_matrix_as_its_report_writes_i
     assert len(matrix) > 2
     for doc in ("README.md", "docs/results.md"):
         assert _table((root / doc).read_text(), header) == matrix, f"{doc}: not the report's robustness matrix"
-    _, planned = _committed_run(*PARTIAL_CPU_RUNS[0])
+    _, planned = _committed_run(*CAMPAIGN_CPU_RUNS[0])
     held = len(list((root / "results" / "cpu_smollm2_forget01_robustness" / "cells").iterdir()))
-    assert f"{held} of {len(planned)}" in (root / "docs" / "results.md").read_text()
+    landed = f"{held} of {len(planned)}" if held < len(planned) else f"{held} (all planned)"
+    assert landed in (root / "docs" / "results.md").read_text()
 
 
 def _committed_run(config_name, scale, name):
@@ -673,7 +676,7 @@ def test_every_gpu_run_writes_where_git_ignores_it_until_it_is_committed():
     assert len(outputs) >= 15
     ignored = subprocess.run(["git", "check-ignore", *map(str, outputs)], cwd=repo, capture_output=True, text=True)
     assert sorted(ignored.stdout.split()) == sorted(map(str, outputs))
-    committed = [f"results/{name}" for *_, name in COMMITTED_CPU_RUNS + PARTIAL_CPU_RUNS] + [
+    committed = [f"results/{name}" for *_, name in COMMITTED_CPU_RUNS + CAMPAIGN_CPU_RUNS] + [
         "results/studies/lambda-cpu_smollm2", "results/studies/overlap-cpu_smollm2_forget01", "results/demo"]
     assert subprocess.run(["git", "check-ignore", *committed], cwd=repo).returncode == 1   # none ignored
 
