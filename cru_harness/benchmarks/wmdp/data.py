@@ -1,0 +1,163 @@
+"""WMDP's data: where it lives (the Hub, or a local root) and its training corpora as text rows.
+
+Hub datasets (WMDP's README and rmu/utils.py; open-unlearning's configs/data/datasets/WMDP_*.yaml):
+
+| corpus source | Hub dataset | config, split | access |
+|---|---|---|---|
+| `wmdp:bio-forget` | cais/wmdp-bio-forget-corpus | default, train | gated: request access on its page |
+| `wmdp:cyber-forget` | cais/wmdp-corpora | cyber-forget-corpus, train | open |
+| `wmdp:bio-retain` | cais/wmdp-corpora | bio-retain-corpus, train | open |
+| `wmdp:cyber-retain` | cais/wmdp-corpora | cyber-retain-corpus, train | open |
+| `wmdp:wikitext` | Salesforce/wikitext | wikitext-2-raw-v1, test | open (RMU's retain corpus) |
+
+WMDP publishes no chemistry corpus: a `chem` cell trains on corpora its config names (a JSON / JSONL file of
+`text` rows). As rmu/utils.py's `get_data`, a row is kept when its text is longer than 50 characters (its
+`min_len`), which drops wikitext's blank lines and headings. rmu/utils.py reads the cyber corpora's JSON lines as
+raw strings (`{"text": ...}` and all); the `text` field is read here, as open-unlearning's `PretrainingDataset` does.
+
+A local root (`data_dir`, `CRU_HARNESS_WMDP_DIR`, or `wmdp/` under `CRU_HARNESS_DATA_DIR`) holds each dataset
+as `huggingface-cli download <repo> --repo-type dataset --local-dir <root>/<folder>` leaves it: `wmdp/`, `mmlu/`,
+`wmdp-corpora/`, `wmdp-bio-forget-corpus/`, `wikitext/` (a folder may also hold plain `<config>.jsonl` files).
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...data.sources import DataSourceError, named_data_dir
+from ...errors import InputError
+
+ENV_DIR = "CRU_HARNESS_WMDP_DIR"
+ENV_DATA_DIR = "CRU_HARNESS_DATA_DIR"
+#: Rows of this many characters or fewer are dropped (rmu/utils.py get_data's `min_len`).
+MIN_CHARS = 50
+#: What marks a WMDP root: the folder of the evaluation's own data.
+MARKER = "wmdp"
+
+
+@dataclass(frozen=True)
+class Corpus:
+    repo: str
+    config: str | None
+    split: str
+    folder: str          # the dataset's folder under a local root
+    gated: bool = False
+
+    @property
+    def page(self) -> str:
+        return f"https://huggingface.co/datasets/{self.repo}"
+
+
+CORPORA = {
+    "bio-forget": Corpus("cais/wmdp-bio-forget-corpus", None, "train", "wmdp-bio-forget-corpus", gated=True),
+    "cyber-forget": Corpus("cais/wmdp-corpora", "cyber-forget-corpus", "train", "wmdp-corpora"),
+    "bio-retain": Corpus("cais/wmdp-corpora", "bio-retain-corpus", "train", "wmdp-corpora"),
+    "cyber-retain": Corpus("cais/wmdp-corpora", "cyber-retain-corpus", "train", "wmdp-corpora"),
+    "wikitext": Corpus("Salesforce/wikitext", "wikitext-2-raw-v1", "test", "wikitext"),
+}
+#: Hub datasets of the evaluation (lm-eval's tasks read them) and their local folders.
+EVAL_DATASETS = {"wmdp": "cais/wmdp", "mmlu": "cais/mmlu"}
+SOURCE_RE = re.compile(r"wmdp:(?P<name>[a-z-]+)")
+_SUFFIXES = (".parquet", ".jsonl", ".json")
+
+
+def layout_help() -> str:
+    return (f"a folder holding wmdp/ and mmlu/ (huggingface-cli download cais/wmdp / cais/mmlu --repo-type dataset "
+            f"--local-dir <root>/wmdp, <root>/mmlu), and the corpora's folders "
+            f"({', '.join(sorted({c.folder for c in CORPORA.values()}))})")
+
+
+def resolve_root(data_dir: str | os.PathLike | None = None) -> Path | None:
+    """The local WMDP root, or None for the Hub. Order: `data_dir` (the root itself, or a folder holding `wmdp/`
+    as the root's own child, i.e. `<data_dir>/wmdp/wmdp/`), `CRU_HARNESS_WMDP_DIR`, then `wmdp/` under
+    `CRU_HARNESS_DATA_DIR`. A folder given that holds no WMDP data is an error, never a fall-back to the Hub."""
+    candidates = []
+    if data_dir:
+        candidates.append(("data_dir", str(data_dir)))
+    elif os.environ.get(ENV_DIR):
+        candidates.append((ENV_DIR, os.environ[ENV_DIR]))
+    elif os.environ.get(ENV_DATA_DIR):
+        root = Path(named_data_dir(os.environ[ENV_DATA_DIR])).expanduser()
+        if not (root / MARKER / MARKER).is_dir():   # a data root without WMDP: the Hub
+            return None
+        candidates.append((ENV_DATA_DIR, str(root / MARKER)))
+    for origin, raw in candidates:
+        path = Path(named_data_dir(raw)).expanduser()
+        if not path.is_dir():
+            raise DataSourceError(f"{origin}={raw} is not a directory")
+        for folder in (path, path / MARKER):
+            if (folder / MARKER).is_dir():
+                return folder
+        raise DataSourceError(f"{origin}={raw} holds no WMDP data: expected {layout_help()}")
+    return None
+
+
+def parse_source(source: str) -> str | None:
+    """The corpus name of a `wmdp:<name>` source, None for another source; an unknown name is an error."""
+    match = SOURCE_RE.fullmatch(source)
+    if not source.startswith("wmdp:"):
+        return None
+    if not match or match.group("name") not in CORPORA:
+        raise InputError(f"corpus {source!r}: WMDP's corpora are {', '.join('wmdp:' + n for n in CORPORA)}")
+    return match.group("name")
+
+
+def _local_files(root: Path, corpus: Corpus) -> list[Path]:
+    """The files of a corpus under a local root: a Hub snapshot's `<config>/<split>-*.parquet` (or `.jsonl`), or
+    `<config>.jsonl` beside the others; a corpus without configs: its folder's `<split>*` files, else every file."""
+    folder = root / corpus.folder
+    if not folder.is_dir():
+        raise DataSourceError(f"the local WMDP root {root} has no {corpus.folder}/ ({corpus.repo}); expected "
+                              f"{layout_help()}")
+    sub = folder / corpus.config if corpus.config else folder
+    patterns = [(sub, f"{corpus.split}*"), (sub, "*")]
+    if corpus.config:
+        patterns.append((folder, f"{corpus.config}*"))
+    for place, pattern in patterns:
+        files = sorted(p for suffix in _SUFFIXES for p in place.glob(pattern + suffix))
+        if files:
+            return files
+    raise DataSourceError(f"no {corpus.config or corpus.repo} {corpus.split} files ({', '.join(_SUFFIXES)}) under "
+                          f"{folder}")
+
+
+def _read_files(files: list[Path]):
+    import datasets
+
+    builder = "parquet" if files[0].suffix == ".parquet" else "json"
+    return datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
+
+
+def _read_hub(corpus: Corpus):
+    import datasets
+
+    try:
+        return datasets.load_dataset(corpus.repo, corpus.config, split=corpus.split)
+    except Exception as err:   # datasets raises many types for an unreachable / refused Hub
+        if corpus.gated and ("gated" in str(err).lower() or type(err).__name__ == "GatedRepoError"):
+            raise DataSourceError(
+                f"{corpus.repo} is gated: request access at {corpus.page} and log in (huggingface-cli login), or "
+                f"put a copy in <root>/{corpus.folder}/ and point data_dir (or {ENV_DIR}) at <root>") from None
+        raise DataSourceError(
+            f"could not load {corpus.repo} ({corpus.config or 'default'}, {corpus.split}) from the Hugging Face Hub: "
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. Point data_dir (or {ENV_DIR}) "
+            f"at a local WMDP root: {layout_help()}") from None
+
+
+def load_corpus_rows(name: str, data_dir: str | os.PathLike | None = None) -> tuple[list[dict], str]:
+    """A WMDP corpus (`CORPORA`) as `{"text": ...}` rows, with where they came from. Rows of `MIN_CHARS`
+    characters or fewer are dropped (rmu/utils.py)."""
+    corpus = CORPORA[name]
+    root = resolve_root(data_dir)
+    if root is None:
+        table, origin = _read_hub(corpus), f"{corpus.repo} {corpus.config or ''} {corpus.split}".replace("  ", " ")
+    else:
+        table, origin = _read_files(_local_files(root, corpus)), f"{root / corpus.folder} ({corpus.repo})"
+    if "text" not in table.column_names:
+        raise DataSourceError(f"{origin} has no `text` column (columns: {', '.join(table.column_names)})")
+    rows = [{"text": text} for text in table["text"] if isinstance(text, str) and len(text) > MIN_CHARS]
+    if not rows:
+        raise DataSourceError(f"{origin} has no text longer than {MIN_CHARS} characters")
+    return rows, f"WMDP {name}: {origin}"

@@ -1,0 +1,169 @@
+"""WMDP's package: lm-eval's own WMDP / MMLU tasks by name (and pointed at a local copy), WMDP's corpora (Hub
+or local root, the gated bio corpus's error), and the scorer. Data: the fictitious fixture `wmdp_fixtures` writes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cru_harness.benchmarks.wmdp import data, scoring, tasks
+from cru_harness.data.sources import DataSourceError
+from cru_harness.errors import InputError, UserError
+
+from wmdp_fixtures import mmlu_subjects, write_wmdp_root
+
+
+@pytest.fixture(scope="module")
+def wmdp_root(tmp_path_factory):
+    return write_wmdp_root(tmp_path_factory.mktemp("wmdp"), questions=4, passages=6)
+
+
+@pytest.fixture(scope="module")
+def task_index():
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=tasks.lmeval_task_dirs(), include_defaults=False)
+
+
+def test_tasks_are_lm_evals_own(task_index):
+    """Every name the package uses is a task (or group) of the installed lm-eval, read from its own folders."""
+    names = set(task_index.all_tasks)
+    assert set(tasks.FORGET_TASKS.values()) <= names
+    assert set(tasks.MMLU_SUBJECTS.values()) <= names
+    assert "mmlu" in task_index.all_groups
+    assert set(tasks.DEFAULT_TASKS) <= names
+    assert tasks.CHANCE == 0.25
+    config = task_index._index["wmdp_bio"]
+    assert "lm_eval" in str(config.yaml_path)   # lm-eval's file, not a copy
+
+
+def test_hub_by_name_without_local_root():
+    with tasks.lmeval_tasks(["wmdp_bio", "mmlu"], None) as (dirs, names):
+        assert names == ["wmdp_bio", "mmlu"]
+        assert dirs == tasks.lmeval_task_dirs()
+
+
+def test_local_root_wraps_the_tasks_with_dataset_path(wmdp_root, task_index):
+    from lm_eval.tasks import TaskManager
+
+    with tasks.lmeval_tasks(["wmdp_cyber", "mmlu", "tofu_forget01"], wmdp_root) as (dirs, names):
+        assert names == [tasks.LOCAL_GROUP, "tofu_forget01"]
+        wrapper = yaml.safe_load((Path(dirs[-1]) / f"{tasks.LOCAL_GROUP}.yaml").read_text())
+        assert wrapper["task"] == [{"task": "wmdp_cyber", "dataset_path": str(wmdp_root.resolve() / "wmdp")},
+                                   {"group": "mmlu", "dataset_path": str(wmdp_root.resolve() / "mmlu")}]
+        manager = TaskManager(include_path=dirs, include_defaults=False)
+        loaded = manager.load([tasks.LOCAL_GROUP])
+    # the group's override reached every member task, MMLU's 57 subjects through its sub-groups
+    assert len(loaded["tasks"]) == 1 + len(mmlu_subjects())
+    assert {task.config.dataset_path for task in loaded["tasks"].values()} == {
+        str(wmdp_root.resolve() / "wmdp"), str(wmdp_root.resolve() / "mmlu")}
+    assert loaded["tasks"]["wmdp_cyber"].config.doc_to_choice == ["A", "B", "C", "D"]   # lm-eval's config kept
+    assert len(loaded["tasks"]["wmdp_cyber"].eval_docs) == 4                            # the fixture's questions
+
+
+@pytest.mark.parametrize("name", sorted(data.CORPORA))
+def test_corpora_from_a_local_root(wmdp_root, name):
+    rows, origin = data.load_corpus_rows(name, wmdp_root)
+    assert len(rows) == 6 and all(set(row) == {"text"} and len(row["text"]) > data.MIN_CHARS for row in rows)
+    assert data.CORPORA[name].repo in origin
+
+
+def test_wikitext_keeps_rmus_rows_only(wmdp_root):
+    """rmu/utils.py keeps texts longer than 50 characters: wikitext's blank lines and headings go."""
+    rows, _ = data.load_corpus_rows("wikitext", wmdp_root)
+    assert not any("Heading" in row["text"] for row in rows)
+
+
+def test_local_root_resolution(wmdp_root, tmp_path, monkeypatch):
+    monkeypatch.delenv(data.ENV_DIR, raising=False)
+    monkeypatch.delenv(data.ENV_DATA_DIR, raising=False)
+    assert data.resolve_root(None) is None
+    assert data.resolve_root(wmdp_root) == wmdp_root
+    monkeypatch.setenv(data.ENV_DIR, str(wmdp_root))
+    assert data.resolve_root(None) == wmdp_root
+    with pytest.raises(DataSourceError, match="holds no WMDP data.*wmdp/ and mmlu/"):
+        data.resolve_root(tmp_path)
+    (tmp_path / "wmdp").mkdir()
+    with pytest.raises(DataSourceError, match=r"has no wmdp-corpora/ \(cais/wmdp-corpora\)"):
+        data.load_corpus_rows("cyber-forget", tmp_path)
+
+
+def test_sources():
+    assert data.parse_source("wmdp:cyber-forget") == "cyber-forget"
+    assert data.parse_source("forget10") is None
+    with pytest.raises(InputError, match="wmdp:bio-forget, wmdp:cyber-forget"):
+        data.parse_source("wmdp:chem-forget")
+
+
+def test_gated_bio_corpus_names_the_request_page_and_local_option(monkeypatch):
+    import datasets
+
+    def refuse(*args, **kwargs):
+        raise datasets.exceptions.DatasetNotFoundError(
+            "Dataset 'cais/wmdp-bio-forget-corpus' is a gated dataset on the Hub. You must be authenticated")
+
+    monkeypatch.setattr(datasets, "load_dataset", refuse)
+    monkeypatch.delenv(data.ENV_DIR, raising=False)
+    monkeypatch.delenv(data.ENV_DATA_DIR, raising=False)
+    with pytest.raises(UserError) as caught:
+        data.load_corpus_rows("bio-forget")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "https://huggingface.co/datasets/cais/wmdp-bio-forget-corpus" in message
+    assert "data_dir" in message and data.ENV_DIR in message
+    # an open corpus the Hub does not serve: the local option, no access request
+    with pytest.raises(UserError, match="could not load cais/wmdp-corpora") as caught:
+        data.load_corpus_rows("cyber-forget")
+    assert "request access" not in str(caught.value)
+
+
+def _results(**accs):
+    results = {task: {"acc,none": value} for task, value in accs.items()}
+    return {"results": results, "n-samples": {task: {"original": 10, "effective": 10} for task in accs}}
+
+
+def test_scorer_reads_lm_evals_accuracies(tmp_path):
+    found = _results(wmdp_bio=0.31, wmdp_cyber=0.4, mmlu=0.55, mmlu_virology=0.5, mmlu_college_biology=0.6)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "results_2026-01-01T00-00-00.json").write_text(json.dumps(found))
+    scored = scoring.score_cell(tmp_path, "bio")
+    metrics = scored["metrics"]
+    assert metrics["forget_acc"] == metrics["wmdp_bio_acc"] == 0.31
+    assert metrics["wmdp_cyber_acc"] == 0.4 and "wmdp_chem_acc" not in metrics   # not run: not a column of nulls
+    assert metrics["mmlu_acc"] == 0.55 and metrics["mmlu_virology_acc"] == 0.5
+    assert metrics["mmlu_computer_security_acc"] is None
+    assert scored["details"]["scoring"]["items"]["wmdp_bio"] == 10
+    assert scoring.score_cell(tmp_path, "chem")["metrics"]["forget_acc"] is None
+
+
+def test_scorer_without_results(tmp_path):
+    with pytest.raises(UserError, match="no lm-eval results"):
+        scoring.score_cell(tmp_path, "bio")
+
+
+@pytest.mark.slow
+def test_lm_eval_scores_the_local_fixture(wmdp_root, tmp_path):
+    """lm-eval's own wmdp_bio and mmlu tasks, read from the fixture, on the tiny model; the scorer's MMLU is
+    lm-eval's group (weighted by subject size: here one question per subject, so the plain mean)."""
+    import lm_eval
+    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.tasks import TaskManager
+
+    from cru_harness.lmeval.registration import register
+    from cru_harness.testbed.zoo import tiny_checkpoint
+
+    register()
+    tracker = EvaluationTracker(output_path=str(tmp_path / "out"))
+    with tasks.lmeval_tasks(["wmdp_bio", "mmlu"], wmdp_root) as (dirs, names):
+        results = lm_eval.simple_evaluate(
+            model="cru", model_args={"pretrained": str(tiny_checkpoint("llama", "finetuned"))}, tasks=names,
+            task_manager=TaskManager(include_path=dirs, include_defaults=False), batch_size=16, bootstrap_iters=0,
+            evaluation_tracker=tracker)
+    tracker.save_results_aggregated(results=results, samples={})
+    metrics = scoring.score_cell(tmp_path / "out", "bio")["metrics"]
+    subjects = [results["results"][f"mmlu_{s}"]["acc,none"] for s in mmlu_subjects()]
+    assert metrics["mmlu_acc"] == pytest.approx(sum(subjects) / len(subjects))
+    assert metrics["forget_acc"] in (0.0, 0.25, 0.5, 0.75, 1.0)   # 4 questions
+    assert metrics["mmlu_virology_acc"] in (0.0, 1.0)
