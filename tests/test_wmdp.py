@@ -167,3 +167,41 @@ def test_lm_eval_scores_the_local_fixture(wmdp_root, tmp_path):
     assert metrics["mmlu_acc"] == pytest.approx(sum(subjects) / len(subjects))
     assert metrics["forget_acc"] in (0.0, 0.25, 0.5, 0.75, 1.0)   # 4 questions
     assert metrics["mmlu_virology_acc"] in (0.0, 1.0)
+
+
+def test_rmu_at_wmdps_zephyr_setting():
+    """RMU's WMDP cells train with WMDP's README run for Zephyr-7B (rmu/unlearn.py), stated in their hparams."""
+    from cru_harness import plugins
+
+    rmu = plugins.methods.get("RMU")
+    setting = rmu.benchmark_defaults["wmdp"]
+    assert {k: setting[k] for k in ("layer", "steering_coeff", "alpha", "learning_rate", "effective_batch_size",
+                                    "num_epochs")} == {"layer": 7, "steering_coeff": 6.5, "alpha": 1200.0,
+                                                       "learning_rate": 5e-5, "effective_batch_size": 4,
+                                                       "num_epochs": 1}
+    assert "rmu/unlearn.py" in rmu.sources["wmdp"]
+    config = rmu.trainer.Config.preset("wmdp", "bio", **setting)
+    assert config.layers_trained == (5, 6, 7) and config.trainable_params == (r"mlp\.down_proj\.weight",)
+    assert "tofu" not in rmu.benchmark_defaults and "rwku" not in rmu.benchmark_defaults
+
+
+@pytest.mark.parametrize("method", ["GA", "GD", "NPO", "SimNPO"])
+def test_passage_methods_share_rmus_budget_on_wmdp(method):
+    """The protocol's rule on WMDP: RMU's schedule and batch, each method's own learning rate (swept)."""
+    from cru_harness import plugins
+
+    plugin = plugins.methods.get(method)
+    config = plugin.trainer.Config.preset("wmdp", "cyber")
+    assert (config.num_epochs, config.effective_batch_size, config.lr_scheduler, config.warmup_epochs,
+            config.weight_decay, config.max_length) == (1, 4, "constant", 0.0, 0.0, 512)
+    assert config.learning_rate == plugin.trainer.Config().learning_rate
+    tofu = plugin.trainer.Config.preset("tofu", "forget10")
+    assert (tofu.num_epochs, tofu.effective_batch_size) != (1, 4)
+
+
+def test_cru_on_wmdp_uses_its_passage_setting():
+    from cru_harness import plugins
+
+    cru = plugins.methods.get("CRU")
+    assert cru.benchmark_defaults["wmdp"] == cru.benchmark_defaults["rwku"]
+    assert "wmdp" in cru.sources

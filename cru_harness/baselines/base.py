@@ -55,6 +55,12 @@ class BaselineConfig:
     _PRESETS: ClassVar[dict[tuple[str, str | None], dict[str, Any]]] = {
         ("rwku", None): dict(num_epochs=3, lr_scheduler="cosine", warmup_steps=20, weight_decay=0.0,
                              max_length=512),
+        # WMDP's protocol rule: every passage-training method gets RMU's data budget and schedule (one pass over
+        # the benchmark's 600 forget passages in batches of 4, constant rate, no warm-up or weight decay, 512
+        # tokens, WMDP's rmu/unlearn.py); its learning rate is the one the baselines' one-rate rule picks
+        # (docs/methods.md)
+        ("wmdp", None): dict(num_epochs=1, effective_batch_size=4, micro_batch_size=4, lr_scheduler="constant",
+                             warmup_epochs=0.0, warmup_steps=None, weight_decay=0.0, max_length=512),
     }
 
     def __post_init__(self):

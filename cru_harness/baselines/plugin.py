@@ -36,7 +36,8 @@ class BaselineMethod(Method):
     cell's benchmark and split (`Config.preset`), then saved for the evaluation."""
 
     def __init__(self, trainer: type, name: str, summary: str, *, refusals: dict[str, str] | None = None,
-                 order: int = 100, alternate: str = "refusals", needs: tuple[str, ...] = ()):
+                 order: int = 100, alternate: str = "refusals", needs: tuple[str, ...] = (),
+                 benchmark_defaults: dict[str, dict[str, Any]] | None = None, sources: dict[str, str] | None = None):
         self.trainer = trainer
         self.order = order
         self.name = name
@@ -51,7 +52,9 @@ class BaselineMethod(Method):
                            if getattr(trainer, flag, False)) + needs
         self._refusals = refusals or {}
         doc = (trainer.Config.__doc__ or "").strip()
-        self.sources = {"presets": doc.splitlines()[0]} if doc else {}
+        self.sources = {**({"presets": doc.splitlines()[0]} if doc else {}), **(sources or {})}
+        # a benchmark's own setting of the method (`api.Method.benchmark_defaults`): in each cell's hyperparameters
+        self.benchmark_defaults = dict(benchmark_defaults or {})
 
     def refuse_hparam(self, key: str) -> str | None:
         return self._refusals.get(key)
