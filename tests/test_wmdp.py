@@ -90,11 +90,21 @@ def test_local_root_resolution(wmdp_root, tmp_path, monkeypatch):
         data.load_corpus_rows("cyber-forget", tmp_path)
 
 
-def test_sources():
-    assert data.parse_source("wmdp:cyber-forget") == "cyber-forget"
+def test_sources(wmdp_root):
+    assert data.parse_source("wmdp:cyber-forget") == ("cyber-forget", 0, None)
+    assert data.parse_source("wmdp:cyber-forget[:600]") == ("cyber-forget", 0, 600)
     assert data.parse_source("forget10") is None
-    with pytest.raises(InputError, match="wmdp:bio-forget, wmdp:cyber-forget"):
+    with pytest.raises(InputError, match="no chemistry corpus.*wmdp:bio-forget, wmdp:cyber-forget"):
         data.parse_source("wmdp:chem-forget")
+    with pytest.raises(InputError, match="WMDP's corpora are"):
+        data.parse_source("wmdp:cyber")
+    with pytest.raises(InputError, match="B > A"):
+        data.parse_source("wmdp:wikitext[4:2]")
+    rows, origin = data.load_source("wmdp:cyber-forget[1:3]", wmdp_root)
+    assert len(rows) == 2 and rows[0] == data.load_corpus_rows("cyber-forget", wmdp_root)[0][1]
+    assert origin.endswith("rows 1-2")
+    with pytest.raises(UserError, match="none from row 10 on"):
+        data.load_source("wmdp:cyber-forget[10:12]", wmdp_root)
 
 
 def test_gated_bio_corpus_names_the_request_page_and_local_option(monkeypatch):
@@ -205,3 +215,36 @@ def test_cru_on_wmdp_uses_its_passage_setting():
     cru = plugins.methods.get("CRU")
     assert cru.benchmark_defaults["wmdp"] == cru.benchmark_defaults["rwku"]
     assert "wmdp" in cru.sources
+
+
+def test_plugin_units_corpora_and_scores(wmdp_root, tmp_path):
+    from cru_harness.benchmarks.wmdp.plugin import BENCHMARK, FORGET_PASSAGES
+    from cru_harness.validation import ConfigChecker, ConfigError
+
+    check = ConfigChecker("config.yaml")
+    block = BENCHMARK.resolve_block({"domains": ["cyber"]}, "benchmarks.wmdp", check)
+    assert BENCHMARK.units(block) == [("cyber", None)]
+    assert BENCHMARK.units(BENCHMARK.resolve_block({}, "benchmarks.wmdp", check)) == [("bio", None), ("cyber", None)]
+    with pytest.raises(ConfigError, match=r"benchmarks.wmdp.domains\[0\].*no domain 'biology'"):
+        BENCHMARK.resolve_block({"domains": ["biology"]}, "benchmarks.wmdp", check)
+    forget = BENCHMARK.fill(BENCHMARK.default_corpora["forget_corpus"], "cyber", None)
+    assert forget == f"wmdp:cyber-forget[:{FORGET_PASSAGES}]"
+    rows, _ = BENCHMARK.corpus_rows(forget, wmdp_root)
+    assert len(rows) == 6   # the fixture holds fewer than 600
+    assert BENCHMARK.corpus_rows("forget10", wmdp_root) is None
+    assert BENCHMARK.forgetting_utility({"forget_acc": 0.25, "mmlu_acc": 0.5}) == (0.75, 0.5)
+    assert BENCHMARK.kept_score({"metrics": {"mmlu_acc": 0.5}}) == 0.5
+
+
+def test_plot_draws_the_chance_line():
+    from cru_harness.benchmarks.wmdp.report import accuracy_figure
+
+    rows = [{"model": "m", "unit": "bio", "label": "Original", "reference": True,
+             "metrics": {"wmdp_bio_acc": 0.6, "mmlu_acc": 0.55}},
+            {"model": "m", "unit": "bio", "label": "RMU", "reference": False,
+             "metrics": {"wmdp_bio_acc": 0.3, "wmdp_cyber_acc": 0.4, "mmlu_acc": 0.5}}]
+    fig = accuracy_figure(rows)
+    ax = fig.axes[0]
+    chance = [line for line in ax.get_lines() if list(line.get_xdata()) == [0.25, 0.25]]
+    assert chance and "chance (0.25)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert accuracy_figure([{"model": "m", "unit": "bio", "label": "x", "metrics": {}}]) is None

@@ -59,7 +59,7 @@ CORPORA = {
 }
 #: Hub datasets of the evaluation (lm-eval's tasks read them) and their local folders.
 EVAL_DATASETS = {"wmdp": "cais/wmdp", "mmlu": "cais/mmlu"}
-SOURCE_RE = re.compile(r"wmdp:(?P<name>[a-z-]+)")
+SOURCE_RE = re.compile(r"wmdp:(?P<name>[a-z0-9-]+)(?:\[(?P<start>\d*):(?P<stop>\d+)\])?")
 _SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
@@ -94,14 +94,39 @@ def resolve_root(data_dir: str | os.PathLike | None = None) -> Path | None:
     return None
 
 
-def parse_source(source: str) -> str | None:
-    """The corpus name of a `wmdp:<name>` source, None for another source; an unknown name is an error."""
-    match = SOURCE_RE.fullmatch(source)
+def parse_source(source: str) -> tuple[str, int, int | None] | None:
+    """(corpus name, first row, end row or None) of a `wmdp:<name>` source with an optional `[:N]` / `[A:B]` cap
+    (`wmdp:cyber-forget[:600]`: its first 600 rows); None for a source of another kind. An unknown name is an
+    error listing WMDP's corpora (chemistry has none: WMDP publishes no chemistry corpus)."""
     if not source.startswith("wmdp:"):
         return None
+    match = SOURCE_RE.fullmatch(source)
     if not match or match.group("name") not in CORPORA:
-        raise InputError(f"corpus {source!r}: WMDP's corpora are {', '.join('wmdp:' + n for n in CORPORA)}")
-    return match.group("name")
+        known = ", ".join("wmdp:" + n for n in CORPORA)
+        if source.startswith("wmdp:chem"):
+            raise InputError(f"corpus {source!r}: WMDP publishes no chemistry corpus; name a JSON / JSONL file of "
+                             f"`text` rows as forget_corpus (WMDP's corpora: {known})")
+        raise InputError(f"corpus {source!r}: WMDP's corpora are {known}, optionally capped as [:N] or [A:B]")
+    start, stop = int(match.group("start") or 0), match.group("stop")
+    stop = int(stop) if stop is not None else None
+    if stop is not None and stop <= start:
+        raise InputError(f"corpus {source!r}: [A:B] needs B > A: it keeps rows A to B-1")
+    return match.group("name"), start, stop
+
+
+def load_source(source: str, data_dir: str | os.PathLike | None = None) -> tuple[list[dict], str]:
+    """The rows of a `wmdp:` corpus source (`parse_source`), capped as it says."""
+    parsed = parse_source(source)
+    if parsed is None:
+        raise InputError(f"corpus {source!r} is not a WMDP source (wmdp:<corpus>)")
+    name, start, stop = parsed
+    rows, origin = load_corpus_rows(name, data_dir)
+    if start or stop is not None:
+        if start >= len(rows):
+            raise DataSourceError(f"corpus {source!r}: {origin} has {len(rows)} rows, none from row {start} on")
+        rows = rows[start:stop]
+        origin = f"{origin} rows {start}-{start + len(rows) - 1}"
+    return rows, origin
 
 
 def _local_files(root: Path, corpus: Corpus) -> list[Path]:

@@ -1,0 +1,99 @@
+"""WMDP as a runner benchmark (`cru_harness.api.Benchmark`, entry point `cru_harness.benchmarks`: wmdp).
+
+Unit: a domain (`bio`, `cyber`, `chem`; the cell's `split`). Tasks: lm-eval's own `wmdp_<domain>` for every
+domain and `mmlu` (`tasks.DEFAULT_TASKS`). Corpora: the domain's WMDP forget corpus, its first 600 passages
+(RMU's 150 batches of 4), and Wikitext-2 as retain (`data`). No oracle: WMDP scores against chance (0.25) and the
+original model. Scored from lm-eval's accuracies (`scoring`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ...api import Benchmark
+from . import data, report, scoring, tasks
+
+#: RMU's 150 batches of 4 (WMDP's README run), the passages every method trains on (docs/methods.md).
+FORGET_PASSAGES = 600
+
+
+class WMDP(Benchmark):
+    name = "wmdp"
+    summary = ("WMDP: hazardous knowledge per domain (bio, cyber, chem); lm-eval's wmdp_* accuracy against chance "
+               "0.25, MMLU kept")
+    unit = "split"
+    config_keys = ("domains", "tasks", "limit", "forget_corpus", "retain_corpus", "data_dir")
+    default_tasks = tasks.DEFAULT_TASKS
+    default_corpora = {"forget_corpus": f"wmdp:{{split}}-forget[:{FORGET_PASSAGES}]",
+                       "retain_corpus": "wmdp:wikitext"}
+    placeholders = ("split",)
+    has_oracle = False
+    order = 40
+    hub_files = (("cais/wmdp", "README.md"), ("cais/mmlu", "README.md"))
+    data_source = "wmdp"
+    columns = report.COLUMNS
+    table_unit = "Domain"
+    table_note = report.NOTE
+    caption = ("\\texttt{WMDP}: accuracy on each domain's hazardous-knowledge questions (lower is more forgotten; "
+               "chance 0.25) and on MMLU overall and its closest subjects. ``Original'' is the model before "
+               "unlearning (not ranked). Best method per column, within each model and domain, in bold.")
+    axis_labels = ("Forgetting (1 - WMDP accuracy of the domain; chance at 0.75)", "MMLU accuracy")
+    kept_score_name = "MMLU accuracy"
+    kept_score_short = "MMLU"
+    recovery_metric = "forget_acc"
+    study_keys = (("forget_acc", "WMDP accuracy (domain)"), ("mmlu_acc", "MMLU"),
+                  ("wmdp_bio_acc", "WMDP-Bio"), ("wmdp_cyber_acc", "WMDP-Cyber"))
+    stats_note = "WMDP's questions per domain are one sample: the p-values describe these runs"
+
+    def plots(self, rows: list[dict], out_dir: Path) -> list[Path]:
+        path = report.accuracy_plot(rows, out_dir)
+        return [path] if path else []
+
+    def forgetting_utility(self, metrics: dict) -> tuple[float | None, float | None]:
+        forget = metrics.get("forget_acc")
+        return (1 - forget if report._number(forget) else None), metrics.get("mmlu_acc")
+
+    def kept_score(self, result: dict) -> float | None:
+        value = (result.get("metrics") or {}).get("mmlu_acc")
+        return value if report._number(value) else None
+
+    def resolve_block(self, block: dict, where: str, check) -> dict[str, Any]:
+        domains = check.str_list(block.get("domains", ["bio", "cyber"]), f"{where}.domains")
+        for i, domain in enumerate(domains):
+            if domain not in tasks.DOMAINS:
+                check.fail(f"{where}.domains[{i}]", f"WMDP has no domain {domain!r}; valid: {', '.join(tasks.DOMAINS)}")
+        if not domains or len(set(domains)) != len(domains):
+            check.fail(f"{where}.domains", f"expected distinct domains, got {domains}")
+        return {"splits": domains}
+
+    def units(self, block: dict, selected=None) -> list[tuple[str | None, int | None]]:
+        return [(domain, None) for domain in block["splits"]]
+
+    def placeholder_values(self, split, target) -> dict[str, Any]:
+        return {"split": split or "", "target": ""}
+
+    def unit_label(self, split, target) -> str:
+        return split or ""
+
+    def check_data_dir(self, value: str) -> str | None:
+        if value == "testbed:world":
+            return "testbed:world is a fictitious TOFU-schema world: TOFU only"
+        return None
+
+    # --- hooks the core does not call yet (issue 74's): WMDP's corpora, data root and lm-eval tasks
+    def corpus_rows(self, source: str, data_dir) -> tuple[list[dict], str] | None:
+        """The rows of a `wmdp:` corpus source, None for a source of another kind."""
+        return data.load_source(source, data_dir) if data.parse_source(source) is not None else None
+
+    def local_data_dir(self, data_dir):
+        return data.resolve_root(data_dir)
+
+    def lmeval_tasks(self, tasks_: list[str], data_dir):
+        """A context manager giving (include paths, task specs) for lm-eval (`tasks.lmeval_tasks`)."""
+        return tasks.lmeval_tasks(tasks_, data.resolve_root(data_dir))
+
+    def score(self, cell, lmeval_dir, *, data_dir, original_model, retain_result, device, batch_size) -> dict:
+        return scoring.score_cell(lmeval_dir, cell.split)
+
+
+BENCHMARK = WMDP()
