@@ -355,6 +355,15 @@ class Benchmark:
         the prompts draws its slice from them). None: no such rows."""
         return None
 
+    def lmeval_tasks(self, tasks: list[str], data_dir) -> Any:
+        """A context manager yielding `(include paths, task specs)` for lm-eval: task folders to index beside the
+        project's (`task_folder`), and what to hand `simple_evaluate` for `tasks`. A benchmark whose tasks are
+        lm-eval's own names their folders here, and may point them at a local copy of their data (WMDP: a wrapper
+        group overriding `dataset_path`). Default: nothing more to index, the names as they are."""
+        from contextlib import nullcontext
+
+        return nullcontext(([], list(tasks)))
+
     def lmeval_limit(self, limit: int | None) -> tuple[int | None, dict[str, Any]]:
         """A cell's `limit` as (lm-eval's `limit`, metadata its tasks read instead), e.g. rows per file and unit."""
         return limit, {}

@@ -26,7 +26,7 @@ def test_builtins_register_through_their_entry_points():
     assert plugins.methods.names() == ["GA", "GD", "GD-KL", "NPO", "NPO-KL", "SimNPO", "IdkDPO", "DPO", "RT", "RMU",
                                        "LUNAR", "UNDIAL", "SatImp", "WGA", "CE-U", "TaskVector", "WHP", "CRU", "ICU",
                                        "PURGE"]
-    assert plugins.benchmarks.names() == ["tofu", "tofu_author", "rwku"]
+    assert plugins.benchmarks.names() == ["tofu", "tofu_author", "rwku", "wmdp"]
     assert "identity" in plugins.attacks.names()
     declared = {ep.name for ep in entry_points(group="cru_harness.methods")}
     assert set(plugins.methods.names()) <= declared

@@ -83,7 +83,7 @@ def test_local_root_resolution(wmdp_root, tmp_path, monkeypatch):
     assert data.resolve_root(wmdp_root) == wmdp_root
     monkeypatch.setenv(data.ENV_DIR, str(wmdp_root))
     assert data.resolve_root(None) == wmdp_root
-    with pytest.raises(DataSourceError, match="holds no WMDP data.*wmdp/ and mmlu/"):
+    with pytest.raises(DataSourceError, match="holds no wmdp data"):
         data.resolve_root(tmp_path)
     (tmp_path / "wmdp").mkdir()
     with pytest.raises(DataSourceError, match=r"has no wmdp-corpora/ \(cais/wmdp-corpora\)"):
@@ -144,7 +144,7 @@ def test_scorer_reads_lm_evals_accuracies(tmp_path):
     assert metrics["wmdp_cyber_acc"] == 0.4 and "wmdp_chem_acc" not in metrics   # not run: not a column of nulls
     assert metrics["mmlu_acc"] == 0.55 and metrics["mmlu_virology_acc"] == 0.5
     assert metrics["mmlu_computer_security_acc"] is None
-    assert scored["details"]["scoring"]["items"]["wmdp_bio"] == 10
+    assert scored["details"]["items"]["wmdp_bio"] == 10
     assert scoring.score_cell(tmp_path, "chem")["metrics"]["forget_acc"] is None
 
 

@@ -3,6 +3,7 @@ as `lm_eval --log_samples` saves it, then scored through the project scorers (`s
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -164,11 +165,15 @@ def run_lmeval(model: ModelSpec, model_path: str, tasks: list[str], out: Path, *
         limit, per_unit = plugin.lmeval_limit(limit)   # e.g. rows per file and target instead of lm-eval's first N
         metadata.update(per_unit)
     tracker = EvaluationTracker(output_path=str(out))
-    with explain_out_of_memory(f"lm-eval at batch size {batch_size}", SMALLER_EVALUATION):
+    # a benchmark whose tasks are lm-eval's own names their folders, and may point them at a local copy
+    handed = plugin.lmeval_tasks(list(tasks), data_dir) if plugin is not None else nullcontext(([], list(tasks)))
+    with handed as (extra_paths, specs), \
+            explain_out_of_memory(f"lm-eval at batch size {batch_size}", SMALLER_EVALUATION):
         results = lm_eval.simple_evaluate(
-            model="cru", model_args=eval_model_args(model, model_path, routers, reference), tasks=tasks, limit=limit,
+            model="cru", model_args=eval_model_args(model, model_path, routers, reference), tasks=specs, limit=limit,
             batch_size=batch_size, device=device, log_samples=True,
-            task_manager=TaskManager(include_path=task_paths(), include_defaults=False, metadata=metadata or None),
+            task_manager=TaskManager(include_path=[*task_paths(), *extra_paths], include_defaults=False,
+                                     metadata=metadata or None),
             apply_chat_template=chat_template, gen_kwargs=gen_kwargs, evaluation_tracker=tracker,
             bootstrap_iters=0,
         )

@@ -8,6 +8,7 @@ copied: the tasks are lm-eval's, used by name (`tasks`). Training corpora are WM
 """
 from __future__ import annotations
 
+from .plugin import BENCHMARK, WMDP
 from .tasks import CHANCE, DOMAINS, FORGET_TASKS, MMLU_SUBJECTS
 
-__all__ = ["CHANCE", "DOMAINS", "FORGET_TASKS", "MMLU_SUBJECTS"]
+__all__ = ["BENCHMARK", "CHANCE", "DOMAINS", "FORGET_TASKS", "MMLU_SUBJECTS", "WMDP"]

@@ -26,15 +26,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...data.sources import DataSourceError, named_data_dir
+from ...api import DataSource
+from ...data.sources import ENV_DATA_DIR, DataSourceError, resolve_local_dir
 from ...errors import InputError
 
 ENV_DIR = "CRU_HARNESS_WMDP_DIR"
-ENV_DATA_DIR = "CRU_HARNESS_DATA_DIR"
 #: Rows of this many characters or fewer are dropped (rmu/utils.py get_data's `min_len`).
 MIN_CHARS = 50
-#: What marks a WMDP root: the folder of the evaluation's own data.
-MARKER = "wmdp"
+#: A WMDP root: the folder `wmdp/` under a data root, marked by the evaluation's own data (cais/wmdp as `wmdp/`).
+SOURCE = DataSource(folder="wmdp", marker="wmdp", hub_id="cais/wmdp", env_var=ENV_DIR)
 
 
 @dataclass(frozen=True)
@@ -70,28 +70,10 @@ def layout_help() -> str:
 
 
 def resolve_root(data_dir: str | os.PathLike | None = None) -> Path | None:
-    """The local WMDP root, or None for the Hub. Order: `data_dir` (the root itself, or a folder holding `wmdp/`
-    as the root's own child, i.e. `<data_dir>/wmdp/wmdp/`), `CRU_HARNESS_WMDP_DIR`, then `wmdp/` under
+    """The local WMDP root, or None for the Hub (`data.sources.resolve_local_dir` with `SOURCE`): `data_dir` (the
+    root itself, or a folder holding it as `wmdp/`), `CRU_HARNESS_WMDP_DIR`, then `wmdp/` under
     `CRU_HARNESS_DATA_DIR`. A folder given that holds no WMDP data is an error, never a fall-back to the Hub."""
-    candidates = []
-    if data_dir:
-        candidates.append(("data_dir", str(data_dir)))
-    elif os.environ.get(ENV_DIR):
-        candidates.append((ENV_DIR, os.environ[ENV_DIR]))
-    elif os.environ.get(ENV_DATA_DIR):
-        root = Path(named_data_dir(os.environ[ENV_DATA_DIR])).expanduser()
-        if not (root / MARKER / MARKER).is_dir():   # a data root without WMDP: the Hub
-            return None
-        candidates.append((ENV_DATA_DIR, str(root / MARKER)))
-    for origin, raw in candidates:
-        path = Path(named_data_dir(raw)).expanduser()
-        if not path.is_dir():
-            raise DataSourceError(f"{origin}={raw} is not a directory")
-        for folder in (path, path / MARKER):
-            if (folder / MARKER).is_dir():
-                return folder
-        raise DataSourceError(f"{origin}={raw} holds no WMDP data: expected {layout_help()}")
-    return None
+    return resolve_local_dir(SOURCE, data_dir)
 
 
 def parse_source(source: str) -> tuple[str, int, int | None] | None:

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ...api import Benchmark
-from . import data, report, scoring, tasks
+from . import data as wmdp_data
+from . import report, scoring, tasks
 
 #: RMU's 150 batches of 4 (WMDP's README run), the passages every method trains on (docs/methods.md).
 FORGET_PASSAGES = 600
@@ -30,7 +31,8 @@ class WMDP(Benchmark):
     has_oracle = False
     order = 40
     hub_files = (("cais/wmdp", "README.md"), ("cais/mmlu", "README.md"))
-    data_source = "wmdp"
+    data = wmdp_data.SOURCE
+    corpus_help = "a WMDP corpus (wmdp:bio-forget, wmdp:cyber-forget, wmdp:bio-retain, wmdp:cyber-retain, wmdp:wikitext)"
     columns = report.COLUMNS
     table_unit = "Domain"
     table_note = report.NOTE
@@ -80,17 +82,14 @@ class WMDP(Benchmark):
             return "testbed:world is a fictitious TOFU-schema world: TOFU only"
         return None
 
-    # --- hooks the core does not call yet (issue 74's): WMDP's corpora, data root and lm-eval tasks
     def corpus_rows(self, source: str, data_dir) -> tuple[list[dict], str] | None:
         """The rows of a `wmdp:` corpus source, None for a source of another kind."""
-        return data.load_source(source, data_dir) if data.parse_source(source) is not None else None
-
-    def local_data_dir(self, data_dir):
-        return data.resolve_root(data_dir)
+        return wmdp_data.load_source(source, data_dir) if wmdp_data.parse_source(source) is not None else None
 
     def lmeval_tasks(self, tasks_: list[str], data_dir):
-        """A context manager giving (include paths, task specs) for lm-eval (`tasks.lmeval_tasks`)."""
-        return tasks.lmeval_tasks(tasks_, data.resolve_root(data_dir))
+        """lm-eval's own WMDP and MMLU folders, and the tasks pointed at the local root when there is one
+        (`tasks.lmeval_tasks`)."""
+        return tasks.lmeval_tasks(tasks_, wmdp_data.resolve_root(data_dir))
 
     def score(self, cell, lmeval_dir, *, data_dir, original_model, retain_result, device, batch_size) -> dict:
         return scoring.score_cell(lmeval_dir, cell.split)

@@ -57,6 +57,7 @@ def metrics_from_results(results: dict, domain: str | None) -> tuple[dict[str, f
 
 
 def score_cell(lmeval_dir: str | Path, domain: str | None) -> dict[str, Any]:
-    """The cell's `metrics` and `details` (docs/results_schema.md) from its lm-eval output directory."""
+    """The cell's `metrics` and scoring `details` (the runner files them under `details.scoring`;
+    docs/results_schema.md) from its lm-eval output directory."""
     metrics, details = metrics_from_results(read_results(lmeval_dir), domain)
-    return {"metrics": metrics, "per_item": {}, "failure_classes": {}, "details": {"scoring": details}}
+    return {"metrics": metrics, "per_item": {}, "failure_classes": {}, "details": details}
