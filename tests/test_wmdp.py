@@ -248,3 +248,18 @@ def test_plot_draws_the_chance_line():
     chance = [line for line in ax.get_lines() if list(line.get_xdata()) == [0.25, 0.25]]
     assert chance and "chance (0.25)" in [t.get_text() for t in ax.get_legend().get_texts()]
     assert accuracy_figure([{"model": "m", "unit": "bio", "label": "x", "metrics": {}}]) is None
+
+
+def test_the_core_reads_wmdp_corpora_as_raw_passages(wmdp_root):
+    """Through the core's corpus loader (the `corpus_rows` hook), a WMDP source gives `text` rows, which CRU and the
+    baselines train on as raw text: no question template, no chat template."""
+    from transformers import AutoTokenizer
+
+    from cru_harness.data.corpora import load_corpus, load_corpus_rows
+    from cru_harness.testbed.zoo import tiny_checkpoint
+
+    rows, origin = load_corpus_rows("wmdp:cyber-forget[:3]", wmdp_root)
+    assert len(rows) == 3 and "cais/wmdp-corpora" in origin
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint("llama", "finetuned"))
+    texts = load_corpus("wmdp:cyber-forget[:3]", wmdp_root, tokenizer=tokenizer, chat=True, benchmark="wmdp")
+    assert texts == [row["text"] for row in rows]
