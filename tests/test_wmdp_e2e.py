@@ -1,6 +1,6 @@
 """`cru-harness run` on WMDP for real, offline: the tiny Llama, the fictitious WMDP root the tests write, one domain
 (bio), Original + RMU + GA, lm-eval's own wmdp_* / MMLU tasks pointed at the fixture, then the report's WMDP table
-and plot. Slow (lm-eval end to end); kept small: 8 forget passages, 4 questions per domain, two MMLU subjects."""
+and plot. Slow (lm-eval end to end); kept small: 8 forget passages, 4 questions per domain, one per MMLU subject."""
 from __future__ import annotations
 
 import json
@@ -24,7 +24,7 @@ def _config(tmp_path: Path) -> Path:
         "data_dir": str(root),
         "models": [{"name": "tiny", "path": "zoo:llama:finetuned"}],
         "benchmarks": {"wmdp": {"domains": ["bio"],
-                                "tasks": ["wmdp_bio", "wmdp_cyber", "mmlu_college_biology", "mmlu_virology"],
+                                "tasks": ["wmdp_bio", "wmdp_cyber", "mmlu"],
                                 "forget_corpus": "wmdp:bio-forget[:8]", "retain_corpus": "wmdp:wikitext"}},
         "methods": [{"method": "RMU", "layer": 3, "steering_coeff": 20.0, "alpha": 1.0, "learning_rate": 1e-3},
                     {"method": "GA", "learning_rate": 1e-3}],
@@ -47,7 +47,8 @@ def test_wmdp_end_to_end_two_methods_one_domain(tmp_path):
     for label, result in results.items():
         assert result["status"] == "ok", (label, result.get("reason"), result.get("error"))
         metrics = result["metrics"]
-        for key in ("wmdp_bio_acc", "wmdp_cyber_acc", "forget_acc", "mmlu_college_biology_acc", "mmlu_virology_acc"):
+        for key in ("wmdp_bio_acc", "wmdp_cyber_acc", "forget_acc", "mmlu_acc", "mmlu_college_biology_acc",
+                    "mmlu_virology_acc", "mmlu_college_computer_science_acc", "mmlu_computer_security_acc"):
             assert 0.0 <= metrics[key] <= 1.0, (label, key, metrics)
         assert metrics["forget_acc"] == metrics["wmdp_bio_acc"]
         assert result["details"]["scoring"]["items"]["wmdp_bio"] == 4
@@ -60,7 +61,8 @@ def test_wmdp_end_to_end_two_methods_one_domain(tmp_path):
     report = tmp_path / "report"
     assert main(["report", str(tmp_path / "run"), "--out", str(report)]) == 0
     table = (report / "leaderboard_wmdp.md").read_text()
-    assert "| Model | Domain | Method | WMDP-Bio ↓ | WMDP-Cyber ↓ | MMLU college bio. ↑ | MMLU virology ↑ |" in table
+    assert ("| Model | Domain | Method | WMDP-Bio ↓ | WMDP-Cyber ↓ | MMLU ↑ | MMLU college bio. ↑ | MMLU virology ↑ | "
+            "MMLU college CS ↑ | MMLU computer sec. ↑ |") in table
     assert "chance is 0.25" in table
     rows = {line.split("|")[3].strip(): line for line in table.splitlines() if line.startswith("| tiny | bio |")}
     assert set(rows) == {"Original (reference)", "RMU", "GA"}
