@@ -372,8 +372,9 @@ class Benchmark:
         """Fill, in place, a finished cell's numbers measured against its oracle (`oracle`: the oracle cell of the
         same model and unit, or None), as the report shows them; called for the oracle's own cell too."""
 
-    def report_lines(self, results: list[dict]) -> list[str]:
-        """Markdown blocks of its own for the report (after the robustness table), from every finished cell."""
+    def report_lines(self, results: list[dict], after: str) -> list[str]:
+        """Markdown blocks of its own in report.md, from its cells (every status): `after="table"` right after its
+        leaderboard (TOFU: the regime check), `after="robustness"` after the robustness table (RWKU: AA types)."""
         return []
 
     def check_evaluation(self, evaluation: dict) -> None:

@@ -101,6 +101,12 @@ class RWKU(Benchmark):
     def row_unit(self, result: dict) -> str:
         return "all targets"
 
+    def report_lines(self, results: list[dict], after: str) -> list[str]:
+        """After the robustness table, the AA probe per attack type (`details.scoring.forget_aa_types`)."""
+        from ...reporting.tables import aa_type_markdown
+
+        return aa_type_markdown(results) if after == "robustness" else []
+
     @property
     def task_folder(self) -> str:
         """`cru_harness.tasks.rwku` (`tasks/rwku` in a source checkout), installed with the package."""
