@@ -17,6 +17,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 
+#: Where an adapter method's cell (`Method.adapter`: CRU) keeps its router bundle, inside its work directory: the
+#: runner copies it with the cell (`--reuse`), the studies read it.
+ROUTERS_DIR = "routers"
+
+
 class CellUnavailable(RuntimeError):
     """The cell cannot be computed for an external reason (e.g. a PURGE checkpoint not published / Hub down):
     recorded as `unavailable` with its reason, not as a failure."""
