@@ -221,7 +221,7 @@ class TOFU(Benchmark):
 
     def report_lines(self, results: list[dict], after: str) -> list[str]:
         """After its table, the regime check: the Original model's forget ROUGE-L and Prob. against its oracle's."""
-        from ...reporting.tables import regime_check_markdown
+        from .report import regime_check_markdown
 
         return regime_check_markdown(results) if after == "table" and self.has_oracle else []
 
