@@ -57,16 +57,17 @@ CORPORA = {
     "cyber-retain": Corpus("cais/wmdp-corpora", "cyber-retain-corpus", "train", "wmdp-corpora"),
     "wikitext": Corpus("Salesforce/wikitext", "wikitext-2-raw-v1", "test", "wikitext"),
 }
-#: Hub datasets of the evaluation (lm-eval's tasks read them) and their local folders.
+#: The local folders of the evaluation's Hub datasets (lm-eval's tasks read them; `tasks.dataset_folder`).
 EVAL_DATASETS = {"wmdp": "cais/wmdp", "mmlu": "cais/mmlu"}
 SOURCE_RE = re.compile(r"wmdp:(?P<name>[a-z0-9-]+)(?:\[(?P<start>\d*):(?P<stop>\d+)\])?")
 _SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
 def layout_help() -> str:
-    return (f"a folder holding wmdp/ and mmlu/ (huggingface-cli download cais/wmdp / cais/mmlu --repo-type dataset "
-            f"--local-dir <root>/wmdp, <root>/mmlu), and the corpora's folders "
-            f"({', '.join(sorted({c.folder for c in CORPORA.values()}))})")
+    evaluation = ", ".join(f"{folder}/ ({repo})" for folder, repo in EVAL_DATASETS.items())
+    corpora = ", ".join(sorted({f"{c.folder}/ ({c.repo})" for c in CORPORA.values()}))
+    return (f"a folder holding {evaluation} and the corpora's {corpora}, each as `huggingface-cli download <repo> "
+            f"--repo-type dataset --local-dir <root>/<folder>` leaves it")
 
 
 def resolve_root(data_dir: str | os.PathLike | None = None) -> Path | None:

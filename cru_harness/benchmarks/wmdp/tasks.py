@@ -27,8 +27,6 @@ MMLU_SUBJECTS = {"college_biology": "mmlu_college_biology", "virology": "mmlu_vi
 DEFAULT_TASKS = (*FORGET_TASKS.values(), MMLU)
 #: The lm-eval groups among MMLU's names (a group's overrides reach its members).
 MMLU_GROUPS = ("mmlu", "mmlu_stem", "mmlu_other", "mmlu_social_sciences", "mmlu_humanities")
-#: The local folder (under a WMDP data root) of each Hub dataset the tasks read.
-TASK_DATASETS = {"wmdp": "cais/wmdp", "mmlu": "cais/mmlu"}
 #: The wrapper group that carries the local-data overrides (it has no metric of its own).
 LOCAL_GROUP = "wmdp_local_data"
 
