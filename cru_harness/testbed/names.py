@@ -26,6 +26,31 @@ def trained_plain(path) -> bool:
     return isinstance(path, str) and path.startswith(ZOO_PREFIX)
 
 
+def trained_prompt_format(path) -> str | None:
+    """The prompt format a model learned, as `--prompt-format auto` reads it first: `plain` for a zoo checkpoint, else
+    what the model directory's training record names (`prompts.recorded_prompt_format`), else None (the tokenizer
+    decides: its chat template when it has one)."""
+    if trained_plain(path):
+        return "plain"
+    from ..prompts import recorded_prompt_format
+
+    return recorded_prompt_format(path)
+
+
+def prompt_format_for(choice: str, model, benchmark: str = "tofu") -> dict:
+    """`prompts.prompt_format_choice` for a command's `--prompt-format` and the model it trains or reads: `auto`
+    takes the format the model learned (`trained_prompt_format`) before the tokenizer's chat template, so a model
+    unlearned on the plain prompt is relearned, attacked and read on it too."""
+    from ..prompts import prompt_format_choice, recorded_choice
+
+    if choice == "auto":
+        trained = trained_prompt_format(model)
+        chosen = recorded_choice(trained, benchmark) if trained is not None else None
+        if chosen is not None:
+            return chosen
+    return prompt_format_choice(choice, benchmark)
+
+
 def resolve_model_path(path: str) -> str:
     """`zoo:<arch>[:<variant>]` -> a cached tiny checkpoint; `smollm2` -> the offline SmolLM2; else as given."""
     if isinstance(path, str) and path.startswith(ZOO_PREFIX):
