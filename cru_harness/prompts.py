@@ -288,7 +288,8 @@ def add_prompt_format_argument(parser, *, evaluated_with: str = "--apply_chat_te
     question/answer rows (read back with `prompt_format_choice`)."""
     parser.add_argument("--prompt-format", choices=(*PROMPT_FORMATS, *OPEN_UNLEARNING_FORMATS), default="auto",
                         help="how question/answer rows are written (cru_harness.prompts), as the evaluation will "
-                             "show them. auto: the chat template when the tokenizer has one (evaluate with "
+                             "show them. auto: the format the model learned (its training record; plain for a zoo: "
+                             "model), else the chat template when the tokenizer has one (evaluate with "
                              f"{evaluated_with}); plain: Question:/Answer:; a model config name "
                              f"({', '.join(OPEN_UNLEARNING_FORMATS)}): open-unlearning's tags for that model "
                              "(evaluate with --metadata '{\"tofu_model_family\": NAME}') (default: auto)")
