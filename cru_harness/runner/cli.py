@@ -361,7 +361,12 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
     write_plan(store.root, config, cells, shard)
     if reuse is not None:   # the plan's, not only --only's: those cells start from the shared fine-tune
         reuse_cells(reuse, store, cells, log, bundles=reuse_bundles)
-    counts = run_cells(to_run, store, executor, log=log, force=force, **({"inputs": inputs} if inputs else {}))
+    from .loop import recorded_walls
+
+    # with a reference run (the demo's committed one), the time left is each cell's own time there, at this pace
+    walls = recorded_walls(reproduce) if reproduce is not None else None
+    counts = run_cells(to_run, store, executor, log=log, force=force, reference_walls=walls,
+                       **({"inputs": inputs} if inputs else {}))
     log(f"done: {counts}")
     if report:
         from ..errors import WRITE_ERRNOS, OutputWriteError
