@@ -1,0 +1,42 @@
+"""What a new user meets after the quickstart: the listings start fast, `run --dry-run` says where data comes from,
+runs and outputs stay out of git, offline without data fails fast, and the tiny model's first build is not silent."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_listing_the_registries_imports_no_training_library():
+    """`cru-harness methods` (and benchmarks, attacks) loads every registered plugin, but not transformers, peft,
+    accelerate or bitsandbytes: their import was most of its 19 s (measured: benchmarks/results/stated_times.md)."""
+    code = ("import contextlib, io, sys\nfrom cru_harness.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            "    assert main(['methods']) == 0 and main(['attacks']) == 0 and main(['benchmarks']) == 0\n"
+            "assert 'NPO' in out.getvalue() and 'relearn' in out.getvalue()\n"
+            "print(sorted(m for m in ('transformers', 'peft', 'accelerate', 'bitsandbytes', 'lm_eval', 'datasets')"
+            " if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
+
+
+def test_the_packages_still_export_what_they_did():
+    """The lazy package exports (cru_harness.cru, cru_harness.baselines) serve every name and submodule."""
+    import cru_harness.baselines as baselines
+    import cru_harness.cru as cru
+
+    for name in cru.__all__:
+        assert getattr(cru, name) is not None, name
+    for name in baselines.__all__:
+        assert getattr(baselines, name) is not None, name
+    assert cru.train.train_routers is cru.train_routers and baselines.unlearn.__module__.endswith(".api")
+
+
+def test_runs_and_outputs_of_the_readme_are_git_ignored(tmp_path):
+    """The README writes `runs/` (unlearn, attack) and `out/` (lm_eval): not files to commit."""
+    for path in ("runs/quickstart/router_bundle.json", "out/quickstart/results.json"):
+        done = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO)
+        assert done.returncode == 0, f"{path} is not ignored"
