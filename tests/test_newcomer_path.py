@@ -40,3 +40,20 @@ def test_runs_and_outputs_of_the_readme_are_git_ignored(tmp_path):
     for path in ("runs/quickstart/router_bundle.json", "out/quickstart/results.json"):
         done = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO)
         assert done.returncode == 0, f"{path} is not ignored"
+
+
+def test_the_tiny_models_first_build_says_so(tmp_path, monkeypatch, capsys):
+    """A cold cache builds the tiny model for minutes: the resolver says so first (and shows its progress bar on a
+    terminal); a built one resolves in silence."""
+    from cru_harness.testbed import names, zoo
+
+    built = zoo.tiny_checkpoint("llama")   # the shared cache's entry: the resolver finds it where the zoo put it
+    assert names.zoo_entry_built("llama", "finetuned")
+    assert names.resolve_model_path("zoo:llama:finetuned") == str(built)
+    assert capsys.readouterr().err == ""
+    calls = []
+    monkeypatch.setenv("CRU_HARNESS_CACHE", str(tmp_path))   # an empty cache
+    monkeypatch.setattr(zoo, "tiny_checkpoint", lambda arch, variant, progress=False: calls.append(progress) or "x")
+    assert not names.zoo_entry_built("llama", "finetuned")
+    assert names.resolve_model_path("zoo:llama:finetuned") == "x" and calls == [False]   # stderr is no terminal here
+    assert "zoo:llama:finetuned: first use, building and fine-tuning the tiny model" in capsys.readouterr().err
