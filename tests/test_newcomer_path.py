@@ -57,3 +57,18 @@ def test_the_tiny_models_first_build_says_so(tmp_path, monkeypatch, capsys):
     assert not names.zoo_entry_built("llama", "finetuned")
     assert names.resolve_model_path("zoo:llama:finetuned") == "x" and calls == [False]   # stderr is no terminal here
     assert "zoo:llama:finetuned: first use, building and fine-tuning the tiny model" in capsys.readouterr().err
+
+
+def test_a_dry_run_names_the_data_directory_it_will_read(monkeypatch):
+    """`run --dry-run` says which data directory each benchmark's data comes from, or that it is the Hub."""
+    from cru_harness.runner.cli import data_source
+
+    for name in ("CRU_HARNESS_DATA_DIR", "CRU_HARNESS_TOFU_DIR", "CRU_HARNESS_RWKU_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    assert data_source("tofu", None) == ("the Hugging Face Hub (locuslab/TOFU): the config names no data_dir and "
+                                         "neither CRU_HARNESS_TOFU_DIR nor CRU_HARNESS_DATA_DIR is set")
+    monkeypatch.setenv("CRU_HARNESS_DATA_DIR", "../shared/data")
+    assert data_source("rwku", None) == "../shared/data (from CRU_HARNESS_DATA_DIR)"
+    monkeypatch.setenv("CRU_HARNESS_TOFU_DIR", "/d/tofu")
+    assert data_source("tofu_author", None) == "/d/tofu (from CRU_HARNESS_TOFU_DIR)"
+    assert data_source("tofu", "testbed:world") == "testbed:world (the config's data_dir)"

@@ -160,13 +160,29 @@ def _load(path: str, output_dir: str | None):
     return load_config(path, overrides)
 
 
+def data_source(benchmark: str, data_dir: str | None) -> str:
+    """Where a run will read a benchmark's data, in `data.sources.resolve_local_dir`'s order (the config's
+    `data_dir`, the benchmark's variable, CRU_HARNESS_DATA_DIR, the Hub), without reading it (a dry run)."""
+    import os
+
+    from ..data.sources import ENV_BENCHMARK_DIR, ENV_DATA_DIR, HUB_IDS
+
+    family = "rwku" if benchmark.startswith("rwku") else "tofu"   # tofu_author reads TOFU's files
+    if data_dir:
+        return f"{data_dir} (the config's data_dir)"
+    for variable in (ENV_BENCHMARK_DIR[family], ENV_DATA_DIR):
+        if os.environ.get(variable):
+            return f"{os.environ[variable]} (from {variable})"
+    return (f"the Hugging Face Hub ({HUB_IDS[family]}): the config names no data_dir and neither "
+            f"{ENV_BENCHMARK_DIR[family]} nor {ENV_DATA_DIR} is set")
+
+
 def plan_summary(config, cells, selected_targets=None) -> dict:
     from .plan import describe_cell, pending_selections
 
     described = [describe_cell(cell) for cell in cells]
     downloads = sorted({d for item in described for d in item["downloads"]})
-    data = {bench: (spec["data_dir"] or "Hub / CRU_HARNESS_* env (see data.sources)")
-            for bench, spec in config.benchmarks.items()}
+    data = {bench: data_source(bench, spec["data_dir"]) for bench, spec in config.benchmarks.items()}
     return {"name": config.name, "output_dir": str(config.output_dir), "n_cells": len(cells),
             "n_trained": sum(1 for item in described if item["kind"] != "attack" and item["trains"]
                              and not item["trains"].startswith("nothing")),
