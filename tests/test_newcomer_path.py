@@ -72,3 +72,25 @@ def test_a_dry_run_names_the_data_directory_it_will_read(monkeypatch):
     monkeypatch.setenv("CRU_HARNESS_TOFU_DIR", "/d/tofu")
     assert data_source("tofu_author", None) == "/d/tofu (from CRU_HARNESS_TOFU_DIR)"
     assert data_source("tofu", "testbed:world") == "testbed:world (the config's data_dir)"
+
+
+def test_without_network_or_data_the_hub_fails_at_once(monkeypatch):
+    """No data directory and no connection to the Hub: the clear one-line error comes before the Hub client's five
+    retries (about 40 s); in offline mode the client reads its cache and fails by itself, so no probe is made."""
+    import datasets
+
+    from cru_harness.data import sources, tofu
+
+    asked = []
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: asked.append(args) or [{"question": "q", "answer": "a"}])
+    monkeypatch.setattr(tofu, "resolve_local_dir", lambda name, data_dir=None: None)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(sources, "_hub_connection_problem", lambda: "no connection to huggingface.co:443 (DNS)")
+    try:
+        tofu.load_tofu("forget01")
+    except sources.DataSourceError as err:
+        message = str(err)
+    assert "no connection to huggingface.co:443 (DNS); with a cached copy, set HF_HUB_OFFLINE=1" in message
+    assert "CRU_HARNESS_DATA_DIR" in message and asked == []
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert tofu.load_tofu("forget01")[0]["answer"] == "a" and len(asked) == 1

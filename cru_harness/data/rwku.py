@@ -13,7 +13,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import InputError, UserError
-from .sources import HUB_IDS, DataSourceError, hub_unreachable, read_json_records, resolve_local_dir
+from .sources import (HUB_IDS, DataSourceError, hub_unreachable, hub_unreachable_now, read_json_records,
+                      resolve_local_dir)
 
 
 class TargetSelectionError(UserError, ValueError):
@@ -252,6 +253,8 @@ def hub_split(config: str) -> str:
 
 @lru_cache(maxsize=32)
 def _hub_rows_cached(config: str) -> tuple:
+    if (offline := hub_unreachable_now("rwku", f"RWKU config {config!r}")) is not None:
+        raise offline   # at once, not after the Hub client's retries
     try:
         import datasets
 

@@ -5,7 +5,8 @@ import os
 import re
 
 from ..errors import InputError
-from .sources import HUB_IDS, DataSourceError, hub_unreachable, read_json_records, resolve_local_dir
+from .sources import (HUB_IDS, DataSourceError, hub_unreachable, hub_unreachable_now, read_json_records,
+                      resolve_local_dir)
 
 FORGET_SPLITS = ("forget01", "forget05", "forget10")
 TOFU_CONFIGS = (
@@ -91,6 +92,8 @@ def load_author_rows(author: int, data_dir: str | os.PathLike | None = None, *, 
 
 
 def _load_from_hub(config: str) -> list[dict]:
+    if (offline := hub_unreachable_now("tofu", f"TOFU config {config!r}")) is not None:
+        raise offline   # at once, not after the Hub client's retries
     try:
         import datasets
 
@@ -113,6 +116,8 @@ def load_idontknow(data_dir: str | os.PathLike | None = None) -> list[str]:
         if not path.is_file():
             raise DataSourceError(f"{path} is missing: the local TOFU copy needs TOFU's idontknow.jsonl")
     else:
+        if (offline := hub_unreachable_now("tofu", f"TOFU's refusal answers ({IDK_HUB[1]})", IDK_HUB[0])) is not None:
+            raise offline
         try:
             from huggingface_hub import hf_hub_download
 
