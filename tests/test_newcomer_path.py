@@ -94,3 +94,26 @@ def test_without_network_or_data_the_hub_fails_at_once(monkeypatch):
     assert "CRU_HARNESS_DATA_DIR" in message and asked == []
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert tofu.load_tofu("forget01")[0]["answer"] == "a" and len(asked) == 1
+
+
+def test_lm_evals_direction_warning_is_dropped_for_the_projects_groups_only(caplog):
+    """tofu_forget10_suite puts forget10 (lower ROUGE-L is better) beside retain (higher is better): lm-eval warned
+    four times a run that the group's directions differ, which the project's groups have by design. Another group
+    with that mix still gets the warning."""
+    import logging
+
+    from lm_eval.evaluator_utils import _propagate_higher_is_better
+
+    from cru_harness.lmeval.registration import patch_task_manager
+
+    patch_task_manager()
+    group = type("Group", (), {})
+    ours, theirs = group(), group()
+    ours.name, ours.child_names = "tofu_forget10_suite", ["tofu_forget10", "tofu_retain"]
+    theirs.name, theirs.child_names = "someone_elses", ["tofu_forget10", "tofu_retain"]
+    directions = {"tofu_forget10": {"rouge_l_recall": False}, "tofu_retain": {"rouge_l_recall": True}}
+    with caplog.at_level(logging.WARNING, logger="lm_eval.evaluator_utils"):
+        _propagate_higher_is_better([ours], dict(directions))
+        assert "not consistent" not in caplog.text
+        _propagate_higher_is_better([theirs], dict(directions))
+        assert "metric rouge_l_recall in group someone_elses are not consistent" in caplog.text
