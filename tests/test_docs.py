@@ -251,3 +251,38 @@ def test_cli_doc_names_only_options_its_commands_have():
                 named |= flags
         unknown = named - known - lm_eval
         assert not unknown, f"docs/cli.md, section {name}: no option {', '.join(sorted(unknown))}"
+
+
+# ------------------------------------------------------------------------------------------------------ times
+def test_the_demos_stated_times_are_the_measured_ones():
+    """README.md and docs/cli.md quote the committed demo run's times as benchmarks/stated_times.py reads them from
+    its run records, with the thread count, and its saved output (benchmarks/results/stated_times.json) holds the
+    same: a rerun of the demo that changes them changes the docs with it."""
+    import json
+
+    from conftest import load_benchmark
+
+    measured = load_benchmark("stated_times").committed()
+    saved = json.loads((ROOT / "benchmarks" / "results" / "stated_times.json").read_text())["committed"]
+    assert saved == measured
+    cells = f"{measured['cells_minutes']} min"
+    selection = f"{measured['target_selection_seconds'][0] / 60:.1f} min"
+    assert measured["torch_threads"] == [1]
+    for doc in ("README.md", "docs/cli.md"):
+        text = " ".join((ROOT / doc).read_text().split())
+        assert f"target selection took {selection}" in text and f"cells {cells}, at one torch thread" in text, doc
+
+
+def test_the_quickstarts_measured_times_are_the_scripts():
+    """README's quickstart table quotes benchmarks/results/stated_times.json's measurement of each step."""
+    import json
+
+    saved = json.loads((ROOT / "benchmarks" / "results" / "stated_times.json").read_text())
+    steps = {row["step"]: row["seconds"] for row in saved["quickstart"]}
+    steps["first use"] = saved["first_use"]["seconds"]
+    readme = (ROOT / "README.md").read_text()
+    for step, seconds in steps.items():
+        shown = f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+        row = next(line for line in readme.splitlines() if line.startswith(f"| `{step}`") or
+                   line.startswith(f"| {step} only"))
+        assert row.rstrip().endswith(f"| {shown} |"), (step, row)
