@@ -41,7 +41,7 @@ __all__ = [
     "LEGACY_MAX_LENGTH", "LEGACY_DS_SIZE", "tofu_epsilon", "OPEN_UNLEARNING_SYSTEM_PROMPT", "OPEN_UNLEARNING_DATE", "RWKU_DATE",
     "PLAIN_PROMPT", "plain_prompt", "tofu_messages", "render_chat", "QATexts", "qa_texts", "uses_chat", "writes_chat",
     "encode_qa_ids", "encode_text", "adds_special_tokens", "PROMPT_FORMATS", "add_prompt_format_argument",
-    "prompt_format_choice", "BENCHMARKS", "RWKU_FB_INSTRUCTION", "RWKU_QA_INSTRUCTION", "RWKU_ANSWER_PREFIX",
+    "prompt_format_choice", "TRAINING_RECORDS", "ATTACK_RECORD", "recorded_prompt_format", "recorded_choice", "BENCHMARKS", "RWKU_FB_INSTRUCTION", "RWKU_QA_INSTRUCTION", "RWKU_ANSWER_PREFIX",
     "RWKU_QUESTION_PROBES", "RWKU_INSTRUCTION_PROBE", "rwku_probe_prompt", "rwku_plain_prompt", "rwku_qa_texts", "check_benchmark",
 ]
 
@@ -288,7 +288,8 @@ def add_prompt_format_argument(parser, *, evaluated_with: str = "--apply_chat_te
     question/answer rows (read back with `prompt_format_choice`)."""
     parser.add_argument("--prompt-format", choices=(*PROMPT_FORMATS, *OPEN_UNLEARNING_FORMATS), default="auto",
                         help="how question/answer rows are written (cru_harness.prompts), as the evaluation will "
-                             "show them. auto: the chat template when the tokenizer has one (evaluate with "
+                             "show them. auto: the format the model learned (its training record; plain for a zoo: "
+                             "model), else the chat template when the tokenizer has one (evaluate with "
                              f"{evaluated_with}); plain: Question:/Answer:; a model config name "
                              f"({', '.join(OPEN_UNLEARNING_FORMATS)}): open-unlearning's tags for that model "
                              "(evaluate with --metadata '{\"tofu_model_family\": NAME}') (default: auto)")
@@ -306,6 +307,58 @@ def prompt_format_choice(choice: str, benchmark: str = "tofu") -> dict:
         return {"chat": PROMPT_FORMATS[choice], "family": None}
     tofu_format(DEFAULT_TOFU_PRESET, choice)   # an unknown name fails naming the valid ones
     return {"chat": False, "family": choice}
+
+
+#: The records a trained model's directory holds (`cru-harness unlearn --method`, `finetune`): each names its base,
+#: its method and the prompt format it trained on (`prompt_format`, a `prompt_format_label`).
+TRAINING_RECORDS = ("unlearn_record.json", "finetune_record.json")
+#: `cru-harness attack --out DIR`'s record: the attacked model lies in a folder of DIR and is prompted as it names.
+ATTACK_RECORD = "attack_record.json"
+
+
+def _read_record(path) -> dict:
+    import json
+
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def recorded_prompt_format(model) -> str | None:
+    """The prompt format a model directory's training record names (`chat`, `plain` or an open-unlearning model
+    config name), or None (a Hub id, or a directory no command of this project wrote). An attacked model is read from
+    the attack record beside it."""
+    from pathlib import Path
+
+    directory = Path(str(model)).expanduser()
+    if not directory.is_dir():
+        return None
+    for name in TRAINING_RECORDS:
+        record = _read_record(directory / name)
+        if isinstance(record.get("prompt_format"), str):
+            return record["prompt_format"]
+        if name == "finetune_record.json" and isinstance(record.get("chat_template"), bool):   # older records
+            return "chat" if record["chat_template"] else (record.get("family") or "plain")
+    for candidate in (directory / ATTACK_RECORD, directory.parent / ATTACK_RECORD):
+        record = _read_record(candidate)
+        attacked = record.get("attacked_model")
+        if isinstance(record.get("prompt_format"), str) and attacked and (
+                candidate.parent == directory or Path(attacked).expanduser().resolve() == directory.resolve()):
+            return record["prompt_format"]
+    return None
+
+
+def recorded_choice(label: str, benchmark: str = "tofu") -> dict | None:
+    """`prompt_format_choice`'s dict for a recorded `prompt_format` label, or None for one it cannot take (a legacy
+    preset's family). RWKU's probes have no per-model tags: a model trained on a TOFU model config's tags is prompted
+    plain there."""
+    if label in PROMPT_FORMATS:
+        return prompt_format_choice(label, benchmark)
+    if label not in OPEN_UNLEARNING_FORMATS:
+        return None
+    return prompt_format_choice("plain" if check_benchmark(benchmark) == "rwku" else label, benchmark)
 
 
 def prompt_format_label(fmt: dict, tokenizer=None) -> str:

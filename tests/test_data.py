@@ -8,6 +8,7 @@ from cru_harness.data import (
     parse_targets, resolve_local_dir, retain_config_for,
 )
 from cru_harness.data.rwku import TARGET_KINDS
+from cru_harness.data import sources
 
 TOFU_ROW_COUNTS = {
     "forget01": 40, "forget05": 200, "forget10": 400, "retain90": 3600, "retain99": 3960, "full": 4000,
@@ -245,6 +246,7 @@ def test_rwku_from_the_hub_reads_each_config_from_its_split(monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     monkeypatch.setattr(rwku, "resolve_local_dir", lambda name, data_dir=None: None)
+    monkeypatch.setattr(sources, "_hub_connection_problem", lambda: None)   # the double is the Hub, reachable
     rwku.clear_hub_cache()
     try:
         assert [t.name for t in rwku.list_targets()] == ["Stephen King", "Confucius"]
@@ -304,6 +306,7 @@ def test_every_hub_request_names_a_dataset_config_split_and_file_that_exist(monk
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", hf_hub_download)
     monkeypatch.setattr(tofu, "resolve_local_dir", lambda name, data_dir=None: None)
     monkeypatch.setattr(rwku, "resolve_local_dir", lambda name, data_dir=None: None)
+    monkeypatch.setattr(sources, "_hub_connection_problem", lambda: None)   # the doubles are the Hub, reachable
     for config in tofu.TOFU_CONFIGS:
         assert tofu.load_tofu(config)[0]["question"] == "q"
     assert tofu.load_idontknow() == ["I don't know."]

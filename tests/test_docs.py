@@ -209,3 +209,80 @@ def test_slug_follows_github():
     assert slug("The demo (`results/demo/`)") == "the-demo-resultsdemo"
     assert slug("Several GPUs or machines: shards") == "several-gpus-or-machines-shards"
     assert slug("`lm_eval` and cru-eval") == "lm_eval-and-cru-eval"
+
+
+# ------------------------------------------------------------------------------------------------------ cli.md
+CLI_DOC = ROOT / "docs" / "cli.md"
+LISTINGS = ("methods", "benchmarks", "attacks")   # one row of cli.md's table for the three registry listings
+
+
+def cli_sections() -> dict[str, str]:
+    """`## <name>` section of docs/cli.md -> its prose (fenced blocks dropped: their commands are checked above)."""
+    parts = re.split(r"^## ", CLI_DOC.read_text(), flags=re.M)[1:]
+    return {part.split("\n", 1)[0].strip(): re.sub(r"^```.*?^```", "", part, flags=re.S | re.M) for part in parts}
+
+
+def test_cli_doc_has_a_section_for_every_subcommand():
+    """docs/cli.md says it covers every subcommand: each parser has its row in the table and its section (the three
+    listings share one row), and each section is a subcommand's (or lm-eval's)."""
+    sections = cli_sections()
+    table = CLI_DOC.read_text().split("\n## ", 1)[0]
+    for name in harness_subparsers():
+        assert f"`{name}`" in table, f"docs/cli.md: no row for `cru-harness {name}` in the table"
+        assert name in sections or name in LISTINGS, f"docs/cli.md: no `## {name}` section"
+    assert set(sections) - set(harness_subparsers()) == {"lm_eval and cru-eval"}
+
+
+def test_cli_doc_names_only_options_its_commands_have():
+    """Every `--option` a section of docs/cli.md names in inline code is one of its subcommand's options (or
+    lm-eval's, which the sections point to): a renamed or removed flag fails here."""
+    lm_eval = option_strings(lm_eval_subparsers()["run"])
+    for name, prose_text in cli_sections().items():
+        known = option_strings(harness_subparsers()[name]) if name in harness_subparsers() else set()
+        named = set()
+        for code in re.findall(r"`([^`\n]*)`", prose_text):
+            if re.match(r"(lm_eval|cru-eval|lm-eval)\b", code):
+                continue   # an lm-eval command line: the fenced-command check above covers the documented ones
+            call = re.match(r"cru-harness (\w+)", code)
+            flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)(?![\w])", code))
+            if call:   # `cru-harness <other> --flag`: that subcommand's
+                assert flags <= option_strings(harness_subparsers()[call.group(1)]), (name, code)
+            else:
+                named |= flags
+        unknown = named - known - lm_eval
+        assert not unknown, f"docs/cli.md, section {name}: no option {', '.join(sorted(unknown))}"
+
+
+# ------------------------------------------------------------------------------------------------------ times
+def test_the_demos_stated_times_are_the_measured_ones():
+    """README.md and docs/cli.md quote the committed demo run's times as benchmarks/stated_times.py reads them from
+    its run records, with the thread count, and its saved output (benchmarks/results/stated_times.json) holds the
+    same: a rerun of the demo that changes them changes the docs with it."""
+    import json
+
+    from conftest import load_benchmark
+
+    measured = load_benchmark("stated_times").committed()
+    saved = json.loads((ROOT / "benchmarks" / "results" / "stated_times.json").read_text())["committed"]
+    assert saved == measured
+    cells = f"{measured['cells_minutes']} min"
+    selection = f"{measured['target_selection_seconds'][0] / 60:.1f} min"
+    assert measured["torch_threads"] == [1]
+    for doc in ("README.md", "docs/cli.md"):
+        text = " ".join((ROOT / doc).read_text().split())
+        assert f"target selection took {selection}" in text and f"cells {cells}, at one torch thread" in text, doc
+
+
+def test_the_quickstarts_measured_times_are_the_scripts():
+    """README's quickstart table quotes benchmarks/results/stated_times.json's measurement of each step."""
+    import json
+
+    saved = json.loads((ROOT / "benchmarks" / "results" / "stated_times.json").read_text())
+    steps = {row["step"]: row["seconds"] for row in saved["quickstart"]}
+    steps["first use"] = saved["first_use"]["seconds"]
+    readme = (ROOT / "README.md").read_text()
+    for step, seconds in steps.items():
+        shown = f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+        row = next(line for line in readme.splitlines() if line.startswith(f"| `{step}`") or
+                   line.startswith(f"| {step} only"))
+        assert row.rstrip().endswith(f"| {shown} |"), (step, row)

@@ -353,7 +353,13 @@ def test_report_lists_stale_and_dirty_cells(tmp_path, monkeypatch):
     record["inputs"]["code_version"] = "0123456789abcdef"
     record_path.write_text(json.dumps(record))
     text = "\n".join(provenance.provenance_lines([store.root]))
-    assert f"1 of {len(cells)} cells were computed by another code version than this checkout's" in text
+    current = provenance.code_version()
+    # what follows the checkout is on its one line (a committed report regenerates but for it); the cells' own
+    # code versions, counted, on the lines below
+    assert (f"This checkout's code version: {current}; 1 of {len(cells)} cells were computed by another code "
+            "version (below)") in text
+    assert f"- code version 0123456789abcdef (1 cell): commit abc + local changes" in text
+    assert f"- code version {current} ({len(cells) - 1} cells): commit abc" in text
     assert "stale" not in text and "1 cells come from a dirty tree" in text
     assert cells[0].hash in text
     # a long list names the first cells and counts the rest (a 378-cell run's line stays readable)
@@ -361,11 +367,15 @@ def test_report_lists_stale_and_dirty_cells(tmp_path, monkeypatch):
     for cell in cells:
         path = store.cell_dir(cell.hash) / "run_record.json"
         saved = json.loads(path.read_text())
-        saved.update(code_version="0123456789abcdef", inputs={**saved["inputs"], "code_version": "0123456789abcdef"})
+        saved.update(code_version="0123456789abcdef", inputs={**saved["inputs"], "code_version": "0123456789abcdef"},
+                     git={"commit": "abc", "dirty": True})
         path.write_text(json.dumps(saved))
-    text = "\n".join(provenance.provenance_lines([store.root]))
-    assert f"{len(cells)} of {len(cells)} cells were computed by another code version" in text
-    (line,) = [line for line in text.splitlines() if "another code version" in line]
+    lines = provenance.provenance_lines([store.root])
+    checkout = [line for line in lines if "code version" in line and current in line]
+    assert checkout == [f"This checkout's code version: {current}; {len(cells)} of {len(cells)} cells were "
+                        "computed by another code version (below): their numbers are what that code computed, and "
+                        "running the config again with this checkout would recompute them."]
+    (line,) = [line for line in lines if "dirty tree" in line]
     assert line.endswith(f"; and {len(cells) - 1} more") and sum(cell.hash in line for cell in cells) == 1
 
 

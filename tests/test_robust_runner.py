@@ -189,8 +189,37 @@ def test_each_computed_cell_says_about_how_long_the_rest_will_take(tmp_path, mon
     assert done[0].endswith(f": ok in 360.0s; about {round(left * 6)} min left for {left} more "
                             f"cell{'s' if left > 1 else ''}"), done[0]
     assert done[-1].endswith(": ok in 60.0s")   # the last says nothing more
-    assert loop.time_left([7200.0], 2) == "; about 4.0 h left for 2 more cells"
-    assert loop.time_left([10.0], 1) == "; about 1 min left for 1 more cell"
+    one = cells[0]
+    assert loop.time_left([(one, 7200.0)], [one, one]) == "; about 4.0 h left for 2 more cells"
+    assert loop.time_left([(one, 10.0)], [one]) == "; about 1 min left for 1 more cell"
+
+
+def test_time_left_counts_each_cell_at_its_kinds_measured_cost():
+    """Nine cells left after fast scorings: a fine-tune and NPO trainings are not scorings. Each remaining cell is
+    estimated from the cells of its kind (kind, method, attack), then of its kind alone, then from every cell; with
+    a reference run (the demo's committed cells), from its own time there at this machine's pace."""
+    from types import SimpleNamespace
+
+    from cru_harness.runner import loop
+
+    def cell(name, kind, method, attack=None):
+        return SimpleNamespace(hash=name, kind=kind, method=method, extra={"attack": {"name": attack}} if attack else {})
+
+    original, retain = cell("o", "original", "Original"), cell("r", "retain", "Retain")
+    npo1, npo2, ga = cell("n1", "method", "NPO"), cell("n2", "method", "NPO"), cell("g", "method", "GA")
+    relearn, quantize = cell("a1", "attack", "NPO", "relearn"), cell("a2", "attack", "NPO", "quantize")
+    done = [(original, 60.0), (npo1, 900.0), (relearn, 300.0)]
+    assert loop.estimate_seconds(npo2, done) == 900.0           # its kind: the NPO cell
+    assert loop.estimate_seconds(ga, done) == 900.0             # no GA yet: the method cells
+    assert loop.estimate_seconds(quantize, done) == 300.0       # no quantize yet: the attack cells
+    assert loop.estimate_seconds(retain, done) == 420.0         # no kind of its own yet: every cell's mean
+    assert loop.time_left(done, [npo2, ga, quantize]) == "; about 35 min left for 3 more cells"
+    # the mean of all computed cells (the old estimate) would say 21 min for these three
+    reference = {"o": 30.0, "n1": 450.0, "n2": 500.0}   # this machine runs at twice the reference's times
+    assert loop.estimate_seconds(npo2, done, reference) == 1000.0
+    assert loop.estimate_seconds(ga, done, reference) == 900.0   # not in the reference: its kind
+    assert loop.time_left([], [npo2]) == "" and loop.time_left(done, []) == ""
+    assert loop.time_left([], [npo2], reference) == "; about 8 min left for 1 more cell"   # before any cell: its own
 
 
 def test_a_recomputation_killed_before_its_result_is_written_is_not_a_finished_cell(tmp_path, monkeypatch):

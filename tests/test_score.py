@@ -288,6 +288,9 @@ def test_runs_that_cannot_be_compared_are_refused_or_named(tmp_path, capsys):
                                                          "system_instruction": [None, "Be brief."]}
     text = score.format_report(report)
     assert "(lm-eval --limit 2: not the full sets)" in text
+    rouge = report["runs"][0]["tasks"]["tofu_forget10"]["rouge_l_recall"]
+    # the forget set's ROUGE-L, as the README and the report quote it (not 1 - ROUGE-L under another name)
+    assert f"tofu_forget10: forget ROUGE-L {rouge:.4g} (lower: more forgotten); Forget Quality" in text
     assert "evaluated under other settings: limit 2 vs None, chat_template False vs True" in text
     same = score.score_runs([model], retain_run=model)["runs"][0]["forget_quality"]["tofu_forget10"]
     assert "settings_differ" not in same

@@ -235,3 +235,31 @@ def test_a_failing_selection_stops_the_run_with_a_message_naming_it(tmp_path, mo
     monkeypatch.setattr(targets, "select_known_targets", raising(RuntimeError("an internal invariant broke")))
     with pytest.raises(RuntimeError, match="^an internal invariant broke$"):
         run_config(config, executor=lambda cell, workdir: {}, log=lambda _: None)
+
+
+def test_lm_evals_own_output_stays_out_of_the_target_counter(tmp_path, capsys):
+    """Each target's lm-eval pass draws its own progress bars on stderr (hundreds of lines under the demo's bar that
+    counts targets): they are held back, and shown only when the pass fails."""
+    import logging
+
+    config = cfg.validate_config(raw_config(tmp_path))
+    fake = FakeEvaluate()
+
+    def noisy(*args, **kwargs):
+        import sys
+
+        sys.stderr.write("Running loglikelihood requests: 100%|#####| 16/16\n")
+        logging.getLogger("lm_eval.evaluator").info("Building contexts for rwku_fb")
+        if kwargs["targets"] == "9":
+            raise RuntimeError("lm-eval failed")
+        return fake(*args, **kwargs)
+
+    select_known_targets(config, config.models[0], evaluate=noisy, log=lambda _: None)
+    err = capsys.readouterr().err
+    assert "Running loglikelihood requests" not in err and "Building contexts" not in err
+    assert "choosing RWKU targets" in err or err == ""   # the target bar (when stderr shows bars)
+    failing = cfg.validate_config({**raw_config(tmp_path), "output_dir": str(tmp_path / "run2")})
+    failing.benchmarks["rwku"]["targets"] = [9]
+    with pytest.raises(RuntimeError, match="lm-eval failed"):
+        select_known_targets(failing, failing.models[0], evaluate=noisy, log=lambda _: None)
+    assert "Running loglikelihood requests" in capsys.readouterr().err   # beside its error

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 from ..devices import add_device_arguments
 from ..errors import InputError
-from ..prompts import add_prompt_format_argument, prompt_format_choice
+from ..prompts import add_prompt_format_argument, prompt_format_label
 
 RECORD_FILE = "attack_record.json"
 
@@ -27,7 +27,8 @@ def register(subparsers) -> None:
         description="Apply one attack to a model (for CRU: the base and its --routers) and save the attacked model; "
                     "`cru-harness attacks` lists the attacks and their settings.")
     p.add_argument("--attack", required=True, help="a registered attack's name")
-    p.add_argument("--model", required=True, help="the model as deployed: a HF id or local checkpoint directory")
+    p.add_argument("--model", required=True, help="the model as deployed: a HF id, a local checkpoint directory or a "
+                                                  "testbed name (zoo:llama:finetuned, smollm2)")
     p.add_argument("--routers", default=None, help="router bundle directory (dir+dir for several) served with it")
     p.add_argument("--out", required=True, help="directory for the attacked model and attack_record.json")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
@@ -36,7 +37,8 @@ def register(subparsers) -> None:
     p.add_argument("--forget-corpus", default=None,
                    help="forget corpus of an attack that trains on it (relearn): a TOFU config, JSON/JSONL, rwku:...")
     p.add_argument("--benchmark", default="tofu", choices=("tofu", "rwku"), help="whose prompt format rows take")
-    p.add_argument("--data-dir", default=None, help="local TOFU/RWKU data root (default: env or the Hub)")
+    p.add_argument("--data-dir", default=None,
+                   help="local TOFU/RWKU data root or testbed:world (default: env or the Hub)")
     p.add_argument("--seed", type=int, default=0, help="seed of a seeded attack (relearn's slice) (default 0)")
     add_prompt_format_argument(p)
     add_device_arguments(p)
@@ -47,10 +49,12 @@ def register(subparsers) -> None:
         description="For each decoder block, TOFU's answer probability when the final norm and output head read "
                     "that block's output (with --routers: the bundle attached, as served). A forgotten answer "
                     "still readable at a middle layer is hidden, not removed (docs/protocol.md, Attacks).")
-    lens.add_argument("--model", required=True, help="HF model id or local checkpoint directory")
+    lens.add_argument("--model", required=True, help="HF model id, local checkpoint directory or testbed name "
+                                                     "(zoo:llama:finetuned, smollm2)")
     lens.add_argument("--routers", default=None, help="router bundle directory (dir+dir for several) to attach")
     lens.add_argument("--data", required=True, help="question-answer rows: a TOFU config, JSON/JSONL, rwku:...")
-    lens.add_argument("--data-dir", default=None, help="local TOFU/RWKU data root (default: env or the Hub)")
+    lens.add_argument("--data-dir", default=None,
+                      help="local TOFU/RWKU data root or testbed:world (default: env or the Hub)")
     lens.add_argument("--limit", type=int, default=None, help="first N rows only")
     lens.add_argument("--json", default=None, metavar="FILE", help="also write the scores to FILE")
     add_prompt_format_argument(lens)
@@ -82,15 +86,18 @@ def run_attack(args: argparse.Namespace) -> int:
     from ..devices import load_causal_lm, resolve_device
     from ..hparams import check_seed
     from ..locations import check_model_path, check_output_dir
+    from ..testbed.names import prompt_format_for, resolve_data_dir, resolve_model_path
 
     attack = plugins.attacks.get(args.attack)
     settings = parse_settings(args.settings, attack)
     check_seed(args.seed)
-    check_model_path(args.model, what="--model")
     out = check_output_dir(args.out, what="--out", overwrite=args.overwrite)
-    fmt = prompt_format_choice(args.prompt_format, args.benchmark)
+    # auto: the format the model learned (its training record; plain for a zoo model), else its chat template
+    fmt = prompt_format_for(args.prompt_format, args.model, args.benchmark)
     fmt.setdefault("preset", None)
-    model_spec = SimpleNamespace(path=args.model, device_map=args.device_map, trust_remote_code=False)
+    model_path = check_model_path(resolve_model_path(args.model), what="--model")   # a testbed name: its directory
+    data_dir = resolve_data_dir(args.data_dir)
+    model_spec = SimpleNamespace(path=model_path, device_map=args.device_map, trust_remote_code=False)
     cell = SimpleNamespace(kind="attack", method=None, benchmark=args.benchmark, split=None, target=None,
                            seed=args.seed, hparams={}, corpora={"forget_corpus": args.forget_corpus}, model=model_spec,
                            extra={"attack": {"name": attack.name, "settings": settings}}, device=args.device,
@@ -102,16 +109,18 @@ def run_attack(args: argparse.Namespace) -> int:
         raise InputError(f"attack {attack.name} trains on forget rows: give --forget-corpus")
     device = str(resolve_device(args.device)) if args.device_map is None else args.device
     outcome = {"resources": {}, "details": {}, "artifacts": {}}
-    ctx = CellContext(cell=cell, model_path=args.model, workdir=out, data_dir=args.data_dir, outcome=outcome,
+    ctx = CellContext(cell=cell, model_path=model_path, workdir=out, data_dir=data_dir, outcome=outcome,
                       chat=bool(fmt.get("chat")), prompt_format={k: v for k, v in fmt.items() if v is not None},
                       dtype=args.dtype, device=device, routers=args.routers,
                       load_model=lambda path: load_causal_lm(path, device=device, device_map=args.device_map,
                                                              dtype=args.dtype))
     out.mkdir(parents=True, exist_ok=True)
     attacked = attack.run(ctx)
+    # the format the attacked model is prompted with (what relearn trained on): `--prompt-format auto` reads it
+    label = prompt_format_label(fmt, _tokenizer(model_path) if fmt.get("chat") is None else None)
     record = {"attack": attack.name, "settings": settings, "model": args.model, "routers": args.routers,
               "attacked_model": attacked.model_path, "attacked_routers": attacked.routers, "seed": args.seed,
-              **outcome}
+              "prompt_format": label, **outcome}
     if on_prompts:
         metadata = plugins.benchmarks.get(args.benchmark).variant_metadata(
             attack.variant, attack.task_metadata(settings, args.seed))   # in the keys its task variants read
@@ -125,25 +134,54 @@ def run_attack(args: argparse.Namespace) -> int:
         return 0
     served = f" with routers {attacked.routers}" if attacked.routers else " (no routers)"
     print(f"{attack.name}: attacked model {attacked.model_path}{served}; record in {Path(out) / RECORD_FILE}")
+    print("score it: " + score_command(attacked.model_path, attacked.routers, label, args.data_dir, out,
+                                       benchmark=args.benchmark, forget=args.forget_corpus))
     return 0
+
+
+def _tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def score_command(model: str, routers: str | None, prompt_format: str, data_dir: str | None, out, *,
+                  benchmark: str = "tofu", forget: str | None = None) -> str:
+    """The lm-eval command that scores an attacked model (then `cru-harness score`): TOFU's suite of the forget split
+    it was attacked on (forget10 otherwise) or RWKU's probes, with the routers it is served with and the prompt it
+    learned."""
+    from ..data.tofu import FORGET_SPLITS
+
+    args = f"base={model}" + (f",routers={routers}" if routers else "")
+    tasks = ("rwku_forget,rwku_neighbor,rwku_mia" if benchmark == "rwku"
+             else f"tofu_{forget if forget in FORGET_SPLITS else 'forget10'}_suite")
+    flags = " --apply_chat_template" if prompt_format == "chat" else ""
+    metadata = {**({"data_dir": data_dir} if data_dir else {}),
+                **({"tofu_model_family": prompt_format} if prompt_format not in ("chat", "plain") else {})}
+    meta = f" --metadata '{json.dumps(metadata)}'" if metadata else ""
+    scored = Path(out) / "lm_eval"
+    return (f"lm_eval --model cru --model_args {args} --tasks {tasks}{flags}{meta} --batch_size auto "
+            f"--output_path {scored} --log_samples && cru-harness score {scored}"
+            + (f" --data-dir {data_dir}" if data_dir else ""))
 
 
 def run_lens(args: argparse.Namespace) -> int:
     from ..data.corpora import load_corpus_rows
     from ..devices import load_causal_lm
     from ..locations import check_model_path
+    from ..testbed.names import prompt_format_for, resolve_model_path
     from .logit_lens import logit_lens_scores
 
     if args.limit is not None and args.limit < 1:
         raise InputError(f"--limit {args.limit}: give a positive number of rows")
-    check_model_path(args.model, what="--model")
+    fmt = prompt_format_for(args.prompt_format, args.model)   # auto: the format the model learned
+    model_path = check_model_path(resolve_model_path(args.model), what="--model")   # a testbed name: its directory
     rows, source = load_corpus_rows(args.data, args.data_dir)
     rows = rows[:args.limit] if args.limit else rows
     if not all(row.get("question") and row.get("answer") for row in rows):
         raise InputError(f"--data {args.data}: the logit lens needs question-answer rows ({source} has others)")
-    model, tokenizer = load_causal_lm(args.model, device=args.device, device_map=args.device_map, dtype=args.dtype)
-    result = logit_lens_scores(model, tokenizer, rows, routers=args.routers,
-                               prompt_format=prompt_format_choice(args.prompt_format))
+    model, tokenizer = load_causal_lm(model_path, device=args.device, device_map=args.device_map, dtype=args.dtype)
+    result = logit_lens_scores(model, tokenizer, rows, routers=args.routers, prompt_format=fmt)
     print(f"logit lens of {args.model}{' + ' + args.routers if args.routers else ''} on {source} "
           f"({result.n_items} items)")
     print("| layer | answer probability |\n|---|---|")

@@ -5,8 +5,22 @@ from . import (  # noqa: F401  (registration side effects)
     ceu, dpo, ga, gd, gd_kl, icu, idkdpo, lunar, npo, npo_kl, rmu, rt, satimp, simnpo, task_vector, undial, wga, whp)
 from .base import BaselineConfig, RetainConfig, UnlearningMethod
 from .registry import METHODS, get_method, make_config, register_method
-from .resources import ResourceMonitor, ResourceRecord, count_parameters, peak_rss_bytes
-from .api import UnlearnResult, unlearn
+
+# `unlearn` and the resource monitor are exported lazily (PEP 562): listing the methods (`cru-harness methods`)
+# imports this package, and must not import the training loop's transformers, accelerate and peft with it.
+_LAZY = {"ResourceMonitor": ".resources", "ResourceRecord": ".resources", "count_parameters": ".resources",
+         "peak_rss_bytes": ".resources", "UnlearnResult": ".api", "unlearn": ".api"}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "METHODS", "get_method", "make_config", "register_method", "BaselineConfig", "RetainConfig",

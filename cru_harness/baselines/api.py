@@ -13,6 +13,7 @@ from ..context import fit_to_context
 from ..devices import saved_dtype
 from ..errors import InputError
 from ..locations import check_model_path, check_output_dir, save_checkpoint
+from ..prompts import prompt_format_label
 from .base import BaselineConfig, UnlearningMethod
 from .data import ForgetRetainDataset, encode_row
 from .registry import get_method
@@ -37,6 +38,10 @@ class UnlearnResult:
     final_logs: dict[str, float]
     history: list[dict] = field(default_factory=list)
     model: torch.nn.Module | None = field(default=None, repr=False)  # the trained model (not serialised)
+    # what the directory was trained from and on: `--prompt-format auto` reads `prompt_format` back (a
+    # `prompts.prompt_format_label`: chat, plain or an open-unlearning model config)
+    base_model: str | None = None
+    prompt_format: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "model"}
@@ -144,6 +149,8 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
         gradient_accumulation_steps=trained.gradient_accumulation_steps, num_processes=trained.num_processes,
         resources=max_over_processes(monitor.record, accelerator).to_dict(), final_logs=trained.final_logs,
         history=trained.history, model=trained.model,
+        base_model=str(model_path_or_model) if isinstance(model_path_or_model, (str, os.PathLike)) else None,
+        prompt_format=prompt_format_label(dict(prompt_format or {}), tokenizer),
     )
     if out_dir is not None:
         accelerator.wait_for_everyone()

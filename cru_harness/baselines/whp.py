@@ -30,7 +30,6 @@ import torch
 from ..errors import InputError
 from ..hparams import bound_problem
 from ..locations import WHP_MANIFEST, check_output_dir, write_directory
-from .api import RECORD_FILE, unlearn
 from .plugin import BaselineMethod
 from .registry import register_method
 from .task_vector import MuseFinetuneConfig, Reinforce
@@ -106,6 +105,8 @@ def _model_reference(path: str) -> str:
 def save_whp(out: str | os.PathLike, reinforced, tokenizer, *, baseline: str, alpha: float,
              record: dict | None = None) -> Path:
     """Write a WHP directory whole (`locations.write_directory`): manifest, reinforced checkpoint, tokenizer."""
+    from .api import RECORD_FILE
+
     manifest = WHPManifest(baseline=_model_reference(baseline), alpha=float(alpha))
 
     def write(tmp: Path) -> None:
@@ -252,6 +253,8 @@ class WHPMethod(BaselineMethod):
     def train(self, base_path: str, forget: list[dict], retain: list[dict], config: WHPConfig, out, *,
               overwrite: bool = False, trust_remote_code: bool = False, **kwargs):
         from transformers import AutoTokenizer
+
+        from .api import unlearn   # here: listing the methods must not import the training loop
 
         check_output_dir(out, what="out_dir", overwrite=overwrite, overwrite_hint="overwrite=True", staged=True)
         result = unlearn(base_path, None, forget, retain, self.trainer, config, out_dir=None,

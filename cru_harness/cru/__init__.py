@@ -1,28 +1,61 @@
 """CRU -- Causal Routing for Unlearning: localization (phase 1), routers and their training (phase 2), router
 bundles (the shippable artifact) and attaching them to a frozen base model."""
-from .attach import RoutedModel, RoutingHandle, attach_bundles, routed
-from .blocks import DecoderBlocksNotFoundError, find_decoder_blocks
-from .bundle import (
-    BundleConfig,
-    BundleError,
-    BundleFileError,
-    FingerprintMismatchError,
-    HiddenSizeMismatchError,
-    IncompatibleBaseError,
-    LayerCountMismatchError,
-    RouterBundle,
-    UnsupportedFormatError,
-    WeightShapeError,
-    BaseWeightsWarning,
-    base_fingerprint,
-)
-from .localize import BlockComparison, Localization, compare_localizations, localize
-from .prefix import PrefixCacheError
-from .losses import LOSS_SHAPES, collapsed_gate
-from .router import INPUT_NORMS, Router
-from .sites import GATE_SITES, GateSiteError
-from .train import (GateRecorder, RouterTrainer, RouterTrainingConfig, StepResult, cru_loss, measure_gate_means,
-                    router_schedule, schedule_for, train_routers)
+import importlib
+
+# Exported lazily (PEP 562): `cru_harness.cru.plugin` and `cru.blocks`, which the method registry and
+# `cru-harness methods` import, must not pull in peft and transformers through this package's __init__.
+_EXPORTS = {
+    "RoutedModel": ".attach",
+    "RoutingHandle": ".attach",
+    "attach_bundles": ".attach",
+    "routed": ".attach",
+    "DecoderBlocksNotFoundError": ".blocks",
+    "find_decoder_blocks": ".blocks",
+    "BundleConfig": ".bundle",
+    "BundleError": ".bundle",
+    "BundleFileError": ".bundle",
+    "FingerprintMismatchError": ".bundle",
+    "HiddenSizeMismatchError": ".bundle",
+    "IncompatibleBaseError": ".bundle",
+    "LayerCountMismatchError": ".bundle",
+    "RouterBundle": ".bundle",
+    "UnsupportedFormatError": ".bundle",
+    "WeightShapeError": ".bundle",
+    "BaseWeightsWarning": ".bundle",
+    "base_fingerprint": ".bundle",
+    "BlockComparison": ".localize",
+    "Localization": ".localize",
+    "compare_localizations": ".localize",
+    "localize": ".localize",
+    "PrefixCacheError": ".prefix",
+    "LOSS_SHAPES": ".losses",
+    "collapsed_gate": ".losses",
+    "INPUT_NORMS": ".router",
+    "Router": ".router",
+    "GATE_SITES": ".sites",
+    "GateSiteError": ".sites",
+    "GateRecorder": ".train",
+    "RouterTrainer": ".train",
+    "RouterTrainingConfig": ".train",
+    "StepResult": ".train",
+    "cru_loss": ".train",
+    "measure_gate_means": ".train",
+    "router_schedule": ".train",
+    "schedule_for": ".train",
+    "train_routers": ".train",
+}
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:   # a submodule (cru_harness.cru.train), as an eager __init__ had bound it
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "GATE_SITES", "INPUT_NORMS", "LOSS_SHAPES", "GateSiteError", "BaseWeightsWarning", "BlockComparison",

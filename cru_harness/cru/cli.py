@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cru_harness.arguments import config_defaults_help, field_defaults, given_fields
 from cru_harness.devices import add_device_arguments
-from cru_harness.prompts import BENCHMARKS, add_prompt_format_argument, prompt_format_choice, prompt_format_label
+from cru_harness.prompts import BENCHMARKS, add_prompt_format_argument, prompt_format_label
 from cru_harness.hparams import HPARAM_CHOICES
 
 from ..errors import InputError
@@ -179,7 +179,7 @@ def run_baseline(args: argparse.Namespace, method) -> int:
     from cru_harness.data.tofu import FORGET_SPLITS
     from cru_harness.hparams import check_seed
     from cru_harness.locations import check_model_path, check_output_dir
-    from cru_harness.testbed.names import resolve_model_path, trained_plain
+    from cru_harness.testbed.names import prompt_format_for, resolve_model_path
 
     from .train import RouterTrainingConfig
 
@@ -194,10 +194,8 @@ def run_baseline(args: argparse.Namespace, method) -> int:
     split = args.forget if args.forget in FORGET_SPLITS else None
     config = method.trainer.Config.preset(args.benchmark, split if args.benchmark == "tofu" else None,
                                           **_method_hparams(method, _set_values(args.hparams)))
-    fmt = prompt_format_choice(args.prompt_format, benchmark=args.benchmark)
+    fmt = prompt_format_for(args.prompt_format, args.base, args.benchmark)   # auto: the format the base learned
     check_output_dir(args.out, what="--out", overwrite=args.overwrite)
-    if args.prompt_format == "auto" and trained_plain(args.base):
-        fmt["chat"] = False   # a testbed checkpoint learned the plain prompt, as the runner evaluates it
     base_path = check_model_path(resolve_model_path(args.base), what="--base")
     forget_rows = _corpus_rows(args.forget, args.data_dir, "forget")[0]
     retain_rows = _corpus_rows(args.retain, args.data_dir, "retain")[0]
@@ -225,7 +223,7 @@ def run_cru(args: argparse.Namespace) -> int:
     from cru_harness.devices import load_causal_lm
     from cru_harness.locations import check_model_path, check_output_dir
     from cru_harness.hparams import check_seed
-    from cru_harness.testbed.names import resolve_model_path, trained_plain
+    from cru_harness.testbed.names import prompt_format_for, resolve_model_path
 
     from .plugin import METHOD
     from .train import RouterTrainingConfig, train_routers
@@ -239,9 +237,7 @@ def run_cru(args: argparse.Namespace) -> int:
         **{**METHOD.benchmark_defaults.get(args.benchmark, {}), **given},   # the paper's setting for --benchmark
         forget_description=str(args.forget), retain_description=str(args.retain), progress=not args.no_progress,
         prefix_cache=not args.no_prefix_cache)
-    fmt = prompt_format_choice(args.prompt_format, benchmark=args.benchmark)
-    if args.prompt_format == "auto" and trained_plain(args.base):
-        fmt["chat"] = False   # a testbed checkpoint learned the plain prompt, as the runner evaluates it
+    fmt = prompt_format_for(args.prompt_format, args.base, args.benchmark)   # auto: the format the base learned
     check_output_dir(args.out, what="--out", overwrite=args.overwrite)
     base_path = check_model_path(resolve_model_path(args.base), what="--base")
     forget_rows = _corpus_rows(args.forget, args.data_dir, "forget")

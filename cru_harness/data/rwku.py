@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..api import DataSource
 from ..errors import InputError, UserError
-from .sources import DataSourceError, hub_unreachable, read_json_records, resolve_local_dir
+from .sources import DataSourceError, hub_unreachable, hub_unreachable_now, read_json_records, resolve_local_dir
 
 #: RWKU's data (the RWKU plugin's `data` hook): the Hub dataset, or a folder holding `Target/`.
 SOURCE = DataSource(folder="rwku", marker="Target", hub_id="jinzhuoran/RWKU", env_var="CRU_HARNESS_RWKU_DIR")
@@ -256,6 +256,8 @@ def hub_split(config: str) -> str:
 
 @lru_cache(maxsize=32)
 def _hub_rows_cached(config: str) -> tuple:
+    if (offline := hub_unreachable_now(SOURCE, f"RWKU config {config!r}")) is not None:
+        raise offline   # at once, not after the Hub client's retries
     try:
         import datasets
 

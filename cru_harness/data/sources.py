@@ -1,6 +1,8 @@
 """Where benchmark data comes from: the Hugging Face Hub by default, a local directory when one is given."""
 from __future__ import annotations
 
+import functools
+
 import json
 import os
 from pathlib import Path
@@ -50,6 +52,33 @@ def hub_unreachable(benchmark: BenchmarkData, what: str, cause: BaseException, r
         f"could not load {what} from the Hugging Face Hub ({repo or source.hub_id}): {cause}. "
         f"If the Hub is unreachable, point cru-harness at a local copy: {local_copy_hint(source)}."
     )
+
+
+def hub_unreachable_now(benchmark: BenchmarkData, what: str, repo: str | None = None) -> DataSourceError | None:
+    """The error to raise at once when the Hub cannot answer: no network to it (one connection attempt of a few
+    seconds, made once per process) rather than the Hub client's retries (about 40 s). None when it may answer, or
+    in offline mode (HF_HUB_OFFLINE), where the Hub client reads its cache and fails by itself without retrying."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return None
+    cause = _hub_connection_problem()
+    if cause is None:
+        return None
+    return hub_unreachable(benchmark, what, RuntimeError(f"{cause}; with a cached copy, set HF_HUB_OFFLINE=1"),
+                           repo)
+
+
+@functools.lru_cache(maxsize=1)
+def _hub_connection_problem() -> str | None:
+    import socket
+    from urllib.parse import urlparse
+
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as err:
+        return f"no connection to {host}:{port} ({err})"
+    return None
 
 
 def resolve_local_dir(benchmark: BenchmarkData, data_dir: str | os.PathLike | None = None) -> Path | None:

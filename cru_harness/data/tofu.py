@@ -6,7 +6,7 @@ import re
 
 from ..api import DataSource
 from ..errors import InputError
-from .sources import DataSourceError, hub_unreachable, read_json_records, resolve_local_dir
+from .sources import DataSourceError, hub_unreachable, hub_unreachable_now, read_json_records, resolve_local_dir
 
 #: TOFU's data (the TOFU plugin's `data` hook): the Hub dataset, or a folder holding `forget10_perturbed.json`.
 SOURCE = DataSource(folder="tofu", marker="forget10_perturbed.json", hub_id="locuslab/TOFU",
@@ -96,6 +96,8 @@ def load_author_rows(author: int, data_dir: str | os.PathLike | None = None, *, 
 
 
 def _load_from_hub(config: str) -> list[dict]:
+    if (offline := hub_unreachable_now(SOURCE, f"TOFU config {config!r}")) is not None:
+        raise offline   # at once, not after the Hub client's retries
     try:
         import datasets
 
@@ -118,6 +120,8 @@ def load_idontknow(data_dir: str | os.PathLike | None = None) -> list[str]:
         if not path.is_file():
             raise DataSourceError(f"{path} is missing: the local TOFU copy needs TOFU's idontknow.jsonl")
     else:
+        if (offline := hub_unreachable_now(SOURCE, f"TOFU's refusal answers ({IDK_HUB[1]})", IDK_HUB[0])) is not None:
+            raise offline
         try:
             from huggingface_hub import hf_hub_download
 

@@ -6,7 +6,7 @@ import functools
 
 from ..arguments import config_defaults_help, field_defaults, given_fields
 from ..devices import add_device_arguments
-from ..prompts import add_prompt_format_argument, prompt_format_choice
+from ..prompts import add_prompt_format_argument
 from ..hparams import HPARAM_CHOICES
 
 
@@ -59,15 +59,13 @@ def run_finetune(args: argparse.Namespace) -> int:
     from ..hparams import check_seed
 
     check_seed(args.seed)
-    fmt = prompt_format_choice(args.prompt_format)
     from accelerate.state import PartialState
 
     from .train import FinetuneConfig, finetune
 
-    from ..testbed.names import resolve_model_path, trained_plain
+    from ..testbed.names import prompt_format_for, resolve_model_path
 
-    if args.prompt_format == "auto" and trained_plain(args.model):
-        fmt["chat"] = False   # a testbed checkpoint learned the plain prompt, as the runner evaluates it
+    fmt = prompt_format_for(args.prompt_format, args.model)   # auto: the format the model learned, if recorded
     config = FinetuneConfig(**given_fields(args, FinetuneConfig))
     result = finetune(resolve_model_path(args.model), args.data, args.out, config=config, seed=args.seed,
                       data_dir=args.data_dir,

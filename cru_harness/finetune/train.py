@@ -126,8 +126,9 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     # Where it will write, and what it reads, are checked before anything is loaded or trained.
     if out_dir is not None:
         out = check_output_dir(out_dir, what="--out", overwrite=overwrite, staged=True)
-    if isinstance(model, (str, os.PathLike)):
-        check_model_path(str(model), what="--model")
+    base_model = str(model) if isinstance(model, (str, os.PathLike)) else None
+    if base_model is not None:
+        check_model_path(base_model, what="--model")
     if config is None:
         config = FinetuneConfig()
     elif isinstance(config, dict):
@@ -174,7 +175,10 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     if out_dir is not None:
         accelerator.wait_for_everyone()
         if PartialState().is_main_process:
-            save_checkpoint(out, trained.model, tokenizer, RECORD_FILE, result.to_dict(), accelerator.save)
+            # the record also names the base, the method and the prompt format (`--prompt-format auto` reads it)
+            record = {**result.to_dict(), "base_model": base_model, "method": "finetune",
+                      "prompt_format": "chat" if dataset.chat else (family or "plain")}
+            save_checkpoint(out, trained.model, tokenizer, RECORD_FILE, record, accelerator.save)
         accelerator.wait_for_everyone()
     return result
 

@@ -19,6 +19,8 @@ Set `CRU_HARNESS_NO_LMEVAL_HOOK=1` to switch the `.pth` hook off (then use `cru-
 from __future__ import annotations
 
 import functools
+import logging
+import re
 from pathlib import Path
 
 from .metadata import check_metadata_keys
@@ -91,6 +93,33 @@ def patch_task_manager(task_manager_cls=None) -> None:
 
     setattr(__init__, _PATCH_FLAG, True)
     task_manager_cls.__init__ = __init__
+    quiet_opposite_directions()
+
+
+#: lm-eval's warning when a group's tasks give one metric opposite directions ("Higher_is_better values for metric
+#: rouge_l_recall in group tofu_forget10_suite are not consistent"). The project's TOFU and RWKU groups put forget
+#: tasks (lower ROUGE-L is better) beside retain and utility tasks (higher is better) on purpose, and define no group
+#: score, so the direction lm-eval then drops is read by nothing: the four warnings a run printed said nothing.
+_OPPOSITE = re.compile(r"Higher_is_better values for metric \S+ in group (?P<group>\S+) are not consistent")
+
+
+class _ProjectGroupDirections(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = _OPPOSITE.match(record.getMessage())
+        return not (match and project_group(match.group("group")))
+
+
+def project_group(name: str) -> bool:
+    """Whether a group is one of the project's (tasks/tofu, tasks/rwku), whose forget and retain tasks point their
+    shared metrics opposite ways by design."""
+    return any(path.stem == name for path in Path(tasks_dir()).rglob("*.yaml"))
+
+
+def quiet_opposite_directions() -> None:
+    """Drop lm-eval's direction warning for the project's own groups only (`_OPPOSITE`); other groups keep it."""
+    logger = logging.getLogger("lm_eval.evaluator_utils")
+    if not any(isinstance(f, _ProjectGroupDirections) for f in logger.filters):
+        logger.addFilter(_ProjectGroupDirections())
 
 
 def with_project_tasks(include_path):

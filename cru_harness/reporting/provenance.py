@@ -47,7 +47,7 @@ def provenance_lines(dirs) -> list[str]:
     from ..store import CellStore
 
     current = code_version()
-    stale, dirty, records, invalid = [], [], [], {}
+    stale, dirty, records, invalid = 0, [], [], {}
     for directory in dirs:
         directory = Path(directory)
         # silent: the report's reading of the same cells (load_results) has already warned about bad files
@@ -56,26 +56,30 @@ def provenance_lines(dirs) -> list[str]:
             record = store.load_record(cell_hash) or {}
             records.append(record)
             label = f"{result.get('model')} {result.get('unit')} {result.get('label')} ({cell_hash})"
-            if record_code(record)[0] != current:
-                stale.append(label)
+            stale += record_code(record)[0] != current
             if (record.get("git") or {}).get("dirty"):
                 dirty.append(label)
         invalid.update(store.invalid)
     if not records and not invalid:
         return []
     total = len(records)
-    lines = ["## Provenance", "", f"This checkout's code version: {current}."]
+    # Everything that follows the checkout (its code version, which cells it would recompute) is on this one line:
+    # `cru-harness report` on a committed run rewrites every other byte of its report (docs/reproducibility.md).
+    if stale:
+        checkout = (f"; {stale} of {total} cells were computed by another code version (below): their numbers "
+                    "are what that code computed, and running the config again with this checkout would recompute "
+                    "them.")
+    else:
+        checkout = "; it computed every cell."
+    lines = ["## Provenance", "", f"This checkout's code version: {current}{checkout}"]
     if invalid:   # a cell the tables silently lacked would change them without a word
         named = "; ".join(f"{path} ({problem})" for path, problem in sorted(invalid.items()))
         lines.append(f"- **{len(invalid)} cell file(s) are not valid**: a cell whose result.json is among them is left "
                      f"out of every table, and `cru-harness run` recomputes it: {named}")
+    counts = Counter(record_code(record)[0] for record in records)
     for version, commits in sorted(code_commits(records).items()):
-        lines.append(f"- code version {version}: commit {', '.join(sorted(commits))}")
-    if stale:
-        # not an alarm: on a fresh checkout every committed cell was computed by an earlier code version
-        lines.append(f"- {len(stale)} of {total} cells were computed by another code version than this checkout's "
-                     "(named above): their numbers are what that code computed. Running the config again with this "
-                     "checkout would recompute them: " + listed(stale))
+        count = f"{counts[version]} cell{'s' * (counts[version] != 1)}"
+        lines.append(f"- code version {version} ({count}): commit {', '.join(sorted(commits))}")
     if dirty:
         lines.append(f"- **{len(dirty)} cells come from a dirty tree** (uncommitted changes to the package): not "
                      "reproducible from any commit; do not commit them: " + listed(dirty))

@@ -160,13 +160,32 @@ def _load(path: str, output_dir: str | None):
     return load_config(path, overrides)
 
 
+def data_source(benchmark: str, data_dir: str | None) -> str:
+    """Where a run will read a benchmark's data, in `data.sources.resolve_local_dir`'s order (the config's
+    `data_dir`, the benchmark's variable, CRU_HARNESS_DATA_DIR, the Hub), without reading it (a dry run)."""
+    import os
+
+    from .. import plugins
+    from ..data.sources import ENV_DATA_DIR
+
+    source = getattr(plugins.benchmarks.get(benchmark), "data", None)   # the benchmark's `DataSource`
+    if data_dir:
+        return f"{data_dir} (the config's data_dir)"
+    variables = tuple(v for v in (getattr(source, "env_var", None), ENV_DATA_DIR) if v)
+    for variable in variables:
+        if os.environ.get(variable):
+            return f"{os.environ[variable]} (from {variable})"
+    hub = f" ({source.hub_id})" if getattr(source, "hub_id", None) else ""
+    unset = f"neither {variables[0]} nor {variables[1]} is" if len(variables) == 2 else f"{variables[0]} is not"
+    return f"the Hugging Face Hub{hub}: the config names no data_dir and {unset} set"
+
+
 def plan_summary(config, cells, selected_targets=None) -> dict:
     from .plan import describe_cell, pending_selections
 
     described = [describe_cell(cell) for cell in cells]
     downloads = sorted({d for item in described for d in item["downloads"]})
-    data = {bench: (spec["data_dir"] or "Hub / CRU_HARNESS_* env (see data.sources)")
-            for bench, spec in config.benchmarks.items()}
+    data = {bench: data_source(bench, spec["data_dir"]) for bench, spec in config.benchmarks.items()}
     return {"name": config.name, "output_dir": str(config.output_dir), "n_cells": len(cells),
             "n_trained": sum(1 for item in described if item["kind"] != "attack" and item["trains"]
                              and not item["trains"].startswith("nothing")),
@@ -362,7 +381,12 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
     write_plan(store.root, config, cells, shard)
     if reuse is not None:   # the plan's, not only --only's: those cells start from the shared fine-tune
         reuse_cells(reuse, store, cells, log, bundles=reuse_bundles)
-    counts = run_cells(to_run, store, executor, log=log, force=force, **({"inputs": inputs} if inputs else {}))
+    from .loop import recorded_walls
+
+    # with a reference run (the demo's committed one), the time left is each cell's own time there, at this pace
+    walls = recorded_walls(reproduce) if reproduce is not None else None
+    counts = run_cells(to_run, store, executor, log=log, force=force, reference_walls=walls,
+                       **({"inputs": inputs} if inputs else {}))
     log(f"done: {counts}")
     if report:
         from ..errors import WRITE_ERRNOS, OutputWriteError

@@ -122,16 +122,18 @@ def code_inputs(cell: Cell) -> dict[str, Any]:
 
 
 def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, log: Callable[[str], None] = print,
-              force: bool = False, inputs: Callable[[Cell], dict] = code_inputs) -> dict[str, int]:
+              force: bool = False, inputs: Callable[[Cell], dict] = code_inputs,
+              reference_walls: dict[str, float] | None = None) -> dict[str, int]:
     """Run every unfinished cell, one at a time. Returns counts per outcome (skipped, ok, failed, unavailable,
     and stale: finished cells recomputed because `inputs(cell)` differs from what their record saved).
 
     A finished cell is reused only when its saved inputs (code version; with `provenance.cell_inputs` also model,
     data and library fingerprints) equal the current ones: resuming one's own run skips it, a cell computed by
-    other code is recomputed."""
+    other code is recomputed. `reference_walls` ({cell hash: seconds}, `recorded_walls` of a reference run) makes the
+    time-left estimate each cell's own time there (`time_left`)."""
     cells = list(cells)
     counts = {"skipped": 0, "stale": 0, "ok": 0, "failed": 0, "unavailable": 0}
-    computed: list[float] = []   # wall times of the cells this call computed (finished ones take none)
+    computed: list[tuple[Cell, float]] = []   # the cells this call computed, with their wall times
     # One line per cell when it ends; while it runs, a bar names it (tqdm writes to stderr, the lines go to `log`).
     bar = tqdm(total=len(cells), desc="cells", unit="cell", leave=False, dynamic_ncols=True, disable=None)
 
@@ -140,11 +142,11 @@ def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, lo
             log(message)
 
     with bar:
-        _run_each(cells, store, executor, bar, log_line, force, inputs, counts, computed)
+        _run_each(cells, store, executor, bar, log_line, force, inputs, counts, computed, reference_walls)
     return counts
 
 
-def _run_each(cells, store, executor, bar, log, force, inputs, counts, computed) -> None:
+def _run_each(cells, store, executor, bar, log, force, inputs, counts, computed, reference_walls=None) -> None:
     for position, cell in enumerate(cells, start=1):
         tag = f"[{position}/{len(cells)}] {cell.hash} {cell.describe()}"
         try:
@@ -183,19 +185,56 @@ def _run_each(cells, store, executor, bar, log, force, inputs, counts, computed)
         counts[result["status"]] += 1
         suffix = f" ({result.get('reason')})" if result.get("reason") else ""
         wall = result["resources"].get("cell_wall_time_s", 0)
-        computed.append(wall)
-        log(f"{tag}: {result['status']}{suffix} in {wall:.1f}s{time_left(computed, len(cells) - position)}")
+        computed.append((cell, wall))
+        left = time_left(computed, cells[position:], reference_walls)
+        log(f"{tag}: {result['status']}{suffix} in {wall:.1f}s{left}")
         bar.update(1)
 
 
-def time_left(walls: list[float], cells_left: int) -> str:
-    """"; about 12 min left": the cells not yet reached at the mean wall time of those computed so far (too high
-    when some of them finished earlier; a rough guess, as a fine-tune takes longer than a scoring)."""
-    if not cells_left or not walls:
+def cost_kind(cell) -> tuple:
+    """What a cell's wall time follows: its kind, its method and its attack (a fine-tune, an NPO training, a relearn
+    attack and a scoring of the Original differ by orders of magnitude)."""
+    attack = ((getattr(cell, "extra", None) or {}).get("attack") or {}).get("name")
+    return (cell.kind, cell.method, attack)
+
+
+def estimate_seconds(cell, done: list[tuple[Any, float]], reference: dict[str, float] | None = None) -> float | None:
+    """A cell's expected wall time: its own time in a reference run (`--reproduce`: the same cell there), scaled by
+    this machine's pace on the cells both have; else the mean of the cells of its kind computed so far; else of those
+    of its kind (`Cell.kind`); else of every cell computed so far (None before any)."""
+    reference = reference or {}
+    if cell.hash in reference:
+        pairs = [(wall, reference[c.hash]) for c, wall in done if reference.get(c.hash)]
+        pace = sum(w for w, _ in pairs) / sum(r for _, r in pairs) if pairs else 1.0
+        return reference[cell.hash] * pace
+    for same in (lambda c: cost_kind(c) == cost_kind(cell), lambda c: c.kind == cell.kind, lambda c: True):
+        walls = [wall for c, wall in done if same(c)]
+        if walls:
+            return sum(walls) / len(walls)
+    return None
+
+
+def time_left(done: list[tuple[Any, float]], remaining: list, reference: dict[str, float] | None = None) -> str:
+    """"; about 12 min left for 9 more cells": each cell not yet reached at its kind's measured cost
+    (`estimate_seconds`); too high when some of them finished earlier. Empty when nothing is left or measured."""
+    if not remaining:
         return ""
-    seconds = cells_left * sum(walls) / len(walls)
+    estimates = [estimate_seconds(cell, done, reference) for cell in remaining]
+    if any(seconds is None for seconds in estimates):
+        return ""
+    seconds = sum(estimates)
     text = f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{max(1, round(seconds / 60))} min"
-    return f"; about {text} left for {cells_left} more cell{'s' if cells_left > 1 else ''}"
+    return f"; about {text} left for {len(remaining)} more cell{'s' if len(remaining) > 1 else ''}"
+
+
+def recorded_walls(run_dir) -> dict[str, float]:
+    """{cell hash: wall time} of a run directory's finished cells (a reference run, e.g. the demo's committed one)."""
+    walls = {}
+    for cell_hash, result in CellStore(run_dir, log=lambda _message: None).iter_results():
+        wall = (result.get("resources") or {}).get("cell_wall_time_s")
+        if result.get("status") == "ok" and isinstance(wall, (int, float)) and wall > 0:
+            walls[cell_hash] = float(wall)
+    return walls
 
 
 def run_one(cell: Cell, workdir: Path, executor: Executor, *, device: str = "cpu") -> tuple[dict, dict]:

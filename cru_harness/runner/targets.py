@@ -11,8 +11,12 @@ reuses it and the report can show why these targets were chosen. Ties keep the l
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
+import logging
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -135,10 +139,12 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
             tqdm(candidates, desc=f"choosing RWKU targets ({model.name})", unit="target") as bar:
         for target in bar:
             bar.set_postfix_str(f"target {target}")
-            results = evaluate(model, model_path, list(select["probes"]), Path(tmp) / f"lmeval_{target}",
-                               data_dir=resolve_data_dir(spec["data_dir"]), targets=str(target),
-                               limit=select["rows"], batch_size=config.evaluation.get("batch_size", 8),
-                               device=resolve_device(config.device), chat_template=chat, **key["lmeval_settings"])
+            with quiet_lmeval():   # the bar counts targets; lm-eval's own bars, one per pass, buried it
+                results = evaluate(model, model_path, list(select["probes"]), Path(tmp) / f"lmeval_{target}",
+                                   data_dir=resolve_data_dir(spec["data_dir"]), targets=str(target),
+                                   limit=select["rows"], batch_size=config.evaluation.get("batch_size", 8),
+                                   device=resolve_device(config.device), chat_template=chat,
+                                   **key["lmeval_settings"])
             for probe, rows in per_target_results(results.get("samples") or {}).items():
                 per_target.setdefault(probe, {}).update(rows)
     scores = knowledge_scores(per_target, select["probes"], candidates)
@@ -154,6 +160,24 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
     log(f"target selection for {model.name}: chose {chosen} in {record['wall_time_s']:.0f}s "
         "(" + ", ".join(f"{t} {names.get(t, '')}: {scores[t]['score']:.3f}" for t in chosen) + ")")
     return record
+
+
+@contextlib.contextmanager
+def quiet_lmeval():
+    """Holds back what one lm-eval pass writes to stderr (its progress bars, its INFO lines) so that the target bar
+    stays readable; written out after all when the pass fails, beside its error."""
+    held = io.StringIO()
+    logger = logging.getLogger("lm_eval")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    except BaseException:
+        sys.stderr.write(held.getvalue()[-20000:])
+        raise
+    finally:
+        logger.setLevel(level)
 
 
 def resolve_selected_targets(config: ExperimentConfig, *, run: bool, log: Callable[[str], None] = print,

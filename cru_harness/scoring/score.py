@@ -489,9 +489,10 @@ def format_report(report: dict) -> str:
         lines.append(f"{run['label']}  [{run['model']}]{limit}")
         lines.append(f"  Model Utility: {_fmt(run['model_utility'])}")
         for task, fq in run["forget_quality"].items():
-            forgetting = run["forgetting"][task]["one_minus_rouge_l_recall"]
-            lines.append(f"  {task}: Forget Quality {_fmt(fq)}; Forgetting (1 - ROUGE-L) "
-                         f"{'n/a' if forgetting is None else f'{forgetting:.4g}'}")
+            # the README's and the report's figure: the forget set's ROUGE-L recall (lower: more forgotten)
+            rouge = (run["tasks"].get(task) or {}).get("rouge_l_recall")
+            shown = "n/a" if rouge is None or math.isnan(rouge) else f"{rouge:.4g}"
+            lines.append(f"  {task}: forget ROUGE-L {shown} (lower: more forgotten); Forget Quality {_fmt(fq)}")
             for note in fq_notes(fq):
                 lines.append(f"    note: {note}")
             fm = run["failure_modes"].get(task) or {}
