@@ -28,6 +28,9 @@ from cru_harness.protocol import LoglikelihoodResult
 
 from muse_fixture import fixture_rows, write_muse_fixture
 
+#: A real MUSE copy (the Hub's layout or MUSE's data/ folder) for the data test; read before the fixtures clear it.
+REAL_MUSE_DIR = __import__("os").environ.get("CRU_HARNESS_MUSE_DIR")
+
 MUSE_TASKS = [f"muse_{c}_{s}" for c in ("news", "books") for s in ("verbmem_f", "knowmem_f", "knowmem_r", "privleak")]
 
 
@@ -116,6 +119,21 @@ def test_unreachable_hub_is_probed_once_without_retries(monkeypatch):
         assert calls == ["muse-bench/MUSE-News"]
     finally:
         muse_data._unreachable.cache_clear()
+
+
+@pytest.mark.skipif(not REAL_MUSE_DIR, reason="set CRU_HARNESS_MUSE_DIR to a local MUSE copy to check the real files")
+@pytest.mark.parametrize("corpus", muse_data.CORPORA)
+def test_real_muse_copy_has_muses_schema(corpus):
+    """On MUSE's own files: every config and split the tasks and corpora read loads, in MUSE's schema (scal and
+    sust exist for News only in MUSE's load_data.py)."""
+    for config, splits in muse_data.SPLITS.items():
+        if config in ("scal", "sust") and corpus == "books":
+            continue
+        for split in splits:
+            rows = muse_data.load_split(corpus, config, split, REAL_MUSE_DIR)
+            assert rows and all(set(r) == set(muse_data.FIELDS[config]) for r in rows)
+    docs = muse_utils.load_rows(corpus, "knowmem_f", REAL_MUSE_DIR)
+    assert all(d["prompt"].endswith("\nAnswer: ") and d["prompt"].count("Question: ") > 1 for d in docs)
 
 
 # --------------------------------------------------------------------------------------- prompts, token for token
