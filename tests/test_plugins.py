@@ -26,7 +26,7 @@ def test_builtins_register_through_their_entry_points():
     assert plugins.methods.names() == ["GA", "GD", "GD-KL", "NPO", "NPO-KL", "SimNPO", "IdkDPO", "DPO", "RT", "RMU",
                                        "LUNAR", "UNDIAL", "SatImp", "WGA", "CE-U", "TaskVector", "WHP", "CRU", "ICU",
                                        "PURGE"]
-    assert plugins.benchmarks.names() == ["tofu", "tofu_author", "rwku"]
+    assert plugins.benchmarks.names() == ["tofu", "tofu_author", "rwku", "muse"]
     assert "identity" in plugins.attacks.names()
     declared = {ep.name for ep in entry_points(group="cru_harness.methods")}
     assert set(plugins.methods.names()) <= declared
@@ -48,8 +48,8 @@ def test_methods_say_what_they_need_beyond_their_trainers_flags():
 def test_unknown_names_are_one_line_errors_naming_the_registered_ones():
     with pytest.raises(UnknownPluginError, match=r"unknown method 'NPOO' \(did you mean 'NPO'\?\); registered: GA"):
         plugins.methods.get("NPOO")
-    raw = {"name": "t", "models": [{"name": "m", "path": "zoo:llama"}], "benchmarks": {"muse": {}}, "methods": ["GA"]}
-    with pytest.raises(cfg.ConfigError, match=r"benchmarks\.muse: unknown key.*allowed here: tofu, tofu_author, rwku"):
+    raw = {"name": "t", "models": [{"name": "m", "path": "zoo:llama"}], "benchmarks": {"mmlu": {}}, "methods": ["GA"]}
+    with pytest.raises(cfg.ConfigError, match=r"benchmarks\.mmlu: unknown key.*allowed here: tofu, tofu_author, rwku, muse"):
         cfg.validate_config(raw)
     raw = {**raw, "benchmarks": {"tofu": {}}, "attacks": ["quantise"]}
     with pytest.raises(cfg.ConfigError, match=r"attacks\[0\]\.attack: unknown attack 'quantise'.*registered: identity"):

@@ -243,6 +243,7 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
         if view.has_oracle:
             summary += tables.regime_check_markdown(of_benchmark)
         summary += tables.robustness_markdown(of_benchmark, benchmark)
+        summary += view.report_lines(of_benchmark)   # its own blocks (MUSE's criteria table)
         summary += tables.aa_type_markdown(of_benchmark)
         summary += sweep_markdown(of_benchmark)
         summary += router_lr_markdown(of_benchmark)

@@ -246,8 +246,9 @@ def _method_cells(config: ExperimentConfig, method: MethodSpec, common: dict, sp
     plugin = plugins.methods.get(method.method)
     bench = common["benchmark"]
     # a benchmark's own setting of the method enters the cell's hparams, so its hash says which setting it trained
-    # with (CRU's RWKU setting)
-    hparams = {**plugin.benchmark_defaults.get(bench, {}), **method.hparams_for(bench, split)}
+    # with (CRU's RWKU setting; a benchmark package's reference settings, `Benchmark.method_settings`)
+    hparams = {**plugins.benchmarks.get(bench).method_settings(plugin.name, split),
+               **plugin.benchmark_defaults.get(bench, {}), **method.hparams_for(bench, split)}
     corpora = {}
     if plugin.reads_corpora:
         for key in ("forget_corpus", "retain_corpus"):

@@ -25,6 +25,7 @@ import json
 import os
 from pathlib import Path
 
+from cru_harness.api import DataSource
 from cru_harness.data.sources import ENV_DATA_DIR, DataSourceError
 from cru_harness.errors import InputError
 
@@ -34,6 +35,9 @@ HUB_IDS = {"news": "muse-bench/MUSE-News", "books": "muse-bench/MUSE-Books"}
 TARGET_MODELS = {"news": "muse-bench/MUSE-News_target", "books": "muse-bench/MUSE-Books_target"}
 RETRAIN_MODELS = {"news": "muse-bench/MUSE-News_retrain", "books": "muse-bench/MUSE-Books_retrain"}
 ENV_MUSE_DIR = "CRU_HARNESS_MUSE_DIR"
+#: The runner's view of a local copy (provenance, dry-run row counts): a `muse/` folder holding `news/` (and
+#: `books/`), as MUSE's load_data.py writes `data/`. The loaders below also take one corpus's folder.
+SOURCE = DataSource(folder="muse", marker="news", hub_id=HUB_IDS["news"], env_var=ENV_MUSE_DIR)
 
 FOLDS = tuple(f"forget_{k}" for k in range(1, 5))
 SPLITS: dict[str, tuple[str, ...]] = {
