@@ -164,3 +164,13 @@ def test_privleak_is_measured_against_the_oracle_auc():
     kept = _result("method", "GA", privleak_auc=0.2, privleak=-58.0)
     BENCHMARK.compare_to_oracle(kept, None)   # no oracle: the value scored against MUSE's published AUC stays
     assert kept["metrics"]["privleak"] == -58.0
+
+
+def test_tofus_regime_check_leaves_muse_out():
+    """TOFU's regime check reads forget ROUGE-L, which MUSE does not score: its criteria table stands instead."""
+    from cru_harness.reporting import tables
+
+    results = [_result("retain", "Retain", verbmem_f=20.0), _result("original", "Original", verbmem_f=60.0)]
+    assert tables.regime_check(results) == []
+    results[0]["metrics"]["forget_rouge_l"] = 0.2   # a benchmark that scores it keeps its row
+    assert len(tables.regime_check(results)) == 1
