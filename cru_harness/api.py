@@ -316,6 +316,13 @@ class Benchmark:
         starting model's, `cell.model.path`); {} for none."""
         return {}
 
+    def continues_from(self, split: str | None, target: int | None) -> str | None:
+        """The unit (split) whose method cell of the same model, row and seed a method cell of this unit starts from
+        (a sequential request, MUSE's sustainability: each applied to the previous result); None: the model's own
+        start. The runner plans that cell first, puts its hash in this one's (`extra.continues`) and trains on its
+        model."""
+        return None
+
     def method_settings(self, method: str, split: str | None) -> dict[str, Any]:
         """Its reference's settings of a method (by the method's name) for a unit: they enter the method's cells'
         hyperparameters below the method's own `benchmark_defaults` and the config's values, so a cell's hash says

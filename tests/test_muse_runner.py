@@ -65,10 +65,34 @@ def test_units_settings_and_corpora_in_the_plan(tmp_path, capsys):
         {"GA": 1, "GA_GDR": 7, "GA_KLR": 10, "NPO": 1, "NPO_GDR": 10, "NPO_KLR": 10}
 
 
+def test_sustainability_chains_each_request_on_the_previous_result(tmp_path):
+    from cru_harness.runner import config as cfg
+    from cru_harness.runner.plan import build_plan
+
+    path = _config(tmp_path, write_muse_fixture(tmp_path / "muse"), sustainability=True)
+    cells = build_plan(cfg.load_config(path))
+    by = {(c.split, c.label): c for c in cells if c.kind == "method"}
+    assert {s for s, _ in by} == {"news", "news_sust_2", "news_sust_3", "news_sust_4"}
+    for label in ("GA", "NPO"):
+        assert "continues" not in by[("news", label)].extra
+        assert by[("news_sust_2", label)].extra["continues"] == by[("news", label)].hash
+        assert by[("news_sust_3", label)].extra["continues"] == by[("news_sust_2", label)].hash
+        assert by[("news_sust_4", label)].extra["continues"] == by[("news_sust_3", label)].hash
+        assert by[("news_sust_3", label)].corpora["forget_corpus"] == "muse:news:sust:forget_3"
+    # a sequel's hash follows the cell it continues: another setting of fold 2 moves fold 3
+    raw = yaml.safe_load(path.read_text())
+    raw["methods"][0]["learning_rate"] = 2.0e-4
+    path.write_text(yaml.safe_dump(raw))
+    moved = {(c.split, c.label): c for c in build_plan(cfg.load_config(path)) if c.kind == "method"}
+    assert moved[("news_sust_4", "GA")].hash != by[("news_sust_4", "GA")].hash
+    assert moved[("news_sust_4", "NPO")].hash == by[("news_sust_4", "NPO")].hash
+
+
 @pytest.mark.parametrize("block, key, message", [
     ({"corpora": ["wiki"]}, "benchmarks.muse.corpora[0]", "expected one of news, books"),
     ({"scalability": [5]}, "benchmarks.muse.scalability[0]", "expected a fold in"),
-    ({"sustainability": True}, "benchmarks.muse.sustainability", "previous fold"),
+    ({"sustainability": [3, 4]}, "benchmarks.muse.sustainability", "follow one another from 2"),
+    ({"sustainability": [1]}, "benchmarks.muse.sustainability[0]", "expected a fold in [2, 3, 4]"),
 ])
 def test_bad_blocks_name_the_key(tmp_path, capsys, block, key, message):
     path = _config(tmp_path, None, **block)
@@ -83,6 +107,10 @@ def test_shipped_configs_plan_muses_runs(name, capsys):
     assert plan["problems"] == [] and any(c["kind"] == "retain" for c in plan["cells"])
     labels = {c["cell"].split(" | ")[2].split(" seed")[0] for c in plan["cells"] if c["kind"] == "method"}
     assert labels == {"GA", "GA_GDR", "GA_KLR", "NPO", "NPO_GDR", "NPO_KLR", "TaskVector", "WHP"}
+    sequels = {c["cell"].split(" | ")[2].split(" seed")[0] for c in plan["cells"]
+               if c["kind"] == "method" and "_sust_" in c["cell"]}
+    # WHP's model is two checkpoints: nothing to continue from, so no sequel (News only: Books has no sust folds)
+    assert sequels == (labels - {"WHP"} if name == "muse_news.yaml" else set())
 
 
 def test_run_without_data_is_one_clear_line(tmp_path, capsys, monkeypatch):
@@ -104,13 +132,17 @@ def test_tiny_muse_run_end_to_end(tmp_path):
     import torch
 
     torch.set_num_threads(1)
-    path = _config(tmp_path, write_muse_fixture(tmp_path / "muse"))
+    path = _config(tmp_path, write_muse_fixture(tmp_path / "muse"), sustainability=[2])
     assert main(["run", str(path)]) == 0
     results = {}
     for result_path in (tmp_path / "out" / "cells").glob("*/result.json"):
         result = json.loads(result_path.read_text())
-        results[result["label"]] = result
-    assert set(results) >= {"GA", "NPO"} and any(r["kind"] == "retain" for r in results.values())
+        results[(result["label"], result["split"])] = result
+    assert {("GA", "news"), ("NPO", "news"), ("GA", "news_sust_2"), ("NPO", "news_sust_2")} <= set(results)
+    assert any(r["kind"] == "retain" for r in results.values())
+    # fold 2 trained from fold 1's unlearned model, not from the target
+    fold2 = results[("GA", "news_sust_2")]
+    assert fold2["details"].get("started_from") == results[("GA", "news")]["artifacts"]["model"]
     for label, result in results.items():
         assert result["status"] == "ok", (label, result.get("error"))
         metrics = result["metrics"]
@@ -122,6 +154,7 @@ def test_tiny_muse_run_end_to_end(tmp_path):
     table = report[report.index("### MUSE: the six criteria"):]
     for row in ("Retrain (oracle)", "Original (target)", "GA", "NPO"):
         assert f"| tiny-llama | news | {row} |" in table, row
+    assert "Sustainability: KnowMem on the retain set" in table
 
 
 def _result(kind, label, split="news", **metrics):

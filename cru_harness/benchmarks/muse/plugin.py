@@ -2,9 +2,9 @@
 methods at MUSE's settings, scalability and sustainability units, and MUSE's table with its criteria's pass lines.
 
 A cell's unit (`split`) is a corpus (`news`, `books`), or a scalability fold (`news_scal_2`: unlearn MUSE's
-`scal/forget_2`, the second of four forget sets of growing size, from the target). Sustainability (MUSE's `sust`
-folds, each request applied to the previous result) needs the runner to start a cell from another cell's model:
-refused until it can (`resolve_block` says how to run a fold by hand). The tasks are the corpus's four MUSE tasks
+`scal/forget_2`, the second of four forget sets of growing size, from the target) or a sustainability request
+(`news_sust_3`: unlearn MUSE's `sust/forget_3` from the result of `news_sust_2`, fold 2 from the `news` cell's:
+`continues_from`). The tasks are the corpus's four MUSE tasks
 (`tasks/`), scored by `score` from their logged samples; PrivLeak is measured against the oracle's AUC
 (`compare_to_oracle`), else MUSE's published retrained-model AUC.
 """
@@ -22,6 +22,9 @@ from . import metrics as muse_metrics
 
 TASKS = ("muse_{corpus}_verbmem_f", "muse_{corpus}_knowmem_f", "muse_{corpus}_knowmem_r", "muse_{corpus}_privleak")
 FOLDS = (1, 2, 3, 4)
+#: Sustainability's requests after the first: MUSE's sust folds 2-4, each applied to the previous result, the first
+#: to the corpus unit's (MUSE's unlearn_news_sust.sh starts fold 2 from the main run's checkpoint).
+SUST_FOLDS = (2, 3, 4)
 _UNIT = re.compile(r"(?P<corpus>news|books)(?:_(?P<crit>scal|sust)_(?P<fold>[1-4]))?")
 _CORPUS_SOURCE = re.compile(r"muse:(?P<corpus>[a-z]+):(?:(?P<config>raw|scal|sust):)?(?P<split>[a-z0-9_]+)")
 
@@ -115,25 +118,26 @@ class MUSE(Benchmark):
         units = list(corpora)
         folds = self._folds(block.get("scalability"), f"{where}.scalability", check)
         units += [f"{corpus}_scal_{fold}" for corpus in corpora for fold in folds]
-        if block.get("sustainability") not in (None, False):
-            # each request applied to the previous one's result: the runner starts every cell from its model's path
-            check.fail(f"{where}.sustainability", "sequential requests need each fold to start from the previous "
-                       "fold's unlearned model, which the runner cannot chain yet; run fold k with "
-                       "forget_corpus: \"muse:{corpus}:sust:forget_k\" and models[i].path set to fold k-1's result")
+        sequels = self._folds(block.get("sustainability"), f"{where}.sustainability", check, SUST_FOLDS)
+        if sequels and sequels != list(SUST_FOLDS[:len(sequels)]):
+            # each request is applied to the previous one's result: a chain from fold 2 on, without gaps
+            check.fail(f"{where}.sustainability", f"folds follow one another from 2: expected "
+                       f"{list(SUST_FOLDS[:len(sequels)])}, got {sequels}")
+        units += [f"{corpus}_sust_{fold}" for corpus in corpora for fold in sequels]
         return {"splits": units}
 
     @staticmethod
-    def _folds(value, where: str, check) -> list[int]:
-        """`scalability: true` (MUSE's folds 1-4) or a list of folds; false / absent: none."""
+    def _folds(value, where: str, check, folds: tuple[int, ...] = FOLDS) -> list[int]:
+        """`true` (every fold) or a list of folds; false / absent: none."""
         if value in (None, False):
             return []
         if value is True:
-            return list(FOLDS)
+            return list(folds)
         if not isinstance(value, list) or not value:
-            check.fail(where, f"expected true or a list of folds from {list(FOLDS)}, got {value!r}")
+            check.fail(where, f"expected true or a list of folds from {list(folds)}, got {value!r}")
         for i, fold in enumerate(value):
-            if fold not in FOLDS or isinstance(fold, bool):
-                check.fail(f"{where}[{i}]", f"expected a fold in {list(FOLDS)}, got {fold!r}")
+            if fold not in folds or isinstance(fold, bool):
+                check.fail(f"{where}[{i}]", f"expected a fold in {list(folds)}, got {fold!r}")
         return sorted(set(value))
 
     def units(self, block: dict, selected=None) -> list[tuple[str | None, int | None]]:
@@ -145,6 +149,13 @@ class MUSE(Benchmark):
         corpus, crit, fold = parse_unit(split)
         forget = f"{crit}:forget_{fold}" if crit else "forget"
         return {"split": split, "target": "", "corpus": corpus, "forget": forget}
+
+    def continues_from(self, split, target) -> str | None:
+        """A sustainability fold starts from the previous fold's result, fold 2 from the corpus unit's."""
+        corpus, crit, fold = parse_unit(split)
+        if crit != "sust":
+            return None
+        return corpus if fold == SUST_FOLDS[0] else f"{corpus}_sust_{fold - 1}"
 
     def corpus_rows(self, source: str, data_dir) -> tuple[list[dict], str] | None:
         """`muse:<corpus>:<split>` (a raw split: forget, retain1, retain2, holdout) or `muse:<corpus>:scal:forget_2`
@@ -292,16 +303,18 @@ def muse_table(results: list[dict]) -> list[str]:
         lines.append(f"| {model} | {split} | {name} | " + " | ".join(_fmt(row[k]) for k in keys) + " | "
                      + " | ".join(_mark(passed.get(c)) for c in ("No VerbMem", "No KnowMem", "No PrivLeak", "Utility"))
                      + " |")
+    methods = {(m, s, lab): row for (m, s, k, lab), row in rows.items() if k == "method"}
     for crit, title in (("scal", "Scalability"), ("sust", "Sustainability")):
-        folds = {(m, s, lab): row for (m, s, k, lab), row in rows.items()
-                 if k == "method" and parse_unit(s)[1] == crit}
-        if not folds:
+        chains = sorted({(m, parse_unit(s)[0], lab) for m, s, lab in methods if parse_unit(s)[1] == crit}, key=str)
+        if not chains:
             continue
-        lines += ["", f"{title}: KnowMem on the retain set (utility) per fold", "",
+        lines += ["", f"{title}: KnowMem on the retain set (utility) per fold" +
+                  (" (fold 1: the corpus unit's cell, which fold 2 continues)" if crit == "sust" else ""), "",
                   "| model | corpus | row | " + " | ".join(f"fold {f}" for f in FOLDS) + " |",
                   "|---|---|---|" + "---|" * len(FOLDS)]
-        for model, corpus, label in sorted({(m, parse_unit(s)[0], lab) for m, s, lab in folds}, key=str):
-            cells = [_fmt((folds.get((model, f"{corpus}_{crit}_{f}", label)) or {}).get("knowmem_r")) for f in FOLDS]
+        for model, corpus, label in chains:
+            units = [corpus if crit == "sust" and f == 1 else f"{corpus}_{crit}_{f}" for f in FOLDS]
+            cells = [_fmt((methods.get((model, unit, label)) or {}).get("knowmem_r")) for unit in units]
             lines.append(f"| {model} | {corpus} | {label} | " + " | ".join(cells) + " |")
     return lines
 
