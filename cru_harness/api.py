@@ -17,6 +17,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 
+#: Where an adapter method's cell (`Method.adapter`: CRU) keeps its router bundle, inside its work directory: the
+#: runner copies it with the cell (`--reuse`), the studies read it.
+ROUTERS_DIR = "routers"
+
+
 class CellUnavailable(RuntimeError):
     """The cell cannot be computed for an external reason (e.g. a PURGE checkpoint not published / Hub down):
     recorded as `unavailable` with its reason, not as a failure."""
@@ -390,8 +395,9 @@ class Benchmark:
         """Fill, in place, a finished cell's numbers measured against its oracle (`oracle`: the oracle cell of the
         same model and unit, or None), as the report shows them; called for the oracle's own cell too."""
 
-    def report_lines(self, results: list[dict]) -> list[str]:
-        """Markdown blocks of its own for the report (after the robustness table), from every finished cell."""
+    def report_lines(self, results: list[dict], after: str) -> list[str]:
+        """Markdown blocks of its own in report.md, from its cells (every status): `after="table"` right after its
+        leaderboard (TOFU: the regime check), `after="robustness"` after the robustness table (RWKU: AA types)."""
         return []
 
     def check_evaluation(self, evaluation: dict) -> None:

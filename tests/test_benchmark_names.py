@@ -27,7 +27,6 @@ ALLOWED = {
     "finetune/cli.py": "`cru-harness finetune`: its `--data` help names TOFU's configs",
     "runner/cli.py": "the message of RWKU's target selection (`select_known`), which stays in the runner",
     "runner/reproduce.py": "`rwku_selections`: a field of the reproduction records already written",
-    "reporting/plots.py": "RWKU's per-level plot file, drawn for the RWKU plugin's `plots` hook",
 }
 
 

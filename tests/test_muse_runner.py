@@ -155,6 +155,8 @@ def test_tiny_muse_run_end_to_end(tmp_path):
     for row in ("Retrain (oracle)", "Original (target)", "GA", "NPO"):
         assert f"| tiny-llama | news | {row} |" in table, row
     assert "Sustainability: KnowMem on the retain set" in table
+    muse_section = report[report.index("## MUSE"):]
+    assert "Regime check" not in muse_section   # TOFU's check reads forget ROUGE-L, which MUSE does not score
 
 
 def _result(kind, label, split="news", **metrics):
@@ -172,7 +174,8 @@ def test_muse_table_marks_each_criterion_against_the_oracle_and_the_target():
         _result("method", "NPO", verbmem_f=21.0, knowmem_f=5.0, privleak=-30.0, knowmem_r=40.0),
         _result("method", "GA", split="news_scal_2", verbmem_f=1.0, knowmem_f=1.0, privleak=1.0, knowmem_r=33.0),
     ]
-    lines = BENCHMARK.report_lines(results)
+    lines = BENCHMARK.report_lines(results, "table")
+    assert BENCHMARK.report_lines(results, "robustness") == []
     main = lines[:next(i for i, line in enumerate(lines) if line.startswith("Scalability"))]
     rows = {line.split(" | ")[2]: line for line in main if line.startswith("| m | news |")}
     assert "| m | news_scal_2 | GA |" in "\n".join(main)
@@ -182,7 +185,7 @@ def test_muse_table_marks_each_criterion_against_the_oracle_and_the_target():
     assert rows["Retrain (oracle)"].endswith("| — | — | — | — |")
     scal = lines[-1]
     assert scal == "| m | news | GA | — | 33.0 | — | — |"
-    assert BENCHMARK.report_lines([{**results[0], "benchmark": "tofu"}]) == []
+    assert BENCHMARK.report_lines([{**results[0], "benchmark": "tofu"}], "table") == []
 
 
 def test_privleak_is_measured_against_the_oracle_auc():
@@ -197,13 +200,3 @@ def test_privleak_is_measured_against_the_oracle_auc():
     kept = _result("method", "GA", privleak_auc=0.2, privleak=-58.0)
     BENCHMARK.compare_to_oracle(kept, None)   # no oracle: the value scored against MUSE's published AUC stays
     assert kept["metrics"]["privleak"] == -58.0
-
-
-def test_tofus_regime_check_leaves_muse_out():
-    """TOFU's regime check reads forget ROUGE-L, which MUSE does not score: its criteria table stands instead."""
-    from cru_harness.reporting import tables
-
-    results = [_result("retain", "Retain", verbmem_f=20.0), _result("original", "Original", verbmem_f=60.0)]
-    assert tables.regime_check(results) == []
-    results[0]["metrics"]["forget_rouge_l"] = 0.2   # a benchmark that scores it keeps its row
-    assert len(tables.regime_check(results)) == 1

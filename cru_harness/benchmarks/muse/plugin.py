@@ -237,10 +237,10 @@ class MUSE(Benchmark):
         return (100.0 - forget if is_number(forget) else None), metrics.get("knowmem_r")
 
     # ------------------------------------------------------------------------------------------------ report
-    def report_lines(self, results: list[dict]) -> list[str]:
-        """MUSE's table: per model, unit and row, the four numbers and whether each criterion passes, then the
-        scalability and sustainability rows (utility per fold)."""
-        return muse_table(results)
+    def report_lines(self, results: list[dict], after: str) -> list[str]:
+        """After its leaderboard, MUSE's table: per model, unit and row, the four numbers and whether each criterion
+        passes, then the scalability and sustainability rows (utility per fold)."""
+        return muse_table(results) if after == "table" else []
 
 
 def _oracle_auc(result: dict | None) -> float | None:

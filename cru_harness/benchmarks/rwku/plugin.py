@@ -93,13 +93,19 @@ class RWKU(Benchmark):
 
     def plots(self, rows, out_dir):
         """Forget ROUGE-L per probe level (RWKU's FB / QA / AA)."""
-        from ...reporting.plots import rwku_level_plot
+        from .report import rwku_level_plot
 
         path = rwku_level_plot(rows, out_dir)
         return [path] if path else []
 
     def row_unit(self, result: dict) -> str:
         return "all targets"
+
+    def report_lines(self, results: list[dict], after: str) -> list[str]:
+        """After the robustness table, the AA probe per attack type (`details.scoring.forget_aa_types`)."""
+        from .report import aa_type_markdown
+
+        return aa_type_markdown(results) if after == "robustness" else []
 
     @property
     def task_folder(self) -> str:

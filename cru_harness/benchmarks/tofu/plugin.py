@@ -219,6 +219,12 @@ class TOFU(Benchmark):
         if auc is not None and retain_auc is not None:
             result["metrics"]["privleak"] = privleak_of(auc, retain_auc)[0]
 
+    def report_lines(self, results: list[dict], after: str) -> list[str]:
+        """After its table, the regime check: the Original model's forget ROUGE-L and Prob. against its oracle's."""
+        from .report import regime_check_markdown
+
+        return regime_check_markdown(results) if after == "table" and self.has_oracle else []
+
     def derive(self, metrics: dict, result: dict) -> None:
         for key in ("rouge_l", "prob"):
             value = metrics.get(f"forget_{key}")
