@@ -316,6 +316,24 @@ class Benchmark:
         """lm-eval metadata its tasks read for one unit, beside the presets and `data_dir` (e.g. TOFU's author)."""
         return {}
 
+    def model_metadata(self, cell: Any) -> dict[str, Any]:
+        """lm-eval metadata its tasks read about the cell's model (e.g. the tokenizer a reference is cut with: the
+        starting model's, `cell.model.path`); {} for none."""
+        return {}
+
+    def continues_from(self, split: str | None, target: int | None) -> str | None:
+        """The unit (split) whose method cell of the same model, row and seed a method cell of this unit starts from
+        (a sequential request, MUSE's sustainability: each applied to the previous result); None: the model's own
+        start. The runner plans that cell first, puts its hash in this one's (`extra.continues`) and trains on its
+        model."""
+        return None
+
+    def method_settings(self, method: str, split: str | None) -> dict[str, Any]:
+        """Its reference's settings of a method (by the method's name) for a unit: they enter the method's cells'
+        hyperparameters below the method's own `benchmark_defaults` and the config's values, so a cell's hash says
+        which setting trained it. {} for none."""
+        return {}
+
     def unit_label(self, split: str | None, target: int | None) -> str:
         return split if self.unit == "split" else f"target{target}"
 

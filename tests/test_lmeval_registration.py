@@ -104,14 +104,18 @@ def test_task_manager_patch_adds_project_tasks_only_with_defaults():
     registration.patch_task_manager(FakeTaskManager)
     registration.patch_task_manager(FakeTaskManager)  # idempotent: not wrapped twice
     ours = registration.tasks_dir()
+    paths = registration.task_paths()   # the project's folder, then the benchmark packages' (MUSE's)
+    assert paths[0] == ours and len(paths) > 1
     FakeTaskManager()
     FakeTaskManager(include_path="/x", metadata={"a": 1})
     FakeTaskManager(include_path=["/x", ours])
+    FakeTaskManager(include_path=["/x", *paths])
     FakeTaskManager(include_path="/x", include_defaults=False)
     assert calls == [
-        ([ours], True, None),
-        ([ours, "/x"], True, {"a": 1}),  # user paths come later, so they win a name clash
-        (["/x", ours], True, None),
+        (paths, True, None),
+        ([*paths, "/x"], True, {"a": 1}),  # user paths come later, so they win a name clash
+        ([*paths[1:], "/x", ours], True, None),   # only the folders not given yet are added
+        (["/x", *paths], True, None),
         ("/x", False, None),
     ]
 

@@ -99,6 +99,7 @@ def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Pat
                benchmark=cell.benchmark, limit=cell.limit,
                batch_size=cell.evaluation.get("batch_size", 8), device=cell_device(cell), chat_template=chat_template,
                metadata={**plugins.benchmarks.get(cell.benchmark).task_metadata(cell.split, cell.target),
+                         **plugins.benchmarks.get(cell.benchmark).model_metadata(cell),
                          **(metadata or {})},
                **lmeval_settings(cell.evaluation))
     return {"output_dir": out, "wall_time_s": time.perf_counter() - t0, "artifacts": {"lmeval": str(out)},

@@ -101,6 +101,8 @@ class PlanExecutor:
                 elif self.log is not None:
                     self.log(f"{cell.hash}: its retain cell {retain.hash} has no result: Forget Quality and privleak "
                              "are filled by the report once it exists; the privacy task's reference attack is not run")
+        if cell.kind == "method" and cell.extra.get("continues"):   # a sequel: starts from the previous cell's model
+            base_path = self.continued_model(cell)
         attacked = None
         if cell.kind == "attack":
             from .plan import attacked_cell_for
@@ -117,7 +119,31 @@ class PlanExecutor:
                                attacked_result=attacked)
         if finetuned_from is not None:
             outcome.setdefault("details", {})["finetuned_from"] = finetuned_from
+        if cell.kind == "method" and cell.extra.get("continues"):
+            outcome.setdefault("details", {})["started_from"] = base_path
         return outcome
+
+
+    def continued_model(self, cell: Cell) -> str:
+        """The model a sequel cell starts from: the finished previous cell's (`plan.continued_cell_for`), one
+        checkpoint on this machine."""
+        from .plan import continued_cell_for
+
+        previous = continued_cell_for(cell, self.cells)
+        loaded = self.store.load_result(previous.hash) if previous is not None else None
+        if previous is not None and not loaded:   # another shard may be computing it
+            loaded = self.store.wait_while_running_elsewhere(previous.hash, log=self.log)
+        if not loaded or loaded.get("status") != "ok":
+            state = "is not in this plan" if previous is None else (
+                "has not run" if not loaded else f"is {loaded.get('status')}")
+            raise RuntimeError(f"{cell.hash}: the cell it continues ({cell.extra['continues']}) {state}")
+        artifacts = loaded.get("artifacts") or {}
+        model = artifacts.get("model")
+        if artifacts.get("routers") or not model or not Path(model).is_dir() or \
+                (cell.method_plugin is not None and not cell.method_plugin.one_checkpoint):
+            raise MissingInputError(f"{cell.describe()}: the cell it continues left no one checkpoint on this "
+                                    f"machine to start from ({model}; routers: {artifacts.get('routers')})")
+        return model
 
 
 def attack_for(cell: Cell):

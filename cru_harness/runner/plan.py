@@ -125,6 +125,7 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
     from .. import plugins
 
     cells: list[Cell] = []
+    method_cells: dict[tuple, Cell] = {}   # (model, benchmark, split, label, seed) -> cell: what a sequel starts from
     for model in config.models:
         if model.finetune is not None:
             cells.append(_finetune_cell(config, model))
@@ -155,11 +156,35 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
                                       label="Original", seed=None, hparams={}, corpora={}, **common))
                 block = [cell for method in config.methods if bench in method.benchmarks
                          for cell in _method_cells(config, method, common, split, target)]
+                block = _continue_cells(block, benchmark.continues_from(split, target), method_cells)
                 cells.extend(block)
                 # the attacks: on every method cell, and on the oracle (the control of the recovery score)
                 forget = {key: _fill(spec[key], bench, split, target) for key in ("forget_corpus", "retain_corpus")}
                 cells.extend(_attack_cells(config, oracle + block, forget))
     return cells
+
+
+def _continue_cells(block: list[Cell], previous_split: str | None, method_cells: dict[tuple, Cell]) -> list[Cell]:
+    """Record each method cell of a block (the cells a later unit may continue), and, where the benchmark says the
+    unit continues `previous_split` (`Benchmark.continues_from`), put the hash of the cell it starts from (same
+    model, row and seed) in its `extra`: its hash then changes whenever that cell's would. A method whose model is
+    not one checkpoint of full weights (routers, WHP's pair) has nothing to continue from: no sequel cell."""
+    if previous_split is not None:
+        block = [cell for cell in block if cell.method_plugin is None
+                 or (cell.method_plugin.one_checkpoint and not cell.method_plugin.adapter)]
+    for cell in block:
+        if previous_split is not None:
+            key = (cell.model.name, cell.benchmark, previous_split, cell.label, cell.seed)
+            if key not in method_cells:
+                raise ValueError(f"{cell.describe()} continues {previous_split!r}, which has no planned cell")
+            cell.extra["continues"] = method_cells[key].hash
+        method_cells[(cell.model.name, cell.benchmark, cell.split, cell.label, cell.seed)] = cell
+    return block
+
+
+def continued_cell_for(cell: Cell, cells: Iterable[Cell]) -> Cell | None:
+    """The cell a sequel cell starts from (`extra.continues`), None when it is not in `cells`."""
+    return next((c for c in cells if c.hash == cell.extra["continues"]), None)
 
 
 def write_plan(root: Path, config: ExperimentConfig, cells: list[Cell], shard: str | None = None) -> Path:
@@ -246,8 +271,9 @@ def _method_cells(config: ExperimentConfig, method: MethodSpec, common: dict, sp
     plugin = plugins.methods.get(method.method)
     bench = common["benchmark"]
     # a benchmark's own setting of the method enters the cell's hparams, so its hash says which setting it trained
-    # with (CRU's RWKU setting)
-    hparams = {**plugin.benchmark_defaults.get(bench, {}), **method.hparams_for(bench, split)}
+    # with (CRU's RWKU setting; a benchmark package's reference settings, `Benchmark.method_settings`)
+    hparams = {**plugins.benchmarks.get(bench).method_settings(plugin.name, split),
+               **plugin.benchmark_defaults.get(bench, {}), **method.hparams_for(bench, split)}
     corpora = {}
     if plugin.reads_corpora:
         for key in ("forget_corpus", "retain_corpus"):
