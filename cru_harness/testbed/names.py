@@ -39,18 +39,20 @@ def trained_prompt_format(path) -> str | None:
     return recorded_prompt_format(path)
 
 
-def prompt_format_for(choice: str, model, benchmark: str = "tofu") -> dict:
+def prompt_format_for(choice: str, model, benchmark: str | None = None) -> dict:
     """`prompts.prompt_format_choice` for a command's `--prompt-format` and the model it trains or reads: `auto`
     takes the format the model learned (`trained_prompt_format`) before the tokenizer's chat template, so a model
-    unlearned on the plain prompt is relearned, attacked and read on it too."""
+    unlearned on the plain prompt is relearned, attacked and read on it too. `benchmark` None: the prompt
+    builder's default."""
     from ..prompts import prompt_format_choice, recorded_choice
 
+    which = {"benchmark": benchmark} if benchmark else {}
     if choice == "auto":
         trained = trained_prompt_format(model)
-        chosen = recorded_choice(trained, benchmark) if trained is not None else None
+        chosen = recorded_choice(trained, **which) if trained is not None else None
         if chosen is not None:
             return chosen
-    return prompt_format_choice(choice, benchmark)
+    return prompt_format_choice(choice, **which)
 
 
 def resolve_model_path(path: str) -> str:
