@@ -407,7 +407,7 @@ def _run_entry(name: str) -> bool:
 
     return (name in RUN_ENTRIES or name.startswith((LOCK_FILE, WRITE_TEST_PREFIX))
             or (name.startswith("plan") and name.endswith(".json"))   # plan.json, plan.shard1of2.json, plan.input1.json
-            or (name.startswith(".") and name.endswith(".tmp")))      # a killed atomic write's leftover
+            or (name.startswith(".") and name.endswith((".tmp", ".lock"))))   # a killed write's leftover, a lock
 
 
 def check_run_directory(output_dir: str | os.PathLike, name: str | None, what: str = "output_dir") -> None:

@@ -768,3 +768,141 @@ class TestAbsurdSizes:
                                 methods=[{"method": "LUNAR", "refusal_prompts_path": str(tmp_path / "prompts.json")}])
         assert main(["run", str(path), "--dry-run"]) == 0
         assert "does not exist" not in capsys.readouterr().out
+
+
+# ================================================================ issue 78: nothing lost, nothing let in, part 3
+class TestOneOutputRule:
+    """Issue 78, class 1: `unlearn --out o` deleted the user's `o.tmp/`; two runs to one --out both succeeded, one
+    silently replacing the other; `compare`, `report --out` and `score --output-dir` wrote into any directory and
+    overwrote a user's report.md. One rule: roots, home and directories cru-harness did not write are refused,
+    staging is a fresh private directory, nothing the harness did not write is deleted, one writer at a time."""
+
+    def test_staging_never_touches_a_directory_named_like_the_target(self, tmp_path):
+        from cru_harness.locations import write_directory
+
+        (tmp_path / "o.tmp").mkdir()
+        (tmp_path / "o.tmp" / "thesis.tex").write_text("precious")
+        seen = []
+
+        def write(tmp):
+            seen.append(tmp)
+            (tmp / "unlearn_record.json").write_text("{}")
+
+        write_directory(tmp_path / "o", write)
+        assert (tmp_path / "o.tmp" / "thesis.tex").read_text() == "precious"
+        assert (tmp_path / "o" / "unlearn_record.json").is_file() and seen[0].name.startswith(".o.")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["o", "o.tmp"]   # no staging or lock left
+        write_directory(tmp_path / "o", write)   # replacing its own output is fine
+
+        def fail(tmp):
+            (tmp / "half").write_text("x")
+            raise RuntimeError("killed")
+
+        with pytest.raises(RuntimeError):
+            write_directory(tmp_path / "o", fail)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["o", "o.tmp"]
+        assert (tmp_path / "o" / "unlearn_record.json").is_file()
+
+    def test_a_directory_the_harness_did_not_write_is_never_replaced(self, tmp_path):
+        from cru_harness.locations import OutputLocationError, check_output_dir, write_directory
+
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        (theirs / "thesis.tex").write_text("precious")
+        with pytest.raises(OutputLocationError, match="holds files cru-harness did not write \\(thesis.tex\\)"):
+            check_output_dir(theirs, what="--out", overwrite=True)
+        with pytest.raises(OutputLocationError, match="the result is kept in"):
+            write_directory(theirs, lambda tmp: (tmp / "config.json").write_text("{}"), overwrite=True)
+        assert [p.name for p in theirs.iterdir()] == ["thesis.tex"]
+        kept = [p for p in tmp_path.iterdir() if p.name.startswith(".theirs.")]
+        assert len(kept) == 1 and (kept[0] / "config.json").is_file()   # the trained result is not lost either
+
+    def test_a_second_writer_of_one_out_is_refused_naming_the_first(self, tmp_path, capsys):
+        import subprocess
+        import sys
+        import time
+
+        from cru_harness.cli import main
+        from cru_harness.locations import lock_path
+
+        out = tmp_path / "o"
+        holder = subprocess.Popen([sys.executable, "-c", (
+            "import sys, time; from cru_harness.locations import output_lock\n"
+            f"with output_lock({str(out)!r}):\n    print('held', flush=True); time.sleep(60)")],
+            stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            (tmp_path / "m").mkdir()
+            (tmp_path / "m" / "config.json").write_text("{}")
+            rc = main(["attack", "--attack", "detach", "--model", str(tmp_path / "m"), "--out", str(out)])
+            err = capsys.readouterr().err.strip().splitlines()
+            assert rc == 2 and len(err) == 1, err
+            assert f"--out {str(out)!r} is being written by process {holder.pid} on host" in err[0]
+        finally:
+            holder.kill()
+            holder.wait()
+        assert not out.exists()
+        start = time.monotonic()
+        from cru_harness.locations import output_lock
+
+        with output_lock(out):   # the dead holder's lock is free at once
+            assert lock_path(out).is_file()
+        assert time.monotonic() - start < 5 and not lock_path(out).exists()
+
+    @pytest.mark.parametrize("where", ["~", "theirs"])
+    def test_report_out_into_a_foreign_directory_is_refused(self, where, tmp_path, monkeypatch, capsys):
+        from cru_harness.cli import main
+        from cru_harness.locations import OutputLocationError, check_files_dir
+
+        with pytest.raises(OutputLocationError, match="is the file system root"):
+            check_files_dir("/", what="--out")
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("HOME", str(tmp_path / "home"))
+        (tmp_path / "home").mkdir()
+        config, _ = one_computed_run(tmp_path)
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        (theirs / "report.md").write_text("my report")
+        out = str(theirs) if where == "theirs" else where
+        assert main(["report", str(config.output_dir), "--out", out, "--no-plots"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("cru-harness report: error: --out "), err
+        assert (theirs / "report.md").read_text() == "my report"
+        assert not (tmp_path / "home" / "report.md").exists()
+
+    def test_report_out_creates_marks_and_rewrites_its_own_directory(self, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        config, _ = one_computed_run(tmp_path)
+        out = tmp_path / "mine"
+        for _ in range(2):   # the second time into the directory it wrote itself
+            assert main(["report", str(config.output_dir), "--out", str(out), "--no-plots"]) == 0
+        assert (out / "report.md").is_file() and (out / ".cru-harness-output").is_file()
+        assert main(["report", str(config.output_dir), "--no-plots"]) == 0   # the run's own report/: unmarked
+        assert not (config.output_dir / "report" / ".cru-harness-output").exists()
+        assert not [p for p in config.output_dir.iterdir() if p.name.endswith(".lock")]
+
+    def test_score_output_dir_is_refused_among_foreign_files(self, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        (theirs / "scores.json").write_text("mine")
+        assert main(["score", str(tmp_path / "lmeval"), "--output-dir", str(theirs)]) == 2
+        assert "--output-dir" in capsys.readouterr().err and (theirs / "scores.json").read_text() == "mine"
+
+    def test_compare_writes_only_into_a_run_or_its_out(self, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        config, _ = one_computed_run(tmp_path)
+        etc = tmp_path / "etc"
+        etc.mkdir()
+        (etc / "passwd").write_text("root")
+        assert main(["compare", str(etc), str(config.output_dir)]) == 2
+        assert "holds no cells/ directory" in capsys.readouterr().err
+        assert [p.name for p in etc.iterdir()] == ["passwd"]
+        assert main(["compare", str(config.output_dir), str(config.output_dir), "--out", str(etc)]) == 2
+        assert "was not written by cru-harness" in capsys.readouterr().err
+        assert main(["compare", str(config.output_dir), str(config.output_dir), "--out",
+                     str(tmp_path / "cmp")]) == 0
+        assert (tmp_path / "cmp" / "reproduction.md").is_file()

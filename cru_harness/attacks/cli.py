@@ -77,6 +77,13 @@ def parse_settings(pairs: list[str], attack) -> dict:
 
 
 def run_attack(args: argparse.Namespace) -> int:
+    from ..locations import command_output_lock
+
+    with command_output_lock(args.out):   # one attack at a time writes --out
+        return _run_attack(args)
+
+
+def _run_attack(args: argparse.Namespace) -> int:
     from .. import plugins
     from ..api import CellContext
     from ..devices import load_causal_lm, resolve_device
@@ -114,7 +121,9 @@ def run_attack(args: argparse.Namespace) -> int:
               **outcome}
     if on_prompts:
         record["evaluate_with"] = {"tasks_example": variant, "metadata": attack.task_metadata(settings, args.seed)}
-    (Path(out) / RECORD_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n")
+    from ..store import atomic_write_text
+
+    atomic_write_text(Path(out) / RECORD_FILE, json.dumps(record, indent=2, default=str) + "\n")
     if on_prompts:
         metadata = record["evaluate_with"]["metadata"]
         flag = f" --metadata '{json.dumps(metadata)}'" if metadata else ""

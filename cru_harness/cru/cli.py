@@ -178,7 +178,7 @@ def run_baseline(args: argparse.Namespace, method) -> int:
     from cru_harness.baselines.plugin import BaselineMethod
     from cru_harness.data.tofu import FORGET_SPLITS
     from cru_harness.hparams import check_seed
-    from cru_harness.locations import check_model_path, check_output_dir
+    from cru_harness.locations import check_model_path, check_output_dir, command_output_lock
     from cru_harness.testbed.names import resolve_model_path, trained_plain
 
     from .train import RouterTrainingConfig
@@ -201,9 +201,12 @@ def run_baseline(args: argparse.Namespace, method) -> int:
     base_path = check_model_path(resolve_model_path(args.base), what="--base")
     forget_rows = _corpus_rows(args.forget, args.data_dir, "forget")[0]
     retain_rows = _corpus_rows(args.retain, args.data_dir, "retain")[0]
-    result = method.train(base_path, forget_rows, retain_rows, config, args.out, seed=seed, data_dir=args.data_dir,
-                          dtype=args.dtype, device=args.device, device_map=args.device_map,
-                          progress=not args.no_progress, prompt_format=fmt, overwrite=args.overwrite)
+    with command_output_lock(args.out):
+        check_output_dir(args.out, what="--out", overwrite=args.overwrite)   # again, now that it is ours
+        result = method.train(base_path, forget_rows, retain_rows, config, args.out, seed=seed,
+                              data_dir=args.data_dir, dtype=args.dtype, device=args.device,
+                              device_map=args.device_map, progress=not args.no_progress, prompt_format=fmt,
+                              overwrite=args.overwrite)
     print(f"saved the {method.name}-unlearned model to {args.out}: {result.optimizer_steps} optimizer steps on "
           f"{result.n_forget} forget and {result.n_retain} retain rows")
     return 0
@@ -211,13 +214,15 @@ def run_baseline(args: argparse.Namespace, method) -> int:
 
 def run_unlearn(args: argparse.Namespace) -> int:
     from cru_harness import plugins
+    from cru_harness.locations import command_output_lock
 
     method = plugins.methods.get(args.method)
     if not method.adapter:
         return run_baseline(args, method)
     if method is not plugins.methods.get("CRU"):
         raise InputError(f"--method {method.name}: `unlearn` trains CRU bundles; run it from a runner config")
-    return run_cru(args)
+    with command_output_lock(args.out):
+        return run_cru(args)
 
 
 def run_cru(args: argparse.Namespace) -> int:
@@ -262,7 +267,9 @@ def run_cru(args: argparse.Namespace) -> int:
     bundle = train_routers(model, tokenizer, forget, retain, config)
     bundle.config.base_model = str(args.base)
     bundle.config.training["prompt_format"] = prompt_format_label(fmt, tokenizer)   # checked by the cru model
-    out = bundle.save_pretrained(args.out)
+    from cru_harness.locations import write_directory
+
+    out = write_directory(args.out, bundle.save_pretrained, overwrite=args.overwrite, what="--out")
     metrics = bundle.config.metrics
     print(f"saved router bundle to {out}: blocks {bundle.block_indices}, "
           f"{bundle.config.router_parameters:,} router parameters; "

@@ -69,10 +69,13 @@ def run_finetune(args: argparse.Namespace) -> int:
     if args.prompt_format == "auto" and trained_plain(args.model):
         fmt["chat"] = False   # a testbed checkpoint learned the plain prompt, as the runner evaluates it
     config = FinetuneConfig(**given_fields(args, FinetuneConfig))
-    result = finetune(resolve_model_path(args.model), args.data, args.out, config=config, seed=args.seed,
-                      data_dir=args.data_dir,
-                      dtype=args.dtype, device=args.device, device_map=args.device_map, chat_template=fmt["chat"],
-                      family=fmt["family"], overwrite=args.overwrite, progress=not args.no_progress)
+    from ..locations import command_output_lock
+
+    with command_output_lock(args.out):   # a second finetune to the same --out is refused, not raced
+        result = finetune(resolve_model_path(args.model), args.data, args.out, config=config, seed=args.seed,
+                          data_dir=args.data_dir, dtype=args.dtype, device=args.device, device_map=args.device_map,
+                          chat_template=fmt["chat"], family=fmt["family"], overwrite=args.overwrite,
+                          progress=not args.no_progress)
 
     if PartialState().is_main_process:
         print(f"saved fine-tuned model to {args.out}: {result.n_rows} rows, {result.optimizer_steps} steps "

@@ -42,6 +42,8 @@ def register(subparsers) -> None:
                                                 "RUN/reproduction.md. Exit status 1 when they differ.")
     compare.add_argument("run", help="run directory (holding cells/)")
     compare.add_argument("reference", help="reference run directory, e.g. results/demo")
+    compare.add_argument("--out", help="where reproduction.md and .json go (default: RUN itself; a read-only RUN "
+                                       "still gets its verdict printed)")
     compare.set_defaults(func=cmd_compare)
 
     merge = subparsers.add_parser("merge", help="collect the cells of several run/shard directories into one",
@@ -397,10 +399,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from .reproduce import write_reproduction
 
+    from ..locations import check_files_dir
+    from ..store import CELLS_DIR
+
     for directory in (args.run, args.reference):
         if not Path(directory).is_dir():
             raise MissingInputError(f"no such run directory: {directory}")
-    return 0 if write_reproduction(args.run, args.reference).reproduced else 1
+        if not (Path(directory) / CELLS_DIR).is_dir():
+            raise MissingInputError(f"{directory} holds no {CELLS_DIR}/ directory (not a cru-harness run)")
+    if args.out is not None:
+        check_files_dir(args.out, what="--out")
+    return 0 if write_reproduction(args.run, args.reference, out_dir=args.out).reproduced else 1
 
 
 def run_stores(dirs) -> list:
