@@ -34,6 +34,8 @@ from .errors import WRITE_ERRNOS, InputError, MissingInputError, OutputWriteErro
 RESULT_FILE = "result.json"
 RECORD_FILE = "run_record.json"
 RUNNING_FILE = "RUNNING"
+#: A good result (and its record) kept aside while its cell is recomputed: `previous.result.json`.
+PREVIOUS_PREFIX = "previous."
 WORK_DIR = "work"
 CELLS_DIR = "cells"
 LOCK_FILE = ".lock"
@@ -213,6 +215,9 @@ def validate_result(result: Any, cell_hash: str | None = None) -> str | None:
     if not isinstance(result, dict):
         return f"expected a JSON object, got {type(result).__name__}"
     version = result.get("schema_version")
+    if future_schema(result, RESULT_SCHEMA_VERSION):
+        return (f"schema_version {version!r}: written by a newer cru-harness (this one reads "
+                f"{RESULT_SCHEMA_VERSION}); it is kept as it is, never recomputed over")
     if version != RESULT_SCHEMA_VERSION or isinstance(version, bool):
         return f"schema_version {version!r} is not {RESULT_SCHEMA_VERSION}"
     for name, kind in _RESULT_FIELDS.items():
@@ -229,6 +234,36 @@ def validate_result(result: Any, cell_hash: str | None = None) -> str | None:
         return ("its content does not match its digest: it was changed after it was computed (edited by hand?); "
                 "`cru-harness run` recomputes it")
     return metrics_problem(result["metrics"])
+
+
+#: When results began to carry a digest (commit 0f95f19): a result without one whose record finished at or after
+#: this instant was written by code that digests every result, so its digest was removed (an edit hidden).
+DIGESTS_SINCE = "2026-11-26T19:28:42+00:00"
+
+
+def missing_digest_problem(result: dict, record: dict | None) -> str | None:
+    """A result without a digest is read as it is only when its record shows it was computed before digests."""
+    if DIGEST_FIELD in result:
+        return None
+    finished = (record or {}).get("finished")
+    try:
+        before = datetime.fromisoformat(str(finished)) < datetime.fromisoformat(DIGESTS_SINCE)
+    except (TypeError, ValueError):
+        before = False
+    if before:
+        return None
+    return (f"it has no digest, but its record (finished {str(finished)[:40]}) says it was computed by code that "
+            "writes one: its digest was removed (edited by hand?); `cru-harness run` recomputes it")
+
+
+class CellStoreError(UserError, RuntimeError):
+    """A cell directory a run must not write: written by a newer cru-harness, or a link out of the run."""
+
+
+def future_schema(data: Any, current: int) -> int | None:
+    """The schema version of a parsed cell file when it is newer than this code's `current`, else None."""
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    return version if isinstance(version, int) and not isinstance(version, bool) and version > current else None
 
 
 def validate_record(record: Any, cell_hash: str | None = None) -> str | None:
@@ -262,7 +297,36 @@ class CellStore:
     def cell_dir(self, cell_hash: str) -> Path:
         return self.cells_dir / cell_hash
 
+    def link_problem(self, cell_hash: str) -> str | None:
+        """The first symbolic link among the run's cells/, the cell's directory, its files and its work/ (a run
+        writes and deletes there: through a link it would write or delete outside the run), or None."""
+        cdir = self.cell_dir(cell_hash)
+        for path in (self.cells_dir, cdir, cdir / RESULT_FILE, cdir / RECORD_FILE, cdir / RUNNING_FILE,
+                     cdir / WORK_DIR):
+            if path.is_symlink():
+                return f"{path} is a symbolic link: a run's cells are its own files, never followed out of it"
+        return None
+
+    def check_writable(self, cell_hash: str) -> None:
+        """Raise `CellStoreError` when the cell must not be (re)computed here: a link in its path, or a result or
+        record written by a newer cru-harness (kept as it is: recomputing would replace it, unread)."""
+        problem = self.link_problem(cell_hash)
+        if problem:
+            raise CellStoreError(f"{problem}; remove the link (or copy what it points to) and run again")
+        cdir = self.cell_dir(cell_hash)
+        for name, current in ((RESULT_FILE, RESULT_SCHEMA_VERSION), (RECORD_FILE, RECORD_SCHEMA_VERSION)):
+            try:
+                data = read_json(cdir / name)
+            except (OSError, ValueError):
+                continue
+            version = future_schema(data, current)
+            if version:
+                raise CellStoreError(f"{cdir / name} was written by a newer cru-harness (schema_version {version}; "
+                                     f"this one reads {current}): it is left as it is; run with that version, or "
+                                     "choose another output directory")
+
     def work_dir(self, cell_hash: str, fresh: bool = False) -> Path:
+        self.check_writable(cell_hash)
         work = self.cell_dir(cell_hash) / WORK_DIR
         if fresh and work.exists():
             shutil.rmtree(work)
@@ -287,20 +351,37 @@ class CellStore:
             return None
         return data
 
-    def load_result(self, cell_hash: str) -> dict | None:
-        """The cell's result if it is valid and so is its record; None if absent or invalid (reported)."""
+    def load_result(self, cell_hash: str, quiet: bool = False) -> dict | None:
+        """The cell's result if it is valid and so is its record; None if absent or invalid (reported unless
+        `quiet`)."""
+        if quiet:
+            log, invalid = self.log, dict(self.invalid)
+            self.log = lambda _: None
+            try:
+                return self.load_result(cell_hash)
+            finally:
+                self.log, self.invalid = log, invalid
         cdir = self.cell_dir(cell_hash)
         path = cdir / RESULT_FILE
+        link = self.link_problem(cell_hash)
+        if link and (path.exists() or path.is_symlink()):
+            self._invalid(path, link)
+            return None
         if not path.is_file():
             return None
         result = self._read_checked(path, validate_result, cell_hash)
         if result is None:
             return None
         if (cdir / RECORD_FILE).is_file():
-            if self._read_checked(cdir / RECORD_FILE, validate_record, cell_hash) is None:
+            record = self._read_checked(cdir / RECORD_FILE, validate_record, cell_hash)
+            if record is None:
                 return None
         else:
             self._invalid(path, f"its {RECORD_FILE} is missing")
+            return None
+        problem = missing_digest_problem(result, record)
+        if problem:
+            self._invalid(path, problem)
             return None
         result.pop(DIGEST_FIELD, None)   # checked; readers see the content only
         return result
@@ -349,7 +430,12 @@ class CellStore:
         """The cell is being computed (again): its previous result goes first, so that a run killed before the new
         one is written finds the cell interrupted, not finished with the old result beside the new record; so do
         temporary files a killed write left in it."""
+        self.check_writable(cell_hash)
         cdir = self.cell_dir(cell_hash)
+        if (self.load_result(cell_hash, quiet=True) or {}).get("status") == "ok":
+            # a good result is replaced only by a good one: kept aside until the new one is known (`write`)
+            for name in (RESULT_FILE, RECORD_FILE):
+                os.replace(cdir / name, cdir / (PREVIOUS_PREFIX + name))
         for leftover in [cdir / RESULT_FILE, *cdir.glob(".*.tmp")]:
             leftover.unlink(missing_ok=True)
         atomic_write_json(self.cell_dir(cell_hash) / RUNNING_FILE, {"pid": os.getpid(), "started": now_iso(),
@@ -358,9 +444,21 @@ class CellStore:
     def write(self, cell_hash: str, result: dict, record: dict) -> None:
         """Write the record, then the result, each stamped with its schema version; the result also with the
         digest of its content (`with_digest`)."""
+        self.check_writable(cell_hash)
         cdir = self.cell_dir(cell_hash)
+        previous = [cdir / (PREVIOUS_PREFIX + name) for name in (RESULT_FILE, RECORD_FILE)]
+        if result.get("status") != "ok" and all(path.is_file() for path in previous):
+            # the recompute failed: the good result it was to replace stays (and so do the cells built on it)
+            for path, name in zip(previous, (RESULT_FILE, RECORD_FILE)):
+                os.replace(path, cdir / name)
+            self.log(f"cell {cell_hash}: the recompute ended {result.get('status')} "
+                     f"({str(result.get('reason'))[:300]}); its earlier ok result is kept")
+            (cdir / RUNNING_FILE).unlink(missing_ok=True)
+            return
         atomic_write_json(cdir / RECORD_FILE, {"schema_version": RECORD_SCHEMA_VERSION, **record})
         atomic_write_json(cdir / RESULT_FILE, with_digest({"schema_version": RESULT_SCHEMA_VERSION, **result}))
+        for path in previous:
+            path.unlink(missing_ok=True)
         running = cdir / RUNNING_FILE
         if running.exists():
             running.unlink()
@@ -369,8 +467,11 @@ class CellStore:
         """The valid results of the run; invalid files are reported (by path) and left out."""
         if not self.cells_dir.is_dir():
             return
+        if self.cells_dir.is_symlink():
+            self._invalid(self.cells_dir, f"{self.cells_dir} is a symbolic link: not followed")
+            return
         for cdir in sorted(self.cells_dir.iterdir()):
-            result = self.load_result(cdir.name) if cdir.is_dir() else None
+            result = self.load_result(cdir.name) if cdir.is_dir() or cdir.is_symlink() else None
             if result is not None:
                 yield cdir.name, result
 

@@ -554,13 +554,16 @@ class TestResultContent:
             assert problem is not None and problem.startswith(f"metric {name} ")
             assert CellStore(config.output_dir, log=lambda _: None).load_result(result["hash"]) is None
 
-    def test_a_cell_without_a_digest_is_read_as_it_is(self, tmp_path):
+    def test_a_cell_computed_before_digests_is_read_as_it_is(self, tmp_path):
         from cru_harness.runner.cache import CellStore
 
         config, path = one_computed_run(tmp_path)
         result = json.loads(path.read_text())
         del result["digest"]
         path.write_text(json.dumps(result))
+        record_path = path.parent / "run_record.json"
+        record_path.write_text(json.dumps({**json.loads(record_path.read_text()),
+                                           "finished": "2026-11-24T14:56:21+00:00"}))   # as the committed ones
         loaded = CellStore(config.output_dir, log=pytest.fail).load_result(result["hash"])
         assert loaded == result
 
@@ -906,3 +909,74 @@ class TestOneOutputRule:
         assert main(["compare", str(config.output_dir), str(config.output_dir), "--out",
                      str(tmp_path / "cmp")]) == 0
         assert (tmp_path / "cmp" / "reproduction.md").is_file()
+
+
+class TestResultsSurviveResume:
+    """Issue 78, class 2: a cell of a newer schema was recomputed over; a failed `--force` recompute replaced a good
+    result with a failed one; a symlinked cell directory was written through; removing `digest` made an edited
+    metric read as it is."""
+
+    def test_a_cell_of_a_newer_cru_harness_stops_the_run_and_is_kept(self, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        config, path = one_computed_run(tmp_path)
+        future = {**json.loads(path.read_text()), "schema_version": 2, "new_field": [1]}
+        path.write_text(json.dumps(future))
+        before = path.read_bytes()
+        assert main(["run", str(tmp_path / "t.yaml"), "--no-report", "--force"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "was written by a newer cru-harness (schema_version 2; this one reads 1)" in err[0]
+        assert path.read_bytes() == before
+
+    def test_a_failed_recompute_keeps_the_good_result(self, tmp_path, capsys):
+        from cru_harness.runner.cache import CellStore
+        from cru_harness.runner.cli import run_config
+        from cru_harness.runner import config as cfg
+
+        config, path = one_computed_run(tmp_path)
+        good = json.loads(path.read_text())
+
+        def broken(cell, workdir):
+            raise RuntimeError("out of memory")
+
+        logged = []
+        run_config(cfg.load_config(tmp_path / "t.yaml"), executor=broken, report=False, force=True,
+                   log=logged.append)
+        assert json.loads(path.read_text()) == good
+        assert CellStore(config.output_dir).load_result(good["hash"])["status"] == "ok"
+        assert not list(config.output_dir.glob("cells/*/previous.*"))
+        assert any("ended failed (RuntimeError: out of memory); its earlier ok result is kept" in line
+                   for line in logged), logged
+        # a good recompute replaces it
+        assert run_config(cfg.load_config(tmp_path / "t.yaml"), executor=fake_executor([]), report=False,
+                          force=True, log=lambda _: None) == 0
+        assert not list(config.output_dir.glob("cells/*/previous.*"))
+
+    def test_a_linked_cell_is_neither_written_through_nor_followed(self, tmp_path, capsys):
+        import shutil
+
+        from cru_harness.cli import main
+
+        config, path = one_computed_run(tmp_path)
+        outside = tmp_path / "outside"
+        shutil.move(str(path.parent), outside)
+        path.parent.symlink_to(outside, target_is_directory=True)
+        before = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+        assert main(["report", str(config.output_dir), "--no-plots"]) == 0
+        assert "is a symbolic link" in capsys.readouterr().err
+        assert main(["run", str(tmp_path / "t.yaml"), "--no-report", "--force"]) == 2
+        err = capsys.readouterr().err
+        assert "is a symbolic link: a run's cells are its own files" in err
+        assert {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()} == before
+
+    def test_a_removed_digest_on_a_cell_that_had_one_is_tampering(self, tmp_path):
+        from cru_harness.runner.cache import CellStore
+
+        config, path = one_computed_run(tmp_path)
+        result = json.loads(path.read_text())
+        del result["digest"]
+        result["metrics"]["forget_rouge_l"] = 0.01
+        path.write_text(json.dumps(result))
+        logged = []
+        assert CellStore(config.output_dir, log=logged.append).load_result(result["hash"]) is None
+        assert "it has no digest, but its record" in logged[0] and "its digest was removed" in logged[0]

@@ -523,6 +523,7 @@ def copy_cell(store, out_store, cell_hash: str, *, keep_ok: bool, as_cell=None, 
     target = out_store.cell_dir(new_hash)
     if target.resolve() == store.cell_dir(cell_hash).resolve():
         return False
+    out_store.check_writable(new_hash)   # never over a newer cru-harness's cell, nor through a link
     routers = Path(WORK_DIR) / ROUTERS_DIR
     if bundle and not (store.cell_dir(cell_hash) / routers).is_dir():
         return False
@@ -530,7 +531,7 @@ def copy_cell(store, out_store, cell_hash: str, *, keep_ok: bool, as_cell=None, 
     if tmp.exists():
         shutil.rmtree(tmp)
     target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(store.cell_dir(cell_hash), tmp, ignore=shutil.ignore_patterns(WORK_DIR, ".*.tmp"))
+    shutil.copytree(store.cell_dir(cell_hash), tmp, ignore=shutil.ignore_patterns(WORK_DIR, ".*.tmp", "previous.*"))
     if bundle:
         shutil.copytree(store.cell_dir(cell_hash) / routers, tmp / routers)
     if not (tmp / RESULT_FILE).is_file():

@@ -130,6 +130,8 @@ def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, lo
     data and library fingerprints) equal the current ones: resuming one's own run skips it, a cell computed by
     other code is recomputed."""
     cells = list(cells)
+    for cell in cells:   # before any work: a cell of a newer cru-harness, or a link out of the run, stops it
+        store.check_writable(cell.hash)
     counts = {"skipped": 0, "stale": 0, "ok": 0, "failed": 0, "unavailable": 0}
     computed: list[float] = []   # wall times of the cells this call computed (finished ones take none)
     # One line per cell when it ends; while it runs, a bar names it (tqdm writes to stderr, the lines go to `log`).
