@@ -980,3 +980,49 @@ class TestResultsSurviveResume:
         logged = []
         assert CellStore(config.output_dir, log=logged.append).load_result(result["hash"]) is None
         assert "it has no digest, but its record" in logged[0] and "its digest was removed" in logged[0]
+
+
+class TestConfigsSayOneThing:
+    """Issue 78, class 6: a mapping with a key given twice was read with the last value (`trust_remote_code:
+    false` then `true` enabled remote code). Wherever the project reads YAML (runner and study configs, --set
+    values of `unlearn` and `attack`), it is an error naming the key and both lines."""
+
+    def test_a_duplicated_key_in_a_run_config_is_named_with_both_lines(self, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        path = tmp_path / "dup.yaml"
+        path.write_text("name: t\nmodels:\n  - name: m\n    path: zoo:llama\n    trust_remote_code: false\n"
+                        "    trust_remote_code: true\nbenchmarks: {tofu: {}}\nmethods: [GA]\n")
+        assert main(["run", str(path), "--dry-run"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "key 'trust_remote_code' is given twice in one mapping (lines 5 and 6)" in err[0]
+
+    def test_a_study_config_and_merge_keys(self, tmp_path):
+        from cru_harness.runner.config import ConfigError
+        from cru_harness.studies.config import load_study
+        from cru_harness.yamlfile import read_yaml
+
+        path = tmp_path / "study.yaml"
+        path.write_text("study: {kind: overlap}\nname: a\nname: b\n")
+        with pytest.raises(ConfigError, match=r"key 'name' is given twice in one mapping \(lines 2 and 3\)"):
+            load_study(path)
+        path.write_text("base: &b {lr: 1, seed: 0}\nx:\n  <<: *b\n  lr: 2\n")   # an override beside a merge
+        assert read_yaml(path)["x"] == {"lr": 2, "seed": 0}
+
+    @pytest.mark.parametrize("argv", [
+        ["unlearn", "--method", "GA", "--set", "lr={a: 1, a: 2}"],
+        ["unlearn", "--method", "GA", "--set", "lr=1e-5", "--set", "lr=2e-5"],
+        ["attack", "--attack", "quantize", "--set", "weights=int8", "--set", "weights=int4"],
+        ["attack", "--attack", "quantize", "--set", "weights=[unclosed"],
+    ])
+    def test_set_values_say_one_thing(self, argv, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "config.json").write_text("{}")
+        common = (["--base", str(tmp_path / "m"), "--forget", "forget01", "--retain", "retain99"]
+                  if argv[0] == "unlearn" else ["--model", str(tmp_path / "m")])
+        assert main([*argv, *common, "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and ("given twice" in err[0] or "is not a YAML value" in err[0]), err
+        assert not (tmp_path / "o").exists()

@@ -60,14 +60,17 @@ def register(subparsers) -> None:
 
 def parse_settings(pairs: list[str], attack) -> dict:
     """`KEY=VALUE` pairs -> the attack's settings (YAML values), checked by its config dataclass."""
-    import yaml
+    from ..errors import excerpt
+    from ..yamlfile import load_value
 
     settings = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise InputError(f"--set {pair!r}: write KEY=VALUE")
-        settings[key.strip()] = yaml.safe_load(value)
+            raise InputError(f"--set {excerpt(pair, 80)}: write KEY=VALUE")
+        if key.strip() in settings:
+            raise InputError(f"--set {excerpt(key.strip(), 80)} is given twice: give it once")
+        settings[key.strip()] = load_value(value, f"--set {excerpt(key.strip(), 80)}")
     unknown = sorted(set(settings) - set(attack.settings()))
     if unknown:
         allowed = ", ".join(attack.settings()) or "none"

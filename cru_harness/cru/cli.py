@@ -11,7 +11,7 @@ from cru_harness.devices import add_device_arguments
 from cru_harness.prompts import BENCHMARKS, add_prompt_format_argument, prompt_format_choice, prompt_format_label
 from cru_harness.hparams import HPARAM_CHOICES
 
-from ..errors import InputError
+from ..errors import InputError, excerpt
 
 
 @functools.cache
@@ -133,18 +133,18 @@ def _corpus_rows(source: str, data_dir, what: str) -> tuple[list[dict], str]:
 
 
 def _set_values(pairs: list[str]) -> dict:
-    """`--set KEY=VALUE` pairs as a dict, each value read as a YAML scalar (1e-5, true, [0.9, 0.99])."""
-    import yaml
+    """`--set KEY=VALUE` pairs as a dict, each value read as a YAML scalar (1e-5, true, [0.9, 0.99]) by the
+    project's one YAML loader; a key given twice is refused (the last would win silently)."""
+    from cru_harness.yamlfile import load_value
 
     values = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep or not key.strip():
-            raise InputError(f"--set expects KEY=VALUE, got {pair!r}")
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise InputError(f"--set {key}: {text!r} is not a value") from None
+            raise InputError(f"--set expects KEY=VALUE, got {excerpt(pair, 80)}")
+        if key.strip() in values:
+            raise InputError(f"--set {excerpt(key.strip(), 80)} is given twice: give it once")
+        value = load_value(text, f"--set {excerpt(key.strip(), 80)}")
         if isinstance(value, str):   # YAML 1.1 reads 1e-5 (no dot) as a string
             try:
                 value = float(value)
