@@ -1026,3 +1026,94 @@ class TestConfigsSayOneThing:
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and ("given twice" in err[0] or "is not a YAML value" in err[0]), err
         assert not (tmp_path / "o").exists()
+
+
+class FakeEntryPoint:
+    """An installed plugin's entry point (importlib.metadata's), whose import does what `load` says."""
+
+    def __init__(self, name, load, dist="acme-unlearn"):
+        self.name, self.value, self._load = name, f"acme.{name.lower()}:METHOD", load
+        self.dist = type("Dist", (), {"name": dist, "version": "0.1"})()
+
+    def load(self):
+        return self._load()
+
+
+@pytest.fixture
+def installed(monkeypatch):
+    """Install fake entry points beside the real ones: `installed(group, *eps)`; the registries re-read."""
+    from importlib.metadata import entry_points as real
+
+    from cru_harness import plugins
+
+    extra: dict[str, list] = {}
+
+    def fake(group):
+        return [*real(group=group), *extra.get(group, [])]
+
+    monkeypatch.setattr(plugins, "entry_points", fake)
+    for registry in (plugins.methods, plugins.benchmarks, plugins.attacks):
+        monkeypatch.setattr(registry, "_items", None)
+
+    def install(group, *eps):
+        extra.setdefault(group, []).extend(eps)
+        for registry in (plugins.methods, plugins.benchmarks, plugins.attacks):
+            registry._items = None
+    return install
+
+
+class TestPlugins:
+    """Issue 78, class 5: a plugin whose import raised anything but ImportError was a traceback, and a broken one
+    stopped every command; "GA " sat beside GA; a run() returning something else failed far away."""
+
+    @pytest.mark.parametrize("error", [RuntimeError("no GPU here"), SyntaxError("invalid syntax"),
+                                       KeyError("HOME"), ImportError("no module acme")])
+    def test_a_broken_plugin_blocks_only_its_own_name(self, error, installed, tmp_path, capsys):
+        from cru_harness import plugins
+        from cru_harness.cli import main
+
+        def boom():
+            raise error
+
+        installed("cru_harness.methods", FakeEntryPoint("Broken", boom))
+        installed("cru_harness.benchmarks", FakeEntryPoint("Shaky", boom, dist="shaky-bench"))
+        with pytest.raises(plugins.PluginError) as info:
+            plugins.methods.get("broken ")
+        message = str(info.value)
+        assert "method plugin 'Broken'" in message and "acme-unlearn 0.1" in message
+        assert type(error).__name__ in message and "\n" not in message
+        assert plugins.methods.get("GA").name == "GA" and "tofu" in plugins.benchmarks.names()
+        config, _ = one_computed_run(tmp_path)   # a run of built-in methods
+        assert main(["report", str(config.output_dir), "--no-plots"]) == 0   # report on existing results
+        path = write_run_config(tmp_path, name="b", methods=[{"method": "Broken"}])
+        assert main(["run", str(path), "--dry-run"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "acme-unlearn" in err[0], err
+
+    def test_names_are_compared_without_case_or_whitespace(self, installed):
+        from cru_harness import api, plugins
+
+        assert plugins.methods.get(" ga\t").name == "GA" and "G A".replace(" ", "") in plugins.methods
+        with pytest.raises(plugins.PluginError, match="already registered"):
+            plugins.methods.register(type("Spaced", (api.Method,), {"name": "GA "})())
+        twin = type("Twin", (api.Method,), {"name": "npo "})()
+        installed("cru_harness.methods", FakeEntryPoint("npo ", lambda: twin, dist="twin-pkg"))
+        with pytest.raises(plugins.PluginError, match="two methods are named 'npo ': .*twin-pkg"):
+            plugins.methods.get("NPO")
+        assert plugins.methods.get("GA").name == "GA"   # the rest are unaffected
+
+    @pytest.mark.parametrize("value, words", [("out/model", "returned 'out/model' \\(str\\)"),
+                                              (None, "returned None \\(NoneType\\)"),
+                                              ("trained-bad-path", "returned Trained\\(model_path=5\\)"),
+                                              ("trained-bad-routers", "returned Trained\\(routers=\\[.a.\\]\\)")])
+    def test_a_run_that_breaks_its_contract_is_named(self, value, words):
+        from cru_harness import api, plugins
+
+        value = {"trained-bad-path": api.Trained(model_path=5),
+                 "trained-bad-routers": api.Trained(model_path="m", routers=["a"])}.get(value, value)
+        method = type("Sloppy", (api.Method,), {"name": "Sloppy"})()
+        with pytest.raises(plugins.PluginError, match=rf"method plugin 'Sloppy' .* breaks the run\(\) contract: it "
+                                                      rf"{words}; run\(ctx\) must return cru_harness.api.Trained"):
+            plugins.check_trained(value, method, "method")
+        good = api.Trained(model_path="m")
+        assert plugins.check_trained(good, method, "method") is good

@@ -118,7 +118,7 @@ def _run_attack(args: argparse.Namespace) -> int:
                       load_model=lambda path: load_causal_lm(path, device=device, device_map=args.device_map,
                                                              dtype=args.dtype))
     out.mkdir(parents=True, exist_ok=True)
-    attacked = attack.run(ctx)
+    attacked = plugins.check_trained(attack.run(ctx), attack, "attack")
     record = {"attack": attack.name, "settings": settings, "model": args.model, "routers": args.routers,
               "attacked_model": attacked.model_path, "attacked_routers": attacked.routers, "seed": args.seed,
               **outcome}
