@@ -553,20 +553,15 @@ def check_run_directory(output_dir: str | os.PathLike, name: str | None, what: s
 # --------------------------------------------------------------------------------------------------- run lock
 @contextmanager
 def waiting_lock(path: str | os.PathLike) -> Iterator[None]:
-    """Hold an exclusive `flock` on `path`, waiting while another process (a shard of the same run) holds it.
-    Where the file system has no flock, nothing is locked. The file stays: removing it would let a waiter lock
-    an unlinked file while a newcomer locks a new one."""
-    import fcntl
+    """Hold an exclusive lock (`filelock`) on `path`, waiting while another process (a shard of the same run)
+    holds it. The file stays: removing it would let a waiter lock an unlinked file while a newcomer locks a new
+    one."""
+    from filelock import FileLock
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+", encoding="utf-8") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        except OSError as err:
-            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                raise
-        yield   # closing the file releases the lock
+    with FileLock(str(path)):
+        yield
 
 
 class RunLockedError(UserError, RuntimeError):
@@ -593,111 +588,130 @@ def _pid_alive(pid: Any) -> bool:
 
 
 class RunLock:
-    """Exclusive use of a run's output directory by one process (see the module doc).
+    """Exclusive use of a run's output directory by one process, or shared by the shards of one run (see the module
+    doc), with `filelock` locks (flock; filelock's own fallback where the file system has none).
 
-    `flock` locks die with their process, so a lock left by a killed run is free: it is taken over with a
-    message naming the dead holder (its record is still in the file). A run that ends removes its lock file;
-    a locker therefore checks, once locked, that the path still names the file it locked. On a file system
-    without `flock` (some network mounts) the recorded pid is judged instead (same host only; a lock of another
-    host is then refused, naming the file to delete).
+    A full run holds `.lock` for its whole length and refuses to start while any shard lock `.lock.shardIofN` is
+    held. A shard takes `.lock` for an instant (other shards wait for it briefly; a full run holding it refuses
+    the shard), then holds its own shard lock. Locks die with their process, so a lock left by a killed run is
+    free: it is taken over with a message naming the dead holder (its record is still in the file). Every lock
+    file is removed when its run ends (the directory lock: with the last shard); a locker therefore checks, once
+    locked, that the path still names the file it locked.
     """
+
+    #: How long a shard waits for another shard's instant on `.lock` before refusing (a full run holds it).
+    SHARD_WAIT_S = 3.0
 
     def __init__(self, output_dir: str | os.PathLike, shard: str | None = None,
                  log: Callable[[str], None] = print):
         self.root = Path(output_dir)
         self.shard = shard
         self.log = log
-        self._held: list[tuple[Path, Any, bool]] = []   # (path, open file or None without flock, exclusive)
+        self._held: list[tuple[Path, Any]] = []   # (path, held FileLock): removed and released in reverse
 
-    def _lock_paths(self) -> list[tuple[Path, bool]]:
-        """(lock file, exclusive) pairs, taken in this order."""
-        main = self.root / LOCK_FILE
-        if not self.shard:
-            return [(main, True)]
-        return [(main, False), (self.root / f"{LOCK_FILE}.shard{self.shard.replace('/', 'of')}", True)]
+    def _shard_path(self) -> Path:
+        return self.root / f"{LOCK_FILE}.shard{self.shard.replace('/', 'of')}"
 
     def _holders(self, path: Path) -> str:
-        """Who holds `path`: its own record, and for the directory lock held shared, each shard's record."""
+        """Who holds `path`: its own record, and for the directory lock, each shard's record."""
         infos = [_read_lock_info(path)]
         if path.name == LOCK_FILE:
             infos += [_read_lock_info(p) for p in sorted(self.root.glob(f"{LOCK_FILE}.shard*"))]
         described = [_describe_holder(i) for i in infos if i]
         return "; ".join(described) or _describe_holder(None)
 
-    def _flock(self, path: Path, exclusive: bool):
-        """The open, locked lock file; None where the file system has no flock. RunLockedError when held."""
-        import fcntl
+    def _busy(self, path: Path) -> "RunLockedError":
+        info = _read_lock_info(path)
+        gone = bool(info) and info.get("host") == socket.gethostname() and not _pid_alive(info.get("pid"))
+        hint = ("; that process is gone but its lock is still held (a file system without flock keeps it): delete "
+                "the lock file if no run uses this directory") if gone else \
+            "; wait for that run to finish, or give another --output-dir"
+        return RunLockedError(f"output directory {self.root} is in use by {self._holders(path)} (lock file {path})"
+                              + hint)
 
-        for _ in range(20):
-            handle = open(path, "a+", encoding="utf-8")
+    @staticmethod
+    def _try(path: Path, wait_s: float = 0.0):
+        """The held FileLock of `path`, or None when another process holds it (tried for `wait_s`)."""
+        from filelock import FileLock, Timeout
+
+        deadline = time.monotonic() + wait_s
+        for _ in range(1000):
+            lock = FileLock(str(path), timeout=0, thread_local=False)
             try:
-                fcntl.flock(handle.fileno(), (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-            except OSError as err:
-                handle.close()
-                if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise RunLockedError(
-                        f"output directory {self.root} is in use by {self._holders(path)} (lock file {path}); "
-                        "wait for that run to finish, or give another --output-dir") from None
-                return None
-            try:  # a finishing holder may have removed the file between our open and flock: lock the new one
-                if os.path.samestat(os.fstat(handle.fileno()), os.stat(path)):
-                    return handle
+                lock.acquire()
+            except Timeout:
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.02)
+                continue
+            fd = getattr(getattr(lock, "_context", None), "lock_file_fd", None)
+            try:   # a finishing holder may have removed the file between our open and lock: lock the new one
+                if fd is None or os.path.samestat(os.fstat(fd), os.stat(path)):
+                    return lock
             except FileNotFoundError:
                 pass
-            handle.close()
+            lock.release()
         raise RunLockedError(f"lock file {path} keeps being replaced; is another run starting and stopping?")
 
     def acquire(self) -> "RunLock":
         self.root.mkdir(parents=True, exist_ok=True)
+        main = self.root / LOCK_FILE
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": now_iso(), "shard": self.shard}
         try:
-            for path, exclusive in self._lock_paths():
-                handle = self._flock(path, exclusive)
-                previous = _read_lock_info(path)
-                if handle is None and not exclusive:  # no flock: shards share the directory unchecked
-                    self._held.append((path, None, False))
-                    continue
-                if handle is None:  # no flock here: judge by the recorded pid
-                    if previous and previous.get("pid") != os.getpid() and (
-                            previous.get("host") != socket.gethostname() or _pid_alive(previous.get("pid"))):
-                        raise RunLockedError(f"output directory {self.root} is in use by "
-                                             f"{_describe_holder(previous)} (lock file {path}; delete it if that "
-                                             "process is gone)")
-                elif not exclusive:
-                    self._held.append((path, handle, False))
-                    continue
-                if previous and previous.get("pid") != os.getpid():
-                    self.log(f"taking over the lock {path} left by {_describe_holder(previous)}, which is no "
-                             "longer running")
-                self._held.append((path, handle, True))
-                _write_lock_info(path, info)
+            own = self._shard_path() if self.shard else main
+            previous = _read_lock_info(own)   # before locking: the winner of a lock empties its file
+            lock = self._try(main, self.SHARD_WAIT_S if self.shard else 0.0)
+            if lock is None:
+                raise self._busy(main)
+            if self.shard:
+                shard_lock = self._try(self._shard_path())
+                if shard_lock is None:
+                    lock.release()
+                    raise self._busy(self._shard_path())
+                lock.release()   # the shards share the directory; the shard lock keeps full runs out
+                self._held.append((self._shard_path(), shard_lock))
+            else:
+                self._held.append((main, lock))
+                for shard in sorted(self.root.glob(f"{LOCK_FILE}.shard*")):
+                    if not self._free(shard):   # a killed shard's is removed
+                        raise self._busy(shard)
+            if previous and previous.get("pid") != os.getpid():
+                self.log(f"taking over the lock {own} left by {_describe_holder(previous)}, which is no longer "
+                         "running")
+            _write_lock_info(own, info)
         except BaseException:
             self.release()
             raise
         return self
 
     def release(self) -> None:
-        """Remove the lock files this run holds alone (the directory lock of shards: when the last one ends)."""
-        import fcntl
-
-        for path, handle, exclusive in reversed(self._held):
-            if handle is None:
-                if exclusive:
-                    path.unlink(missing_ok=True)
-                continue
+        """Remove the lock files this run holds (the directory lock of shards: when the last one ends)."""
+        for path, lock in reversed(self._held):
             try:
-                if not exclusive:
-                    try:  # no other shard holds it any more?
-                        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        exclusive = True
-                    except OSError:
-                        pass
-                if exclusive:
-                    path.unlink(missing_ok=True)  # while still locked: lockers check the path names their file
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+                path.unlink(missing_ok=True)   # while still locked: lockers check the path names their file
             finally:
-                handle.close()
+                lock.release()
+        if self.shard and self._held:
+            main = self.root / LOCK_FILE
+            lock = self._try(main)
+            if lock is not None:
+                try:
+                    if all(self._free(p) for p in self.root.glob(f"{LOCK_FILE}.shard*")):
+                        main.unlink(missing_ok=True)
+                finally:
+                    lock.release()
         self._held = []
+
+    def _free(self, path: Path) -> bool:
+        """Whether no process holds lock file `path` (a killed shard's is removed)."""
+        lock = self._try(path)
+        if lock is None:
+            return False
+        try:
+            path.unlink(missing_ok=True)
+        finally:
+            lock.release()
+        return True
 
     def __enter__(self) -> "RunLock":
         return self.acquire()
