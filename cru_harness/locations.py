@@ -158,6 +158,31 @@ def check_model_path(path: str | os.PathLike, what: str = "base model") -> str:
     return text
 
 
+def check_remote_code(path: str | os.PathLike, trust_remote_code: bool, what: str = "model") -> None:
+    """A local checkpoint whose architecture transformers does not know and whose config.json maps it to its own
+    Python code (`auto_map`) cannot load without running that code: refused in one line, before anything loads,
+    unless `trust_remote_code` (the code is never run unasked)."""
+    if trust_remote_code:
+        return
+    config_file = Path(str(path)).expanduser() / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return   # absent or unreadable: the loader names that
+    if not isinstance(config, dict) or not config.get("auto_map"):
+        return
+    from transformers import CONFIG_MAPPING
+
+    if config.get("model_type") in CONFIG_MAPPING:
+        return   # transformers has the architecture itself: nothing of the checkpoint's code runs
+    from .errors import excerpt
+
+    raise ModelPathError(f"{what} {path} needs its own Python code to load (config.json maps model_type "
+                         f"{excerpt(config.get('model_type'), 60)} to it through auto_map) and trust_remote_code is "
+                         "off: cru-harness does not run a checkpoint's code unasked; set trust_remote_code: true for "
+                         "this model only if you trust its code")
+
+
 def check_single_checkpoint(path: str | os.PathLike, what: str = "model") -> None:
     """Refuse a WHP directory where one checkpoint is loaded: it holds two models, and only their combined logits
     are the unlearned model (lm-eval's `cru` model loads the pair)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -79,6 +80,35 @@ def parse_settings(pairs: list[str], attack) -> dict:
     return settings
 
 
+def model_argument(model: str) -> str:
+    """`--model` as every command reads it: a testbed name (`zoo:llama`, `smollm2`) resolved, a local path checked
+    (`locations.check_model_path`), a Hub id as it is; an unknown testbed name is one line."""
+    from ..locations import check_model_path
+    from ..testbed.names import resolve_model_path
+
+    try:
+        return check_model_path(resolve_model_path(model), what="--model")
+    except (KeyError, ValueError) as err:
+        if isinstance(err, InputError):
+            raise
+        raise InputError(f"--model {model!r}: not a testbed model ({err})") from None
+
+
+def check_output_file(path: str, what: str) -> None:
+    """A file a command writes at the end (`--json`): its directory must exist and be writable, and the path must
+    not be a directory, found before any model is loaded."""
+    from ..locations import OutputLocationError
+
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise OutputLocationError(f"{what} {path} is a directory: give a file name")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputLocationError(f"{what} {path}: its directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or target.exists() and not os.access(target, os.W_OK):
+        raise OutputLocationError(f"{what} {path} cannot be written (permission denied)")
+
+
 def run_attack(args: argparse.Namespace) -> int:
     from ..locations import command_output_lock
 
@@ -96,7 +126,7 @@ def _run_attack(args: argparse.Namespace) -> int:
     attack = plugins.attacks.get(args.attack)
     settings = parse_settings(args.settings, attack)
     check_seed(args.seed)
-    check_model_path(args.model, what="--model")
+    args.model = model_argument(args.model)
     out = check_output_dir(args.out, what="--out", overwrite=args.overwrite)
     fmt = prompt_format_choice(args.prompt_format, args.benchmark)
     fmt.setdefault("preset", None)
@@ -146,7 +176,9 @@ def run_lens(args: argparse.Namespace) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise InputError(f"--limit {args.limit}: give a positive number of rows")
-    check_model_path(args.model, what="--model")
+    args.model = model_argument(args.model)
+    if args.json is not None:
+        check_output_file(args.json, "--json")
     rows, source = load_corpus_rows(args.data, args.data_dir)
     rows = rows[:args.limit] if args.limit else rows
     if not all(row.get("question") and row.get("answer") for row in rows):
@@ -163,6 +195,8 @@ def run_lens(args: argparse.Namespace) -> int:
     print(f"best layer {result.best_layer} of {len(result.per_layer)}: {result.best:.4f}; "
           f"output: {result.final:.4f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"model": args.model, "routers": args.routers, "data": source,
+        from ..store import atomic_write_text
+
+        atomic_write_text(Path(args.json).expanduser(), json.dumps({"model": args.model, "routers": args.routers, "data": source,
                                                **result.to_dict()}, indent=2) + "\n")
     return 0

@@ -149,10 +149,18 @@ def check_local_models_exist(config) -> None:
     run only warns: it may plan the run for another machine.)"""
     from .config import ConfigError
 
+    from ..fingerprints import setting_paths
+
     for entry in security_summary(config):
         if entry["origin"] == "local path" and not Path(entry["path"]).expanduser().exists():
             raise ConfigError(entry["key"], f"model {entry['path']} does not exist (no such directory)",
                               config.source)
+    for index, method in enumerate(getattr(config, "methods", ())):   # an input file a method reads (LUNAR's)
+        for key, path in setting_paths(getattr(method, "hparams", {}) or {}).items():
+            if not path.is_file():
+                raise ConfigError(f"methods[{index}].{key}", f"{path} " + (
+                    "is a directory, not a file" if path.is_dir() else "does not exist") + ": every cell of "
+                    f"{getattr(method, 'label', 'this method')} would fail after the cells before it", config.source)
 
 
 def _load(path: str, output_dir: str | None):
