@@ -1117,3 +1117,90 @@ class TestPlugins:
             plugins.check_trained(value, method, "method")
         good = api.Trained(model_path="m")
         assert plugins.check_trained(good, method, "method") is good
+
+
+class TestOneLineNotATraceback:
+    """Issue 78, class 4: bad input that ended in a traceback; each is one line naming it, before any model loads."""
+
+    @pytest.mark.parametrize("content, words", [(None, "is a directory"), ('{"a": 1}', "got a dict"),
+                                                ("5", "got a int"), ("[1, 2]", "must be a string"),
+                                                (b"\xff\xfe", "not a JSON list")])
+    def test_lunar_refusal_prompts_that_are_not_a_list_of_strings(self, content, words, tmp_path):
+        from cru_harness.baselines.lunar import read_prompts
+        from cru_harness.errors import UserError
+
+        path = tmp_path / "prompts.json"
+        if content is None:
+            path.mkdir()
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+        with pytest.raises(UserError, match=words):
+            read_prompts(str(path))
+
+    def test_scalars_where_lists_are_expected(self, tmp_path, capsys):
+        from cru_harness.attacks.quantize import QuantizeConfig
+        from cru_harness.baselines.rmu import RMUConfig
+        from cru_harness.cli import main
+        from cru_harness.errors import InputError
+
+        with pytest.raises(InputError, match="trainable_params: expected a list of parameter name patterns, got 5"):
+            RMUConfig(trainable_params=5)
+        with pytest.raises(InputError, match="trainable_layers: expected a list of block indices, got 3"):
+            RMUConfig(trainable_layers=3)
+        with pytest.raises(InputError, match="exclude: expected a list of module-name patterns, got 5"):
+            QuantizeConfig(exclude=5)
+        assert QuantizeConfig(exclude="lm_head").exclude == ("lm_head",)
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "config.json").write_text("{}")
+        assert main(["attack", "--attack", "quantize", "--set", "exclude=5", "--model", str(tmp_path / "m"),
+                     "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "exclude: expected a list" in err[0]
+
+    def test_a_checkpoint_needing_its_own_code_is_refused_unless_trusted(self, tmp_path, monkeypatch):
+        from transformers import AutoModelForCausalLM
+
+        from cru_harness.devices import load_causal_lm
+        from cru_harness.locations import ModelPathError, check_remote_code
+
+        model = tmp_path / "custom"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps({"model_type": "acme-net",
+                                                       "auto_map": {"AutoModelForCausalLM": "modeling_acme.Acme"}}))
+        monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained",
+                            lambda *a, **k: pytest.fail("tried to load a model needing its own code"))
+        with pytest.raises(ModelPathError, match="needs its own Python code to load .* trust_remote_code is off"):
+            load_causal_lm(str(model), device="cpu")
+        check_remote_code(model, True)   # asked for: left to transformers
+        (model / "config.json").write_text(json.dumps({"model_type": "llama", "auto_map": {"x": "y"}}))
+        check_remote_code(model, False)   # an architecture transformers has: no code of the checkpoint runs
+
+    def test_lens_checks_its_json_and_testbed_names_before_loading(self, tmp_path, capsys, monkeypatch):
+        import cru_harness.devices as devices
+        from cru_harness.cli import main
+
+        monkeypatch.setattr(devices, "load_causal_lm", lambda *a, **k: pytest.fail("loaded a model"))
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "config.json").write_text("{}")
+        for json_path, words in [(tmp_path / "no" / "such" / "x.json", "does not exist"),
+                                 (tmp_path, "is a directory")]:
+            assert main(["lens", "--model", str(tmp_path / "m"), "--data", "forget01", "--json",
+                         str(json_path)]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and words in err[0], err
+        assert main(["lens", "--model", "zoo:nosuch", "--data", "forget01"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "unknown tiny architecture 'nosuch'" in err[0], err
+
+    def test_a_run_refuses_a_methods_missing_input_file_before_any_cell(self, tmp_path):
+        from cru_harness.runner import config as cfg
+        from cru_harness.runner.cli import run_config
+
+        config = cfg.load_config(write_run_config(tmp_path, methods=[
+            {"method": "GA"}, {"method": "LUNAR", "refusal_prompts_path": str(tmp_path / "no.json")}]))
+        calls = []
+        with pytest.raises(cfg.ConfigError, match=r"methods\[1\]\.refusal_prompts_path: .*no.json does not exist"):
+            run_config(config, executor=fake_executor(calls), report=False, log=lambda _: None)
+        assert calls == []
