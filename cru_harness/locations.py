@@ -305,8 +305,17 @@ def command_output_lock(path: str | os.PathLike | None, what: str = "--out") -> 
     if path is None or os.environ.get("RANK", "0") not in ("", "0"):
         yield
         return
+    target = Path(path).expanduser()
+    existed = target.exists() or target.is_symlink()
     with output_lock(path, what):
-        yield
+        try:
+            yield
+        except BaseException:
+            # refused input, or a failure before anything was saved: no empty --out is left behind (only an empty
+            # directory this command created is removed; nothing else ever is)
+            if not existed and target.is_dir() and not target.is_symlink() and not any(target.iterdir()):
+                target.rmdir()
+            raise
 
 
 def holder_record(**extra) -> dict:

@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .errors import WRITE_ERRNOS, InputError, MissingInputError, OutputWriteError, UserError
+from .errors import WRITE_ERRNOS, InputError, MissingInputError, OutputWriteError, UserError, excerpt
 
 RESULT_FILE = "result.json"
 RECORD_FILE = "run_record.json"
@@ -538,10 +538,11 @@ def check_run_directory(output_dir: str | os.PathLike, name: str | None, what: s
         recorded_name = config.get("name") if isinstance(config, dict) else None
         if name is None or recorded_name == name:
             return
-        others.append(repr(recorded_name) if isinstance(recorded_name, str) else f"no experiment ({plan.name})")
+        others.append(excerpt(recorded_name, 80) if isinstance(recorded_name, str)
+                      else f"no experiment ({plan.name})")
     if others:
         raise OutputLocationError(f"{what} {root} holds the run of another experiment ({', '.join(sorted(set(others)))}"
-                                  f", not {name!r}): choose a new or empty directory, or that run's config")
+                                  f", not {excerpt(name, 80)}): choose a new or empty directory, or that run's config")
     foreign = [entry.name + ("/" if entry.is_dir() else "") for entry in entries if not _run_entry(entry.name)]
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")

@@ -1204,3 +1204,85 @@ class TestOneLineNotATraceback:
         with pytest.raises(cfg.ConfigError, match=r"methods\[1\]\.refusal_prompts_path: .*no.json does not exist"):
             run_config(config, executor=fake_executor(calls), report=False, log=lambda _: None)
         assert calls == []
+
+
+class TestMessagesAndLeftovers:
+    """Issue 78, class 7: a 200,000-character name reached an error line whole; refused input left an empty --out;
+    a full disk left a 0-byte config.json; compare on a read-only run lost its verdict; every cell printed `fatal:
+    not a git repository` outside a checkout."""
+
+    def test_a_huge_name_is_bounded_in_every_error_line(self, tmp_path, capsys):
+        from cru_harness.cli import main
+        from cru_harness.errors import MAX_ERROR_LINE
+        from cru_harness.runner import config as cfg
+        from cru_harness.runner.cli import run_config
+
+        mine = cfg.load_config(write_run_config(tmp_path, name="mine"))
+        assert run_config(mine, executor=fake_executor([]), report=False, log=lambda _: None) == 0
+        huge = "n" * 200_000
+        plan = json.loads((mine.output_dir / "plan.json").read_text())
+        plan["config"]["name"] = huge
+        (mine.output_dir / "plan.json").write_text(json.dumps(plan))
+        assert main(["run", str(write_run_config(tmp_path, name="mine")), "--dry-run"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "holds the run of another experiment" in err[0] and len(err[0]) < 1000
+        from cru_harness.errors import InputError, report_user_error   # any user error, whatever it echoes
+
+        report_user_error("cru-harness x", InputError("y" * 300_000))
+        line = capsys.readouterr().err
+        assert len(line) < MAX_ERROR_LINE + 100 and "more characters left out" in line
+
+    def test_refused_input_leaves_no_empty_out(self, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "config.json").write_text("{}")
+        out = tmp_path / "o"
+        assert main(["attack", "--attack", "relearn", "--model", str(tmp_path / "m"), "--out", str(out)]) == 2
+        assert "give --forget-corpus" in capsys.readouterr().err
+        assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+    def test_a_full_disk_while_saving_leaves_no_empty_checkpoint(self, tmp_path):
+        import errno
+
+        from cru_harness.locations import write_directory
+
+        def full(tmp):
+            (tmp / "config.json").write_text("")
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp / "model.safetensors"))
+
+        with pytest.raises(OSError, match="No space left"):
+            write_directory(tmp_path / "o", full)
+        assert list(tmp_path.iterdir()) == []   # no 0-byte config.json, no staging directory
+
+    def test_compare_on_a_read_only_run_still_gives_its_verdict(self, tmp_path, capsys, monkeypatch):
+        from cru_harness.cli import main
+        from cru_harness.errors import OutputWriteError
+        from cru_harness.runner import reproduce
+
+        config, _ = one_computed_run(tmp_path)
+        real = reproduce.atomic_write_text
+
+        def read_only(path, text):   # what atomic_write_text raises on a read-only file system
+            if Path(path).parent == config.output_dir:
+                raise OutputWriteError(f"cannot write {path}: Read-only file system")
+            return real(path, text)
+
+        monkeypatch.setattr(reproduce, "atomic_write_text", read_only)
+        assert main(["compare", str(config.output_dir), str(config.output_dir)]) == 0
+        out = capsys.readouterr().out
+        assert "details not written" in out and "give --out DIR" in out and "reproduc" in out.lower()
+        assert main(["compare", str(config.output_dir), str(config.output_dir), "--out", str(tmp_path / "c")]) == 0
+        assert (tmp_path / "c" / "reproduction.md").is_file()
+
+    def test_no_git_noise_per_cell_outside_a_checkout(self, tmp_path, monkeypatch, capfd):
+        from lm_eval import evaluator
+
+        from cru_harness.fingerprints import quiet_lm_eval_git
+
+        monkeypatch.chdir(tmp_path)
+        with quiet_lm_eval_git():
+            assert evaluator.get_git_commit_hash() is None
+        assert "fatal" not in capfd.readouterr().err
+        evaluator.get_git_commit_hash()   # lm-eval's own: the noise this removes
+        assert "not a git repository" in capfd.readouterr().err

@@ -146,7 +146,9 @@ def run_lmeval(model: ModelSpec, model_path: str, tasks: list[str], out: Path, *
         metadata["rwku_items_per_target"] = int(limit)
         limit = None
     tracker = EvaluationTracker(output_path=str(out))
-    with explain_out_of_memory(f"lm-eval at batch size {batch_size}", SMALLER_EVALUATION):
+    from ..fingerprints import quiet_lm_eval_git
+
+    with explain_out_of_memory(f"lm-eval at batch size {batch_size}", SMALLER_EVALUATION), quiet_lm_eval_git():
         results = lm_eval.simple_evaluate(
             model="cru", model_args=eval_model_args(model, model_path, routers, reference), tasks=tasks, limit=limit,
             batch_size=batch_size, device=device, log_samples=True,
