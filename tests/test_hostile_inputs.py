@@ -1238,8 +1238,10 @@ class TestMessagesAndLeftovers:
         (tmp_path / "m").mkdir()
         (tmp_path / "m" / "config.json").write_text("{}")
         out = tmp_path / "o"
-        assert main(["attack", "--attack", "relearn", "--model", str(tmp_path / "m"), "--out", str(out)]) == 2
-        assert "give --forget-corpus" in capsys.readouterr().err
+        assert main(["attack", "--attack", "relearn", "--model", str(tmp_path / "m"), "--out", str(out),
+                     "--forget-corpus", str(tmp_path / "no-such.json")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "no-such.json" in err[0], err
         assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["m"]
 
     def test_a_full_disk_while_saving_leaves_no_empty_checkpoint(self, tmp_path):
