@@ -55,6 +55,8 @@ def _nearest_existing(path: Path) -> Path:
     return Path.cwd()
 
 
+#: The longest file name (bytes) most file systems take (ext4, XFS, APFS, NTFS: 255).
+NAME_MAX = 255
 #: The name of `_writable`'s probe file; another process's probe does not make a directory "hold files".
 WRITE_TEST_PREFIX = ".cru-harness-write-test-"
 
@@ -72,7 +74,18 @@ def _writable(directory: Path) -> bool:
 
 def check_not_shared_directory(path: str | os.PathLike, what: str = "output directory") -> None:
     """Refuse the file system's root and the home directory (or one of its parents) as an output directory:
-    a command writes its own files there by name, and `--overwrite` would remove what is there."""
+    a command writes its own files there by name, and `--overwrite` would remove what is there. Also an empty path
+    (it would be the working directory) and a name longer than the file system takes (found before any work,
+    not when the result is saved)."""
+    from .errors import excerpt
+
+    if not str(path).strip():
+        raise OutputLocationError(f"{what} is empty: give a directory")
+    for part in Path(path).expanduser().parts:
+        if len(part.encode("utf-8", "surrogateescape")) > NAME_MAX:
+            raise OutputLocationError(f"{what} {excerpt(str(path), 120)}: the name {excerpt(part, 60)} is "
+                                      f"{len(part.encode('utf-8', 'surrogateescape')):,} bytes, more than a file "
+                                      f"system takes ({NAME_MAX})")
     resolved = Path(path).expanduser().resolve()
     home = Path.home().resolve()
     if resolved == Path(resolved.anchor) or resolved == home or resolved in home.parents:
@@ -106,6 +119,7 @@ def check_output_dir(path: str | os.PathLike, *, what: str = "output directory",
     other files is refused whatever the flags. The nearest existing parent of a new directory must be a writable
     directory. (`staged` is accepted for older callers: staging now uses a fresh unique directory.)
     """
+    check_not_shared_directory(path, what)   # the path as given: an empty one is not the working directory
     path = Path(path).expanduser()
     check_not_shared_directory(path, what)
     if path.is_symlink():
@@ -362,6 +376,7 @@ def check_files_dir(path: str | os.PathLike, *, what: str, own: bool = False) ->
     """Where a command writes files by name (report, score, compare): refused, before any work, when it is the
     root or home directory, a file or a link, or an existing non-empty directory cru-harness did not write
     (`OUTPUT_MARKER`); `own`: the directory belongs to a run (its report/, the run itself), taken as it is."""
+    check_not_shared_directory(path, what)
     path = Path(path).expanduser()
     check_not_shared_directory(path, what)
     if path.is_symlink():

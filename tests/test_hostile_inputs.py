@@ -1288,3 +1288,49 @@ class TestMessagesAndLeftovers:
         assert "fatal" not in capfd.readouterr().err
         evaluator.get_git_commit_hash()   # lm-eval's own: the noise this removes
         assert "not a git repository" in capfd.readouterr().err
+
+
+class TestCheckedUpFront:
+    """Issue 78, class 3: what an argument names is checked before any work: a missing or corrupt bundle given to
+    an attack, a forget corpus that is not there or a slice larger than it, an empty path, a name longer than the
+    file system takes."""
+
+    @pytest.fixture
+    def attack_args(self, tmp_path, monkeypatch):
+        import cru_harness.devices as devices
+
+        monkeypatch.setattr(devices, "load_causal_lm", lambda *a, **k: pytest.fail("loaded a model"))
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "config.json").write_text("{}")
+        rows = tmp_path / "forget.json"
+        rows.write_text(json.dumps([{"question": f"q{i}", "answer": f"a{i}"} for i in range(4)]))
+        return ["attack", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "o")]
+
+    @pytest.mark.parametrize("extra, words", [
+        (["--attack", "detach", "--routers", "{tmp}/no-bundle"], "no-bundle"),
+        (["--attack", "detach", "--routers", "{tmp}/m"], "cru_bundle.json"),
+        (["--attack", "relearn", "--forget-corpus", "{tmp}/nothing.json"], "nothing.json"),
+        (["--attack", "relearn", "--forget-corpus", "{tmp}/forget.json", "--set", "slice_size=10"],
+         "slice_size 10"),
+    ], ids=["missing-bundle", "not-a-bundle", "missing-corpus", "slice-too-large"])
+    def test_an_attack_checks_what_it_reads_before_loading(self, extra, words, attack_args, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        assert main([*attack_args, *[e.replace("{tmp}", str(tmp_path)) for e in extra]]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+        assert not (tmp_path / "o").exists()
+
+    @pytest.mark.parametrize("out, words", [("", "is empty"), ("x" * 300, "more than a file system takes")])
+    def test_empty_and_overlong_outputs_are_refused(self, out, words, tmp_path, capsys, monkeypatch):
+        from cru_harness.cli import main
+        from cru_harness.locations import OutputLocationError, check_files_dir, check_output_dir
+
+        monkeypatch.chdir(tmp_path)
+        for check in (check_output_dir, check_files_dir):
+            with pytest.raises(OutputLocationError, match=words):
+                check(out, what="--out")
+        config, _ = one_computed_run(tmp_path)
+        assert main(["report", str(config.output_dir), "--out", out, "--no-plots"]) == 2
+        assert words in capsys.readouterr().err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "t.yaml"]

@@ -109,6 +109,28 @@ def check_output_file(path: str, what: str) -> None:
         raise OutputLocationError(f"{what} {path} cannot be written (permission denied)")
 
 
+def check_attack_inputs(args: argparse.Namespace, attack, settings: dict, on_prompts: bool) -> None:
+    """What the attack reads, checked up front: each router bundle of --routers (manifest, weights, digest), the
+    forget corpus (it exists and parses), and the slice the settings draw from it (not larger than the corpus)."""
+    if args.routers is not None:
+        from ..cru.bundle import RouterBundle
+
+        for directory in str(args.routers).split("+"):
+            if not directory.strip():
+                raise InputError(f"--routers {args.routers!r}: an empty bundle path")
+            RouterBundle.from_pretrained(directory.strip())
+    if args.forget_corpus is None or on_prompts or "slice_fraction" not in attack.settings():
+        return
+    from ..data.corpora import load_corpus_rows
+    from ..data.slices import forget_slice
+
+    rows, source = load_corpus_rows(args.forget_corpus, args.data_dir)
+    config = attack.config(**settings) if attack.config is not None else None
+    if getattr(config, "corpus", None) is None:   # a relearn on the forget rows themselves: the slice must fit
+        forget_slice(len(rows), fraction=getattr(config, "slice_fraction"), size=getattr(config, "slice_size", None),
+                     seed=args.seed, what=f"attack {attack.name} on {source}")
+
+
 def run_attack(args: argparse.Namespace) -> int:
     from ..locations import command_output_lock
 
@@ -140,6 +162,7 @@ def _run_attack(args: argparse.Namespace) -> int:
     on_prompts = variant != "tofu_forget10"
     if args.forget_corpus is None and "slice_fraction" in attack.settings() and not on_prompts:
         raise InputError(f"attack {attack.name} trains on forget rows: give --forget-corpus")
+    check_attack_inputs(args, attack, settings, on_prompts)   # before any model loads or --out is made
     device = str(resolve_device(args.device)) if args.device_map is None else args.device
     outcome = {"resources": {}, "details": {}, "artifacts": {}}
     ctx = CellContext(cell=cell, model_path=args.model, workdir=out, data_dir=args.data_dir, outcome=outcome,

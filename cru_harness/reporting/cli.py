@@ -47,7 +47,7 @@ def recorded_report_settings(dirs: list[Path]) -> tuple[dict, str]:
 
 def cmd_report(args: argparse.Namespace) -> int:
     dirs = [Path(d) for d in args.dirs]
-    out = Path(args.out) if args.out else (dirs[0] / "report" if len(dirs) == 1 else Path("report"))
+    out = Path(args.out) if args.out is not None else (dirs[0] / "report" if len(dirs) == 1 else Path("report"))
     settings, origin = recorded_report_settings(dirs)
     if args.formats is not None:   # checked by the config's own rule for `report.formats`
         from .settings import report_settings
@@ -56,7 +56,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         settings = report_settings({**settings, "formats": formats}, "--formats")
     from ..locations import check_files_dir, output_lock
 
-    check_files_dir(out, what="--out", own=run_owned(out))   # before anything is read: never among others' files
+    check_files_dir(args.out if args.out is not None else out, what="--out", own=run_owned(out))   # before anything is read: never among others' files
     print(f"report settings: {origin}{'; --formats given' if args.formats is not None else ''}")
     with output_lock(out, "--out"):
         write_report(dirs, out, formats=settings["formats"], plots=settings["plots"] and not args.no_plots,

@@ -556,7 +556,7 @@ def run_score(args: argparse.Namespace) -> int:
     )
     from cru_harness.locations import make_files_dir, output_lock
 
-    out_dir = Path(args.output_dir or args.runs[0])
+    out_dir = Path(args.output_dir if args.output_dir is not None else args.runs[0])
     with output_lock(out_dir, "--output-dir"):
         # the default is the lm-eval run's own directory, written beside its outputs as it is
         make_files_dir(out_dir, own=args.output_dir is None)
