@@ -1334,3 +1334,39 @@ class TestCheckedUpFront:
         assert main(["report", str(config.output_dir), "--out", out, "--no-plots"]) == 2
         assert words in capsys.readouterr().err
         assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "t.yaml"]
+
+
+class TestWHPDirectories:
+    """Issue 78, classes 3 and 4: a WHP directory's links were followed out of it, and an offline Hub id as its
+    starting model ended in two tracebacks at evaluation; both are one line when the directory is read."""
+
+    def whp_dir(self, tmp_path: Path, baseline: str) -> Path:
+        root = tmp_path / "whp"
+        (root / "reinforced").mkdir(parents=True)
+        (root / "reinforced" / "config.json").write_text("{}")
+        (root / "whp.json").write_text(json.dumps({"format_version": 1, "baseline": baseline, "alpha": 1.0,
+                                                   "reinforced": "reinforced"}))
+        return root
+
+    def test_links_and_unreachable_starting_models_are_refused(self, tmp_path, monkeypatch):
+        from cru_harness.baselines.whp import WHPError, read_whp
+
+        (tmp_path / "base").mkdir()
+        (tmp_path / "base" / "config.json").write_text("{}")
+        root = self.whp_dir(tmp_path, str(tmp_path / "base"))
+        assert read_whp(root).baseline == str(tmp_path / "base")
+        (root / "reinforced").rename(tmp_path / "elsewhere")
+        (root / "reinforced").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+        with pytest.raises(WHPError, match="is a symbolic link"):
+            read_whp(root)
+        root = self.whp_dir(tmp_path / "b", str(tmp_path / "no" / "base"))
+        with pytest.raises(WHPError, match="its starting model .* does not exist"):
+            read_whp(root)
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+        import huggingface_hub.constants as hub_constants
+
+        monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+        root = self.whp_dir(tmp_path / "c", "acme/never-downloaded")
+        with pytest.raises(WHPError, match="not in the local cache, and the Hub is off"):
+            read_whp(root)
