@@ -1083,6 +1083,9 @@ class TestPlugins:
         assert "method plugin 'Broken'" in message and "acme-unlearn 0.1" in message
         assert type(error).__name__ in message and "\n" not in message
         assert plugins.methods.get("GA").name == "GA" and "tofu" in plugins.benchmarks.names()
+        assert main(["methods"]) == 0   # the listing names it and lists the rest
+        listing = capsys.readouterr()
+        assert "GA" in listing.out and "not usable: method plugin 'Broken'" in listing.err
         config, _ = one_computed_run(tmp_path)   # a run of built-in methods
         assert main(["report", str(config.output_dir), "--no-plots"]) == 0   # report on existing results
         path = write_run_config(tmp_path, name="b", methods=[{"method": "Broken"}])
