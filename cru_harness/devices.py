@@ -221,9 +221,10 @@ def load_causal_lm(path: str, *, device: str | torch.device | None = "auto", dev
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .locations import check_single_checkpoint
+    from .locations import check_remote_code, check_single_checkpoint
 
     check_single_checkpoint(path)
+    check_remote_code(path, trust_remote_code)
     target = resolve_device(device)
     device_map = check_device_map(device_map)
     torch_dtype = parse_dtype(dtype)

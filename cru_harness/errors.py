@@ -49,5 +49,16 @@ def one_line(err: BaseException) -> str:
     return " ".join(part.strip() for part in str(err).splitlines() if part.strip()) or type(err).__name__
 
 
+#: The longest error line a command prints: whatever a message echoes (a 200,000-character name), the line stays
+#: readable; the cut says how much was left out.
+MAX_ERROR_LINE = 2000
+
+
+def bounded(text: str, limit: int = MAX_ERROR_LINE) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit:,} more characters left out)"
+
+
 def report_user_error(prog: str, err: BaseException, stream=None) -> None:
-    print(f"{prog}: error: {one_line(err)}", file=stream or sys.stderr)
+    print(f"{prog}: error: {bounded(one_line(err))}", file=stream or sys.stderr)

@@ -4,6 +4,7 @@ layer: stdlib only, so the testbed, the `cru` lm-eval model, the results store a
 (`runner.provenance` builds the cells' inputs on it)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.resources
@@ -100,6 +101,30 @@ def _git(args: list[str], cwd: Path) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout if done.returncode == 0 else None
+
+
+@contextlib.contextmanager
+def quiet_lm_eval_git():
+    """lm-eval records `git describe --always` of the working directory with each evaluation, its stderr left on
+    the terminal: outside a checkout every cell printed `fatal: not a git repository`. The same lookup, quiet (the
+    same value; outside a checkout lm-eval's own fallback)."""
+    try:
+        from lm_eval import evaluator
+        from lm_eval.loggers.utils import get_commit_from_path
+    except ImportError:
+        yield
+        return
+    original = evaluator.get_git_commit_hash
+
+    def quiet():
+        described = _git(["describe", "--always"], Path(os.getcwd()))
+        return described.strip() if described is not None else get_commit_from_path(os.getcwd())
+
+    evaluator.get_git_commit_hash = quiet
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = original
 
 
 @functools.lru_cache(maxsize=1)

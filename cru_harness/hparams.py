@@ -117,3 +117,15 @@ HPARAM_CHOICES = {"selection": ("variance", "random"), "input_norm": ("none", "r
                   "gate_site": ("residual", "mlp"), "router_init": ("default", "open"),
                   "lr_scheduler": ("linear", "cosine", "constant"), "mixed_precision": ("no", "fp16", "bf16"),
                   "prefix_cache_placement": ("auto", "cpu", "device")}
+
+
+def as_list(name: str, value, what: str = "values") -> tuple:
+    """A setting that takes a list, as a tuple: one string is a list of one; a scalar, a mapping or None is an
+    `InputError` naming the setting (a `--set exclude=5` read as 5 reached `tuple(5)`, a TypeError)."""
+    from .errors import InputError, excerpt
+
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, (list, tuple)):
+        raise InputError(f"{name}: expected a list of {what}, got {excerpt(value, 80)}")
+    return tuple(value)

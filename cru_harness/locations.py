@@ -7,14 +7,23 @@ afterwards that `--out` is a file, or not writable, loses all of it), and on mod
   is left to the Hub.
 - `write_directory(path, write)`: a directory written whole or not at all; `save_checkpoint` writes a trained
   model, its tokenizer and its record that way (fine-tuning, baselines).
+
+The one output rule every command that writes follows (unlearn, finetune, attack, report --out, score
+--output-dir, compare --out; run and merge through `store.check_run_directory`): the file system's root, the home
+directory and an existing non-empty directory cru-harness did not write are refused before any work; a directory
+is staged in a unique private temporary directory beside the target (never a fixed name that may be the user's);
+nothing the harness did not write is deleted; and one process at a time writes a target (`output_lock`).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from .errors import UserError
 
@@ -22,6 +31,13 @@ from .errors import UserError
 BUNDLE_MANIFEST = "cru_bundle.json"
 #: The file that makes a directory a WHP model (`baselines.whp`): two models whose logits are combined at inference.
 WHP_MANIFEST = "whp.json"
+#: The files that show a directory was written by cru-harness (bundle, WHP model, the records of finetune, unlearn
+#: and attack, the marker of a directory of reports or scores): only such a directory is written over.
+OUTPUT_MARKER = ".cru-harness-output"
+HARNESS_FILES = (BUNDLE_MANIFEST, WHP_MANIFEST, "finetune_record.json", "unlearn_record.json",
+                 "attack_record.json", OUTPUT_MARKER)
+#: What a staging directory's name ends with (`.NAME.RANDOM.staging`, beside its target).
+STAGING_SUFFIX = ".staging"
 
 
 class OutputLocationError(UserError, ValueError):
@@ -39,6 +55,8 @@ def _nearest_existing(path: Path) -> Path:
     return Path.cwd()
 
 
+#: The longest file name (bytes) most file systems take (ext4, XFS, APFS, NTFS: 255).
+NAME_MAX = 255
 #: The name of `_writable`'s probe file; another process's probe does not make a directory "hold files".
 WRITE_TEST_PREFIX = ".cru-harness-write-test-"
 
@@ -56,7 +74,18 @@ def _writable(directory: Path) -> bool:
 
 def check_not_shared_directory(path: str | os.PathLike, what: str = "output directory") -> None:
     """Refuse the file system's root and the home directory (or one of its parents) as an output directory:
-    a command writes its own files there by name, and `--overwrite` would remove what is there."""
+    a command writes its own files there by name, and `--overwrite` would remove what is there. Also an empty path
+    (it would be the working directory) and a name longer than the file system takes (found before any work,
+    not when the result is saved)."""
+    from .errors import excerpt
+
+    if not str(path).strip():
+        raise OutputLocationError(f"{what} is empty: give a directory")
+    for part in Path(path).expanduser().parts:
+        if len(part.encode("utf-8", "surrogateescape")) > NAME_MAX:
+            raise OutputLocationError(f"{what} {excerpt(str(path), 120)}: the name {excerpt(part, 60)} is "
+                                      f"{len(part.encode('utf-8', 'surrogateescape')):,} bytes, more than a file "
+                                      f"system takes ({NAME_MAX})")
     resolved = Path(path).expanduser().resolve()
     home = Path.home().resolve()
     if resolved == Path(resolved.anchor) or resolved == home or resolved in home.parents:
@@ -66,28 +95,48 @@ def check_not_shared_directory(path: str | os.PathLike, what: str = "output dire
                                   f"{Path(path) / 'cru-run'})")
 
 
+def _held_entries(path: Path) -> list[str]:
+    return sorted(entry.name + ("/" if entry.is_dir() else "") for entry in path.iterdir()
+                  if not entry.name.startswith(WRITE_TEST_PREFIX))
+
+
+def written_by_harness(path: str | os.PathLike) -> bool:
+    """Whether directory `path` holds one of `HARNESS_FILES`: a bundle, a checkpoint or records cru-harness wrote."""
+    return any((Path(path) / name).is_file() and not (Path(path) / name).is_symlink() for name in HARNESS_FILES)
+
+
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
 def check_output_dir(path: str | os.PathLike, *, what: str = "output directory", overwrite: bool = False,
                      allow_existing: bool = False, overwrite_hint: str = "--overwrite", staged: bool = False) -> Path:
     """Raise `OutputLocationError` unless `path` can be written as a directory; creates nothing.
 
     A directory that exists and is not empty (write probes aside) holds earlier work: refused unless `overwrite`
     (its files are then replaced) or `allow_existing` (the runner resumes in its own directory); the message
-    names `overwrite_hint`. The nearest existing parent of a new directory must be a writable directory.
-    `staged`: the directory is written whole through `staging_dir` (`save_checkpoint`), so that must not be a file.
+    names `overwrite_hint`. `overwrite` replaces only what cru-harness wrote (`written_by_harness`): a directory of
+    other files is refused whatever the flags. The nearest existing parent of a new directory must be a writable
+    directory. (`staged` is accepted for older callers: staging now uses a fresh unique directory.)
     """
+    check_not_shared_directory(path, what)   # the path as given: an empty one is not the working directory
     path = Path(path).expanduser()
     check_not_shared_directory(path, what)
+    if path.is_symlink():
+        raise OutputLocationError(f"{what} {path} is a symbolic link: give the directory itself")
     if path.exists() and not path.is_dir():
         raise OutputLocationError(f"{what} {path} exists and is not a directory")
-    if staged and (staging := staging_dir(path)).exists() and not staging.is_dir():   # else found after training
-        raise OutputLocationError(f"{what} {path} is saved through {staging}, which is a file: move it away")
     if path.is_dir():
-        held_files = any(not entry.name.startswith(WRITE_TEST_PREFIX) for entry in path.iterdir())
+        held_files = _held_entries(path)
         if held_files and not (overwrite or allow_existing):
             held = "a router bundle" if (path / BUNDLE_MANIFEST).is_file() else (
                 "a model checkpoint" if (path / "config.json").is_file() else "files")
             raise OutputLocationError(f"{what} {path} already exists and holds {held}; pass {overwrite_hint} to "
                                       "replace it, or choose another path")
+        if held_files and overwrite and not allow_existing and not written_by_harness(path):
+            raise OutputLocationError(f"{what} {path} holds files cru-harness did not write ({_shown(held_files)}): "
+                                      f"{overwrite_hint} replaces only a bundle, model or record it wrote; choose "
+                                      "a new or empty directory")
         if not _writable(path):
             raise OutputLocationError(f"{what} {path} is not writable")
         return path
@@ -123,6 +172,31 @@ def check_model_path(path: str | os.PathLike, what: str = "base model") -> str:
     return text
 
 
+def check_remote_code(path: str | os.PathLike, trust_remote_code: bool, what: str = "model") -> None:
+    """A local checkpoint whose architecture transformers does not know and whose config.json maps it to its own
+    Python code (`auto_map`) cannot load without running that code: refused in one line, before anything loads,
+    unless `trust_remote_code` (the code is never run unasked)."""
+    if trust_remote_code:
+        return
+    config_file = Path(str(path)).expanduser() / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return   # absent or unreadable: the loader names that
+    if not isinstance(config, dict) or not config.get("auto_map"):
+        return
+    from transformers import CONFIG_MAPPING
+
+    if config.get("model_type") in CONFIG_MAPPING:
+        return   # transformers has the architecture itself: nothing of the checkpoint's code runs
+    from .errors import excerpt
+
+    raise ModelPathError(f"{what} {path} needs its own Python code to load (config.json maps model_type "
+                         f"{excerpt(config.get('model_type'), 60)} to it through auto_map) and trust_remote_code is "
+                         "off: cru-harness does not run a checkpoint's code unasked; set trust_remote_code: true for "
+                         "this model only if you trust its code")
+
+
 def check_single_checkpoint(path: str | os.PathLike, what: str = "model") -> None:
     """Refuse a WHP directory where one checkpoint is loaded: it holds two models, and only their combined logits
     are the unlearned model (lm-eval's `cru` model loads the pair)."""
@@ -133,32 +207,203 @@ def check_single_checkpoint(path: str | os.PathLike, what: str = "model") -> Non
 
 
 def staging_dir(path: str | os.PathLike) -> Path:
-    """The sibling `write_directory` fills before it replaces `path` (a leftover of a killed save is replaced)."""
+    """A new, unique, private (0700) directory beside `path` that `write_directory` fills before it replaces
+    `path`: never a fixed name, which could be the user's own directory (or another process's staging)."""
     path = Path(path)
-    return path.with_name(path.name + ".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{path.name[:100]}.", suffix=STAGING_SUFFIX, dir=path.parent))
 
 
-def write_directory(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
-    """`write(tmp)` fills a sibling temporary directory, which then replaces `path`: a run killed while saving
-    leaves the previous directory (or none), never a half-written checkpoint that looks whole, and an
-    overwrite leaves no stale file (a shard of a larger earlier save) behind."""
+def _umask_mode() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o777 & ~mask
+
+
+def write_directory(path: str | os.PathLike, write: Callable[[Path], None], *, overwrite: bool | None = None,
+                    what: str = "output directory") -> Path:
+    """`write(tmp)` fills a fresh staging directory beside `path` (`staging_dir`), which then replaces `path`: a
+    run killed while saving leaves the previous directory (or none), never a half-written checkpoint that looks
+    whole, and an overwrite leaves no stale file (a shard of a larger earlier save) behind.
+
+    Under `output_lock`, `path` is checked again when the result is ready (another process may have written it
+    meanwhile): a non-empty `path` is replaced only when `overwrite` allows it (None: when cru-harness wrote it)
+    and cru-harness wrote it; otherwise the finished result is kept in its staging directory and named. A failed
+    `write` removes only the staging directory."""
     path = Path(path)
     tmp = staging_dir(path)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     try:
         write(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if path.exists():
-        shutil.rmtree(path)
-    tmp.replace(path)
+    os.chmod(tmp, _umask_mode())   # mkdtemp's 0700 would keep the result from the user's group
+    with output_lock(path, what):
+        held = path.is_dir() and not path.is_symlink() and _held_entries(path)
+        if path.is_symlink() or path.exists() and not path.is_dir() or held and (
+                overwrite is False or not written_by_harness(path)):
+            why = ("is no longer an empty directory" if path.is_dir() and not path.is_symlink()
+                   else "is now a file or a link")
+            raise OutputLocationError(f"{what} {path} {why} (written by someone else meanwhile?): it is left as it "
+                                      f"is, and the result is kept in {tmp}")
+        old = None
+        if path.is_dir():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name[:100]}.", suffix=".old", dir=path.parent))
+            path.replace(old / path.name)
+        try:
+            tmp.replace(path)
+        except BaseException:
+            if old is not None:
+                (old / path.name).replace(path)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+# ------------------------------------------------------------------------------------------- output lock
+_HELD_LOCKS: set[str] = set()
+
+
+def lock_path(path: str | os.PathLike) -> Path:
+    """The lock file of output `path`: `.NAME.lock` beside it, or in its nearest existing ancestor (nothing is
+    created for a lock); removed when released."""
+    path = Path(path).expanduser().absolute()
+    directory = next((d for d in path.parents if d.is_dir()), Path.cwd())
+    return directory / f".{path.name[:200]}.lock"
+
+
+@contextmanager
+def output_lock(path: str | os.PathLike, what: str = "output directory") -> Iterator[None]:
+    """One process at a time writes `path` (`filelock`): a second is refused at once, naming the process that
+    holds it (pid, host, start). A lock left by a killed process is free (flock dies with its holder). Re-entrant
+    within a process (a command holding it may save through `write_directory`)."""
+    from filelock import FileLock, Timeout
+
+    from .errors import excerpt
+
+    lock_file = lock_path(path)
+    key = str(lock_file)
+    if key in _HELD_LOCKS:
+        yield
+        return
+    lock = FileLock(str(lock_file), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise OutputLocationError(f"{what} {excerpt(str(path))} is being written by {describe_holder(lock_file)} "
+                                  f"(lock {lock_file.name}); wait for it to finish, or choose another path") from None
+    except OSError as err:   # a read-only or full place: the machine's, one line
+        from .errors import OutputWriteError
+
+        failure = OutputWriteError(f"{what} {excerpt(str(path))} cannot be written: {err.strerror or err}")
+        failure.errno = err.errno
+        raise failure from None
+    _HELD_LOCKS.add(key)
+    try:
+        write_holder(lock_file)
+        yield
+    finally:
+        _HELD_LOCKS.discard(key)
+        try:
+            lock_file.unlink(missing_ok=True)   # while still held: no litter beside the user's output
+        finally:
+            lock.release()
+
+
+@contextmanager
+def command_output_lock(path: str | os.PathLike | None, what: str = "--out") -> Iterator[None]:
+    """`output_lock` held by a command for its whole work (checks, training, save), so that a second command on
+    the same output is refused at once instead of training for hours and then replacing the first's result. Under
+    `accelerate launch` only the main process (RANK 0) locks: it alone saves."""
+    if path is None or os.environ.get("RANK", "0") not in ("", "0"):
+        yield
+        return
+    target = Path(path).expanduser()
+    existed = target.exists() or target.is_symlink()
+    with output_lock(path, what):
+        try:
+            yield
+        except BaseException:
+            # refused input, or a failure before anything was saved: no empty --out is left behind (only an empty
+            # directory this command created is removed; nothing else ever is)
+            if not existed and target.is_dir() and not target.is_symlink() and not any(target.iterdir()):
+                target.rmdir()
+            raise
+
+
+def holder_record(**extra) -> dict:
+    from datetime import datetime, timezone
+
+    return {"pid": os.getpid(), "host": socket.gethostname(),
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), **extra}
+
+
+def write_holder(lock_file: Path, record: dict | None = None) -> None:
+    """Who holds `lock_file`, written into it in place (the lock belongs to its inode)."""
+    try:
+        with open(lock_file, "r+", encoding="utf-8") as handle:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(json.dumps(record or holder_record()) + "\n")
+            handle.flush()
+    except OSError:
+        pass   # the record is for messages only
+
+
+def read_holder(lock_file: Path) -> dict | None:
+    try:
+        data = json.loads(Path(lock_file).read_text(encoding="utf-8") or "null")
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def describe_holder(lock_file: Path | dict | None) -> str:
+    info = lock_file if isinstance(lock_file, dict) or lock_file is None else read_holder(lock_file)
+    if not info:
+        return "another process (no details recorded)"
+    what = f"process {info.get('pid')} on host {info.get('host')}"
+    if info.get("started"):
+        what += f", started {info['started']}"
+    if info.get("shard"):
+        what += f", shard {info['shard']}"
+    return what
+
+
+# ------------------------------------------------------------------------------ directories of named files
+def check_files_dir(path: str | os.PathLike, *, what: str, own: bool = False) -> Path:
+    """Where a command writes files by name (report, score, compare): refused, before any work, when it is the
+    root or home directory, a file or a link, or an existing non-empty directory cru-harness did not write
+    (`OUTPUT_MARKER`); `own`: the directory belongs to a run (its report/, the run itself), taken as it is."""
+    check_not_shared_directory(path, what)
+    path = Path(path).expanduser()
+    check_not_shared_directory(path, what)
+    if path.is_symlink():
+        raise OutputLocationError(f"{what} {path} is a symbolic link: give the directory itself")
+    if path.exists() and not path.is_dir():
+        raise OutputLocationError(f"{what} {path} exists and is not a directory")
+    if path.is_dir() and not own:
+        held = _held_entries(path)
+        if held and not written_by_harness(path):
+            raise OutputLocationError(f"{what} {path} is not empty and was not written by cru-harness (it holds "
+                                      f"{_shown(held)}): its files could be overwritten; choose a new or empty "
+                                      "directory")
+    return check_output_dir(path, what=what, allow_existing=True)
+
+
+def make_files_dir(path: str | os.PathLike, *, own: bool = False) -> Path:
+    """Create `path` (checked by `check_files_dir`) when the command is about to write; a directory it creates
+    (or finds empty) is marked as cru-harness's (`OUTPUT_MARKER`), so a later run may write over its files."""
+    path = Path(path).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    if not own and not written_by_harness(path):
+        (path / OUTPUT_MARKER).write_text("written by cru-harness; a later command may replace its files\n")
     return path
 
 
 def save_checkpoint(path: str | os.PathLike, model, tokenizer, record_name: str, record: dict,
-                    save_function: Callable) -> Path:
+                    save_function: Callable, overwrite: bool | None = None) -> Path:
     """A trained model (saved with accelerate's `save_function`), its tokenizer and its JSON record
     (`record_name`), written whole (`write_directory`)."""
     import json
@@ -168,4 +413,4 @@ def save_checkpoint(path: str | os.PathLike, model, tokenizer, record_name: str,
         tokenizer.save_pretrained(tmp)
         (tmp / record_name).write_text(json.dumps(record, indent=2, default=str))
 
-    return write_directory(path, write)
+    return write_directory(path, write, overwrite=overwrite)

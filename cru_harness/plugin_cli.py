@@ -3,6 +3,7 @@ plugin), one row each."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def _methods_rows() -> list[list[str]]:
@@ -52,6 +53,12 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
 def run_listing(args: argparse.Namespace) -> int:
     header, rows, _ = LISTINGS[args.command]
     print(format_table(header, rows()))
+    from . import plugins
+
+    registry = {"methods": plugins.methods, "benchmarks": plugins.benchmarks, "attacks": plugins.attacks}.get(
+        args.command)
+    for why in (registry.broken().values() if registry is not None else ()):
+        print(f"not usable: {why}", file=sys.stderr)   # installed but broken: named, the rest listed as usual
     return 0
 
 

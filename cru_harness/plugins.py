@@ -8,18 +8,23 @@ Each is an entry-point group (Python's standard plugin mechanism, as pytest and 
 The project's own built-ins register the same way, through its `pyproject.toml`, so a separate pip package adds
 a benchmark, a method or an attack without editing this one (docs/extending.md). An entry point names an object
 (a `cru_harness.api.Benchmark`, `Method` or `Attack` instance); it is imported the first time its registry is
-read. `register()` adds one in-process (a notebook, a test). Names match case-insensitively; a name that is not
-registered is an `UnknownPluginError` listing the registered ones.
+read. `register()` adds one in-process (a notebook, a test). Names match after normalising case and whitespace
+(`plugin_key`: "GA " is GA); a name that is not registered is an `UnknownPluginError` listing the registered ones.
+
+A plugin that cannot be used (its import raises anything, it names the wrong kind of object, or its name is
+another's) is kept aside with one line naming it and its distribution: only a command that needs that name fails
+(`get`), the other names, `report` on existing results and the built-ins work as before.
 
 Foundation layer: imports nothing of the project but `errors`.
 """
 from __future__ import annotations
 
 import difflib
+import re
 from importlib.metadata import entry_points
 from typing import Any, Iterator
 
-from .errors import InputError, UserError
+from .errors import InputError, UserError, excerpt, one_line
 
 GROUPS = {"benchmark": "cru_harness.benchmarks", "method": "cru_harness.methods", "attack": "cru_harness.attacks"}
 
@@ -33,6 +38,36 @@ class PluginError(UserError, TypeError):
     or takes a name another plugin has."""
 
 
+def plugin_key(name: Any) -> str:
+    """How plugin names are compared: case and whitespace do not tell two plugins apart."""
+    return re.sub(r"\s+", "", str(name)).casefold()
+
+
+def _distribution(ep) -> str:
+    dist = getattr(ep, "dist", None)
+    return f"{dist.name} {dist.version}" if dist is not None else "an unknown distribution"
+
+
+def check_trained(value: Any, plugin: Any, kind: str) -> Any:
+    """What a method's or attack's `run(ctx)` returned, if it keeps the contract: a `cru_harness.api.Trained` with
+    a non-empty str `model_path` and `routers` None or a str. Otherwise a `PluginError` naming the plugin."""
+    from .api import Trained
+
+    name = getattr(plugin, "name", type(plugin).__name__)
+    problem = None
+    if not isinstance(value, Trained):
+        problem = f"returned {excerpt(value, 80)} ({type(value).__name__})"
+    elif not isinstance(value.model_path, str) or not value.model_path.strip():
+        problem = f"returned Trained(model_path={excerpt(value.model_path, 80)})"
+    elif value.routers is not None and not isinstance(value.routers, str):
+        problem = f"returned Trained(routers={excerpt(value.routers, 80)})"
+    if problem:
+        raise PluginError(f"{kind} plugin {name!r} ({type(plugin).__module__}) breaks the run() contract: it "
+                          f"{problem}; run(ctx) must return cru_harness.api.Trained(model_path=<a model directory "
+                          "or Hub id>, routers=<a bundle directory, or None>)")
+    return value
+
+
 class Registry:
     """Name -> plugin object for one entry-point group, loaded lazily."""
 
@@ -41,6 +76,7 @@ class Registry:
         self.not_here = not_here or {}   # a name users try that is something else: where to find it instead
         self._items: dict[str, Any] | None = None
         self._added: dict[str, Any] = {}
+        self._broken: dict[str, str] = {}   # normalised name -> why it cannot be used (one line)
 
     def _check(self, obj: Any, origin: str) -> str:
         from . import api
@@ -59,25 +95,35 @@ class Registry:
             return self._items
         items: dict[str, Any] = {}
         origins: dict[str, str] = {}
+        broken: dict[str, str] = {}
         for ep in entry_points(group=self.group):
-            origin = f"entry point {ep.name} = {ep.value!r} ({self.group})"
+            origin = f"{self.kind} plugin {ep.name!r} (entry point {ep.value!r} of {_distribution(ep)})"
             try:
                 obj = ep.load()
-            except ImportError as err:
-                raise PluginError(f"{origin} cannot be imported: {err}") from err
-            name = self._check(obj, origin)
-            key = name.lower()
+                name = self._check(obj, origin)
+            except PluginError as err:
+                broken[plugin_key(ep.name)] = one_line(err)
+                continue
+            except Exception as err:  # noqa: BLE001 - any failure of someone else's import: named, kept aside
+                broken[plugin_key(ep.name)] = (f"{origin} cannot be imported: {type(err).__name__}: "
+                                               f"{excerpt(one_line(err), 300)}; fix or uninstall it")
+                continue
+            key = plugin_key(name)
             if key in items and items[key] is not obj:
-                raise PluginError(f"two {self.kind}s are named {name!r}: {origins[key]} and {origin}")
+                broken[key] = f"two {self.kind}s are named {name!r}: {origins[key]} and {origin}; uninstall one"
+                continue
             items[key], origins[key] = obj, origin
+        for key in broken:
+            items.pop(key, None)   # a name two plugins claim is neither's
         items.update(self._added)
+        self._broken = broken
         # listing order: a plugin's `order` (the built-ins: the order of the paper's tables), then its name
         self._items = dict(sorted(items.items(), key=lambda kv: (getattr(kv[1], "order", 100), kv[0])))
         return self._items
 
     def register(self, obj: Any) -> Any:
         """Add a plugin object in this process (entry points are for installed packages). Returns `obj`."""
-        key = self._check(obj, f"register({obj!r})").lower()
+        key = plugin_key(self._check(obj, f"register({excerpt(obj, 80)})"))
         current = self._load().get(key)
         if current is not None and current is not obj:
             raise PluginError(f"a {self.kind} named {obj.name!r} is already registered")
@@ -87,26 +133,39 @@ class Registry:
 
     def unregister(self, name: str) -> None:
         """Remove a plugin added with `register` (tests)."""
-        key = name.lower()
+        key = plugin_key(name)
         if key in self._added:
             del self._added[key]
             self._items = None
 
     def canonical(self, name: Any) -> str | None:
-        """The registered spelling of `name` (`npo` -> `NPO`), or None."""
-        obj = self._load().get(str(name).lower())
+        """The registered spelling of `name` (`npo` -> `NPO`), or None; a `PluginError` when the plugin installed
+        under that name cannot be used (a config naming it stops, in one line naming it)."""
+        obj = self._load().get(plugin_key(name))
+        if obj is None and plugin_key(name) in self._broken:
+            raise PluginError(self._broken[plugin_key(name)])
         return None if obj is None else obj.name
 
     def get(self, name: Any) -> Any:
-        obj = self._load().get(str(name).lower())
+        obj = self._load().get(plugin_key(name))
         if obj is None:
+            if (why := self._broken.get(plugin_key(name))):
+                raise PluginError(why)
+            shown = excerpt(name if isinstance(name, str) else str(name), 80)
             if (elsewhere := self.not_here.get(str(name).lower())):
-                raise UnknownPluginError(f"{name!r} is not a registered {self.kind}: {elsewhere}")
+                raise UnknownPluginError(f"{shown} is not a registered {self.kind}: {elsewhere}")
             names = self.names()
-            close = difflib.get_close_matches(str(name), names, n=1)
+            close = difflib.get_close_matches(str(name)[:200], names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise UnknownPluginError(f"unknown {self.kind} {name!r}{hint}; registered: {', '.join(names) or 'none'}")
+            unusable = (f"; not usable: {'; '.join(self._broken.values())[:600]}" if self._broken else "")
+            raise UnknownPluginError(f"unknown {self.kind} {shown}{hint}; registered: {', '.join(names) or 'none'}"
+                                     f"{unusable}")
         return obj
+
+    def broken(self) -> dict[str, str]:
+        """Installed plugins that cannot be used: normalised name -> why (one line)."""
+        self._load()
+        return dict(self._broken)
 
     def names(self) -> list[str]:
         return [obj.name for obj in self._load().values()]
@@ -115,7 +174,7 @@ class Registry:
         return iter(list(self._load().values()))
 
     def __contains__(self, name: Any) -> bool:
-        return str(name).lower() in self._load()
+        return plugin_key(name) in self._load()
 
 
 benchmarks = Registry("benchmark", GROUPS["benchmark"])

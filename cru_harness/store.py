@@ -29,11 +29,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .errors import WRITE_ERRNOS, InputError, MissingInputError, OutputWriteError, UserError
+from .errors import WRITE_ERRNOS, InputError, MissingInputError, OutputWriteError, UserError, excerpt
 
 RESULT_FILE = "result.json"
 RECORD_FILE = "run_record.json"
 RUNNING_FILE = "RUNNING"
+#: A good result (and its record) kept aside while its cell is recomputed: `previous.result.json`.
+PREVIOUS_PREFIX = "previous."
 WORK_DIR = "work"
 CELLS_DIR = "cells"
 LOCK_FILE = ".lock"
@@ -213,6 +215,9 @@ def validate_result(result: Any, cell_hash: str | None = None) -> str | None:
     if not isinstance(result, dict):
         return f"expected a JSON object, got {type(result).__name__}"
     version = result.get("schema_version")
+    if future_schema(result, RESULT_SCHEMA_VERSION):
+        return (f"schema_version {version!r}: written by a newer cru-harness (this one reads "
+                f"{RESULT_SCHEMA_VERSION}); it is kept as it is, never recomputed over")
     if version != RESULT_SCHEMA_VERSION or isinstance(version, bool):
         return f"schema_version {version!r} is not {RESULT_SCHEMA_VERSION}"
     for name, kind in _RESULT_FIELDS.items():
@@ -229,6 +234,36 @@ def validate_result(result: Any, cell_hash: str | None = None) -> str | None:
         return ("its content does not match its digest: it was changed after it was computed (edited by hand?); "
                 "`cru-harness run` recomputes it")
     return metrics_problem(result["metrics"])
+
+
+#: When results began to carry a digest (commit 0f95f19): a result without one whose record finished at or after
+#: this instant was written by code that digests every result, so its digest was removed (an edit hidden).
+DIGESTS_SINCE = "2026-11-26T19:28:42+00:00"
+
+
+def missing_digest_problem(result: dict, record: dict | None) -> str | None:
+    """A result without a digest is read as it is only when its record shows it was computed before digests."""
+    if DIGEST_FIELD in result:
+        return None
+    finished = (record or {}).get("finished")
+    try:
+        before = datetime.fromisoformat(str(finished)) < datetime.fromisoformat(DIGESTS_SINCE)
+    except (TypeError, ValueError):
+        before = False
+    if before:
+        return None
+    return (f"it has no digest, but its record (finished {str(finished)[:40]}) says it was computed by code that "
+            "writes one: its digest was removed (edited by hand?); `cru-harness run` recomputes it")
+
+
+class CellStoreError(UserError, RuntimeError):
+    """A cell directory a run must not write: written by a newer cru-harness, or a link out of the run."""
+
+
+def future_schema(data: Any, current: int) -> int | None:
+    """The schema version of a parsed cell file when it is newer than this code's `current`, else None."""
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    return version if isinstance(version, int) and not isinstance(version, bool) and version > current else None
 
 
 def validate_record(record: Any, cell_hash: str | None = None) -> str | None:
@@ -262,7 +297,36 @@ class CellStore:
     def cell_dir(self, cell_hash: str) -> Path:
         return self.cells_dir / cell_hash
 
+    def link_problem(self, cell_hash: str) -> str | None:
+        """The first symbolic link among the run's cells/, the cell's directory, its files and its work/ (a run
+        writes and deletes there: through a link it would write or delete outside the run), or None."""
+        cdir = self.cell_dir(cell_hash)
+        for path in (self.cells_dir, cdir, cdir / RESULT_FILE, cdir / RECORD_FILE, cdir / RUNNING_FILE,
+                     cdir / WORK_DIR):
+            if path.is_symlink():
+                return f"{path} is a symbolic link: a run's cells are its own files, never followed out of it"
+        return None
+
+    def check_writable(self, cell_hash: str) -> None:
+        """Raise `CellStoreError` when the cell must not be (re)computed here: a link in its path, or a result or
+        record written by a newer cru-harness (kept as it is: recomputing would replace it, unread)."""
+        problem = self.link_problem(cell_hash)
+        if problem:
+            raise CellStoreError(f"{problem}; remove the link (or copy what it points to) and run again")
+        cdir = self.cell_dir(cell_hash)
+        for name, current in ((RESULT_FILE, RESULT_SCHEMA_VERSION), (RECORD_FILE, RECORD_SCHEMA_VERSION)):
+            try:
+                data = read_json(cdir / name)
+            except (OSError, ValueError):
+                continue
+            version = future_schema(data, current)
+            if version:
+                raise CellStoreError(f"{cdir / name} was written by a newer cru-harness (schema_version {version}; "
+                                     f"this one reads {current}): it is left as it is; run with that version, or "
+                                     "choose another output directory")
+
     def work_dir(self, cell_hash: str, fresh: bool = False) -> Path:
+        self.check_writable(cell_hash)
         work = self.cell_dir(cell_hash) / WORK_DIR
         if fresh and work.exists():
             shutil.rmtree(work)
@@ -287,20 +351,37 @@ class CellStore:
             return None
         return data
 
-    def load_result(self, cell_hash: str) -> dict | None:
-        """The cell's result if it is valid and so is its record; None if absent or invalid (reported)."""
+    def load_result(self, cell_hash: str, quiet: bool = False) -> dict | None:
+        """The cell's result if it is valid and so is its record; None if absent or invalid (reported unless
+        `quiet`)."""
+        if quiet:
+            log, invalid = self.log, dict(self.invalid)
+            self.log = lambda _: None
+            try:
+                return self.load_result(cell_hash)
+            finally:
+                self.log, self.invalid = log, invalid
         cdir = self.cell_dir(cell_hash)
         path = cdir / RESULT_FILE
+        link = self.link_problem(cell_hash)
+        if link and (path.exists() or path.is_symlink()):
+            self._invalid(path, link)
+            return None
         if not path.is_file():
             return None
         result = self._read_checked(path, validate_result, cell_hash)
         if result is None:
             return None
         if (cdir / RECORD_FILE).is_file():
-            if self._read_checked(cdir / RECORD_FILE, validate_record, cell_hash) is None:
+            record = self._read_checked(cdir / RECORD_FILE, validate_record, cell_hash)
+            if record is None:
                 return None
         else:
             self._invalid(path, f"its {RECORD_FILE} is missing")
+            return None
+        problem = missing_digest_problem(result, record)
+        if problem:
+            self._invalid(path, problem)
             return None
         result.pop(DIGEST_FIELD, None)   # checked; readers see the content only
         return result
@@ -349,7 +430,12 @@ class CellStore:
         """The cell is being computed (again): its previous result goes first, so that a run killed before the new
         one is written finds the cell interrupted, not finished with the old result beside the new record; so do
         temporary files a killed write left in it."""
+        self.check_writable(cell_hash)
         cdir = self.cell_dir(cell_hash)
+        if (self.load_result(cell_hash, quiet=True) or {}).get("status") == "ok":
+            # a good result is replaced only by a good one: kept aside until the new one is known (`write`)
+            for name in (RESULT_FILE, RECORD_FILE):
+                os.replace(cdir / name, cdir / (PREVIOUS_PREFIX + name))
         for leftover in [cdir / RESULT_FILE, *cdir.glob(".*.tmp")]:
             leftover.unlink(missing_ok=True)
         atomic_write_json(self.cell_dir(cell_hash) / RUNNING_FILE, {"pid": os.getpid(), "started": now_iso(),
@@ -358,9 +444,21 @@ class CellStore:
     def write(self, cell_hash: str, result: dict, record: dict) -> None:
         """Write the record, then the result, each stamped with its schema version; the result also with the
         digest of its content (`with_digest`)."""
+        self.check_writable(cell_hash)
         cdir = self.cell_dir(cell_hash)
+        previous = [cdir / (PREVIOUS_PREFIX + name) for name in (RESULT_FILE, RECORD_FILE)]
+        if result.get("status") != "ok" and all(path.is_file() for path in previous):
+            # the recompute failed: the good result it was to replace stays (and so do the cells built on it)
+            for path, name in zip(previous, (RESULT_FILE, RECORD_FILE)):
+                os.replace(path, cdir / name)
+            self.log(f"cell {cell_hash}: the recompute ended {result.get('status')} "
+                     f"({str(result.get('reason'))[:300]}); its earlier ok result is kept")
+            (cdir / RUNNING_FILE).unlink(missing_ok=True)
+            return
         atomic_write_json(cdir / RECORD_FILE, {"schema_version": RECORD_SCHEMA_VERSION, **record})
         atomic_write_json(cdir / RESULT_FILE, with_digest({"schema_version": RESULT_SCHEMA_VERSION, **result}))
+        for path in previous:
+            path.unlink(missing_ok=True)
         running = cdir / RUNNING_FILE
         if running.exists():
             running.unlink()
@@ -369,8 +467,11 @@ class CellStore:
         """The valid results of the run; invalid files are reported (by path) and left out."""
         if not self.cells_dir.is_dir():
             return
+        if self.cells_dir.is_symlink():
+            self._invalid(self.cells_dir, f"{self.cells_dir} is a symbolic link: not followed")
+            return
         for cdir in sorted(self.cells_dir.iterdir()):
-            result = self.load_result(cdir.name) if cdir.is_dir() else None
+            result = self.load_result(cdir.name) if cdir.is_dir() or cdir.is_symlink() else None
             if result is not None:
                 yield cdir.name, result
 
@@ -407,7 +508,7 @@ def _run_entry(name: str) -> bool:
 
     return (name in RUN_ENTRIES or name.startswith((LOCK_FILE, WRITE_TEST_PREFIX))
             or (name.startswith("plan") and name.endswith(".json"))   # plan.json, plan.shard1of2.json, plan.input1.json
-            or (name.startswith(".") and name.endswith(".tmp")))      # a killed atomic write's leftover
+            or (name.startswith(".") and name.endswith((".tmp", ".lock"))))   # a killed write's leftover, a lock
 
 
 def check_run_directory(output_dir: str | os.PathLike, name: str | None, what: str = "output_dir") -> None:
@@ -437,10 +538,11 @@ def check_run_directory(output_dir: str | os.PathLike, name: str | None, what: s
         recorded_name = config.get("name") if isinstance(config, dict) else None
         if name is None or recorded_name == name:
             return
-        others.append(repr(recorded_name) if isinstance(recorded_name, str) else f"no experiment ({plan.name})")
+        others.append(excerpt(recorded_name, 80) if isinstance(recorded_name, str)
+                      else f"no experiment ({plan.name})")
     if others:
         raise OutputLocationError(f"{what} {root} holds the run of another experiment ({', '.join(sorted(set(others)))}"
-                                  f", not {name!r}): choose a new or empty directory, or that run's config")
+                                  f", not {excerpt(name, 80)}): choose a new or empty directory, or that run's config")
     foreign = [entry.name + ("/" if entry.is_dir() else "") for entry in entries if not _run_entry(entry.name)]
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
@@ -452,20 +554,15 @@ def check_run_directory(output_dir: str | os.PathLike, name: str | None, what: s
 # --------------------------------------------------------------------------------------------------- run lock
 @contextmanager
 def waiting_lock(path: str | os.PathLike) -> Iterator[None]:
-    """Hold an exclusive `flock` on `path`, waiting while another process (a shard of the same run) holds it.
-    Where the file system has no flock, nothing is locked. The file stays: removing it would let a waiter lock
-    an unlinked file while a newcomer locks a new one."""
-    import fcntl
+    """Hold an exclusive lock (`filelock`) on `path`, waiting while another process (a shard of the same run)
+    holds it. The file stays: removing it would let a waiter lock an unlinked file while a newcomer locks a new
+    one."""
+    from filelock import FileLock
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+", encoding="utf-8") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        except OSError as err:
-            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                raise
-        yield   # closing the file releases the lock
+    with FileLock(str(path)):
+        yield
 
 
 class RunLockedError(UserError, RuntimeError):
@@ -492,111 +589,130 @@ def _pid_alive(pid: Any) -> bool:
 
 
 class RunLock:
-    """Exclusive use of a run's output directory by one process (see the module doc).
+    """Exclusive use of a run's output directory by one process, or shared by the shards of one run (see the module
+    doc), with `filelock` locks (flock; filelock's own fallback where the file system has none).
 
-    `flock` locks die with their process, so a lock left by a killed run is free: it is taken over with a
-    message naming the dead holder (its record is still in the file). A run that ends removes its lock file;
-    a locker therefore checks, once locked, that the path still names the file it locked. On a file system
-    without `flock` (some network mounts) the recorded pid is judged instead (same host only; a lock of another
-    host is then refused, naming the file to delete).
+    A full run holds `.lock` for its whole length and refuses to start while any shard lock `.lock.shardIofN` is
+    held. A shard takes `.lock` for an instant (other shards wait for it briefly; a full run holding it refuses
+    the shard), then holds its own shard lock. Locks die with their process, so a lock left by a killed run is
+    free: it is taken over with a message naming the dead holder (its record is still in the file). Every lock
+    file is removed when its run ends (the directory lock: with the last shard); a locker therefore checks, once
+    locked, that the path still names the file it locked.
     """
+
+    #: How long a shard waits for another shard's instant on `.lock` before refusing (a full run holds it).
+    SHARD_WAIT_S = 3.0
 
     def __init__(self, output_dir: str | os.PathLike, shard: str | None = None,
                  log: Callable[[str], None] = print):
         self.root = Path(output_dir)
         self.shard = shard
         self.log = log
-        self._held: list[tuple[Path, Any, bool]] = []   # (path, open file or None without flock, exclusive)
+        self._held: list[tuple[Path, Any]] = []   # (path, held FileLock): removed and released in reverse
 
-    def _lock_paths(self) -> list[tuple[Path, bool]]:
-        """(lock file, exclusive) pairs, taken in this order."""
-        main = self.root / LOCK_FILE
-        if not self.shard:
-            return [(main, True)]
-        return [(main, False), (self.root / f"{LOCK_FILE}.shard{self.shard.replace('/', 'of')}", True)]
+    def _shard_path(self) -> Path:
+        return self.root / f"{LOCK_FILE}.shard{self.shard.replace('/', 'of')}"
 
     def _holders(self, path: Path) -> str:
-        """Who holds `path`: its own record, and for the directory lock held shared, each shard's record."""
+        """Who holds `path`: its own record, and for the directory lock, each shard's record."""
         infos = [_read_lock_info(path)]
         if path.name == LOCK_FILE:
             infos += [_read_lock_info(p) for p in sorted(self.root.glob(f"{LOCK_FILE}.shard*"))]
         described = [_describe_holder(i) for i in infos if i]
         return "; ".join(described) or _describe_holder(None)
 
-    def _flock(self, path: Path, exclusive: bool):
-        """The open, locked lock file; None where the file system has no flock. RunLockedError when held."""
-        import fcntl
+    def _busy(self, path: Path) -> "RunLockedError":
+        info = _read_lock_info(path)
+        gone = bool(info) and info.get("host") == socket.gethostname() and not _pid_alive(info.get("pid"))
+        hint = ("; that process is gone but its lock is still held (a file system without flock keeps it): delete "
+                "the lock file if no run uses this directory") if gone else \
+            "; wait for that run to finish, or give another --output-dir"
+        return RunLockedError(f"output directory {self.root} is in use by {self._holders(path)} (lock file {path})"
+                              + hint)
 
-        for _ in range(20):
-            handle = open(path, "a+", encoding="utf-8")
+    @staticmethod
+    def _try(path: Path, wait_s: float = 0.0):
+        """The held FileLock of `path`, or None when another process holds it (tried for `wait_s`)."""
+        from filelock import FileLock, Timeout
+
+        deadline = time.monotonic() + wait_s
+        for _ in range(1000):
+            lock = FileLock(str(path), timeout=0, thread_local=False)
             try:
-                fcntl.flock(handle.fileno(), (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-            except OSError as err:
-                handle.close()
-                if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise RunLockedError(
-                        f"output directory {self.root} is in use by {self._holders(path)} (lock file {path}); "
-                        "wait for that run to finish, or give another --output-dir") from None
-                return None
-            try:  # a finishing holder may have removed the file between our open and flock: lock the new one
-                if os.path.samestat(os.fstat(handle.fileno()), os.stat(path)):
-                    return handle
+                lock.acquire()
+            except Timeout:
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.02)
+                continue
+            fd = getattr(getattr(lock, "_context", None), "lock_file_fd", None)
+            try:   # a finishing holder may have removed the file between our open and lock: lock the new one
+                if fd is None or os.path.samestat(os.fstat(fd), os.stat(path)):
+                    return lock
             except FileNotFoundError:
                 pass
-            handle.close()
+            lock.release()
         raise RunLockedError(f"lock file {path} keeps being replaced; is another run starting and stopping?")
 
     def acquire(self) -> "RunLock":
         self.root.mkdir(parents=True, exist_ok=True)
+        main = self.root / LOCK_FILE
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": now_iso(), "shard": self.shard}
         try:
-            for path, exclusive in self._lock_paths():
-                handle = self._flock(path, exclusive)
-                previous = _read_lock_info(path)
-                if handle is None and not exclusive:  # no flock: shards share the directory unchecked
-                    self._held.append((path, None, False))
-                    continue
-                if handle is None:  # no flock here: judge by the recorded pid
-                    if previous and previous.get("pid") != os.getpid() and (
-                            previous.get("host") != socket.gethostname() or _pid_alive(previous.get("pid"))):
-                        raise RunLockedError(f"output directory {self.root} is in use by "
-                                             f"{_describe_holder(previous)} (lock file {path}; delete it if that "
-                                             "process is gone)")
-                elif not exclusive:
-                    self._held.append((path, handle, False))
-                    continue
-                if previous and previous.get("pid") != os.getpid():
-                    self.log(f"taking over the lock {path} left by {_describe_holder(previous)}, which is no "
-                             "longer running")
-                self._held.append((path, handle, True))
-                _write_lock_info(path, info)
+            own = self._shard_path() if self.shard else main
+            previous = _read_lock_info(own)   # before locking: the winner of a lock empties its file
+            lock = self._try(main, self.SHARD_WAIT_S if self.shard else 0.0)
+            if lock is None:
+                raise self._busy(main)
+            if self.shard:
+                shard_lock = self._try(self._shard_path())
+                if shard_lock is None:
+                    lock.release()
+                    raise self._busy(self._shard_path())
+                lock.release()   # the shards share the directory; the shard lock keeps full runs out
+                self._held.append((self._shard_path(), shard_lock))
+            else:
+                self._held.append((main, lock))
+                for shard in sorted(self.root.glob(f"{LOCK_FILE}.shard*")):
+                    if not self._free(shard):   # a killed shard's is removed
+                        raise self._busy(shard)
+            if previous and previous.get("pid") != os.getpid():
+                self.log(f"taking over the lock {own} left by {_describe_holder(previous)}, which is no longer "
+                         "running")
+            _write_lock_info(own, info)
         except BaseException:
             self.release()
             raise
         return self
 
     def release(self) -> None:
-        """Remove the lock files this run holds alone (the directory lock of shards: when the last one ends)."""
-        import fcntl
-
-        for path, handle, exclusive in reversed(self._held):
-            if handle is None:
-                if exclusive:
-                    path.unlink(missing_ok=True)
-                continue
+        """Remove the lock files this run holds (the directory lock of shards: when the last one ends)."""
+        for path, lock in reversed(self._held):
             try:
-                if not exclusive:
-                    try:  # no other shard holds it any more?
-                        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        exclusive = True
-                    except OSError:
-                        pass
-                if exclusive:
-                    path.unlink(missing_ok=True)  # while still locked: lockers check the path names their file
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+                path.unlink(missing_ok=True)   # while still locked: lockers check the path names their file
             finally:
-                handle.close()
+                lock.release()
+        if self.shard and self._held:
+            main = self.root / LOCK_FILE
+            lock = self._try(main)
+            if lock is not None:
+                try:
+                    if all(self._free(p) for p in self.root.glob(f"{LOCK_FILE}.shard*")):
+                        main.unlink(missing_ok=True)
+                finally:
+                    lock.release()
         self._held = []
+
+    def _free(self, path: Path) -> bool:
+        """Whether no process holds lock file `path` (a killed shard's is removed)."""
+        lock = self._try(path)
+        if lock is None:
+            return False
+        try:
+            path.unlink(missing_ok=True)
+        finally:
+            lock.release()
+        return True
 
     def __enter__(self) -> "RunLock":
         return self.acquire()

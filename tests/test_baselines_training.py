@@ -271,7 +271,8 @@ def test_saving_is_whole_or_nothing(tokenizer, tmp_path, monkeypatch):
     """A save that dies half way leaves the earlier checkpoint as it was (not a half-written one that looks
     whole); a save that completes leaves no stale file of the earlier one (e.g. a shard of a larger model)."""
     out = tmp_path / "model"
-    out.mkdir()
+    out.mkdir()   # an earlier unlearn's output: --overwrite replaces only what cru-harness wrote
+    (out / "unlearn_record.json").write_text("{}")
     (out / "model-00002-of-00002.safetensors").write_text("stale shard")
 
     def dies(*args, **kwargs):
@@ -282,7 +283,7 @@ def test_saving_is_whole_or_nothing(tokenizer, tmp_path, monkeypatch):
         B.unlearn(tiny(tokenizer), tokenizer, FORGET, RETAIN, "ga", fast_config("ga"), out_dir=out, progress=False,
                   overwrite=True)
     assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no temporary directory left either
-    assert [p.name for p in out.iterdir()] == ["model-00002-of-00002.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["model-00002-of-00002.safetensors", "unlearn_record.json"]
     monkeypatch.undo()
     B.unlearn(tiny(tokenizer), tokenizer, FORGET, RETAIN, "ga", fast_config("ga"), out_dir=out, progress=False,
               overwrite=True)

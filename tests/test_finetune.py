@@ -1,5 +1,6 @@
 """`cru-harness finetune` / `cru_harness.finetune.finetune`: TOFU's recipe on the baselines' accelerate loop."""
 import json
+from pathlib import Path
 import os
 import subprocess
 import sys
@@ -113,18 +114,22 @@ def test_another_processs_write_probe_does_not_make_an_empty_out_hold_files(tmp_
         check_output_dir(out)
 
 
-def test_a_file_where_the_save_stages_is_refused_before_training(checkpoint, rows_file, tmp_path, monkeypatch):
-    """The checkpoint is written through `<out>.tmp`; a file there made the save fail after the whole training."""
-    import cru_harness.baselines as B
+def test_the_save_stages_in_a_fresh_directory_never_in_the_users_out_tmp(tmp_path):
+    """The checkpoint was written through a fixed `<out>.tmp`: a file there failed the save after the whole
+    training, a directory there was deleted. Staging is now a fresh private directory; `<out>.tmp` is the user's."""
+    from cru_harness.locations import check_output_dir, save_checkpoint
 
-    monkeypatch.setattr(trainer_mod, "load_causal_lm", lambda *a, **k: pytest.fail("loaded a model before checking"))
     out = tmp_path / "ft"
     (tmp_path / "ft.tmp").write_text("someone's notes")
-    with pytest.raises(OutputLocationError, match=r"saved through .*ft\.tmp, which is a file"):
-        finetune(str(checkpoint), str(rows_file), out, progress=False)
-    with pytest.raises(OutputLocationError, match="which is a file"):
-        B.unlearn(str(checkpoint), None, [{"question": "q", "answer": "a"}], [], "ga", out_dir=out, progress=False)
-    assert (tmp_path / "ft.tmp").read_text() == "someone's notes"
+    assert check_output_dir(out, staged=True) == out
+
+    class Saved:
+        def save_pretrained(self, directory, **kwargs):
+            (Path(directory) / "config.json").write_text("{}")
+
+    save_checkpoint(out, Saved(), Saved(), "finetune_record.json", {}, save_function=None)
+    assert (out / "finetune_record.json").is_file() and (tmp_path / "ft.tmp").read_text() == "someone's notes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ft", "ft.tmp"]
 
 
 def test_recipe_values_are_checked_where_every_front_end_builds_them():
@@ -252,7 +257,8 @@ def test_cli_overwrites_when_asked(prompt_format, checkpoint, rows_file, tmp_pat
 
     monkeypatch.setattr(baselines_data, "qa_texts", spy)
     out = tmp_path / "ft"
-    out.mkdir()
+    out.mkdir()   # an earlier fine-tune's output (--overwrite replaces only what cru-harness wrote)
+    (out / "finetune_record.json").write_text("{}")
     (out / "old.txt").write_text("x")
     code = main(["finetune", "--model", str(checkpoint), "--data", str(rows_file), "--out", str(out),
                  "--overwrite", "--epochs", "1", "--batch-size", "4", "--micro-batch-size", "2", "--lr", "1e-3",

@@ -554,13 +554,16 @@ class TestResultContent:
             assert problem is not None and problem.startswith(f"metric {name} ")
             assert CellStore(config.output_dir, log=lambda _: None).load_result(result["hash"]) is None
 
-    def test_a_cell_without_a_digest_is_read_as_it_is(self, tmp_path):
+    def test_a_cell_computed_before_digests_is_read_as_it_is(self, tmp_path):
         from cru_harness.runner.cache import CellStore
 
         config, path = one_computed_run(tmp_path)
         result = json.loads(path.read_text())
         del result["digest"]
         path.write_text(json.dumps(result))
+        record_path = path.parent / "run_record.json"
+        record_path.write_text(json.dumps({**json.loads(record_path.read_text()),
+                                           "finished": "2026-11-24T14:56:21+00:00"}))   # as the committed ones
         loaded = CellStore(config.output_dir, log=pytest.fail).load_result(result["hash"])
         assert loaded == result
 
@@ -768,3 +771,605 @@ class TestAbsurdSizes:
                                 methods=[{"method": "LUNAR", "refusal_prompts_path": str(tmp_path / "prompts.json")}])
         assert main(["run", str(path), "--dry-run"]) == 0
         assert "does not exist" not in capsys.readouterr().out
+
+
+# ================================================================ issue 78: nothing lost, nothing let in, part 3
+class TestOneOutputRule:
+    """Issue 78, class 1: `unlearn --out o` deleted the user's `o.tmp/`; two runs to one --out both succeeded, one
+    silently replacing the other; `compare`, `report --out` and `score --output-dir` wrote into any directory and
+    overwrote a user's report.md. One rule: roots, home and directories cru-harness did not write are refused,
+    staging is a fresh private directory, nothing the harness did not write is deleted, one writer at a time."""
+
+    def test_staging_never_touches_a_directory_named_like_the_target(self, tmp_path):
+        from cru_harness.locations import write_directory
+
+        (tmp_path / "o.tmp").mkdir()
+        (tmp_path / "o.tmp" / "thesis.tex").write_text("precious")
+        seen = []
+
+        def write(tmp):
+            seen.append(tmp)
+            (tmp / "unlearn_record.json").write_text("{}")
+
+        write_directory(tmp_path / "o", write)
+        assert (tmp_path / "o.tmp" / "thesis.tex").read_text() == "precious"
+        assert (tmp_path / "o" / "unlearn_record.json").is_file() and seen[0].name.startswith(".o.")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["o", "o.tmp"]   # no staging or lock left
+        write_directory(tmp_path / "o", write)   # replacing its own output is fine
+
+        def fail(tmp):
+            (tmp / "half").write_text("x")
+            raise RuntimeError("killed")
+
+        with pytest.raises(RuntimeError):
+            write_directory(tmp_path / "o", fail)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["o", "o.tmp"]
+        assert (tmp_path / "o" / "unlearn_record.json").is_file()
+
+    def test_a_directory_the_harness_did_not_write_is_never_replaced(self, tmp_path):
+        from cru_harness.locations import OutputLocationError, check_output_dir, write_directory
+
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        (theirs / "thesis.tex").write_text("precious")
+        with pytest.raises(OutputLocationError, match="holds files cru-harness did not write \\(thesis.tex\\)"):
+            check_output_dir(theirs, what="--out", overwrite=True)
+        with pytest.raises(OutputLocationError, match="the result is kept in"):
+            write_directory(theirs, lambda tmp: (tmp / "config.json").write_text("{}"), overwrite=True)
+        assert [p.name for p in theirs.iterdir()] == ["thesis.tex"]
+        kept = [p for p in tmp_path.iterdir() if p.name.startswith(".theirs.")]
+        assert len(kept) == 1 and (kept[0] / "config.json").is_file()   # the trained result is not lost either
+
+    def test_a_second_writer_of_one_out_is_refused_naming_the_first(self, tmp_path, capsys):
+        import subprocess
+        import sys
+        import time
+
+        from cru_harness.cli import main
+        from cru_harness.locations import lock_path
+
+        out = tmp_path / "o"
+        holder = subprocess.Popen([sys.executable, "-c", (
+            "import sys, time; from cru_harness.locations import output_lock\n"
+            f"with output_lock({str(out)!r}):\n    print('held', flush=True); time.sleep(60)")],
+            stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            (tmp_path / "m").mkdir()
+            (tmp_path / "m" / "config.json").write_text("{}")
+            rc = main(["attack", "--attack", "detach", "--model", str(tmp_path / "m"), "--out", str(out)])
+            err = capsys.readouterr().err.strip().splitlines()
+            assert rc == 2 and len(err) == 1, err
+            assert f"--out {str(out)!r} is being written by process {holder.pid} on host" in err[0]
+        finally:
+            holder.kill()
+            holder.wait()
+        assert not out.exists()
+        start = time.monotonic()
+        from cru_harness.locations import output_lock
+
+        with output_lock(out):   # the dead holder's lock is free at once
+            assert lock_path(out).is_file()
+        assert time.monotonic() - start < 5 and not lock_path(out).exists()
+
+    @pytest.mark.parametrize("where", ["~", "theirs"])
+    def test_report_out_into_a_foreign_directory_is_refused(self, where, tmp_path, monkeypatch, capsys):
+        from cru_harness.cli import main
+        from cru_harness.locations import OutputLocationError, check_files_dir
+
+        with pytest.raises(OutputLocationError, match="is the file system root"):
+            check_files_dir("/", what="--out")
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("HOME", str(tmp_path / "home"))
+        (tmp_path / "home").mkdir()
+        config, _ = one_computed_run(tmp_path)
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        (theirs / "report.md").write_text("my report")
+        out = str(theirs) if where == "theirs" else where
+        assert main(["report", str(config.output_dir), "--out", out, "--no-plots"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("cru-harness report: error: --out "), err
+        assert (theirs / "report.md").read_text() == "my report"
+        assert not (tmp_path / "home" / "report.md").exists()
+
+    def test_report_out_creates_marks_and_rewrites_its_own_directory(self, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        config, _ = one_computed_run(tmp_path)
+        out = tmp_path / "mine"
+        for _ in range(2):   # the second time into the directory it wrote itself
+            assert main(["report", str(config.output_dir), "--out", str(out), "--no-plots"]) == 0
+        assert (out / "report.md").is_file() and (out / ".cru-harness-output").is_file()
+        assert main(["report", str(config.output_dir), "--no-plots"]) == 0   # the run's own report/: unmarked
+        assert not (config.output_dir / "report" / ".cru-harness-output").exists()
+        assert not [p for p in config.output_dir.iterdir() if p.name.endswith(".lock")]
+
+    def test_score_output_dir_is_refused_among_foreign_files(self, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        (theirs / "scores.json").write_text("mine")
+        assert main(["score", str(tmp_path / "lmeval"), "--output-dir", str(theirs)]) == 2
+        assert "--output-dir" in capsys.readouterr().err and (theirs / "scores.json").read_text() == "mine"
+
+    def test_compare_writes_only_into_a_run_or_its_out(self, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        config, _ = one_computed_run(tmp_path)
+        etc = tmp_path / "etc"
+        etc.mkdir()
+        (etc / "passwd").write_text("root")
+        assert main(["compare", str(etc), str(config.output_dir)]) == 2
+        assert "holds no cells/ directory" in capsys.readouterr().err
+        assert [p.name for p in etc.iterdir()] == ["passwd"]
+        assert main(["compare", str(config.output_dir), str(config.output_dir), "--out", str(etc)]) == 2
+        assert "was not written by cru-harness" in capsys.readouterr().err
+        assert main(["compare", str(config.output_dir), str(config.output_dir), "--out",
+                     str(tmp_path / "cmp")]) == 0
+        assert (tmp_path / "cmp" / "reproduction.md").is_file()
+
+
+class TestResultsSurviveResume:
+    """Issue 78, class 2: a cell of a newer schema was recomputed over; a failed `--force` recompute replaced a good
+    result with a failed one; a symlinked cell directory was written through; removing `digest` made an edited
+    metric read as it is."""
+
+    def test_a_cell_of_a_newer_cru_harness_stops_the_run_and_is_kept(self, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        config, path = one_computed_run(tmp_path)
+        future = {**json.loads(path.read_text()), "schema_version": 2, "new_field": [1]}
+        path.write_text(json.dumps(future))
+        before = path.read_bytes()
+        assert main(["run", str(tmp_path / "t.yaml"), "--no-report", "--force"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "was written by a newer cru-harness (schema_version 2; this one reads 1)" in err[0]
+        assert path.read_bytes() == before
+
+    def test_a_failed_recompute_keeps_the_good_result(self, tmp_path, capsys):
+        from cru_harness.runner.cache import CellStore
+        from cru_harness.runner.cli import run_config
+        from cru_harness.runner import config as cfg
+
+        config, path = one_computed_run(tmp_path)
+        good = json.loads(path.read_text())
+
+        def broken(cell, workdir):
+            raise RuntimeError("out of memory")
+
+        logged = []
+        run_config(cfg.load_config(tmp_path / "t.yaml"), executor=broken, report=False, force=True,
+                   log=logged.append)
+        assert json.loads(path.read_text()) == good
+        assert CellStore(config.output_dir).load_result(good["hash"])["status"] == "ok"
+        assert not list(config.output_dir.glob("cells/*/previous.*"))
+        assert any("ended failed (RuntimeError: out of memory); its earlier ok result is kept" in line
+                   for line in logged), logged
+        # a good recompute replaces it
+        assert run_config(cfg.load_config(tmp_path / "t.yaml"), executor=fake_executor([]), report=False,
+                          force=True, log=lambda _: None) == 0
+        assert not list(config.output_dir.glob("cells/*/previous.*"))
+
+    def test_a_linked_cell_is_neither_written_through_nor_followed(self, tmp_path, capsys):
+        import shutil
+
+        from cru_harness.cli import main
+
+        config, path = one_computed_run(tmp_path)
+        outside = tmp_path / "outside"
+        shutil.move(str(path.parent), outside)
+        path.parent.symlink_to(outside, target_is_directory=True)
+        before = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+        assert main(["report", str(config.output_dir), "--no-plots"]) == 0
+        assert "is a symbolic link" in capsys.readouterr().err
+        assert main(["run", str(tmp_path / "t.yaml"), "--no-report", "--force"]) == 2
+        err = capsys.readouterr().err
+        assert "is a symbolic link: a run's cells are its own files" in err
+        assert {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()} == before
+
+    def test_a_removed_digest_on_a_cell_that_had_one_is_tampering(self, tmp_path):
+        from cru_harness.runner.cache import CellStore
+
+        config, path = one_computed_run(tmp_path)
+        result = json.loads(path.read_text())
+        del result["digest"]
+        result["metrics"]["forget_rouge_l"] = 0.01
+        path.write_text(json.dumps(result))
+        logged = []
+        assert CellStore(config.output_dir, log=logged.append).load_result(result["hash"]) is None
+        assert "it has no digest, but its record" in logged[0] and "its digest was removed" in logged[0]
+
+
+class TestConfigsSayOneThing:
+    """Issue 78, class 6: a mapping with a key given twice was read with the last value (`trust_remote_code:
+    false` then `true` enabled remote code). Wherever the project reads YAML (runner and study configs, --set
+    values of `unlearn` and `attack`), it is an error naming the key and both lines."""
+
+    def test_a_duplicated_key_in_a_run_config_is_named_with_both_lines(self, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        path = tmp_path / "dup.yaml"
+        path.write_text("name: t\nmodels:\n  - name: m\n    path: zoo:llama\n    trust_remote_code: false\n"
+                        "    trust_remote_code: true\nbenchmarks: {tofu: {}}\nmethods: [GA]\n")
+        assert main(["run", str(path), "--dry-run"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "key 'trust_remote_code' is given twice in one mapping (lines 5 and 6)" in err[0]
+
+    def test_a_study_config_and_merge_keys(self, tmp_path):
+        from cru_harness.runner.config import ConfigError
+        from cru_harness.studies.config import load_study
+        from cru_harness.yamlfile import read_yaml
+
+        path = tmp_path / "study.yaml"
+        path.write_text("study: {kind: overlap}\nname: a\nname: b\n")
+        with pytest.raises(ConfigError, match=r"key 'name' is given twice in one mapping \(lines 2 and 3\)"):
+            load_study(path)
+        path.write_text("base: &b {lr: 1, seed: 0}\nx:\n  <<: *b\n  lr: 2\n")   # an override beside a merge
+        assert read_yaml(path)["x"] == {"lr": 2, "seed": 0}
+
+    @pytest.mark.parametrize("argv", [
+        ["unlearn", "--method", "GA", "--set", "lr={a: 1, a: 2}"],
+        ["unlearn", "--method", "GA", "--set", "lr=1e-5", "--set", "lr=2e-5"],
+        ["attack", "--attack", "quantize", "--set", "weights=int8", "--set", "weights=int4"],
+        ["attack", "--attack", "quantize", "--set", "weights=[unclosed"],
+    ])
+    def test_set_values_say_one_thing(self, argv, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "config.json").write_text("{}")
+        common = (["--base", str(tmp_path / "m"), "--forget", "forget01", "--retain", "retain99"]
+                  if argv[0] == "unlearn" else ["--model", str(tmp_path / "m")])
+        assert main([*argv, *common, "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and ("given twice" in err[0] or "is not a YAML value" in err[0]), err
+        assert not (tmp_path / "o").exists()
+
+
+class FakeEntryPoint:
+    """An installed plugin's entry point (importlib.metadata's), whose import does what `load` says."""
+
+    def __init__(self, name, load, dist="acme-unlearn"):
+        self.name, self.value, self._load = name, f"acme.{name.lower()}:METHOD", load
+        self.dist = type("Dist", (), {"name": dist, "version": "0.1"})()
+
+    def load(self):
+        return self._load()
+
+
+@pytest.fixture
+def installed(monkeypatch):
+    """Install fake entry points beside the real ones: `installed(group, *eps)`; the registries re-read."""
+    from importlib.metadata import entry_points as real
+
+    from cru_harness import plugins
+
+    extra: dict[str, list] = {}
+
+    def fake(group):
+        return [*real(group=group), *extra.get(group, [])]
+
+    monkeypatch.setattr(plugins, "entry_points", fake)
+    for registry in (plugins.methods, plugins.benchmarks, plugins.attacks):
+        monkeypatch.setattr(registry, "_items", None)
+
+    def install(group, *eps):
+        extra.setdefault(group, []).extend(eps)
+        for registry in (plugins.methods, plugins.benchmarks, plugins.attacks):
+            registry._items = None
+    return install
+
+
+class TestPlugins:
+    """Issue 78, class 5: a plugin whose import raised anything but ImportError was a traceback, and a broken one
+    stopped every command; "GA " sat beside GA; a run() returning something else failed far away."""
+
+    @pytest.mark.parametrize("error", [RuntimeError("no GPU here"), SyntaxError("invalid syntax"),
+                                       KeyError("HOME"), ImportError("no module acme")])
+    def test_a_broken_plugin_blocks_only_its_own_name(self, error, installed, tmp_path, capsys):
+        from cru_harness import plugins
+        from cru_harness.cli import main
+
+        def boom():
+            raise error
+
+        installed("cru_harness.methods", FakeEntryPoint("Broken", boom))
+        installed("cru_harness.benchmarks", FakeEntryPoint("Shaky", boom, dist="shaky-bench"))
+        with pytest.raises(plugins.PluginError) as info:
+            plugins.methods.get("broken ")
+        message = str(info.value)
+        assert "method plugin 'Broken'" in message and "acme-unlearn 0.1" in message
+        assert type(error).__name__ in message and "\n" not in message
+        assert plugins.methods.get("GA").name == "GA" and "tofu" in plugins.benchmarks.names()
+        assert main(["methods"]) == 0   # the listing names it and lists the rest
+        listing = capsys.readouterr()
+        assert "GA" in listing.out and "not usable: method plugin 'Broken'" in listing.err
+        config, _ = one_computed_run(tmp_path)   # a run of built-in methods
+        assert main(["report", str(config.output_dir), "--no-plots"]) == 0   # report on existing results
+        path = write_run_config(tmp_path, name="b", methods=[{"method": "Broken"}])
+        assert main(["run", str(path), "--dry-run"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "acme-unlearn" in err[0], err
+
+    def test_names_are_compared_without_case_or_whitespace(self, installed):
+        from cru_harness import api, plugins
+
+        assert plugins.methods.get(" ga\t").name == "GA" and "G A".replace(" ", "") in plugins.methods
+        with pytest.raises(plugins.PluginError, match="already registered"):
+            plugins.methods.register(type("Spaced", (api.Method,), {"name": "GA "})())
+        twin = type("Twin", (api.Method,), {"name": "npo "})()
+        installed("cru_harness.methods", FakeEntryPoint("npo ", lambda: twin, dist="twin-pkg"))
+        with pytest.raises(plugins.PluginError, match="two methods are named 'npo ': .*twin-pkg"):
+            plugins.methods.get("NPO")
+        assert plugins.methods.get("GA").name == "GA"   # the rest are unaffected
+
+    @pytest.mark.parametrize("value, words", [("out/model", "returned 'out/model' \\(str\\)"),
+                                              (None, "returned None \\(NoneType\\)"),
+                                              ("trained-bad-path", "returned Trained\\(model_path=5\\)"),
+                                              ("trained-bad-routers", "returned Trained\\(routers=\\[.a.\\]\\)")])
+    def test_a_run_that_breaks_its_contract_is_named(self, value, words):
+        from cru_harness import api, plugins
+
+        value = {"trained-bad-path": api.Trained(model_path=5),
+                 "trained-bad-routers": api.Trained(model_path="m", routers=["a"])}.get(value, value)
+        method = type("Sloppy", (api.Method,), {"name": "Sloppy"})()
+        with pytest.raises(plugins.PluginError, match=rf"method plugin 'Sloppy' .* breaks the run\(\) contract: it "
+                                                      rf"{words}; run\(ctx\) must return cru_harness.api.Trained"):
+            plugins.check_trained(value, method, "method")
+        good = api.Trained(model_path="m")
+        assert plugins.check_trained(good, method, "method") is good
+
+
+class TestOneLineNotATraceback:
+    """Issue 78, class 4: bad input that ended in a traceback; each is one line naming it, before any model loads."""
+
+    @pytest.mark.parametrize("content, words", [(None, "is a directory"), ('{"a": 1}', "got a dict"),
+                                                ("5", "got a int"), ("[1, 2]", "must be a string"),
+                                                (b"\xff\xfe", "not a JSON list")])
+    def test_lunar_refusal_prompts_that_are_not_a_list_of_strings(self, content, words, tmp_path):
+        from cru_harness.baselines.lunar import read_prompts
+        from cru_harness.errors import UserError
+
+        path = tmp_path / "prompts.json"
+        if content is None:
+            path.mkdir()
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+        with pytest.raises(UserError, match=words):
+            read_prompts(str(path))
+
+    def test_scalars_where_lists_are_expected(self, tmp_path, capsys):
+        from cru_harness.attacks.quantize import QuantizeConfig
+        from cru_harness.baselines.rmu import RMUConfig
+        from cru_harness.cli import main
+        from cru_harness.errors import InputError
+
+        with pytest.raises(InputError, match="trainable_params: expected a list of parameter name patterns, got 5"):
+            RMUConfig(trainable_params=5)
+        with pytest.raises(InputError, match="trainable_layers: expected a list of block indices, got 3"):
+            RMUConfig(trainable_layers=3)
+        with pytest.raises(InputError, match="exclude: expected a list of module-name patterns, got 5"):
+            QuantizeConfig(exclude=5)
+        assert QuantizeConfig(exclude="lm_head").exclude == ("lm_head",)
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "config.json").write_text("{}")
+        assert main(["attack", "--attack", "quantize", "--set", "exclude=5", "--model", str(tmp_path / "m"),
+                     "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "exclude: expected a list" in err[0]
+
+    def test_a_checkpoint_needing_its_own_code_is_refused_unless_trusted(self, tmp_path, monkeypatch):
+        from transformers import AutoModelForCausalLM
+
+        from cru_harness.devices import load_causal_lm
+        from cru_harness.locations import ModelPathError, check_remote_code
+
+        model = tmp_path / "custom"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps({"model_type": "acme-net",
+                                                       "auto_map": {"AutoModelForCausalLM": "modeling_acme.Acme"}}))
+        monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained",
+                            lambda *a, **k: pytest.fail("tried to load a model needing its own code"))
+        with pytest.raises(ModelPathError, match="needs its own Python code to load .* trust_remote_code is off"):
+            load_causal_lm(str(model), device="cpu")
+        check_remote_code(model, True)   # asked for: left to transformers
+        (model / "config.json").write_text(json.dumps({"model_type": "llama", "auto_map": {"x": "y"}}))
+        check_remote_code(model, False)   # an architecture transformers has: no code of the checkpoint runs
+
+    def test_lens_checks_its_json_and_testbed_names_before_loading(self, tmp_path, capsys, monkeypatch):
+        import cru_harness.devices as devices
+        from cru_harness.cli import main
+
+        monkeypatch.setattr(devices, "load_causal_lm", lambda *a, **k: pytest.fail("loaded a model"))
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "config.json").write_text("{}")
+        for json_path, words in [(tmp_path / "no" / "such" / "x.json", "does not exist"),
+                                 (tmp_path, "is a directory")]:
+            assert main(["lens", "--model", str(tmp_path / "m"), "--data", "forget01", "--json",
+                         str(json_path)]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and words in err[0], err
+        assert main(["lens", "--model", "zoo:nosuch", "--data", "forget01"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "unknown tiny architecture 'nosuch'" in err[0], err
+
+    def test_a_run_refuses_a_methods_missing_input_file_before_any_cell(self, tmp_path):
+        from cru_harness.runner import config as cfg
+        from cru_harness.runner.cli import run_config
+
+        config = cfg.load_config(write_run_config(tmp_path, methods=[
+            {"method": "GA"}, {"method": "LUNAR", "refusal_prompts_path": str(tmp_path / "no.json")}]))
+        calls = []
+        with pytest.raises(cfg.ConfigError, match=r"methods\[1\]\.refusal_prompts_path: .*no.json does not exist"):
+            run_config(config, executor=fake_executor(calls), report=False, log=lambda _: None)
+        assert calls == []
+
+
+class TestMessagesAndLeftovers:
+    """Issue 78, class 7: a 200,000-character name reached an error line whole; refused input left an empty --out;
+    a full disk left a 0-byte config.json; compare on a read-only run lost its verdict; every cell printed `fatal:
+    not a git repository` outside a checkout."""
+
+    def test_a_huge_name_is_bounded_in_every_error_line(self, tmp_path, capsys):
+        from cru_harness.cli import main
+        from cru_harness.errors import MAX_ERROR_LINE
+        from cru_harness.runner import config as cfg
+        from cru_harness.runner.cli import run_config
+
+        mine = cfg.load_config(write_run_config(tmp_path, name="mine"))
+        assert run_config(mine, executor=fake_executor([]), report=False, log=lambda _: None) == 0
+        huge = "n" * 200_000
+        plan = json.loads((mine.output_dir / "plan.json").read_text())
+        plan["config"]["name"] = huge
+        (mine.output_dir / "plan.json").write_text(json.dumps(plan))
+        assert main(["run", str(write_run_config(tmp_path, name="mine")), "--dry-run"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "holds the run of another experiment" in err[0] and len(err[0]) < 1000
+        from cru_harness.errors import InputError, report_user_error   # any user error, whatever it echoes
+
+        report_user_error("cru-harness x", InputError("y" * 300_000))
+        line = capsys.readouterr().err
+        assert len(line) < MAX_ERROR_LINE + 100 and "more characters left out" in line
+
+    def test_refused_input_leaves_no_empty_out(self, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "config.json").write_text("{}")
+        out = tmp_path / "o"
+        assert main(["attack", "--attack", "relearn", "--model", str(tmp_path / "m"), "--out", str(out),
+                     "--forget-corpus", str(tmp_path / "no-such.json")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "no-such.json" in err[0], err
+        assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+    def test_a_full_disk_while_saving_leaves_no_empty_checkpoint(self, tmp_path):
+        import errno
+
+        from cru_harness.locations import write_directory
+
+        def full(tmp):
+            (tmp / "config.json").write_text("")
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp / "model.safetensors"))
+
+        with pytest.raises(OSError, match="No space left"):
+            write_directory(tmp_path / "o", full)
+        assert list(tmp_path.iterdir()) == []   # no 0-byte config.json, no staging directory
+
+    def test_compare_on_a_read_only_run_still_gives_its_verdict(self, tmp_path, capsys, monkeypatch):
+        from cru_harness.cli import main
+        from cru_harness.errors import OutputWriteError
+        from cru_harness.runner import reproduce
+
+        config, _ = one_computed_run(tmp_path)
+        real = reproduce.atomic_write_text
+
+        def read_only(path, text):   # what atomic_write_text raises on a read-only file system
+            if Path(path).parent == config.output_dir:
+                raise OutputWriteError(f"cannot write {path}: Read-only file system")
+            return real(path, text)
+
+        monkeypatch.setattr(reproduce, "atomic_write_text", read_only)
+        assert main(["compare", str(config.output_dir), str(config.output_dir)]) == 0
+        out = capsys.readouterr().out
+        assert "details not written" in out and "give --out DIR" in out and "reproduc" in out.lower()
+        assert main(["compare", str(config.output_dir), str(config.output_dir), "--out", str(tmp_path / "c")]) == 0
+        assert (tmp_path / "c" / "reproduction.md").is_file()
+
+    def test_no_git_noise_per_cell_outside_a_checkout(self, tmp_path, monkeypatch, capfd):
+        from lm_eval import evaluator
+
+        from cru_harness.fingerprints import quiet_lm_eval_git
+
+        monkeypatch.chdir(tmp_path)
+        with quiet_lm_eval_git():
+            assert evaluator.get_git_commit_hash() is None
+        assert "fatal" not in capfd.readouterr().err
+        evaluator.get_git_commit_hash()   # lm-eval's own: the noise this removes
+        assert "not a git repository" in capfd.readouterr().err
+
+
+class TestCheckedUpFront:
+    """Issue 78, class 3: what an argument names is checked before any work: a missing or corrupt bundle given to
+    an attack, a forget corpus that is not there or a slice larger than it, an empty path, a name longer than the
+    file system takes."""
+
+    @pytest.fixture
+    def attack_args(self, tmp_path, monkeypatch):
+        import cru_harness.devices as devices
+
+        monkeypatch.setattr(devices, "load_causal_lm", lambda *a, **k: pytest.fail("loaded a model"))
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "config.json").write_text("{}")
+        rows = tmp_path / "forget.json"
+        rows.write_text(json.dumps([{"question": f"q{i}", "answer": f"a{i}"} for i in range(4)]))
+        return ["attack", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "o")]
+
+    @pytest.mark.parametrize("extra, words", [
+        (["--attack", "detach", "--routers", "{tmp}/no-bundle"], "no-bundle"),
+        (["--attack", "detach", "--routers", "{tmp}/m"], "cru_bundle.json"),
+        (["--attack", "relearn", "--forget-corpus", "{tmp}/nothing.json"], "nothing.json"),
+        (["--attack", "relearn", "--forget-corpus", "{tmp}/forget.json", "--set", "slice_size=10"],
+         "slice_size 10"),
+    ], ids=["missing-bundle", "not-a-bundle", "missing-corpus", "slice-too-large"])
+    def test_an_attack_checks_what_it_reads_before_loading(self, extra, words, attack_args, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        assert main([*attack_args, *[e.replace("{tmp}", str(tmp_path)) for e in extra]]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+        assert not (tmp_path / "o").exists()
+
+    @pytest.mark.parametrize("out, words", [("", "is empty"), ("x" * 300, "more than a file system takes")])
+    def test_empty_and_overlong_outputs_are_refused(self, out, words, tmp_path, capsys, monkeypatch):
+        from cru_harness.cli import main
+        from cru_harness.locations import OutputLocationError, check_files_dir, check_output_dir
+
+        monkeypatch.chdir(tmp_path)
+        for check in (check_output_dir, check_files_dir):
+            with pytest.raises(OutputLocationError, match=words):
+                check(out, what="--out")
+        config, _ = one_computed_run(tmp_path)
+        assert main(["report", str(config.output_dir), "--out", out, "--no-plots"]) == 2
+        assert words in capsys.readouterr().err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "t.yaml"]
+
+
+class TestWHPDirectories:
+    """Issue 78, classes 3 and 4: a WHP directory's links were followed out of it, and an offline Hub id as its
+    starting model ended in two tracebacks at evaluation; both are one line when the directory is read."""
+
+    def whp_dir(self, tmp_path: Path, baseline: str) -> Path:
+        root = tmp_path / "whp"
+        (root / "reinforced").mkdir(parents=True)
+        (root / "reinforced" / "config.json").write_text("{}")
+        (root / "whp.json").write_text(json.dumps({"format_version": 1, "baseline": baseline, "alpha": 1.0,
+                                                   "reinforced": "reinforced"}))
+        return root
+
+    def test_links_and_unreachable_starting_models_are_refused(self, tmp_path, monkeypatch):
+        from cru_harness.baselines.whp import WHPError, read_whp
+
+        (tmp_path / "base").mkdir()
+        (tmp_path / "base" / "config.json").write_text("{}")
+        root = self.whp_dir(tmp_path, str(tmp_path / "base"))
+        assert read_whp(root).baseline == str(tmp_path / "base")
+        (root / "reinforced").rename(tmp_path / "elsewhere")
+        (root / "reinforced").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+        with pytest.raises(WHPError, match="is a symbolic link"):
+            read_whp(root)
+        root = self.whp_dir(tmp_path / "b", str(tmp_path / "no" / "base"))
+        with pytest.raises(WHPError, match="its starting model .* does not exist"):
+            read_whp(root)
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+        import huggingface_hub.constants as hub_constants
+
+        monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+        root = self.whp_dir(tmp_path / "c", "acme/never-downloaded")
+        with pytest.raises(WHPError, match="not in the local cache, and the Hub is off"):
+            read_whp(root)

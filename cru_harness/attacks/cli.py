@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -64,14 +65,17 @@ def register(subparsers) -> None:
 
 def parse_settings(pairs: list[str], attack) -> dict:
     """`KEY=VALUE` pairs -> the attack's settings (YAML values), checked by its config dataclass."""
-    import yaml
+    from ..errors import excerpt
+    from ..yamlfile import load_value
 
     settings = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise InputError(f"--set {pair!r}: write KEY=VALUE")
-        settings[key.strip()] = yaml.safe_load(value)
+            raise InputError(f"--set {excerpt(pair, 80)}: write KEY=VALUE")
+        if key.strip() in settings:
+            raise InputError(f"--set {excerpt(key.strip(), 80)} is given twice: give it once")
+        settings[key.strip()] = load_value(value, f"--set {excerpt(key.strip(), 80)}")
     unknown = sorted(set(settings) - set(attack.settings()))
     if unknown:
         allowed = ", ".join(attack.settings()) or "none"
@@ -80,13 +84,71 @@ def parse_settings(pairs: list[str], attack) -> dict:
     return settings
 
 
+def model_argument(model: str) -> str:
+    """`--model` as every command reads it: a testbed name (`zoo:llama`, `smollm2`) resolved, a local path checked
+    (`locations.check_model_path`), a Hub id as it is; an unknown testbed name is one line."""
+    from ..locations import check_model_path
+    from ..testbed.names import resolve_model_path
+
+    try:
+        return check_model_path(resolve_model_path(model), what="--model")
+    except (KeyError, ValueError) as err:
+        if isinstance(err, InputError):
+            raise
+        raise InputError(f"--model {model!r}: not a testbed model ({err})") from None
+
+
+def check_output_file(path: str, what: str) -> None:
+    """A file a command writes at the end (`--json`): its directory must exist and be writable, and the path must
+    not be a directory, found before any model is loaded."""
+    from ..locations import OutputLocationError
+
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise OutputLocationError(f"{what} {path} is a directory: give a file name")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputLocationError(f"{what} {path}: its directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or target.exists() and not os.access(target, os.W_OK):
+        raise OutputLocationError(f"{what} {path} cannot be written (permission denied)")
+
+
+def check_attack_inputs(args: argparse.Namespace, attack, settings: dict, on_prompts: bool) -> None:
+    """What the attack reads, checked up front: each router bundle of --routers (manifest, weights, digest), the
+    forget corpus (it exists and parses), and the slice the settings draw from it (not larger than the corpus)."""
+    if args.routers is not None:
+        from ..cru.bundle import RouterBundle
+
+        for directory in str(args.routers).split("+"):
+            if not directory.strip():
+                raise InputError(f"--routers {args.routers!r}: an empty bundle path")
+            RouterBundle.from_pretrained(directory.strip())
+    if args.forget_corpus is None or on_prompts or "slice_fraction" not in attack.settings():
+        return
+    from ..data.corpora import load_corpus_rows
+    from ..data.slices import forget_slice
+
+    rows, source = load_corpus_rows(args.forget_corpus, args.data_dir)
+    config = attack.config(**settings) if attack.config is not None else None
+    if getattr(config, "corpus", None) is None:   # a relearn on the forget rows themselves: the slice must fit
+        forget_slice(len(rows), fraction=getattr(config, "slice_fraction"), size=getattr(config, "slice_size", None),
+                     seed=args.seed, what=f"attack {attack.name} on {source}")
+
+
 def run_attack(args: argparse.Namespace) -> int:
+    from ..locations import command_output_lock
+
+    with command_output_lock(args.out):   # one attack at a time writes --out
+        return _run_attack(args)
+
+
+def _run_attack(args: argparse.Namespace) -> int:
     from .. import plugins
     from ..api import CellContext
     from ..devices import load_causal_lm, resolve_device
     from ..hparams import check_seed
-    from ..locations import check_model_path, check_output_dir
-    from ..testbed.names import prompt_format_for, resolve_data_dir, resolve_model_path
+    from ..locations import check_output_dir
+    from ..testbed.names import prompt_format_for, resolve_data_dir
 
     attack = plugins.attacks.get(args.attack)
     settings = parse_settings(args.settings, attack)
@@ -95,7 +157,7 @@ def run_attack(args: argparse.Namespace) -> int:
     # auto: the format the model learned (its training record; plain for a zoo model), else its chat template
     fmt = prompt_format_for(args.prompt_format, args.model, args.benchmark)
     fmt.setdefault("preset", None)
-    model_path = check_model_path(resolve_model_path(args.model), what="--model")   # a testbed name: its directory
+    model_path = model_argument(args.model)   # a testbed name: its directory; args.model stays the name (records)
     data_dir = resolve_data_dir(args.data_dir)
     model_spec = SimpleNamespace(path=model_path, device_map=args.device_map, trust_remote_code=False)
     cell = SimpleNamespace(kind="attack", method=None, benchmark=args.benchmark, split=None, target=None,
@@ -107,6 +169,7 @@ def run_attack(args: argparse.Namespace) -> int:
     on_prompts = variant != "tofu_forget10"
     if args.forget_corpus is None and "slice_fraction" in attack.settings() and not on_prompts:
         raise InputError(f"attack {attack.name} trains on forget rows: give --forget-corpus")
+    check_attack_inputs(args, attack, settings, on_prompts)   # before any model loads or --out is made
     device = str(resolve_device(args.device)) if args.device_map is None else args.device
     outcome = {"resources": {}, "details": {}, "artifacts": {}}
     ctx = CellContext(cell=cell, model_path=model_path, workdir=out, data_dir=data_dir, outcome=outcome,
@@ -115,7 +178,7 @@ def run_attack(args: argparse.Namespace) -> int:
                       load_model=lambda path: load_causal_lm(path, device=device, device_map=args.device_map,
                                                              dtype=args.dtype))
     out.mkdir(parents=True, exist_ok=True)
-    attacked = attack.run(ctx)
+    attacked = plugins.check_trained(attack.run(ctx), attack, "attack")
     # the format the attacked model is prompted with (what relearn trained on): `--prompt-format auto` reads it
     label = prompt_format_label(fmt, _tokenizer(model_path) if fmt.get("chat") is None else None)
     record = {"attack": attack.name, "settings": settings, "model": args.model, "routers": args.routers,
@@ -125,7 +188,9 @@ def run_attack(args: argparse.Namespace) -> int:
         metadata = plugins.benchmarks.get(args.benchmark).variant_metadata(
             attack.variant, attack.task_metadata(settings, args.seed))   # in the keys its task variants read
         record["evaluate_with"] = {"tasks_example": variant, "metadata": metadata}
-    (Path(out) / RECORD_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n")
+    from ..store import atomic_write_text
+
+    atomic_write_text(Path(out) / RECORD_FILE, json.dumps(record, indent=2, default=str) + "\n")
     if on_prompts:
         metadata = record["evaluate_with"]["metadata"]
         flag = f" --metadata '{json.dumps(metadata)}'" if metadata else ""
@@ -168,14 +233,15 @@ def score_command(model: str, routers: str | None, prompt_format: str, data_dir:
 def run_lens(args: argparse.Namespace) -> int:
     from ..data.corpora import load_corpus_rows
     from ..devices import load_causal_lm
-    from ..locations import check_model_path
-    from ..testbed.names import prompt_format_for, resolve_model_path
+    from ..testbed.names import prompt_format_for
     from .logit_lens import logit_lens_scores
 
     if args.limit is not None and args.limit < 1:
         raise InputError(f"--limit {args.limit}: give a positive number of rows")
+    model_path = model_argument(args.model)   # a testbed name: its directory; args.model stays the name
+    if args.json is not None:
+        check_output_file(args.json, "--json")
     fmt = prompt_format_for(args.prompt_format, args.model)   # auto: the format the model learned
-    model_path = check_model_path(resolve_model_path(args.model), what="--model")   # a testbed name: its directory
     rows, source = load_corpus_rows(args.data, args.data_dir)
     rows = rows[:args.limit] if args.limit else rows
     if not all(row.get("question") and row.get("answer") for row in rows):
@@ -191,6 +257,8 @@ def run_lens(args: argparse.Namespace) -> int:
     print(f"best layer {result.best_layer} of {len(result.per_layer)}: {result.best:.4f}; "
           f"output: {result.final:.4f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"model": args.model, "routers": args.routers, "data": source,
+        from ..store import atomic_write_text
+
+        atomic_write_text(Path(args.json).expanduser(), json.dumps({"model": args.model, "routers": args.routers, "data": source,
                                                **result.to_dict()}, indent=2) + "\n")
     return 0

@@ -66,9 +66,9 @@ class QuantizeConfig:
         if self.quant_type != "fp4" and (self.library != "bitsandbytes" or self.weights != "int4"):
             raise InputError("quant_type picks bitsandbytes' 4-bit grid: it needs library: bitsandbytes and "
                              "weights: int4")
-        if isinstance(self.exclude, str):
-            self.exclude = (self.exclude,)
-        self.exclude = tuple(self.exclude)
+        from ..hparams import as_list
+
+        self.exclude = as_list("exclude", self.exclude, "module-name patterns")
         if not all(isinstance(p, str) and p for p in self.exclude):
             raise InputError(f"exclude must be a list of module-name patterns, got {self.exclude!r}")
 

@@ -73,16 +73,27 @@ class LUNARConfig(RetainConfig):
 
 def read_prompts(path: str) -> list[str]:
     """Prompts from a JSON list (strings, or objects with `instruction` / `question` / `prompt`) or JSON lines."""
+    from ..errors import excerpt
+
     file = Path(path)
+    if file.is_dir():
+        raise InputError(f"refusal_prompts_path {excerpt(str(path), 120)} is a directory: give the JSON file of "
+                         "prompts (LUNAR's dataset/splits/harmful.json)")
     if not file.is_file():
-        raise MissingInputError(f"refusal_prompts_path {path!r} does not exist")
-    text = file.read_text()
+        raise MissingInputError(f"refusal_prompts_path {excerpt(str(path), 120)} does not exist")
     try:
-        rows = json.loads(text)
-    except json.JSONDecodeError:
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        text = file.read_text(encoding="utf-8")
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError:
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"{excerpt(str(path), 120)}: not a JSON list of prompts nor JSON lines ({err})") from None
+    if not isinstance(rows, list):
+        raise InputError(f"{excerpt(str(path), 120)}: expected a JSON list of prompts (strings), got a "
+                         f"{type(rows).__name__}")
     prompts = []
-    for row in rows if isinstance(rows, list) else []:
+    for row in rows:
         value = row if isinstance(row, str) else next(
             (row[k] for k in ("instruction", "question", "prompt") if isinstance(row, dict) and k in row), None)
         if not isinstance(value, str) or not value:

@@ -66,12 +66,13 @@ class RMUConfig(RetainConfig):
         for name, rule in (("layer", dict(low=0, integer=True)), ("steering_coeff", dict(above=0))):
             if problem := bound_problem(getattr(self, name), **rule):
                 raise InputError(f"{name}: {problem}")
+        from ..hparams import as_list
+
         if self.trainable_layers is not None:
-            self.trainable_layers = tuple(self.trainable_layers)
+            self.trainable_layers = as_list("trainable_layers", self.trainable_layers, "block indices")
             if not self.trainable_layers or any(bound_problem(i, low=0, integer=True) for i in self.trainable_layers):
                 raise InputError(f"trainable_layers: expected block indices >= 0, got {self.trainable_layers!r}")
-        self.trainable_params = (self.trainable_params,) if isinstance(self.trainable_params, str) \
-            else tuple(self.trainable_params)
+        self.trainable_params = as_list("trainable_params", self.trainable_params, "parameter name patterns")
         if not self.trainable_params:
             raise InputError("trainable_params: expected at least one parameter name pattern")
         for pattern in self.trainable_params:

@@ -91,9 +91,33 @@ def read_whp(directory: str | os.PathLike) -> WHPManifest | None:
         raise WHPError(f"{path}: alpha {problem}")
     if not isinstance(reinforced, str) or Path(reinforced).name != reinforced or reinforced in ("", ".", ".."):
         raise WHPError(f"{path}: `reinforced` must be a folder name inside {root}, got {reinforced!r}")
+    for inside in (path, root / reinforced, root / reinforced / "config.json"):
+        if inside.is_symlink():   # a WHP directory is read as one whole: never followed out of it
+            raise WHPError(f"{inside} is a symbolic link: a WHP directory holds its own files (copy them in)")
     if not (root / reinforced / "config.json").is_file():
         raise WHPError(f"{path}: its reinforced model {root / reinforced} holds no config.json")
+    check_baseline_reachable(baseline, path)
     return WHPManifest(baseline=baseline, alpha=float(alpha), reinforced=reinforced)
+
+
+def check_baseline_reachable(baseline: str, manifest: Path) -> None:
+    """The starting model a WHP directory names must be loadable here: a local directory that exists, or a Hub id
+    in the local cache when the Hub is off (HF_HUB_OFFLINE): one line now instead of two tracebacks later."""
+    from ..locations import looks_local
+
+    local = Path(baseline).expanduser()
+    if local.exists() or looks_local(baseline):
+        if not (local / "config.json").is_file():
+            raise WHPError(f"{manifest}: its starting model {baseline} " + (
+                "holds no config.json" if local.is_dir() else "does not exist"))
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(baseline, "config.json"), str):
+            raise WHPError(f"{manifest}: its starting model {baseline!r} is a Hub id that is not in the local cache, "
+                           "and the Hub is off (HF_HUB_OFFLINE): download it first, or point `baseline` to a local "
+                           "copy")
 
 
 def _model_reference(path: str) -> str:

@@ -11,7 +11,7 @@ from cru_harness.devices import add_device_arguments
 from cru_harness.prompts import BENCHMARKS, add_prompt_format_argument, prompt_format_label
 from cru_harness.hparams import HPARAM_CHOICES
 
-from ..errors import InputError
+from ..errors import InputError, excerpt
 
 
 @functools.cache
@@ -133,18 +133,18 @@ def _corpus_rows(source: str, data_dir, what: str) -> tuple[list[dict], str]:
 
 
 def _set_values(pairs: list[str]) -> dict:
-    """`--set KEY=VALUE` pairs as a dict, each value read as a YAML scalar (1e-5, true, [0.9, 0.99])."""
-    import yaml
+    """`--set KEY=VALUE` pairs as a dict, each value read as a YAML scalar (1e-5, true, [0.9, 0.99]) by the
+    project's one YAML loader; a key given twice is refused (the last would win silently)."""
+    from cru_harness.yamlfile import load_value
 
     values = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep or not key.strip():
-            raise InputError(f"--set expects KEY=VALUE, got {pair!r}")
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise InputError(f"--set {key}: {text!r} is not a value") from None
+            raise InputError(f"--set expects KEY=VALUE, got {excerpt(pair, 80)}")
+        if key.strip() in values:
+            raise InputError(f"--set {excerpt(key.strip(), 80)} is given twice: give it once")
+        value = load_value(text, f"--set {excerpt(key.strip(), 80)}")
         if isinstance(value, str):   # YAML 1.1 reads 1e-5 (no dot) as a string
             try:
                 value = float(value)
@@ -178,7 +178,7 @@ def run_baseline(args: argparse.Namespace, method) -> int:
     from cru_harness.baselines.plugin import BaselineMethod
     from cru_harness.data.tofu import FORGET_SPLITS
     from cru_harness.hparams import check_seed
-    from cru_harness.locations import check_model_path, check_output_dir
+    from cru_harness.locations import check_model_path, check_output_dir, command_output_lock
     from cru_harness.testbed.names import prompt_format_for, resolve_model_path
 
     from .train import RouterTrainingConfig
@@ -199,9 +199,12 @@ def run_baseline(args: argparse.Namespace, method) -> int:
     base_path = check_model_path(resolve_model_path(args.base), what="--base")
     forget_rows = _corpus_rows(args.forget, args.data_dir, "forget")[0]
     retain_rows = _corpus_rows(args.retain, args.data_dir, "retain")[0]
-    result = method.train(base_path, forget_rows, retain_rows, config, args.out, seed=seed, data_dir=args.data_dir,
-                          dtype=args.dtype, device=args.device, device_map=args.device_map,
-                          progress=not args.no_progress, prompt_format=fmt, overwrite=args.overwrite)
+    with command_output_lock(args.out):
+        check_output_dir(args.out, what="--out", overwrite=args.overwrite)   # again, now that it is ours
+        result = method.train(base_path, forget_rows, retain_rows, config, args.out, seed=seed,
+                              data_dir=args.data_dir, dtype=args.dtype, device=args.device,
+                              device_map=args.device_map, progress=not args.no_progress, prompt_format=fmt,
+                              overwrite=args.overwrite)
     print(f"saved the {method.name}-unlearned model to {args.out}: {result.optimizer_steps} optimizer steps on "
           f"{result.n_forget} forget and {result.n_retain} retain rows")
     return 0
@@ -209,13 +212,15 @@ def run_baseline(args: argparse.Namespace, method) -> int:
 
 def run_unlearn(args: argparse.Namespace) -> int:
     from cru_harness import plugins
+    from cru_harness.locations import command_output_lock
 
     method = plugins.methods.get(args.method)
     if not method.adapter:
         return run_baseline(args, method)
     if method is not plugins.methods.get("CRU"):
         raise InputError(f"--method {method.name}: `unlearn` trains CRU bundles; run it from a runner config")
-    return run_cru(args)
+    with command_output_lock(args.out):
+        return run_cru(args)
 
 
 def run_cru(args: argparse.Namespace) -> int:
@@ -258,7 +263,9 @@ def run_cru(args: argparse.Namespace) -> int:
     bundle = train_routers(model, tokenizer, forget, retain, config)
     bundle.config.base_model = str(args.base)
     bundle.config.training["prompt_format"] = prompt_format_label(fmt, tokenizer)   # checked by the cru model
-    out = bundle.save_pretrained(args.out)
+    from cru_harness.locations import write_directory
+
+    out = write_directory(args.out, bundle.save_pretrained, overwrite=args.overwrite, what="--out")
     metrics = bundle.config.metrics
     print(f"saved router bundle to {out}: blocks {bundle.block_indices}, "
           f"{bundle.config.router_parameters:,} router parameters; "

@@ -67,10 +67,13 @@ def run_finetune(args: argparse.Namespace) -> int:
 
     fmt = prompt_format_for(args.prompt_format, args.model)   # auto: the format the model learned, if recorded
     config = FinetuneConfig(**given_fields(args, FinetuneConfig))
-    result = finetune(resolve_model_path(args.model), args.data, args.out, config=config, seed=args.seed,
-                      data_dir=args.data_dir,
-                      dtype=args.dtype, device=args.device, device_map=args.device_map, chat_template=fmt["chat"],
-                      family=fmt["family"], overwrite=args.overwrite, progress=not args.no_progress)
+    from ..locations import command_output_lock
+
+    with command_output_lock(args.out):   # a second finetune to the same --out is refused, not raced
+        result = finetune(resolve_model_path(args.model), args.data, args.out, config=config, seed=args.seed,
+                          data_dir=args.data_dir, dtype=args.dtype, device=args.device, device_map=args.device_map,
+                          chat_template=fmt["chat"], family=fmt["family"], overwrite=args.overwrite,
+                          progress=not args.no_progress)
 
     if PartialState().is_main_process:
         print(f"saved fine-tuned model to {args.out}: {result.n_rows} rows, {result.optimizer_steps} steps "

@@ -47,17 +47,29 @@ def recorded_report_settings(dirs: list[Path]) -> tuple[dict, str]:
 
 def cmd_report(args: argparse.Namespace) -> int:
     dirs = [Path(d) for d in args.dirs]
-    out = Path(args.out) if args.out else (dirs[0] / "report" if len(dirs) == 1 else Path("report"))
+    out = Path(args.out) if args.out is not None else (dirs[0] / "report" if len(dirs) == 1 else Path("report"))
     settings, origin = recorded_report_settings(dirs)
     if args.formats is not None:   # checked by the config's own rule for `report.formats`
         from .settings import report_settings
 
         formats = [f.strip() for f in args.formats.split(",") if f.strip()]
         settings = report_settings({**settings, "formats": formats}, "--formats")
+    from ..locations import check_files_dir, output_lock
+
+    check_files_dir(args.out if args.out is not None else out, what="--out", own=run_owned(out))   # before anything is read: never among others' files
     print(f"report settings: {origin}{'; --formats given' if args.formats is not None else ''}")
-    write_report(dirs, out, formats=settings["formats"], plots=settings["plots"] and not args.no_plots,
-                 stats=settings["stats"], require_cells=True)
+    with output_lock(out, "--out"):
+        write_report(dirs, out, formats=settings["formats"], plots=settings["plots"] and not args.no_plots,
+                     stats=settings["stats"], require_cells=True)
     return 0
+
+
+def run_owned(out: Path) -> bool:
+    """Whether report directory `out` is a run's own (`RUN/report`): written as the run writes it, unmarked."""
+    from ..store import CELLS_DIR
+
+    out = Path(out).expanduser()
+    return out.name == "report" and (out.parent / CELLS_DIR).is_dir() and not out.is_symlink()
 
 
 def block_scores(results: list[dict], benchmark: str) -> dict[tuple, dict[str, float]]:
@@ -212,8 +224,9 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
     results = tables.split_label_variants(configured_order(plans, results))
     if require_cells and not results:   # an empty report would read as a run with nothing in it
         raise MissingInputError(f"no valid cell results under {', '.join(str(d) for d in dirs)}: nothing to report")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from ..locations import make_files_dir
+
+    out_dir = make_files_dir(out_dir, own=run_owned(out_dir))
     written: dict[str, str] = {}
     summary = [f"# Report ({len(results)} cells from {', '.join(str(d) for d in dirs)})", ""]
     statuses = defaultdict(int)

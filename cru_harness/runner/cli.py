@@ -42,6 +42,8 @@ def register(subparsers) -> None:
                                                 "RUN/reproduction.md. Exit status 1 when they differ.")
     compare.add_argument("run", help="run directory (holding cells/)")
     compare.add_argument("reference", help="reference run directory, e.g. results/demo")
+    compare.add_argument("--out", help="where reproduction.md and .json go (default: RUN itself; a read-only RUN "
+                                       "still gets its verdict printed)")
     compare.set_defaults(func=cmd_compare)
 
     merge = subparsers.add_parser("merge", help="collect the cells of several run/shard directories into one",
@@ -147,10 +149,18 @@ def check_local_models_exist(config) -> None:
     run only warns: it may plan the run for another machine.)"""
     from .config import ConfigError
 
+    from ..fingerprints import setting_paths
+
     for entry in security_summary(config):
         if entry["origin"] == "local path" and not Path(entry["path"]).expanduser().exists():
             raise ConfigError(entry["key"], f"model {entry['path']} does not exist (no such directory)",
                               config.source)
+    for index, method in enumerate(getattr(config, "methods", ())):   # an input file a method reads (LUNAR's)
+        for key, path in setting_paths(getattr(method, "hparams", {}) or {}).items():
+            if not path.is_file():
+                raise ConfigError(f"methods[{index}].{key}", f"{path} " + (
+                    "is a directory, not a file" if path.is_dir() else "does not exist") + ": every cell of "
+                    f"{getattr(method, 'label', 'this method')} would fail after the cells before it", config.source)
 
 
 def _load(path: str, output_dir: str | None):
@@ -422,10 +432,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from .reproduce import write_reproduction
 
+    from ..locations import check_files_dir
+    from ..store import CELLS_DIR
+
     for directory in (args.run, args.reference):
         if not Path(directory).is_dir():
             raise MissingInputError(f"no such run directory: {directory}")
-    return 0 if write_reproduction(args.run, args.reference).reproduced else 1
+        if not (Path(directory) / CELLS_DIR).is_dir():
+            raise MissingInputError(f"{directory} holds no {CELLS_DIR}/ directory (not a cru-harness run)")
+    if args.out is not None:
+        check_files_dir(args.out, what="--out")
+    return 0 if write_reproduction(args.run, args.reference, out_dir=args.out).reproduced else 1
 
 
 def run_stores(dirs) -> list:
@@ -539,6 +556,7 @@ def copy_cell(store, out_store, cell_hash: str, *, keep_ok: bool, as_cell=None, 
     target = out_store.cell_dir(new_hash)
     if target.resolve() == store.cell_dir(cell_hash).resolve():
         return False
+    out_store.check_writable(new_hash)   # never over a newer cru-harness's cell, nor through a link
     routers = Path(WORK_DIR) / ROUTERS_DIR
     if bundle and not (store.cell_dir(cell_hash) / routers).is_dir():
         return False
@@ -546,7 +564,7 @@ def copy_cell(store, out_store, cell_hash: str, *, keep_ok: bool, as_cell=None, 
     if tmp.exists():
         shutil.rmtree(tmp)
     target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(store.cell_dir(cell_hash), tmp, ignore=shutil.ignore_patterns(WORK_DIR, ".*.tmp"))
+    shutil.copytree(store.cell_dir(cell_hash), tmp, ignore=shutil.ignore_patterns(WORK_DIR, ".*.tmp", "previous.*"))
     if bundle:
         shutil.copytree(store.cell_dir(cell_hash) / routers, tmp / routers)
     if not (tmp / RESULT_FILE).is_file():

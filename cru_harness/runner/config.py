@@ -235,7 +235,7 @@ def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None
         raise MissingInputError(f"{path} is a directory, not a config file (a YAML file such as configs/demo.yaml)")
     if not path.is_file():
         raise MissingInputError(f"config file not found: {path}")
-    from .yamlfile import read_yaml
+    from ..yamlfile import read_yaml
 
     raw = read_yaml(path)   # bounded: size, encoding, nesting, aliases (ConfigError naming the file)
     if overrides and (raw is None or isinstance(raw, dict)):  # anything else is refused by validate_config

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from ..devices import HALF_DTYPES, explain_out_of_memory
-from ..errors import InputError
 from .config import ModelSpec
 from .models import cell_device, model_dtype
 from .plan import Cell
@@ -166,9 +165,11 @@ def run_lmeval(model: ModelSpec, model_path: str, tasks: list[str], out: Path, *
         limit, per_unit = plugin.lmeval_limit(limit)   # e.g. rows per file and target instead of lm-eval's first N
         metadata.update(per_unit)
     tracker = EvaluationTracker(output_path=str(out))
+    from ..fingerprints import quiet_lm_eval_git
+
     # a benchmark whose tasks are lm-eval's own names their folders, and may point them at a local copy
     handed = plugin.lmeval_tasks(list(tasks), data_dir) if plugin is not None else nullcontext(([], list(tasks)))
-    with handed as (extra_paths, specs), \
+    with handed as (extra_paths, specs), quiet_lm_eval_git(), \
             explain_out_of_memory(f"lm-eval at batch size {batch_size}", SMALLER_EVALUATION):
         results = lm_eval.simple_evaluate(
             model="cru", model_args=eval_model_args(model, model_path, routers, reference), tasks=specs, limit=limit,

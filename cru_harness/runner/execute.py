@@ -232,7 +232,10 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
             model_path = train_retain_model(cell, retain["value"], workdir, data_dir, outcome)
         outcome["artifacts"]["model"] = model_path   # what an attack on the oracle (the control) starts from
     elif cell.kind == "method":   # the method's plugin trains (or fetches) what the evaluation loads
-        trained = cell.method_plugin.run(method_context(cell, model_path, workdir, data_dir, outcome))
+        from ..plugins import check_trained
+
+        trained = check_trained(cell.method_plugin.run(method_context(cell, model_path, workdir, data_dir, outcome)),
+                                cell.method_plugin, "method")
         model_path, routers = trained.model_path, trained.routers
         outcome["artifacts"]["model"] = model_path   # what an attack on this cell starts from
     elif cell.kind == "attack":
@@ -240,7 +243,9 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
         ctx = method_context(cell, model_path, workdir, data_dir, outcome, trains=True)
         ctx.routers = routers
         attack = attack_for(cell)
-        attacked = attack.run(ctx)
+        from ..plugins import check_trained
+
+        attacked = check_trained(attack.run(ctx), attack, "attack")
         same_model = (attacked.model_path, attacked.routers) == (model_path, routers)   # a prompt attack
         model_path, routers = attacked.model_path, attacked.routers
         task_metadata = plugins.benchmarks.get(cell.benchmark).variant_metadata(

@@ -132,6 +132,8 @@ def run_cells(cells: Iterable[Cell], store: CellStore, executor: Executor, *, lo
     other code is recomputed. `reference_walls` ({cell hash: seconds}, `recorded_walls` of a reference run) makes the
     time-left estimate each cell's own time there (`time_left`)."""
     cells = list(cells)
+    for cell in cells:   # before any work: a cell of a newer cru-harness, or a link out of the run, stops it
+        store.check_writable(cell.hash)
     counts = {"skipped": 0, "stale": 0, "ok": 0, "failed": 0, "unavailable": 0}
     computed: list[tuple[Cell, float]] = []   # the cells this call computed, with their wall times
     # One line per cell when it ends; while it runs, a bar names it (tqdm writes to stderr, the lines go to `log`).

@@ -416,10 +416,28 @@ def comparison_markdown(comparison: Comparison) -> str:
     return "\n".join(lines)
 
 
-def write_reproduction(run_dir: str | Path, reference_dir: str | Path, *, log=print) -> Comparison:
-    """Compare, write `reproduction.md` and `reproduction.json` into `run_dir`, log the verdict line."""
+def write_reproduction(run_dir: str | Path, reference_dir: str | Path, *, log=print,
+                       out_dir: str | Path | None = None) -> Comparison:
+    """Compare, write `reproduction.md` and `reproduction.json` into `out_dir` (default: `run_dir`, the run's own),
+    log the verdict line. A run directory that cannot be written (read-only) still gets its verdict, with a line
+    saying where the details could not go."""
+    from ..errors import OutputWriteError
+    from ..locations import make_files_dir, output_lock
+
     comparison = compare_runs(run_dir, reference_dir)
-    atomic_write_text(Path(run_dir) / REPORT_FILE, comparison_markdown(comparison))
-    atomic_write_json(Path(run_dir) / JSON_FILE, comparison.to_dict())
-    log(f"{comparison.verdict} (details: {Path(run_dir) / REPORT_FILE})")
+    target = Path(out_dir) if out_dir is not None else Path(run_dir)
+    try:
+        with output_lock(target / REPORT_FILE, "the comparison"):
+            if out_dir is not None:
+                make_files_dir(target)
+            atomic_write_text(target / REPORT_FILE, comparison_markdown(comparison))
+            atomic_write_json(target / JSON_FILE, comparison.to_dict())
+    except OSError as err:
+        from ..errors import WRITE_ERRNOS
+
+        if out_dir is not None or not (isinstance(err, OutputWriteError) or err.errno in WRITE_ERRNOS):
+            raise
+        log(f"{comparison.verdict} (details not written: {err}; give --out DIR to write them elsewhere)")
+        return comparison
+    log(f"{comparison.verdict} (details: {target / REPORT_FILE})")
     return comparison

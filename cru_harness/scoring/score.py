@@ -540,9 +540,9 @@ def run_score(args: argparse.Namespace) -> int:
     if args.output_dir is None and len(args.runs) != 1:
         raise InputError("several runs given: choose where the outputs go with --output-dir")
     if args.output_dir is not None:  # before scoring (the original model's NLLs can take a while)
-        from cru_harness.locations import check_output_dir
+        from cru_harness.locations import check_files_dir
 
-        check_output_dir(args.output_dir, what="--output-dir", allow_existing=True)
+        check_files_dir(args.output_dir, what="--output-dir")   # never among files cru-harness did not write
     from cru_harness.testbed.names import resolve_model_path
 
     original_model = args.original_model
@@ -555,8 +555,13 @@ def run_score(args: argparse.Namespace) -> int:
         original_model=original_model, data_dir=args.data_dir, device=args.device,
         batch_size=args.batch_size, device_map=args.device_map, dtype=args.dtype,
     )
-    out_dir = Path(args.output_dir or args.runs[0])
-    per_item_path, scores_path = write_outputs(report, out_dir)
+    from cru_harness.locations import make_files_dir, output_lock
+
+    out_dir = Path(args.output_dir if args.output_dir is not None else args.runs[0])
+    with output_lock(out_dir, "--output-dir"):
+        # the default is the lm-eval run's own directory, written beside its outputs as it is
+        make_files_dir(out_dir, own=args.output_dir is None)
+        per_item_path, scores_path = write_outputs(report, out_dir)
     if args.json:
         print(scores_path.read_text(encoding="utf-8"))
         for note in report_notes(report):  # stdout stays pure JSON; the note goes to the console's stderr

@@ -98,7 +98,7 @@ def _read_yaml(path: Path, what: str) -> Any:
     path = config_path(path)
     if not path.is_file():
         raise MissingInputError(f"{what} not found: {path}")
-    from ..runner.yamlfile import read_yaml
+    from ..yamlfile import read_yaml
 
     return read_yaml(path)   # bounded as a runner config is: size, encoding, nesting, aliases
 

@@ -17,7 +17,6 @@ killed build never leaves a half-written checkpoint and concurrent callers build
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import hashlib
 import inspect
@@ -111,20 +110,22 @@ def recipe_hash(*parts) -> str:
 
 @contextlib.contextmanager
 def _file_lock(path: Path):
-    """An exclusive lock so parallel processes asking for the same entry build it once. A wait says so: a build
-    left running by a killed run can hold it for minutes."""
+    """An exclusive lock (`filelock`) so parallel processes asking for the same entry build it once. A wait says
+    so: a build left running by a killed run can hold it for minutes."""
+    from filelock import FileLock, Timeout
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            entry = path.name.removeprefix(".").removesuffix(".lock")
-            print(f"waiting for another process building {entry} in {path.parent} (lock {path})", file=sys.stderr)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        entry = path.name.removeprefix(".").removesuffix(".lock")
+        print(f"waiting for another process building {entry} in {path.parent} (lock {path})", file=sys.stderr)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def build_cached(final_dir: Path, build) -> Path:
