@@ -11,7 +11,7 @@ import cru_harness.baselines.api as unlearn_mod
 from cru_harness.baselines.base import UnlearningMethod
 from cru_harness.baselines.data import IGNORE_INDEX, ForgetRetainDataset, collate, encode_qa, pick_refusals
 from cru_harness.baselines.losses import sequence_logprobs
-from cru_harness.baselines.trainer import make_accelerator, process_share, step_counts, train_unlearning
+from cru_harness.training.engine import make_accelerator, process_share, step_counts, train_model
 from cru_harness.locations import ModelPathError, OutputLocationError
 from cru_harness.testbed.models import build_tiny_model
 from cru_harness.testbed.tokenizer import train_tokenizer
@@ -297,7 +297,7 @@ def test_unlearn_refuses_an_out_dir_holding_files_before_training(tokenizer, tmp
     out = tmp_path / "notes"
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
-    monkeypatch.setattr(unlearn_mod, "train_unlearning", lambda *a, **k: pytest.fail("trained before the check"))
+    monkeypatch.setattr(unlearn_mod, "train_model", lambda *a, **k: pytest.fail("trained before the check"))
     with pytest.raises(OutputLocationError, match="already exists and holds files; pass overwrite=True"):
         B.unlearn(tiny(tokenizer), tokenizer, FORGET, RETAIN, "ga", fast_config("ga"), out_dir=out, progress=False)
     assert (out / "notes.txt").read_text() == "keep me"
@@ -326,7 +326,7 @@ def test_several_processes_refuse_what_they_cannot_share_before_loading(tokenize
 
     from accelerate.utils import DistributedType
 
-    from cru_harness.baselines.trainer import check_data_parallel
+    from cru_harness.training.engine import check_data_parallel
     from cru_harness.devices import DeviceError
     from cru_harness.errors import InputError
 
@@ -345,7 +345,7 @@ def test_several_processes_refuse_what_they_cannot_share_before_loading(tokenize
         with pytest.raises(DeviceError, match=f"set up for {kind.name}"):
             check_data_parallel(launched(2, kind), config)
     # unlearn and finetune check before loading
-    import cru_harness.baselines.trainer as trainer_mod
+    import cru_harness.training.engine as trainer_mod
 
     monkeypatch.setattr(trainer_mod, "make_accelerator", lambda *a, **k: launched(9))
     monkeypatch.setattr(trainer_mod, "load_causal_lm", lambda *a, **k: pytest.fail("loaded before the check"))
@@ -364,7 +364,7 @@ def test_a_checkpoint_is_loaded_onto_the_accelerators_device(monkeypatch):
 
     from accelerate.utils import DistributedType
 
-    import cru_harness.baselines.trainer as trainer_mod
+    import cru_harness.training.engine as trainer_mod
     from cru_harness.finetune import finetune
 
     class Stop(Exception):
@@ -416,7 +416,7 @@ def test_a_step_the_fp16_loss_scaler_skips_leaves_the_schedule_where_it_was(toke
 def test_the_optimizers_state_is_freed_when_training_returns(tokenizer, tmp_path, monkeypatch):
     """Under fp16 accelerate's optimizer wrapper sits in a reference cycle, so AdamW's moments (8 bytes a
     parameter) outlived the training on the GPU until the cyclic collector ran; the loop empties them."""
-    import cru_harness.baselines.trainer as trainer_mod
+    import cru_harness.training.engine as trainer_mod
 
     built = []
     real_build = trainer_mod.build_optimizer
@@ -460,7 +460,7 @@ def test_a_device_map_that_offloads_part_of_the_model_is_refused_for_training(mo
     `meta` between forward passes: they would never train, and the cast before saving raised after the training."""
     from types import SimpleNamespace
 
-    import cru_harness.baselines.trainer as trainer_mod
+    import cru_harness.training.engine as trainer_mod
     from cru_harness.devices import DeviceError
 
     maps = iter([{"model.embed_tokens": 0, "model.layers.0": 1, "model.layers.1": "cpu", "lm_head": "disk"},
@@ -499,7 +499,7 @@ def test_a_second_precision_under_several_processes_is_one_line(monkeypatch):
     same launch is refused in one line (it was accelerate's ValueError traceback on every rank)."""
     from types import SimpleNamespace
 
-    import cru_harness.baselines.trainer as trainer_mod
+    import cru_harness.training.engine as trainer_mod
     from cru_harness.devices import DeviceError
 
     def initialized(**kwargs):
@@ -514,14 +514,14 @@ def test_a_second_precision_under_several_processes_is_one_line(monkeypatch):
 
 def test_idkdpo_prefers_refusal_and_keeps_reference_frozen(tokenizer, monkeypatch):
     seen = {}
-    real = unlearn_mod.train_unlearning
+    real = unlearn_mod.train_model
 
     def spy(model, method, dataset, *, ref_model=None, **kw):
         seen["ref"] = ref_model
         seen["ref_state"] = {k: v.clone() for k, v in ref_model.state_dict().items()}
         return real(model, method, dataset, ref_model=ref_model, **kw)
 
-    monkeypatch.setattr(unlearn_mod, "train_unlearning", spy)
+    monkeypatch.setattr(unlearn_mod, "train_model", spy)
     model = tiny(tokenizer)
     refusals = pick_refusals(len(FORGET), REFUSALS, 0)
     gap_before = mean_logp(model, tokenizer, FORGET, refusals) - mean_logp(model, tokenizer, FORGET)
@@ -538,13 +538,13 @@ def test_idkdpo_prefers_refusal_and_keeps_reference_frozen(tokenizer, monkeypatc
 @pytest.mark.parametrize("name", ["ga", "gd", "simnpo"])
 def test_reference_free_methods_get_no_reference(tokenizer, monkeypatch, name):
     seen = {}
-    real = unlearn_mod.train_unlearning
+    real = unlearn_mod.train_model
 
     def spy(model, method, dataset, *, ref_model=None, **kw):
         seen["ref"] = ref_model
         return real(model, method, dataset, ref_model=ref_model, **kw)
 
-    monkeypatch.setattr(unlearn_mod, "train_unlearning", spy)
+    monkeypatch.setattr(unlearn_mod, "train_model", spy)
     B.unlearn(tiny(tokenizer), tokenizer, FORGET[:2], RETAIN, name, fast_config(name, num_epochs=1), progress=False)
     assert seen["ref"] is None
 
@@ -553,11 +553,11 @@ def test_trainer_rejects_wrong_reference(tokenizer):
     model = tiny(tokenizer)
     ds = ForgetRetainDataset(tokenizer, FORGET, RETAIN)
     with pytest.raises(ValueError, match="needs a reference"):
-        train_unlearning(model, B.get_method("npo")(fast_config("npo")), ds)
+        train_model(model, B.get_method("npo")(fast_config("npo")), ds)
     with pytest.raises(ValueError, match="does not use a reference"):
-        train_unlearning(model, B.get_method("ga")(fast_config("ga")), ds, ref_model=tiny(tokenizer))
+        train_model(model, B.get_method("ga")(fast_config("ga")), ds, ref_model=tiny(tokenizer))
     with pytest.raises(ValueError, match="must be frozen"):
-        train_unlearning(model, B.get_method("npo")(fast_config("npo")), ds, ref_model=tiny(tokenizer))
+        train_model(model, B.get_method("npo")(fast_config("npo")), ds, ref_model=tiny(tokenizer))
 
 
 def test_npo_trains_with_reference(tokenizer):

@@ -772,7 +772,7 @@ def test_trust_remote_code_reaches_every_model_load_of_a_cell(tmp_path, monkeypa
     """A model's `trust_remote_code` loads it for the baselines, the fine-tune and the failure classes' NLL as it
     loads it for lm-eval and CRU (a model with its own code and a native class would otherwise train with one
     implementation and be evaluated with another)."""
-    import cru_harness.baselines.trainer as trainer
+    import cru_harness.training.engine as trainer
     import cru_harness.devices as devices
     from cru_harness.scoring.failure_modes import AnswerNLLScorer
     from cru_harness.runner import training

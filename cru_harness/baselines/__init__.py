@@ -5,7 +5,7 @@ from . import (  # noqa: F401  (registration side effects)
     ceu, dpo, ga, gd, gd_kl, icu, idkdpo, lunar, npo, npo_kl, rmu, rt, satimp, simnpo, task_vector, undial, wga, whp)
 from .base import BaselineConfig, RetainConfig, UnlearningMethod
 from .registry import METHODS, get_method, make_config, register_method
-from .resources import ResourceMonitor, ResourceRecord, count_parameters, peak_rss_bytes
+from ..training.resources import ResourceMonitor, ResourceRecord, count_parameters, peak_rss_bytes
 from .api import UnlearnResult, unlearn
 
 __all__ = [

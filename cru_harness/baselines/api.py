@@ -16,8 +16,8 @@ from ..locations import check_model_path, check_output_dir, save_checkpoint
 from .base import BaselineConfig, UnlearningMethod
 from .data import ForgetRetainDataset, encode_row
 from .registry import get_method
-from .resources import ResourceMonitor, max_over_processes
-from .trainer import load_trainee, prepare_training, train_unlearning
+from ..training.resources import ResourceMonitor, max_over_processes
+from ..training.engine import load_trainee, prepare_training, train_model
 
 RECORD_FILE = "unlearn_record.json"
 
@@ -130,7 +130,7 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
         ref_model = (load() if device_map is not None else copy.deepcopy(model)).eval().requires_grad_(False)
     trainable = [p.requires_grad for p in model.parameters()]
     with ResourceMonitor(accelerator.device, model=model) as monitor:   # counts what the method trained
-        trained = train_unlearning(model, m, dataset, ref_model=ref_model, seed=seed, accelerator=accelerator,
+        trained = train_model(model, m, dataset, ref_model=ref_model, seed=seed, accelerator=accelerator,
                                    progress=progress)
     for param, flag in zip(trained.model.parameters(), trainable):   # a method that trains a few (RMU): unfrozen
         param.requires_grad_(flag)

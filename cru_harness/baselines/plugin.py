@@ -5,22 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import CellContext, Method, Trained
+from ..training.resources import record_resources
 
 #: Spellings the configs accept for the trainers' fields (results record the canonical names).
 TRAINER_ALIASES = {"lr": "learning_rate", "epochs": "num_epochs"}
-RESOURCE_KEYS = ("wall_time_s", "peak_memory_bytes")   # recorded as train_<key>
-
-
-def record_resources(outcome: dict, record: dict[str, Any]) -> None:
-    """A training resource record into a cell's outcome (`train_wall_time_s`, `train_peak_memory_bytes`, ...)."""
-    outcome["resources"].update({f"train_{k}" if k in RESOURCE_KEYS else k: v for k, v in record.items()})
 
 
 def training_cost(config, corpus: str, benchmark: str, data_dir, rows_name: str = "rows") -> str:
     """`N optimizer steps (E epochs, effective batch B, R rows)` of a run of the baselines' trainer with `config`
     on `corpus` (`--dry-run`). Rows are counted only from local data: a dry run never reaches the Hub."""
     from ..data.corpora import training_steps_note
-    from .trainer import step_counts
+    from ..training.engine import step_counts
 
     shape = f"{config.num_epochs:g} epochs, effective batch {config.effective_batch_size}"
 

@@ -1,7 +1,7 @@
 """CRU -- Causal Routing for Unlearning: localization (phase 1), routers and their training (phase 2), router
 bundles (the shippable artifact) and attaching them to a frozen base model."""
 from .attach import RoutedModel, RoutingHandle, attach_bundles, routed
-from .blocks import DecoderBlocksNotFoundError, find_decoder_blocks
+from ..training.blocks import DecoderBlocksNotFoundError, find_decoder_blocks
 from .bundle import (
     BundleConfig,
     BundleError,
@@ -20,7 +20,7 @@ from .localize import BlockComparison, Localization, compare_localizations, loca
 from .prefix import PrefixCacheError
 from .losses import LOSS_SHAPES, collapsed_gate
 from .router import INPUT_NORMS, Router
-from .sites import GATE_SITES, GateSiteError
+from ..training.sites import GATE_SITES, GateSiteError
 from .train import (GateRecorder, RouterTrainer, RouterTrainingConfig, StepResult, cru_loss, measure_gate_means,
                     router_schedule, schedule_for, train_routers)
 

@@ -175,7 +175,6 @@ def _method_hparams(method, given: dict) -> dict:
 def run_baseline(args: argparse.Namespace, method) -> int:
     """`unlearn --method` for a trainer of `cru_harness.baselines`: its preset for --benchmark (and the TOFU split
     --forget names), `--set` overrides, the same checks before loading, the model saved to --out."""
-    from cru_harness.baselines.plugin import BaselineMethod
     from cru_harness.data.tofu import FORGET_SPLITS
     from cru_harness.hparams import check_seed
     from cru_harness.locations import check_model_path, check_output_dir
@@ -183,7 +182,9 @@ def run_baseline(args: argparse.Namespace, method) -> int:
 
     from .train import RouterTrainingConfig
 
-    if not isinstance(method, BaselineMethod):
+    # A trainer plugin (`baselines.plugin.BaselineMethod`, found through the registry: cru and baselines are
+    # independent packages) offers its trainer class and `train`.
+    if not (callable(getattr(method, "train", None)) and hasattr(getattr(method, "trainer", None), "Config")):
         what = "trains nothing" if not method.trains else "is not a trainer of cru_harness.baselines"
         raise InputError(f"--method {method.name} {what}: run it from a runner config (`cru-harness run`)")
     cru_only = sorted(set(given_fields(args, RouterTrainingConfig)) - {"seed"})

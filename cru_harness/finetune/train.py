@@ -9,7 +9,7 @@ answer tokens and one EOS, the question masked; AdamW lr 1e-5, weight decay 0.01
 - Prompt: the one the evaluation uses, built by `baselines.data.encode_qa` (the model's chat template with the
   protocol's system prompt when it has one, else `Question: {q}\\nAnswer:`); `chat_template=False` forces the
   plain template (the runner's choice for testbed models, see `runner.execute.model_uses_chat_template`).
-- Training: the baselines' accelerate loop (`baselines.trainer.train_unlearning`), so mixed precision, exact
+- Training: the training engine (`training.engine.train_model`), so mixed precision, exact
   gradient accumulation and `accelerate launch` data parallelism behave as for GA/NPO/...
 - The output directory is checked before any training (`cru_harness.locations.check_output_dir`): an
   existing non-empty one needs `overwrite=True`.
@@ -118,8 +118,8 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     """
     from accelerate.state import PartialState
 
-    from ..baselines.resources import ResourceMonitor, max_over_processes
-    from ..baselines.trainer import load_trainee, prepare_training, train_unlearning
+    from ..training.resources import ResourceMonitor, max_over_processes
+    from ..training.engine import load_trainee, prepare_training, train_model
     from ..context import fit_to_context
     from ..locations import check_model_path, check_output_dir
 
@@ -160,7 +160,7 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     dataset = QADataset(tokenizer, rows, max_length=max_length, **fmt)
     method = SupervisedFinetune(config)
     with ResourceMonitor(accelerator.device, model=model) as monitor:
-        trained = train_unlearning(model, method, dataset, seed=seed, accelerator=accelerator, progress=progress)
+        trained = train_model(model, method, dataset, seed=seed, accelerator=accelerator, progress=progress)
     if loaded:
         trained.model.to(saved_dtype(dtype))
     result = FinetuneResult(

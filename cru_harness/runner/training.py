@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..baselines.plugin import record_resources
+from ..training.resources import record_resources
 from ..cru.plugin import ROUTERS_DIR  # noqa: F401  (where a CRU cell keeps its bundle; importable here)
 from .models import load_model, model_dtype, resolve_model_path
 from .plan import Cell

@@ -1,4 +1,13 @@
-"""The shared training loop of the baselines, on `accelerate`.
+"""The training engine: one loop, on `accelerate`, for every method that trains weights (the baselines, TOFU's
+fine-tuning and the retain oracles, LUNAR's fit, CRU's routers).
+
+A method gives its loss, its trainable weights and its reference model (`objective.Objective`); the engine owns
+devices, precision, accumulation and distribution. Two levels:
+- `Engine`: one optimizer step over a group of micro-batches (the exact accumulation below, clipping, the
+  schedule). With an accelerator it runs under it (autocast, DDP / FSDP / DeepSpeed); without one it steps the
+  weights in place, where they are (CRU's routers beside a device-mapped base, LUNAR's projection, the testbed).
+- `train_model`: a whole run of an `Objective` on a dataset: the seeded micro-batch stream, AdamW, the schedule,
+  `Engine` steps, the trained model back.
 
 - Mixed precision through `Accelerator(mixed_precision=...)` (autocast around every loss computation; fp16
   adds loss scaling), multi-GPU by starting the same script with `accelerate launch` (DDP; gradients are
@@ -38,8 +47,7 @@ from transformers import get_scheduler
 from ..devices import (DeviceError, check_dtype_on_device, explain_out_of_memory, is_sharded, launched_processes,
                        load_causal_lm, resolve_device, training_precision)
 from ..errors import InputError
-from .base import BaselineConfig, UnlearningMethod
-from .losses import default_counts
+from .objective import Objective, TrainingConfig, default_counts
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +71,7 @@ class TrainResult:
     warmup_steps: int = 0
 
 
-def make_accelerator(config: BaselineConfig, seed: int = 0, device: str | torch.device | None = None) -> Accelerator:
+def make_accelerator(config: TrainingConfig, seed: int = 0, device: str | torch.device | None = None) -> Accelerator:
     """An Accelerator for `config` on `device` (`cru_harness.devices` syntax; None/auto = CUDA when present,
     else CPU). accelerate keeps one process-wide state; in a single process (several runs with different
     precisions or devices one after another) that state is reset instead of refusing or reusing it. Under
@@ -112,11 +120,16 @@ def make_accelerator(config: BaselineConfig, seed: int = 0, device: str | torch.
 SHARDED_TRAINING = ("FSDP", "DEEPSPEED", "MEGATRON_LM")
 
 
-def check_data_parallel(accelerator: Accelerator, config: BaselineConfig, device_map=None) -> None:
+def distributed_kind(accelerator: Accelerator) -> str:
+    """accelerate's distributed type by name: NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED, ..."""
+    return getattr(accelerator.distributed_type, "name", str(accelerator.distributed_type))
+
+
+def check_data_parallel(accelerator: Accelerator, config: TrainingConfig, device_map=None) -> None:
     """What several processes cannot do, refused before any model is loaded: a batch they cannot share, a
     model sharded by `device_map` (accelerate refuses it in a distributed run, after loading), or an
     `accelerate config` asking for sharded training."""
-    kind = getattr(accelerator.distributed_type, "name", str(accelerator.distributed_type))
+    kind = distributed_kind(accelerator)
     if kind in SHARDED_TRAINING:
         raise DeviceError(f"accelerate is set up for {kind}; this loop trains one process or data parallel "
                           "(DDP): launch with an accelerate config without it")
@@ -128,8 +141,8 @@ def check_data_parallel(accelerator: Accelerator, config: BaselineConfig, device
                           "'auto' in a single process)")
 
 
-def prepare_training(config: BaselineConfig, seed: int, *, dtype, device, device_map=None
-                     ) -> tuple[BaselineConfig, Accelerator]:
+def prepare_training(config: TrainingConfig, seed: int, *, dtype, device, device_map=None
+                     ) -> tuple[TrainingConfig, Accelerator]:
     """(config, accelerator) of a full-parameter run (baselines, fine-tuning), before anything is loaded: the
     dtype's autocast (`devices.training_precision`) unless the config names its own precision, the accelerator
     on `device`, and what several processes cannot share refused (`check_data_parallel`)."""
@@ -192,7 +205,7 @@ def freeze_all_but(model: torch.nn.Module, names: list[str] | None, method: str)
         param.requires_grad_(name in wanted)
 
 
-def build_optimizer(model: torch.nn.Module, config: BaselineConfig) -> torch.optim.AdamW:
+def build_optimizer(model: torch.nn.Module, config: TrainingConfig) -> torch.optim.AdamW:
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters")
@@ -204,11 +217,11 @@ def build_optimizer(model: torch.nn.Module, config: BaselineConfig) -> torch.opt
     return torch.optim.AdamW(groups, lr=config.learning_rate, betas=config.adam_betas, eps=config.adam_eps)
 
 
-def group_totals(group: list[dict], accelerator: Accelerator,
+def group_totals(group: list[dict], accelerator: Accelerator | None,
                  counts=None) -> dict[str, dict[str, torch.Tensor]]:
     """Each sub-batch's counts (`counts(key, inputs)`, default `losses.default_counts`: answer tokens, sequences,
     positions) summed over a step's whole group of micro-batches (every process holds the whole group, see
-    `train_unlearning`): {key: {name: total}}."""
+    `train_model`): {key: {name: total}}."""
     counts = counts or (lambda key, inputs: default_counts(inputs))
     totals = {}
     for key in group[0]:
@@ -216,7 +229,8 @@ def group_totals(group: list[dict], accelerator: Accelerator,
         for mb in group:
             for name, value in counts(key, mb[key]).items():
                 # Every count is moved to the accelerator's device (the micro-batches may sit elsewhere).
-                value = torch.as_tensor(value).to(accelerator.device, torch.float32)
+                value = torch.as_tensor(value)
+                value = value.to(accelerator.device if accelerator is not None else value.device, torch.float32)
                 summed[name] = summed[name] + value if name in summed else value
         totals[key] = summed
     return totals
@@ -238,7 +252,7 @@ def process_share(group: list, process_index: int, num_processes: int) -> list[t
     return [(micro, 1.0) for micro in mine] if mine else [(group[0], 0.0)]
 
 
-def step_counts(config: BaselineConfig, micro_batches_per_epoch: int, per_step: int) -> tuple[int, int]:
+def step_counts(config: TrainingConfig, micro_batches_per_epoch: int, per_step: int) -> tuple[int, int]:
     """(optimizer steps, warmup steps) of a run: `num_epochs` epochs of `micro_batches_per_epoch` micro-batches
     (the whole stream, which every process draws) with a step every `per_step` of them (over all processes).
 
@@ -273,8 +287,107 @@ def _without_autocast(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, *, ref_model=None, seed: int = 0,
-                     accelerator: Accelerator | None = None, progress: bool = True) -> TrainResult:
+class Engine:
+    """One optimizer step at a time over a group of micro-batches, exact under accumulation and processes.
+
+    `step(group, loss_fn)`: `loss_fn(micro) -> (loss, logs)`. With `counts` (an objective's `group_counts`),
+    each sub-batch's counts are summed over the whole group and handed to the losses as `group_<name>`, so k
+    micro-batches give the update of one batch k times larger. With an `accelerator` the group's micro-batches
+    are dealt out among its processes (`process_share`) and the gradient is the group's sum on every process;
+    without one the step runs in place, in this process (`loss.backward()`, torch's clipping). Then: clip to
+    `max_grad_norm`, step the optimizer, the scheduler (per step, unless `scheduler_interval="epoch"`: then
+    `end_epoch()` steps it), zero the gradients. Returns the step's logs: the loss terms summed, the other logs
+    averaged over the micro-batches, `grad_norm` when clipping, `skipped` under fp16, `lr` (before the step).
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer, scheduler=None, *, accelerator: Accelerator | None = None,
+                 max_grad_norm: float | None = None, counts=None, fp16: bool = False,
+                 scheduler_interval: str = "step"):
+        if scheduler_interval not in ("step", "epoch"):
+            raise ValueError(f"scheduler_interval {scheduler_interval!r}: step or epoch")
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.accelerator, self.max_grad_norm, self.counts = accelerator, max_grad_norm, counts
+        self.fp16, self.scheduler_interval = fp16, scheduler_interval
+
+    @property
+    def num_processes(self) -> int:
+        return self.accelerator.num_processes if self.accelerator is not None else 1
+
+    @property
+    def sharded(self) -> bool:
+        """Whether each process holds part of the weights (FSDP, DeepSpeed ZeRO-3): every process must then run
+        the same forward passes, and gradients sync on each one."""
+        return self.accelerator is not None and distributed_kind(self.accelerator) in SHARDED_TRAINING
+
+    def _share(self, group: list) -> list[tuple[object, float]]:
+        if self.accelerator is None:
+            return [(micro, 1.0) for micro in group]
+        share = process_share(group, self.accelerator.process_index, self.num_processes)
+        if self.sharded:   # the same count of forward passes everywhere: a sharded forward is a collective
+            share += [(group[0], 0.0)] * (-(-len(group) // self.num_processes) - len(share))
+        return share
+
+    def step(self, group: list, loss_fn) -> dict:
+        acc, model = self.accelerator, self.model
+        if self.counts is not None:
+            totals = group_totals(group, acc, self.counts)
+            for micro in group:
+                for key, counts in totals.items():
+                    micro[key].update({f"group_{name}": total for name, total in counts.items()})
+        logs_sum: dict[str, float] = {}
+        share = self._share(group)
+        for i, (micro, weight) in enumerate(share):
+            if acc is None:
+                loss, logs = loss_fn(micro)
+                (loss * weight if weight != 1.0 else loss).backward()
+            else:
+                last = i == len(share) - 1
+                sync = contextlib.nullcontext() if last or self.sharded else acc.no_sync(model)
+                with sync:
+                    with acc.autocast():
+                        loss, logs = loss_fn(micro)
+                    acc.backward(loss * weight)
+            for k, v in logs.items():   # a weight-0 stand-in adds 0 (not 0 x inf), under the same keys
+                logs_sum[k] = logs_sum.get(k, 0.0) + (v * weight if weight else 0.0)
+        n_proc = self.num_processes
+        if n_proc > 1:
+            # DDP / FSDP averaged the gradients over the processes; the group totals are global, so the step's
+            # gradient is their sum. Restored here in fp32, not by scaling the loss: under fp16 a loss n times
+            # larger overflows the loss scale n times sooner than one process does, skipping other steps.
+            for param in model.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(n_proc)
+            # every process's share of the logs (the same keys everywhere: one method)
+            keys = sorted(logs_sum)
+            summed = acc.reduce(torch.tensor([logs_sum[k] for k in keys], dtype=torch.float64, device=acc.device),
+                                reduction="sum")
+            logs_sum = dict(zip(keys, summed.tolist()))
+        # "loss" terms are already normalised by the group totals: their sum is the step's loss;
+        # the other logs are per-micro-batch means, averaged.
+        step_logs = {k: (v if k == "loss" else v / len(group)) for k, v in logs_sum.items()}
+        if self.max_grad_norm is not None:
+            clip = torch.nn.utils.clip_grad_norm_ if acc is None else acc.clip_grad_norm_
+            step_logs["grad_norm"] = float(clip(model.parameters(), self.max_grad_norm))
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        skipped = acc is not None and acc.optimizer_step_was_skipped
+        if self.scheduler is not None and self.scheduler_interval == "step" and not skipped:
+            # HF Trainer's rule: a step fp16's loss scaler skipped (an overflow) leaves the schedule
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.fp16:
+            step_logs["skipped"] = float(skipped)
+        step_logs["lr"] = lr
+        return step_logs
+
+    def end_epoch(self) -> None:
+        """An epoch's end: steps a per-epoch schedule (LUNAR's exponential decay)."""
+        if self.scheduler is not None and self.scheduler_interval == "epoch":
+            self.scheduler.step()
+
+
+def train_model(model: torch.nn.Module, method: Objective, dataset, *, ref_model=None, seed: int = 0,
+                accelerator: Accelerator | None = None, progress: bool = True) -> TrainResult:
     """Train `model` in place with `method.compute_loss` on `dataset` (a `data.ForgetRetainDataset`)."""
     config = method.config
     if method.needs_ref and ref_model is None:
@@ -321,47 +434,12 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
                disable=not (progress and accelerator.is_main_process),
                dynamic_ncols=True)
 
+    engine = Engine(model, optimizer, scheduler, accelerator=accelerator, max_grad_norm=config.max_grad_norm,
+                    counts=method.group_counts, fp16=config.mixed_precision == "fp16")
+
     def optimizer_step(group: list[dict], epoch: int) -> None:
-        totals = group_totals(group, accelerator, method.group_counts)
-        logs_sum: dict[str, float] = {}
-        share = process_share(group, rank, n_proc)
-        for i, (micro, weight) in enumerate(share):
-            for key, counts in totals.items():
-                micro[key].update({f"group_{name}": total for name, total in counts.items()})
-            last = i == len(share) - 1
-            sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
-            with sync:
-                with accelerator.autocast():
-                    loss, logs = method.compute_loss(model, micro, ref_model)
-                accelerator.backward(loss * weight)
-            for k, v in logs.items():   # a weight-0 stand-in adds 0 (not 0 x inf), under the same keys
-                logs_sum[k] = logs_sum.get(k, 0.0) + (v * weight if weight else 0.0)
-        if n_proc > 1:
-            # DDP averaged the gradients over the processes; the group totals are global, so the step's gradient
-            # is their sum. Restored here in fp32, not by scaling the loss: under fp16 a loss n times larger
-            # overflows the loss scale n times sooner than one process does, skipping other steps.
-            for param in model.parameters():
-                if param.grad is not None:
-                    param.grad.mul_(n_proc)
-            # every process's share of the logs (the same keys everywhere: one method)
-            keys = sorted(logs_sum)
-            summed = accelerator.reduce(torch.tensor([logs_sum[k] for k in keys], dtype=torch.float64,
-                                                     device=accelerator.device), reduction="sum")
-            logs_sum = dict(zip(keys, summed.tolist()))
-        # "loss" terms are already normalised by the group totals: their sum is the step's loss;
-        # the other logs are per-micro-batch means, averaged.
-        step_logs = {k: (v if k == "loss" else v / len(group)) for k, v in logs_sum.items()}
-        if config.max_grad_norm is not None:
-            step_logs["grad_norm"] = float(accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm))
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        skipped = accelerator.optimizer_step_was_skipped
-        if not skipped:   # HF Trainer's rule: a step fp16's loss scaler skipped (an overflow) leaves the schedule
-            scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if config.mixed_precision == "fp16":
-            step_logs["skipped"] = float(skipped)
-        step_logs.update(lr=lr, epoch=epoch, step=result.optimizer_steps + 1)
+        step_logs = engine.step(group, lambda micro: method.compute_loss(model, micro, ref_model))
+        step_logs.update(epoch=epoch, step=result.optimizer_steps + 1)
         result.history.append(step_logs)
         result.optimizer_steps += 1
         bar.update(1)
