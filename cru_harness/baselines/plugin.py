@@ -2,9 +2,13 @@
 `BaselineMethod` under the `cru_harness.methods` entry-point group, wrapping its `UnlearningMethod` class."""
 from __future__ import annotations
 
+import dataclasses
+import json
+from types import SimpleNamespace
 from typing import Any
 
 from ..api import CellContext, Method, Trained
+from ..training.launch import LaunchSettings, launch
 from ..training.resources import record_resources
 
 #: Spellings the configs accept for the trainers' fields (results record the canonical names).
@@ -70,11 +74,35 @@ class BaselineMethod(Method):
         return f"{what}; {self.cost(cell)}{''.join(missing)}", downloads
 
     def cell_config(self, cell):
-        """The trainer's config of a cell: its preset for the cell's benchmark and split, the cell's settings on top."""
-        return self.trainer.Config.preset(cell.benchmark, cell.split, **cell.hparams)
+        """The trainer's config of a cell: its preset for the cell's benchmark and split, the cell's settings on top
+        (`lora`, an option of the engine, apart: `cell_lora`)."""
+        return self.trainer.Config.preset(cell.benchmark, cell.split,
+                                          **{k: v for k, v in cell.hparams.items() if k != "lora"})
+
+    def cell_lora(self, cell) -> dict | None:
+        """A cell's `lora:` settings (`training.lora.LoraSettings` fields), or None: full-weight training."""
+        return cell.hparams.get("lora")
+
+    def hparams(self) -> tuple[str, ...]:
+        return super().hparams() + ("lora",)
+
+    def check_hparams(self, values: dict) -> None:
+        from ..training.lora import LoraSettings
+
+        values = dict(values)
+        if "lora" in values:
+            LoraSettings.from_dict(values.pop("lora"))
+        super().check_hparams(values)
 
     def trained_weights(self, cell) -> str:
-        return self.trainer(self.cell_config(cell)).trained_weights()
+        what = self.trainer(self.cell_config(cell)).trained_weights()
+        if lora := self.cell_lora(cell):
+            from ..training.lora import LoraSettings
+
+            settings = LoraSettings.from_dict(lora)
+            targets = ",".join(settings.target_modules) if settings.target_modules else "PEFT's default modules"
+            what = f"a LoRA adapter (r {settings.r}, alpha {settings.alpha:g}, {targets}) on a frozen base"
+        return what
 
     def cost(self, cell) -> str:
         return training_cost(self.cell_config(cell), cell.corpora["forget_corpus"], cell.benchmark, cell.data_dir,
@@ -95,10 +123,22 @@ class BaselineMethod(Method):
         config = self.cell_config(cell)
         forget = load_corpus_rows(cell.corpora["forget_corpus"], ctx.data_dir)[0]
         retain = load_corpus_rows(cell.corpora["retain_corpus"], ctx.data_dir)[0]
-        trained = self.train(ctx.model_path, forget, retain, config, out,
-                             seed=cell.seed or 0, data_dir=ctx.data_dir, dtype=ctx.dtype, device=cell.device,
-                             device_map=cell.model.device_map, progress=False, prompt_format=ctx.prompt_format,
-                             trust_remote_code=cell.model.trust_remote_code, overwrite=True)
+        kwargs = dict(seed=cell.seed or 0, data_dir=ctx.data_dir, dtype=ctx.dtype, progress=False,
+                      prompt_format=ctx.prompt_format, trust_remote_code=cell.model.trust_remote_code, overwrite=True)
+        if lora := self.cell_lora(cell):
+            kwargs["lora"] = lora
+        settings = LaunchSettings.from_dict(getattr(cell, "training", None))
+        if settings.launches:   # the config's `training:` engine, in processes of their own
+            from .api import RECORD_FILE
+
+            launch(settings, "cru_harness.baselines.api:unlearn",
+                   dict(model_path_or_model=ctx.model_path, tokenizer=None, forget_rows=forget, retain_rows=retain,
+                        method=self.trainer.name, config=config.to_dict(), out_dir=str(out), **kwargs))
+            trained = SimpleNamespace(**json.loads((out / RECORD_FILE).read_text()))
+            ctx.outcome["details"]["training_engine"] = dataclasses.asdict(settings)
+        else:
+            trained = self.train(ctx.model_path, forget, retain, config, out, device=cell.device,
+                                 device_map=cell.model.device_map, **kwargs)
         ctx.outcome["details"]["training_prompts"] = ctx.prompt_format
         resources = getattr(trained, "resources", None)
         if resources is not None:

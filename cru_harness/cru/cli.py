@@ -12,6 +12,7 @@ from cru_harness.prompts import BENCHMARKS, add_prompt_format_argument, prompt_f
 from cru_harness.hparams import HPARAM_CHOICES
 
 from ..errors import InputError
+from ..training.lora import add_training_arguments, lora_from_args
 
 
 @functools.cache
@@ -97,6 +98,7 @@ def register(subparsers) -> None:
                               "example (same routers, less memory, slower)")
     add_device_arguments(unlearn, dtype_help="dtype to run the frozen base in (routers are always float32; "
                                               "default float32)")
+    add_training_arguments(unlearn)
     unlearn.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     unlearn.set_defaults(func=run_unlearn)
 
@@ -204,7 +206,8 @@ def run_baseline(args: argparse.Namespace, method) -> int:
     retain_rows = _corpus_rows(args.retain, args.data_dir, "retain")[0]
     result = method.train(base_path, forget_rows, retain_rows, config, args.out, seed=seed, data_dir=args.data_dir,
                           dtype=args.dtype, device=args.device, device_map=args.device_map,
-                          progress=not args.no_progress, prompt_format=fmt, overwrite=args.overwrite)
+                          progress=not args.no_progress, prompt_format=fmt, overwrite=args.overwrite,
+                          lora=lora_from_args(args), gradient_checkpointing=args.gradient_checkpointing)
     print(f"saved the {method.name}-unlearned model to {args.out}: {result.optimizer_steps} optimizer steps on "
           f"{result.n_forget} forget and {result.n_retain} retain rows")
     return 0
@@ -218,6 +221,9 @@ def run_unlearn(args: argparse.Namespace) -> int:
         return run_baseline(args, method)
     if method is not plugins.methods.get("CRU"):
         raise InputError(f"--method {method.name}: `unlearn` trains CRU bundles; run it from a runner config")
+    if lora_from_args(args) is not None or args.gradient_checkpointing:
+        raise InputError("--lora*, --gradient-checkpointing: options of the methods that train weights; CRU trains "
+                         "routers on a frozen base")
     return run_cru(args)
 
 

@@ -27,6 +27,7 @@ devices, precision, accumulation and distribution. Two levels:
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import datetime
 import logging
@@ -45,7 +46,7 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from ..devices import (DeviceError, check_dtype_on_device, explain_out_of_memory, is_sharded, launched_processes,
-                       load_causal_lm, resolve_device, training_precision)
+                       load_causal_lm, resolve_device, saved_dtype, training_precision)
 from ..errors import InputError
 from .objective import Objective, TrainingConfig, default_counts
 
@@ -90,6 +91,11 @@ def make_accelerator(config: TrainingConfig, seed: int = 0, device: str | torch.
                   # checkpoint (28 GB for a 7B model in fp32), longer than NCCL's default 10 minutes allows
                   kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=DDP_TIMEOUT_S))])
     target = resolve_device(device)  # auto: CUDA when present, else CPU
+    if target.type == "cpu" and (engine := launched_engine()) is not None:
+        # accelerate runs neither on the CPU: its FSDP plugin refuses it, a DeepSpeed config falls back to plain
+        # data parallel there (silently: other memory than asked for).
+        raise DeviceError(f"accelerate is set up for {engine} (accelerate launch --config_file), which shards over "
+                          "GPUs; accelerate runs it on no CPU: launch without the config (data parallel) or on GPUs")
     if target.type == "cpu":
         # accelerate runs several CPU processes (gloo) only when told it is on the CPU.
         kwargs["cpu"] = True
@@ -115,9 +121,20 @@ def make_accelerator(config: TrainingConfig, seed: int = 0, device: str | torch.
     return accelerator
 
 
-#: accelerate's sharded training (each process holds part of the weights): the save on the main process would
-#: write its part only. The loop is plain data parallel (DDP) or one process.
-SHARDED_TRAINING = ("FSDP", "DEEPSPEED", "MEGATRON_LM")
+#: accelerate's sharded training (each process holds part of the weights, gradients and optimizer state): FSDP
+#: and DeepSpeed (ZeRO-3 in `configs/accelerate/`) train here; Megatron-LM (tensor parallel) does not.
+SHARDED_TRAINING = ("FSDP", "DEEPSPEED")
+UNSUPPORTED_TRAINING = ("MEGATRON_LM",)
+
+
+def launched_engine() -> str | None:
+    """The sharded engine `accelerate launch --config_file` set up, read from the environment it exports: FSDP,
+    DeepSpeed or None."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        return "FSDP"
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        return "DeepSpeed"
+    return None
 
 
 def distributed_kind(accelerator: Accelerator) -> str:
@@ -127,14 +144,17 @@ def distributed_kind(accelerator: Accelerator) -> str:
 
 def check_data_parallel(accelerator: Accelerator, config: TrainingConfig, device_map=None) -> None:
     """What several processes cannot do, refused before any model is loaded: a batch they cannot share, a
-    model sharded by `device_map` (accelerate refuses it in a distributed run, after loading), or an
-    `accelerate config` asking for sharded training."""
+    model sharded by `device_map` (accelerate refuses it in a distributed run, after loading; FSDP / DeepSpeed
+    shard it themselves), or an `accelerate config` asking for an engine this loop does not drive."""
     kind = distributed_kind(accelerator)
-    if kind in SHARDED_TRAINING:
-        raise DeviceError(f"accelerate is set up for {kind}; this loop trains one process or data parallel "
-                          "(DDP): launch with an accelerate config without it")
+    if kind in UNSUPPORTED_TRAINING:
+        raise DeviceError(f"accelerate is set up for {kind}; this engine trains one process, data parallel (DDP), "
+                          "FSDP or DeepSpeed: launch with another accelerate config")
     n = accelerator.num_processes
     config.gradient_accumulation_steps(n)   # a step's micro-batches dealt out to n processes (InputError if not)
+    if kind in SHARDED_TRAINING and device_map is not None:
+        raise DeviceError(f"device_map={device_map!r} and accelerate's {kind}: {kind} shards the model over the "
+                          "processes itself; leave device_map out")
     if n > 1 and device_map is not None:
         raise DeviceError(f"device_map={device_map!r} shards one model over the GPUs, and accelerate launch started "
                           f"{n} processes: use one or the other (a model too large for one GPU: device_map "
@@ -155,14 +175,19 @@ def prepare_training(config: TrainingConfig, seed: int, *, dtype, device, device
 
 
 def load_trainee(path: str, accelerator: Accelerator, *, dtype, device, device_map=None,
-                 trust_remote_code: bool = False, load_tokenizer: bool = False):
+                 trust_remote_code: bool = False, load_tokenizer: bool = False, frozen_base: bool = False):
     """(model, tokenizer or None) of a checkpoint to train, in fp32 master weights (`training_precision`):
     straight onto the accelerator's device (this process's GPU under a launch; a reference copy is then made
     there, not in host memory), or sharded by `device_map` (then placed by accelerate on `device`'s GPUs).
-    A path transformers cannot load (not a checkpoint, not on the Hub) is an `InputError`."""
+    A path transformers cannot load (not a checkpoint, not on the Hub) is an `InputError`. `frozen_base` (LoRA:
+    only an adapter trains): the weights in `dtype` itself, as they are saved (`devices.saved_dtype`)."""
+    where = accelerator.device if device_map is None else device
+    if distributed_kind(accelerator) in SHARDED_TRAINING:
+        where = "cpu"   # FSDP / DeepSpeed place each process's shard on its GPU when the model is prepared
     try:
-        model, tokenizer = load_causal_lm(path, device=accelerator.device if device_map is None else device,
-                                          device_map=device_map, dtype=training_precision(dtype)[0],
+        model, tokenizer = load_causal_lm(path, device=where,
+                                          device_map=device_map,
+                                          dtype=saved_dtype(dtype) if frozen_base else training_precision(dtype)[0],
                                           load_tokenizer=load_tokenizer, trust_remote_code=trust_remote_code)
     except OSError as err:   # transformers' own message names the path and what is missing
         raise InputError(f"cannot load model {path!r}: {err}") from None
@@ -175,6 +200,19 @@ def load_trainee(path: str, accelerator: Accelerator, *, dtype, device, device_m
                           f"({', '.join(offloaded[:3])}{', ...' if len(offloaded) > 3 else ''}): the GPUs cannot "
                           "hold its fp32 weights, and offloaded weights do not train; use more or larger GPUs")
     return model, tokenizer
+
+
+def set_activation_checkpointing(model: torch.nn.Module, on: bool) -> None:
+    """The model's own gradient (activation) checkpointing, non-reentrant (what PEFT and FSDP need), on or off."""
+    if hasattr(model, "activation_checkpointing_enable"):   # transformers 5's names
+        if on:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.activation_checkpointing_disable()
+    elif on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
 
 
 def check_trainable_dtype(model: torch.nn.Module) -> None:
@@ -319,6 +357,10 @@ class Engine:
         the same forward passes, and gradients sync on each one."""
         return self.accelerator is not None and distributed_kind(self.accelerator) in SHARDED_TRAINING
 
+    @property
+    def deepspeed(self) -> bool:
+        return self.accelerator is not None and distributed_kind(self.accelerator) == "DEEPSPEED"
+
     def _share(self, group: list) -> list[tuple[object, float]]:
         if self.accelerator is None:
             return [(micro, 1.0) for micro in group]
@@ -340,6 +382,14 @@ class Engine:
             if acc is None:
                 loss, logs = loss_fn(micro)
                 (loss * weight if weight != 1.0 else loss).backward()
+            elif self.deepspeed:
+                # DeepSpeed steps its engine inside the backward of a step's last micro-batch (accelerate's
+                # sync_gradients), clipping there to the config's norm, and averages gradients over the processes:
+                # the loss carries the process count (the group's gradient is the sum, as below).
+                acc.gradient_state._set_sync_gradients(i == len(share) - 1)   # accelerate's own switch
+                with acc.autocast():
+                    loss, logs = loss_fn(micro)
+                acc.backward(loss * (weight * self.num_processes))
             else:
                 last = i == len(share) - 1
                 sync = contextlib.nullcontext() if last or self.sharded else acc.no_sync(model)
@@ -350,14 +400,14 @@ class Engine:
             for k, v in logs.items():   # a weight-0 stand-in adds 0 (not 0 x inf), under the same keys
                 logs_sum[k] = logs_sum.get(k, 0.0) + (v * weight if weight else 0.0)
         n_proc = self.num_processes
-        if n_proc > 1:
+        if n_proc > 1 and not self.deepspeed:
             # DDP / FSDP averaged the gradients over the processes; the group totals are global, so the step's
             # gradient is their sum. Restored here in fp32, not by scaling the loss: under fp16 a loss n times
             # larger overflows the loss scale n times sooner than one process does, skipping other steps.
             for param in model.parameters():
                 if param.grad is not None:
                     param.grad.mul_(n_proc)
-            # every process's share of the logs (the same keys everywhere: one method)
+        if n_proc > 1:   # every process's share of the logs (the same keys everywhere: one method)
             keys = sorted(logs_sum)
             summed = acc.reduce(torch.tensor([logs_sum[k] for k in keys], dtype=torch.float64, device=acc.device),
                                 reduction="sum")
@@ -367,7 +417,9 @@ class Engine:
         step_logs = {k: (v if k == "loss" else v / len(group)) for k, v in logs_sum.items()}
         if self.max_grad_norm is not None:
             clip = torch.nn.utils.clip_grad_norm_ if acc is None else acc.clip_grad_norm_
-            step_logs["grad_norm"] = float(clip(model.parameters(), self.max_grad_norm))
+            norm = clip(model.parameters(), self.max_grad_norm)   # DeepSpeed: the norm its step clipped
+            if norm is not None:
+                step_logs["grad_norm"] = float(norm)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         skipped = acc is not None and acc.optimizer_step_was_skipped
@@ -384,6 +436,63 @@ class Engine:
         """An epoch's end: steps a per-epoch schedule (LUNAR's exponential decay)."""
         if self.scheduler is not None and self.scheduler_interval == "epoch":
             self.scheduler.step()
+
+
+def check_shardable(method: Objective, accelerator: Accelerator) -> None:
+    """A method trained by its own fit (LUNAR) or editing the full weights after training (Task Vector) needs
+    whole weights in every process: refused under FSDP / DeepSpeed before anything trains."""
+    own = [hook for hook in ("fit", "post_train")
+           if getattr(type(method), hook) is not getattr(Objective, hook)]
+    if own:
+        kind = distributed_kind(accelerator)
+        raise DeviceError(f"{method.name} under {kind}: its {' and '.join(own)} works on whole weights, which "
+                          f"{kind} shards over the processes; train it in one process or data parallel (DDP)")
+
+
+def configure_deepspeed(accelerator: Accelerator, config: TrainingConfig) -> None:
+    """The DeepSpeed config this engine drives: one micro-batch per engine call, the step's boundary set by the
+    engine (`Engine.step`), clipping at the run's `max_grad_norm` (DeepSpeed clips inside its step)."""
+    ds = accelerator.state.deepspeed_plugin.deepspeed_config
+    ds["train_micro_batch_size_per_gpu"] = config.micro_batch_size
+    ds["gradient_accumulation_steps"] = 1
+    ds["train_batch_size"] = config.micro_batch_size * accelerator.num_processes
+    ds["gradient_clipping"] = config.max_grad_norm if config.max_grad_norm is not None else 0.0
+
+
+def prepare_reference(accelerator: Accelerator, ref_model: torch.nn.Module) -> torch.nn.Module:
+    """The frozen reference of NPO / SimNPO / IdkDPO / DPO / the KL variants sharded as the trained model is: FSDP
+    wraps it (evaluation mode); under DeepSpeed it gets an inference engine of the same ZeRO stage (no optimizer),
+    the pattern TRL and open-unlearning use, since accelerate prepares one DeepSpeed model per run."""
+    ref_model.eval()
+    if distributed_kind(accelerator) != "DEEPSPEED":
+        return accelerator.prepare_model(ref_model, evaluation_mode=True)
+    import deepspeed
+
+    ds = copy.deepcopy(accelerator.state.deepspeed_plugin.deepspeed_config)
+    for key in ("optimizer", "scheduler"):
+        ds.pop(key, None)
+    if ds.get("zero_optimization", {}).get("stage") != 3:
+        ds["zero_optimization"] = {"stage": 0}   # stages 1-2 shard optimizer state only, which it has none of
+    engine, *_ = deepspeed.initialize(model=ref_model, config=ds)
+    engine.eval()
+    return engine
+
+
+def gather_model(accelerator: Accelerator, model: torch.nn.Module) -> torch.nn.Module:
+    """The trained weights whole, as a model on the main process's CPU (the others keep their shard): the full
+    state dict FSDP / DeepSpeed ZeRO-3 gather (a collective every process joins) loaded into a fresh model of the
+    same class and config."""
+    state = accelerator.get_state_dict(model)
+    unwrapped = _without_autocast(accelerator.unwrap_model(model))
+    if not accelerator.is_main_process:
+        return unwrapped
+    from transformers.initialization import no_init_weights
+
+    # The constructor itself, not `from_config`: under ZeRO-3 that would partition the fresh model again.
+    with no_init_weights():   # every weight is overwritten by the gathered one
+        whole = type(unwrapped)(copy.deepcopy(unwrapped.config))
+    whole.load_state_dict(state)
+    return whole.to(next(iter(state.values())).dtype).eval()
 
 
 def train_model(model: torch.nn.Module, method: Objective, dataset, *, ref_model=None, seed: int = 0,
@@ -406,6 +515,9 @@ def train_model(model: torch.nn.Module, method: Objective, dataset, *, ref_model
     generator = torch.Generator().manual_seed(seed)
     loader = DataLoader(dataset, batch_size=config.micro_batch_size, shuffle=True, collate_fn=dataset.collate,
                         generator=generator)
+    sharded = distributed_kind(accelerator) in SHARDED_TRAINING
+    if sharded:
+        check_shardable(method, accelerator)
     method.prepare(model, seed, dataset)
     # frozen before a method's own fit too: the resource record counts the weights it trains by requires_grad
     freeze_all_but(model, method.trainable_parameters(model), method.name)
@@ -415,10 +527,14 @@ def train_model(model: torch.nn.Module, method: Objective, dataset, *, ref_model
         fitted.num_processes = n_proc
         return fitted
     model.train()
+    if distributed_kind(accelerator) == "DEEPSPEED":
+        configure_deepspeed(accelerator, config)
     optimizer = build_optimizer(model, config)
     model, optimizer = accelerator.prepare(model, optimizer)
     loader = micro_batch_stream(loader, accelerator, seed)
-    if ref_model is not None and not is_sharded(ref_model):
+    if ref_model is not None and sharded:
+        ref_model = prepare_reference(accelerator, ref_model)
+    elif ref_model is not None and not is_sharded(ref_model):
         ref_model = ref_model.to(accelerator.device).eval()  # a sharded reference stays where its map put it
 
     total_steps, warmup = step_counts(config, len(loader), per_step)
@@ -470,7 +586,7 @@ def train_model(model: torch.nn.Module, method: Objective, dataset, *, ref_model
     # bytes a parameter, would stay on the GPU after the return until the cyclic collector ran.
     optimizer.state.clear()
     model.eval()
-    result.model = _without_autocast(accelerator.unwrap_model(model))
+    result.model = gather_model(accelerator, model) if sharded else _without_autocast(accelerator.unwrap_model(model))
     with torch.no_grad():
         method.post_train(result.model, ref_model)
     result.final_logs = dict(result.history[-1]) if result.history else {}
