@@ -108,13 +108,15 @@ def test_a_sharded_engine_on_the_cpu_is_one_line(monkeypatch, variable, engine):
 
 
 def fsdp_missing() -> str | None:
-    """accelerate's own capability check: its FSDP plugin needs an accelerator device (CUDA, XPU, ...)."""
+    """accelerate's own capability check: its FSDP plugin, as the shipped config sets it up (the weights read by
+    one process and broadcast: sync_module_states), needs an accelerator device (CUDA, XPU, ...). On the CPU
+    accelerate has no FSDP at all: told `cpu=True` it runs plain DDP, else one process each, whatever the config."""
     from accelerate.utils import FullyShardedDataParallelPlugin
 
     try:
-        FullyShardedDataParallelPlugin()
+        FullyShardedDataParallelPlugin(sync_module_states=True)
     except RuntimeError as err:   # "There are currently no available devices found, must be one of ..."
-        return f"accelerate cannot run FSDP here: {err}"
+        return f"accelerate cannot run FSDP on this machine: {err}"
     return None
 
 
