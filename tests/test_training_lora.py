@@ -55,6 +55,17 @@ def test_npo_trains_a_lora_adapter_that_lm_eval_loads_with_peft(base_dir, tmp_pa
 
     with_adapter, base = score(peft=str(out)), score()
     assert with_adapter < base - 1e-3   # NPO lowered the forget answer's likelihood through the adapter only
+    # `--model cru` (HFLM underneath) takes the same peft= argument, and the runner hands it the adapter that way
+    from cru_harness.lmeval.model import CRULM
+    from cru_harness.runner.config import ModelSpec
+    from cru_harness.runner.evaluation import eval_model_args
+    from lm_eval.api.instance import Instance
+
+    cru = CRULM(pretrained=str(base_dir), peft=str(out), device="cpu", batch_size=1)
+    assert cru.loglikelihood([Instance("loglikelihood", {}, r, 0) for r in request],
+                             disable_tqdm=True)[0][0] == pytest.approx(with_adapter, abs=1e-5)
+    spec = ModelSpec(name="tiny", path=str(base_dir), dtype="float32")
+    assert eval_model_args(spec, str(out)) == {"pretrained": str(base_dir), "peft": str(out), "dtype": "float32"}
 
 
 def test_lora_settings_validate_themselves_and_rwku_is_a_preset():

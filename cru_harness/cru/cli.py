@@ -208,8 +208,12 @@ def run_baseline(args: argparse.Namespace, method) -> int:
                           dtype=args.dtype, device=args.device, device_map=args.device_map,
                           progress=not args.no_progress, prompt_format=fmt, overwrite=args.overwrite,
                           lora=lora_from_args(args), gradient_checkpointing=args.gradient_checkpointing)
-    print(f"saved the {method.name}-unlearned model to {args.out}: {result.optimizer_steps} optimizer steps on "
-          f"{result.n_forget} forget and {result.n_retain} retain rows")
+    from accelerate.state import PartialState
+
+    if PartialState().is_main_process:   # under accelerate launch, once
+        what = "LoRA adapter" if result.lora else "model"
+        print(f"saved the {method.name}-unlearned {what} to {args.out}: {result.optimizer_steps} optimizer steps on "
+              f"{result.n_forget} forget and {result.n_retain} retain rows")
     return 0
 
 
@@ -224,6 +228,11 @@ def run_unlearn(args: argparse.Namespace) -> int:
     if lora_from_args(args) is not None or args.gradient_checkpointing:
         raise InputError("--lora*, --gradient-checkpointing: options of the methods that train weights; CRU trains "
                          "routers on a frozen base")
+    from cru_harness.devices import launched_processes
+
+    if (n := launched_processes()) > 1:
+        raise InputError(f"--method CRU runs in one process, and {n} were launched (accelerate launch / torchrun): "
+                         "its routers train beside a frozen base; start it without them")
     return run_cru(args)
 
 
