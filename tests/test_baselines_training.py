@@ -320,8 +320,8 @@ def test_a_checkpoint_transformers_cannot_load_is_one_line_for_unlearn_and_finet
 
 
 def test_several_processes_refuse_what_they_cannot_share_before_loading(tokenizer, monkeypatch):
-    """A batch the processes cannot split, a sharded model (device_map) and accelerate's sharded training modes
-    are refused before any model is loaded; one process takes a device_map."""
+    """A batch the processes cannot split, a sharded model (device_map) beside several processes or FSDP /
+    DeepSpeed, and Megatron-LM are refused before any model is loaded; one process takes a device_map."""
     from types import SimpleNamespace
 
     from accelerate.utils import DistributedType
@@ -341,9 +341,12 @@ def test_several_processes_refuse_what_they_cannot_share_before_loading(tokenize
         check_data_parallel(launched(9), config)
     with pytest.raises(DeviceError, match="device_map='auto' shards one model .* started 2 processes"):
         check_data_parallel(launched(2), config, device_map="auto")
-    for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
-        with pytest.raises(DeviceError, match=f"set up for {kind.name}"):
-            check_data_parallel(launched(2, kind), config)
+    for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):   # the engine shards with them...
+        check_data_parallel(launched(2, kind), config)
+        with pytest.raises(DeviceError, match="shards the model over the processes itself"):   # ...not both
+            check_data_parallel(launched(2, kind), config, device_map="auto")
+    with pytest.raises(DeviceError, match="set up for MEGATRON_LM"):
+        check_data_parallel(launched(2, DistributedType.MEGATRON_LM), config)
     # unlearn and finetune check before loading
     import cru_harness.training.engine as trainer_mod
 
@@ -472,7 +475,7 @@ def test_a_device_map_that_offloads_part_of_the_model_is_refused_for_training(mo
         return model, None
 
     monkeypatch.setattr(trainer_mod, "load_causal_lm", loader)
-    accelerator = SimpleNamespace(device=torch.device("cuda", 0))
+    accelerator = SimpleNamespace(device=torch.device("cuda", 0), distributed_type=SimpleNamespace(name="NO"))
     with pytest.raises(DeviceError, match=r"put 2 module\(s\) of m on the CPU or disk \(lm_head, model.layers.1\)"):
         trainer_mod.load_trainee("m", accelerator, dtype="float32", device="cuda", device_map="auto")
     for _ in range(2):   # every module on a GPU; no map at all

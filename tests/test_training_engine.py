@@ -2,6 +2,7 @@
 from k accumulated micro-batches as from one batch, for a whole run (`train_model`) and for the in-place engine
 CRU's routers, LUNAR and the testbed train with."""
 import copy
+import json
 
 import pytest
 import torch
@@ -113,3 +114,37 @@ def test_an_epoch_schedule_steps_at_end_epoch_only():
     assert lrs == pytest.approx([0.5, 0.5, 0.05])
     with pytest.raises(ValueError, match="step or epoch"):
         Engine(linear, optimizer, scheduler_interval="batch")
+
+
+def test_a_run_resumed_from_its_checkpoint_ends_with_the_uninterrupted_weights(tokenizer, tmp_path):
+    """NPO, 6 steps over 2 epochs, saved every 2 steps and killed in step 5: resumed from step 4 (the stream
+    replayed up to it, the optimizer, schedule and generators loaded), it ends bit for bit where the run that was
+    never interrupted does, with the same logs."""
+    config = B.get_method("npo").Config(learning_rate=1e-2, num_epochs=3, warmup_epochs=0.5, effective_batch_size=2,
+                                        micro_batch_size=1, lr_scheduler="linear")
+
+    def run(method, checkpoint_dir=None):
+        model = build_tiny_model("llama", tokenizer, seed=0, n_layers=2, hidden_size=32)
+        ref = copy.deepcopy(model).eval().requires_grad_(False)
+        dataset = ForgetRetainDataset(tokenizer, FORGET, RETAIN, seed=0)
+        return train_model(model, method, dataset, ref_model=ref, seed=0, progress=False,
+                           checkpoint_dir=checkpoint_dir, checkpoint_every=2)
+
+    whole = run(B.get_method("npo")(config))
+
+    class Killed(type(B.get_method("npo")(config))):
+        calls = 0
+
+        def compute_loss(self, model, batch, ref_model=None):
+            Killed.calls += 1
+            if Killed.calls == 9:   # the first micro-batch of step 5
+                raise KeyboardInterrupt
+            return super().compute_loss(model, batch, ref_model)
+
+    with pytest.raises(KeyboardInterrupt):
+        run(Killed(config), tmp_path / "state")
+    assert json.loads((tmp_path / "state" / "engine_state.json").read_text())["optimizer_steps"] == 4
+    resumed = run(B.get_method("npo")(config), tmp_path / "state")
+    assert resumed.optimizer_steps == whole.optimizer_steps == 6
+    assert [h["loss"] for h in resumed.history] == [h["loss"] for h in whole.history]
+    assert all(torch.equal(p, q) for p, q in zip(resumed.model.parameters(), whole.model.parameters()))

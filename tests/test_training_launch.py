@@ -183,3 +183,17 @@ def test_fsdp_and_zero3_on_one_gpu_train_as_one_process(base_dir, tmp_path, engi
     config.write_text(yaml.safe_dump({**shipped, "num_processes": 1}))
     moved, apart = launched_vs_one_process(base_dir, tmp_path, LaunchSettings(engine, 1, str(config)), "cuda")
     assert moved > 1e-3 and apart <= 1e-3 * moved, (moved, apart)
+
+
+def test_under_a_sharded_engine_the_checkpoint_loads_into_host_memory(monkeypatch):
+    """FSDP / ZeRO-3 place each process's shard on its GPU when the model is prepared: loading the whole fp32
+    model onto every GPU first would need the memory sharding saves."""
+    import cru_harness.training.engine as engine
+
+    seen = []
+    monkeypatch.setattr(engine, "load_causal_lm", lambda path, **kw: seen.append(kw["device"]) or
+                        (torch.nn.Linear(1, 1), None))
+    for kind, expected in (("FSDP", "cpu"), ("DEEPSPEED", "cpu"), ("MULTI_GPU", torch.device("cuda", 1))):
+        accelerator = SimpleNamespace(device=torch.device("cuda", 1), distributed_type=SimpleNamespace(name=kind))
+        engine.load_trainee("m", accelerator, dtype="bfloat16", device="auto")
+        assert seen[-1] == expected, kind

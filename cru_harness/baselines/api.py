@@ -61,7 +61,8 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
             data_dir: str | os.PathLike | None = None, dtype: str | torch.dtype = "float32",
             device: str = "auto", device_map=None, progress: bool = True,
             prompt_format: dict | None = None, trust_remote_code: bool = False,
-            overwrite: bool = False, lora=None, gradient_checkpointing: bool = False) -> UnlearnResult:
+            overwrite: bool = False, lora=None, gradient_checkpointing: bool = False,
+            checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0) -> UnlearnResult:
     """Unlearn `forget_rows` from a model with a baseline; save it to `out_dir` (if given) and return a record.
 
     `prompt_format`: `{"chat": bool, "preset": ..., "family": ..., "benchmark": ...}` for
@@ -77,6 +78,8 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     `lora` (`training.lora.LoraSettings`, its dict, or a preset name): train a LoRA adapter on the frozen base (in
     `dtype`), saved as a PEFT adapter directory; the reference is the model with the adapter off.
     `gradient_checkpointing`: the model's own (transformers'), trading compute for activation memory.
+    `checkpoint_dir`, `checkpoint_every`: the engine saves its training state every k steps and a run given a
+    directory holding one resumes from it (`training.engine.train_model`).
     `tokenizer`: a tokenizer, a path, or None (then loaded from the model path). Rows: `question`/`answer`
     or `text`. `retain_rows` are needed when the method's `alpha` > 0 and ignored otherwise. `refusals`
     (IdkDPO, DPO, RT): defaults to TOFU's `idontknow` list via `cru_harness.data.tofu.load_idontknow(data_dir)`,
@@ -145,7 +148,7 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     trainable = [p.requires_grad for p in model.parameters()]
     with ResourceMonitor(accelerator.device, model=model) as monitor:   # counts what the method trained
         trained = train_model(model, m, dataset, ref_model=ref_model, seed=seed, accelerator=accelerator,
-                                   progress=progress)
+                              progress=progress, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
     for param, flag in zip(trained.model.parameters(), trainable):   # a method that trains a few (RMU): unfrozen
         param.requires_grad_(flag)
     del ref_model

@@ -30,11 +30,13 @@ import contextlib
 import copy
 import dataclasses
 import datetime
+import json
 import logging
 import math
 import os
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
@@ -495,9 +497,31 @@ def gather_model(accelerator: Accelerator, model: torch.nn.Module) -> torch.nn.M
     return whole.to(next(iter(state.values())).dtype).eval()
 
 
+#: What `train_model` writes beside accelerate's saved state: the steps taken and their logs.
+CHECKPOINT_RECORD = "engine_state.json"
+
+
+def save_training_state(accelerator: Accelerator, checkpoint_dir, result: TrainResult) -> None:
+    """The training state after `result.optimizer_steps` steps (every process joins: a sharded state is saved
+    in parts), the record last and atomically, so a state without its record is never resumed."""
+    accelerator.save_state(str(checkpoint_dir))
+    if accelerator.is_main_process:
+        record = Path(checkpoint_dir) / CHECKPOINT_RECORD
+        tmp = record.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"optimizer_steps": result.optimizer_steps, "history": result.history}))
+        tmp.replace(record)
+    accelerator.wait_for_everyone()
+
+
 def train_model(model: torch.nn.Module, method: Objective, dataset, *, ref_model=None, seed: int = 0,
-                accelerator: Accelerator | None = None, progress: bool = True) -> TrainResult:
-    """Train `model` in place with `method.compute_loss` on `dataset` (a `data.ForgetRetainDataset`)."""
+                accelerator: Accelerator | None = None, progress: bool = True,
+                checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0) -> TrainResult:
+    """Train `model` in place with `method.compute_loss` on `dataset` (a `data.ForgetRetainDataset`).
+
+    `checkpoint_dir` with `checkpoint_every` = k > 0: the training state (weights, optimizer, schedule, random
+    generators: `accelerator.save_state`) and the steps' logs are saved there every k optimizer steps; a run
+    given a directory holding such a state resumes from it: the micro-batch stream is replayed up to that step
+    without computing, so the run ends with the weights of one never interrupted (on the CPU, bit for bit)."""
     config = method.config
     if method.needs_ref and ref_model is None:
         raise ValueError(f"{method.name} needs a reference model (a frozen copy of the starting model)")
@@ -546,6 +570,15 @@ def train_model(model: torch.nn.Module, method: Objective, dataset, *, ref_model
         _SCHEDULER_NAMES[config.lr_scheduler], optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
 
     result = TrainResult(model=model, gradient_accumulation_steps=accum, num_processes=n_proc, warmup_steps=warmup)
+    resume_at = 0
+    if checkpoint_dir is not None:
+        accelerator.register_for_checkpointing(scheduler)
+        saved = Path(checkpoint_dir) / CHECKPOINT_RECORD
+        if saved.is_file():
+            record = json.loads(saved.read_text())
+            accelerator.load_state(str(checkpoint_dir))
+            resume_at, result.history = record["optimizer_steps"], record["history"]
+            result.optimizer_steps = resume_at
     bar = tqdm(total=total_steps, desc=getattr(method, "progress_label", f"unlearn[{method.name}]"),
                disable=not (progress and accelerator.is_main_process),
                dynamic_ncols=True)
@@ -553,12 +586,22 @@ def train_model(model: torch.nn.Module, method: Objective, dataset, *, ref_model
     engine = Engine(model, optimizer, scheduler, accelerator=accelerator, max_grad_norm=config.max_grad_norm,
                     counts=method.group_counts, fp16=config.mixed_precision == "fp16")
 
+    replayed = 0
+
     def optimizer_step(group: list[dict], epoch: int) -> None:
+        nonlocal replayed
+        if replayed < resume_at:   # a resumed run: this step's update is in the loaded state
+            replayed += 1
+            bar.update(1)
+            return
         step_logs = engine.step(group, lambda micro: method.compute_loss(model, micro, ref_model))
         step_logs.update(epoch=epoch, step=result.optimizer_steps + 1)
         result.history.append(step_logs)
         result.optimizer_steps += 1
         bar.update(1)
+        if checkpoint_every and checkpoint_dir is not None and result.optimizer_steps % checkpoint_every == 0 \
+                and result.optimizer_steps < total_steps:
+            save_training_state(accelerator, checkpoint_dir, result)
         bar.set_postfix({k: f"{step_logs[k]:.4g}" for k in step_logs
                          if k not in ("epoch", "step", "lr", "grad_norm", "skipped")})
 
@@ -573,7 +616,7 @@ def train_model(model: torch.nn.Module, method: Objective, dataset, *, ref_model
             if hasattr(loader, "set_epoch"):
                 loader.set_epoch(epoch)
             for micro in loader:
-                if result.optimizer_steps == total_steps:
+                if result.optimizer_steps == total_steps and replayed >= resume_at:
                     break
                 group.append(micro)
                 if len(group) == per_step:
