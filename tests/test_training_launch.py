@@ -197,3 +197,19 @@ def test_under_a_sharded_engine_the_checkpoint_loads_into_host_memory(monkeypatc
         accelerator = SimpleNamespace(device=torch.device("cuda", 1), distributed_type=SimpleNamespace(name=kind))
         engine.load_trainee("m", accelerator, dtype="bfloat16", device="auto")
         assert seen[-1] == expected, kind
+
+
+def test_a_method_entrys_lora_is_validated_and_enters_the_cell_hash(tmp_path):
+    from cru_harness.runner.plan import build_plan
+
+    def ga_cell(**lora):
+        raw = minimal(tmp_path)
+        raw["methods"] = [{"method": "GA", "learning_rate": 1e-4, **lora}]
+        config = cfg.validate_config(raw)
+        return next(c for c in build_plan(config) if c.kind == "method")
+
+    plain, adapter = ga_cell(), ga_cell(lora={"preset": "rwku"})
+    assert "lora" not in plain.hparams and adapter.hparams["lora"] == {"preset": "rwku"}
+    assert plain.hash != adapter.hash
+    with pytest.raises(cfg.ConfigError, match=r"methods\[0\].*lora.r"):
+        ga_cell(lora={"r": 0})
