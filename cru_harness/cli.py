@@ -24,8 +24,9 @@ SUBCOMMAND_MODULES = (
 #: Subcommands that resume where an interrupted run stopped.
 RESUMABLE = ("run", "study", "demo")
 #: Subcommands that train in one process: under `accelerate launch` / torchrun every process would train all of
-#: it again (`finetune` trains data parallel; the others, which train nothing, are left to run).
-ONE_PROCESS = ("unlearn", "run", "study", "demo", "attack")
+#: it again (`finetune` and `unlearn` of a weight-training method train data parallel, FSDP or ZeRO-3: the
+#: training engine's; `unlearn` of CRU refuses several processes itself; the others, which train nothing, run).
+ONE_PROCESS = ("run", "study", "demo", "attack")
 #: `main`'s status after Ctrl-C (128 + SIGINT, what a shell reports for a process SIGINT ended).
 INTERRUPTED = 130
 
@@ -36,7 +37,8 @@ def check_process_count(command: str) -> None:
 
     if command in ONE_PROCESS and (n := launched_processes()) > 1:
         raise CLIError(f"runs in one process, and {n} were launched (accelerate launch / torchrun: WORLD_SIZE={n}); "
-                       "start it without them (only finetune trains data parallel)")
+                       "start it without them (finetune and unlearn of a weight-training method train data "
+                       "parallel; a runner config trains on several GPUs with `training: {engine, num_processes}`)")
 
 
 @contextlib.contextmanager

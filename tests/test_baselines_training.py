@@ -11,7 +11,7 @@ import cru_harness.baselines.api as unlearn_mod
 from cru_harness.baselines.base import UnlearningMethod
 from cru_harness.baselines.data import IGNORE_INDEX, ForgetRetainDataset, collate, encode_qa, pick_refusals
 from cru_harness.baselines.losses import sequence_logprobs
-from cru_harness.baselines.trainer import make_accelerator, process_share, step_counts, train_unlearning
+from cru_harness.training.engine import make_accelerator, process_share, step_counts, train_model
 from cru_harness.locations import ModelPathError, OutputLocationError
 from cru_harness.testbed.models import build_tiny_model
 from cru_harness.testbed.tokenizer import train_tokenizer
@@ -298,7 +298,7 @@ def test_unlearn_refuses_an_out_dir_holding_files_before_training(tokenizer, tmp
     out = tmp_path / "notes"
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
-    monkeypatch.setattr(unlearn_mod, "train_unlearning", lambda *a, **k: pytest.fail("trained before the check"))
+    monkeypatch.setattr(unlearn_mod, "train_model", lambda *a, **k: pytest.fail("trained before the check"))
     with pytest.raises(OutputLocationError, match="already exists and holds files; pass overwrite=True"):
         B.unlearn(tiny(tokenizer), tokenizer, FORGET, RETAIN, "ga", fast_config("ga"), out_dir=out, progress=False)
     assert (out / "notes.txt").read_text() == "keep me"
@@ -321,13 +321,13 @@ def test_a_checkpoint_transformers_cannot_load_is_one_line_for_unlearn_and_finet
 
 
 def test_several_processes_refuse_what_they_cannot_share_before_loading(tokenizer, monkeypatch):
-    """A batch the processes cannot split, a sharded model (device_map) and accelerate's sharded training modes
-    are refused before any model is loaded; one process takes a device_map."""
+    """A batch the processes cannot split, a sharded model (device_map) beside several processes or FSDP /
+    DeepSpeed, and Megatron-LM are refused before any model is loaded; one process takes a device_map."""
     from types import SimpleNamespace
 
     from accelerate.utils import DistributedType
 
-    from cru_harness.baselines.trainer import check_data_parallel
+    from cru_harness.training.engine import check_data_parallel
     from cru_harness.devices import DeviceError
     from cru_harness.errors import InputError
 
@@ -342,11 +342,14 @@ def test_several_processes_refuse_what_they_cannot_share_before_loading(tokenize
         check_data_parallel(launched(9), config)
     with pytest.raises(DeviceError, match="device_map='auto' shards one model .* started 2 processes"):
         check_data_parallel(launched(2), config, device_map="auto")
-    for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
-        with pytest.raises(DeviceError, match=f"set up for {kind.name}"):
-            check_data_parallel(launched(2, kind), config)
+    for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):   # the engine shards with them...
+        check_data_parallel(launched(2, kind), config)
+        with pytest.raises(DeviceError, match="shards the model over the processes itself"):   # ...not both
+            check_data_parallel(launched(2, kind), config, device_map="auto")
+    with pytest.raises(DeviceError, match="set up for MEGATRON_LM"):
+        check_data_parallel(launched(2, DistributedType.MEGATRON_LM), config)
     # unlearn and finetune check before loading
-    import cru_harness.baselines.trainer as trainer_mod
+    import cru_harness.training.engine as trainer_mod
 
     monkeypatch.setattr(trainer_mod, "make_accelerator", lambda *a, **k: launched(9))
     monkeypatch.setattr(trainer_mod, "load_causal_lm", lambda *a, **k: pytest.fail("loaded before the check"))
@@ -365,7 +368,7 @@ def test_a_checkpoint_is_loaded_onto_the_accelerators_device(monkeypatch):
 
     from accelerate.utils import DistributedType
 
-    import cru_harness.baselines.trainer as trainer_mod
+    import cru_harness.training.engine as trainer_mod
     from cru_harness.finetune import finetune
 
     class Stop(Exception):
@@ -417,7 +420,7 @@ def test_a_step_the_fp16_loss_scaler_skips_leaves_the_schedule_where_it_was(toke
 def test_the_optimizers_state_is_freed_when_training_returns(tokenizer, tmp_path, monkeypatch):
     """Under fp16 accelerate's optimizer wrapper sits in a reference cycle, so AdamW's moments (8 bytes a
     parameter) outlived the training on the GPU until the cyclic collector ran; the loop empties them."""
-    import cru_harness.baselines.trainer as trainer_mod
+    import cru_harness.training.engine as trainer_mod
 
     built = []
     real_build = trainer_mod.build_optimizer
@@ -461,7 +464,7 @@ def test_a_device_map_that_offloads_part_of_the_model_is_refused_for_training(mo
     `meta` between forward passes: they would never train, and the cast before saving raised after the training."""
     from types import SimpleNamespace
 
-    import cru_harness.baselines.trainer as trainer_mod
+    import cru_harness.training.engine as trainer_mod
     from cru_harness.devices import DeviceError
 
     maps = iter([{"model.embed_tokens": 0, "model.layers.0": 1, "model.layers.1": "cpu", "lm_head": "disk"},
@@ -473,7 +476,7 @@ def test_a_device_map_that_offloads_part_of_the_model_is_refused_for_training(mo
         return model, None
 
     monkeypatch.setattr(trainer_mod, "load_causal_lm", loader)
-    accelerator = SimpleNamespace(device=torch.device("cuda", 0))
+    accelerator = SimpleNamespace(device=torch.device("cuda", 0), distributed_type=SimpleNamespace(name="NO"))
     with pytest.raises(DeviceError, match=r"put 2 module\(s\) of m on the CPU or disk \(lm_head, model.layers.1\)"):
         trainer_mod.load_trainee("m", accelerator, dtype="float32", device="cuda", device_map="auto")
     for _ in range(2):   # every module on a GPU; no map at all
@@ -500,7 +503,7 @@ def test_a_second_precision_under_several_processes_is_one_line(monkeypatch):
     same launch is refused in one line (it was accelerate's ValueError traceback on every rank)."""
     from types import SimpleNamespace
 
-    import cru_harness.baselines.trainer as trainer_mod
+    import cru_harness.training.engine as trainer_mod
     from cru_harness.devices import DeviceError
 
     def initialized(**kwargs):
@@ -515,14 +518,14 @@ def test_a_second_precision_under_several_processes_is_one_line(monkeypatch):
 
 def test_idkdpo_prefers_refusal_and_keeps_reference_frozen(tokenizer, monkeypatch):
     seen = {}
-    real = unlearn_mod.train_unlearning
+    real = unlearn_mod.train_model
 
     def spy(model, method, dataset, *, ref_model=None, **kw):
         seen["ref"] = ref_model
         seen["ref_state"] = {k: v.clone() for k, v in ref_model.state_dict().items()}
         return real(model, method, dataset, ref_model=ref_model, **kw)
 
-    monkeypatch.setattr(unlearn_mod, "train_unlearning", spy)
+    monkeypatch.setattr(unlearn_mod, "train_model", spy)
     model = tiny(tokenizer)
     refusals = pick_refusals(len(FORGET), REFUSALS, 0)
     gap_before = mean_logp(model, tokenizer, FORGET, refusals) - mean_logp(model, tokenizer, FORGET)
@@ -539,13 +542,13 @@ def test_idkdpo_prefers_refusal_and_keeps_reference_frozen(tokenizer, monkeypatc
 @pytest.mark.parametrize("name", ["ga", "gd", "simnpo"])
 def test_reference_free_methods_get_no_reference(tokenizer, monkeypatch, name):
     seen = {}
-    real = unlearn_mod.train_unlearning
+    real = unlearn_mod.train_model
 
     def spy(model, method, dataset, *, ref_model=None, **kw):
         seen["ref"] = ref_model
         return real(model, method, dataset, ref_model=ref_model, **kw)
 
-    monkeypatch.setattr(unlearn_mod, "train_unlearning", spy)
+    monkeypatch.setattr(unlearn_mod, "train_model", spy)
     B.unlearn(tiny(tokenizer), tokenizer, FORGET[:2], RETAIN, name, fast_config(name, num_epochs=1), progress=False)
     assert seen["ref"] is None
 
@@ -554,11 +557,11 @@ def test_trainer_rejects_wrong_reference(tokenizer):
     model = tiny(tokenizer)
     ds = ForgetRetainDataset(tokenizer, FORGET, RETAIN)
     with pytest.raises(ValueError, match="needs a reference"):
-        train_unlearning(model, B.get_method("npo")(fast_config("npo")), ds)
+        train_model(model, B.get_method("npo")(fast_config("npo")), ds)
     with pytest.raises(ValueError, match="does not use a reference"):
-        train_unlearning(model, B.get_method("ga")(fast_config("ga")), ds, ref_model=tiny(tokenizer))
+        train_model(model, B.get_method("ga")(fast_config("ga")), ds, ref_model=tiny(tokenizer))
     with pytest.raises(ValueError, match="must be frozen"):
-        train_unlearning(model, B.get_method("npo")(fast_config("npo")), ds, ref_model=tiny(tokenizer))
+        train_model(model, B.get_method("npo")(fast_config("npo")), ds, ref_model=tiny(tokenizer))
 
 
 def test_npo_trains_with_reference(tokenizer):

@@ -8,7 +8,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, MistralConfig, OPTConfig
 
 from cru_harness.cru import DecoderBlocksNotFoundError, compare_localizations, find_decoder_blocks, localize
-from cru_harness.cru.blocks import resolve_block_indices
+from cru_harness.training.blocks import resolve_block_indices
 from cru_harness.cru.localize import collate, localize_batches, select_neurons, tokenize_texts
 from cru_harness.testbed.models import TINY_ARCHITECTURES, build_tiny_model
 from cru_harness.testbed.tokenizer import TINY_CHAT_TEMPLATE

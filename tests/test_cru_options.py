@@ -14,7 +14,7 @@ from cru_harness.cru.bundle import MANIFEST_NAME, WEIGHTS_NAME, BundleFileError
 from cru_harness.cru.losses import cru_loss
 from cru_harness.cru.train import GateRecorder, measure_gate_means
 from cru_harness.cru.router import Router
-from cru_harness.cru.sites import GateSiteError, mlp_down_projection
+from cru_harness.training.sites import GateSiteError, mlp_down_projection
 from cru_harness.runner import config as cfg
 from cru_harness.testbed.models import build_tiny_model, save_tiny_model
 

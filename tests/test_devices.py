@@ -11,7 +11,7 @@ import torch
 from cru_harness import devices
 from cru_harness.baselines.data import IGNORE_INDEX
 from cru_harness.baselines.losses import sequence_mean, token_mean
-from cru_harness.baselines.trainer import group_totals
+from cru_harness.training.engine import group_totals
 from cru_harness.cli import main
 
 
@@ -112,7 +112,7 @@ def test_only_a_map_over_several_devices_is_sharded():
 def test_a_sharded_models_resources_measure_each_of_its_gpus():
     """A device_map over several GPUs: the training's peak memory is read on each of them (it was the current
     GPU's alone); a one-device map or none measures the device given."""
-    from cru_harness.baselines.resources import ResourceMonitor, sharded_gpus
+    from cru_harness.training.resources import ResourceMonitor, sharded_gpus
 
     model = torch.nn.Linear(2, 2)
     model.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": "cuda:1", "model.layers.1": 3,

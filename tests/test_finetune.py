@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-import cru_harness.baselines.trainer as trainer_mod
+import cru_harness.training.engine as trainer_mod
 import cru_harness.finetune.train as ft_train
 from cru_harness.baselines.data import IGNORE_INDEX, encode_qa
 from cru_harness.cli import main
@@ -278,19 +278,19 @@ def test_bf16_trains_fp32_master_weights_under_autocast_and_saves_bf16(trainer, 
     bf16 weights drops every update below half a bf16 step: most of them at lr 1e-5), and the result is
     saved in bf16."""
     import cru_harness.baselines.api as unlearn_api
-    import cru_harness.baselines.trainer as trainer_module
+    import cru_harness.training.engine as trainer_module
     from cru_harness.baselines import unlearn
-    from cru_harness.baselines.trainer import train_unlearning
+    from cru_harness.training.engine import train_model
 
     seen = {}
 
     def spy(model, method, dataset, *, accelerator=None, **kw):
         seen["weights"] = {p.dtype for p in model.parameters()}
         seen["autocast"] = accelerator.mixed_precision
-        return train_unlearning(model, method, dataset, accelerator=accelerator, **kw)
+        return train_model(model, method, dataset, accelerator=accelerator, **kw)
 
     # finetune imports the loop when it runs; unlearn at import
-    monkeypatch.setattr(trainer_module if trainer == "finetune" else unlearn_api, "train_unlearning", spy)
+    monkeypatch.setattr(trainer_module if trainer == "finetune" else unlearn_api, "train_model", spy)
     out = tmp_path / "out"
     if trainer == "finetune":
         result = finetune(str(checkpoint), str(rows_file), out, config=fast(num_epochs=1), dtype="bfloat16",

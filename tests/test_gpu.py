@@ -118,7 +118,7 @@ def test_a_training_step_out_of_gpu_memory_is_one_line_naming_the_micro_batch(ti
     its gradients cannot fit) is the project's one-line GPUMemoryError naming --micro-batch-size, torch's chained."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
-    from cru_harness.baselines.trainer import make_accelerator, train_unlearning
+    from cru_harness.training.engine import make_accelerator, train_model
     from cru_harness.devices import GPUMemoryError
     from cru_harness.finetune.train import QADataset, SupervisedFinetune
 
@@ -137,7 +137,7 @@ def test_a_training_step_out_of_gpu_memory_is_one_line_naming_the_micro_batch(ti
     try:
         with pytest.raises(GPUMemoryError, match=r"^finetune training \(micro-batches of 4\): CUDA out of memory.*; "
                                                  r"lower micro_batch_size \(--micro-batch-size;") as caught:
-            train_unlearning(model, method, dataset, accelerator=accelerator, progress=False)
+            train_model(model, method, dataset, accelerator=accelerator, progress=False)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, 0)
     assert isinstance(caught.value.__cause__, torch.cuda.OutOfMemoryError)

@@ -90,7 +90,7 @@ def test_cpu_forget01_config_changes_only_the_scale_its_header_states():
     """cpu_smollm2_forget01 is cpu_smollm2 on both forget01 authors: the data, the limit and the baselines' batch
     (so that they still make 10 steps, 2 of warm-up, in 2 epochs) change; the recipe, methods and evaluation do not."""
     from cru_harness.baselines.registry import make_config
-    from cru_harness.baselines.trainer import step_counts
+    from cru_harness.training.engine import step_counts
 
     small, whole = (cfg.load_config(CONFIGS / f"{name}.yaml") for name in ("cpu_smollm2", "cpu_smollm2_forget01"))
     recipe = {**small.models[0].finetune, "data": None}
@@ -231,7 +231,7 @@ class _LazyFakeCuda:
 
 
 def test_a_cells_gpu_peak_in_a_fresh_process_covers_loading_and_training(tmp_path, monkeypatch):
-    from cru_harness.baselines.resources import ResourceMonitor
+    from cru_harness.training.resources import ResourceMonitor
 
     cell = _ga_cell(tmp_path)
     fake = _LazyFakeCuda()

@@ -620,7 +620,7 @@ def test_micro_batches_with_the_group_counts_add_up_to_the_whole_batch(name, cfg
 
 def micro_batch_sum(m, model, ref, micros) -> float:
     """The summed loss of micro-batches, each given its group's counts as the trainer gives them."""
-    from cru_harness.baselines.trainer import group_totals
+    from cru_harness.training.engine import group_totals
 
     totals = group_totals(micros, SimpleNamespace(device=torch.device("cpu")), m.group_counts)
     parts = 0.0

@@ -333,6 +333,8 @@ def test_output_piped_into_a_reader_that_left_ends_quietly_and_other_broken_pipe
 
 
 def test_training_commands_other_than_finetune_refuse_several_launched_processes(monkeypatch, capsys, tmp_path):
+    """`run` refuses several launched processes; `unlearn --method CRU` too (a weight-training method's trains on
+    the engine's processes)."""
     from cru_harness.cli import main
 
     monkeypatch.setenv("WORLD_SIZE", "2")   # what accelerate launch / torchrun set in every process
@@ -340,7 +342,14 @@ def test_training_commands_other_than_finetune_refuse_several_launched_processes
     assert main(["run", missing]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["cru-harness run: error: runs in one process, and 2 were launched (accelerate launch / "
-                   "torchrun: WORLD_SIZE=2); start it without them (only finetune trains data parallel)"]
+                   "torchrun: WORLD_SIZE=2); start it without them (finetune and unlearn of a weight-training method "
+                   "train data parallel; a runner config trains on several GPUs with `training: {engine, "
+                   "num_processes}`)"]
+    base = tmp_path / "base"
+    base.mkdir()
+    assert main(["unlearn", "--method", "CRU", "--base", str(base), "--forget", "forget10", "--retain", "retain90",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "--method CRU runs in one process, and 2 were launched" in capsys.readouterr().err
     assert main(["report", str(tmp_path)]) == 2   # a command that trains nothing reaches its own check
     assert "WORLD_SIZE" not in capsys.readouterr().err
     monkeypatch.setenv("WORLD_SIZE", "1")

@@ -105,7 +105,8 @@ def test_static_hparams_match_the_dataclasses():
 
     for name in ("GA", "GD", "NPO", "SimNPO", "IdkDPO"):
         fields = {f.name for f in dataclasses.fields(get_method(name).Config)}
-        assert set(cfg.METHOD_HPARAMS[name]) == fields, name
+        # and `lora`, the engine's option every weight-training method takes (training.lora.LoraSettings)
+        assert set(cfg.METHOD_HPARAMS[name]) == fields | {"lora"}, name
     runner_set = {"seed", "forget_description", "retain_description", "progress"}
     fields = {f.name for f in dataclasses.fields(RouterTrainingConfig)} - runner_set
     assert set(cfg.METHOD_HPARAMS["CRU"]) == fields
@@ -772,7 +773,7 @@ def test_trust_remote_code_reaches_every_model_load_of_a_cell(tmp_path, monkeypa
     """A model's `trust_remote_code` loads it for the baselines, the fine-tune and the failure classes' NLL as it
     loads it for lm-eval and CRU (a model with its own code and a native class would otherwise train with one
     implementation and be evaluated with another)."""
-    import cru_harness.baselines.trainer as trainer
+    import cru_harness.training.engine as trainer
     import cru_harness.devices as devices
     from cru_harness.scoring.failure_modes import AnswerNLLScorer
     from cru_harness.runner import training

@@ -59,7 +59,7 @@ def logit_lens_scores(model, tokenizer, rows: list[dict], *, routers: str | list
     the reading and removed after."""
     from ..baselines.data import encode_qa, row_to_qa
     from ..cru.attach import attach_bundles
-    from ..cru.blocks import block_output_tensor, find_decoder_blocks
+    from ..training.blocks import block_output_tensor, find_decoder_blocks
     from ..devices import input_device
     from .relearn import load_bundles
 

@@ -8,8 +8,9 @@ from .registry import METHODS, get_method, make_config, register_method
 
 # `unlearn` and the resource monitor are exported lazily (PEP 562): listing the methods (`cru-harness methods`)
 # imports this package, and must not import the training loop's transformers, accelerate and peft with it.
-_LAZY = {"ResourceMonitor": ".resources", "ResourceRecord": ".resources", "count_parameters": ".resources",
-         "peak_rss_bytes": ".resources", "UnlearnResult": ".api", "unlearn": ".api"}
+_LAZY = {"ResourceMonitor": "..training.resources", "ResourceRecord": "..training.resources",
+         "count_parameters": "..training.resources", "peak_rss_bytes": "..training.resources",
+         "UnlearnResult": ".api", "unlearn": ".api"}
 
 
 def __getattr__(name: str):

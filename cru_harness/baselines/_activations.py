@@ -7,7 +7,7 @@ import contextlib
 import torch
 from torch import nn
 
-from ..cru.blocks import find_decoder_blocks
+from ..training.blocks import find_decoder_blocks
 
 
 def unwrapped(model: nn.Module) -> nn.Module:

@@ -14,11 +14,12 @@ from ..devices import saved_dtype
 from ..errors import InputError
 from ..locations import check_model_path, check_output_dir, save_checkpoint
 from ..prompts import prompt_format_label
+from ..training.engine import load_trainee, prepare_training, set_activation_checkpointing, train_model
+from ..training.lora import AdapterOff, LoraSettings, add_lora, check_lora_method
+from ..training.resources import ResourceMonitor, max_over_processes
 from .base import BaselineConfig, UnlearningMethod
 from .data import ForgetRetainDataset, encode_row
 from .registry import get_method
-from .resources import ResourceMonitor, max_over_processes
-from .trainer import load_trainee, prepare_training, train_unlearning
 
 RECORD_FILE = "unlearn_record.json"
 
@@ -42,9 +43,10 @@ class UnlearnResult:
     # `prompts.prompt_format_label`: chat, plain or an open-unlearning model config)
     base_model: str | None = None
     prompt_format: str | None = None
+    lora: dict | None = None           # the adapter's settings (`training.lora.LoraSettings`); None: all weights
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "model"}
+    def to_dict(self) -> dict[str, Any]:   # (a full-weight run's record has no `lora` key, as before)
+        return {k: v for k, v in self.__dict__.items() if k != "model" and not (k == "lora" and v is None)}
 
 
 def _resolve_method(method, config) -> UnlearningMethod:
@@ -64,7 +66,8 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
             data_dir: str | os.PathLike | None = None, dtype: str | torch.dtype = "float32",
             device: str = "auto", device_map=None, progress: bool = True,
             prompt_format: dict | None = None, trust_remote_code: bool = False,
-            overwrite: bool = False) -> UnlearnResult:
+            overwrite: bool = False, lora=None, gradient_checkpointing: bool = False,
+            checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0) -> UnlearnResult:
     """Unlearn `forget_rows` from a model with a baseline; save it to `out_dir` (if given) and return a record.
 
     `prompt_format`: `{"chat": bool, "preset": ..., "family": ..., "benchmark": ...}` for
@@ -77,6 +80,11 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     `device` (auto, cpu, cuda, cuda:N) and `device_map` ("auto": sharded over the GPUs; a path only) say where
     it trains; under `accelerate launch` each process takes its own GPU (data parallel; no `device_map`).
     `out_dir`: checked before anything is loaded; one holding files is refused unless `overwrite` (then replaced).
+    `lora` (`training.lora.LoraSettings`, its dict, or a preset name): train a LoRA adapter on the frozen base (in
+    `dtype`), saved as a PEFT adapter directory; the reference is the model with the adapter off.
+    `gradient_checkpointing`: the model's own (transformers'), trading compute for activation memory.
+    `checkpoint_dir`, `checkpoint_every`: the engine saves its training state every k steps and a run given a
+    directory holding one resumes from it (`training.engine.train_model`).
     `tokenizer`: a tokenizer, a path, or None (then loaded from the model path). Rows: `question`/`answer`
     or `text`. `retain_rows` are needed when the method's `alpha` > 0 and ignored otherwise. `refusals`
     (IdkDPO, DPO, RT): defaults to TOFU's `idontknow` list via `cru_harness.data.tofu.load_idontknow(data_dir)`,
@@ -91,11 +99,14 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
         check_output_dir(out_dir, what="out_dir", overwrite=overwrite, overwrite_hint="overwrite=True", staged=True)
     if isinstance(model_path_or_model, (str, os.PathLike)):
         check_model_path(str(model_path_or_model), what="model")
+    lora = LoraSettings.from_dict(lora) if lora is not None else None
+    if lora is not None:
+        check_lora_method(m)
     m.config, accelerator = prepare_training(m.config, seed, dtype=dtype, device=device, device_map=device_map)
 
     def load():
         return load_trainee(str(model_path_or_model), accelerator, dtype=dtype, device=device, device_map=device_map,
-                            trust_remote_code=trust_remote_code)[0]
+                            trust_remote_code=trust_remote_code, frozen_base=lora is not None)[0]
 
     if isinstance(model_path_or_model, (str, os.PathLike)):
         model = load()
@@ -129,26 +140,34 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     dataset = ForgetRetainDataset(tokenizer, forget_rows, retain_used, refusals=refusals,
                                   max_length=max_length, seed=seed, **(prompt_format or {}))
 
+    if gradient_checkpointing:
+        set_activation_checkpointing(model, True)
     ref_model = None
-    if m.needs_ref:
+    if lora is not None:
+        model = add_lora(model, lora)
+        if m.needs_ref:
+            ref_model = AdapterOff(model)   # the starting model: the adapter off, no second copy
+    elif m.needs_ref:
         # A sharded model is loaded again with the same map (a deep copy of accelerate's hooks is not safe).
         ref_model = (load() if device_map is not None else copy.deepcopy(model)).eval().requires_grad_(False)
     trainable = [p.requires_grad for p in model.parameters()]
     with ResourceMonitor(accelerator.device, model=model) as monitor:   # counts what the method trained
-        trained = train_unlearning(model, m, dataset, ref_model=ref_model, seed=seed, accelerator=accelerator,
-                                   progress=progress)
+        trained = train_model(model, m, dataset, ref_model=ref_model, seed=seed, accelerator=accelerator,
+                              progress=progress, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
     for param, flag in zip(trained.model.parameters(), trainable):   # a method that trains a few (RMU): unfrozen
         param.requires_grad_(flag)
     del ref_model
-    if isinstance(model_path_or_model, (str, os.PathLike)):
-        trained.model.to(saved_dtype(dtype))
+    if isinstance(model_path_or_model, (str, os.PathLike)) and lora is None:
+        trained.model.to(saved_dtype(dtype))   # an adapter stays in fp32 (the base was never touched)
+    if gradient_checkpointing:
+        set_activation_checkpointing(trained.model, False)
 
     result = UnlearnResult(
         method=m.name, seed=seed, config=m.config.to_dict(), out_dir=str(out_dir) if out_dir else None,
         n_forget=len(forget_rows), n_retain=len(retain_used), optimizer_steps=trained.optimizer_steps,
         gradient_accumulation_steps=trained.gradient_accumulation_steps, num_processes=trained.num_processes,
         resources=max_over_processes(monitor.record, accelerator).to_dict(), final_logs=trained.final_logs,
-        history=trained.history, model=trained.model,
+        history=trained.history, model=trained.model, lora=lora.to_dict() if lora is not None else None,
         base_model=str(model_path_or_model) if isinstance(model_path_or_model, (str, os.PathLike)) else None,
         prompt_format=prompt_format_label(dict(prompt_format or {}), tokenizer),
     )

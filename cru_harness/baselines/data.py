@@ -25,8 +25,7 @@ from cru_harness.data.corpora import row_prompt, row_qa
 from cru_harness.prompts import DEFAULT_TOFU_PRESET, encode_qa_ids, qa_texts
 
 from ..errors import InputError
-
-IGNORE_INDEX = -100
+from ..training.objective import IGNORE_INDEX
 
 
 @dataclass(frozen=True)

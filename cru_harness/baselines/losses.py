@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..training.objective import default_counts  # noqa: F401  (the engine's counts; losses divide by them)
 from .data import IGNORE_INDEX
 
 
@@ -28,14 +29,6 @@ def sequence_logprobs(model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Ten
     if bool((n_tokens == 0).any()):
         raise ValueError("a sequence has no answer tokens to score (check prompt masking / max_length)")
     return -(nll * mask).sum(-1), n_tokens
-
-
-def default_counts(inputs: dict) -> dict[str, torch.Tensor]:
-    """A sub-batch's counts: answer tokens scored (`tokens`), rows (`seqs`), positions of the rows' real tokens
-    (`positions`: prompt and answer, not padding)."""
-    labels = inputs["labels"]
-    return {"tokens": (labels[:, 1:] != IGNORE_INDEX).sum(), "seqs": torch.tensor(labels.shape[0]),
-            "positions": inputs["attention_mask"].sum()}
 
 
 def group_mean(values_sum: torch.Tensor, local_count, inputs: dict, name: str) -> torch.Tensor:

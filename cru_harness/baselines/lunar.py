@@ -34,8 +34,9 @@ from typing import ClassVar
 
 import torch
 
-from ..cru.blocks import find_decoder_blocks
-from ..cru.sites import mlp_down_projection
+from ..training.blocks import find_decoder_blocks
+from ..training.sites import mlp_down_projection
+from ..training.engine import Engine
 from ..data.corpora import row_prompt
 from ..errors import InputError, MissingInputError
 from ..hparams import bound_problem
@@ -189,20 +190,23 @@ def fit_projection(weight: torch.Tensor, bias: torch.Tensor | None, inputs: torc
         if bias is not None:
             linear.bias.copy_(bias.float())
     optimizer = torch.optim.AdamW(linear.parameters(), lr=learning_rate, weight_decay=weight_decay)
-    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=lr_decay)
+    # The training engine in place (the projection beside the model, in this process), decayed once an epoch.
+    engine = Engine(linear, optimizer, torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=lr_decay),
+                    scheduler_interval="epoch")
     loader = DataLoader(TensorDataset(inputs, targets, token_weights), batch_size=batch_size, shuffle=True,
                         generator=torch.Generator().manual_seed(seed))
+
+    def loss_fn(batch):
+        x, y, w = (t.to(weight.device).float() for t in batch)
+        loss = token_mse(linear(x), y, w)
+        return loss, {"loss": float(loss.detach())}
+
     for epoch in range(num_epochs):
-        for x, y, w in loader:
-            x, y, w = (t.to(weight.device).float() for t in (x, y, w))
-            loss = token_mse(linear(x), y, w)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            lr = optimizer.param_groups[0]["lr"]
-            optimizer.step()
+        for batch in loader:
+            logs = engine.step([batch], loss_fn)
             if on_step is not None:
-                on_step(epoch, float(loss.detach()), lr)
-        scheduler.step()
+                on_step(epoch, logs["loss"], logs["lr"])
+        engine.end_epoch()
     return linear.weight.detach(), None if bias is None else linear.bias.detach()
 
 
@@ -248,7 +252,7 @@ class LUNAR(UnlearningMethod):
         """LUNAR's fit of the down projection on the starting model's cached activations (module doc)."""
         from tqdm.auto import tqdm
 
-        from .trainer import TrainResult
+        from ..training.engine import TrainResult
 
         if self.direction is None:
             raise RuntimeError("lunar: call prepare(model, seed, dataset) first (the trainer does) for the direction")

@@ -2,25 +2,24 @@
 `BaselineMethod` under the `cru_harness.methods` entry-point group, wrapping its `UnlearningMethod` class."""
 from __future__ import annotations
 
+import dataclasses
+import json
+from types import SimpleNamespace
 from typing import Any
 
 from ..api import CellContext, Method, Trained
+from ..training.launch import LaunchSettings, launch
+from ..training.resources import record_resources
 
 #: Spellings the configs accept for the trainers' fields (results record the canonical names).
 TRAINER_ALIASES = {"lr": "learning_rate", "epochs": "num_epochs"}
-RESOURCE_KEYS = ("wall_time_s", "peak_memory_bytes")   # recorded as train_<key>
-
-
-def record_resources(outcome: dict, record: dict[str, Any]) -> None:
-    """A training resource record into a cell's outcome (`train_wall_time_s`, `train_peak_memory_bytes`, ...)."""
-    outcome["resources"].update({f"train_{k}" if k in RESOURCE_KEYS else k: v for k, v in record.items()})
 
 
 def training_cost(config, corpus: str, benchmark: str, data_dir, rows_name: str = "rows") -> str:
     """`N optimizer steps (E epochs, effective batch B, R rows)` of a run of the baselines' trainer with `config`
     on `corpus` (`--dry-run`). Rows are counted only from local data: a dry run never reaches the Hub."""
     from ..data.corpora import training_steps_note
-    from .trainer import step_counts
+    from ..training.engine import step_counts
 
     shape = f"{config.num_epochs:g} epochs, effective batch {config.effective_batch_size}"
 
@@ -78,11 +77,35 @@ class BaselineMethod(Method):
         return f"{what}; {self.cost(cell)}{''.join(missing)}", downloads
 
     def cell_config(self, cell):
-        """The trainer's config of a cell: its preset for the cell's benchmark and split, the cell's settings on top."""
-        return self.trainer.Config.preset(cell.benchmark, cell.split, **cell.hparams)
+        """The trainer's config of a cell: its preset for the cell's benchmark and split, the cell's settings on top
+        (`lora`, an option of the engine, apart: `cell_lora`)."""
+        return self.trainer.Config.preset(cell.benchmark, cell.split,
+                                          **{k: v for k, v in cell.hparams.items() if k != "lora"})
+
+    def cell_lora(self, cell) -> dict | None:
+        """A cell's `lora:` settings (`training.lora.LoraSettings` fields), or None: full-weight training."""
+        return cell.hparams.get("lora")
+
+    def hparams(self) -> tuple[str, ...]:
+        return super().hparams() + ("lora",)
+
+    def check_hparams(self, values: dict) -> None:
+        from ..training.lora import LoraSettings
+
+        values = dict(values)
+        if "lora" in values:
+            LoraSettings.from_dict(values.pop("lora"))
+        super().check_hparams(values)
 
     def trained_weights(self, cell) -> str:
-        return self.trainer(self.cell_config(cell)).trained_weights()
+        what = self.trainer(self.cell_config(cell)).trained_weights()
+        if lora := self.cell_lora(cell):
+            from ..training.lora import LoraSettings
+
+            settings = LoraSettings.from_dict(lora)
+            targets = ",".join(settings.target_modules) if settings.target_modules else "PEFT's default modules"
+            what = f"a LoRA adapter (r {settings.r}, alpha {settings.alpha:g}, {targets}) on a frozen base"
+        return what
 
     def cost(self, cell) -> str:
         return training_cost(self.cell_config(cell), cell.corpora["forget_corpus"], cell.benchmark, cell.data_dir,
@@ -103,10 +126,22 @@ class BaselineMethod(Method):
         config = self.cell_config(cell)
         forget = load_corpus_rows(cell.corpora["forget_corpus"], ctx.data_dir)[0]
         retain = load_corpus_rows(cell.corpora["retain_corpus"], ctx.data_dir)[0]
-        trained = self.train(ctx.model_path, forget, retain, config, out,
-                             seed=cell.seed or 0, data_dir=ctx.data_dir, dtype=ctx.dtype, device=cell.device,
-                             device_map=cell.model.device_map, progress=False, prompt_format=ctx.prompt_format,
-                             trust_remote_code=cell.model.trust_remote_code, overwrite=True)
+        kwargs = dict(seed=cell.seed or 0, data_dir=ctx.data_dir, dtype=ctx.dtype, progress=False,
+                      prompt_format=ctx.prompt_format, trust_remote_code=cell.model.trust_remote_code, overwrite=True)
+        if lora := self.cell_lora(cell):
+            kwargs["lora"] = lora
+        settings = LaunchSettings.from_dict(getattr(cell, "training", None))
+        if settings.launches:   # the config's `training:` engine, in processes of their own
+            from .api import RECORD_FILE
+
+            launch(settings, "cru_harness.baselines.api:unlearn",
+                   dict(model_path_or_model=ctx.model_path, tokenizer=None, forget_rows=forget, retain_rows=retain,
+                        method=self.trainer.name, config=config.to_dict(), out_dir=str(out), **kwargs))
+            trained = SimpleNamespace(**json.loads((out / RECORD_FILE).read_text()))
+            ctx.outcome["details"]["training_engine"] = dataclasses.asdict(settings)
+        else:
+            trained = self.train(ctx.model_path, forget, retain, config, out, device=cell.device,
+                                 device_map=cell.model.device_map, **kwargs)
         ctx.outcome["details"]["training_prompts"] = ctx.prompt_format
         resources = getattr(trained, "resources", None)
         if resources is not None:

@@ -28,7 +28,7 @@ from typing import ClassVar
 
 import torch
 
-from ..cru.blocks import find_decoder_blocks, hidden_size
+from ..training.blocks import find_decoder_blocks, hidden_size
 from ..errors import InputError
 from ..hparams import bound_problem
 from ._activations import block_output, masked_mse_per_sequence

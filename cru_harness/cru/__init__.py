@@ -2,15 +2,15 @@
 bundles (the shippable artifact) and attaching them to a frozen base model."""
 import importlib
 
-# Exported lazily (PEP 562): `cru_harness.cru.plugin` and `cru.blocks`, which the method registry and
+# Exported lazily (PEP 562): `cru_harness.cru.plugin` and `training.blocks`, which the method registry and
 # `cru-harness methods` import, must not pull in peft and transformers through this package's __init__.
 _EXPORTS = {
     "RoutedModel": ".attach",
     "RoutingHandle": ".attach",
     "attach_bundles": ".attach",
     "routed": ".attach",
-    "DecoderBlocksNotFoundError": ".blocks",
-    "find_decoder_blocks": ".blocks",
+    "DecoderBlocksNotFoundError": "..training.blocks",
+    "find_decoder_blocks": "..training.blocks",
     "BundleConfig": ".bundle",
     "BundleError": ".bundle",
     "BundleFileError": ".bundle",
@@ -32,8 +32,8 @@ _EXPORTS = {
     "collapsed_gate": ".losses",
     "INPUT_NORMS": ".router",
     "Router": ".router",
-    "GATE_SITES": ".sites",
-    "GateSiteError": ".sites",
+    "GATE_SITES": "..training.sites",
+    "GateSiteError": "..training.sites",
     "GateRecorder": ".train",
     "RouterTrainer": ".train",
     "RouterTrainingConfig": ".train",

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .blocks import block_device, block_output_tensor, find_decoder_blocks, replace_block_output
+from ..training.blocks import block_device, block_output_tensor, find_decoder_blocks, replace_block_output
 from .bundle import BaseWeightsWarning, IncompatibleBaseError, RouterBundle, base_weights_problem
 from .router import Router
-from .sites import mlp_down_projection, mlp_width
+from ..training.sites import mlp_down_projection, mlp_width
 
 # A callback (block index, bundle, gates (B, T, |C|) float32 with grad) -> None, used by router training.
 GateObserver = Callable[[int, RouterBundle, torch.Tensor], None]

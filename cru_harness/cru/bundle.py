@@ -18,10 +18,10 @@ from torch import nn
 
 from ..errors import UserError, excerpt
 from ..locations import BUNDLE_MANIFEST
-from . import blocks as _blocks
+from ..training import blocks as _blocks
 from .losses import LOSS_SHAPES
 from .router import INPUT_NORMS, Router
-from .sites import GATE_SITES
+from ..training.sites import GATE_SITES
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = BUNDLE_MANIFEST

@@ -12,6 +12,7 @@ from cru_harness.prompts import BENCHMARKS, add_prompt_format_argument, prompt_f
 from cru_harness.hparams import HPARAM_CHOICES
 
 from ..errors import InputError, excerpt
+from ..training.lora import add_training_arguments, lora_from_args
 
 
 @functools.cache
@@ -97,6 +98,7 @@ def register(subparsers) -> None:
                               "example (same routers, less memory, slower)")
     add_device_arguments(unlearn, dtype_help="dtype to run the frozen base in (routers are always float32; "
                                               "default float32)")
+    add_training_arguments(unlearn)
     unlearn.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     unlearn.set_defaults(func=run_unlearn)
 
@@ -175,7 +177,6 @@ def _method_hparams(method, given: dict) -> dict:
 def run_baseline(args: argparse.Namespace, method) -> int:
     """`unlearn --method` for a trainer of `cru_harness.baselines`: its preset for --benchmark (and the TOFU split
     --forget names), `--set` overrides, the same checks before loading, the model saved to --out."""
-    from cru_harness.baselines.plugin import BaselineMethod
     from cru_harness.data.tofu import FORGET_SPLITS
     from cru_harness.hparams import check_seed
     from cru_harness.locations import check_model_path, check_output_dir, command_output_lock
@@ -183,7 +184,9 @@ def run_baseline(args: argparse.Namespace, method) -> int:
 
     from .train import RouterTrainingConfig
 
-    if not isinstance(method, BaselineMethod):
+    # A trainer plugin (`baselines.plugin.BaselineMethod`, found through the registry: cru and baselines are
+    # independent packages) offers its trainer class and `train`.
+    if not (callable(getattr(method, "train", None)) and hasattr(getattr(method, "trainer", None), "Config")):
         what = "trains nothing" if not method.trains else "is not a trainer of cru_harness.baselines"
         raise InputError(f"--method {method.name} {what}: run it from a runner config (`cru-harness run`)")
     cru_only = sorted(set(given_fields(args, RouterTrainingConfig)) - {"seed"})
@@ -204,9 +207,14 @@ def run_baseline(args: argparse.Namespace, method) -> int:
         result = method.train(base_path, forget_rows, retain_rows, config, args.out, seed=seed,
                               data_dir=args.data_dir, dtype=args.dtype, device=args.device,
                               device_map=args.device_map, progress=not args.no_progress, prompt_format=fmt,
-                              overwrite=args.overwrite)
-    print(f"saved the {method.name}-unlearned model to {args.out}: {result.optimizer_steps} optimizer steps on "
-          f"{result.n_forget} forget and {result.n_retain} retain rows")
+                              overwrite=args.overwrite, lora=lora_from_args(args),
+                              gradient_checkpointing=args.gradient_checkpointing)
+    from accelerate.state import PartialState
+
+    if PartialState().is_main_process:   # under accelerate launch, once
+        what = "LoRA adapter" if result.lora else "model"
+        print(f"saved the {method.name}-unlearned {what} to {args.out}: {result.optimizer_steps} optimizer steps on "
+              f"{result.n_forget} forget and {result.n_retain} retain rows")
     return 0
 
 
@@ -219,6 +227,14 @@ def run_unlearn(args: argparse.Namespace) -> int:
         return run_baseline(args, method)
     if method is not plugins.methods.get("CRU"):
         raise InputError(f"--method {method.name}: `unlearn` trains CRU bundles; run it from a runner config")
+    if lora_from_args(args) is not None or args.gradient_checkpointing:
+        raise InputError("--lora*, --gradient-checkpointing: options of the methods that train weights; CRU trains "
+                         "routers on a frozen base")
+    from cru_harness.devices import launched_processes
+
+    if (n := launched_processes()) > 1:
+        raise InputError(f"--method CRU runs in one process, and {n} were launched (accelerate launch / torchrun): "
+                         "its routers train beside a frozen base; start it without them")
     with command_output_lock(args.out):
         return run_cru(args)
 

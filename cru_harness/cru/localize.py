@@ -14,8 +14,8 @@ from torch import nn
 from ..devices import input_device  # noqa: F401  (the one place; re-exported for cru.train / cru.prefix)
 from ..errors import InputError
 from ..prompts import encode_text
-from .blocks import block_output_tensor, find_decoder_blocks, num_layers, resolve_block_indices, run_until
-from .sites import mlp_down_projection, validate_gate_site
+from ..training.blocks import block_output_tensor, find_decoder_blocks, num_layers, resolve_block_indices, run_until
+from ..training.sites import mlp_down_projection, validate_gate_site
 
 SELECTIONS = ("variance", "random")
 

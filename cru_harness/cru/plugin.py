@@ -43,8 +43,8 @@ class CRUMethod(Method):
         return f"{what}; {note}", downloads
 
     def run(self, ctx: CellContext) -> Trained:
-        from ..baselines.plugin import record_resources
-        from ..baselines.resources import ResourceMonitor
+        from ..training.resources import record_resources
+        from ..training.resources import ResourceMonitor
         from ..data.corpora import load_corpus
         from .train import RouterTrainingConfig, train_routers
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError, UserError
-from .blocks import StopForward, block_device, find_decoder_blocks, hidden_size, run_until
+from ..training.blocks import StopForward, block_device, find_decoder_blocks, hidden_size, run_until
 from .localize import Batch, input_device
 
 CACHE_PLACEMENTS = ("auto", "cpu", "device")

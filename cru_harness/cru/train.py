@@ -29,14 +29,15 @@ from ..hparams import check_seed, fields_problem
 from ..context import fit_to_context
 from ..reductions import thread_invariant_sum
 from .attach import attach_bundles
-from .blocks import find_decoder_blocks, run_until
+from ..training.blocks import find_decoder_blocks, run_until
+from ..training.engine import Engine
 from .bundle import BundleConfig, RouterBundle, base_fingerprint, sample_base_weights
 from .localize import (SELECTIONS, Batch, Localization, collate, input_device, localize, pad_token_id,
                        tokenize_texts, validate_exclusion, validate_percentile)
 from .losses import cru_loss, validate_loss_shape
 from .prefix import CACHE_PLACEMENTS, FrozenPrefix, PrefixCache
 from .router import INPUT_NORMS, Router
-from .sites import validate_gate_site
+from ..training.sites import validate_gate_site
 
 
 ROUTER_INITS = ("default", "open")
@@ -310,6 +311,9 @@ class RouterTrainer:
                                  placement=config.prefix_cache_placement,
                                  max_gib=config.prefix_cache_max_gib, base_bytes=base_bytes)
         self.optimizer = torch.optim.Adam(bundle.routers.parameters(), lr=config.lr)
+        # The training engine with the routers as its trainable weights: in place, in this process, beside the
+        # frozen base (which may be device-mapped): no accumulation (one group per step), no clipping, no schedule.
+        self.engine = Engine(bundle.routers, self.optimizer)
         self.recorder = GateRecorder()
         self.timings = {"prefix_s": 0.0, "steps_s": 0.0, "final_gates_s": 0.0}
         self._handle = None
@@ -374,14 +378,17 @@ class RouterTrainer:
     def step(self, forget_rows: Sequence[int], retain_rows: Sequence[int]) -> StepResult:
         """One optimizer step on a forget batch and a retain batch (row indices of the two corpora)."""
         self._check_active()
-        forget_means = self._gate_means("forget", forget_rows)
-        retain_means = self._gate_means("retain", retain_rows)
-        loss = cru_loss(forget_means, retain_means, self.config.lam, suppress_loss=self.config.suppress_loss,
-                        pass_loss=self.config.pass_loss)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        return StepResult(loss.item(), _mean_of(forget_means), _mean_of(retain_means))
+
+        def loss_fn(rows):
+            forget_means = self._gate_means("forget", rows[0])
+            retain_means = self._gate_means("retain", rows[1])
+            loss = cru_loss(forget_means, retain_means, self.config.lam, suppress_loss=self.config.suppress_loss,
+                            pass_loss=self.config.pass_loss)
+            return loss, {"loss": loss.item(), "forget_gate_mean": _mean_of(forget_means),
+                          "retain_gate_mean": _mean_of(retain_means)}
+
+        logs = self.engine.step([(forget_rows, retain_rows)], loss_fn)
+        return StepResult(logs["loss"], logs["forget_gate_mean"], logs["retain_gate_mean"])
 
     def train(self) -> StepResult | None:
         """Run every step of the schedule; returns the last step's result."""

@@ -8,6 +8,7 @@ from ..arguments import config_defaults_help, field_defaults, given_fields
 from ..devices import add_device_arguments
 from ..prompts import add_prompt_format_argument
 from ..hparams import HPARAM_CHOICES
+from ..training.lora import add_training_arguments, lora_from_args
 
 
 @functools.cache
@@ -16,6 +17,7 @@ def finetune_defaults() -> dict[str, str]:
     from .train import FinetuneConfig
 
     return field_defaults(FinetuneConfig)
+
 
 
 def register(subparsers) -> None:
@@ -51,6 +53,7 @@ def register(subparsers) -> None:
     add_prompt_format_argument(p)
     add_device_arguments(p, dtype_help="float32; bfloat16 / float16 = fp32 master weights under bf16 / fp16 "
                                        "autocast, saved in that dtype (default float32)")
+    add_training_arguments(p)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=run_finetune)
 
@@ -73,7 +76,8 @@ def run_finetune(args: argparse.Namespace) -> int:
         result = finetune(resolve_model_path(args.model), args.data, args.out, config=config, seed=args.seed,
                           data_dir=args.data_dir, dtype=args.dtype, device=args.device, device_map=args.device_map,
                           chat_template=fmt["chat"], family=fmt["family"], overwrite=args.overwrite,
-                          progress=not args.no_progress)
+                          progress=not args.no_progress, lora=lora_from_args(args),
+                          gradient_checkpointing=args.gradient_checkpointing)
 
     if PartialState().is_main_process:
         print(f"saved fine-tuned model to {args.out}: {result.n_rows} rows, {result.optimizer_steps} steps "

@@ -9,7 +9,7 @@ answer tokens and one EOS, the question masked; AdamW lr 1e-5, weight decay 0.01
 - Prompt: the one the evaluation uses, built by `baselines.data.encode_qa` (the model's chat template with the
   protocol's system prompt when it has one, else `Question: {q}\\nAnswer:`); `chat_template=False` forces the
   plain template (the runner's choice for testbed models, see `runner.execute.model_uses_chat_template`).
-- Training: the baselines' accelerate loop (`baselines.trainer.train_unlearning`), so mixed precision, exact
+- Training: the training engine (`training.engine.train_model`), so mixed precision, exact
   gradient accumulation and `accelerate launch` data parallelism behave as for GA/NPO/...
 - The output directory is checked before any training (`cru_harness.locations.check_output_dir`): an
   existing non-empty one needs `overwrite=True`.
@@ -96,16 +96,17 @@ class FinetuneResult:
     family: str | None = None
     history: list[dict] = field(default_factory=list)
     model: torch.nn.Module | None = field(default=None, repr=False)
+    lora: dict | None = None   # a LoRA run's adapter settings (a full-weight run's record has no `lora` key)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "model"}
+        return {k: v for k, v in self.__dict__.items() if k != "model" and not (k == "lora" and v is None)}
 
 
 def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer=None,
              config: FinetuneConfig | dict | None = None, seed: int = 0, data_dir=None, dtype="float32",
              device: str = "auto", device_map=None, chat_template: bool | None = None, overwrite: bool = False,
              progress: bool = True, preset: str = DEFAULT_TOFU_PRESET, family: str | None = None,
-             trust_remote_code: bool = False) -> FinetuneResult:
+             trust_remote_code: bool = False, lora=None, gradient_checkpointing: bool = False) -> FinetuneResult:
     """Fine-tune a causal LM on QA rows with TOFU's recipe; save it to `out_dir` (if given).
 
     `model`: a HF id / directory, or a model object (trained in place; then `tokenizer` is required).
@@ -114,12 +115,14 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     as `cru_harness.baselines.unlearn` (fp32 master weights under bf16 / fp16 autocast, saved in `dtype`;
     sharded with device_map="auto").
     `chat_template` (None: when the tokenizer has one), `preset`, `family`: the prompt format
-    (`cru_harness.prompts.qa_texts`); pass what the evaluation uses.
+    (`cru_harness.prompts.qa_texts`); pass what the evaluation uses. `lora`, `gradient_checkpointing`: as
+    `cru_harness.baselines.unlearn` (a PEFT adapter on the frozen base; the model's activation checkpointing).
     """
     from accelerate.state import PartialState
 
-    from ..baselines.resources import ResourceMonitor, max_over_processes
-    from ..baselines.trainer import load_trainee, prepare_training, train_unlearning
+    from ..training.resources import ResourceMonitor, max_over_processes
+    from ..training.engine import load_trainee, prepare_training, set_activation_checkpointing, train_model
+    from ..training.lora import LoraSettings, add_lora
     from ..context import fit_to_context
     from ..locations import check_model_path, check_output_dir
 
@@ -139,12 +142,13 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
         rows, description = load_corpus_rows(data, data_dir)
     else:
         rows, description = list(data), f"{len(data)} rows given"
+    lora = LoraSettings.from_dict(lora) if lora is not None else None
     config, accelerator = prepare_training(config, seed, dtype=dtype, device=device, device_map=device_map)
     loaded = isinstance(model, (str, os.PathLike))  # a model object trains, and stays, in its own dtype
     if loaded:
         model, loaded_tokenizer = load_trainee(str(model), accelerator, dtype=dtype, device=device,
                                                device_map=device_map, trust_remote_code=trust_remote_code,
-                                               load_tokenizer=tokenizer is None)
+                                               load_tokenizer=tokenizer is None, frozen_base=lora is not None)
         tokenizer = tokenizer or loaded_tokenizer
     elif tokenizer is None:
         raise ValueError("finetune: a tokenizer is required when a model object is passed")
@@ -160,9 +164,15 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     max_length = fit_to_context(model, config.max_length, lengths)
     dataset = QADataset(tokenizer, rows, max_length=max_length, **fmt)
     method = SupervisedFinetune(config)
+    if gradient_checkpointing:
+        set_activation_checkpointing(model, True)
+    if lora is not None:
+        model = add_lora(model, lora)
     with ResourceMonitor(accelerator.device, model=model) as monitor:
-        trained = train_unlearning(model, method, dataset, seed=seed, accelerator=accelerator, progress=progress)
-    if loaded:
+        trained = train_model(model, method, dataset, seed=seed, accelerator=accelerator, progress=progress)
+    if gradient_checkpointing:
+        set_activation_checkpointing(trained.model, False)
+    if loaded and lora is None:   # an adapter stays in fp32
         trained.model.to(saved_dtype(dtype))
     result = FinetuneResult(
         config=config.to_dict(), data=description, n_rows=len(rows), seed=seed,
@@ -171,7 +181,8 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
         warmup_steps=trained.warmup_steps, chat_template=dataset.chat,
         dtype=dtype_name(saved_dtype(dtype) if loaded else trained.model.dtype),
         resources=max_over_processes(monitor.record, accelerator).to_dict(), final_logs=trained.final_logs,
-        preset=preset, family=family, history=trained.history, model=trained.model)
+        preset=preset, family=family, history=trained.history, model=trained.model,
+        lora=lora.to_dict() if lora is not None else None)
     if out_dir is not None:
         accelerator.wait_for_everyone()
         if PartialState().is_main_process:

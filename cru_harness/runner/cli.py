@@ -203,7 +203,17 @@ def plan_summary(config, cells, selected_targets=None) -> dict:
             "n_evaluated": sum(1 for item in described if item["evaluates"]), "downloads": downloads,
             "data": data, "cells": described, "target_selection": _selection_summary(config, selected_targets),
             "pending_selection": pending_selections(config, selected_targets),
-            "security": security_summary(config)}
+            "security": security_summary(config), **_training_summary(config)}
+
+
+def _training_summary(config) -> dict:
+    """How weight-training cells run, when the config's `training:` names an engine: the launch command."""
+    from ..training.launch import LaunchSettings
+
+    settings = LaunchSettings.from_dict(config.training)
+    if not settings.launches:
+        return {}
+    return {"training": {**config.training, "command": " ".join(settings.command())}}
 
 
 def _origin(path: str) -> str:
@@ -258,6 +268,10 @@ def print_plan(summary: dict, out=None) -> None:
     print(f"  trains {summary['n_trained']} cells{attacks}, evaluates {summary['n_evaluated']}", file=out)
     for bench, where in summary["data"].items():
         print(f"  data {bench}: {where}", file=out)
+    if "training" in summary:
+        training = summary["training"]
+        print(f"  training: {training['engine']} on {training['num_processes']} process(es), each weight-training "
+              f"cell as: {training['command']}", file=out)
     print("  models loaded (weights; code too where trust_remote_code is true):", file=out)
     for entry in summary["security"]:
         print(f"    {entry['key']} {entry['name']}: {entry['path']} ({entry['origin']}), "

@@ -7,6 +7,7 @@ The schema is documented key by key in `SCHEMA` below and in `docs/results_schem
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
@@ -92,7 +93,7 @@ def default_benchmarks(method: str, benchmarks) -> list[str]:
 
 _METHOD_ENTRY_KEYS = ("method", "label", "benchmarks", "overrides", "forget_corpus", "retain_corpus")
 _TOP_KEYS = ("name", "output_dir", "data_dir", "seeds", "device", "include_original", "models", "benchmarks",
-             "methods", "attacks", "purge_checkpoints", "evaluation", "report", "description")
+             "methods", "attacks", "purge_checkpoints", "evaluation", "report", "description", "training")
 _MODEL_KEYS = ("name", "path", "dtype", "eval_dtype", "benchmarks", "retain", "chat_template", "trust_remote_code",
                "device_map", "finetune")
 _RETAIN_KINDS = ("checkpoint", "per_item", "train", "finetune")
@@ -210,6 +211,7 @@ class ExperimentConfig:
     raw: dict[str, Any]
     source: str | None = None
     attacks: tuple["AttackSpec", ...] = ()
+    training: dict[str, Any] = field(default_factory=dict)   # `training:`: the engine (`training.launch`)
 
 
 def config_path(path: str | os.PathLike) -> Path:
@@ -523,11 +525,28 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
     attacks = _validate_attacks(raw.get("attacks"), source)
     _check_tasks_under_presets(benchmarks, benches_raw, attacks, evaluation, source)
 
+    training = _validate_training(raw.get("training"), source)
     return ExperimentConfig(name=name, output_dir=output_dir, data_dir=data_dir, seeds=tuple(seeds),
                             device=device, include_original=include_original, models=tuple(models),
                             benchmarks=benchmarks, methods=tuple(methods), purge_checkpoints=purge_checkpoints,
                             evaluation=evaluation, report=report, raw=raw, source=source,
-                            attacks=attacks)
+                            attacks=attacks, training=training)
+
+
+def _validate_training(raw: Any, source: str | None) -> dict[str, Any]:
+    """`training: {engine, num_processes, config_file}` (`training.launch.LaunchSettings`): how weight-training
+    cells run. Not in any cell's hash: an engine gives the same updates (`docs/gpu.md`)."""
+    if raw is None:
+        return {}
+    from ..training.launch import LaunchSettings
+
+    if not isinstance(raw, dict):
+        _fail("training", "expected a mapping {engine, num_processes, config_file}", source)
+    try:
+        settings = LaunchSettings.from_dict(raw)
+    except InputError as err:
+        _fail("training", str(err), source)
+    return dataclasses.asdict(settings)
 
 
 def _check_tasks_under_presets(benchmarks: dict, raw: dict, attacks: tuple, evaluation: dict,

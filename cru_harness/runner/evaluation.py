@@ -2,6 +2,7 @@
 as `lm_eval --log_samples` saves it, then scored through the project scorers (`scoring.cell_scores`)."""
 from __future__ import annotations
 
+import json
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -121,6 +122,9 @@ def eval_model_args(model: ModelSpec, model_path: str, routers: str | None = Non
     bits (-5.875)."""
     dtype = model_dtype(model, "eval")
     args: dict[str, Any] = {"pretrained": model_path, "dtype": dtype}
+    adapter = Path(model_path) / "adapter_config.json"
+    if adapter.is_file():   # a LoRA cell's PEFT adapter: lm-eval loads the base it names, then the adapter
+        args.update(pretrained=json.loads(adapter.read_text())["base_model_name_or_path"], peft=model_path)
     if dtype in HALF_DTYPES:
         args["softmax_dtype"] = "float32"
     if model.device_map == "auto":

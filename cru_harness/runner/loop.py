@@ -60,7 +60,7 @@ class PeakRSSSampler:
 
 class CudaPeak:
     """Peak GPU memory of a block on every visible GPU (torch's allocator high-water mark from the start, training's
-    own reset included: `baselines.resources.cuda_peak`), and the GPUs' names: what a cell on `cuda` used, loading
+    own reset included: `training.resources.cuda_peak`), and the GPUs' names: what a cell on `cuda` used, loading
     and evaluation included (training's own peak is `train_peak_*`). What an earlier cell left unreferenced is
     collected and its cached blocks released first, so that it is not counted. Inactive (records nothing) when
     the cell's device is not CUDA."""
@@ -74,7 +74,7 @@ class CudaPeak:
         if self.active:
             import torch
 
-            from ..baselines.resources import begin_cuda_peak
+            from ..training.resources import begin_cuda_peak
 
             self.active = torch.cuda.is_available()
             if self.active:
@@ -91,7 +91,7 @@ class CudaPeak:
         if self.active:
             import torch
 
-            from ..baselines.resources import cuda_peak
+            from ..training.resources import cuda_peak
 
             try:
                 count = torch.cuda.device_count()

@@ -47,6 +47,7 @@ class Cell:
     data_dir: str | None
     device: str
     extra: dict[str, Any] = field(default_factory=dict)   # retain spec, PURGE local checkpoint
+    training: dict[str, Any] = field(default_factory=dict, compare=False)   # the config's engine; not hashed
 
     @property
     def unit(self) -> str:
@@ -140,7 +141,7 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
                 oracle: list[Cell] = []   # the block's retain cell, when it has a model an attack can take
                 tasks = tuple(_fill(task, bench, split, target) for task in spec["tasks"])
                 common = dict(model=model, benchmark=bench, tasks=tasks, limit=limit, evaluation=evaluation,
-                              data_dir=spec["data_dir"], device=config.device)
+                              data_dir=spec["data_dir"], device=config.device, training=config.training)
                 if benchmark.has_oracle and split in model.retain:
                     retain = model.retain[split]
                     trains = retain.kind in ("train", "finetune")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..baselines.plugin import record_resources
 from ..api import ROUTERS_DIR  # noqa: F401  (where an adapter cell keeps its bundle; importable here)
+from ..training.launch import LaunchSettings, launch
+from ..training.resources import record_resources
 from .models import load_model, model_dtype, resolve_model_path
 from .plan import Cell
 from .provenance import directory_fingerprint
@@ -61,10 +62,26 @@ def train_finetuned_model(cell: Cell, spec: dict, source_path: str, corpus: str,
     dtype = spec.get("dtype") or model_dtype(cell.model)
     out = workdir / name
     fmt = prompt_format(cell, use_chat_template(cell, source_path))
-    result = finetune(source_path, corpus, out, config=FinetuneConfig.from_dict(overrides), seed=cell.seed or 0,
-                      data_dir=data_dir, dtype=dtype, device=cell.device, device_map=cell.model.device_map,
-                      chat_template=fmt["chat"], **{k: fmt[k] for k in ("preset", "family") if k in fmt}, overwrite=True,
-                      progress=False, trust_remote_code=cell.model.trust_remote_code)
+    config = FinetuneConfig.from_dict(overrides)
+    kwargs = dict(seed=cell.seed or 0, data_dir=data_dir, dtype=dtype, chat_template=fmt["chat"],
+                  overwrite=True, progress=False,
+                  trust_remote_code=cell.model.trust_remote_code,
+                  **{k: fmt[k] for k in ("preset", "family") if k in fmt})
+    settings = LaunchSettings.from_dict(getattr(cell, "training", None))
+    if settings.launches:   # the config's `training:` engine, in processes of their own
+        import json
+        from types import SimpleNamespace
+
+        from ..finetune.train import RECORD_FILE
+
+        launch(settings, "cru_harness.finetune:finetune",
+               dict(model=source_path, data=corpus, out_dir=str(out), config=config.to_dict(), **kwargs))
+        record = json.loads((out / RECORD_FILE).read_text())
+        result = SimpleNamespace(**record, to_dict=lambda: record)
+        outcome["details"]["training_engine"] = dict(cell.training)
+    else:
+        result = finetune(source_path, corpus, out, config=config, device=cell.device,
+                          device_map=cell.model.device_map, **kwargs)
     outcome["details"]["training_prompts"] = fmt
     record_resources(outcome, result.resources)
     # The weights' fingerprint: a run that must fine-tune again elsewhere compares its checkpoint with this one.

@@ -139,7 +139,7 @@ def observe_gates(model, tokenizer, bundle, texts: list[str], recorder, *, batch
     import torch
 
     from ..cru.attach import attach_bundles
-    from ..cru.blocks import find_decoder_blocks, run_until
+    from ..training.blocks import find_decoder_blocks, run_until
     from ..cru.localize import collate, input_device, pad_token_id, tokenize_texts
 
     ids = tokenize_texts(tokenizer, texts, max_length)

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from cru_harness.data.corpora import format_qa, format_qa_prompt  # noqa: F401  (re-exported: the plain template)
 from cru_harness.devices import input_device
+from cru_harness.training.engine import Engine
 
 ANSWER_MARKER = "\nAnswer:"  # where the answer starts in format_qa's text (answer_only_loss)
 IGNORE_INDEX = -100
@@ -93,30 +94,33 @@ def finetune_causal_lm(model, tokenizer, texts: Sequence[str], *, epochs: int = 
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min((step + 1) / warmup, max(0.0, (total_steps - step) / max(1, total_steps - warmup))))
 
+    # The training engine in place (the model where it is, in this process), clipped at 1 as before.
+    engine = Engine(model, optimizer, schedule, max_grad_norm=1.0)
+
     model.train()
     device = input_device(model)  # batches are built on the CPU and sent where the model is
     stats = FinetuneStats(epochs=epochs, steps=0, seconds=0.0)
     started = time.perf_counter()
     bar = tqdm(total=total_steps, desc="fine-tune", disable=not progress, leave=False)
+
+    def loss_fn(batch):
+        input_ids, attention, labels = batch
+        loss = model(input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                     labels=labels.to(device)).loss
+        return loss, {"loss": loss.item()}
+
     try:
         for _epoch in range(epochs):
             order = list(range(len(data)))
             shuffler.shuffle(order)
             losses = []
             for first in range(0, len(order), batch_size):
-                input_ids, attention, labels = collate([data[i] for i in order[first:first + batch_size]],
-                                                        tokenizer.pad_token_id)
-                loss = model(input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                             labels=labels.to(device)).loss
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                schedule.step()
-                optimizer.zero_grad(set_to_none=True)
-                losses.append(loss.item())
+                batch = collate([data[i] for i in order[first:first + batch_size]], tokenizer.pad_token_id)
+                loss = engine.step([batch], loss_fn)["loss"]
+                losses.append(loss)
                 stats.steps += 1
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.3f}")
+                bar.set_postfix(loss=f"{loss:.3f}")
             stats.epoch_losses.append(sum(losses) / len(losses))
     finally:
         bar.close()

@@ -164,3 +164,11 @@ def max_over_processes(record: ResourceRecord, accelerator) -> ResourceRecord:
     wall, peak = accelerator.reduce(mine, reduction="max").tolist()
     return dataclasses.replace(record, wall_time_s=wall, peak_memory_bytes=int(peak),
                                processes=accelerator.num_processes)
+
+
+RESOURCE_KEYS = ("wall_time_s", "peak_memory_bytes")   # recorded as train_<key>
+
+
+def record_resources(outcome: dict, record: dict) -> None:
+    """A training resource record into a cell's outcome (`train_wall_time_s`, `train_peak_memory_bytes`, ...)."""
+    outcome["resources"].update({f"train_{k}" if k in RESOURCE_KEYS else k: v for k, v in record.items()})
