@@ -36,7 +36,6 @@ import torch
 
 from ..training.blocks import find_decoder_blocks
 from ..training.sites import mlp_down_projection
-from ..training.engine import Engine
 from ..data.corpora import row_prompt
 from ..errors import InputError, MissingInputError
 from ..hparams import bound_problem
@@ -191,6 +190,8 @@ def fit_projection(weight: torch.Tensor, bias: torch.Tensor | None, inputs: torc
             linear.bias.copy_(bias.float())
     optimizer = torch.optim.AdamW(linear.parameters(), lr=learning_rate, weight_decay=weight_decay)
     # The training engine in place (the projection beside the model, in this process), decayed once an epoch.
+    from ..training.engine import Engine   # here: listing the methods must not import accelerate
+
     engine = Engine(linear, optimizer, torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=lr_decay),
                     scheduler_interval="epoch")
     loader = DataLoader(TensorDataset(inputs, targets, token_weights), batch_size=batch_size, shuffle=True,
