@@ -62,6 +62,8 @@ class Method:
     `name`: the canonical name configs use (matched case-insensitively). `config`: the hyperparameter dataclass,
     which validates itself in `__post_init__` (as PEFT's `LoraConfig`); its fields, minus `runner_fields`, are the
     keys a config entry may set. `aliases`: other spellings accepted in configs (`lr` -> `learning_rate`).
+    `known_as`: other names of the method itself, accepted wherever a method is named (open-unlearning's trainer
+    names: `GradAscent` for GA); configs, results and cell hashes hold `name`.
     `benchmarks`: the benchmarks it runs on (None: every registered one). `benchmark_defaults`: settings per
     benchmark that differ from the dataclass's defaults and enter each cell's hyperparameters (so its hash says
     which setting trained it); `sources`: where each default comes from. `seeded`: False for a method whose result
@@ -76,6 +78,7 @@ class Method:
     config: type | None = None
     runner_fields: tuple[str, ...] = ()
     aliases: Mapping[str, str] = {}
+    known_as: tuple[str, ...] = ()
     benchmarks: tuple[str, ...] | None = None
     benchmark_defaults: Mapping[str, Mapping[str, Any]] = {}
     sources: Mapping[str, str] = {}

@@ -9,7 +9,9 @@ The project's own built-ins register the same way, through its `pyproject.toml`,
 a benchmark, a method or an attack without editing this one (docs/extending.md). An entry point names an object
 (a `cru_harness.api.Benchmark`, `Method` or `Attack` instance); it is imported the first time its registry is
 read. `register()` adds one in-process (a notebook, a test). Names match case-insensitively; a name that is not
-registered is an `UnknownPluginError` listing the registered ones.
+registered is an `UnknownPluginError` listing the registered ones. A plugin's `known_as` are other names it answers
+to (open-unlearning's trainer names: `GradAscent` is GA): every lookup turns them into the canonical name, so
+configs, results and cell hashes only ever hold that.
 
 Foundation layer: imports nothing of the project but `errors`.
 """
@@ -40,6 +42,7 @@ class Registry:
         self.kind, self.group = kind, group
         self.not_here = not_here or {}   # a name users try that is something else: where to find it instead
         self._items: dict[str, Any] | None = None
+        self._known_as: dict[str, str] = {}   # another name (lower case) -> the plugin's key
         self._added: dict[str, Any] = {}
 
     def _check(self, obj: Any, origin: str) -> str:
@@ -71,9 +74,33 @@ class Registry:
                 raise PluginError(f"two {self.kind}s are named {name!r}: {origins[key]} and {origin}")
             items[key], origins[key] = obj, origin
         items.update(self._added)
+        self._known_as = self._other_names(items)
         # listing order: a plugin's `order` (the built-ins: the order of the paper's tables), then its name
         self._items = dict(sorted(items.items(), key=lambda kv: (getattr(kv[1], "order", 100), kv[0])))
         return self._items
+
+    def _other_names(self, items: dict[str, Any]) -> dict[str, str]:
+        """`known_as` of every plugin -> its key; a name two plugins claim (or another's own name) is refused."""
+        other: dict[str, str] = {}
+        for key, obj in items.items():
+            names = getattr(obj, "known_as", ()) or ()
+            if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+                raise PluginError(f"{self.kind} {obj.name!r}: `known_as` must be a tuple of non-empty names")
+            for name in names:
+                low = name.lower()
+                if low == key:
+                    continue
+                if low in items or other.get(low, key) != key:
+                    taken = items[low].name if low in items else items[other[low]].name
+                    raise PluginError(f"{self.kind} {obj.name!r} is known as {name!r}, a name {taken!r} has")
+                other[low] = key
+        return other
+
+    def _key(self, name: Any) -> str:
+        """The registry key of a name or of one of a plugin's other names (unknown names come back as given)."""
+        low = str(name).lower()
+        items = self._load()
+        return low if low in items else self._known_as.get(low, low)
 
     def register(self, obj: Any) -> Any:
         """Add a plugin object in this process (entry points are for installed packages). Returns `obj`."""
@@ -83,6 +110,12 @@ class Registry:
             raise PluginError(f"a {self.kind} named {obj.name!r} is already registered")
         self._added[key] = obj
         self._items = None   # re-sorted on the next read
+        try:
+            self._load()     # its other names are checked now, not at the next lookup
+        except PluginError:
+            del self._added[key]
+            self._items = None
+            raise
         return obj
 
     def unregister(self, name: str) -> None:
@@ -93,12 +126,12 @@ class Registry:
             self._items = None
 
     def canonical(self, name: Any) -> str | None:
-        """The registered spelling of `name` (`npo` -> `NPO`), or None."""
-        obj = self._load().get(str(name).lower())
+        """The registered spelling of `name` (`npo` -> `NPO`, `GradAscent` -> `GA`), or None."""
+        obj = self._load().get(self._key(name))
         return None if obj is None else obj.name
 
     def get(self, name: Any) -> Any:
-        obj = self._load().get(str(name).lower())
+        obj = self._load().get(self._key(name))
         if obj is None:
             if (elsewhere := self.not_here.get(str(name).lower())):
                 raise UnknownPluginError(f"{name!r} is not a registered {self.kind}: {elsewhere}")
@@ -114,8 +147,14 @@ class Registry:
     def __iter__(self) -> Iterator[Any]:
         return iter(list(self._load().values()))
 
+    def known_as(self) -> dict[str, str]:
+        """Every other name a plugin answers to -> its canonical name (`GradAscent` -> `GA`)."""
+        items = self._load()
+        return {next(n for n in items[key].known_as if n.lower() == low): items[key].name
+                for low, key in self._known_as.items()}
+
     def __contains__(self, name: Any) -> bool:
-        return str(name).lower() in self._load()
+        return self._key(name) in self._load()
 
 
 benchmarks = Registry("benchmark", GROUPS["benchmark"])

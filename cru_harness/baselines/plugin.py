@@ -36,8 +36,10 @@ class BaselineMethod(Method):
     cell's benchmark and split (`Config.preset`), then saved for the evaluation."""
 
     def __init__(self, trainer: type, name: str, summary: str, *, refusals: dict[str, str] | None = None,
-                 order: int = 100, alternate: str = "refusals", needs: tuple[str, ...] = ()):
+                 order: int = 100, alternate: str = "refusals", needs: tuple[str, ...] = (),
+                 known_as: tuple[str, ...] = ()):
         self.trainer = trainer
+        self.known_as = known_as
         self.order = order
         self.name = name
         self.summary = summary
