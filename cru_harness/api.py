@@ -32,6 +32,28 @@ class Trained:
     routers: str | None = None
 
 
+class ModelLoader:
+    """How the evaluation loads a saved model that is not one checkpoint (`Method.model_loader`): lm-eval's `cru`
+    model loads `checkpoint` as it loads any base (its config and tokenizer are the evaluation's), then `build`
+    makes the model it serves. `name`: the kind of model, in messages (`WHP`)."""
+
+    name: str = ""
+    checkpoint: str = ""
+
+    def build(self, model: Any, load: Callable[[str], Any]) -> Any:
+        """The served model from the loaded `checkpoint`; `load(path)` loads another checkpoint the same way
+        (dtype, device map)."""
+        return model
+
+    def identity(self) -> dict[str, Any]:
+        """What decides its logits beyond `checkpoint` (part of the `--use_cache` identity)."""
+        return {}
+
+    def info(self) -> dict[str, Any]:
+        """What lm-eval's results record of it (`get_model_info`)."""
+        return {}
+
+
 @dataclass
 class CellContext:
     """Everything a method or an attack may use while a cell runs (built by the runner).
@@ -136,6 +158,11 @@ class Method:
         what = self.trained_weights(cell)
         return (f"{cell.method} {what} on forget={cell.corpora.get('forget_corpus')} "
                 f"retain={cell.corpora.get('retain_corpus')} [{hp}]"), []
+
+    def model_loader(self, path: str) -> ModelLoader | None:
+        """How the evaluation loads the model this method saved at `path` when it is not one checkpoint (WHP: two
+        models whose logits combine); None (the default): `path` is not such a model of this method."""
+        return None
 
     def run(self, ctx: CellContext) -> Trained:
         """Train (or fetch) the model a cell evaluates."""

@@ -46,7 +46,8 @@ class TestBooleanModelArguments:
     def test_other_spellings_are_refused_naming_the_argument(self, text, fake_model_dir, hflm_calls):
         from lm_eval.utils import simple_parse_args_string
 
-        from cru_harness.lmeval.model import CRULM, ModelArgumentError
+        from cru_harness.lmeval.arguments import ModelArgumentError
+        from cru_harness.lmeval.model import CRULM
 
         args = simple_parse_args_string(f"base={fake_model_dir},trust_remote_code={text}")  # as lm_eval parses it
         with pytest.raises(ModelArgumentError, match=r"trust_remote_code=.* in --model_args is not a boolean: "
@@ -67,7 +68,7 @@ class TestBooleanModelArguments:
         assert hflm_calls[0]["trust_remote_code"] is value and hflm_calls[0]["parallelize"] is value
 
     def test_every_boolean_argument_is_checked_and_strings_from_python_are_normalised(self):
-        from cru_harness.lmeval.model import ModelArgumentError, boolean_arguments, check_boolean_arguments
+        from cru_harness.lmeval.arguments import ModelArgumentError, boolean_arguments, check_boolean_arguments
 
         names = boolean_arguments()
         # HFLM's, from_pretrained's (by annotation) and from_pretrained's **kwargs booleans
@@ -305,7 +306,8 @@ class TestEmptyModelArguments:
     def test_an_empty_argument_is_refused_by_name(self, spec, name, fake_model_dir, hflm_calls):
         from lm_eval.utils import simple_parse_args_string
 
-        from cru_harness.lmeval.model import CRULM, ModelArgumentError
+        from cru_harness.lmeval.arguments import ModelArgumentError
+        from cru_harness.lmeval.model import CRULM
 
         args = simple_parse_args_string(f"base={fake_model_dir},{spec}")
         with pytest.raises(ModelArgumentError, match=f"cru model: {name}= is empty in --model_args"):
@@ -315,14 +317,16 @@ class TestEmptyModelArguments:
     @pytest.mark.parametrize("routers, words", [([], "routers=\\[\\] names no bundle"),
                                                 (False, "routers=False in --model_args is not a bundle")])
     def test_routers_that_name_no_bundle_are_refused(self, routers, words, fake_model_dir, hflm_calls):
-        from cru_harness.lmeval.model import CRULM, ModelArgumentError
+        from cru_harness.lmeval.arguments import ModelArgumentError
+        from cru_harness.lmeval.model import CRULM
 
         with pytest.raises(ModelArgumentError, match=words):
             CRULM(base=str(fake_model_dir), routers=routers, device="cpu")
         assert hflm_calls == []
 
     def test_an_empty_base_is_refused_and_no_routers_means_the_base_alone(self, fake_model_dir, hflm_calls):
-        from cru_harness.lmeval.model import CRULM, ModelArgumentError
+        from cru_harness.lmeval.arguments import ModelArgumentError
+        from cru_harness.lmeval.model import CRULM
 
         with pytest.raises(ModelArgumentError, match="base= is empty"):
             CRULM(base="", routers=str(fake_model_dir), device="cpu")

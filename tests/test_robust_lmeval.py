@@ -17,8 +17,9 @@ from cru_harness.devices import DeviceError
 from cru_harness.errors import InputError, UserError
 from cru_harness.lmeval.errors import install_excepthook
 from cru_harness.lmeval.metadata import METADATA_KEYS, SUITE_PREFIXES, check_metadata_keys
-from cru_harness.lmeval.model import (CRULM, FROM_PRETRAINED_KWARGS, ModelArgumentError, check_argument_values,
-                                      known_arguments)
+from cru_harness.lmeval.arguments import (FROM_PRETRAINED_KWARGS, ModelArgumentError, check_argument_values,
+                                          known_arguments)
+from cru_harness.lmeval.model import CRULM
 from cru_harness.locations import ModelPathError
 
 
