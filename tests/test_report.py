@@ -224,7 +224,7 @@ def test_forget_quality_from_retain_cell():
     bare = cell("CRU", ["q1"], [0.1], reason=None)
     bare["per_item"] = {}
     bare["metrics"]["forget_quality"] = 0.5       # no per-item values to recompute from: kept
-    tables.fill_forget_quality([same, shifted, nan, refused, stale, bare, retain])
+    tables.fill_from_oracle([same, shifted, nan, refused, stale, bare, retain])   # TOFU.compare_to_oracle
     assert same["metrics"]["forget_quality"] == pytest.approx(1.0)   # q0 is not an item of the run: left out
     assert shifted["metrics"]["forget_quality"] == pytest.approx(
         ks_2samp([0.6, 0.7, 0.8, 0.9, 1.0], [0.1, 0.2, 0.3, 0.4, 0.5]).pvalue)

@@ -530,16 +530,16 @@ def test_low_precision_scoring_keeps_log_softmax_in_float32():
 
 def test_rwku_cell_beyond_target_10_keeps_its_probes_and_records_utility_unavailable(tmp_path, rwku_dir):
     """RWKU ships utility sets for targets 1-10 only: such a cell drops (and names) its utility tasks."""
-    from cru_harness.runner.evaluation import rwku_tasks_with_data
+    from cru_harness.runner.evaluation import tasks_with_data
     from cru_harness.reporting.tables import aggregate, to_markdown
 
     raw = base_config(tmp_path, benchmarks={"rwku": {"targets": [2, 17], "tasks": [
         "rwku_forget", "rwku_utility_mmlu", "rwku_icu_utility"]}}, models=[{"name": "m", "path": "smollm2"}],
         methods=[{"method": "GA"}])
     cells = {c.target: c for c in build_plan(cfg.validate_config(raw)) if c.kind == "original"}
-    kept, dropped = rwku_tasks_with_data(cells[2], str(rwku_dir))
+    kept, dropped = tasks_with_data(cells[2], str(rwku_dir))
     assert kept == ["rwku_forget", "rwku_utility_mmlu", "rwku_icu_utility"] and dropped == {}
-    kept, dropped = rwku_tasks_with_data(cells[17], str(rwku_dir))
+    kept, dropped = tasks_with_data(cells[17], str(rwku_dir))
     assert kept == ["rwku_forget"]
     assert set(dropped) == {"rwku_utility_mmlu", "rwku_icu_utility"}
     assert "retain_mmlu" in dropped["rwku_utility_mmlu"] and "targets 1-10" in dropped["rwku_utility_mmlu"]

@@ -113,7 +113,9 @@ def run_attack(args: argparse.Namespace) -> int:
               "attacked_model": attacked.model_path, "attacked_routers": attacked.routers, "seed": args.seed,
               **outcome}
     if on_prompts:
-        record["evaluate_with"] = {"tasks_example": variant, "metadata": attack.task_metadata(settings, args.seed)}
+        metadata = plugins.benchmarks.get(args.benchmark).variant_metadata(
+            attack.variant, attack.task_metadata(settings, args.seed))   # in the keys its task variants read
+        record["evaluate_with"] = {"tasks_example": variant, "metadata": metadata}
     (Path(out) / RECORD_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n")
     if on_prompts:
         metadata = record["evaluate_with"]["metadata"]

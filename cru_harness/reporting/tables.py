@@ -78,48 +78,14 @@ def _with_oracle(results: list[dict]):
             yield result, oracle.get((result["model"], result["split"]))
 
 
-def fill_forget_quality(results: list[dict]) -> list[dict]:
-    """TOFU Forget Quality of each cell against the retain cell (same model, same split) among `results`,
-    computed by the scorer's own rule (`score.forget_quality_from_items`: items matched by question, NaN refused)
-    from both cells' per-item truth ratios. That is the number the cell recorded when it was scored beside the
-    same oracle; it also fills a cell scored before its retain cell existed (another shard's, a later one), and
-    replaces one scored against another oracle: the oracle is not in a method cell's hash, so a cell reused after
-    the oracle changed (a config edit, `--reuse` from another run) keeps its old comparison. Without both
-    per-item lists the recorded value stays."""
-    from ..scoring.cell_scores import forget_items_from_result
-    from ..scoring.score import forget_quality_from_items
-
-    for result, retain in _with_oracle(results):
-        if result.get("kind") == "retain":
-            continue
-        task = f"tofu_{result['split']}"
-        mine = forget_items_from_result(result, task)
-        reference = forget_items_from_result(retain, task) if retain else None
-        if mine and reference:
-            value = forget_quality_from_items(task, mine, reference, reference[0]["run"])["value"]
-            result.setdefault("metrics", {})["forget_quality"] = value
-    return results
-
-
-def fill_privleak(results: list[dict]) -> list[dict]:
-    """TOFU privleak of each cell against the retain cell (same model, same split) among `results`, from both
-    cells' recorded MIA AUCs by the scorer's rule (`cell_scores.privleak_of`). As `fill_forget_quality`: it is
-    the number a cell records when scored beside its oracle, and it fills one scored before the oracle existed
-    (against open-unlearning's 0.5 fallback) or replaces one scored against another oracle. The retain cell's own
-    is 0, against itself (as MUSE reports its retain model). Without both AUCs the recorded value stays."""
-    from ..scoring.cell_scores import PRIVLEAK_AUC, privleak_of
-
-    for result, retain in _with_oracle(results):
-        auc = (result.get("metrics") or {}).get(PRIVLEAK_AUC)
-        retain_auc = ((retain or {}).get("metrics") or {}).get(PRIVLEAK_AUC)
-        if auc is not None and retain_auc is not None:
-            result["metrics"]["privleak"] = privleak_of(auc, retain_auc)[0]
-    return results
-
-
 def fill_from_oracle(results: list[dict]) -> list[dict]:
-    """What a TOFU cell compares with its retain oracle, as the report shows it: Forget Quality and privleak."""
-    return fill_privleak(fill_forget_quality(results))
+    """What each cell of a benchmark with an oracle compares with it, as the report shows it
+    (`Benchmark.compare_to_oracle`: TOFU's Forget Quality and privleak), against the oracle cell of the same model
+    and unit among `results`: the number a cell records when scored beside the same oracle, filled for a cell scored
+    before its oracle existed and replaced for one scored against another oracle."""
+    for result, retain in _with_oracle(results):
+        benchmark_view(result.get("benchmark")).compare_to_oracle(result, retain)
+    return results
 
 
 # ------------------------------------------------------------------------------------------------ aggregation
