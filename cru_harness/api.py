@@ -34,6 +34,15 @@ class Trained:
     routers: str | None = None
 
 
+class SettingError(ValueError):
+    """A setting of a method's config entry that cannot be used (`Method.read_settings`): `key` under the entry
+    (`checkpoints.21`) and what is wrong."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key, self.message = key, message
+
+
 class ModelLoader:
     """How the evaluation loads a saved model that is not one checkpoint (`Method.model_loader`): lm-eval's `cru`
     model loads `checkpoint` as it loads any base (its config and tokenizer are the evaluation's), then `build`
@@ -112,8 +121,12 @@ class Method:
     needs: tuple[str, ...] = ()
     adapter: bool = False
     one_checkpoint: bool = True
-    #: top-level config keys it reads (PURGE: `purge_checkpoints`, local stand-ins for its published checkpoints)
-    config_keys: tuple[str, ...] = ()
+    #: keys of its config entry that are settings, not hyperparameters (key -> what it holds), checked by
+    #: `read_settings`; they reach its cells through `cell_extra` (PURGE's `checkpoints`: local stand-ins)
+    entry_settings: Mapping[str, str] = {}
+    #: top-level keys of earlier configs that are now one of its `entry_settings` (old -> new): still read into
+    #: its entries, with a one-line note naming the new key
+    moved_keys: Mapping[str, str] = {}
     order: int = 100               # where listings put it (lower first; then by name)
 
     def __repr__(self) -> str:
@@ -144,12 +157,25 @@ class Method:
         """The evaluation tasks of its cells (a prompt-only method swaps in its task variants)."""
         return tasks
 
-    def check_config(self, config: Any, where: str) -> str | None:
-        """A problem with the rest of an experiment config for this method (key, message), or None."""
+    def check_config(self, config: Any, where: str) -> tuple[str, str] | None:
+        """A problem with the rest of an experiment config for this method (key, message), or None. `config`: the
+        validated parts (`benchmarks`, `models`) and the entry's `settings`."""
         return None
 
-    def cell_extra(self, config: Any, benchmark: str, split: str | None, target: int | None) -> dict[str, Any]:
-        """Settings of one cell beyond its hyperparameters that enter its hash (e.g. a local checkpoint)."""
+    def read_settings(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Its `entry_settings` as a config entry gives them, checked and normalised; a bad one raises
+        `SettingError` naming the key."""
+        return dict(values)
+
+    def entry_paths(self, settings: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+        """(key under its entry, what it is, path) of every local model its `entry_settings` name (the run's
+        security summary lists what it loads)."""
+        return []
+
+    def cell_extra(self, config: Any, benchmark: str, split: str | None, target: int | None,
+                   **entry: Any) -> dict[str, Any]:
+        """Settings of one cell beyond its hyperparameters that enter its hash (e.g. a local checkpoint). A method
+        with `entry_settings` gets its entry's as `settings=` (`read_settings`'s output)."""
         return {}
 
     def trained_weights(self, cell: Any) -> str:

@@ -90,10 +90,34 @@ def test_purge_needs_phi_and_targets_1_to_20(tmp_path):
     raw["models"] = [{"name": "smol", "path": "smollm2"}]
     with pytest.raises(cfg.ConfigError, match=r"models\[0\].path: PURGE"):
         cfg.validate_config(raw)
-    raw["purge_checkpoints"] = {1: "/x", 2: "/y"}  # local stand-ins for every target make it comparable
+    raw["methods"] = [{"method": "PURGE", "checkpoints": {1: "/x", 2: "/y"}}]   # local stand-ins for every target
     config = cfg.validate_config(raw)
     purge = [c for c in build_plan(config) if c.method == "PURGE"]
     assert [c.extra["purge_local_checkpoint"] for c in purge] == ["/x", "/y"]
+    assert not any("checkpoints" in c.hparams for c in purge)
+    with pytest.raises(cfg.ConfigError, match=r"methods\[0\]\.checkpoints\.21: PURGE checkpoints exist for RWKU "
+                                              r"targets 1-20 only"):
+        cfg.validate_config({**raw, "methods": [{"method": "PURGE", "checkpoints": {21: "/z"}}]})
+
+
+def test_an_old_configs_purge_checkpoints_still_reads_naming_the_new_key(tmp_path, capsys):
+    """`purge_checkpoints:` at the top (before the checkpoints joined PURGE's entry) plans the same cells, same hashes,
+    with one line naming the new key."""
+    raw = base_config(tmp_path, benchmarks={"rwku": {"targets": "1-2"}}, models=[{"name": "smol", "path": "smollm2"}],
+                      methods=["PURGE"])
+    new = cfg.validate_config({**raw, "methods": [{"method": "purge", "checkpoints": {1: "/x", 2: "/y"}}]})
+    capsys.readouterr()
+    old = cfg.validate_config({**raw, "purge_checkpoints": {1: "/x", 2: "/y"}})
+    assert capsys.readouterr().err.strip() == ("note: config: `purge_checkpoints` is now PURGE's method entry key "
+                                               "`checkpoints`; read as methods[0].checkpoints")
+    assert [(c.hash, c.extra) for c in build_plan(old)] == [(c.hash, c.extra) for c in build_plan(new)]
+    assert "purge_checkpoints" in old.raw   # plan.json keeps the config as written
+    from cru_harness.runner.cli import security_summary
+
+    assert [(e["key"], e["name"], e["path"]) for e in security_summary(old) if "checkpoints" in e["key"]] == [
+        ("methods[0].checkpoints.1", "PURGE target 1", "/x"), ("methods[0].checkpoints.2", "PURGE target 2", "/y")]
+    with pytest.raises(cfg.ConfigError, match=r"methods\[0\]\.checkpoints\.x: keys are RWKU target indices"):
+        cfg.validate_config({**raw, "purge_checkpoints": {"x": "/x"}})
 
 
 def test_static_hparams_match_the_dataclasses():
@@ -465,7 +489,7 @@ def test_purge_offline_is_reported_per_target_not_raised(tmp_path):
     resolution = out["resolution"]
     assert resolution["status"] == "unavailable"
     assert "unreachable" in resolution["reason"] and "HF_HUB_OFFLINE" in resolution["reason"]
-    assert len(resolution["tried"]) >= 3 and "purge_checkpoints" in resolution["reason"]
+    assert len(resolution["tried"]) >= 3 and "PURGE's method entry: `checkpoints: {" in resolution["reason"]
     assert out["status"] == "unavailable" and "unreachable" in out["reason"]
 
 

@@ -197,15 +197,15 @@ def security_summary(config) -> list[dict]:
                 entries.append({"key": f"models[{i}].retain.{split}", "name": f"{model.name} retain {split}",
                                 "path": spec.value, "origin": _origin(spec.value),
                                 "trust_remote_code": model.trust_remote_code})
-    # A PURGE checkpoint is evaluated under the RWKU model's spec, hence with its trust_remote_code.
+    # A local checkpoint a method's entry names (PURGE's) is evaluated under the spec of the models it runs on,
+    # hence with their trust_remote_code.
     from .. import plugins
 
-    readers = [m for m in plugins.methods if "purge_checkpoints" in m.config_keys]   # the method it serves
-    purge = {b for m in readers for b in (m.benchmarks or ())}
-    trusted = any(m.trust_remote_code for m in config.models if purge & set(m.benchmarks))
-    for target, path in sorted(config.purge_checkpoints.items()):
-        entries.append({"key": f"purge_checkpoints.{target}", "name": f"PURGE target {target}", "path": path,
-                        "origin": _origin(path), "trust_remote_code": trusted})
+    for spec in config.methods:
+        trusted = any(m.trust_remote_code for m in config.models if set(spec.benchmarks) & set(m.benchmarks))
+        for key, what, path in plugins.methods.get(spec.method).entry_paths(spec.settings):
+            entries.append({"key": f"methods[{spec.index}].{key}", "name": what, "path": path,
+                            "origin": _origin(path), "trust_remote_code": trusted})
     return entries
 
 

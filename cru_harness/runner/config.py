@@ -20,9 +20,9 @@ from ..validation import MAX_MESSAGE, ConfigChecker, ConfigError, excerpt  # noq
 from ..validation import _boolean, _check_keys, _fail, _number, _str_list, _suggest  # noqa: F401
 from ..hparams import (HPARAM_BOUNDS, HPARAM_CHOICES, MAX_BATCH, MAX_ROWS, adam_betas_problem,  # noqa: F401
                        bound_problem, check_seed, fields_problem, seed_problem)
+from ..api import SettingError
 from ..errors import InputError, MissingInputError
 from ..prompts import PresetError
-from ..baselines.purge import PURGE_TARGETS
 
 # What each method accepts, its aliases, benchmarks and per-benchmark settings are its plugin's
 # (`cru_harness.api.Method`, registered under `cru_harness.methods`): this module holds no copy of them.
@@ -92,7 +92,7 @@ def default_benchmarks(method: str, benchmarks) -> list[str]:
 
 _METHOD_ENTRY_KEYS = ("method", "label", "benchmarks", "overrides", "forget_corpus", "retain_corpus")
 _TOP_KEYS = ("name", "output_dir", "data_dir", "seeds", "device", "include_original", "models", "benchmarks",
-             "methods", "attacks", "purge_checkpoints", "evaluation", "report", "description")
+             "methods", "attacks", "evaluation", "report", "description")
 _MODEL_KEYS = ("name", "path", "dtype", "eval_dtype", "benchmarks", "retain", "chat_template", "trust_remote_code",
                "device_map", "finetune")
 _RETAIN_KINDS = ("checkpoint", "per_item", "train", "finetune")
@@ -175,6 +175,7 @@ class MethodSpec:
     overrides: dict[str, dict[str, Any]]  # benchmark or split name -> hparams
     corpora: dict[str, str]        # forget_corpus / retain_corpus overrides
     index: int                     # position in `methods` (for error messages)
+    settings: dict[str, Any] = field(default_factory=dict)   # its method's `entry_settings` (PURGE's checkpoints)
 
     def hparams_for(self, benchmark: str, split: str | None) -> dict[str, Any]:
         resolved = dict(self.hparams)
@@ -204,7 +205,6 @@ class ExperimentConfig:
     models: tuple[ModelSpec, ...]
     benchmarks: dict[str, dict[str, Any]]   # resolved: tofu.splits list, rwku.targets list of ints, tasks, ...
     methods: tuple[MethodSpec, ...]
-    purge_checkpoints: dict[int, str]
     evaluation: dict[str, Any]
     report: dict[str, Any]
     raw: dict[str, Any]
@@ -298,7 +298,8 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
     if not isinstance(raw, dict):
         _fail("", f"expected a mapping of settings (name, models, benchmarks, methods, ...) at the top level, "
               f"got a {type(raw).__name__}", source)
-    raw = copy.deepcopy(raw)
+    original = copy.deepcopy(raw)   # the config as written (plan.json)
+    raw = _moved_keys(copy.deepcopy(raw), source)
     _check_keys(raw, _TOP_KEYS, "", source)
     for required in ("name", "models", "benchmarks", "methods"):
         if required not in raw:
@@ -415,22 +416,6 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         models.append(ModelSpec(model_name, path, dtype, model_benches, retain, chat_template,
                                 trust_remote_code, eval_dtype, device_map, finetune))
 
-    # -- PURGE local checkpoints
-    purge_raw = raw.get("purge_checkpoints") or {}
-    if not isinstance(purge_raw, dict):
-        _fail("purge_checkpoints", "expected a mapping {target index: local path}", source)
-    purge_checkpoints: dict[int, str] = {}
-    for key, value in purge_raw.items():
-        try:
-            index = int(key)
-        except (TypeError, ValueError):
-            _fail(f"purge_checkpoints.{key}", "keys are RWKU target indices (1-20)", source)
-        if index not in PURGE_TARGETS:
-            _fail(f"purge_checkpoints.{key}", "PURGE checkpoints exist for RWKU targets 1-20 only", source)
-        if not isinstance(value, str):
-            _fail(f"purge_checkpoints.{key}", f"expected a local path, got {value!r}", source)
-        purge_checkpoints[index] = value
-
     # -- methods
     methods_raw = raw["methods"]
     if not isinstance(methods_raw, list) or not methods_raw:
@@ -462,7 +447,12 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
                 _fail(f"{where}.benchmarks[{j}]" if "benchmarks" in entry else f"{where}.method", reason, source)
         if not method_benches:
             _fail(f"{where}.method", plugin.unsupported(next(iter(benchmarks))), source)
-        hparam_items = {k: v for k, v in entry.items() if k not in _METHOD_ENTRY_KEYS}
+        try:   # settings of the entry that are not hyperparameters (PURGE's checkpoints)
+            settings = plugin.read_settings({k: entry[k] for k in plugin.entry_settings if k in entry})
+        except SettingError as err:
+            _fail(f"{where}.{err.key}", err.message, source)
+        hparam_items = {k: v for k, v in entry.items() if k not in _METHOD_ENTRY_KEYS
+                        and k not in plugin.entry_settings}
         hparams = _validate_hparams(method, hparam_items, where, source)
         overrides_raw = entry.get("overrides") or {}
         if not isinstance(overrides_raw, dict):
@@ -490,10 +480,10 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
             if other.label == label and set(other.benchmarks) & set(method_benches):
                 _fail(f"{where}.label", f"label {label!r} is already used by methods[{other.index}] on "
                       f"{sorted(set(other.benchmarks) & set(method_benches))}; give one a distinct `label`", source)
-        if problem := plugin.check_config(SimpleNamespace(benchmarks=benchmarks, models=models,
-                                                          purge_checkpoints=purge_checkpoints), where):
+        if problem := plugin.check_config(SimpleNamespace(benchmarks=benchmarks, models=models, settings=settings),
+                                          where):
             _fail(*problem, source)
-        methods.append(MethodSpec(method, label, hparams, tuple(method_benches), overrides, corpora, i))
+        methods.append(MethodSpec(method, label, hparams, tuple(method_benches), overrides, corpora, i, settings))
 
     evaluation = _check_keys(raw.get("evaluation") or {}, evaluation_keys(), "evaluation", source)
     defaults = prompting_defaults(benchmarks)
@@ -525,9 +515,35 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
 
     return ExperimentConfig(name=name, output_dir=output_dir, data_dir=data_dir, seeds=tuple(seeds),
                             device=device, include_original=include_original, models=tuple(models),
-                            benchmarks=benchmarks, methods=tuple(methods), purge_checkpoints=purge_checkpoints,
-                            evaluation=evaluation, report=report, raw=raw, source=source,
+                            benchmarks=benchmarks, methods=tuple(methods),
+                            evaluation=evaluation, report=report, raw=original, source=source,
                             attacks=attacks)
+
+
+def _moved_keys(raw: dict, source: str | None) -> dict:
+    """A top-level key of an earlier config that is now a setting of a method's entry (`Method.moved_keys`, e.g.
+    `purge_checkpoints` -> PURGE's `checkpoints`): moved into each entry of that method that does not set it, with
+    a one-line note naming the new key."""
+    import sys
+
+    from .. import plugins
+
+    entries = raw.get("methods") if isinstance(raw.get("methods"), list) else []
+    for plugin in plugins.methods:
+        for old, new in plugin.moved_keys.items():
+            if old not in raw:
+                continue
+            value = raw.pop(old)
+            mine = [i for i, e in enumerate(entries)
+                    if canonical_method(e if isinstance(e, str) else e.get("method") if isinstance(e, dict)
+                                        else None) == plugin.name]
+            for i in mine:
+                entry = entries[i] if isinstance(entries[i], dict) else {"method": entries[i]}
+                entries[i] = {**entry, new: entry.get(new, value)}
+            where = ", ".join(f"methods[{i}].{new}" for i in mine) or f"a {plugin.name} entry's `{new}`"
+            print(f"note: {source or 'config'}: `{old}` is now {plugin.name}'s method entry key `{new}`; read as "
+                  f"{where}", file=sys.stderr)
+    return raw
 
 
 def _check_tasks_under_presets(benchmarks: dict, raw: dict, attacks: tuple, evaluation: dict,

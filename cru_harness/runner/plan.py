@@ -253,7 +253,9 @@ def _method_cells(config: ExperimentConfig, method: MethodSpec, common: dict, sp
         for key in ("forget_corpus", "retain_corpus"):
             template = method.corpora.get(key, config.benchmarks[bench][key])
             corpora[key] = _fill(template, bench, split, target)
-    extra = plugin.cell_extra(config, bench, split, target)
+    # a method with entry settings gets them (a plugin written without `settings=` keeps working)
+    entry = {"settings": method.settings} if method.settings else {}
+    extra = plugin.cell_extra(config, bench, split, target, **entry)
     common = dict(common, tasks=tuple(plugin.tasks(common["tasks"])))   # e.g. ICU's task variants
     seeds = list(config.seeds) if plugin.seeded else [None]
     for seed in seeds:
