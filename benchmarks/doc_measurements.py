@@ -320,7 +320,7 @@ def measure_span(args, data_dir: str) -> list[str]:
     from lm_eval.tasks import TaskManager
 
     from cru_harness.lmeval.model import CRULM
-    from cru_harness.lmeval.protocol import EOS_MARKER, JOINT_MARKER
+    from cru_harness.protocol import EOS_MARKER, JOINT_MARKER
     from cru_harness.lmeval.registration import tasks_dir
 
     started = time.perf_counter()

@@ -165,7 +165,7 @@ class TestOutputDirectory:
         assert (mine.output_dir / "plan.json").read_bytes() == plan and len(calls) == computed
 
     def test_what_a_run_writes_alone_is_a_run_directory(self, tmp_path):
-        from cru_harness.runner.cache import check_run_directory
+        from cru_harness.store import check_run_directory
 
         root = tmp_path / "run"
         check_run_directory(root, "t")   # absent
@@ -508,14 +508,14 @@ class TestResultContent:
     not. A cell without a digest (written before digests existed, as the committed results) is read as it is."""
 
     def test_a_result_carries_the_digest_of_its_content(self, tmp_path):
-        from cru_harness.runner.cache import result_digest
+        from cru_harness.store import result_digest
 
         _, path = one_computed_run(tmp_path)
         result = json.loads(path.read_text())
         assert result["digest"].startswith("sha256:") and result["digest"] == result_digest(result)
 
     def test_an_edited_number_is_refused_and_recomputed(self, tmp_path):
-        from cru_harness.runner.cache import CellStore, load_results
+        from cru_harness.store import CellStore, load_results
         from cru_harness.runner.cli import run_config
 
         config, path = one_computed_run(tmp_path)
@@ -546,7 +546,7 @@ class TestResultContent:
                                              ("mia_fm_loss", 0.5), ("utility_fluency", -1.0),
                                              ("retain_truth_ratio", 7.0), ("forget_fb", "high")])
     def test_a_metric_outside_its_range_is_refused_by_name_digest_or_not(self, name, value, tmp_path):
-        from cru_harness.runner.cache import CellStore, validate_result, with_digest
+        from cru_harness.store import CellStore, validate_result, with_digest
 
         config, path = one_computed_run(tmp_path)
         result = json.loads(path.read_text())
@@ -559,7 +559,7 @@ class TestResultContent:
             assert CellStore(config.output_dir, log=lambda _: None).load_result(result["hash"]) is None
 
     def test_a_cell_without_a_digest_is_read_as_it_is(self, tmp_path):
-        from cru_harness.runner.cache import CellStore
+        from cru_harness.store import CellStore
 
         config, path = one_computed_run(tmp_path)
         result = json.loads(path.read_text())
@@ -569,7 +569,7 @@ class TestResultContent:
         assert loaded == result
 
     def test_a_relabelled_copy_gets_a_digest_of_its_own(self, tmp_path):
-        from cru_harness.runner.cache import CellStore
+        from cru_harness.store import CellStore
         from cru_harness.runner.cli import copy_cell
 
         config, path = one_computed_run(tmp_path)

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cru_harness import plugins
 from cru_harness.errors import InputError, MissingInputError
 from cru_harness.runner import config as cfg
-from cru_harness.runner.cache import CellStore, load_results
+from cru_harness.store import CellStore, load_results
 from cru_harness.runner.loop import CellUnavailable, run_cells
 from cru_harness.runner.plan import build_plan
-from cru_harness.runner.purge import purge_candidates, resolve_purge_checkpoint
+from cru_harness.baselines.purge import purge_candidates, resolve_purge_checkpoint
 from cru_harness.runner.shard import parse_shard, select_shard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -129,10 +130,10 @@ def test_static_hparams_match_the_dataclasses():
 
     for name in ("GA", "GD", "NPO", "SimNPO", "IdkDPO"):
         fields = {f.name for f in dataclasses.fields(get_method(name).Config)}
-        assert set(cfg.METHOD_HPARAMS[name]) == fields, name
+        assert set(cfg.method_plugin(name).hparams()) == fields, name
     runner_set = {"seed", "forget_description", "retain_description", "progress"}
     fields = {f.name for f in dataclasses.fields(RouterTrainingConfig)} - runner_set
-    assert set(cfg.METHOD_HPARAMS["CRU"]) == fields
+    assert set(cfg.method_plugin("CRU").hparams()) == fields
 
 
 def test_config_bounds_agree_with_the_dataclasses():
@@ -162,7 +163,7 @@ def test_config_bounds_agree_with_the_dataclasses():
     probes = [-1, 0, 1e-9, 0.5, 1, 2.5, 7, 8, 99.5, 100, 2**40, float("nan"), None, [0.9, 0.999], [0.9, 1]]
     for name in ("GA", "GD", "NPO", "SimNPO", "IdkDPO", "CRU"):
         klass = RouterTrainingConfig if name == "CRU" else get_method(name).Config
-        numeric = [k for k in cfg.METHOD_HPARAMS[name] if k in cfg.HPARAM_BOUNDS or k == "adam_betas"]
+        numeric = [k for k in cfg.method_plugin(name).hparams() if k in cfg.HPARAM_BOUNDS or k == "adam_betas"]
         assert numeric, name
         for key in numeric:
             for value in probes:
@@ -220,8 +221,9 @@ def test_a_cru_cell_without_a_setting_takes_the_papers_setting_of_its_benchmark(
     config = RouterTrainingConfig(**cells["rwku"].hparams)
     assert (config.lam, config.percentile, config.d_r) == (50, 85, 256)
     # every key names a RouterTrainingConfig field, and the TOFU setting is the dataclass's own
-    assert set(cfg.CRU_BENCHMARK_DEFAULTS) == set(cfg.BENCHMARKS) and cfg.CRU_BENCHMARK_DEFAULTS["tofu"] == {}
-    assert set(cfg.CRU_BENCHMARK_DEFAULTS["rwku"]) <= set(cfg.METHOD_HPARAMS["CRU"])
+    cru = cfg.method_plugin("CRU")
+    assert set(cru.benchmark_defaults) <= set(plugins.benchmarks.names()) and not cru.benchmark_defaults.get("tofu")
+    assert set(cru.benchmark_defaults["rwku"]) <= set(cru.hparams())
     tofu = RouterTrainingConfig()
     assert (tofu.lam, tofu.percentile, tofu.d_r) == (1.0, 95.0, 32)
 
@@ -465,7 +467,7 @@ def test_purge_local_stand_in(tmp_path):
 OFFLINE_SCRIPT = r"""
 import json, sys
 from pathlib import Path
-from cru_harness.runner.purge import resolve_purge_checkpoint
+from cru_harness.baselines.purge import resolve_purge_checkpoint
 from cru_harness.runner import config as cfg
 from cru_harness.runner.plan import build_plan
 from cru_harness.runner.execute import execute_cell

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cru_harness.reporting import failure_modes, score
+from cru_harness.scoring import failure_modes, score
 from score_support import UTILITY, local_tofu_refusals, suite, write_run  # noqa: F401 (an autouse fixture: no Hub wait)
 
 

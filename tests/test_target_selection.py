@@ -199,7 +199,7 @@ def test_run_chooses_before_planning_and_report_shows_every_candidate(tmp_path, 
 def test_report_names_a_damaged_target_choice(tmp_path, capsys):
     """The report shows why the RWKU targets are these: a damaged choice file stops it with one line naming the
     file, instead of a traceback or a report silently without the choice."""
-    from cru_harness.runner.cache import CellStore
+    from cru_harness.store import CellStore
     from cru_harness.runner.targets import SELECTION_DIR
 
     original = {"hash": "c1", "kind": "original", "method": "Original", "label": "Original", "model": "smol",

@@ -62,24 +62,8 @@ def method_plugin(name):
 
 
 def __getattr__(name: str):
-    """Views of the method registry under the names earlier versions kept as tables here (read-only)."""
-    from .. import plugins
-
-    if name == "METHOD_HPARAMS":
-        return {m.name: m.hparams() for m in plugins.methods}
     if name == "PROMPTING_DEFAULTS":   # `prompting_defaults()`
         return prompting_defaults()
-    if name == "HPARAM_ALIASES":
-        return {m.name: dict(m.aliases) for m in plugins.methods if m.aliases}
-    if name == "BENCHMARKS":
-        return tuple(plugins.benchmarks.names())
-    if name == "METHOD_BENCHMARKS":
-        names = plugins.benchmarks.names()
-        return {m.name: tuple(b for b in names if m.unsupported(b) is None) for m in plugins.methods}
-    if name == "TRAINED_METHODS":
-        return tuple(m.name for m in plugins.methods if m.trains)
-    if name == "CRU_BENCHMARK_DEFAULTS":
-        return {b: dict(method_plugin("CRU").benchmark_defaults.get(b, {})) for b in plugins.benchmarks.names()}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
