@@ -65,6 +65,22 @@ def register(subparsers) -> None:
     demo.add_argument("--dry-run", action="store_true")
     demo.set_defaults(func=cmd_demo)
 
+    schema = subparsers.add_parser("config-schema", help="print the JSON schema of a runner config (for editors)",
+                                   description="Print the JSON schema of an experiment config, with the registered "
+                                               "benchmarks' blocks and evaluation keys: point an editor's YAML "
+                                               "support at it. --markdown prints docs/configs.md's key table.")
+    schema.add_argument("--markdown", action="store_true", help="the key table of docs/configs.md instead")
+    schema.set_defaults(func=cmd_config_schema)
+
+
+def cmd_config_schema(args) -> int:
+    import json
+
+    from .schema import config_schema, key_table
+
+    print(key_table() if args.markdown else json.dumps(config_schema(), indent=2), end="" if args.markdown else "\n")
+    return 0
+
 
 def add_reuse_argument(parser) -> None:
     parser.add_argument("--reuse", metavar="DIR",

@@ -23,6 +23,8 @@ from ..hparams import (HPARAM_BOUNDS, HPARAM_CHOICES, MAX_BATCH, MAX_ROWS, adam_
 from ..api import SettingError
 from ..errors import InputError, MissingInputError
 from ..prompts import PresetError
+from .schema import (ExperimentFile, Finetune, MethodEntry, ModelEntry, Retain, RetainTrain, allowed_keys,
+                     check_keys)
 
 # What each method accepts, its aliases, benchmarks and per-benchmark settings are its plugin's
 # (`cru_harness.api.Method`, registered under `cru_harness.methods`): this module holds no copy of them.
@@ -74,17 +76,15 @@ def default_benchmarks(method: str, benchmarks) -> list[str]:
 
 
 
-_METHOD_ENTRY_KEYS = ("method", "label", "benchmarks", "overrides", "forget_corpus", "retain_corpus")
-_TOP_KEYS = ("name", "output_dir", "data_dir", "seeds", "device", "include_original", "models", "benchmarks",
-             "methods", "attacks", "evaluation", "report", "description")
-_MODEL_KEYS = ("name", "path", "dtype", "eval_dtype", "benchmarks", "retain", "chat_template", "trust_remote_code",
-               "device_map", "finetune")
-_RETAIN_KINDS = ("checkpoint", "per_item", "train", "finetune")
+# The blocks' keys are declared once, in `schema` (pydantic, extra="forbid"); these are views of them.
+_METHOD_ENTRY_KEYS = allowed_keys(MethodEntry)
+_TOP_KEYS = allowed_keys(ExperimentFile)
+_MODEL_KEYS = allowed_keys(ModelEntry)
+_RETAIN_KINDS = allowed_keys(Retain)
 # `finetune:` (a model's, or its retain oracle's): TOFU's recipe (cru_harness.finetune) with these overrides.
-_FINETUNE_KEYS = ("data", "learning_rate", "lr", "weight_decay", "num_epochs", "epochs", "effective_batch_size",
-                  "batch_size", "micro_batch_size", "warmup_epochs", "lr_scheduler", "max_length", "dtype")
+_FINETUNE_KEYS = allowed_keys(Finetune)
 _FINETUNE_ALIASES = {"lr": "learning_rate", "epochs": "num_epochs", "batch_size": "effective_batch_size"}
-_RETAIN_TRAIN_KEYS = ("from", "epochs", "lr", "batch_size", "max_length", "weight_decay")
+_RETAIN_TRAIN_KEYS = allowed_keys(RetainTrain)
 #: The `evaluation:` keys of every run; each benchmark adds its own (`Benchmark.evaluation_defaults`).
 _GENERIC_EVAL_KEYS = ("batch_size", "limit", "max_gen_toks", "failure_classes", "apply_chat_template")
 _LAST_EVAL_KEYS = ("logit_lens",)
@@ -284,7 +284,7 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
               f"got a {type(raw).__name__}", source)
     original = copy.deepcopy(raw)   # the config as written (plan.json)
     raw = _moved_keys(copy.deepcopy(raw), source)
-    _check_keys(raw, _TOP_KEYS, "", source)
+    check_keys(ExperimentFile, raw, "", source)
     for required in ("name", "models", "benchmarks", "methods"):
         if required not in raw:
             _fail(required, "is required", source)
@@ -363,7 +363,7 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         where = f"models[{i}]"
         if isinstance(entry, str):
             entry = {"path": entry}
-        _check_keys(entry, _MODEL_KEYS, where, source)
+        check_keys(ModelEntry, entry, where, source)
         if "path" not in entry or not isinstance(entry["path"], str) or not entry["path"]:
             _fail(f"{where}.path", "is required: a Hub id, a local directory, zoo:<arch>[:<variant>] or smollm2",
                   source)
@@ -633,7 +633,7 @@ def _validate_retain(value: Any, where: str, benchmarks: dict, model_benches: tu
             val = _validate_finetune(val or {}, f"{w}.finetune", source, needs_data=False)
             val.setdefault("data", "{retain_split}")
         elif kind == "train":
-            val = dict(_check_keys(val or {}, _RETAIN_TRAIN_KEYS, f"{w}.train", source))
+            val = dict(check_keys(RetainTrain, val or {}, f"{w}.train", source))
             for key in ("epochs", "lr", "batch_size", "max_length", "weight_decay"):
                 if key in val:
                     val[key] = _number(val[key], f"{w}.train.{key}", source, **HPARAM_BOUNDS[key])
@@ -646,7 +646,7 @@ def _validate_retain(value: Any, where: str, benchmarks: dict, model_benches: tu
 def _validate_finetune(value: Any, where: str, source: str | None, *, needs_data: bool) -> dict[str, Any]:
     """A `finetune:` mapping: `data` (a corpus source: TOFU config, JSON/JSONL file, rwku:...) and overrides of
     TOFU's recipe, aliases resolved (lr, epochs, batch_size), so the cell hash sees one spelling."""
-    _check_keys(value, _FINETUNE_KEYS, where, source)
+    check_keys(Finetune, value, where, source)
     resolved: dict[str, Any] = {}
     for key, val in value.items():
         canon = _FINETUNE_ALIASES.get(key, key)
