@@ -190,7 +190,7 @@ def test_metadata_keys_of_both_suites_and_other_tools_pass():
                  | set(inspect.signature(PreTrainedModel.from_pretrained).parameters))
     assert not [name for name in arguments if name.startswith(SUITE_PREFIXES)]
     # and every setting the runner passes the tasks is one they read (else its own runs would be refused)
-    from cru_harness.runner.evaluation import PRESET_KEYS
+    from cru_harness.runner.prompting import PRESET_KEYS
 
     assert set(PRESET_KEYS) <= set(METADATA_KEYS)
 

@@ -231,8 +231,8 @@ def test_a_cru_cell_without_a_setting_takes_the_papers_setting_of_its_benchmark(
 def test_a_tofu_model_family_fixes_the_tofu_cells_format_and_leaves_rwku_on_the_chat_template(tmp_path):
     """open-unlearning's Llama-2-7b-chat config writes `[INST] q [/INST]`, not the chat template: the runner
     trains and evaluates the TOFU cells that way (no --apply_chat_template), while RWKU keeps the template."""
-    from cru_harness.runner.evaluation import use_chat_template
-    from cru_harness.runner.training import prompt_format
+    from cru_harness.runner.prompting import use_chat_template
+    from cru_harness.runner.prompting import prompt_format
 
     raw = base_config(tmp_path, evaluation={"tofu_model_family": "Llama-2-7b-chat-hf"})
     raw["models"][0]["chat_template"] = True

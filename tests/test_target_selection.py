@@ -112,7 +112,7 @@ def test_selection_is_made_once_saved_and_invalidated_by_its_key(tmp_path):
 def test_selection_answers_the_probes_as_the_cells_do(tmp_path):
     """The selection's lm-eval run gets the cells' generation length and presets (runner.evaluation's one
     `lmeval_settings`), and a saved choice made under other settings is stale."""
-    from cru_harness.runner.evaluation import lmeval_settings
+    from cru_harness.runner.prompting import lmeval_settings
 
     raw = raw_config(tmp_path)
     raw["evaluation"] = {"max_gen_toks": 16, "rwku_newline_stop": True}

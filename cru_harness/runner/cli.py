@@ -76,9 +76,11 @@ def register(subparsers) -> None:
 def cmd_config_schema(args) -> int:
     import json
 
+    from .config import evaluation_keys
     from .schema import config_schema, key_table
 
-    print(key_table() if args.markdown else json.dumps(config_schema(), indent=2), end="" if args.markdown else "\n")
+    print(key_table() if args.markdown else json.dumps(config_schema(evaluation_keys()), indent=2),
+          end="" if args.markdown else "\n")
     return 0
 
 

@@ -14,12 +14,12 @@ from .. import plugins
 from ..errors import MissingInputError
 from ..metrics.recovery import taught_questions
 from ..store import CellStore, waiting_lock
-from .evaluation import (evaluate_cell, logit_lens_of_cell, protocol_presets, score_cell,
-                         use_chat_template)
+from .evaluation import evaluate_cell, logit_lens_of_cell, score_cell
+from .prompting import prompt_format, protocol_presets, use_chat_template
 from .models import cell_device, load_model, model_dtype, resolve_data_dir, resolve_model_path
 from .plan import Cell
 from .provenance import directory_fingerprint
-from .training import FINETUNED_DIR, prompt_format, train_finetuned_model, train_retain_model
+from .training import FINETUNED_DIR, train_finetuned_model, train_retain_model
 
 REFINETUNE_LOCK = "refinetune.lock"   # both under the finetune cell's work dir
 REFINETUNE_STAGING = "refinetune"

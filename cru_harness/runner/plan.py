@@ -211,7 +211,7 @@ def _finetune_cell(config: ExperimentConfig, model: ModelSpec) -> Cell:
     # recorded under the benchmark whose oracle it serves when the model runs one
     bench = next((b for b in model.benchmarks if plugins.benchmarks.get(b).has_oracle), model.benchmarks[0])
     plugin = plugins.benchmarks.get(bench)
-    # The evaluation settings that decide how it writes its rows (`runner.training.prompt_format`): the chat choice
+    # The evaluation settings that decide how it writes its rows (`runner.prompting.prompt_format`): the chat choice
     # writes any benchmark's rows, the oracle benchmark's own keys its rows under its presets. Only those a config
     # changes from their defaults enter the cell, so a default config's hash stays as it was.
     defaults = {"apply_chat_template": None, **(plugin.evaluation_defaults if plugin.has_oracle else {})}

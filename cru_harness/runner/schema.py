@@ -142,17 +142,17 @@ def check_keys(model: type[BaseModel], mapping: Any, where: str, source: str | N
     return mapping
 
 
-def config_schema() -> dict[str, Any]:
-    """The JSON schema of a runner config with the registered benchmarks' blocks and `evaluation:` keys."""
+def config_schema(evaluation_keys: tuple[str, ...]) -> dict[str, Any]:
+    """The JSON schema of a runner config with the registered benchmarks' blocks and the `evaluation:` keys
+    (`runner.config.evaluation_keys()`: the generic ones and each benchmark's)."""
     from .. import plugins
-    from .config import evaluation_keys
 
     blocks = {b.name: (create_model(f"Benchmark_{b.name}", __config__=ConfigDict(extra="forbid"),
                                     **{key: (Any, None) for key in b.config_keys}) | None, None)
               for b in plugins.benchmarks}
     benchmarks = create_model("Benchmarks", __config__=ConfigDict(extra="forbid"), **blocks)
     evaluation = create_model("Evaluation", __config__=ConfigDict(extra="forbid"),
-                              **{key: (Any, None) for key in evaluation_keys()})
+                              **{key: (Any, None) for key in evaluation_keys})
     schema_model = create_model("ExperimentConfig", __base__=ExperimentFile,
                                 benchmarks=(benchmarks, Field(description=ExperimentFile.model_fields[
                                     "benchmarks"].description)),
