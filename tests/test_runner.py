@@ -263,6 +263,45 @@ def test_a_tofu_model_family_fixes_the_tofu_cells_format_and_leaves_rwku_on_the_
     assert use_chat_template(plain, "unused") is True
 
 
+def test_the_plan_settles_each_cells_decisions_once_outside_its_hash(tmp_path, monkeypatch):
+    """The plan attaches each cell's decisions (presets, lm-eval settings, task metadata, rows' format); execution
+    reads them, and an automatic chat choice reads a checkpoint's tokenizer once, however often it is asked."""
+    import dataclasses
+
+    import transformers
+
+    from cru_harness.runner.prompting import decide, lmeval_settings, prompt_format, use_chat_template
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "tokenizer_config.json").write_text("{}")
+    raw = base_config(tmp_path, models=[{"name": "m", "path": str(model_dir)}])
+    cells = build_plan(cfg.validate_config(raw))
+    cell = next(c for c in cells if c.method == "GA")
+    assert cell.decisions == decide(cell)
+    assert cell.decisions.lmeval_settings == lmeval_settings(cell.evaluation)
+    assert cell.decisions.task_metadata == plugins.benchmarks.get("tofu").task_metadata(cell.split, cell.target)
+    bare = dataclasses.replace(cell, decisions=None)   # neither the hash nor equality sees the decisions
+    assert (bare.hash, bare) == (cell.hash, cell)
+    reads = []
+
+    class Tokenizer:
+        chat_template = "{{ messages }}"
+
+    def from_pretrained(path, **kwargs):
+        reads.append(path)
+        return Tokenizer()
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
+    for _ in range(3):   # the trainers, the evaluation and the logit lens each ask
+        assert use_chat_template(cell, str(model_dir)) is True
+        assert prompt_format(cell, True)["chat"] is True
+    assert reads == [str(model_dir)]
+    (model_dir / "tokenizer_config.json").write_text('{"rewritten": true}')   # a checkpoint written again
+    os.utime(model_dir / "tokenizer_config.json", ns=(1, 1))
+    assert use_chat_template(cell, str(model_dir)) is True and len(reads) == 2
+
+
 # ------------------------------------------------------------------------------------------- cache + resume
 class Killed(BaseException):
     """Simulates the process being killed (not an Exception: the runner must not record it as a result)."""

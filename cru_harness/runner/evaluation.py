@@ -11,7 +11,7 @@ from ..errors import InputError
 from .config import ModelSpec
 from .models import cell_device, model_dtype
 from .plan import Cell
-from .prompting import lmeval_settings, protocol_presets
+from .prompting import decisions_of, protocol_presets
 
 #: What a scoring pass too large for the GPU is told to change.
 SMALLER_EVALUATION = "lower evaluation.batch_size in the config (it changes no setting of the protocol)"
@@ -23,16 +23,13 @@ def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Pat
     workdir/lmeval exactly as `lm_eval --output_path ... --log_samples` saves them (what the scorers read).
     `metadata`: more lm-eval metadata for the tasks (an attack's `task_metadata`)."""
     out = workdir / "lmeval"
-    from .. import plugins
-
     tasks, unavailable = tasks_with_data(cell, data_dir)
+    decisions = decisions_of(cell)   # presets, generation settings and task metadata, as the plan settled them
     t0 = time.perf_counter()
     run_lmeval(cell.model, model_path, tasks, out, routers=routers, reference=reference, data_dir=data_dir,
                benchmark=cell.benchmark, limit=cell.limit,
                batch_size=cell.evaluation.get("batch_size", 8), device=cell_device(cell), chat_template=chat_template,
-               metadata={**plugins.benchmarks.get(cell.benchmark).task_metadata(cell.split, cell.target),
-                         **(metadata or {})},
-               **lmeval_settings(cell.evaluation))
+               metadata={**decisions.task_metadata, **(metadata or {})}, **decisions.lmeval_settings)
     return {"output_dir": out, "wall_time_s": time.perf_counter() - t0, "artifacts": {"lmeval": str(out)},
             "tasks_unavailable": unavailable}
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..store import atomic_write_json
 from .config import ExperimentConfig, MethodSpec, ModelSpec
+from .prompting import decide
 
 HASH_SCHEMA = 1          # bump when the meaning of a resolved cell changes (invalidates caches)
 HASH_LENGTH = 16
@@ -47,6 +48,9 @@ class Cell:
     data_dir: str | None
     device: str
     extra: dict[str, Any] = field(default_factory=dict)   # retain spec, PURGE local checkpoint
+    # what execution reads instead of re-deciding (`runner.prompting.CellDecisions`), settled by `build_plan`;
+    # derived from the fields above, so neither the hash (`resolved`) nor equality sees it
+    decisions: Any = field(default=None, compare=False, repr=False)
 
     @property
     def unit(self) -> str:
@@ -159,7 +163,7 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
                 # the attacks: on every method cell, and on the oracle (the control of the recovery score)
                 forget = {key: _fill(spec[key], bench, split, target) for key in ("forget_corpus", "retain_corpus")}
                 cells.extend(_attack_cells(config, oracle + block, forget))
-    return cells
+    return [replace(cell, decisions=decide(cell)) for cell in cells]   # each cell's decisions, settled once
 
 
 def write_plan(root: Path, config: ExperimentConfig, cells: list[Cell], shard: str | None = None) -> Path:
