@@ -70,6 +70,16 @@ def base_config(tmp_path, **extra):
     (lambda r: r["methods"][0].update(adam_betas=[0.9, 1.0]), "methods[0].adam_betas", "two numbers in [0, 1)"),
     (lambda r: r.update(seeds=[0, -1]), "seeds[1]", "must be an integer from 0 to 2**32 - 1, got -1"),
     (lambda r: r.update(seeds=[2**32]), "seeds[0]", "must be an integer from 0 to 2**32 - 1"),
+    # the keys' own rules, declared in runner.schema: the same lines as when they were hand-written
+    (lambda r: r.update(name="a b"), "name", "expected a simple name (letters, digits, _ . -), got 'a b'"),
+    (lambda r: r.update(output_dir=" "), "output_dir", "expected a directory path, got ' '"),
+    (lambda r: r.update(data_dir=3), "data_dir", "expected a path, got 3"),
+    (lambda r: r.update(seeds=[1, 1]), "seeds", "repeats a seed: [1, 1]"),
+    (lambda r: r.update(seeds=[]), "seeds", "expected a non-empty list of integers, got []"),
+    (lambda r: r["models"][0].update(dtype="fp8"), "models[0].dtype", "expected one of auto, float32, "),
+    (lambda r: r["models"][0].update(eval_dtype="fp8"), "models[0].eval_dtype", "got 'fp8'"),
+    (lambda r: r["models"][0].update(device_map="balanced"), "models[0].device_map",
+     "expected auto (shard over the visible GPUs) or null, got 'balanced'"),
 ])
 def test_config_errors_name_the_key(tmp_path, mutate, key, words):
     raw = base_config(tmp_path)

@@ -24,7 +24,7 @@ from ..api import SettingError
 from ..errors import InputError, MissingInputError
 from ..prompts import PresetError
 from .schema import (ExperimentFile, Finetune, MethodEntry, ModelEntry, Retain, RetainTrain, allowed_keys,
-                     check_keys)
+                     check_keys, check_values)
 
 # What each method accepts, its aliases, benchmarks and per-benchmark settings are its plugin's
 # (`cru_harness.api.Method`, registered under `cru_harness.methods`): this module holds no copy of them.
@@ -288,27 +288,13 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
     for required in ("name", "models", "benchmarks", "methods"):
         if required not in raw:
             _fail(required, "is required", source)
+    check_values(ExperimentFile, raw, "", source)   # name, output_dir, data_dir, seeds, include_original
     name = raw["name"]
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        _fail("name", f"expected a simple name (letters, digits, _ . -), got {name!r}", source)
-    output_dir = raw.get("output_dir")
-    if output_dir is not None and (not isinstance(output_dir, str) or not output_dir.strip()):
-        _fail("output_dir", f"expected a directory path, got {excerpt(output_dir)}", source)
-    output_dir = Path(output_dir or Path("results") / name)
+    output_dir = Path(raw.get("output_dir") or Path("results") / name)
     data_dir = raw.get("data_dir")
-    if data_dir is not None and not isinstance(data_dir, str):
-        _fail("data_dir", f"expected a path, got {data_dir!r}", source)
-
     seeds = raw.get("seeds", [0])
     if isinstance(seeds, int) and not isinstance(seeds, bool):
         seeds = [seeds]
-    if not isinstance(seeds, list) or not seeds:
-        _fail("seeds", f"expected a non-empty list of integers, got {seeds!r}", source)
-    for i, seed in enumerate(seeds):
-        if problem := seed_problem(seed):
-            _fail(f"seeds[{i}]", problem, source)
-    if len(set(seeds)) != len(seeds):
-        _fail("seeds", f"repeats a seed: {seeds}", source)
 
     from ..devices import DeviceError, check_device_spec
 
@@ -317,7 +303,7 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         device = check_device_spec(device)
     except DeviceError as err:
         _fail("device", str(err), source)
-    include_original = _boolean(raw.get("include_original", True), "include_original", source)
+    include_original = raw.get("include_original", True)
 
     # -- benchmarks
     benches_raw = _check_keys(raw["benchmarks"], tuple(_benchmark_names()), "benchmarks", source)
@@ -373,24 +359,19 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
             _fail(f"{where}.name", f"expected a simple name, got {model_name!r}", source)
         if model_name in {m.name for m in models}:
             _fail(f"{where}.name", f"model name {model_name!r} is used twice", source)
+        # dtype, eval_dtype, chat_template, trust_remote_code, device_map: their rules are declared (`ModelEntry`)
+        check_values(ModelEntry, entry, where, source)
         dtype = entry.get("dtype", "auto")
-        if dtype not in DTYPE_NAMES:
-            _fail(f"{where}.dtype", f"expected one of {', '.join(DTYPE_NAMES)}, got {dtype!r}", source)
         eval_dtype = entry.get("eval_dtype")
-        if eval_dtype is not None and eval_dtype not in DTYPE_NAMES:
-            _fail(f"{where}.eval_dtype", f"expected one of {', '.join(DTYPE_NAMES)}, got {eval_dtype!r}", source)
         model_benches = tuple(_str_list(entry.get("benchmarks", list(benchmarks)), f"{where}.benchmarks", source))
         for j, bench in enumerate(model_benches):
             if bench not in benchmarks:
                 _fail(f"{where}.benchmarks[{j}]", f"benchmark {bench!r} is not configured under `benchmarks`",
                       source)
         retain = _validate_retain(entry.get("retain"), f"{where}.retain", benchmarks, model_benches, source)
-        chat_template = _boolean(entry.get("chat_template"), f"{where}.chat_template", source, allow_none=True)
-        trust_remote_code = _boolean(entry.get("trust_remote_code", False), f"{where}.trust_remote_code", source)
+        chat_template = entry.get("chat_template")
+        trust_remote_code = entry.get("trust_remote_code", False)
         device_map = entry.get("device_map")
-        if device_map not in (None, "auto"):
-            _fail(f"{where}.device_map", f"expected auto (shard over the visible GPUs) or null, got {device_map!r}",
-                  source)
         finetune = entry.get("finetune")
         if finetune is not None:
             finetune = _validate_finetune(finetune, f"{where}.finetune", source, needs_data=True)

@@ -3,16 +3,46 @@ key means. Three readers: `validate_config` refuses an unknown key through them 
 allowed there, a near miss suggested), `cru-harness config-schema` prints the JSON schema editors validate against,
 and docs/configs.md's key table is generated from the descriptions (`key_table`; a test keeps them equal).
 
-The values' rules (ranges, paths, combinations) stay in `runner.config`, whose messages name the key; a benchmark's
+A key's own value rules (a name's characters, a choice of dtypes, a YAML boolean, the seeds) are declared here too,
+as validators raising `RuleError` with the one-line message `check_values` reports under the key; the rules that
+combine keys or read the registry stay in `runner.config`, whose messages name the key; a benchmark's
 block and its `evaluation:` keys are its plugin's (`Benchmark.config_keys`, `Benchmark.evaluation_defaults`), and a
 method entry's hyperparameters its method's (`Method.hparams`)."""
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
+from ..devices import DTYPE_NAMES
+from ..errors import excerpt
+from ..hparams import seed_problem
 from ..validation import _fail, _suggest
+
+
+class RuleError(ValueError):
+    """A key's value breaks its rule: `message` is the one line reported under the key (`at`: under one of its
+    items, e.g. `[2]` of a list)."""
+
+    def __init__(self, message: str, at: str = ""):
+        super().__init__(message)
+        self.message, self.at = message, at
+
+
+def _boolean(value: Any, allow_none: bool = False) -> Any:
+    """A YAML boolean, nothing else: `"false"` (a string) or 0 must never read as a setting (`bool("false")` is
+    True, which would turn trust_remote_code on)."""
+    if isinstance(value, bool) or (allow_none and value is None):
+        return value
+    expected = "true, false or null" if allow_none else "true or false"
+    raise RuleError(f"expected {expected} (a YAML boolean, unquoted), got {value!r}")
+
+
+def _dtype(value: Any, allow_none: bool = False) -> Any:
+    if (allow_none and value is None) or value in DTYPE_NAMES:
+        return value
+    raise RuleError(f"expected one of {', '.join(DTYPE_NAMES)}, got {value!r}")
 
 
 class _Block(BaseModel):
@@ -68,6 +98,33 @@ class ModelEntry(_Block):
     finetune: Finetune | None = Field(None, description="fine-tune `path` first, in a `finetune` cell every other "
                                                         "cell of the model starts from")
 
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _dtype_rule(cls, value):
+        return _dtype(value)
+
+    @field_validator("eval_dtype", mode="before")
+    @classmethod
+    def _eval_dtype_rule(cls, value):
+        return _dtype(value, allow_none=True)
+
+    @field_validator("chat_template", mode="before")
+    @classmethod
+    def _chat_template_rule(cls, value):
+        return _boolean(value, allow_none=True)
+
+    @field_validator("trust_remote_code", mode="before")
+    @classmethod
+    def _trust_remote_code_rule(cls, value):
+        return _boolean(value)
+
+    @field_validator("device_map", mode="before")
+    @classmethod
+    def _device_map_rule(cls, value):
+        if value not in (None, "auto"):
+            raise RuleError(f"expected auto (shard over the visible GPUs) or null, got {value!r}")
+        return value
+
 
 class MethodEntry(BaseModel):
     """A `methods:` entry; its other keys are the method's hyperparameters (and its `entry_settings`)."""
@@ -118,6 +175,45 @@ class ExperimentFile(_Block):
     report: Report | None = Field(None, description="`formats` (md, csv, tex), `plots`, `stats`")
     description: str | None = Field(None, description="free text, shown in the report")
 
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name_rule(cls, value):
+        if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", value):
+            raise RuleError(f"expected a simple name (letters, digits, _ . -), got {value!r}")
+        return value
+
+    @field_validator("output_dir", mode="before")
+    @classmethod
+    def _output_dir_rule(cls, value):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise RuleError(f"expected a directory path, got {excerpt(value)}")
+        return value
+
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _data_dir_rule(cls, value):
+        if value is not None and not isinstance(value, str):
+            raise RuleError(f"expected a path, got {value!r}")
+        return value
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _seeds_rule(cls, value):
+        seeds = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+        if not isinstance(seeds, list) or not seeds:
+            raise RuleError(f"expected a non-empty list of integers, got {seeds!r}")
+        for i, seed in enumerate(seeds):
+            if problem := seed_problem(seed):
+                raise RuleError(problem, at=f"[{i}]")
+        if len(set(seeds)) != len(seeds):
+            raise RuleError(f"repeats a seed: {seeds}")
+        return value
+
+    @field_validator("include_original", mode="before")
+    @classmethod
+    def _include_original_rule(cls, value):
+        return _boolean(value)
+
 
 def allowed_keys(model: type[BaseModel]) -> tuple[str, ...]:
     """The keys a block declared by `model` may hold, in declaration order (a field's alias where it has one)."""
@@ -139,6 +235,22 @@ def check_keys(model: type[BaseModel], mapping: Any, where: str, source: str | N
                 allowed = allowed_keys(model)
                 path = f"{where}.{key}" if where else str(key)
                 _fail(path, f"unknown key{_suggest(str(key), allowed)}; allowed here: {', '.join(allowed)}", source)
+    return mapping
+
+
+def check_values(model: type[BaseModel], mapping: dict, where: str, source: str | None) -> dict:
+    """Refuse the first of this block's own keys (in declaration order) whose value breaks its declared rule
+    (`RuleError`), in its one line under the key. Keys and nested blocks are checked elsewhere (`check_keys`)."""
+    try:
+        model.model_validate(mapping)
+    except ValidationError as err:
+        broken = {e["loc"][0]: e["ctx"]["error"] for e in err.errors()
+                  if len(e["loc"]) == 1 and isinstance((e.get("ctx") or {}).get("error"), RuleError)}
+        for name, f in model.model_fields.items():
+            key = f.alias or name
+            if key in broken:
+                rule = broken[key]
+                _fail(f"{where}.{key}{rule.at}" if where else f"{key}{rule.at}", rule.message, source)
     return mapping
 
 
