@@ -202,7 +202,7 @@ def main(argv=None) -> int:
           f"{loc['seconds'] / fwd['seconds']:.3f}x, peak RSS {loc['peak_rss_mib'] / fwd['peak_rss_mib']:.3f}x")
     say(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} after")
     if args.out:
-        from cru_harness.runner.cache import atomic_write_text
+        from cru_harness.store import atomic_write_text
 
         atomic_write_text(args.out, "\n".join(lines) + "\n")
     return 0

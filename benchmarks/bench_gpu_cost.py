@@ -218,7 +218,7 @@ def main(argv=None) -> int:
                         ("--threads", args.threads)):
         if value is not None:
             passthrough += [flag, str(value)]
-    from cru_harness.runner.cache import atomic_write_text
+    from cru_harness.store import atomic_write_text
 
     records = []
     out = Path(args.out)

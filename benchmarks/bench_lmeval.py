@@ -526,7 +526,7 @@ def main(argv=None) -> int:
             report["full_suites"] = partial
         report["loadavg_at_end"] = list(os.getloadavg())
         if args.json_out:
-            from cru_harness.runner.cache import atomic_write_text
+            from cru_harness.store import atomic_write_text
 
             atomic_write_text(args.json_out, json.dumps(report, indent=2, default=str))
 

@@ -85,7 +85,7 @@ def main(argv=None) -> int:
               "epochs": args.epochs, "batch_size": args.batch_size, "torch": torch.__version__, "runs": runs,
               "bundles_byte_identical": identical, "speedup_per_round": ratios,
               "speedup": statistics.median(ratios)}
-    from cru_harness.runner.cache import atomic_write_text
+    from cru_harness.store import atomic_write_text
 
     out = Path(args.out)
     atomic_write_text(out, json.dumps(record, indent=2) + "\n")

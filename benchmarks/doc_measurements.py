@@ -16,7 +16,7 @@ Three figures in docs/ had no committed source; each is measured the way the pac
    would take its first step from: `train_routers` itself runs with `RouterTrainer.train` replaced by a no-op
    (0 steps; the API refuses epochs 0), and its bundle is checked bit for bit against `cru.localize.localize` +
    `cru.train.new_bundle` called directly. Measured on the cell's forget corpus (`forget01[:20]`, written by
-   `runner.training.prompt_format` as the runner writes it) and, beside it, its retain corpus: per gated block,
+   `runner.prompting.prompt_format` as the runner writes it) and, beside it, its retain corpus: per gated block,
    the share of gate values (non-padding token x selected coordinate) below 0.05 and above 0.95, and the share
    of selected coordinates whose gate is below 0.05 (above 0.95) on every token. Gates are read by the package's
    own measurement, `cru.train.measure_gate_means` (the texts tokenized as training tokenizes them), with a
@@ -69,10 +69,11 @@ from cru_harness.data.corpora import load_corpus
 from cru_harness.data.rwku import list_targets
 from cru_harness.prompts import adds_special_tokens, encode_text
 from cru_harness.runner.config import load_config
-from cru_harness.runner.evaluation import protocol_presets, use_chat_template
+from cru_harness.runner.prompting import protocol_presets, use_chat_template
 from cru_harness.runner.models import load_model, resolve_model_path
 from cru_harness.runner.plan import build_plan, finetune_cell_for
-from cru_harness.runner.training import prompt_format, train_finetuned_model
+from cru_harness.runner.prompting import prompt_format
+from cru_harness.runner.training import train_finetuned_model
 
 PARTS = ("rwku", "gates", "span")
 LOW, HIGH = 0.05, 0.95
@@ -320,7 +321,7 @@ def measure_span(args, data_dir: str) -> list[str]:
     from lm_eval.tasks import TaskManager
 
     from cru_harness.lmeval.model import CRULM
-    from cru_harness.lmeval.protocol import EOS_MARKER, JOINT_MARKER
+    from cru_harness.protocol import EOS_MARKER, JOINT_MARKER
     from cru_harness.lmeval.registration import tasks_dir
 
     started = time.perf_counter()

@@ -31,8 +31,9 @@ import torch
 
 from cru_harness.cru import Router, RouterBundle
 from cru_harness.cru.bundle import MANIFEST_NAME, read_manifest
-from cru_harness.runner.cache import WORK_DIR, CellStore
-from cru_harness.runner.evaluation import evaluate_cell, score_cell, use_chat_template
+from cru_harness.store import WORK_DIR, CellStore
+from cru_harness.runner.evaluation import evaluate_cell, score_cell
+from cru_harness.runner.prompting import use_chat_template
 from cru_harness.runner.models import resolve_data_dir
 from cru_harness.runner.plan import build_plan, retain_cell_for
 from cru_harness.runner.training import ROUTERS_DIR

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from cru_harness.cru.bundle import MANIFEST_NAME, RouterBundle, read_manifest
-from cru_harness.runner.cache import WORK_DIR, CellStore
+from cru_harness.store import WORK_DIR, CellStore
 from cru_harness.runner.plan import build_plan
 from cru_harness.runner.training import ROUTERS_DIR
 from cru_harness.studies.analyses import load_cell_model, observe_gates

@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from cru_harness.runner.cache import CellStore
+from cru_harness.store import CellStore
 from cru_harness.runner.reproduce import compare_runs, comparison_markdown, records_code
 
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from cru_harness.cru.bundle import MANIFEST_NAME, read_manifest
-from cru_harness.runner.cache import CELLS_DIR, WORK_DIR
+from cru_harness.store import CELLS_DIR, WORK_DIR
 from cru_harness.runner.training import FINETUNED_DIR, ROUTERS_DIR
 
 ROUTERS = Path(WORK_DIR) / ROUTERS_DIR   # where the runner keeps a CRU cell's bundle

@@ -39,6 +39,37 @@ class Trained:
     routers: str | None = None
 
 
+class SettingError(ValueError):
+    """A setting of a method's config entry that cannot be used (`Method.read_settings`): `key` under the entry
+    (`checkpoints.21`) and what is wrong."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key, self.message = key, message
+
+
+class ModelLoader:
+    """How the evaluation loads a saved model that is not one checkpoint (`Method.model_loader`): lm-eval's `cru`
+    model loads `checkpoint` as it loads any base (its config and tokenizer are the evaluation's), then `build`
+    makes the model it serves. `name`: the kind of model, in messages (`WHP`)."""
+
+    name: str = ""
+    checkpoint: str = ""
+
+    def build(self, model: Any, load: Callable[[str], Any]) -> Any:
+        """The served model from the loaded `checkpoint`; `load(path)` loads another checkpoint the same way
+        (dtype, device map)."""
+        return model
+
+    def identity(self) -> dict[str, Any]:
+        """What decides its logits beyond `checkpoint` (part of the `--use_cache` identity)."""
+        return {}
+
+    def info(self) -> dict[str, Any]:
+        """What lm-eval's results record of it (`get_model_info`)."""
+        return {}
+
+
 @dataclass
 class CellContext:
     """Everything a method or an attack may use while a cell runs (built by the runner).
@@ -69,6 +100,8 @@ class Method:
     `name`: the canonical name configs use (matched case-insensitively). `config`: the hyperparameter dataclass,
     which validates itself in `__post_init__` (as PEFT's `LoraConfig`); its fields, minus `runner_fields`, are the
     keys a config entry may set. `aliases`: other spellings accepted in configs (`lr` -> `learning_rate`).
+    `known_as`: other names of the method itself, accepted wherever a method is named (open-unlearning's trainer
+    names: `GradAscent` for GA); configs, results and cell hashes hold `name`.
     `benchmarks`: the benchmarks it runs on (None: every registered one). `benchmark_defaults`: settings per
     benchmark that differ from the dataclass's defaults and enter each cell's hyperparameters (so its hash says
     which setting trained it); `sources`: where each default comes from. `seeded`: False for a method whose result
@@ -83,6 +116,7 @@ class Method:
     config: type | None = None
     runner_fields: tuple[str, ...] = ()
     aliases: Mapping[str, str] = {}
+    known_as: tuple[str, ...] = ()
     benchmarks: tuple[str, ...] | None = None
     benchmark_defaults: Mapping[str, Mapping[str, Any]] = {}
     sources: Mapping[str, str] = {}
@@ -92,8 +126,12 @@ class Method:
     needs: tuple[str, ...] = ()
     adapter: bool = False
     one_checkpoint: bool = True
-    #: top-level config keys it reads (PURGE: `purge_checkpoints`, local stand-ins for its published checkpoints)
-    config_keys: tuple[str, ...] = ()
+    #: keys of its config entry that are settings, not hyperparameters (key -> what it holds), checked by
+    #: `read_settings`; they reach its cells through `cell_extra` (PURGE's `checkpoints`: local stand-ins)
+    entry_settings: Mapping[str, str] = {}
+    #: top-level keys of earlier configs that are now one of its `entry_settings` (old -> new): still read into
+    #: its entries, with a one-line note naming the new key
+    moved_keys: Mapping[str, str] = {}
     order: int = 100               # where listings put it (lower first; then by name)
 
     def __repr__(self) -> str:
@@ -124,12 +162,25 @@ class Method:
         """The evaluation tasks of its cells (a prompt-only method swaps in its task variants)."""
         return tasks
 
-    def check_config(self, config: Any, where: str) -> str | None:
-        """A problem with the rest of an experiment config for this method (key, message), or None."""
+    def check_config(self, config: Any, where: str) -> tuple[str, str] | None:
+        """A problem with the rest of an experiment config for this method (key, message), or None. `config`: the
+        validated parts (`benchmarks`, `models`) and the entry's `settings`."""
         return None
 
-    def cell_extra(self, config: Any, benchmark: str, split: str | None, target: int | None) -> dict[str, Any]:
-        """Settings of one cell beyond its hyperparameters that enter its hash (e.g. a local checkpoint)."""
+    def read_settings(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Its `entry_settings` as a config entry gives them, checked and normalised; a bad one raises
+        `SettingError` naming the key."""
+        return dict(values)
+
+    def entry_paths(self, settings: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+        """(key under its entry, what it is, path) of every local model its `entry_settings` name (the run's
+        security summary lists what it loads)."""
+        return []
+
+    def cell_extra(self, config: Any, benchmark: str, split: str | None, target: int | None,
+                   **entry: Any) -> dict[str, Any]:
+        """Settings of one cell beyond its hyperparameters that enter its hash (e.g. a local checkpoint). A method
+        with `entry_settings` gets its entry's as `settings=` (`read_settings`'s output)."""
         return {}
 
     def trained_weights(self, cell: Any) -> str:
@@ -142,6 +193,11 @@ class Method:
         what = self.trained_weights(cell)
         return (f"{cell.method} {what} on forget={cell.corpora.get('forget_corpus')} "
                 f"retain={cell.corpora.get('retain_corpus')} [{hp}]"), []
+
+    def model_loader(self, path: str) -> ModelLoader | None:
+        """How the evaluation loads the model this method saved at `path` when it is not one checkpoint (WHP: two
+        models whose logits combine); None (the default): `path` is not such a model of this method."""
+        return None
 
     def run(self, ctx: CellContext) -> Trained:
         """Train (or fetch) the model a cell evaluates."""

@@ -14,6 +14,8 @@ read. `register()` adds one in-process (a notebook, a test). Names match after n
 A plugin that cannot be used (its import raises anything, it names the wrong kind of object, or its name is
 another's) is kept aside with one line naming it and its distribution: only a command that needs that name fails
 (`get`), the other names, `report` on existing results and the built-ins work as before.
+A plugin's `known_as` are other names it answers to (open-unlearning's trainer names: `GradAscent` is GA): every
+lookup turns them into the canonical name, so configs, results and cell hashes only ever hold that.
 
 Foundation layer: imports nothing of the project but `errors`.
 """
@@ -75,6 +77,7 @@ class Registry:
         self.kind, self.group = kind, group
         self.not_here = not_here or {}   # a name users try that is something else: where to find it instead
         self._items: dict[str, Any] | None = None
+        self._known_as: dict[str, str] = {}   # another name (lower case) -> the plugin's key
         self._added: dict[str, Any] = {}
         self._broken: dict[str, str] = {}   # normalised name -> why it cannot be used (one line)
 
@@ -117,9 +120,39 @@ class Registry:
             items.pop(key, None)   # a name two plugins claim is neither's
         items.update(self._added)
         self._broken = broken
+        self._known_as = self._other_names(items)
         # listing order: a plugin's `order` (the built-ins: the order of the paper's tables), then its name
         self._items = dict(sorted(items.items(), key=lambda kv: (getattr(kv[1], "order", 100), kv[0])))
         return self._items
+
+    def _other_names(self, items: dict[str, Any]) -> dict[str, str]:
+        """`known_as` of every plugin -> its key. A malformed `known_as`, or another name that a second plugin claims
+        (or that is another plugin's own name), is kept aside as unusable, like a broken plugin: one line, and only
+        that name fails."""
+        other: dict[str, str] = {}
+        for key, obj in list(items.items()):
+            names = getattr(obj, "known_as", ()) or ()
+            if isinstance(names, str) or not all(isinstance(n, str) and n.strip() for n in names):
+                self._broken[key] = f"{self.kind} {obj.name!r}: `known_as` must be a tuple of non-empty names"
+                del items[key]
+                continue
+            for name in names:
+                low = plugin_key(name)
+                if low == key:
+                    continue
+                if low in items or other.get(low, key) != key:
+                    taken = items[low].name if low in items else items[other[low]].name
+                    self._broken[low] = f"{self.kind} {obj.name!r} is known as {name!r}, a name {taken!r} has"
+                    other.pop(low, None)
+                    continue
+                other[low] = key
+        return other
+
+    def _key(self, name: Any) -> str:
+        """The registry key of a name or of one of a plugin's other names (unknown names come back normalised)."""
+        low = plugin_key(name)
+        items = self._load()
+        return low if low in items else self._known_as.get(low, low)
 
     def register(self, obj: Any) -> Any:
         """Add a plugin object in this process (entry points are for installed packages). Returns `obj`."""
@@ -129,6 +162,12 @@ class Registry:
             raise PluginError(f"a {self.kind} named {obj.name!r} is already registered")
         self._added[key] = obj
         self._items = None   # re-sorted on the next read
+        try:
+            self._load()     # its other names are checked now, not at the next lookup
+        except PluginError:
+            del self._added[key]
+            self._items = None
+            raise
         return obj
 
     def unregister(self, name: str) -> None:
@@ -139,15 +178,15 @@ class Registry:
             self._items = None
 
     def canonical(self, name: Any) -> str | None:
-        """The registered spelling of `name` (`npo` -> `NPO`), or None; a `PluginError` when the plugin installed
-        under that name cannot be used (a config naming it stops, in one line naming it)."""
-        obj = self._load().get(plugin_key(name))
+        """The registered spelling of `name` (`npo` -> `NPO`, `GradAscent` -> `GA`), or None; a `PluginError` when
+        the plugin installed under that name cannot be used (a config naming it stops, in one line naming it)."""
+        obj = self._load().get(self._key(name))
         if obj is None and plugin_key(name) in self._broken:
             raise PluginError(self._broken[plugin_key(name)])
         return None if obj is None else obj.name
 
     def get(self, name: Any) -> Any:
-        obj = self._load().get(plugin_key(name))
+        obj = self._load().get(self._key(name))
         if obj is None:
             if (why := self._broken.get(plugin_key(name))):
                 raise PluginError(why)
@@ -173,8 +212,14 @@ class Registry:
     def __iter__(self) -> Iterator[Any]:
         return iter(list(self._load().values()))
 
+    def known_as(self) -> dict[str, str]:
+        """Every other name a plugin answers to -> its canonical name (`GradAscent` -> `GA`)."""
+        items = self._load()
+        return {next(n for n in items[key].known_as if plugin_key(n) == low): items[key].name
+                for low, key in self._known_as.items()}
+
     def __contains__(self, name: Any) -> bool:
-        return plugin_key(name) in self._load()
+        return self._key(name) in self._load()
 
 
 benchmarks = Registry("benchmark", GROUPS["benchmark"])

@@ -51,7 +51,7 @@ RWKU_PRESETS = ("reference",)
 DEFAULT_RWKU_PRESET = "reference"
 
 #: open-unlearning `configs/model/*-Instruct.yaml` `template_args.system_prompt` (every chat model it configures).
-OPEN_UNLEARNING_SYSTEM_PROMPT = SYSTEM_PROMPT   # defined once, in lmeval.protocol (stdlib only)
+OPEN_UNLEARNING_SYSTEM_PROMPT = SYSTEM_PROMPT   # defined once, in cru_harness.protocol (stdlib only)
 #: open-unlearning `configs/model/Llama-3.2-1B-Instruct.yaml:15` `date_string: 10 Apr 2025`.
 OPEN_UNLEARNING_DATE = _dt.datetime(2025, 4, 10)
 #: RWKU passes no date; Llama 3.1's template then falls back to 26 Jul 2024 (the project pins the same).

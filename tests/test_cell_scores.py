@@ -1,4 +1,4 @@
-"""`reporting.cell_scores`: an RWKU cell's saved lm-eval samples -> result-schema metrics and failure classes.
+"""`scoring.cell_scores`: an RWKU cell's saved lm-eval samples -> result-schema metrics and failure classes.
 
 The samples below are hand-written fakes in lm-eval's `--log_samples` layout (no model runs); the per-item values
 come from the real RWKU `process_results` functions, and the numbers from the real `per_target_results`.
@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from cru_harness.reporting import cell_scores
+from cru_harness.scoring import cell_scores
 from cru_harness.tasks.rwku import utils as rwku
 
 DATE = "2025-01-02T03-04-05.678901"

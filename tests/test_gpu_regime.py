@@ -12,7 +12,7 @@ from cru_harness.benchmarks.tofu import report as tofu_report
 from cru_harness.reporting import tables
 from cru_harness.reporting.cli import write_report
 from cru_harness.runner import config as cfg
-from cru_harness.runner.cache import CellStore
+from cru_harness.store import CellStore
 from cru_harness.runner.loop import run_one
 from cru_harness.runner.plan import build_plan
 

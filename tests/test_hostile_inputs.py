@@ -46,7 +46,8 @@ class TestBooleanModelArguments:
     def test_other_spellings_are_refused_naming_the_argument(self, text, fake_model_dir, hflm_calls):
         from lm_eval.utils import simple_parse_args_string
 
-        from cru_harness.lmeval.model import CRULM, ModelArgumentError
+        from cru_harness.lmeval.arguments import ModelArgumentError
+        from cru_harness.lmeval.model import CRULM
 
         args = simple_parse_args_string(f"base={fake_model_dir},trust_remote_code={text}")  # as lm_eval parses it
         with pytest.raises(ModelArgumentError, match=r"trust_remote_code=.* in --model_args is not a boolean: "
@@ -67,7 +68,7 @@ class TestBooleanModelArguments:
         assert hflm_calls[0]["trust_remote_code"] is value and hflm_calls[0]["parallelize"] is value
 
     def test_every_boolean_argument_is_checked_and_strings_from_python_are_normalised(self):
-        from cru_harness.lmeval.model import ModelArgumentError, boolean_arguments, check_boolean_arguments
+        from cru_harness.lmeval.arguments import ModelArgumentError, boolean_arguments, check_boolean_arguments
 
         names = boolean_arguments()
         # HFLM's, from_pretrained's (by annotation) and from_pretrained's **kwargs booleans
@@ -164,7 +165,7 @@ class TestOutputDirectory:
         assert (mine.output_dir / "plan.json").read_bytes() == plan and len(calls) == computed
 
     def test_what_a_run_writes_alone_is_a_run_directory(self, tmp_path):
-        from cru_harness.runner.cache import check_run_directory
+        from cru_harness.store import check_run_directory
 
         root = tmp_path / "run"
         check_run_directory(root, "t")   # absent
@@ -305,7 +306,8 @@ class TestEmptyModelArguments:
     def test_an_empty_argument_is_refused_by_name(self, spec, name, fake_model_dir, hflm_calls):
         from lm_eval.utils import simple_parse_args_string
 
-        from cru_harness.lmeval.model import CRULM, ModelArgumentError
+        from cru_harness.lmeval.arguments import ModelArgumentError
+        from cru_harness.lmeval.model import CRULM
 
         args = simple_parse_args_string(f"base={fake_model_dir},{spec}")
         with pytest.raises(ModelArgumentError, match=f"cru model: {name}= is empty in --model_args"):
@@ -315,14 +317,16 @@ class TestEmptyModelArguments:
     @pytest.mark.parametrize("routers, words", [([], "routers=\\[\\] names no bundle"),
                                                 (False, "routers=False in --model_args is not a bundle")])
     def test_routers_that_name_no_bundle_are_refused(self, routers, words, fake_model_dir, hflm_calls):
-        from cru_harness.lmeval.model import CRULM, ModelArgumentError
+        from cru_harness.lmeval.arguments import ModelArgumentError
+        from cru_harness.lmeval.model import CRULM
 
         with pytest.raises(ModelArgumentError, match=words):
             CRULM(base=str(fake_model_dir), routers=routers, device="cpu")
         assert hflm_calls == []
 
     def test_an_empty_base_is_refused_and_no_routers_means_the_base_alone(self, fake_model_dir, hflm_calls):
-        from cru_harness.lmeval.model import CRULM, ModelArgumentError
+        from cru_harness.lmeval.arguments import ModelArgumentError
+        from cru_harness.lmeval.model import CRULM
 
         with pytest.raises(ModelArgumentError, match="base= is empty"):
             CRULM(base="", routers=str(fake_model_dir), device="cpu")
@@ -504,14 +508,14 @@ class TestResultContent:
     not. A cell without a digest (written before digests existed, as the committed results) is read as it is."""
 
     def test_a_result_carries_the_digest_of_its_content(self, tmp_path):
-        from cru_harness.runner.cache import result_digest
+        from cru_harness.store import result_digest
 
         _, path = one_computed_run(tmp_path)
         result = json.loads(path.read_text())
         assert result["digest"].startswith("sha256:") and result["digest"] == result_digest(result)
 
     def test_an_edited_number_is_refused_and_recomputed(self, tmp_path):
-        from cru_harness.runner.cache import CellStore, load_results
+        from cru_harness.store import CellStore, load_results
         from cru_harness.runner.cli import run_config
 
         config, path = one_computed_run(tmp_path)
@@ -542,7 +546,7 @@ class TestResultContent:
                                              ("mia_fm_loss", 0.5), ("utility_fluency", -1.0),
                                              ("retain_truth_ratio", 7.0), ("forget_fb", "high")])
     def test_a_metric_outside_its_range_is_refused_by_name_digest_or_not(self, name, value, tmp_path):
-        from cru_harness.runner.cache import CellStore, validate_result, with_digest
+        from cru_harness.store import CellStore, validate_result, with_digest
 
         config, path = one_computed_run(tmp_path)
         result = json.loads(path.read_text())
@@ -555,7 +559,7 @@ class TestResultContent:
             assert CellStore(config.output_dir, log=lambda _: None).load_result(result["hash"]) is None
 
     def test_a_cell_computed_before_digests_is_read_as_it_is(self, tmp_path):
-        from cru_harness.runner.cache import CellStore
+        from cru_harness.store import CellStore
 
         config, path = one_computed_run(tmp_path)
         result = json.loads(path.read_text())
@@ -568,7 +572,7 @@ class TestResultContent:
         assert loaded == result
 
     def test_a_relabelled_copy_gets_a_digest_of_its_own(self, tmp_path):
-        from cru_harness.runner.cache import CellStore
+        from cru_harness.store import CellStore
         from cru_harness.runner.cli import copy_cell
 
         config, path = one_computed_run(tmp_path)
@@ -929,7 +933,7 @@ class TestResultsSurviveResume:
         assert path.read_bytes() == before
 
     def test_a_failed_recompute_keeps_the_good_result(self, tmp_path, capsys):
-        from cru_harness.runner.cache import CellStore
+        from cru_harness.store import CellStore
         from cru_harness.runner.cli import run_config
         from cru_harness.runner import config as cfg
 
@@ -970,7 +974,7 @@ class TestResultsSurviveResume:
         assert {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()} == before
 
     def test_a_removed_digest_on_a_cell_that_had_one_is_tampering(self, tmp_path):
-        from cru_harness.runner.cache import CellStore
+        from cru_harness.store import CellStore
 
         config, path = one_computed_run(tmp_path)
         result = json.loads(path.read_text())

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 TASK_IMPORTS = ("cru_harness.metrics", "cru_harness.prompts", "cru_harness.protocol", "cru_harness.data",
                 "cru_harness.errors", "cru_harness.lmeval.metadata", "cru_harness.lmeval.request_cache",
                 "cru_harness.lmeval.dataset",
-                "cru_harness.lmeval.protocol", "cru_harness")
+                "cru_harness")
 
 
 def test_the_layer_contract_holds():

@@ -11,8 +11,9 @@ from lm_eval.api.instance import Instance
 from lm_eval.models.huggingface import HFLM
 from test_lmeval_support import shared_tiny_dir
 
-from cru_harness.lmeval.model import CRULM, parse_router_spec
-from cru_harness.lmeval.protocol import (
+from cru_harness.lmeval.model import CRULM
+from cru_harness.lmeval.routers import parse_router_spec
+from cru_harness.protocol import (
     EOS_MARKER,
     PINNED_DATE,
     TOKENIZER_EOS,

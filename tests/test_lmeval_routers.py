@@ -101,7 +101,7 @@ def test_use_cache_refuses_a_cache_another_model_wrote(setup, tmp_path):
     base alone, or another dtype; the model that wrote it reads it back (and gets its own numbers)."""
     from lm_eval.api.model import CachingLM
 
-    from cru_harness.lmeval.model import ModelArgumentError
+    from cru_harness.lmeval.arguments import ModelArgumentError
 
     model_dir, a, b, _ = setup
     db = str(tmp_path / "cache.db")
@@ -139,9 +139,9 @@ def test_a_bundle_trained_on_another_prompt_format_is_warned_about_once(setup, c
         bundle.config.training.pop("prompt_format", None)
         if trained is not None:
             bundle.config.training["prompt_format"] = trained
-        lm._format_checked, lm._chat_rendered = False, chat
+        lm.routers._format_checked, lm._chat_rendered = False, chat
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="cru_harness.lmeval.model"):
+        with caplog.at_level(logging.WARNING, logger="cru_harness.lmeval.routers"):
             _scores(lm)
             _scores(lm)
         return [r.getMessage() for r in caplog.records if "prompt" in r.getMessage()]

@@ -162,7 +162,7 @@ def test_the_rwku_report_is_options_reports_rwku_rows_reduced_only_as_its_header
         assert cell.hparams == {**reference[scaled.get(cell.label, cell.label)].hparams, **cut}, cell.label
     # one for all four: the rate cpu_smollm2_rwku_lr.yaml's rule chooses on its committed cells
     from cru_harness.reporting.lr_sweep import sweep_choices
-    from cru_harness.runner.cache import load_results
+    from cru_harness.store import load_results
 
     (choice,) = sweep_choices(load_results(Path(__file__).resolve().parents[1] / "results" / "cpu_smollm2_rwku_lr"))
     assert rates == {choice["chosen"]} == {1e-4}

@@ -76,6 +76,44 @@ def test_unknown_names_are_one_line_errors_naming_the_registered_ones():
         cfg.validate_config(raw)
 
 
+def test_open_unlearnings_method_names_are_other_names_of_ours(tmp_path):
+    """open-unlearning's trainer names (src/trainer/__init__.py) name our methods wherever a method is named: the
+    registry, a runner config (whose cells are those of the canonical name, hashes included), a finished run's
+    methods (the report), the trainers' table (`baselines.make_config`)."""
+    from cru_harness.baselines.registry import get_method
+    from cru_harness.reporting.settings import configured_methods
+    from cru_harness.runner.plan import build_plan
+
+    ours = {"GradAscent": "GA", "GradDiff": "GD", "NPO": "NPO", "SimNPO": "SimNPO", "DPO": "DPO", "RMU": "RMU",
+            "UNDIAL": "UNDIAL", "SatImp": "SatImp", "WGA": "WGA", "CEU": "CE-U", "Lunar": "LUNAR", "IdkDPO": "IdkDPO"}
+    assert {name: plugins.methods.canonical(name) for name in ours} == ours
+    assert plugins.methods.known_as() == {"GradAscent": "GA", "GradDiff": "GD", "CEU": "CE-U"}
+    assert plugins.methods.get("graddiff") is plugins.methods.get("GD") and "CEU" in plugins.methods
+    assert get_method("GradAscent") is get_method("ga") and get_method("CEU") is get_method("ceu")
+
+    raw = {"name": "t", "output_dir": str(tmp_path), "models": [{"name": "m", "path": "zoo:llama"}], "seeds": [0],
+           "benchmarks": {"tofu": {"splits": ["forget01"]}}}
+    cells = {names: [(c.method, c.label, c.hash) for c in build_plan(cfg.validate_config(
+        {**raw, "methods": [{"method": n, "lr": 1e-5} for n in names]})) if c.kind == "method"]
+        for names in (("GradAscent", "GradDiff", "CEU"), ("GA", "GD", "CE-U"))}
+    assert cells[("GradAscent", "GradDiff", "CEU")] == cells[("GA", "GD", "CE-U")]
+    assert [m for m, _, _ in cells[("GA", "GD", "CE-U")]] == ["GA", "GD", "CE-U"]
+    assert [e["method"] for e in configured_methods({**raw, "methods": ["GradDiff", {"method": "CEU"}]})] == [
+        "GD", "CE-U"]
+
+
+def test_another_name_a_plugin_has_is_refused():
+    class Claims(api.Method):
+        name = "Claimant"
+        known_as = ("GradAscent",)
+
+    with pytest.raises(PluginError, match="method 'Claimant' is known as 'GradAscent', a name 'GA' has"):
+        plugins.methods.register(Claims())
+    assert "Claimant" not in plugins.methods and plugins.methods.canonical("GradAscent") == "GA"
+    with pytest.raises(PluginError, match="a name 'GA' has"):
+        plugins.methods.register(type("Shadow", (api.Method,), {"name": "Shadow", "known_as": ("ga",)})())
+
+
 def test_the_logit_lens_named_as_an_attack_says_where_it_is():
     """It is a metric (`evaluation.logit_lens`, `cru-harness lens`), not a registered attack: the error says so."""
     for name in ("logit_lens", "lens"):

@@ -18,7 +18,7 @@ from cru_harness.attacks import in_context, paraphrase, relearn  # noqa: E402
 from cru_harness.attacks.prompt_variants import variant_tasks  # noqa: E402
 from cru_harness.data.slices import forget_slice, in_context_shots  # noqa: E402
 from cru_harness.errors import InputError  # noqa: E402
-from cru_harness.lmeval.protocol import LoglikelihoodResult  # noqa: E402
+from cru_harness.protocol import LoglikelihoodResult  # noqa: E402
 from cru_harness.prompts import PresetError  # noqa: E402
 from cru_harness.tasks.tofu import utils as tofu_utils  # noqa: E402
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cru_harness.lmeval.protocol import UNK_STOP
+from cru_harness.protocol import UNK_STOP
 from cru_harness.tasks.rwku import utils as rwku_utils
 from cru_harness.tasks.tofu import utils as tofu_utils
 
@@ -392,7 +392,7 @@ def test_tofu_legacy_scores_300_items_and_errors_name_the_choices(tofu_data, tmp
 
 @pytest.mark.parametrize("name", ALL)
 def test_tofu_privacy_requests_and_model_scores_score_the_same_tokens(name, tmp_path):
-    """The privacy task's request for a row and `reporting.model_scores.encode_rows` (GradNorm, the reference attack)
+    """The privacy task's request for a row and `scoring.model_scores.encode_rows` (GradNorm, the reference attack)
     cover the same ids and the same scored span: open-unlearning's (the answer after the prompt's tokens, + EOS)."""
     from lm_eval.tasks import TaskManager
 
@@ -454,7 +454,7 @@ def tofu_mc_probability(true_loss: float, false_losses: list[float]) -> float:  
 
 
 def _scored(avg_nll: float, n: int = 4):
-    from cru_harness.lmeval.protocol import LoglikelihoodResult
+    from cru_harness.protocol import LoglikelihoodResult
 
     lp = [-avg_nll] * n
     return LoglikelihoodResult(sum(lp), False, lp, [-1.0] * n, [1.0] * n)
@@ -685,7 +685,7 @@ def test_rwku_newline_stop_is_a_named_option(rwku_dir):
 
 
 def test_stop_markers_resolve_to_the_tokenizer():
-    from cru_harness.lmeval.protocol import TOKENIZER_EOS
+    from cru_harness.protocol import TOKENIZER_EOS
 
     lm = _lm("testbed-chat")
     assert lm.resolve_stops(["<|eot_id|>", UNK_STOP]) == ["<|eot_id|>", lm.tokenizer.unk_token]

@@ -9,7 +9,7 @@ import pytest
 from cru_harness.benchmarks.rwku import report as rwku_report
 from cru_harness.reporting import stats, tables
 from cru_harness.reporting.cli import compare_methods, stats_markdown, write_report
-from cru_harness.runner.cache import CellStore
+from cru_harness.store import CellStore
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -570,7 +570,7 @@ def test_a_cell_scored_before_its_retain_cell_reproduces_one_scored_after(tmp_pa
     """A shard may score a cell before the retain cell exists: its file has no Forget Quality, which its report
     computes from the truth ratios. The reproduction check compares what the reports show, so such a cell
     reproduces one whose file holds the same value; without the retain cell it still differs."""
-    from cru_harness.reporting.score import NO_RETAIN
+    from cru_harness.scoring.score import NO_RETAIN
     from cru_harness.runner.reproduce import compare_runs
 
     def cells(late: bool, with_retain: bool = True):

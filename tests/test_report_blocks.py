@@ -9,7 +9,8 @@ import pytest
 from cru_harness.benchmarks.rwku import report as rwku_report
 from cru_harness.benchmarks.tofu import BENCHMARK as TOFU
 from cru_harness.metrics.privacy import privleak
-from cru_harness.reporting import cell_scores, tables
+from cru_harness.reporting import tables
+from cru_harness.scoring import cell_scores
 from score_support import UTILITY, local_tofu_refusals, write_run  # noqa: F401 (an autouse fixture: no Hub wait)
 
 

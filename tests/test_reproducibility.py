@@ -15,7 +15,7 @@ import pytest
 from cru_harness.cli import main
 from cru_harness.runner import config as cfg
 from cru_harness.runner import provenance
-from cru_harness.runner.cache import CellStore
+from cru_harness.store import CellStore
 from cru_harness.runner.cli import run_config
 from cru_harness.runner.loop import run_cells
 from cru_harness.runner.plan import build_plan

@@ -17,8 +17,9 @@ from cru_harness.devices import DeviceError
 from cru_harness.errors import InputError, UserError
 from cru_harness.lmeval.errors import install_excepthook
 from cru_harness.lmeval.metadata import METADATA_KEYS, SUITE_PREFIXES, check_metadata_keys
-from cru_harness.lmeval.model import (CRULM, FROM_PRETRAINED_KWARGS, ModelArgumentError, check_argument_values,
-                                      known_arguments)
+from cru_harness.lmeval.arguments import (FROM_PRETRAINED_KWARGS, ModelArgumentError, check_argument_values,
+                                          known_arguments)
+from cru_harness.lmeval.model import CRULM
 from cru_harness.locations import ModelPathError
 
 
@@ -189,7 +190,7 @@ def test_metadata_keys_of_both_suites_and_other_tools_pass():
                  | set(inspect.signature(PreTrainedModel.from_pretrained).parameters))
     assert not [name for name in arguments if name.startswith(SUITE_PREFIXES)]
     # and every setting the runner passes the tasks is one they read (else its own runs would be refused)
-    from cru_harness.runner.evaluation import PRESET_KEYS
+    from cru_harness.runner.prompting import PRESET_KEYS
 
     assert set(PRESET_KEYS) <= set(METADATA_KEYS)
 

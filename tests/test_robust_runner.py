@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from cru_harness.runner import config as cfg
-from cru_harness.runner.cache import CellStore, RunLock, RunLockedError, load_results
+from cru_harness.store import CellStore, RunLock, RunLockedError, load_results
 from cru_harness.runner.cli import run_config
 from cru_harness.runner.loop import run_cells
 from cru_harness.runner.plan import build_plan
@@ -252,7 +252,7 @@ def test_a_recomputation_killed_before_its_result_is_written_is_not_a_finished_c
 
 
 def test_written_files_take_the_umask_and_merge_leaves_a_killed_writes_leftovers(tmp_path):
-    from cru_harness.runner.cache import atomic_write_text
+    from cru_harness.store import atomic_write_text
     from cru_harness.runner.cli import merge_dirs
 
     old = os.umask(0o022)
@@ -280,7 +280,7 @@ def test_a_full_disk_and_ctrl_c_are_one_line_each(tmp_path, monkeypatch, capsys)
     import cru_harness.reporting.cli as report_cli
     from cru_harness.cli import main
     from cru_harness.errors import OutputWriteError
-    from cru_harness.runner.cache import atomic_write_text
+    from cru_harness.store import atomic_write_text
 
     def full(src, dst):
         raise OSError(errno.ENOSPC, "No space left on device")

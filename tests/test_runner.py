@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cru_harness import plugins
 from cru_harness.errors import InputError, MissingInputError
 from cru_harness.runner import config as cfg
-from cru_harness.runner.cache import CellStore, load_results
+from cru_harness.store import CellStore, load_results
 from cru_harness.runner.loop import CellUnavailable, run_cells
 from cru_harness.runner.plan import build_plan
 from cru_harness.baselines.purge import purge_candidates, resolve_purge_checkpoint
@@ -69,6 +70,16 @@ def base_config(tmp_path, **extra):
     (lambda r: r["methods"][0].update(adam_betas=[0.9, 1.0]), "methods[0].adam_betas", "two numbers in [0, 1)"),
     (lambda r: r.update(seeds=[0, -1]), "seeds[1]", "must be an integer from 0 to 2**32 - 1, got -1"),
     (lambda r: r.update(seeds=[2**32]), "seeds[0]", "must be an integer from 0 to 2**32 - 1"),
+    # the keys' own rules, declared in runner.schema: the same lines as when they were hand-written
+    (lambda r: r.update(name="a b"), "name", "expected a simple name (letters, digits, _ . -), got 'a b'"),
+    (lambda r: r.update(output_dir=" "), "output_dir", "expected a directory path, got ' '"),
+    (lambda r: r.update(data_dir=3), "data_dir", "expected a path, got 3"),
+    (lambda r: r.update(seeds=[1, 1]), "seeds", "repeats a seed: [1, 1]"),
+    (lambda r: r.update(seeds=[]), "seeds", "expected a non-empty list of integers, got []"),
+    (lambda r: r["models"][0].update(dtype="fp8"), "models[0].dtype", "expected one of auto, float32, "),
+    (lambda r: r["models"][0].update(eval_dtype="fp8"), "models[0].eval_dtype", "got 'fp8'"),
+    (lambda r: r["models"][0].update(device_map="balanced"), "models[0].device_map",
+     "expected auto (shard over the visible GPUs) or null, got 'balanced'"),
 ])
 def test_config_errors_name_the_key(tmp_path, mutate, key, words):
     raw = base_config(tmp_path)
@@ -90,10 +101,34 @@ def test_purge_needs_phi_and_targets_1_to_20(tmp_path):
     raw["models"] = [{"name": "smol", "path": "smollm2"}]
     with pytest.raises(cfg.ConfigError, match=r"models\[0\].path: PURGE"):
         cfg.validate_config(raw)
-    raw["purge_checkpoints"] = {1: "/x", 2: "/y"}  # local stand-ins for every target make it comparable
+    raw["methods"] = [{"method": "PURGE", "checkpoints": {1: "/x", 2: "/y"}}]   # local stand-ins for every target
     config = cfg.validate_config(raw)
     purge = [c for c in build_plan(config) if c.method == "PURGE"]
     assert [c.extra["purge_local_checkpoint"] for c in purge] == ["/x", "/y"]
+    assert not any("checkpoints" in c.hparams for c in purge)
+    with pytest.raises(cfg.ConfigError, match=r"methods\[0\]\.checkpoints\.21: PURGE checkpoints exist for RWKU "
+                                              r"targets 1-20 only"):
+        cfg.validate_config({**raw, "methods": [{"method": "PURGE", "checkpoints": {21: "/z"}}]})
+
+
+def test_an_old_configs_purge_checkpoints_still_reads_naming_the_new_key(tmp_path, capsys):
+    """`purge_checkpoints:` at the top (before the checkpoints joined PURGE's entry) plans the same cells, same hashes,
+    with one line naming the new key."""
+    raw = base_config(tmp_path, benchmarks={"rwku": {"targets": "1-2"}}, models=[{"name": "smol", "path": "smollm2"}],
+                      methods=["PURGE"])
+    new = cfg.validate_config({**raw, "methods": [{"method": "purge", "checkpoints": {1: "/x", 2: "/y"}}]})
+    capsys.readouterr()
+    old = cfg.validate_config({**raw, "purge_checkpoints": {1: "/x", 2: "/y"}})
+    assert capsys.readouterr().err.strip() == ("note: config: `purge_checkpoints` is now PURGE's method entry key "
+                                               "`checkpoints`; read as methods[0].checkpoints")
+    assert [(c.hash, c.extra) for c in build_plan(old)] == [(c.hash, c.extra) for c in build_plan(new)]
+    assert "purge_checkpoints" in old.raw   # plan.json keeps the config as written
+    from cru_harness.runner.cli import security_summary
+
+    assert [(e["key"], e["name"], e["path"]) for e in security_summary(old) if "checkpoints" in e["key"]] == [
+        ("methods[0].checkpoints.1", "PURGE target 1", "/x"), ("methods[0].checkpoints.2", "PURGE target 2", "/y")]
+    with pytest.raises(cfg.ConfigError, match=r"methods\[0\]\.checkpoints\.x: keys are RWKU target indices"):
+        cfg.validate_config({**raw, "purge_checkpoints": {"x": "/x"}})
 
 
 def test_static_hparams_match_the_dataclasses():
@@ -106,10 +141,10 @@ def test_static_hparams_match_the_dataclasses():
     for name in ("GA", "GD", "NPO", "SimNPO", "IdkDPO"):
         fields = {f.name for f in dataclasses.fields(get_method(name).Config)}
         # and `lora`, the engine's option every weight-training method takes (training.lora.LoraSettings)
-        assert set(cfg.METHOD_HPARAMS[name]) == fields | {"lora"}, name
+        assert set(cfg.method_plugin(name).hparams()) == fields | {"lora"}, name
     runner_set = {"seed", "forget_description", "retain_description", "progress"}
     fields = {f.name for f in dataclasses.fields(RouterTrainingConfig)} - runner_set
-    assert set(cfg.METHOD_HPARAMS["CRU"]) == fields
+    assert set(cfg.method_plugin("CRU").hparams()) == fields
 
 
 def test_config_bounds_agree_with_the_dataclasses():
@@ -139,7 +174,7 @@ def test_config_bounds_agree_with_the_dataclasses():
     probes = [-1, 0, 1e-9, 0.5, 1, 2.5, 7, 8, 99.5, 100, 2**40, float("nan"), None, [0.9, 0.999], [0.9, 1]]
     for name in ("GA", "GD", "NPO", "SimNPO", "IdkDPO", "CRU"):
         klass = RouterTrainingConfig if name == "CRU" else get_method(name).Config
-        numeric = [k for k in cfg.METHOD_HPARAMS[name] if k in cfg.HPARAM_BOUNDS or k == "adam_betas"]
+        numeric = [k for k in cfg.method_plugin(name).hparams() if k in cfg.HPARAM_BOUNDS or k == "adam_betas"]
         assert numeric, name
         for key in numeric:
             for value in probes:
@@ -197,8 +232,9 @@ def test_a_cru_cell_without_a_setting_takes_the_papers_setting_of_its_benchmark(
     config = RouterTrainingConfig(**cells["rwku"].hparams)
     assert (config.lam, config.percentile, config.d_r) == (50, 85, 256)
     # every key names a RouterTrainingConfig field, and the TOFU setting is the dataclass's own
-    assert set(cfg.CRU_BENCHMARK_DEFAULTS) == set(cfg.BENCHMARKS) and cfg.CRU_BENCHMARK_DEFAULTS["tofu"] == {}
-    assert set(cfg.CRU_BENCHMARK_DEFAULTS["rwku"]) <= set(cfg.METHOD_HPARAMS["CRU"])
+    cru = cfg.method_plugin("CRU")
+    assert set(cru.benchmark_defaults) <= set(plugins.benchmarks.names()) and not cru.benchmark_defaults.get("tofu")
+    assert set(cru.benchmark_defaults["rwku"]) <= set(cru.hparams())
     tofu = RouterTrainingConfig()
     assert (tofu.lam, tofu.percentile, tofu.d_r) == (1.0, 95.0, 32)
 
@@ -206,8 +242,8 @@ def test_a_cru_cell_without_a_setting_takes_the_papers_setting_of_its_benchmark(
 def test_a_tofu_model_family_fixes_the_tofu_cells_format_and_leaves_rwku_on_the_chat_template(tmp_path):
     """open-unlearning's Llama-2-7b-chat config writes `[INST] q [/INST]`, not the chat template: the runner
     trains and evaluates the TOFU cells that way (no --apply_chat_template), while RWKU keeps the template."""
-    from cru_harness.runner.evaluation import use_chat_template
-    from cru_harness.runner.training import prompt_format
+    from cru_harness.runner.prompting import use_chat_template
+    from cru_harness.runner.prompting import prompt_format
 
     raw = base_config(tmp_path, evaluation={"tofu_model_family": "Llama-2-7b-chat-hf"})
     raw["models"][0]["chat_template"] = True
@@ -236,6 +272,45 @@ def test_a_tofu_model_family_fixes_the_tofu_cells_format_and_leaves_rwku_on_the_
         {"name": "m", "path": "zoo:llama", "chat_template": True, "retain": {"checkpoint": "zoo:llama:retain"}}])))
         if c.method == "GA"][0]
     assert use_chat_template(plain, "unused") is True
+
+
+def test_the_plan_settles_each_cells_decisions_once_outside_its_hash(tmp_path, monkeypatch):
+    """The plan attaches each cell's decisions (presets, lm-eval settings, task metadata, rows' format); execution
+    reads them, and an automatic chat choice reads a checkpoint's tokenizer once, however often it is asked."""
+    import dataclasses
+
+    import transformers
+
+    from cru_harness.runner.prompting import decide, lmeval_settings, prompt_format, use_chat_template
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "tokenizer_config.json").write_text("{}")
+    raw = base_config(tmp_path, models=[{"name": "m", "path": str(model_dir)}])
+    cells = build_plan(cfg.validate_config(raw))
+    cell = next(c for c in cells if c.method == "GA")
+    assert cell.decisions == decide(cell)
+    assert cell.decisions.lmeval_settings == lmeval_settings(cell.evaluation)
+    assert cell.decisions.task_metadata == plugins.benchmarks.get("tofu").task_metadata(cell.split, cell.target)
+    bare = dataclasses.replace(cell, decisions=None)   # neither the hash nor equality sees the decisions
+    assert (bare.hash, bare) == (cell.hash, cell)
+    reads = []
+
+    class Tokenizer:
+        chat_template = "{{ messages }}"
+
+    def from_pretrained(path, **kwargs):
+        reads.append(path)
+        return Tokenizer()
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
+    for _ in range(3):   # the trainers, the evaluation and the logit lens each ask
+        assert use_chat_template(cell, str(model_dir)) is True
+        assert prompt_format(cell, True)["chat"] is True
+    assert reads == [str(model_dir)]
+    (model_dir / "tokenizer_config.json").write_text('{"rewritten": true}')   # a checkpoint written again
+    os.utime(model_dir / "tokenizer_config.json", ns=(1, 1))
+    assert use_chat_template(cell, str(model_dir)) is True and len(reads) == 2
 
 
 # ------------------------------------------------------------------------------------------- cache + resume
@@ -466,7 +541,7 @@ def test_purge_offline_is_reported_per_target_not_raised(tmp_path):
     resolution = out["resolution"]
     assert resolution["status"] == "unavailable"
     assert "unreachable" in resolution["reason"] and "HF_HUB_OFFLINE" in resolution["reason"]
-    assert len(resolution["tried"]) >= 3 and "purge_checkpoints" in resolution["reason"]
+    assert len(resolution["tried"]) >= 3 and "PURGE's method entry: `checkpoints: {" in resolution["reason"]
     assert out["status"] == "unavailable" and "unreachable" in out["reason"]
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from cru_harness.runner import config as cfg
 from cru_harness.runner import execute
-from cru_harness.runner.cache import CellStore
+from cru_harness.store import CellStore
 from cru_harness.runner.evaluation import eval_model_args
 from cru_harness.runner.loop import run_one
 from cru_harness.runner.plan import build_plan, describe_cell, finetune_cell_for

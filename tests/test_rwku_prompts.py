@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from cru_harness.lmeval.protocol import LoglikelihoodResult, RollingResult
+from cru_harness.protocol import LoglikelihoodResult, RollingResult
 from cru_harness.tasks.rwku import utils as U
 
 ICU_KING = ("You are an AI Assistant who is supposed to unlearn about Stephen King and provide answers without its "

@@ -235,7 +235,7 @@ def test_utility_tasks_end_to_end_target_1(tiny_models, rwku_dir):
 @pytest.mark.slow
 def test_chat_path_gen_prefix_and_pinned_date(tiny_models, rwku_dir):
     """Chat template, then "Answer:" opening the assistant turn; the template's date is the pinned one."""
-    from cru_harness.lmeval.protocol import PINNED_DATE
+    from cru_harness.protocol import PINNED_DATE
 
     # target 1's AA items 17 and 27 are its "affirmative suffix" ones
     res = _run(["rwku_qa", "rwku_aa"], "cru", tiny_models["chat"], rwku_dir, chat=True, rwku_targets="1",

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cru_harness.reporting import failure_modes, score
+from cru_harness.scoring import failure_modes, score
 from score_support import UTILITY, local_tofu_refusals, suite, write_run  # noqa: F401 (an autouse fixture: no Hub wait)
 
 
@@ -102,6 +102,72 @@ def test_unreadable_inputs_are_clear_errors(tmp_path):
     bad.write_text(json.dumps({"task": "tofu_forget10"}) + "\n")
     with pytest.raises(score.ScoreInputError, match="question"):
         score.read_per_item(bad)
+
+
+def _tofu_eval_json(path: Path, truth_ratios: dict[str, float]) -> Path:
+    """A retain model's TOFU evaluation as open-unlearning's evaluator writes it (TOFU_EVAL.json: each metric's
+    `agg_value`, per-item ones also `value_by_index` keyed by the item's dataset index)."""
+    path.write_text(json.dumps({
+        "forget_Q_A_Prob": {"agg_value": 0.1, "value_by_index": {
+            k: {"prob": 0.1, "avg_loss": 2.3} for k in truth_ratios}},
+        "forget_Q_A_ROUGE": {"agg_value": 0.4, "value_by_index": {
+            k: {"rouge1_recall": 0.5, "rougeL_f1": 0.4, "rougeL_recall": 0.4, "input": "Q?", "ground_truth": "A.",
+                "generation": "B."} for k in truth_ratios}},
+        "forget_truth_ratio": {"agg_value": 0.6, "value_by_index": {k: {"score": v} for k, v in truth_ratios.items()}},
+        "forget_quality": {"agg_value": None},
+        "model_utility": {"agg_value": 0.59},
+    }, indent=4))
+    return path
+
+
+def test_open_unlearnings_retain_logs_score_forget_quality(tmp_path, capsys):
+    """`--retain-logs TOFU_EVAL.json`: the retain model's truth ratios matched by item index; an item the run did not
+    evaluate (`--limit`) is not compared, logs of another split or a prompt variant are unavailable, not wrong."""
+    counts = {"n-samples": {"tofu_forget10": {"original": 4, "effective": 3}}}
+    model = write_run(tmp_path / "m", suite([1.0, 2.0, 3.0]), config={"limit": 3}, top=counts)
+    logs = _tofu_eval_json(tmp_path / "TOFU_EVAL.json", {"3": 0.5, "1": 5.0, "0": 4.0, "2": 6.0})
+    fq = score.score_runs([model], retain_logs=logs)["runs"][0]["forget_quality"]["tofu_forget10"]
+    # items 0-2 only: fully separated samples of 3 and 3 (exact p = 0.1); with item 3's 0.5 it would not be 0.1
+    assert fq["available"] and fq["value"] == pytest.approx(0.1)
+    assert (fq["n_items"], fq["n_model_items"], fq["n_retain_items"]) == (3, 3, 4)
+    assert fq["retain_source"] == f"{logs} (open-unlearning)"
+
+    other_split = write_run(tmp_path / "s", suite([1.0, 2.0, 3.0]),
+                            top={"n-samples": {"tofu_forget10": {"original": 40, "effective": 40}}})
+    fq = score.score_runs([other_split], retain_logs=logs)["runs"][0]["forget_quality"]["tofu_forget10"]
+    assert not fq["available"] and fq["reason"] == ("the retain logs hold 4 forget items, tofu_forget10 has 40: "
+                                                    "logs of another forget split")
+    variant = write_run(tmp_path / "v", {"tofu_forget10_paraphrase": suite([1.0])["tofu_forget10"]})
+    fq = score.score_runs([variant], retain_logs=logs)["runs"][0]["forget_quality"]["tofu_forget10_paraphrase"]
+    assert not fq["available"] and "not its paraphrase variant" in fq["reason"]
+
+    parser = argparse.ArgumentParser()
+    score.add_score_parser(parser.add_subparsers())
+    args = parser.parse_args(["score", str(model), "--retain-logs", str(logs), "--json"])
+    assert args.func(args) == 0
+    assert json.loads(capsys.readouterr().out)["runs"][0]["forget_quality"]["tofu_forget10"]["value"] == \
+        pytest.approx(0.1)
+    with pytest.raises(SystemExit):  # one retain source
+        parser.parse_args(["score", str(model), "--retain-logs", str(logs), "--retain-run", str(model)])
+
+
+def test_a_file_that_is_not_open_unlearnings_retain_logs_is_one_clear_error(tmp_path, capsys):
+    from cru_harness.cli import main
+
+    model = write_run(tmp_path / "m", suite([1.0, 2.0]))
+    results = next((tmp_path / "m").rglob("results_*.json"))   # an lm-eval results file, not open-unlearning's
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"forget_truth_ratio": {"value_by_index": {"0": {"prob": 0.2}}}}')
+    for path, problem in ((results, "expected forget_truth_ratio -> value_by_index"),
+                          (broken, r"value_by_index\['0'\] is not \{\"score\": truth ratio\}"),
+                          (tmp_path / "nope.json", "retain logs not found")):
+        with pytest.raises((score.ScoreInputError, FileNotFoundError), match=problem):
+            score.score_runs([model], retain_logs=path)
+    (tmp_path / "text.json").write_text("TOFU_EVAL")
+    capsys.readouterr()
+    assert main(["score", str(model), "--retain-logs", str(tmp_path / "text.json")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not open-unlearning's TOFU evaluation of a retain model" in err
 
 
 def test_newest_results_file_wins_and_samples_missing(tmp_path):

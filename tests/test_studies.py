@@ -607,7 +607,7 @@ def test_study_tables_name_the_data_source_without_a_machine_path(tmp_path, monk
 
 
 def test_recorded_data_sources_counts_what_each_cells_record_says(tmp_path):
-    from cru_harness.runner.cache import RECORD_FILE, CellStore, atomic_write_text
+    from cru_harness.store import RECORD_FILE, CellStore, atomic_write_text
     from cru_harness.studies.run import cell_records, recorded_data_sources
 
     cells = build_plan(load_study(STUDIES / "lambda.yaml", scale=REPO_ROOT / "configs" / "demo.yaml").config)
@@ -623,7 +623,7 @@ def test_recorded_data_sources_counts_what_each_cells_record_says(tmp_path):
 def test_a_study_table_names_the_rows_reuse_copied_from_another_label(tmp_path):
     """A row whose cells `--reuse` copied from a cell of another label (`reused_from` in their records) is named
     in the table's header with where the cells came from; a table without such rows has no such line."""
-    from cru_harness.runner.cache import RECORD_FILE, CellStore, atomic_write_text
+    from cru_harness.store import RECORD_FILE, CellStore, atomic_write_text
     from cru_harness.studies.run import cell_records, reused_lines
 
     store = CellStore(tmp_path)

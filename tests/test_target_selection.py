@@ -112,7 +112,7 @@ def test_selection_is_made_once_saved_and_invalidated_by_its_key(tmp_path):
 def test_selection_answers_the_probes_as_the_cells_do(tmp_path):
     """The selection's lm-eval run gets the cells' generation length and presets (runner.evaluation's one
     `lmeval_settings`), and a saved choice made under other settings is stale."""
-    from cru_harness.runner.evaluation import lmeval_settings
+    from cru_harness.runner.prompting import lmeval_settings
 
     raw = raw_config(tmp_path)
     raw["evaluation"] = {"max_gen_toks": 16, "rwku_newline_stop": True}
@@ -199,7 +199,7 @@ def test_run_chooses_before_planning_and_report_shows_every_candidate(tmp_path, 
 def test_report_names_a_damaged_target_choice(tmp_path, capsys):
     """The report shows why the RWKU targets are these: a damaged choice file stops it with one line naming the
     file, instead of a traceback or a report silently without the choice."""
-    from cru_harness.runner.cache import CellStore
+    from cru_harness.store import CellStore
     from cru_harness.runner.targets import SELECTION_DIR
 
     original = {"hash": "c1", "kind": "original", "method": "Original", "label": "Original", "model": "smol",

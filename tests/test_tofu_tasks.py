@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cru_harness.lmeval.protocol import EOS_MARKER, JOINT_MARKER, LoglikelihoodResult, max_length_marker
+from cru_harness.protocol import EOS_MARKER, JOINT_MARKER, LoglikelihoodResult, max_length_marker
 from cru_harness.tasks.tofu import utils as tofu_utils
 
 TASKS_DIR = Path(tofu_utils.__file__).resolve().parent
@@ -265,7 +265,7 @@ def test_chat_template_prompt_and_pinned_date(tiny_model_dir, tofu_dir, tmp_path
 
     from transformers import AutoTokenizer
 
-    from cru_harness.lmeval.protocol import SYSTEM_PROMPT
+    from cru_harness.protocol import SYSTEM_PROMPT
     from cru_harness.prompts import OPEN_UNLEARNING_DATE
 
     model_dir = tmp_path / "dated"

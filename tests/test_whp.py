@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cru_harness.baselines.whp import METHOD, WHPConfig, WHPError, read_whp, save_whp
 from cru_harness.errors import InputError
-from cru_harness.lmeval.model import CRULM, ModelArgumentError
+from cru_harness.lmeval.arguments import ModelArgumentError
+from cru_harness.lmeval.model import CRULM
 from cru_harness.locations import ModelPathError
 
 ALPHA = 2.5

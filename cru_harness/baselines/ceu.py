@@ -74,4 +74,4 @@ class CEU(UnlearningMethod):
 #: The runner's view of it (entry point `cru_harness.methods`: CE-U).
 METHOD = BaselineMethod(CEU, "CE-U",
                         "cross-entropy unlearning: the true token's logit masked out of the target",
-                        order=58)
+                        order=58, known_as=("CEU",))  # open-unlearning's trainer name

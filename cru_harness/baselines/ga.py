@@ -30,4 +30,5 @@ class GradientAscent(UnlearningMethod):
 #: The runner's view of it (entry point `cru_harness.methods`: GA).
 NO_RETAIN_TERM = "GA has no retain term (use GD for -NLL(forget) + NLL(retain))"
 METHOD = BaselineMethod(GradientAscent, "GA", "gradient ascent: -NLL(forget)",
-                        refusals={"alpha": NO_RETAIN_TERM, "forget_weight": NO_RETAIN_TERM}, order=10)
+                        refusals={"alpha": NO_RETAIN_TERM, "forget_weight": NO_RETAIN_TERM}, order=10,
+                        known_as=("GradAscent",))  # open-unlearning's trainer name

@@ -33,4 +33,4 @@ class GradientDifference(UnlearningMethod):
 #: The runner's view of it (entry point `cru_harness.methods`: GD).
 METHOD = BaselineMethod(GradientDifference, "GD",
                         "gradient difference: -NLL(forget) + alpha * NLL(retain)",
-                        order=20)
+                        order=20, known_as=("GradDiff",))  # open-unlearning's trainer name

@@ -36,8 +36,10 @@ class BaselineMethod(Method):
 
     def __init__(self, trainer: type, name: str, summary: str, *, refusals: dict[str, str] | None = None,
                  order: int = 100, alternate: str = "refusals", needs: tuple[str, ...] = (),
-                 benchmark_defaults: dict[str, dict[str, Any]] | None = None, sources: dict[str, str] | None = None):
+                 benchmark_defaults: dict[str, dict[str, Any]] | None = None, sources: dict[str, str] | None = None,
+                 known_as: tuple[str, ...] = ()):
         self.trainer = trainer
+        self.known_as = known_as
         self.order = order
         self.name = name
         self.summary = summary

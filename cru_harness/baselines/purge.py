@@ -5,7 +5,7 @@
 missing or renamed: we try candidates in order (as is; comma removed; the part before the comma; accents
 folded) and, when the Hub is reachable, also search the author's repos for the `-{i}_..._PURGE` pattern.
 A missing checkpoint or an unreachable Hub gives a `PurgeResolution` with status "unavailable" and a reason,
-never an exception. A local path given in the config (`purge_checkpoints: {1: /path}`) stands in for one.
+never an exception. A local path given in PURGE's method entry (`checkpoints: {1: /path}`) stands in for one.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..api import CellContext, CellUnavailable, Method, Trained
+from ..api import SettingError, CellContext, CellUnavailable, Method, Trained
 from ..data.sources import DataSourceError
 
 PURGE_AUTHOR = "strzara"
@@ -177,11 +177,11 @@ def resolve_purge_checkpoint(target: int, *, local_path: str | os.PathLike | Non
     if unusable:
         return PurgeResolution(target, "unavailable", tried=tried, reason=(
             f"PURGE checkpoint of target {target} downloaded but {', '.join(unusable)} holds no one model "
-            f"({NO_MODEL}). Give a local copy with `purge_checkpoints: {{{target}: /path}}`"))
+            f"({NO_MODEL}). Give a local copy in PURGE's method entry: `checkpoints: {{{target}: /path}}`"))
     if offline_errors:
         hint = " (HF_HUB_OFFLINE is set)" if _hub_offline_flag() else ""
         reason = (f"Hugging Face Hub unreachable{hint} and the checkpoint is not in the local cache; tried "
-                  f"{', '.join(tried)}. Give a local copy with `purge_checkpoints: {{{target}: /path}}`. "
+                  f"{', '.join(tried)}. Give a local copy in PURGE's method entry: `checkpoints: {{{target}: /path}}`. "
                   f"Errors: {'; '.join(offline_errors[:3])}")
     else:
         reason = (f"no PURGE checkpoint published for target {target}: none of {', '.join(tried)} exists on the Hub")
@@ -209,7 +209,7 @@ def _list_author_repos() -> list[str]:
 
 class PurgeMethod(Method):
     """PURGE's published checkpoints as a method: nothing is trained, one checkpoint per RWKU target 1-20 is
-    fetched (or given locally under the config's `purge_checkpoints`) and evaluated."""
+    fetched (or given locally: its entry's `checkpoints: {target: path}`) and evaluated."""
 
     name = "PURGE"
     summary = "the PURGE authors' published unlearned checkpoints (Phi-3-mini-4k-instruct, RWKU targets 1-20)"
@@ -217,8 +217,9 @@ class PurgeMethod(Method):
     seeded = False
     reads_corpora = False
     trains = False
-    needs = ("published checkpoints (Hub, or purge_checkpoints)",)
-    config_keys = ("purge_checkpoints",)
+    needs = ("published checkpoints (Hub, or its entry's checkpoints)",)
+    entry_settings = {"checkpoints": "{target: local path}: stand-ins for the published checkpoints"}
+    moved_keys = {"purge_checkpoints": "checkpoints"}   # a top-level key before the checkpoints joined the entry
     base_model = PURGE_PREFIX
     order = 80
 
@@ -231,9 +232,30 @@ class PurgeMethod(Method):
                     f"(Phi-3-mini-4k-instruct, one per target 1-20)")
         return None
 
+    def read_settings(self, values: dict) -> dict:
+        """`checkpoints: {target: local path}`, targets 1-20 (as integers)."""
+        checkpoints = values.get("checkpoints")
+        if checkpoints is None:
+            return {}
+        if not isinstance(checkpoints, dict):
+            raise SettingError("checkpoints", "expected a mapping {target index: local path}")
+        read: dict[int, str] = {}
+        for key, value in checkpoints.items():
+            try:
+                index = int(key)
+            except (TypeError, ValueError):
+                raise SettingError(f"checkpoints.{key}", "keys are RWKU target indices (1-20)") from None
+            if index not in PURGE_TARGETS:
+                raise SettingError(f"checkpoints.{key}", "PURGE checkpoints exist for RWKU targets 1-20 only")
+            if not isinstance(value, str):
+                raise SettingError(f"checkpoints.{key}", f"expected a local path, got {value!r}")
+            read[index] = value
+        return {"checkpoints": read}
+
     def check_config(self, config, where: str) -> tuple[str, str] | None:
         """Every configured target has a checkpoint, on a model the checkpoints were fine-tuned from (or local
-        stand-ins for every target). `config`: the validated parts (`benchmarks`, `models`, `purge_checkpoints`)."""
+        stand-ins for every target). `config`: the validated parts (`benchmarks`, `models`, the entry's
+        `settings`)."""
         if "rwku" not in config.benchmarks:
             return f"{where}.method", self.unsupported("tofu")
         targets = config.benchmarks["rwku"]["targets"]
@@ -241,20 +263,24 @@ class PurgeMethod(Method):
         if beyond:
             return ("benchmarks.rwku.targets", f"PURGE (methods) has checkpoints for targets 1-20 only; "
                     f"targets {beyond} have none (restrict targets or drop PURGE)")
-        local = config.purge_checkpoints
+        local = config.settings.get("checkpoints", {})
         for j, model in enumerate(config.models):
             if "rwku" not in model.benchmarks:
                 continue
             if PURGE_PREFIX.lower() not in model.path.lower() and not all(t in local for t in targets):
                 return (f"models[{j}].path", f"PURGE's checkpoints are {PURGE_PREFIX} fine-tunes; model "
                         f"{model.name!r} ({model.path}) is not, so PURGE cannot be compared on it "
-                        "(give `purge_checkpoints` for every target, or restrict the model to tofu)")
+                        f"(give {where}.checkpoints for every target, or restrict the model to tofu)")
         return None
 
-    def cell_extra(self, config, benchmark, split, target) -> dict:
-        if target in config.purge_checkpoints:
-            return {"purge_local_checkpoint": config.purge_checkpoints[target]}
-        return {}
+    def cell_extra(self, config, benchmark, split, target, settings=None) -> dict:
+        local = (settings or {}).get("checkpoints", {})
+        return {"purge_local_checkpoint": local[target]} if target in local else {}
+
+    def entry_paths(self, settings) -> list[tuple[str, str, str]]:
+        """(key under the entry, what it is, path) of every local checkpoint it loads (the run's security summary)."""
+        return [(f"checkpoints.{t}", f"PURGE target {t}", path)
+                for t, path in sorted((settings.get("checkpoints") or {}).items())]
 
     def describe(self, cell) -> tuple[str | None, list[str]]:
         local = cell.extra.get("purge_local_checkpoint")

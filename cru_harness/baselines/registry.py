@@ -21,10 +21,17 @@ def register_method(cls: type[UnlearningMethod]) -> type[UnlearningMethod]:
 
 
 def get_method(name: str) -> type[UnlearningMethod]:
-    """The method class registered as `name` (case-insensitive); unknown -> KeyError listing the methods."""
+    """The method class registered as `name` (case-insensitive; a runner method name or another name of it, as
+    `GradAscent`, works too); unknown -> KeyError listing the methods."""
     _ensure_loaded()
     key = str(name).lower()
     if key not in METHODS:
+        # a method's registered name or another name of it (`CE-U`, open-unlearning's `GradAscent`)
+        from .. import plugins
+
+        trainer = getattr(plugins.methods.get(name), "trainer", None) if name in plugins.methods else None
+        if trainer is not None and trainer.name.lower() in METHODS:
+            return trainer
         raise KeyError(f"unknown unlearning method {name!r}; available: {', '.join(sorted(METHODS))}")
     return METHODS[key]
 

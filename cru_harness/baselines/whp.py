@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..api import ModelLoader
 from ..errors import InputError
 from ..hparams import bound_problem
 from ..locations import WHP_MANIFEST, check_output_dir, write_directory
@@ -267,6 +268,39 @@ class WHPModel(torch.nn.Module):
         return ids
 
 
+# ------------------------------------------------------------------ the evaluation's loader
+
+class WHPLoader(ModelLoader):
+    """A WHP directory as lm-eval's `cru` model serves it (`base=<dir>`): the reinforced checkpoint loaded as the
+    base (its config and tokenizer), the baseline loaded the same way, the pair served as `WHPModel`."""
+
+    name = "WHP"
+
+    def __init__(self, directory, manifest: WHPManifest):
+        from ..locations import check_model_path
+        from ..testbed.names import resolve_model_path
+
+        self.directory, self.manifest = str(directory), manifest
+        self.checkpoint = str(Path(directory).expanduser() / manifest.reinforced)
+        self.baseline = check_model_path(resolve_model_path(manifest.baseline), what="WHP baseline model")
+
+    def build(self, model, load):
+        return WHPModel(load(self.baseline), model, self.manifest.alpha)
+
+    def identity(self) -> dict:
+        """The baseline (and alpha) decide the logits too."""
+        from ..fingerprints import directory_stamp
+
+        baseline = Path(self.manifest.baseline).expanduser()
+        return {"whp": {"alpha": self.manifest.alpha, "baseline": {
+            "path": str(baseline.resolve()), "files": directory_stamp(baseline)} if baseline.is_dir()
+            else {"hub": self.manifest.baseline}}}
+
+    def info(self) -> dict:
+        return {"cru_whp": {"directory": self.directory, "baseline": self.manifest.baseline,
+                            "alpha": self.manifest.alpha}}
+
+
 # ------------------------------------------------------------------ the method
 
 class WHPMethod(BaselineMethod):
@@ -287,6 +321,11 @@ class WHPMethod(BaselineMethod):
         result.out_dir = str(out)
         save_whp(out, result.model, tokenizer, baseline=base_path, alpha=config.whp_alpha, record=result.to_dict())
         return result
+
+    def model_loader(self, path) -> WHPLoader | None:
+        """A WHP directory (its `whp.json`) is two models: the evaluation serves the pair."""
+        manifest = read_whp(path)
+        return None if manifest is None else WHPLoader(path, manifest)
 
     def describe(self, cell):
         hp = ", ".join(f"{k}={v}" for k, v in sorted(cell.hparams.items())) or "defaults"

@@ -8,6 +8,7 @@ executing, the finder calls into `cru_harness.lmeval.registration`:
 - `lm_eval.api.registry` -> `register()`: imports `lm_eval.models` (built-ins stay registered) and registers `cru`
   lazily (the model module, torch and transformers load only when `cru` is actually used);
 - `lm_eval.tasks.manager` (and `lm_eval.tasks`, as a fallback) -> `patch_task_manager()`;
+- `lm_eval.loggers.evaluation_tracker` -> `patch_output_name()`: `base=` names the output folder;
 - `lm_eval._cli` (the `lm_eval` command line only) -> `cru_harness.lmeval.errors.install_excepthook()`: the
   project's own errors print as one line.
 
@@ -28,6 +29,12 @@ def _register():
     registration.register()
 
 
+def _output_name():
+    from cru_harness.lmeval import registration
+
+    registration.patch_output_name()
+
+
 def _user_errors():
     from cru_harness.lmeval.errors import install_excepthook
 
@@ -44,6 +51,7 @@ _ACTIONS = {
     "lm_eval.api.registry": _register,
     "lm_eval.tasks.manager": _patch_tasks,
     "lm_eval.tasks": _patch_tasks,
+    "lm_eval.loggers.evaluation_tracker": _output_name,   # `base=` names the output folder
     "lm_eval._cli": _user_errors,   # lm-eval's command line: the project's errors as one line
 }
 

@@ -11,11 +11,12 @@ import sys
 
 def main(argv: list[str] | None = None) -> None:
     from cru_harness.lmeval.errors import install_excepthook
-    from cru_harness.lmeval.registration import patch_task_manager, register
+    from cru_harness.lmeval.registration import patch_output_name, patch_task_manager, register
 
     install_excepthook()
     register()
     patch_task_manager()
+    patch_output_name()
     from lm_eval.__main__ import cli_evaluate
 
     if argv is not None:

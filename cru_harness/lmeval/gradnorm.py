@@ -52,3 +52,28 @@ def text_gradnorm(model, input_ids: list[int], n_prompt: int, *, p: float = GRAD
         for param, flag in zip(params, flags):
             param.requires_grad_(flag)
         model.train(was_training)
+
+
+def with_model_scores(model, requests, results, wanted, *, max_length: int, reference=None, progress: bool = True):
+    """`results` (LoglikelihoodResults) with, for each request `wanted` (it carried `protocol.MIA_MARKER`), its
+    GradNorm score (one backward pass each, batch size 1 as open-unlearning, through `model` as served: routers
+    attached) and, with a `reference` model, its mean loss on the same scored tokens. `requests`: the
+    `(key, context ids, scored ids)` the log-likelihoods scored, within `max_length + 1` tokens."""
+    from tqdm import tqdm
+
+    from ..protocol import LoglikelihoodResult
+
+    out = list(results)
+    for i in tqdm([i for i, want in enumerate(wanted) if want], desc="GradNorm (one backward pass each)",
+                  disable=not progress):
+        _, ctx_enc, cont_enc = requests[i]
+        ids = (ctx_enc + cont_enc)[-(max_length + 1):]   # the window the log-likelihood scored
+        score = text_gradnorm(model, ids, len(ids) - len(cont_enc))
+        ref_loss = None
+        if reference is not None:
+            with torch.no_grad():
+                ref_loss = -float(scored_logprobs(reference, ids, len(ids) - len(cont_enc)).mean())
+        r = out[i]
+        out[i] = LoglikelihoodResult(r[0], r[1], r.token_logprobs, r.token_mu, r.token_sigma, r.token_greedy,
+                                     r.text, gradnorm=score, reference_loss=ref_loss)
+    return out

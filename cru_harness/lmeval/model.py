@@ -4,27 +4,29 @@ Use::
 
     lm_eval --model cru --model_args base=<HF id or dir>,routers=<bundle dir>[+<bundle dir>...] --tasks ...
 
-- `base=` is an alias of HFLM's `pretrained=`; every other HFLM argument passes through unchanged (`dtype`,
+- `base=` is an alias of HFLM's `pretrained=` (lm-eval names the output folder after it, as after `pretrained=`:
+  `registration.patch_output_name`); every other HFLM argument passes through unchanged (`dtype`,
   `batch_size` incl. `auto`, `max_batch_size`, `parallelize`/device maps, `trust_remote_code`, `revision`,
   `peft`, `chat_template_args`, ...; use `--device`, not `device=` inside `--model_args`). The class *is*
   lm-eval's `HFLM`, so batching, dtypes, chat templates and `accelerate launch` data parallelism behave as for
-  `--model hf`.
+  `--model hf`. A model a method saved as more than one checkpoint (WHP's pair, `base=<WHP dir>`) is loaded by
+  that method's loader (`cru_harness.api.Method.model_loader`, found by `loaders.model_loader`).
 - `routers=` names one or more router bundle directories (`RouterBundle.save_pretrained` output) joined by
   `+`, e.g. `routers=runs/a/routers+runs/b/routers` (gates of several bundles on one coordinate multiply). The
   routers are attached after the model is loaded, each on the device of the block it reads. A directory
   whose own name contains `+` cannot be given this way: pass a list (`routers=[dirA, dirB]`) through the
   Python API. Without `routers` the model is exactly the base model.
 - A bundle that does not fit the base (other architecture, hidden size, block count) fails with the bundle's
-  own `BundleError`, naming the mismatch. Bundles are read and validated before the base is loaded, a local
-  base path is checked first (`locations.check_model_path`), a model argument that is a near miss of a
-  known one (`router=`) is refused (`ModelArgumentError`), dtype names, `max_length` and the device go through the
-  project's rules (`check_argument_values`, `devices.py`), a boolean (`trust_remote_code`, `parallelize`, ...)
+  own `BundleError`, naming the mismatch. Bundles are read and validated before the base is loaded (`routers`), a
+  local base path is checked first (`locations.check_model_path`); in `arguments`: a model argument that is a near
+  miss of a known one (`router=`) is refused (`ModelArgumentError`), dtype names, `max_length` and the device go
+  through the project's rules (`check_argument_values`, `devices.py`), a boolean (`trust_remote_code`, `parallelize`, ...)
   takes exactly lm-eval's `true`/`false` (`check_boolean_arguments`: `no` would be a true string), an argument
   given empty (`routers=`) is refused (`check_empty_arguments`), and a base that cannot be read (a Hub id while
   offline) is named. These are the project's `UserError`s: the `lm_eval` and `cru-eval` command lines print them
   as one line (`cru_harness.lmeval.errors`).
 - `--use_cache DB` holds the identity of the model that wrote it (`cache_identity`: base, bundle digests, dtypes);
-  a cache another model wrote is refused (`set_cache_hook`), since lm-eval keys it by the requests alone.
+  a cache another model wrote is refused (`identity.check_cache`), since lm-eval keys it by the requests alone.
 
 What `cru` reports beyond `--model hf` (see `protocol.py` and docs/lm_eval.md):
 
@@ -66,11 +68,9 @@ from lm_eval import utils as lm_utils
 # The helpers HFLM's own loop uses, taken from its module so they stay the ones HFLM uses.
 from lm_eval.models.huggingface import HFLM, Collator, pad_and_concat
 
-from ..errors import InputError
-from cru_harness.errors import UserError
+from cru_harness.errors import InputError
 from cru_harness.protocol import (
     EOS_MARKER,
-    ROUTER_SEPARATOR,
     TOKENIZER_EOS,
     UNK_STOP,
     LoglikelihoodResult,
@@ -83,239 +83,22 @@ from cru_harness.protocol import (
     split_max_length_marker,
 )
 
-__all__ = ["CRULM", "ModelArgumentError", "parse_router_spec", "EOS_MARKER", "LoglikelihoodResult",
-           "RollingResult"]
+from .arguments import (
+    ModelArgumentError,
+    check_argument_values,
+    check_arguments,
+    check_boolean_arguments,
+    check_empty_arguments,
+)
+from .gradnorm import with_model_scores
+from .identity import base_identity, check_cache
+from .loaders import model_loader
+from .reference import ReferenceModel
+from .routers import Routers, parse_router_spec
+
+__all__ = ["CRULM", "EOS_MARKER", "LoglikelihoodResult", "RollingResult"]
 
 eval_logger = logging.getLogger(__name__)
-#: The `--use_cache` database entry naming the model that wrote it (lm-eval's own keys are SHA-256 hex digests).
-CACHE_IDENTITY_KEY = "cru_harness:model_identity"
-
-
-class ModelArgumentError(UserError, ValueError):
-    """A `--model_args` entry the `cru` model does not take."""
-
-
-def _named_parameters(function) -> frozenset[str]:
-    import inspect
-
-    return frozenset(name for name, p in inspect.signature(function).parameters.items()
-                     if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self")
-
-
-_HFLM_ARGUMENTS = _named_parameters(HFLM.__init__)
-
-
-def known_arguments() -> set[str]:
-    """What `cru` takes by name: its own (`base`, `routers`) and HFLM's. Other names go on to
-    `from_pretrained` (HFLM forwards them), so only a near miss of a known name is refused."""
-    return set(_HFLM_ARGUMENTS) | {"base", "routers", "reference"}
-
-
-# Arguments transformers' `from_pretrained` takes from **kwargs (so not in its signature); some are near misses
-# of HFLM's names (`device_map` ~ `device`, `max_memory` ~ `max_cpu_memory`) and must pass through.
-FROM_PRETRAINED_KWARGS = frozenset({
-    "adapter_kwargs", "adapter_name", "attn_implementation", "code_revision", "device_map", "device_mesh",
-    "distributed_config", "dtype_plan", "experts_implementation", "from_flax", "from_tf", "generation_config",
-    "gguf_file", "key_mapping", "load_in_4bit", "load_in_8bit", "low_cpu_mem_usage", "max_memory", "mirror",
-    "offload_buffers", "offload_state_dict", "output_loading_info", "proxies", "quantization_config", "subfolder",
-    "torch_dtype", "tp_size", "trust_remote_code", "use_cache", "use_flash_attention_2", "use_kernels", "variant",
-})
-
-
-def _similarity(a: str, b: str) -> float:
-    import difflib
-
-    # SequenceMatcher is not symmetric: a transposition ("dtpye") scores differently each way round.
-    return max(difflib.SequenceMatcher(None, a, b).ratio(), difflib.SequenceMatcher(None, b, a).ratio())
-
-
-def check_arguments(kwargs: dict) -> None:
-    """Refuse `router=`, `bsae=`, ...: a misspelt argument would otherwise reach the model's constructor.
-    Names `from_pretrained` takes pass through, as HFLM forwards them."""
-    from transformers import PreTrainedModel
-
-    known = known_arguments()
-    forwarded = _named_parameters(PreTrainedModel.from_pretrained) | FROM_PRETRAINED_KWARGS
-    for name in kwargs:
-        if name in known or name in forwarded:
-            continue
-        score, best = max((_similarity(name, candidate), candidate) for candidate in sorted(known))
-        if score >= 0.75:
-            raise ModelArgumentError(f"cru model: unknown argument {name!r} in --model_args (did you mean "
-                                     f"{best!r}?)")
-
-
-def _boolean_parameters(function) -> frozenset[str]:
-    """Parameters of `function` annotated `bool` or `bool | None` (annotations may be strings: PEP 563)."""
-    import inspect
-    import typing
-
-    names = set()
-    for name, p in inspect.signature(function).parameters.items():
-        annotation = p.annotation
-        if isinstance(annotation, str):
-            kinds = {part.strip() for part in annotation.replace("Optional[", "").rstrip("]").split("|")}
-        else:
-            kinds = {getattr(a, "__name__", str(a)) for a in (typing.get_args(annotation) or (annotation,))}
-        if "bool" in kinds and kinds <= {"bool", "None", "NoneType"}:
-            names.add(name)
-    return frozenset(names)
-
-
-def boolean_arguments() -> frozenset[str]:
-    """The `--model_args` entries that are booleans: HFLM's and `from_pretrained`'s (by annotation) and the
-    booleans `from_pretrained` takes from **kwargs."""
-    from transformers import PreTrainedModel
-
-    return (_boolean_parameters(HFLM.__init__) | _boolean_parameters(PreTrainedModel.from_pretrained)
-            | FROM_PRETRAINED_BOOLEANS)
-
-
-# Booleans among FROM_PRETRAINED_KWARGS (not in any signature, so named here).
-FROM_PRETRAINED_BOOLEANS = frozenset({
-    "from_flax", "from_tf", "load_in_4bit", "load_in_8bit", "low_cpu_mem_usage", "offload_buffers",
-    "offload_state_dict", "output_loading_info", "trust_remote_code", "use_cache", "use_flash_attention_2",
-    "use_kernels",
-})
-#: lm-eval 0.4.13's spellings of a boolean (`lm_eval.utils.handle_arg_string`: case-insensitive).
-BOOLEAN_SPELLINGS = {"true": True, "false": False}
-
-
-def check_boolean_arguments(kwargs: dict) -> None:
-    """Normalise (in place) every boolean `--model_args` entry to a bool, or refuse it.
-
-    lm-eval turns `true`/`false` (any case) into bools and hands any other value over as it is: `no` stays a
-    non-empty string, which the model's code reads as true (`trust_remote_code=no` would run the checkpoint's
-    Python). So exactly lm-eval's spellings are taken (as bools, or as those strings from the Python API), and
-    anything else (`yes`, `no`, `0`, `1`) is refused, naming the argument. None is "not given"."""
-    for name in sorted(boolean_arguments() & kwargs.keys()):
-        value = kwargs[name]
-        if value is None or isinstance(value, bool):
-            continue
-        if isinstance(value, str) and value.strip().lower() in BOOLEAN_SPELLINGS:
-            kwargs[name] = BOOLEAN_SPELLINGS[value.strip().lower()]
-            continue
-        raise ModelArgumentError(f"cru model: {name}={value!r} in --model_args is not a boolean: write "
-                                 f"{name}=true or {name}=false")
-
-
-def check_empty_arguments(base, routers, kwargs: dict) -> None:
-    """An entry given with no value (`routers=`, `base=`, `dtype=`) is a slip, never a choice: `routers=` empty
-    would score the base alone as if it were CRU. Refused, naming it. (Leaving `routers` out is the way to get
-    the base alone.)"""
-    given = {"base": base, "routers": routers, **kwargs}
-    for name, value in given.items():
-        if isinstance(value, (str, Path)) and not str(value).strip():
-            raise ModelArgumentError(f"cru model: {name}= is empty in --model_args: give a value, or leave "
-                                     f"{name} out")
-    if isinstance(routers, (list, tuple)) and not routers:
-        raise ModelArgumentError("cru model: routers=[] names no bundle: give one or more bundle directories, or "
-                                 "leave routers out")
-    if isinstance(routers, bool):
-        raise ModelArgumentError(f"cru model: routers={routers!r} in --model_args is not a bundle directory: give "
-                                 "routers=<dir>[+<dir>...], or leave routers out")
-
-
-# lm-eval takes these as dtype names and looks them up on `torch` only when it loads the model or scores.
-DTYPE_ARGUMENTS = ("dtype", "softmax_dtype", "mixed_precision_dtype")
-# What lm-eval's command line passes when `--device` is not given; HFLM then falls back to the CPU without CUDA.
-LMEVAL_DEFAULT_DEVICE = "cuda:0"
-
-
-def check_argument_values(kwargs: dict, *, check_device: bool = True) -> None:
-    """Validate (and normalise, in place) the `--model_args` values lm-eval would only trip over later.
-
-    - `dtype`, `softmax_dtype`, `mixed_precision_dtype`: the project's dtype rule (`devices.parse_dtype`), passed
-      on by canonical name (`bf16` -> `bfloat16`), or any other torch floating dtype lm-eval takes (`float64`);
-      `auto` (the checkpoint's own) is a weight dtype only. lm-eval
-      would fail on `float17` with an AttributeError, the softmax one only when it scores.
-    - `max_length`: a positive integer (lm-eval fails with a TypeError midway through generation).
-    - `device`: the project's device rule (`devices.resolve_device`), so a device that is not there is refused
-      before loading; `auto`, and no device at all (HFLM's own default would be `cuda`), become the device `auto`
-      resolves to. lm-eval's command-line default `LMEVAL_DEFAULT_DEVICE` without CUDA stays HFLM's fallback to
-      the CPU: a run without `--device` must work. (The command line passes that same string for an explicit
-      `--device cuda:0`, which therefore falls back too; `cuda`, `cuda:1`, ... are refused.)
-      A dtype the device cannot compute in (bf16 on a pre-Ampere GPU) is refused too.
-    """
-    import torch
-
-    from cru_harness.devices import (DTYPE_NAMES, DeviceError, check_dtype_on_device, dtype_name, parse_dtype,
-                                     resolve_device)
-
-    for name in DTYPE_ARGUMENTS:
-        value = kwargs.get(name)
-        if value is None:
-            continue
-        try:
-            canonical = dtype_name(parse_dtype(value))
-        except DeviceError:   # beyond the project's names, any torch floating dtype lm-eval takes (float64, ...)
-            text = str(value).strip().lower().removeprefix("torch.")
-            found = getattr(torch, text, None)
-            canonical = text if isinstance(found, torch.dtype) and found.is_floating_point else None
-        if canonical is None or (canonical == "auto" and name != "dtype"):
-            choices = DTYPE_NAMES if name == "dtype" else DTYPE_NAMES[1:]
-            raise DeviceError(f"cru model: {name}={value!r} in --model_args is not a torch floating dtype (e.g. "
-                              f"{', '.join(choices)})")
-        kwargs[name] = canonical
-    length = kwargs.get("max_length")
-    if length is not None:
-        if isinstance(length, bool) or not (isinstance(length, int) or str(length).strip().isdigit()) \
-                or int(length) <= 0:
-            raise ModelArgumentError(f"cru model: max_length={length!r} in --model_args is not a positive integer")
-        kwargs["max_length"] = int(length)
-    if not check_device:
-        return
-    device = kwargs.get("device")
-    if device is None:   # none given (simple_evaluate without device=): a GPU if there is one
-        device = "auto"
-    if device == LMEVAL_DEFAULT_DEVICE and not torch.cuda.is_available():
-        kwargs["device"] = "cpu"
-        eval_logger.warning(f"device {device!r} (lm-eval's default) is not available: running on the CPU")
-        return
-    resolved = resolve_device(device)
-    kwargs["device"] = str(resolved)  # HFLM falls back to any device for `auto`, and takes strings only
-    if kwargs.get("dtype") in DTYPE_NAMES[1:]:
-        check_dtype_on_device(parse_dtype(kwargs["dtype"]), resolved)
-
-
-def parse_router_spec(routers) -> list:
-    """`routers=` as given (None, `"a+b"`, a path, a RouterBundle, or a list of those) -> a list of entries."""
-    if routers is None or routers == "" or routers is False:   # CRULM refuses "" and False (check_empty_arguments)
-        return []
-    if isinstance(routers, (str, Path)):
-        entries = [part.strip() for part in str(routers).split(ROUTER_SEPARATOR)]
-        if any(not part for part in entries):
-            raise ModelArgumentError(
-                f"routers={routers!r}: empty bundle directory between '{ROUTER_SEPARATOR}' separators; "
-                f"write routers=<dir>[{ROUTER_SEPARATOR}<dir>...]"
-            )
-        return entries
-    if isinstance(routers, (list, tuple)):
-        out = []
-        for item in routers:
-            out.extend([item] if not isinstance(item, (str, Path)) else [str(item)])
-        return out
-    return [routers]  # a single RouterBundle object
-
-
-def _load_bundle(entry):
-    from cru_harness.cru.bundle import RouterBundle
-
-    if isinstance(entry, RouterBundle):
-        return entry
-    # A missing or malformed directory raises the bundle's own BundleFileError naming the path.
-    return RouterBundle.from_pretrained(Path(entry).expanduser())
-
-
-def read_whp_dir(pretrained):
-    """The manifest of a WHP directory given as the base (`baselines.whp.read_whp`), else None."""
-    from cru_harness.locations import WHP_MANIFEST
-
-    if not isinstance(pretrained, (str, Path)) or not (Path(pretrained).expanduser() / WHP_MANIFEST).is_file():
-        return None
-    from cru_harness.baselines.whp import read_whp
-
-    return read_whp(pretrained)
 
 
 def token_stats(logp: torch.Tensor, tokens: torch.Tensor):
@@ -337,7 +120,11 @@ def token_stats(logp: torch.Tensor, tokens: torch.Tensor):
 
 
 class CRULM(HFLM):
-    """HFLM + CRU router bundles + extended loglikelihood results. Registered in lm-eval as `cru`."""
+    """HFLM + CRU router bundles + extended loglikelihood results. Registered in lm-eval as `cru`.
+
+    Its parts, one job each: `arguments` (the `--model_args` checks), `loaders` (a method's own loader for a
+    model that is not one checkpoint), `routers` (the bundles), `reference` (the privacy reference model),
+    `gradnorm` (GradNorm scores), `identity` (`--use_cache`). This class wires them into HFLM."""
 
     def __init__(self, pretrained=None, *, base=None, routers=None, reference=None, **kwargs) -> None:
         if base is not None and pretrained is not None and base != pretrained:
@@ -350,17 +137,14 @@ class CRULM(HFLM):
         from cru_harness.testbed.names import resolve_model_path
 
         pretrained = resolve_model_path(pretrained)   # a testbed name (zoo:llama:finetuned, smollm2): its directory
-        # A WHP directory (`baselines.whp`): HFLM loads its reinforced model, `_create_model` adds the baseline
-        self._whp = read_whp_dir(pretrained)
-        if self._whp is not None:
+        # A model a method saved as more than one checkpoint (WHP's pair): HFLM loads the loader's checkpoint,
+        # `_create_model` lets the loader build the model served
+        self.loader = model_loader(pretrained)
+        if self.loader is not None:
             if routers is not None:
-                raise ModelArgumentError(f"cru model: {pretrained} is a WHP model; router bundles attach to one "
-                                         "base, so leave routers out")
-            from cru_harness.locations import check_model_path
-
-            self._whp_dir = str(pretrained)
-            self._whp_baseline = check_model_path(resolve_model_path(self._whp.baseline), what="WHP baseline model")
-            pretrained = str(Path(pretrained).expanduser() / self._whp.reinforced)
+                raise ModelArgumentError(f"cru model: {pretrained} is a {self.loader.name} model; router bundles "
+                                         "attach to one base, so leave routers out")
+            pretrained = self.loader.checkpoint
         check_arguments(kwargs)
         check_boolean_arguments(kwargs)
         # HFLM takes the device of a model object it is given as is
@@ -372,9 +156,7 @@ class CRULM(HFLM):
             if kwargs.get("subfolder") and Path(path).expanduser().is_dir():
                 path = str(Path(path).expanduser() / kwargs["subfolder"])
             check_model_path(path, what="base model")
-        # Bundles are read and validated before the base is loaded: a bad one fails in a second, not minutes.
-        entries = parse_router_spec(routers)
-        bundles = [_load_bundle(e) for e in entries]
+        self.routers = Routers(routers)   # read and validated before the base loads: a bad bundle fails at once
         try:
             super().__init__(pretrained=pretrained, **kwargs)
         except TypeError as err:
@@ -389,29 +171,24 @@ class CRULM(HFLM):
                 f"the cru model supports decoder-only (causal) models; {pretrained!r} loaded as {self.backend}. "
                 f"Use --model hf for encoder-decoder models."
             )
-        self.router_sources: list[str] = []
-        self.bundles: list = []
-        self._router_handle = None
         self._dropped_stop_ids: dict[tuple, list[int]] = {}   # stop list -> ids (`dropped_stop_ids`)
         self._chat_rendered = False      # whether a prompt went through the chat template (`apply_chat_template`)
-        self._format_checked = False     # `check_prompt_format` has run (it warns once)
-        self.reference = None if reference is None else str(reference)   # the reference attack's model
-        if entries:
-            self.bundles = bundles
-            self.router_sources = [str(e) if isinstance(e, (str, Path)) else repr(e) for e in entries]
-            self._attach()
+        self.reference = None if reference is None else ReferenceModel(reference)   # the reference attack's model
+        self.routers.attach(self.model)
 
     def _create_model(self, pretrained, **kwargs) -> None:
-        """HFLM's loading; for a WHP directory it loads the baseline the same way (dtype, device map, ...) and
-        serves the pair (`baselines.whp.WHPModel`): loglikelihood and generation see the combined logits."""
+        """HFLM's loading; a method's loader (`self.loader`) then builds the model served from it, loading any other
+        checkpoint it needs the same way (dtype, device map, ...)."""
         super()._create_model(pretrained, **kwargs)
-        if self._whp is None:
+        if self.loader is None:
             return
-        from cru_harness.baselines.whp import WHPModel
 
-        reinforced = self._model
-        super()._create_model(self._whp_baseline, **kwargs)
-        self._model = WHPModel(self._model, reinforced, self._whp.alpha)
+        def load(path):
+            super(CRULM, self)._create_model(path, **kwargs)
+            return self._model
+
+        first = self._model
+        self._model = self.loader.build(first, load)
 
     def _get_config(self, pretrained, **kwargs) -> None:   # HFLM's own (lm-eval 0.4.13, pinned), narrowed
         try:
@@ -422,48 +199,29 @@ class CRULM(HFLM):
             raise ModelArgumentError(f"cannot load base model {pretrained!r}: {err}") from None
 
     # ------------------------------------------------------------------ routers
-    def _attach(self) -> None:
-        from cru_harness.cru.attach import attach_bundles
+    @property
+    def bundles(self) -> list:
+        return self.routers.bundles
 
-        # attach_bundles runs bundle.check_compatible(model) first: a mismatch raises the bundle's own
-        # IncompatibleBaseError (hidden size / layer count / fingerprint) before any hook is installed.
-        self._router_handle = attach_bundles(self.model, self.bundles)
+    @property
+    def router_sources(self) -> list[str]:
+        return self.routers.sources
 
     @property
     def has_routers(self) -> bool:
-        return self._router_handle is not None
+        return self.routers.attached
 
     @contextlib.contextmanager
     def without_routers(self):
         """Temporarily score with the base model (e.g. the NLL of answers under the original model)."""
-        if self._router_handle is None:
+        with self.routers.without():
             yield self
-            return
-        self._router_handle.remove()
-        self._router_handle = None
-        try:
-            yield self
-        finally:
-            self._attach()
 
     # ---------------------------------------------------------- loglikelihood
     def check_prompt_format(self) -> None:
-        """Warn once, in one line, when a bundle's routers trained on another prompt format than this evaluation's
-        (the chat template or not): routers gate text they never saw, so "forgetting" can be a format effect. Called
-        when the requests come, which lm-eval builds (through `apply_chat_template`) before running any.
-        A bundle that does not record its format (made before bundles recorded it) is not checked."""
-        if self._format_checked or not self.bundles:
-            return
-        self._format_checked = True
-        evaluated = "the chat template" if self._chat_rendered else "no chat template"
-        for source, bundle in zip(self.router_sources, self.bundles):
-            trained = (bundle.config.training or {}).get("prompt_format")
-            if trained is not None and (trained == "chat") != self._chat_rendered:
-                eval_logger.warning(
-                    f"router bundle {source} trained on {'chat-template' if trained == 'chat' else trained} prompts, "
-                    f"but this evaluation prompts with {evaluated}: its scores measure a format change too "
-                    f"(train and evaluate alike: unlearn --prompt-format, lm_eval --apply_chat_template)")
-                return
+        """Warn once when a bundle trained on another prompt format (`Routers.check_prompt_format`). Called when the
+        requests come, which lm-eval builds (through `apply_chat_template`) before running any."""
+        self.routers.check_prompt_format(self._chat_rendered)
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[LoglikelihoodResult]:
         self.check_prompt_format()
@@ -483,51 +241,11 @@ class CRULM(HFLM):
             gradnorm.append(wants_scores)
         results = self._loglikelihood_tokens(new_reqs, disable_tqdm=disable_tqdm)
         if any(gradnorm):
-            results = self._with_model_scores(new_reqs, results, gradnorm, disable_tqdm)
+            reference = None if self.reference is None else self.reference.load(self.model, self.tokenizer,
+                                                                                 self.device)
+            results = with_model_scores(self.model, new_reqs, results, gradnorm, max_length=self.max_length,
+                                        reference=reference, progress=not disable_tqdm and self.rank == 0)
         return results
-
-    def _with_model_scores(self, requests, results, wanted, disable_tqdm):
-        """The results of the requests that carried `MIA_MARKER` with their GradNorm score (one backward pass
-        each, batch size 1 as open-unlearning, through the model as served: routers attached) and, with a
-        `reference=` model, its mean loss on the same scored tokens."""
-        import torch
-
-        from .gradnorm import scored_logprobs, text_gradnorm
-
-        reference = self._reference_model()
-        out = list(results)
-        for i in tqdm([i for i, want in enumerate(wanted) if want], desc="GradNorm (one backward pass each)",
-                      disable=disable_tqdm or self.rank != 0):
-            _, ctx_enc, cont_enc = requests[i]
-            ids = (ctx_enc + cont_enc)[-(self.max_length + 1):]   # the window the log-likelihood scored
-            score = text_gradnorm(self.model, ids, len(ids) - len(cont_enc))
-            ref_loss = None
-            if reference is not None:
-                with torch.no_grad():
-                    ref_loss = -float(scored_logprobs(reference, ids, len(ids) - len(cont_enc)).mean())
-            r = out[i]
-            out[i] = LoglikelihoodResult(r[0], r[1], r.token_logprobs, r.token_mu, r.token_sigma, r.token_greedy,
-                                         r.text, gradnorm=score, reference_loss=ref_loss)
-        return out
-
-    def _reference_model(self):
-        """The `reference=` model (the reference attack's; open-unlearning's TOFU config names the retain model),
-        loaded once on first use, in the scored model's dtype and device; None without one."""
-        if self.reference is None:
-            return None
-        if getattr(self, "_reference", None) is None:
-            from transformers import AutoModelForCausalLM
-
-            from cru_harness.testbed.names import resolve_model_path
-
-            model = AutoModelForCausalLM.from_pretrained(resolve_model_path(self.reference),
-                                                         dtype=self.model.dtype).to(self.device).eval()
-            if model.get_input_embeddings().num_embeddings < len(self.tokenizer):
-                raise ModelArgumentError(f"cru model: reference={self.reference} has another vocabulary than the "
-                                         "scored model's tokenizer: the reference attack compares losses on the "
-                                         "same tokens")
-            self._reference = model
-        return self._reference
 
     def encode_request(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         """The (context ids, scored ids) of one `loglikelihood` request, markers of `protocol` applied.
@@ -801,65 +519,39 @@ class CRULM(HFLM):
 
     # ------------------------------------------------------------------ cache
     def cache_identity(self) -> dict[str, Any]:
-        """What decides this model's results beyond the requests: the base (a local directory by its resolved
-        path and its files' names, sizes and mtimes; a Hub id by id and revision), the bundles (`digest`), the
-        dtypes, the BOS rule and the context length."""
-        if not isinstance(self.pretrained, (str, Path)):
-            raise ModelArgumentError("--use_cache needs a base given by path or Hub id (a model object passed in "
-                                     "cannot be told from another)")
-        path = Path(self.pretrained).expanduser()
-        if path.is_dir():
-            from cru_harness.fingerprints import directory_stamp
-
-            base = {"path": str(path.resolve()), "files": directory_stamp(path)}
-        else:
-            base = {"hub": str(self.pretrained), "revision": self.revision}
-        if self._whp is not None:   # the pair: the baseline (and alpha) decide the logits too
-            from cru_harness.fingerprints import directory_stamp
-
-            baseline = Path(self._whp.baseline).expanduser()
-            base = {**base, "whp": {"alpha": self._whp.alpha, "baseline": {"path": str(baseline.resolve()), "files":
-                    directory_stamp(baseline)} if baseline.is_dir() else {"hub": self._whp.baseline}}}
+        """What decides this model's results beyond the requests: the base (`identity.base_identity`, with what its
+        loader adds), the bundles (`digest`), the dtypes, the BOS rule and the context length."""
+        base = base_identity(self.pretrained, self.revision)
+        if self.loader is not None:
+            base = {**base, **self.loader.identity()}
         return {"base": base, "routers": [bundle.digest() for bundle in self.bundles],
                 "dtype": str(self.model.dtype), "softmax_dtype": str(self.softmax_dtype),
                 "add_bos_token": self.add_bos_token, "max_length": self.max_length}
 
     def set_cache_hook(self, cache_hook) -> None:
-        """`--use_cache DB`: lm-eval keys its cache by the requests alone, so a cache another base, bundle set or
-        dtype wrote would hand back that model's numbers as this one's. The cache holds the identity of the model
-        that wrote it (`cache_identity`), and any other model is refused."""
+        """`--use_cache DB`: the cache holds the identity of the model that wrote it; another model is refused
+        (`identity.check_cache`)."""
         db = getattr(cache_hook, "dbdict", None)
         if db is not None:
-            mine, theirs = self.cache_identity(), db.get(CACHE_IDENTITY_KEY)
-            where = f"--use_cache {getattr(db, 'filename', '')}".rstrip()
-            if theirs is None and len(db):
-                raise ModelArgumentError(f"{where}: holds results of a model it does not name (written by another "
-                                         f"lm-eval model or an older cru-harness); give this model its own cache path")
-            if theirs is not None and theirs != mine:
-                differ = ", ".join(key for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key))
-                raise ModelArgumentError(f"{where}: written by another model (its {differ} differ); lm-eval keys "
-                                         f"the cache by the requests alone, so give each base and router set its "
-                                         f"own cache path")
-            if theirs is None:
-                db[CACHE_IDENTITY_KEY] = mine
-                db.commit()
+            check_cache(db, self.cache_identity())
         super().set_cache_hook(cache_hook)
 
     # --------------------------------------------------------------- provenance
     def get_model_info(self) -> dict[str, Any]:
         info = super().get_model_info()
         info["cru_routers"] = list(self.router_sources)
-        if self._whp is not None:
-            info["cru_whp"] = {"directory": self._whp_dir, "baseline": self._whp.baseline, "alpha": self._whp.alpha}
+        if self.loader is not None:
+            info.update(self.loader.info())
         # the default; a task's preset may render with its own date (protocol.template_date), recorded in its metadata
         info["cru_pinned_date"] = pinned_template_kwargs()["date_string"]
         return info
 
 
 def _register() -> None:
-    from cru_harness.lmeval.registration import register
+    from cru_harness.lmeval.registration import patch_output_name, register
 
     register()
+    patch_output_name()   # the Python API without the start-up hook: `base=` names the output folder too
 
 
 _register()

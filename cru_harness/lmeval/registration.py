@@ -12,6 +12,9 @@ package declares for later versions), so two things are patched in, both idempot
   It also checks the metadata's keys (`metadata.check_metadata_keys`) there: lm-eval's command line builds its
   TaskManager before loading the model, so a misspelt `tofu_`/`rwku_` key fails before the load.
 
+- `patch_output_name()`: lm-eval names the folder under `--output_path` after `pretrained=` (and a few other
+  arguments) and after a random string otherwise; `base=`, the `cru` model's name for `pretrained=`, names it too.
+
 Who calls them: the `.pth` import hook (`_hook.py`, installed into site-packages) when lm-eval's modules are
 imported; `cru-eval` (`cli.py`) explicitly; importing `cru_harness.lmeval.model` calls `register()` too.
 Set `CRU_HARNESS_NO_LMEVAL_HOOK=1` to switch the `.pth` hook off (then use `cru-eval` or call these yourself).
@@ -141,3 +144,36 @@ def is_registered() -> bool:
     from lm_eval.api.registry import model_registry
 
     return MODEL_NAME in model_registry
+
+
+def base_argument(model_args) -> str | None:
+    """The `base=` of `--model_args` (a string as lm-eval's command line passes it, or a dict), else None."""
+    if isinstance(model_args, dict):
+        value = model_args.get("base")
+    elif isinstance(model_args, str):
+        from lm_eval.utils import simple_parse_args_string
+
+        try:
+            value = simple_parse_args_string(model_args).get("base")
+        except ValueError:   # a malformed string: lm-eval itself says so when it builds the model
+            return None
+    else:
+        return None
+    return None if value is None else str(value)
+
+
+def patch_output_name(tracker_cls=None) -> None:
+    """Make lm-eval's output folder name (`GeneralConfigTracker._get_model_name`) read `base=` where it finds no
+    name of its own, so `base=X` names the folder `X` (sanitised) as `pretrained=X` does. Idempotent."""
+    if tracker_cls is None:
+        from lm_eval.loggers.evaluation_tracker import GeneralConfigTracker as tracker_cls
+    original = tracker_cls._get_model_name
+    if getattr(original, _PATCH_FLAG, False):
+        return
+
+    @functools.wraps(original)
+    def _get_model_name(model_args):
+        return original(model_args) or base_argument(model_args)
+
+    setattr(_get_model_name, _PATCH_FLAG, True)
+    tracker_cls._get_model_name = staticmethod(_get_model_name)

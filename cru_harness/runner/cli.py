@@ -67,6 +67,24 @@ def register(subparsers) -> None:
     demo.add_argument("--dry-run", action="store_true")
     demo.set_defaults(func=cmd_demo)
 
+    schema = subparsers.add_parser("config-schema", help="print the JSON schema of a runner config (for editors)",
+                                   description="Print the JSON schema of an experiment config, with the registered "
+                                               "benchmarks' blocks and evaluation keys: point an editor's YAML "
+                                               "support at it. --markdown prints docs/configs.md's key table.")
+    schema.add_argument("--markdown", action="store_true", help="the key table of docs/configs.md instead")
+    schema.set_defaults(func=cmd_config_schema)
+
+
+def cmd_config_schema(args) -> int:
+    import json
+
+    from .config import evaluation_keys
+    from .schema import config_schema, key_table
+
+    print(key_table() if args.markdown else json.dumps(config_schema(evaluation_keys()), indent=2),
+          end="" if args.markdown else "\n")
+    return 0
+
 
 def add_reuse_argument(parser) -> None:
     parser.add_argument("--reuse", metavar="DIR",
@@ -236,15 +254,15 @@ def security_summary(config) -> list[dict]:
                 entries.append({"key": f"models[{i}].retain.{split}", "name": f"{model.name} retain {split}",
                                 "path": spec.value, "origin": _origin(spec.value),
                                 "trust_remote_code": model.trust_remote_code})
-    # A PURGE checkpoint is evaluated under the RWKU model's spec, hence with its trust_remote_code.
+    # A local checkpoint a method's entry names (PURGE's) is evaluated under the spec of the models it runs on,
+    # hence with their trust_remote_code.
     from .. import plugins
 
-    readers = [m for m in plugins.methods if "purge_checkpoints" in m.config_keys]   # the method it serves
-    purge = {b for m in readers for b in (m.benchmarks or ())}
-    trusted = any(m.trust_remote_code for m in config.models if purge & set(m.benchmarks))
-    for target, path in sorted(config.purge_checkpoints.items()):
-        entries.append({"key": f"purge_checkpoints.{target}", "name": f"PURGE target {target}", "path": path,
-                        "origin": _origin(path), "trust_remote_code": trusted})
+    for spec in config.methods:
+        trusted = any(m.trust_remote_code for m in config.models if set(spec.benchmarks) & set(m.benchmarks))
+        for key, what, path in plugins.methods.get(spec.method).entry_paths(spec.settings):
+            entries.append({"key": f"methods[{spec.index}].{key}", "name": what, "path": path,
+                            "origin": _origin(path), "trust_remote_code": trusted})
     return entries
 
 

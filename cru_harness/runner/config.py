@@ -21,9 +21,11 @@ from ..validation import MAX_MESSAGE, ConfigChecker, ConfigError, excerpt  # noq
 from ..validation import _boolean, _check_keys, _fail, _number, _str_list, _suggest  # noqa: F401
 from ..hparams import (HPARAM_BOUNDS, HPARAM_CHOICES, MAX_BATCH, MAX_ROWS, adam_betas_problem,  # noqa: F401
                        bound_problem, check_seed, fields_problem, seed_problem)
+from ..api import SettingError
 from ..errors import InputError, MissingInputError
 from ..prompts import PresetError
-from ..baselines.purge import PURGE_TARGETS
+from .schema import (ExperimentFile, Finetune, MethodEntry, ModelEntry, Retain, RetainTrain, allowed_keys,
+                     check_keys, check_values)
 
 # What each method accepts, its aliases, benchmarks and per-benchmark settings are its plugin's
 # (`cru_harness.api.Method`, registered under `cru_harness.methods`): this module holds no copy of them.
@@ -63,24 +65,8 @@ def method_plugin(name):
 
 
 def __getattr__(name: str):
-    """Views of the method registry under the names earlier versions kept as tables here (read-only)."""
-    from .. import plugins
-
-    if name == "METHOD_HPARAMS":
-        return {m.name: m.hparams() for m in plugins.methods}
     if name == "PROMPTING_DEFAULTS":   # `prompting_defaults()`
         return prompting_defaults()
-    if name == "HPARAM_ALIASES":
-        return {m.name: dict(m.aliases) for m in plugins.methods if m.aliases}
-    if name == "BENCHMARKS":
-        return tuple(plugins.benchmarks.names())
-    if name == "METHOD_BENCHMARKS":
-        names = plugins.benchmarks.names()
-        return {m.name: tuple(b for b in names if m.unsupported(b) is None) for m in plugins.methods}
-    if name == "TRAINED_METHODS":
-        return tuple(m.name for m in plugins.methods if m.trains)
-    if name == "CRU_BENCHMARK_DEFAULTS":
-        return {b: dict(method_plugin("CRU").benchmark_defaults.get(b, {})) for b in plugins.benchmarks.names()}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -91,17 +77,15 @@ def default_benchmarks(method: str, benchmarks) -> list[str]:
 
 
 
-_METHOD_ENTRY_KEYS = ("method", "label", "benchmarks", "overrides", "forget_corpus", "retain_corpus")
-_TOP_KEYS = ("name", "output_dir", "data_dir", "seeds", "device", "include_original", "models", "benchmarks",
-             "methods", "attacks", "purge_checkpoints", "evaluation", "report", "description", "training")
-_MODEL_KEYS = ("name", "path", "dtype", "eval_dtype", "benchmarks", "retain", "chat_template", "trust_remote_code",
-               "device_map", "finetune")
-_RETAIN_KINDS = ("checkpoint", "per_item", "train", "finetune")
+# The blocks' keys are declared once, in `schema` (pydantic, extra="forbid"); these are views of them.
+_METHOD_ENTRY_KEYS = allowed_keys(MethodEntry)
+_TOP_KEYS = allowed_keys(ExperimentFile)
+_MODEL_KEYS = allowed_keys(ModelEntry)
+_RETAIN_KINDS = allowed_keys(Retain)
 # `finetune:` (a model's, or its retain oracle's): TOFU's recipe (cru_harness.finetune) with these overrides.
-_FINETUNE_KEYS = ("data", "learning_rate", "lr", "weight_decay", "num_epochs", "epochs", "effective_batch_size",
-                  "batch_size", "micro_batch_size", "warmup_epochs", "lr_scheduler", "max_length", "dtype")
+_FINETUNE_KEYS = allowed_keys(Finetune)
 _FINETUNE_ALIASES = {"lr": "learning_rate", "epochs": "num_epochs", "batch_size": "effective_batch_size"}
-_RETAIN_TRAIN_KEYS = ("from", "epochs", "lr", "batch_size", "max_length", "weight_decay")
+_RETAIN_TRAIN_KEYS = allowed_keys(RetainTrain)
 #: The `evaluation:` keys of every run; each benchmark adds its own (`Benchmark.evaluation_defaults`).
 _GENERIC_EVAL_KEYS = ("batch_size", "limit", "max_gen_toks", "failure_classes", "apply_chat_template")
 _LAST_EVAL_KEYS = ("logit_lens",)
@@ -176,6 +160,7 @@ class MethodSpec:
     overrides: dict[str, dict[str, Any]]  # benchmark or split name -> hparams
     corpora: dict[str, str]        # forget_corpus / retain_corpus overrides
     index: int                     # position in `methods` (for error messages)
+    settings: dict[str, Any] = field(default_factory=dict)   # its method's `entry_settings` (PURGE's checkpoints)
 
     def hparams_for(self, benchmark: str, split: str | None) -> dict[str, Any]:
         resolved = dict(self.hparams)
@@ -205,7 +190,6 @@ class ExperimentConfig:
     models: tuple[ModelSpec, ...]
     benchmarks: dict[str, dict[str, Any]]   # resolved: tofu.splits list, rwku.targets list of ints, tasks, ...
     methods: tuple[MethodSpec, ...]
-    purge_checkpoints: dict[int, str]
     evaluation: dict[str, Any]
     report: dict[str, Any]
     raw: dict[str, Any]
@@ -300,32 +284,19 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
     if not isinstance(raw, dict):
         _fail("", f"expected a mapping of settings (name, models, benchmarks, methods, ...) at the top level, "
               f"got a {type(raw).__name__}", source)
-    raw = copy.deepcopy(raw)
-    _check_keys(raw, _TOP_KEYS, "", source)
+    original = copy.deepcopy(raw)   # the config as written (plan.json)
+    raw = _moved_keys(copy.deepcopy(raw), source)
+    check_keys(ExperimentFile, raw, "", source)
     for required in ("name", "models", "benchmarks", "methods"):
         if required not in raw:
             _fail(required, "is required", source)
+    check_values(ExperimentFile, raw, "", source)   # name, output_dir, data_dir, seeds, include_original
     name = raw["name"]
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        _fail("name", f"expected a simple name (letters, digits, _ . -), got {name!r}", source)
-    output_dir = raw.get("output_dir")
-    if output_dir is not None and (not isinstance(output_dir, str) or not output_dir.strip()):
-        _fail("output_dir", f"expected a directory path, got {excerpt(output_dir)}", source)
-    output_dir = Path(output_dir or Path("results") / name)
+    output_dir = Path(raw.get("output_dir") or Path("results") / name)
     data_dir = raw.get("data_dir")
-    if data_dir is not None and not isinstance(data_dir, str):
-        _fail("data_dir", f"expected a path, got {data_dir!r}", source)
-
     seeds = raw.get("seeds", [0])
     if isinstance(seeds, int) and not isinstance(seeds, bool):
         seeds = [seeds]
-    if not isinstance(seeds, list) or not seeds:
-        _fail("seeds", f"expected a non-empty list of integers, got {seeds!r}", source)
-    for i, seed in enumerate(seeds):
-        if problem := seed_problem(seed):
-            _fail(f"seeds[{i}]", problem, source)
-    if len(set(seeds)) != len(seeds):
-        _fail("seeds", f"repeats a seed: {seeds}", source)
 
     from ..devices import DeviceError, check_device_spec
 
@@ -334,7 +305,7 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         device = check_device_spec(device)
     except DeviceError as err:
         _fail("device", str(err), source)
-    include_original = _boolean(raw.get("include_original", True), "include_original", source)
+    include_original = raw.get("include_original", True)
 
     # -- benchmarks
     benches_raw = _check_keys(raw["benchmarks"], tuple(_benchmark_names()), "benchmarks", source)
@@ -380,7 +351,7 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         where = f"models[{i}]"
         if isinstance(entry, str):
             entry = {"path": entry}
-        _check_keys(entry, _MODEL_KEYS, where, source)
+        check_keys(ModelEntry, entry, where, source)
         if "path" not in entry or not isinstance(entry["path"], str) or not entry["path"]:
             _fail(f"{where}.path", "is required: a Hub id, a local directory, zoo:<arch>[:<variant>] or smollm2",
                   source)
@@ -390,24 +361,19 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
             _fail(f"{where}.name", f"expected a simple name, got {model_name!r}", source)
         if model_name in {m.name for m in models}:
             _fail(f"{where}.name", f"model name {model_name!r} is used twice", source)
+        # dtype, eval_dtype, chat_template, trust_remote_code, device_map: their rules are declared (`ModelEntry`)
+        check_values(ModelEntry, entry, where, source)
         dtype = entry.get("dtype", "auto")
-        if dtype not in DTYPE_NAMES:
-            _fail(f"{where}.dtype", f"expected one of {', '.join(DTYPE_NAMES)}, got {dtype!r}", source)
         eval_dtype = entry.get("eval_dtype")
-        if eval_dtype is not None and eval_dtype not in DTYPE_NAMES:
-            _fail(f"{where}.eval_dtype", f"expected one of {', '.join(DTYPE_NAMES)}, got {eval_dtype!r}", source)
         model_benches = tuple(_str_list(entry.get("benchmarks", list(benchmarks)), f"{where}.benchmarks", source))
         for j, bench in enumerate(model_benches):
             if bench not in benchmarks:
                 _fail(f"{where}.benchmarks[{j}]", f"benchmark {bench!r} is not configured under `benchmarks`",
                       source)
         retain = _validate_retain(entry.get("retain"), f"{where}.retain", benchmarks, model_benches, source)
-        chat_template = _boolean(entry.get("chat_template"), f"{where}.chat_template", source, allow_none=True)
-        trust_remote_code = _boolean(entry.get("trust_remote_code", False), f"{where}.trust_remote_code", source)
+        chat_template = entry.get("chat_template")
+        trust_remote_code = entry.get("trust_remote_code", False)
         device_map = entry.get("device_map")
-        if device_map not in (None, "auto"):
-            _fail(f"{where}.device_map", f"expected auto (shard over the visible GPUs) or null, got {device_map!r}",
-                  source)
         finetune = entry.get("finetune")
         if finetune is not None:
             finetune = _validate_finetune(finetune, f"{where}.finetune", source, needs_data=True)
@@ -416,22 +382,6 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
                       "fine-tuning; use a separate model entry for RWKU", source)
         models.append(ModelSpec(model_name, path, dtype, model_benches, retain, chat_template,
                                 trust_remote_code, eval_dtype, device_map, finetune))
-
-    # -- PURGE local checkpoints
-    purge_raw = raw.get("purge_checkpoints") or {}
-    if not isinstance(purge_raw, dict):
-        _fail("purge_checkpoints", "expected a mapping {target index: local path}", source)
-    purge_checkpoints: dict[int, str] = {}
-    for key, value in purge_raw.items():
-        try:
-            index = int(key)
-        except (TypeError, ValueError):
-            _fail(f"purge_checkpoints.{key}", "keys are RWKU target indices (1-20)", source)
-        if index not in PURGE_TARGETS:
-            _fail(f"purge_checkpoints.{key}", "PURGE checkpoints exist for RWKU targets 1-20 only", source)
-        if not isinstance(value, str):
-            _fail(f"purge_checkpoints.{key}", f"expected a local path, got {value!r}", source)
-        purge_checkpoints[index] = value
 
     # -- methods
     methods_raw = raw["methods"]
@@ -464,7 +414,12 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
                 _fail(f"{where}.benchmarks[{j}]" if "benchmarks" in entry else f"{where}.method", reason, source)
         if not method_benches:
             _fail(f"{where}.method", plugin.unsupported(next(iter(benchmarks))), source)
-        hparam_items = {k: v for k, v in entry.items() if k not in _METHOD_ENTRY_KEYS}
+        try:   # settings of the entry that are not hyperparameters (PURGE's checkpoints)
+            settings = plugin.read_settings({k: entry[k] for k in plugin.entry_settings if k in entry})
+        except SettingError as err:
+            _fail(f"{where}.{err.key}", err.message, source)
+        hparam_items = {k: v for k, v in entry.items() if k not in _METHOD_ENTRY_KEYS
+                        and k not in plugin.entry_settings}
         hparams = _validate_hparams(method, hparam_items, where, source)
         overrides_raw = entry.get("overrides") or {}
         if not isinstance(overrides_raw, dict):
@@ -492,10 +447,10 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
             if other.label == label and set(other.benchmarks) & set(method_benches):
                 _fail(f"{where}.label", f"label {label!r} is already used by methods[{other.index}] on "
                       f"{sorted(set(other.benchmarks) & set(method_benches))}; give one a distinct `label`", source)
-        if problem := plugin.check_config(SimpleNamespace(benchmarks=benchmarks, models=models,
-                                                          purge_checkpoints=purge_checkpoints), where):
+        if problem := plugin.check_config(SimpleNamespace(benchmarks=benchmarks, models=models, settings=settings),
+                                          where):
             _fail(*problem, source)
-        methods.append(MethodSpec(method, label, hparams, tuple(method_benches), overrides, corpora, i))
+        methods.append(MethodSpec(method, label, hparams, tuple(method_benches), overrides, corpora, i, settings))
 
     evaluation = _check_keys(raw.get("evaluation") or {}, evaluation_keys(), "evaluation", source)
     defaults = prompting_defaults(benchmarks)
@@ -528,8 +483,8 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
     training = _validate_training(raw.get("training"), source)
     return ExperimentConfig(name=name, output_dir=output_dir, data_dir=data_dir, seeds=tuple(seeds),
                             device=device, include_original=include_original, models=tuple(models),
-                            benchmarks=benchmarks, methods=tuple(methods), purge_checkpoints=purge_checkpoints,
-                            evaluation=evaluation, report=report, raw=raw, source=source,
+                            benchmarks=benchmarks, methods=tuple(methods),
+                            evaluation=evaluation, report=report, raw=original, source=source,
                             attacks=attacks, training=training)
 
 
@@ -547,6 +502,32 @@ def _validate_training(raw: Any, source: str | None) -> dict[str, Any]:
     except InputError as err:
         _fail("training", str(err), source)
     return dataclasses.asdict(settings)
+
+
+def _moved_keys(raw: dict, source: str | None) -> dict:
+    """A top-level key of an earlier config that is now a setting of a method's entry (`Method.moved_keys`, e.g.
+    `purge_checkpoints` -> PURGE's `checkpoints`): moved into each entry of that method that does not set it, with
+    a one-line note naming the new key."""
+    import sys
+
+    from .. import plugins
+
+    entries = raw.get("methods") if isinstance(raw.get("methods"), list) else []
+    for plugin in plugins.methods:
+        for old, new in plugin.moved_keys.items():
+            if old not in raw:
+                continue
+            value = raw.pop(old)
+            mine = [i for i, e in enumerate(entries)
+                    if canonical_method(e if isinstance(e, str) else e.get("method") if isinstance(e, dict)
+                                        else None) == plugin.name]
+            for i in mine:
+                entry = entries[i] if isinstance(entries[i], dict) else {"method": entries[i]}
+                entries[i] = {**entry, new: entry.get(new, value)}
+            where = ", ".join(f"methods[{i}].{new}" for i in mine) or f"a {plugin.name} entry's `{new}`"
+            print(f"note: {source or 'config'}: `{old}` is now {plugin.name}'s method entry key `{new}`; read as "
+                  f"{where}", file=sys.stderr)
+    return raw
 
 
 def _check_tasks_under_presets(benchmarks: dict, raw: dict, attacks: tuple, evaluation: dict,
@@ -652,7 +633,7 @@ def _validate_retain(value: Any, where: str, benchmarks: dict, model_benches: tu
             val = _validate_finetune(val or {}, f"{w}.finetune", source, needs_data=False)
             val.setdefault("data", "{retain_split}")
         elif kind == "train":
-            val = dict(_check_keys(val or {}, _RETAIN_TRAIN_KEYS, f"{w}.train", source))
+            val = dict(check_keys(RetainTrain, val or {}, f"{w}.train", source))
             for key in ("epochs", "lr", "batch_size", "max_length", "weight_decay"):
                 if key in val:
                     val[key] = _number(val[key], f"{w}.train.{key}", source, **HPARAM_BOUNDS[key])
@@ -665,7 +646,7 @@ def _validate_retain(value: Any, where: str, benchmarks: dict, model_benches: tu
 def _validate_finetune(value: Any, where: str, source: str | None, *, needs_data: bool) -> dict[str, Any]:
     """A `finetune:` mapping: `data` (a corpus source: TOFU config, JSON/JSONL file, rwku:...) and overrides of
     TOFU's recipe, aliases resolved (lr, epochs, batch_size), so the cell hash sees one spelling."""
-    _check_keys(value, _FINETUNE_KEYS, where, source)
+    check_keys(Finetune, value, where, source)
     resolved: dict[str, Any] = {}
     for key, val in value.items():
         canon = _FINETUNE_ALIASES.get(key, key)

@@ -12,77 +12,10 @@ from ..devices import HALF_DTYPES, explain_out_of_memory
 from .config import ModelSpec
 from .models import cell_device, model_dtype
 from .plan import Cell
+from .prompting import decisions_of, protocol_presets
 
 #: What a scoring pass too large for the GPU is told to change.
 SMALLER_EVALUATION = "lower evaluation.batch_size in the config (it changes no setting of the protocol)"
-
-
-def preset_defaults(evaluation: dict) -> dict[str, Any]:
-    """The evaluation keys that are protocol presets / options of the tasks (lm-eval metadata of the same name),
-    with their defaults: of each benchmark whose defaults are in every cell, or whose keys `evaluation` sets."""
-    from .. import plugins
-
-    defaults: dict[str, Any] = {}
-    for plugin in plugins.benchmarks:
-        if plugin.evaluation_in_every_cell or set(plugin.evaluation_defaults) & set(evaluation):
-            defaults.update({key: value for key, value in plugin.evaluation_defaults.items()
-                             if key in plugin.metadata_keys})
-    return defaults
-
-
-def __getattr__(name: str):
-    """`PRESET_KEYS`: the keys of `preset_defaults({})`, read from the registry when used."""
-    if name == "PRESET_KEYS":
-        return tuple(preset_defaults({}))
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def protocol_presets(evaluation: dict) -> dict[str, Any]:
-    """The presets a run uses (defaults filled in): passed to the tasks as lm-eval metadata and recorded in every
-    cell's `details.prompting`. System prompts are the tasks' own (TOFU open-unlearning: "You are a helpful
-    assistant."; RWKU: none), so the runner passes no `system_instruction`."""
-    return {key: evaluation.get(key, default) if evaluation.get(key) is not None else default
-            for key, default in preset_defaults(evaluation).items()}
-
-
-def lmeval_settings(evaluation: dict) -> dict[str, Any]:
-    """The generation and preset arguments of `run_lmeval` that the config's `evaluation` block decides: one
-    place, so that RWKU target selection answers the probes exactly as the cells do."""
-    gen_kwargs = {"max_gen_toks": int(evaluation["max_gen_toks"])} if evaluation.get("max_gen_toks") else None
-    return {"gen_kwargs": gen_kwargs, "presets": protocol_presets(evaluation)}
-
-
-def use_chat_template(cell: Cell, model_path: str) -> bool:
-    """Whether the cell's prompts go through the model's chat template (see `model_uses_chat_template`). Never for
-    a TOFU cell whose preset and `tofu_model_family` fix the text format (legacy, or an open-unlearning model
-    config without a chat template): the reference writes those prompts itself."""
-    from .. import plugins
-
-    if plugins.benchmarks.get(cell.benchmark).fixed_prompt_format(protocol_presets(cell.evaluation)):
-        return False
-    return model_uses_chat_template(cell.model, cell.evaluation, model_path)
-
-
-def model_uses_chat_template(model: ModelSpec, evaluation: dict, model_path: str) -> bool:
-    """Whether a model's prompts go through its chat template (protocol: a model with one gets it).
-
-    Order: the model's `chat_template` setting, then `evaluation.apply_chat_template`, then automatic: testbed
-    checkpoints (`zoo:`) are fine-tuned on the plain `Question: ...\nAnswer:` template (their tokenizer's chat
-    template exists to exercise chat code paths), so they are evaluated plain; any other model uses its chat
-    template when its tokenizer has one. A cell's TOFU prompts may still be fixed by its preset: `use_chat_template`.
-    """
-    if model.chat_template is not None:
-        return bool(model.chat_template)
-    if evaluation.get("apply_chat_template") is not None:
-        return bool(evaluation["apply_chat_template"])
-    from ..testbed.names import trained_plain
-
-    if trained_plain(model.path):
-        return False
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=model.trust_remote_code)
-    return bool(getattr(tokenizer, "chat_template", None))
 
 
 def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Path, data_dir,
@@ -90,18 +23,17 @@ def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Pat
     """lm-eval `simple_evaluate` with the `cru` model on the cell's tasks; its outputs are saved under
     workdir/lmeval exactly as `lm_eval --output_path ... --log_samples` saves them (what the scorers read).
     `metadata`: more lm-eval metadata for the tasks (an attack's `task_metadata`)."""
-    out = workdir / "lmeval"
     from .. import plugins
 
+    out = workdir / "lmeval"
     tasks, unavailable = tasks_with_data(cell, data_dir)
+    decisions = decisions_of(cell)   # presets, generation settings and task metadata, as the plan settled them
     t0 = time.perf_counter()
     run_lmeval(cell.model, model_path, tasks, out, routers=routers, reference=reference, data_dir=data_dir,
                benchmark=cell.benchmark, limit=cell.limit,
                batch_size=cell.evaluation.get("batch_size", 8), device=cell_device(cell), chat_template=chat_template,
-               metadata={**plugins.benchmarks.get(cell.benchmark).task_metadata(cell.split, cell.target),
-                         **plugins.benchmarks.get(cell.benchmark).model_metadata(cell),
-                         **(metadata or {})},
-               **lmeval_settings(cell.evaluation))
+               metadata={**decisions.task_metadata, **plugins.benchmarks.get(cell.benchmark).model_metadata(cell),
+                         **(metadata or {})}, **decisions.lmeval_settings)
     return {"output_dir": out, "wall_time_s": time.perf_counter() - t0, "artifacts": {"lmeval": str(out)},
             "tasks_unavailable": unavailable}
 
@@ -226,7 +158,7 @@ def logit_lens_of_cell(cell: Cell, model_path: str, routers: str | None, data_di
     from .. import plugins
     from ..attacks.logit_lens import logit_lens_scores
     from .models import load_model
-    from .training import prompt_format
+    from .prompting import prompt_format
 
     found = plugins.benchmarks.get(cell.benchmark).lens_rows(cell, data_dir)
     if found is None:

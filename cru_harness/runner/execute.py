@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -14,12 +15,12 @@ from .. import plugins
 from ..errors import MissingInputError
 from ..metrics.recovery import taught_questions
 from ..store import CellStore, waiting_lock
-from .evaluation import (evaluate_cell, logit_lens_of_cell, protocol_presets, score_cell,
-                         use_chat_template)
-from .models import cell_device, load_model, model_dtype, resolve_data_dir, resolve_model_path
+from .evaluation import evaluate_cell, logit_lens_of_cell, score_cell
+from .prompting import decisions_of, prompt_format, use_chat_template
+from .models import cell_device, load_model, model_dtype, resolve_data_dir, resolve_device, resolve_model_path
 from .plan import Cell
 from .provenance import directory_fingerprint
-from .training import FINETUNED_DIR, prompt_format, train_finetuned_model, train_retain_model
+from .training import FINETUNED_DIR, train_finetuned_model, train_retain_model
 
 REFINETUNE_LOCK = "refinetune.lock"   # both under the finetune cell's work dir
 REFINETUNE_STAGING = "refinetune"
@@ -206,6 +207,7 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
     `base_path`: the model the cell starts from when it is not `cell.model.path` (its fine-tuned checkpoint).
     A `finetune` cell only trains: its checkpoint is the artifact the model's other cells start from.
     """
+    decisions = decisions_of(cell)   # the plan's: what training, evaluation and scoring read from here on
     data_dir = resolve_data_dir(cell.data_dir)
     outcome: dict[str, Any] = {"resources": {}, "details": {}, "artifacts": {}}
     given_path = resolve_model_path(cell.model.path)
@@ -213,6 +215,8 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
         train_finetuned_model(cell, cell.extra.get("finetune", cell.hparams), given_path,
                               cell.corpora["train_corpus"], workdir, data_dir, outcome)
         return outcome
+    # its device, resolved once (a fine-tune hands the config's device to `finetune`, which resolves it)
+    cell = replace(cell, decisions=replace(decisions, device=resolve_device(cell.device)))
     base_path = base_path or given_path
     model_path = base_path
     routers = None
@@ -257,7 +261,7 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
                                         "attack_label": cell.label.removeprefix(f"{label} + "),
                                         **({"task_metadata": task_metadata} if task_metadata else {})}
     chat = use_chat_template(cell, model_path)
-    outcome["details"]["prompting"] = {"apply_chat_template": chat, "presets": protocol_presets(cell.evaluation)}
+    outcome["details"]["prompting"] = {"apply_chat_template": chat, "presets": dict(decisions.presets)}
     reference = privacy_reference(cell, retain_result, outcome)
     evaluation = evaluate_cell(cell, model_path, routers, workdir, data_dir, chat, reference=reference,
                                metadata=task_metadata)

@@ -57,7 +57,9 @@ def resolve_device(device: str) -> str:
 
 
 def cell_device(cell: Cell) -> str:
-    return resolve_device(cell.device)
+    """The cell's torch device: as its execution settled it once (`CellDecisions.device`), else resolved now."""
+    settled = getattr(cell.decisions, "device", None)
+    return settled if settled is not None else resolve_device(cell.device)
 
 
 @functools.lru_cache(maxsize=None)

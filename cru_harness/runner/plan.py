@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..store import atomic_write_json
 from .config import ExperimentConfig, MethodSpec, ModelSpec
+from .prompting import decide
 
 HASH_SCHEMA = 1          # bump when the meaning of a resolved cell changes (invalidates caches)
 HASH_LENGTH = 16
@@ -48,6 +49,9 @@ class Cell:
     device: str
     extra: dict[str, Any] = field(default_factory=dict)   # retain spec, PURGE local checkpoint
     training: dict[str, Any] = field(default_factory=dict, compare=False)   # the config's engine; not hashed
+    # what execution reads instead of re-deciding (`runner.prompting.CellDecisions`), settled by `build_plan`;
+    # derived from the fields above, so neither the hash (`resolved`) nor equality sees it
+    decisions: Any = field(default=None, compare=False, repr=False)
 
     @property
     def unit(self) -> str:
@@ -162,7 +166,7 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
                 # the attacks: on every method cell, and on the oracle (the control of the recovery score)
                 forget = {key: _fill(spec[key], bench, split, target) for key in ("forget_corpus", "retain_corpus")}
                 cells.extend(_attack_cells(config, oracle + block, forget))
-    return cells
+    return [replace(cell, decisions=decide(cell)) for cell in cells]   # each cell's decisions, settled once
 
 
 def _continue_cells(block: list[Cell], previous_split: str | None, method_cells: dict[tuple, Cell]) -> list[Cell]:
@@ -237,7 +241,7 @@ def _finetune_cell(config: ExperimentConfig, model: ModelSpec) -> Cell:
     # recorded under the benchmark whose oracle it serves when the model runs one
     bench = next((b for b in model.benchmarks if plugins.benchmarks.get(b).has_oracle), model.benchmarks[0])
     plugin = plugins.benchmarks.get(bench)
-    # The evaluation settings that decide how it writes its rows (`runner.training.prompt_format`): the chat choice
+    # The evaluation settings that decide how it writes its rows (`runner.prompting.prompt_format`): the chat choice
     # writes any benchmark's rows, the oracle benchmark's own keys its rows under its presets. Only those a config
     # changes from their defaults enter the cell, so a default config's hash stays as it was.
     defaults = {"apply_chat_template": None, **(plugin.evaluation_defaults if plugin.has_oracle else {})}
@@ -280,7 +284,9 @@ def _method_cells(config: ExperimentConfig, method: MethodSpec, common: dict, sp
         for key in ("forget_corpus", "retain_corpus"):
             template = method.corpora.get(key, config.benchmarks[bench][key])
             corpora[key] = _fill(template, bench, split, target)
-    extra = plugin.cell_extra(config, bench, split, target)
+    # a method with entry settings gets them (a plugin written without `settings=` keeps working)
+    entry = {"settings": method.settings} if method.settings else {}
+    extra = plugin.cell_extra(config, bench, split, target, **entry)
     common = dict(common, tasks=tuple(plugin.tasks(common["tasks"])))   # e.g. ICU's task variants
     seeds = list(config.seeds) if plugin.seeded else [None]
     for seed in seeds:

@@ -38,7 +38,7 @@ def selecting_benchmark(config: ExperimentConfig) -> str | None:
 def selection_key(config: ExperimentConfig, model: ModelSpec) -> dict[str, Any]:
     """Everything that determines the selection of one model (its hash invalidates a stale saved file), the
     code version included: a selection made by other code is made again (as cells are recomputed)."""
-    from .evaluation import lmeval_settings
+    from .prompting import lmeval_settings
     from .provenance import code_version
 
     spec = config.benchmarks[selecting_benchmark(config)]
@@ -78,7 +78,7 @@ def _same_rule(saved: dict, key: dict) -> bool:
     """Whether a selection saved by other code was made by the same rule as `key` would make it now. A key
     written before `lmeval_settings` was recorded was made with the default ones (no generation override, the
     default presets): the only ones that code passed."""
-    from .evaluation import lmeval_settings
+    from .prompting import lmeval_settings
 
     def comparable(k: dict) -> dict:
         return {**k, "code_version": None, "lmeval_settings": k.get("lmeval_settings", lmeval_settings({}))}
@@ -119,7 +119,8 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
 
     from ..tasks.rwku.utils import per_target_results
     from ..store import atomic_write_json, now_iso
-    from .evaluation import model_uses_chat_template, run_lmeval
+    from .evaluation import run_lmeval
+    from .prompting import model_uses_chat_template
     from .models import resolve_data_dir, resolve_device, resolve_model_path
 
     spec = config.benchmarks[selecting_benchmark(config)]

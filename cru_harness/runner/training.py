@@ -11,30 +11,15 @@ from ..training.launch import LaunchSettings, launch
 from ..training.resources import record_resources
 from .models import load_model, model_dtype, resolve_model_path
 from .plan import Cell
+from .prompting import prompt_format, use_chat_template
 from .provenance import directory_fingerprint
 
 FINETUNED_DIR = "finetuned_model"   # a finetune cell's checkpoint, inside its work directory
 
 
-def prompt_format(cell: Cell, chat: bool) -> dict:
-    """How training QA rows are written (`cru_harness.prompts.qa_texts`): as the cell's evaluation asks questions
-    (`chat`: `runner.evaluation.use_chat_template(cell, ...)`, which is False under a fixed TOFU format). A TOFU cell
-    under its presets; an RWKU cell as RWKU's probes ask (a retain cover's neighbour questions as the neighbour-QA
-    probe asks them; RWKU itself trains on passages and has no reference for question rows, docs/protocol.md)."""
-    from .. import plugins
-    from .evaluation import protocol_presets
-
-    benchmark = plugins.benchmarks.get(cell.benchmark)
-    if cell.kind == "finetune":   # the fine-tune writes its rows as the benchmark whose oracle it serves asks them
-        presets = protocol_presets(cell.evaluation if benchmark.has_oracle else {})
-        return benchmark.finetune_prompt_format(cell, chat, presets)
-    return benchmark.training_prompt_format(cell, chat, protocol_presets(cell.evaluation))
-
-
 def train_retain_model(cell: Cell, spec: dict, workdir: Path, data_dir, outcome: dict) -> str:
     from ..data.corpora import load_corpus
     from ..testbed.finetune import finetune_causal_lm
-    from .evaluation import use_chat_template
 
     source = resolve_model_path(spec.get("from", cell.model.path))
     model, tokenizer = load_model(source, cell)
@@ -56,7 +41,6 @@ def train_finetuned_model(cell: Cell, spec: dict, source_path: str, corpus: str,
     """`source_path` fine-tuned on `corpus` with TOFU's recipe (`cru_harness.finetune`), overridden by `spec`;
     saved under workdir/`name`. The prompt is the one the cell's evaluation uses (chat template or plain)."""
     from ..finetune import FinetuneConfig, finetune
-    from .evaluation import use_chat_template
 
     overrides = {k: v for k, v in spec.items() if k not in ("data", "dtype")}
     dtype = spec.get("dtype") or model_dtype(cell.model)

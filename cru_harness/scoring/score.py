@@ -9,8 +9,13 @@ lm-eval's `--output_path` files (`results_<date>.json` + `samples_<task>_<date>.
 A number that cannot be computed (no retain model, a task missing from the run, NaN values from a plain `hf`
 run) is reported as unavailable with the reason; it never raises.
 
-Python API: `load_run(dir)`, `score_runs([dirs], retain_run=..., retain_per_item=..., original_model=...)`,
-`write_outputs(report, out_dir)`, `read_per_item(path)`.
+The retain model's per-item truth ratios (Forget Quality) come from its lm-eval run, a `per_item.jsonl` of it, or
+open-unlearning's TOFU evaluation of it (`TOFU_EVAL.json`: `forget_truth_ratio` -> `value_by_index` ->
+{index: {"score": R}}, the same per-item R = P_wrong / P_right; its published retain-model logs), matched to
+this run's items by dataset index (lm-eval's `doc_id`).
+
+Python API: `load_run(dir)`, `score_runs([dirs], retain_run=..., retain_per_item=..., retain_logs=...,
+original_model=...)`, `write_outputs(report, out_dir)`, `read_per_item(path)`, `read_retain_logs(path)`.
 """
 from __future__ import annotations
 
@@ -77,6 +82,7 @@ class TaskOutput:
     samples_file: Path | None
     items: list[dict] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)   # `evaluation_settings` of its results file
+    n_docs: int | None = None   # the task's items before `--limit` (lm-eval's `n-samples` -> `original`)
 
     @property
     def has_items(self) -> bool:
@@ -196,8 +202,10 @@ def load_run(run_dir: str | Path, label: str | None = None) -> LmEvalRun:
                                       f"values); rerun it without --predict_only")
             role, tofu_config = TOFU_TASKS[task]
             samples = results_file.parent / f"samples_{task}_{date_id}.jsonl"
+            n_docs = ((data.get("n-samples") or {}).get(task) or {}).get("original")
             out = TaskOutput(task, role, tofu_config, dict(aggregates), results_file,
-                             samples if samples.is_file() else None, settings=evaluation_settings(data, task))
+                             samples if samples.is_file() else None, settings=evaluation_settings(data, task),
+                             n_docs=n_docs if isinstance(n_docs, int) else None)
             if out.samples_file is not None:
                 out.items = _sample_items(out.samples_file, task)
             found[task] = (date_id, out)
@@ -229,6 +237,49 @@ def read_per_item(path: str | Path) -> list[dict]:
         row["truth_ratio"] = float("nan") if row["truth_ratio"] is None else float(row["truth_ratio"])
         rows.append(row)
     return rows
+
+
+@dataclass
+class RetainLogs:
+    """open-unlearning's evaluation of a retain model: its per-item forget truth ratios by dataset index."""
+
+    path: Path
+    truth_ratios: dict[int, float]
+
+    @property
+    def label(self) -> str:
+        return f"{self.path} (open-unlearning)"
+
+
+#: Where open-unlearning's TOFU evaluator (`TOFU_EVAL.json`) keeps the forget set's per-item truth ratios.
+RETAIN_LOGS_KEY = "forget_truth_ratio"
+
+
+def read_retain_logs(path: str | Path) -> RetainLogs:
+    """The per-item forget truth ratios of open-unlearning's TOFU evaluation of a retain model (`TOFU_EVAL.json`:
+    `forget_truth_ratio` -> `value_by_index` -> {index: {"score": R}}). Another file is a ScoreInputError."""
+    path = Path(path)
+    if not path.is_file():
+        raise MissingInputError(f"retain logs not found: {path}")
+    not_it = f"{path}: not open-unlearning's TOFU evaluation of a retain model (TOFU_EVAL.json)"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ScoreInputError(f"{not_it}: not valid JSON ({err})") from err
+    entry = data.get(RETAIN_LOGS_KEY) if isinstance(data, dict) else None
+    by_index = entry.get("value_by_index") if isinstance(entry, dict) else None
+    if not isinstance(by_index, dict) or not by_index:
+        raise ScoreInputError(f'{not_it}: expected {RETAIN_LOGS_KEY} -> value_by_index -> {{index: {{"score": '
+                              f'truth ratio}}}}')
+    ratios: dict[int, float] = {}
+    for key, value in by_index.items():
+        score = value.get("score", False) if isinstance(value, dict) else False
+        if not str(key).isdigit() or not (score is None or (isinstance(score, (int, float))
+                                                            and not isinstance(score, bool))):
+            raise ScoreInputError(f'{not_it}: {RETAIN_LOGS_KEY}.value_by_index[{key!r}] is not '
+                                  f'{{"score": truth ratio}} under an item index')
+        ratios[int(key)] = float("nan") if score is None else float(score)
+    return RetainLogs(path, ratios)
 
 
 # ------------------------------------------------------------------------------------------- numbers
@@ -275,7 +326,7 @@ def _truth_ratios_by_question(items: list[dict]) -> dict[str, float]:
 def forget_quality_of(task: TaskOutput, retain_items: list[dict] | None, retain_source: str | None) -> dict:
     """Forget Quality of one forget task against the retain model's per-item truth ratios on the same items."""
     if retain_items is None:
-        return unavailable(f"{NO_RETAIN} (use --retain-run DIR or --retain-per-item FILE)")
+        return unavailable(f"{NO_RETAIN} (use --retain-run DIR, --retain-per-item FILE or --retain-logs FILE)")
     if not task.has_items:
         return unavailable(f"{task.task}: no samples file next to {task.results_file.name} (run lm-eval with "
                             f"--log_samples)")
@@ -302,6 +353,21 @@ def forget_quality_from_items(task: str, items: list[dict], retain_items: list[d
     if np.isnan(b).any():
         return unavailable(f"{task}: the retain model's truth ratios are NaN ({HF_HINT})", **extra)
     return available(M.forget_quality(a, b), **extra)
+
+
+def _retain_logs_items(task: TaskOutput, logs: RetainLogs) -> tuple[list[dict] | None, str | None, str | None]:
+    """The retain logs' truth ratios as rows of `task`'s questions, matched by dataset index (lm-eval's `doc_id`;
+    open-unlearning's `value_by_index` key); an index this run did not evaluate (`--limit`) keeps a row of its own."""
+    variant = next((v for v in FORGET_VARIANTS if task.task.endswith(f"_{v}")), None)
+    if variant is not None:
+        return None, None, f"open-unlearning's retain logs score the plain forget task, not its {variant} variant"
+    if task.n_docs is not None and task.n_docs != len(logs.truth_ratios):
+        return None, None, (f"the retain logs hold {len(logs.truth_ratios)} forget items, {task.task} has "
+                            f"{task.n_docs}: logs of another forget split")
+    by_index = {item.get("doc_id"): item.get("question") for item in task.items}
+    rows = [{"question": by_index.get(index, ("index", index)), "truth_ratio": ratio}
+            for index, ratio in logs.truth_ratios.items()]
+    return rows, logs.label, None
 
 
 def _retain_items_for(task: str, retain_run: LmEvalRun | None, retain_rows: list[dict] | None,
@@ -331,6 +397,7 @@ def score_runs(
     retain_run: str | Path | None = None,
     retain_per_item: str | Path | None = None,
     retain_items: list[dict] | None = None,
+    retain_logs: str | Path | None = None,
     original_model: str | Path | None = None,
     data_dir: str | Path | None = None,
     device: str = "cpu",
@@ -343,10 +410,11 @@ def score_runs(
     """Score runs: `{"runs": [{label, model, tasks, model_utility, forget_quality, forgetting, failure_modes}],
     "per_item": [rows]}`. `original_model` (a HF checkpoint; for CRU the base without routers) adds each forget
     answer's NLL under it to the failure-mode classes. The retain model's per-item truth ratios (Forget
-    Quality) come from `retain_run` (an lm-eval output directory), `retain_per_item` (a `per_item.jsonl`) or
-    `retain_items` (the same rows in memory: `task`, `question`, `truth_ratio`, `run`; the runner's retain cell)."""
-    if sum(x is not None for x in (retain_run, retain_per_item, retain_items)) > 1:
-        raise InputError("give only one of --retain-run, --retain-per-item (or retain_items)")
+    Quality) come from `retain_run` (an lm-eval output directory), `retain_per_item` (a `per_item.jsonl`),
+    `retain_items` (the same rows in memory: `task`, `question`, `truth_ratio`, `run`; the runner's retain cell) or
+    `retain_logs` (open-unlearning's `TOFU_EVAL.json` of the retain model, `read_retain_logs`)."""
+    if sum(x is not None for x in (retain_run, retain_per_item, retain_items, retain_logs)) > 1:
+        raise InputError("give only one of --retain-run, --retain-per-item, --retain-logs (or retain_items)")
     if labels is not None and len(labels) != len(run_dirs):
         raise InputError(f"{len(labels)} labels for {len(run_dirs)} runs")
     runs = [load_run(d, label=None if labels is None else labels[i]) for i, d in enumerate(run_dirs)]
@@ -355,6 +423,7 @@ def score_runs(
         raise InputError(f"the same run directory was given twice: {labels}")
     retain = load_run(retain_run, label=str(retain_run)) if retain_run is not None else None
     retain_rows = read_per_item(retain_per_item) if retain_per_item is not None else retain_items
+    logs = read_retain_logs(retain_logs) if retain_logs is not None else None
 
     from cru_harness.scoring import failure_modes
 
@@ -386,7 +455,8 @@ def score_runs(
             "failure_modes": {},
         }
         for task in run.forget_tasks():
-            items, source, reason = _retain_items_for(task.task, retain, retain_rows)
+            items, source, reason = (_retain_logs_items(task, logs) if logs is not None
+                                     else _retain_items_for(task.task, retain, retain_rows))
             if reason is not None:
                 entry["forget_quality"][task.task] = unavailable(reason)
             else:
@@ -520,6 +590,9 @@ def add_score_parser(subparsers) -> argparse.ArgumentParser:
     retain.add_argument("--retain-run", metavar="DIR", help="lm-eval output of the retain model (Forget Quality)")
     retain.add_argument("--retain-per-item", metavar="FILE",
                         help="a per_item.jsonl written by `score` for the retain model")
+    retain.add_argument("--retain-logs", metavar="FILE",
+                        help="open-unlearning's TOFU evaluation of the retain model (TOFU_EVAL.json, e.g. its "
+                             "published retain logs): per-item forget truth ratios, matched by item index")
     parser.add_argument("--original-model", metavar="PATH",
                         help="HF checkpoint (or testbed model) of the original model: NLL of each forget answer under "
                              "it")
@@ -551,7 +624,7 @@ def run_score(args: argparse.Namespace) -> int:
 
         original_model = check_model_path(resolve_model_path(original_model), what="--original-model")
     report = score_runs(
-        args.runs, retain_run=args.retain_run, retain_per_item=args.retain_per_item,
+        args.runs, retain_run=args.retain_run, retain_per_item=args.retain_per_item, retain_logs=args.retain_logs,
         original_model=original_model, data_dir=args.data_dir, device=args.device,
         batch_size=args.batch_size, device_map=args.device_map, dtype=args.dtype,
     )

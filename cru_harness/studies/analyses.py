@@ -2,7 +2,7 @@
 block; no router training) and `gate_gap` (a trained bundle's gates token by token on forget vs retain).
 
 Both work per CRU cell of the plan: its model (the fine-tuned checkpoint when the model has `finetune:`), its
-corpora written as its training wrote them (`runner.training.prompt_format`), its seed and its CRU settings
+corpora written as its training wrote them (`runner.prompting.prompt_format`), its seed and its CRU settings
 (`cru.train.RouterTrainingConfig`, the one place their defaults live). Each cell's analysis is saved under
 `study/analysis/<cell hash>.json` (atomically), so a killed study resumes.
 """
@@ -55,9 +55,9 @@ def load_cell_model(cell: Cell, base_path: str):
     """(model, tokenizer, forget texts, retain texts) of a CRU cell, as its router training reads them."""
     from ..cru.train import RouterTrainingConfig
     from ..data.corpora import load_corpus
-    from ..runner.evaluation import use_chat_template
+    from ..runner.prompting import use_chat_template
     from ..runner.models import load_model, resolve_data_dir
-    from ..runner.training import prompt_format
+    from ..runner.prompting import prompt_format
 
     data_dir = resolve_data_dir(cell.data_dir)
     model, tokenizer = load_model(base_path, cell)

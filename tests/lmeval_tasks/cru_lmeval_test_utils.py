@@ -1,7 +1,7 @@
 """Inline data and process_results for the tiny lm-eval test tasks (tests/test_lmeval_*.py)."""
 from datasets import Dataset, DatasetDict
 
-from cru_harness.lmeval.protocol import EOS_MARKER, has_token_stats
+from cru_harness.protocol import EOS_MARKER, has_token_stats
 
 ROWS = [
     {"question": "What colour is the sky?", "answer": "blue", "choices": ["blue", "green", "red"], "label": 0,
