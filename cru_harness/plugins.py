@@ -162,12 +162,15 @@ class Registry:
             raise PluginError(f"a {self.kind} named {obj.name!r} is already registered")
         self._added[key] = obj
         self._items = None   # re-sorted on the next read
-        try:
-            self._load()     # its other names are checked now, not at the next lookup
-        except PluginError:
+        self._load()         # its other names are checked now, not at the next lookup
+        names = getattr(obj, "known_as", ()) or ()
+        claimed = [self._broken[k] for k in [key, *(plugin_key(n) for n in names if isinstance(n, str))]
+                   if k in self._broken]
+        if claimed:          # a plugin added in-process is refused outright (an installed one is kept aside)
             del self._added[key]
             self._items = None
-            raise
+            self._load()
+            raise PluginError(claimed[0])
         return obj
 
     def unregister(self, name: str) -> None:
