@@ -5,6 +5,8 @@ model is loaded or trained."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -1377,3 +1379,22 @@ class TestWHPDirectories:
         root = self.whp_dir(tmp_path / "c", "acme/never-downloaded")
         with pytest.raises(WHPError, match="not in the local cache, and the Hub is off"):
             read_whp(root)
+
+
+def test_the_kernels_hub_notice_of_bitsandbytes_is_the_only_message_dropped():
+    """A one-line error stays one line: bitsandbytes' notice that it cannot fetch its optional 4-bit CPU kernel from
+    the Hub (printed at import on an AVX512-BF16 CPU without the `kernels` package) is dropped, nothing else of it."""
+    import logging
+
+    import cru_harness
+
+    logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
+
+    def kept(msg):
+        record = logger.makeRecord(logger.name, logging.WARNING, __file__, 1, msg, (), None)
+        return all(f.filter(record) for f in logger.filters)
+
+    assert not kept(cru_harness.KERNELS_HUB_NOTICE + ": %s. Please make sure you already `pip install kernels`")
+    assert kept("Failed to load the CPU library") and kept("something else went wrong")
+    done = subprocess.run([sys.executable, "-c", "import cru_harness, bitsandbytes"], capture_output=True, text=True)
+    assert done.returncode == 0 and "kernels-community" not in done.stderr, done.stderr
