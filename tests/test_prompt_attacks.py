@@ -15,7 +15,7 @@ torch.set_num_threads(1)  # 2 shared cores
 
 from cru_harness import plugins  # noqa: E402
 from cru_harness.attacks import in_context, paraphrase, relearn  # noqa: E402
-from cru_harness.attacks.prompt_variants import variant_tasks  # noqa: E402
+from cru_harness.benchmarks.tofu.plugin import variant_tasks  # noqa: E402
 from cru_harness.data.slices import forget_slice, in_context_shots  # noqa: E402
 from cru_harness.errors import InputError  # noqa: E402
 from cru_harness.protocol import LoglikelihoodResult  # noqa: E402
@@ -158,7 +158,10 @@ def test_attacks_name_the_forget_task_variants_and_evaluate_only_those():
         "tofu_forget05_in_context", "tofu_retain", "tofu_real_authors", "tofu_world_facts")
     assert paraphrase.ATTACK.tasks(("rwku_forget", "rwku_mia"), {}) == ()   # no variant: no cell
     assert variant_tasks(("tofu_privacy_forget10",), "paraphrase") == ("tofu_privacy_forget10",)
-    assert in_context.ATTACK.task_metadata({"k": 2, "slice_size": 4}, seed=3) == {
+    generic = in_context.ATTACK.task_metadata({"k": 2, "slice_size": 4}, seed=3)
+    assert generic == {"k": 2, "slice_fraction": 0.25, "seed": 3, "slice_size": 4}
+    # the benchmark names them in the keys its task variants read
+    assert plugins.benchmarks.get("tofu").variant_metadata("in_context", generic) == {
         "tofu_icl_k": 2, "tofu_icl_slice_fraction": 0.25, "tofu_icl_seed": 3, "tofu_icl_slice_size": 4}
     with pytest.raises(InputError, match="k must be an integer in"):
         in_context.ATTACK.check_settings({"k": 0})
