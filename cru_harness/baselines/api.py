@@ -14,7 +14,7 @@ from ..devices import saved_dtype
 from ..errors import InputError
 from ..locations import check_model_path, check_output_dir, save_checkpoint
 from .base import BaselineConfig, UnlearningMethod
-from .data import ForgetRetainDataset, encode_row
+from .data import encode_row
 from .registry import get_method
 from .resources import ResourceMonitor, max_over_processes
 from .trainer import load_trainee, prepare_training, train_unlearning
@@ -121,8 +121,8 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
                 for side, rows in (("forget", forget_rows), ("retain", retain_used)) if rows}
 
     max_length = fit_to_context(model, m.config.max_length, lengths)
-    dataset = ForgetRetainDataset(tokenizer, forget_rows, retain_used, refusals=refusals,
-                                  max_length=max_length, seed=seed, **(prompt_format or {}))
+    dataset = m.make_dataset(tokenizer, forget_rows, retain_used, refusals=refusals,
+                             max_length=max_length, seed=seed, **(prompt_format or {}))
 
     ref_model = None
     if m.needs_ref:

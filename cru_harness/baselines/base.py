@@ -180,6 +180,13 @@ class UnlearningMethod:
         """Called once by the trainer before the first step (after seeding), with the training dataset
         (`data.ForgetRetainDataset`): draw or compute per-run state here."""
 
+    def make_dataset(self, tokenizer, forget_rows: list[dict], retain_rows: list[dict], **kwargs):
+        """The training dataset (`data.ForgetRetainDataset`, keyword arguments as its): RMU reads a joint unit's
+        domain-tagged rows in WMDP's alternating batches (`data.DomainAlternatingDataset`)."""
+        from .data import ForgetRetainDataset
+
+        return ForgetRetainDataset(tokenizer, forget_rows, retain_rows, **kwargs)
+
     def fit(self, model, dataset, *, seed: int, progress: bool):
         """A method that is not trained by the trainer's loop over batches of rows returns its own
         `trainer.TrainResult` here, after `prepare` (LUNAR fits one projection on cached activations); None:

@@ -291,8 +291,9 @@ def train_unlearning(model: torch.nn.Module, method: UnlearningMethod, dataset, 
     per_step = config.micro_batches_per_step()  # over all processes
 
     generator = torch.Generator().manual_seed(seed)
-    loader = DataLoader(dataset, batch_size=config.micro_batch_size, shuffle=True, collate_fn=dataset.collate,
-                        generator=generator)
+    # a dataset in a fixed order (`ordered`: RMU's joint unit, WMDP's alternating batches) is read unshuffled
+    loader = DataLoader(dataset, batch_size=config.micro_batch_size, shuffle=not getattr(dataset, "ordered", False),
+                        collate_fn=dataset.collate, generator=generator)
     method.prepare(model, seed, dataset)
     # frozen before a method's own fit too: the resource record counts the weights it trains by requires_grad
     freeze_all_but(model, method.trainable_parameters(model), method.name)

@@ -1,6 +1,7 @@
 """WMDP as a runner benchmark (`cru_harness.api.Benchmark`, entry point `cru_harness.benchmarks`: wmdp).
 
-Unit: a domain (`bio`, `cyber`, `chem`; the cell's `split`). Tasks: lm-eval's own `wmdp_<domain>` for every
+Unit: a domain (`bio`, `cyber`, `chem`; the cell's `split`), or domains trained together (`bio+cyber`, WMDP's
+headline RMU run: forget probes both domains' tasks, `forget_acc` their mean; corpora `wmdp:bio+cyber-forget`). Tasks: lm-eval's own `wmdp_<domain>` for every
 domain and `mmlu` (`tasks.DEFAULT_TASKS`). Corpora: the domain's WMDP forget corpus, its first 600 passages
 (RMU's 150 batches of 4), and Wikitext-2 as retain (`data`). No oracle: WMDP scores against chance (0.25) and the
 original model. Scored from lm-eval's accuracies (`scoring`).
@@ -16,6 +17,8 @@ from . import report, scoring, tasks
 
 #: RMU's 150 batches of 4 (WMDP's README run), the passages every method trains on (docs/methods.md).
 FORGET_PASSAGES = 600
+#: Joins the domains of one unit trained on them together (`bio+cyber`; `data.joint_parts`).
+JOINT = "+"
 
 
 class WMDP(Benchmark):
@@ -61,9 +64,14 @@ class WMDP(Benchmark):
 
     def resolve_block(self, block: dict, where: str, check) -> dict[str, Any]:
         domains = check.str_list(block.get("domains", ["bio", "cyber"]), f"{where}.domains")
-        for i, domain in enumerate(domains):
-            if domain not in tasks.DOMAINS:
-                check.fail(f"{where}.domains[{i}]", f"WMDP has no domain {domain!r}; valid: {', '.join(tasks.DOMAINS)}")
+        for i, unit in enumerate(domains):
+            parts = unit.split(JOINT)   # `bio+cyber`: one unit trained on both domains (WMDP's headline run)
+            for domain in parts:
+                if domain not in tasks.DOMAINS:
+                    check.fail(f"{where}.domains[{i}]", f"WMDP has no domain {domain!r}; valid: "
+                               f"{', '.join(tasks.DOMAINS)}, or domains joined by {JOINT} (bio{JOINT}cyber)")
+            if len(set(parts)) != len(parts):
+                check.fail(f"{where}.domains[{i}]", f"a joint unit names each domain once, got {unit!r}")
         if not domains or len(set(domains)) != len(domains):
             check.fail(f"{where}.domains", f"expected distinct domains, got {domains}")
         return {"splits": domains}
