@@ -2,8 +2,8 @@
 overall and on its close subjects; lm-eval computes every one (`acc`), nothing is recomputed here.
 
 Metric keys (each in [0, 1]; chance 0.25): `wmdp_<domain>_acc` for the domains the cell ran, `forget_acc` (the
-cell's own domain; a joint unit's `bio+cyber`: the mean of its domains'), `mmlu_acc` (lm-eval's `mmlu` group: the mean over all questions, weighted by subject size)
-and `mmlu_<subject>_acc` for the four close subjects (`tasks.MMLU_SUBJECTS`).
+cell's own domain; a joint unit `bio+cyber`: the mean of its domains'), `mmlu_acc` (lm-eval's `mmlu` group: the
+mean over all questions, weighted by subject size) and `mmlu_<subject>_acc` for the four close subjects (`tasks.MMLU_SUBJECTS`).
 """
 from __future__ import annotations
 
