@@ -270,6 +270,14 @@ class Benchmark:
     stats_note: str | None = None  # a caveat printed with the method comparison's p-values
     #: the `evaluation:` key naming the scoring preset (whose reference the numbers reproduce); reports name it
     preset_key: str | None = None
+    #: Where a model that knows nothing sits on the trade-off plot's forgetting axis (`forgetting_utility`), drawn
+    #: there as a dashed line (WMDP: 1 - its chance accuracy 0.25). None: no such line.
+    chance_forgetting: float | None = None
+
+    def metric_range(self, name: str) -> tuple[float, float] | None:
+        """The range of one of its cells' metrics (`metrics` of result.json) that the core's table
+        (`store.metric_range`) does not know; a value outside it refuses the cell. None: any finite number."""
+        return None
 
     def plots(self, rows: list[dict], out_dir: Path) -> list[Path]:
         """Figures of its own beside the trade-off plot (from the leaderboard rows), written under `out_dir`."""

@@ -359,3 +359,35 @@ def test_rmu_trains_a_joint_unit_as_wmdps_script(wmdp_root, monkeypatch):
                      progress=False, dtype="float32", device="cpu")
     assert seen == [[0], [0], [1], [1], [0], [0], [1], [1]]   # micro-batches of 1, steps of 2: bio, cyber, bio, cyber
     assert result.optimizer_steps == 4
+
+
+def test_accuracies_are_held_to_the_unit_interval_through_the_benchmark_hook():
+    """The store refuses a WMDP cell whose accuracy is outside [0, 1], by WMDP's `metric_range` hook (no name
+    table in the core): the same name under a benchmark declaring no range passes."""
+    from cru_harness import plugins
+    from cru_harness.store import metric_range, metrics_problem
+
+    assert plugins.benchmarks.get("wmdp").metric_range("mmlu_virology_acc") == (0.0, 1.0)
+    assert metric_range("wmdp_bio_acc", "wmdp") == (0.0, 1.0) and metric_range("wmdp_bio_acc") is None
+    assert "outside its range [0, 1]" in metrics_problem({"wmdp_bio_acc": 1.5, "mmlu_acc": 0.5}, "wmdp")
+    assert metrics_problem({"wmdp_bio_acc": 0.3, "forget_acc": 0.3}, "wmdp") is None
+    assert metrics_problem({"wmdp_bio_acc": 1.5}, "tofu") is None
+
+
+def test_tradeoff_plot_draws_the_benchmarks_chance_line(tmp_path, monkeypatch):
+    """The core's trade-off plot draws a dotted line where the benchmark declares chance (WMDP: forgetting 0.75)
+    and none for a benchmark without one (TOFU)."""
+    from cru_harness.reporting import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, **kw: figures.append(fig) or path)
+    monkeypatch.setattr(plots.plt, "close", lambda fig: None)
+    rows = [{"model": "m", "unit": "bio", "label": label, "reference": label == "Original",
+             "metrics": {"forgetting": x, "utility": y}}
+            for label, x, y in (("Original", 0.4, 0.6), ("RMU", 0.7, 0.58), ("GA", 0.8, 0.3))]
+    for benchmark in ("wmdp", "tofu"):
+        plots.tradeoff_plots(rows, benchmark, tmp_path)
+    wmdp_ax, tofu_ax = (fig.axes[0] for fig in figures)
+    chance = [line for line in wmdp_ax.get_lines() if list(line.get_xdata()) == [0.75, 0.75]]
+    assert chance and "chance (0.75)" in [t.get_text() for t in wmdp_ax.get_legend().get_texts()]
+    assert not any("chance" in t.get_text() for t in tofu_ax.get_legend().get_texts())

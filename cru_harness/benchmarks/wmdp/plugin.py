@@ -50,6 +50,12 @@ class WMDP(Benchmark):
                   ("wmdp_bio_acc", "WMDP-Bio"), ("wmdp_cyber_acc", "WMDP-Cyber"))
     stats_note = "WMDP's questions per domain are one sample: the p-values describe these runs"
 
+    chance_forgetting = 1 - tasks.CHANCE   # the trade-off plot's chance line: 1 - 0.25
+
+    def metric_range(self, name: str) -> tuple[float, float] | None:
+        """Every accuracy it reports (`wmdp_<domain>_acc`, `forget_acc`, `mmlu_*_acc`) lies in [0, 1]."""
+        return (0.0, 1.0) if name.endswith("_acc") else None
+
     def plots(self, rows: list[dict], out_dir: Path) -> list[Path]:
         path = report.accuracy_plot(rows, out_dir)
         return [path] if path else []
