@@ -94,6 +94,9 @@ class Method:
     one_checkpoint: bool = True
     #: top-level config keys it reads (PURGE: `purge_checkpoints`, local stand-ins for its published checkpoints)
     config_keys: tuple[str, ...] = ()
+    #: It trains on question / answer rows (an answer to prefer, refuse or redirect: IdkDPO, DPO, RT, LUNAR), so a
+    #: benchmark whose corpora are passages (`Benchmark.passage_corpora`) is refused at config validation.
+    needs_qa_rows: bool = False
     order: int = 100               # where listings put it (lower first; then by name)
 
     def __repr__(self) -> str:
@@ -270,6 +273,9 @@ class Benchmark:
     stats_note: str | None = None  # a caveat printed with the method comparison's p-values
     #: the `evaluation:` key naming the scoring preset (whose reference the numbers reproduce); reports name it
     preset_key: str | None = None
+    #: Its training corpora are passages, with no question or answer (WMDP): a method that needs question / answer
+    #: rows (`Method.needs_qa_rows`) does not run on it.
+    passage_corpora: bool = False
     #: Where a model that knows nothing sits on the trade-off plot's forgetting axis (`forgetting_utility`), drawn
     #: there as a dashed line (WMDP: 1 - its chance accuracy 0.25). None: no such line.
     chance_forgetting: float | None = None

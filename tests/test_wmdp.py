@@ -391,3 +391,23 @@ def test_tradeoff_plot_draws_the_benchmarks_chance_line(tmp_path, monkeypatch):
     chance = [line for line in wmdp_ax.get_lines() if list(line.get_xdata()) == [0.75, 0.75]]
     assert chance and "chance (0.75)" in [t.get_text() for t in wmdp_ax.get_legend().get_texts()]
     assert not any("chance" in t.get_text() for t in tofu_ax.get_legend().get_texts())
+
+
+@pytest.mark.parametrize("method", ["IdkDPO", "DPO", "RT", "LUNAR"])
+def test_question_answer_methods_are_refused_on_passages(method, tmp_path):
+    """A method that needs question / answer rows (`Method.needs_qa_rows`) is refused in one line at config
+    validation on a benchmark whose corpora are passages (`Benchmark.passage_corpora`: WMDP); it still runs on
+    TOFU, and a passage method runs on WMDP."""
+    from cru_harness import plugins
+    from cru_harness.runner.config import load_config
+    from cru_harness.validation import ConfigError
+
+    plugin = plugins.methods.get(method)
+    assert plugin.unsupported("tofu") is None and plugins.methods.get("GA").unsupported("wmdp") is None
+    assert "question / answer rows" in plugin.unsupported("wmdp")
+    config = yaml.safe_load((Path(__file__).parents[1] / "configs" / "wmdp_zephyr.yaml").read_text())
+    config["methods"] = [{"method": method}]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=rf"methods\[0\]\.method.*{method} cannot run on wmdp: it trains on question"):
+        load_config(path)

@@ -37,8 +37,10 @@ class BaselineMethod(Method):
 
     def __init__(self, trainer: type, name: str, summary: str, *, refusals: dict[str, str] | None = None,
                  order: int = 100, alternate: str = "refusals", needs: tuple[str, ...] = (),
-                 benchmark_defaults: dict[str, dict[str, Any]] | None = None, sources: dict[str, str] | None = None):
+                 benchmark_defaults: dict[str, dict[str, Any]] | None = None, sources: dict[str, str] | None = None,
+                 needs_qa_rows: bool = False):
         self.trainer = trainer
+        self.needs_qa_rows = needs_qa_rows
         self.order = order
         self.name = name
         self.summary = summary
@@ -58,6 +60,18 @@ class BaselineMethod(Method):
 
     def refuse_hparam(self, key: str) -> str | None:
         return self._refusals.get(key)
+
+    def unsupported(self, benchmark: str) -> str | None:
+        """Also: a method that needs question / answer rows on a benchmark whose corpora are passages."""
+        from .. import plugins
+
+        if reason := super().unsupported(benchmark):
+            return reason
+        plugin = plugins.benchmarks.get(benchmark) if benchmark in plugins.benchmarks.names() else None
+        if self.needs_qa_rows and plugin is not None and plugin.passage_corpora:
+            return (f"{self.name} cannot run on {benchmark}: it trains on question / answer rows and {benchmark}'s "
+                    f"corpora are passages (docs/methods.md)")
+        return None
 
     def check_hparams(self, values: dict[str, Any]) -> None:
         """The preset-free dataclass check (a preset may still fill what a split needs)."""

@@ -50,6 +50,7 @@ class WMDP(Benchmark):
                   ("wmdp_bio_acc", "WMDP-Bio"), ("wmdp_cyber_acc", "WMDP-Cyber"))
     stats_note = "WMDP's questions per domain are one sample: the p-values describe these runs"
 
+    passage_corpora = True   # IdkDPO, DPO, RT and LUNAR (question / answer rows) are refused on it
     chance_forgetting = 1 - tasks.CHANCE   # the trade-off plot's chance line: 1 - 0.25
 
     def metric_range(self, name: str) -> tuple[float, float] | None:
