@@ -132,6 +132,9 @@ class Method:
     #: top-level keys of earlier configs that are now one of its `entry_settings` (old -> new): still read into
     #: its entries, with a one-line note naming the new key
     moved_keys: Mapping[str, str] = {}
+    #: It trains on question / answer rows (an answer to prefer, refuse or redirect: IdkDPO, DPO, RT, LUNAR), so a
+    #: benchmark whose corpora are passages (`Benchmark.passage_corpora`) is refused at config validation.
+    needs_qa_rows: bool = False
     order: int = 100               # where listings put it (lower first; then by name)
 
     def __repr__(self) -> str:
@@ -326,6 +329,17 @@ class Benchmark:
     stats_note: str | None = None  # a caveat printed with the method comparison's p-values
     #: the `evaluation:` key naming the scoring preset (whose reference the numbers reproduce); reports name it
     preset_key: str | None = None
+    #: Its training corpora are passages, with no question or answer (WMDP): a method that needs question / answer
+    #: rows (`Method.needs_qa_rows`) does not run on it.
+    passage_corpora: bool = False
+    #: Where a model that knows nothing sits on the trade-off plot's forgetting axis (`forgetting_utility`), drawn
+    #: there as a dashed line (WMDP: 1 - its chance accuracy 0.25). None: no such line.
+    chance_forgetting: float | None = None
+
+    def metric_range(self, name: str) -> tuple[float, float] | None:
+        """The range of one of its cells' metrics (`metrics` of result.json) that the core's table
+        (`store.metric_range`) does not know; a value outside it refuses the cell. None: any finite number."""
+        return None
 
     def plots(self, rows: list[dict], out_dir: Path) -> list[Path]:
         """Figures of its own beside the trade-off plot (from the leaderboard rows), written under `out_dir`."""

@@ -183,25 +183,40 @@ METRIC_SUFFIX_RANGES: dict[str, tuple[float, float]] = {"_prob": UNIT_INTERVAL, 
 METRIC_PREFIX_RANGES: dict[str, tuple[float, float]] = {"mia_auc": UNIT_INTERVAL}   # every MIA attack's AUC
 
 
-def metric_range(name: str) -> tuple[float, float] | None:
-    """The range of metric `name` (None: any finite number, e.g. privleak, a relative difference)."""
+#: The benchmark plugins' own ranges (`api.Benchmark.metric_range`), reached through a function the benchmarks
+#: package registers (`register_benchmark_ranges`): this layer imports no plugin registry.
+_BENCHMARK_RANGES: list[Callable[[str, str], tuple[float, float] | None]] = []
+
+
+def register_benchmark_ranges(lookup: Callable[[str, str], tuple[float, float] | None]) -> None:
+    """Add `lookup(benchmark, metric)`, a benchmark's own range of a metric (None: it has none)."""
+    if lookup not in _BENCHMARK_RANGES:
+        _BENCHMARK_RANGES.append(lookup)
+
+
+def metric_range(name: str, benchmark: str | None = None) -> tuple[float, float] | None:
+    """The range of metric `name` (None: any finite number, e.g. privleak, a relative difference); a metric the
+    tables do not name: the range its `benchmark` declares (`api.Benchmark.metric_range`), if any."""
     if name in METRIC_RANGES:
         return METRIC_RANGES[name]
     for prefix, bounds in METRIC_PREFIX_RANGES.items():
         if name.startswith(prefix):
             return bounds
-    return next((bounds for suffix, bounds in METRIC_SUFFIX_RANGES.items() if name.endswith(suffix)), None)
+    found = next((bounds for suffix, bounds in METRIC_SUFFIX_RANGES.items() if name.endswith(suffix)), None)
+    if found is None and benchmark:
+        found = next((b for lookup in _BENCHMARK_RANGES if (b := lookup(benchmark, name)) is not None), None)
+    return found
 
 
-def metrics_problem(metrics: dict) -> str | None:
+def metrics_problem(metrics: dict, benchmark: str | None = None) -> str | None:
     """What is wrong with a result's `metrics` (None if nothing): every value a finite number or null (NaN is
-    written as null), and in its range (`metric_range`) where it has one."""
+    written as null), and in its range (`metric_range`, with its `benchmark`'s own) where it has one."""
     for name, value in metrics.items():
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return f"metric {name} is {str(value)[:40]!r}, not a number"
-        bounds = metric_range(name)
+        bounds = metric_range(name, benchmark)
         if bounds is not None and not bounds[0] <= value <= bounds[1]:
             return f"metric {name} = {value!r} is outside its range [{bounds[0]:g}, {bounds[1]:g}]"
     return None
@@ -233,7 +248,7 @@ def validate_result(result: Any, cell_hash: str | None = None) -> str | None:
     if DIGEST_FIELD in result and result[DIGEST_FIELD] != result_digest(result):
         return ("its content does not match its digest: it was changed after it was computed (edited by hand?); "
                 "`cru-harness run` recomputes it")
-    return metrics_problem(result["metrics"])
+    return metrics_problem(result["metrics"], result["benchmark"])
 
 
 #: When results began to carry a digest (commit 0f95f19): a result without one whose record finished at or after

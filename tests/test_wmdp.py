@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from cru_harness.benchmarks.wmdp import data, scoring, tasks
@@ -263,3 +264,150 @@ def test_the_core_reads_wmdp_corpora_as_raw_passages(wmdp_root):
     tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint("llama", "finetuned"))
     texts = load_corpus("wmdp:cyber-forget[:3]", wmdp_root, tokenizer=tokenizer, chat=True, benchmark="wmdp")
     assert texts == [row["text"] for row in rows]
+
+
+def test_joint_unit_config_corpora_and_score(wmdp_root):
+    """`bio+cyber` is one unit (WMDP's headline run): its corpus interleaves the domains' passages, tagged, so that
+    `[:N]` keeps N/2 of each; its forget_acc is the mean of the two domains' accuracies."""
+    from cru_harness.benchmarks.wmdp.plugin import BENCHMARK
+    from cru_harness.data.corpora import load_corpus_rows
+    from cru_harness.validation import ConfigChecker, ConfigError
+
+    check = ConfigChecker("config.yaml")
+    block = BENCHMARK.resolve_block({"domains": ["bio+cyber", "chem"]}, "benchmarks.wmdp", check)
+    assert BENCHMARK.units(block) == [("bio+cyber", None), ("chem", None)]
+    for bad in ("bio+bio", "bio+biology"):
+        with pytest.raises(ConfigError, match=r"benchmarks.wmdp.domains\[0\]"):
+            BENCHMARK.resolve_block({"domains": [bad]}, "benchmarks.wmdp", check)
+    source = BENCHMARK.fill(BENCHMARK.default_corpora["forget_corpus"], "bio+cyber", None)
+    assert source == "wmdp:bio+cyber-forget[:600]"
+    rows, origin = load_corpus_rows("wmdp:bio+cyber-forget[:4]", wmdp_root)
+    assert [r["domain"] for r in rows] == ["bio", "cyber", "bio", "cyber"]
+    alone = {d: load_corpus_rows(f"wmdp:{d}-forget[:2]", wmdp_root)[0] for d in ("bio", "cyber")}
+    assert [r["text"] for r in rows] == [alone[d][i]["text"] for i in range(2) for d in ("bio", "cyber")]
+    assert "wmdp-bio-forget-corpus" in origin and "wmdp-corpora" in origin
+    assert "domain" not in alone["bio"][0]   # a lone domain's rows are as before
+    with pytest.raises(InputError, match="no chemistry corpus"):
+        load_corpus_rows("wmdp:bio+chem-forget", wmdp_root)
+    results = {"results": {"wmdp_bio": {"acc,none": 0.5}, "wmdp_cyber": {"acc,none": 0.25}, "mmlu": {"acc,none": 0.4}}}
+    assert scoring.metrics_from_results(results, "bio+cyber")[0]["forget_acc"] == pytest.approx(0.375)
+    assert scoring.metrics_from_results(results, "cyber")[0]["forget_acc"] == 0.25
+
+
+def test_rmu_trains_a_joint_unit_as_wmdps_script(wmdp_root, monkeypatch):
+    """RMU on a joint unit follows rmu/unlearn.py: one seeded direction per domain (the first a lone domain's),
+    batches alternating bio, cyber, ... in corpus order and unshuffled, each domain's b-th batch with the b-th batch
+    of its retain corpus (Wikitext for both, or each domain's own when the retain rows are tagged), each row steered
+    to its own domain's direction."""
+    from transformers import AutoTokenizer
+
+    from cru_harness.baselines._activations import block_output, masked_mse_per_sequence
+    from cru_harness.baselines.api import unlearn
+    from cru_harness.baselines.rmu import RMU
+    from cru_harness.data.corpora import load_corpus_rows
+    from cru_harness.testbed.zoo import tiny_checkpoint
+
+    path = str(tiny_checkpoint("llama", "finetuned"))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    forget = load_corpus_rows("wmdp:bio+cyber-forget[:8]", wmdp_root)[0]   # 4 of each: 2 batches of 2 per domain
+    wikitext = load_corpus_rows("wmdp:wikitext", wmdp_root)[0]
+    setting = dict(layer=1, effective_batch_size=2, micro_batch_size=1, alpha=10.0, learning_rate=1e-3)
+    method = RMU(RMU.Config.preset("wmdp", "bio+cyber", **setting))
+    dataset = method.make_dataset(tokenizer, forget, wikitext, max_length=64, seed=0)
+    assert dataset.domains == ["bio", "cyber"] and len(dataset) == 8
+    # rows of the interleaved corpus: bio 0, 2, 4, 6 and cyber 1, 3, 5, 7; batch b of each with Wikitext's batch b
+    expected = [(0, 0), (2, 1), (1, 0), (3, 1), (4, 2), (6, 3), (5, 2), (7, 3)]
+    for i, (f, r) in enumerate(expected):
+        item = dataset[i]
+        assert item["forget"] is dataset.forget[f] and item["retain"] is dataset.retain[r]
+        assert item["domain"] == (0 if f % 2 == 0 else 1)
+    own = method.make_dataset(tokenizer, forget, load_corpus_rows("wmdp:bio+cyber-retain", wmdp_root)[0],
+                              max_length=64, seed=0)
+    # tagged retain rows interleave as the forget rows do: bio's retain j sits where bio's forget j does
+    assert [own[i]["retain"] is own.retain[f] for i, (f, _) in enumerate(expected)] == [True] * 8
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    method.prepare(model, 3, dataset)
+    lone = RMU(RMU.Config.preset("wmdp", "bio", **setting))
+    untagged = lone.make_dataset(tokenizer, [{"text": r["text"]} for r in forget], wikitext, max_length=64, seed=0)
+    assert not getattr(untagged, "ordered", False)   # a lone domain's rows: the baselines' shuffled pairs, as before
+    lone.prepare(model, 3, untagged)
+    vectors = method.control_vectors
+    assert vectors.shape[0] == 2 and not torch.allclose(vectors[0], vectors[1])
+    assert torch.equal(vectors[0], lone.control_vector) and lone.control_vectors.shape[0] == 1
+    assert torch.allclose(vectors.norm(dim=-1), torch.tensor([6.5, 6.5]))
+    cyber = dataset.collate([dataset[2], dataset[3]])
+    assert cyber["forget"]["domain"].tolist() == [1, 1]
+    _, logs = method.compute_loss(model, cyber, ref_model=model)
+    with torch.no_grad():
+        acts = block_output(model, cyber["forget"], 1)
+        mask = cyber["forget"]["labels"] != -100
+        steered = [masked_mse_per_sequence(acts, v, mask).mean().item() for v in vectors]
+    assert logs["rmu_forget"] == pytest.approx(steered[1], rel=1e-5) and steered[0] != pytest.approx(steered[1])
+
+    seen = []
+    compute_loss = RMU.compute_loss
+
+    def spy(self, model, batch, ref_model=None):
+        seen.append(batch["forget"]["domain"].tolist())
+        return compute_loss(self, model, batch, ref_model)
+
+    monkeypatch.setattr(RMU, "compute_loss", spy)
+    result = unlearn(path, None, forget, wikitext, "rmu", RMU.Config.preset("wmdp", "bio+cyber", **setting), seed=0,
+                     progress=False, dtype="float32", device="cpu")
+    assert seen == [[0], [0], [1], [1], [0], [0], [1], [1]]   # micro-batches of 1, steps of 2: bio, cyber, bio, cyber
+    assert result.optimizer_steps == 4
+
+
+def test_accuracies_are_held_to_the_unit_interval_through_the_benchmark_hook():
+    """The store refuses a WMDP cell whose accuracy is outside [0, 1], by WMDP's `metric_range` hook (no name
+    table in the core): the same name under a benchmark declaring no range passes."""
+    from cru_harness import plugins
+    from cru_harness.store import metric_range, metrics_problem
+
+    assert plugins.benchmarks.get("wmdp").metric_range("mmlu_virology_acc") == (0.0, 1.0)
+    assert metric_range("wmdp_bio_acc", "wmdp") == (0.0, 1.0) and metric_range("wmdp_bio_acc") is None
+    assert "outside its range [0, 1]" in metrics_problem({"wmdp_bio_acc": 1.5, "mmlu_acc": 0.5}, "wmdp")
+    assert metrics_problem({"wmdp_bio_acc": 0.3, "forget_acc": 0.3}, "wmdp") is None
+    assert metrics_problem({"wmdp_bio_acc": 1.5}, "tofu") is None
+
+
+def test_tradeoff_plot_draws_the_benchmarks_chance_line(tmp_path, monkeypatch):
+    """The core's trade-off plot draws a dotted line where the benchmark declares chance (WMDP: forgetting 0.75)
+    and none for a benchmark without one (TOFU)."""
+    from cru_harness.reporting import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, **kw: figures.append(fig) or path)
+    monkeypatch.setattr(plots.plt, "close", lambda fig: None)
+    rows = [{"model": "m", "unit": "bio", "label": label, "reference": label == "Original",
+             "metrics": {"forgetting": x, "utility": y}}
+            for label, x, y in (("Original", 0.4, 0.6), ("RMU", 0.7, 0.58), ("GA", 0.8, 0.3))]
+    for benchmark in ("wmdp", "tofu"):
+        plots.tradeoff_plots(rows, benchmark, tmp_path)
+    wmdp_ax, tofu_ax = (fig.axes[0] for fig in figures)
+    chance = [line for line in wmdp_ax.get_lines() if list(line.get_xdata()) == [0.75, 0.75]]
+    assert chance and "chance (0.75)" in [t.get_text() for t in wmdp_ax.get_legend().get_texts()]
+    assert not any("chance" in t.get_text() for t in tofu_ax.get_legend().get_texts())
+
+
+@pytest.mark.parametrize("method", ["IdkDPO", "DPO", "RT", "LUNAR"])
+def test_question_answer_methods_are_refused_on_passages(method, tmp_path):
+    """A method that needs question / answer rows (`Method.needs_qa_rows`) is refused in one line at config
+    validation on a benchmark whose corpora are passages (`Benchmark.passage_corpora`: WMDP); it still runs on
+    TOFU, and a passage method runs on WMDP."""
+    from cru_harness import plugins
+    from cru_harness.runner.config import load_config
+    from cru_harness.validation import ConfigError
+
+    plugin = plugins.methods.get(method)
+    assert plugin.unsupported("tofu") is None and plugins.methods.get("GA").unsupported("wmdp") is None
+    assert "question / answer rows" in plugin.unsupported("wmdp")
+    config = yaml.safe_load((Path(__file__).parents[1] / "configs" / "wmdp_zephyr.yaml").read_text())
+    config["methods"] = [{"method": method}]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=rf"methods\[0\]\.method.*{method} cannot run on wmdp: it trains on question"):
+        load_config(path)

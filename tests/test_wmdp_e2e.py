@@ -71,7 +71,8 @@ def test_wmdp_end_to_end_two_methods_one_domain(tmp_path):
 
 
 def test_wmdp_zephyr_config_dry_run(capsys):
-    """configs/wmdp_zephyr.yaml plans WMDP's headline run (RMU at WMDP's Zephyr-7B setting on bio and cyber)
+    """configs/wmdp_zephyr.yaml plans WMDP's headline run (RMU at WMDP's Zephyr-7B setting on bio and cyber, trained
+    together in one joint cell)
     without touching a model or the Hub."""
     from cru_harness.runner.config import load_config
     from cru_harness.runner.plan import build_plan
@@ -81,7 +82,7 @@ def test_wmdp_zephyr_config_dry_run(capsys):
     plan = json.loads(capsys.readouterr().out)
     assert any("RMU" in (c["trains"] or "") and "blocks 5, 6, 7" in c["trains"] for c in plan["cells"])
     cells = [c for c in build_plan(load_config(config)) if c.kind == "method"]
-    assert {c.split for c in cells} == {"bio", "cyber"} and {c.method for c in cells} == {"RMU"}
+    assert {c.split for c in cells} == {"bio+cyber"} and {c.method for c in cells} == {"RMU"}   # WMDP's joint run
     assert cells[0].model.path == "HuggingFaceH4/zephyr-7b-beta"
     for cell in cells:
         assert (cell.hparams["layer"], cell.hparams["steering_coeff"], cell.hparams["alpha"],

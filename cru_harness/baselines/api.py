@@ -18,7 +18,7 @@ from ..training.engine import load_trainee, prepare_training, set_activation_che
 from ..training.lora import AdapterOff, LoraSettings, add_lora, check_lora_method
 from ..training.resources import ResourceMonitor, max_over_processes
 from .base import BaselineConfig, UnlearningMethod
-from .data import ForgetRetainDataset, encode_row
+from .data import encode_row
 from .registry import get_method
 
 RECORD_FILE = "unlearn_record.json"
@@ -137,8 +137,8 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
                 for side, rows in (("forget", forget_rows), ("retain", retain_used)) if rows}
 
     max_length = fit_to_context(model, m.config.max_length, lengths)
-    dataset = ForgetRetainDataset(tokenizer, forget_rows, retain_used, refusals=refusals,
-                                  max_length=max_length, seed=seed, **(prompt_format or {}))
+    dataset = m.make_dataset(tokenizer, forget_rows, retain_used, refusals=refusals,
+                             max_length=max_length, seed=seed, **(prompt_format or {}))
 
     if gradient_checkpointing:
         set_activation_checkpointing(model, True)

@@ -71,6 +71,13 @@ class UnlearningMethod(Objective):
     def uses_retain(self) -> bool:
         return getattr(self.config, "alpha", 0.0) > 0
 
+    def make_dataset(self, tokenizer, forget_rows: list[dict], retain_rows: list[dict], **kwargs):
+        """The training dataset (`data.ForgetRetainDataset`, keyword arguments as its): RMU reads a joint unit's
+        domain-tagged rows in WMDP's alternating batches (`data.DomainAlternatingDataset`)."""
+        from .data import ForgetRetainDataset
+
+        return ForgetRetainDataset(tokenizer, forget_rows, retain_rows, **kwargs)
+
     def _retain_batch(self, batch: dict) -> dict:
         """The batch's retain examples, which a method with a retain term (alpha > 0) cannot run without."""
         if "retain" not in batch:

@@ -193,3 +193,55 @@ class ForgetRetainDataset(Dataset):
 
     def collate(self, items: Sequence[dict[str, EncodedExample]]) -> dict[str, dict[str, torch.Tensor]]:
         return {key: collate([it[key] for it in items], self.pad_token_id) for key in items[0]}
+
+
+class DomainAlternatingDataset(ForgetRetainDataset):
+    """WMDP's joint RMU run (centerforaisafety/wmdp rmu/unlearn.py): forget rows tagged with their `domain`, each
+    domain's rows cut in corpus order into batches of `batch_size`, the batches alternating over the domains in the
+    order they first appear (step `idx` trains domain `idx % k` on its batch `idx // k`); domain d's b-th forget
+    batch is paired with the b-th batch of d's retain rows (the retain rows tagged d, or every retain row when none
+    is tagged: WMDP's `--retain_corpora wikitext,wikitext`). Batches per domain: the fewest whole batches any
+    domain's forget or retain rows fill (WMDP's `num_batches`). `ordered`: the trainer reads it in this order,
+    unshuffled; each item carries its domain's index in `domains` (RMU's control vector)."""
+
+    ordered = True
+
+    def __init__(self, tokenizer, forget_rows: Sequence[dict], retain_rows: Sequence[dict] | None = None, *,
+                 batch_size: int, **kwargs):
+        super().__init__(tokenizer, forget_rows, retain_rows, **kwargs)
+        untagged = [i for i, row in enumerate(forget_rows) if not isinstance(row.get("domain"), str)]
+        if untagged:
+            raise InputError(f"forget rows {untagged[:5]} have no `domain` tag; a joint unit tags every row")
+        self.domains = list(dict.fromkeys(row["domain"] for row in forget_rows))
+        forget_by = {d: [i for i, row in enumerate(forget_rows) if row["domain"] == d] for d in self.domains}
+        retain = list(retain_rows or [])
+        tagged = any(isinstance(row.get("domain"), str) for row in retain)
+        retain_by = {d: [i for i, row in enumerate(retain) if not tagged or row.get("domain") == d]
+                     for d in self.domains} if retain else {}
+        counts = [len(rows) // batch_size for rows in (*forget_by.values(), *retain_by.values())]
+        batches = min(counts)
+        if batches == 0:
+            sizes = {f"{side} {d}": len(rows) for side, by in (("forget", forget_by), ("retain", retain_by))
+                     for d, rows in by.items()}
+            raise InputError(f"a joint unit needs a whole batch of {batch_size} rows per domain and side, got {sizes}")
+        self._order = []
+        for idx in range(batches * len(self.domains)):
+            k, b = idx % len(self.domains), idx // len(self.domains)
+            domain = self.domains[k]
+            for j in range(b * batch_size, (b + 1) * batch_size):
+                self._order.append((forget_by[domain][j], retain_by[domain][j] if retain else None, k))
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __getitem__(self, i: int) -> dict:
+        forget, retain, domain = self._order[i]
+        item = {"forget": self.forget[forget], "domain": domain}
+        if retain is not None:
+            item["retain"] = self.retain[retain]
+        return item
+
+    def collate(self, items: Sequence[dict]) -> dict[str, dict[str, torch.Tensor]]:
+        batch = super().collate([{k: v for k, v in it.items() if k != "domain"} for it in items])
+        batch["forget"]["domain"] = torch.tensor([it["domain"] for it in items], dtype=torch.long)
+        return batch

@@ -34,4 +34,4 @@ class DPO(IdkDPO):
 #: The runner's view of it (entry point `cru_harness.methods`: DPO).
 METHOD = BaselineMethod(DPO, "DPO",
                         "DPO: an alternate answer preferred over the forget answer, + NLL(retain)",
-                        order=51, alternate="alternate answers (TOFU: IdkDPO's refusals; RWKU: rwku:{target}:pair)")
+                        needs_qa_rows=True, order=51, alternate="alternate answers (TOFU: IdkDPO's refusals; RWKU: rwku:{target}:pair)")

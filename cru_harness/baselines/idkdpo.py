@@ -70,4 +70,4 @@ class IdkDPO(UnlearningMethod):
 #: The runner's view of it (entry point `cru_harness.methods`: IdkDPO).
 METHOD = BaselineMethod(IdkDPO, "IdkDPO",
                         "DPO with an 'I don't know' refusal as the preferred answer, + NLL(retain)",
-                        order=50)
+                        needs_qa_rows=True, order=50)

@@ -317,4 +317,4 @@ class LUNARMethod(BaselineMethod):
 #: The runner's view of it (entry point `cru_harness.methods`: LUNAR).
 METHOD = LUNARMethod(LUNAR, "LUNAR",
                         "one layer's MLP output on forget inputs redirected toward refusal activations",
-                        order=54, needs=("refusal_prompts_path (LUNAR's harmful.json)",))
+                        needs_qa_rows=True, order=54, needs=("refusal_prompts_path (LUNAR's harmful.json)",))

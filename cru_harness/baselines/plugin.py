@@ -37,9 +37,10 @@ class BaselineMethod(Method):
     def __init__(self, trainer: type, name: str, summary: str, *, refusals: dict[str, str] | None = None,
                  order: int = 100, alternate: str = "refusals", needs: tuple[str, ...] = (),
                  benchmark_defaults: dict[str, dict[str, Any]] | None = None, sources: dict[str, str] | None = None,
-                 known_as: tuple[str, ...] = ()):
+                 known_as: tuple[str, ...] = (), needs_qa_rows: bool = False):
         self.trainer = trainer
         self.known_as = known_as
+        self.needs_qa_rows = needs_qa_rows
         self.order = order
         self.name = name
         self.summary = summary
@@ -60,10 +61,27 @@ class BaselineMethod(Method):
     def refuse_hparam(self, key: str) -> str | None:
         return self._refusals.get(key)
 
+    def unsupported(self, benchmark: str) -> str | None:
+        """Also: a method that needs question / answer rows on a benchmark whose corpora are passages."""
+        from .. import plugins
+
+        if reason := super().unsupported(benchmark):
+            return reason
+        plugin = plugins.benchmarks.get(benchmark) if benchmark in plugins.benchmarks.names() else None
+        if self.needs_qa_rows and plugin is not None and plugin.passage_corpora:
+            return (f"{self.name} cannot run on {benchmark}: it trains on question / answer rows and {benchmark}'s "
+                    f"corpora are passages (docs/methods.md)")
+        return None
+
     def check_hparams(self, values: dict[str, Any]) -> None:
-        """The preset-free dataclass check (a preset may still fill what a split needs)."""
+        """The preset-free dataclass check (a preset may still fill what a split needs), and `lora`'s own."""
         from dataclasses import fields
 
+        from ..training.lora import LoraSettings
+
+        values = dict(values)
+        if "lora" in values:
+            LoraSettings.from_dict(values.pop("lora"))
         names = {f.name for f in fields(self.config)}
         self.config(**{k: v for k, v in values.items() if k in names})
 
@@ -90,14 +108,6 @@ class BaselineMethod(Method):
 
     def hparams(self) -> tuple[str, ...]:
         return super().hparams() + ("lora",)
-
-    def check_hparams(self, values: dict) -> None:
-        from ..training.lora import LoraSettings
-
-        values = dict(values)
-        if "lora" in values:
-            LoraSettings.from_dict(values.pop("lora"))
-        super().check_hparams(values)
 
     def trained_weights(self, cell) -> str:
         what = self.trainer(self.cell_config(cell)).trained_weights()

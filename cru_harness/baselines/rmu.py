@@ -19,6 +19,11 @@ WMDP's README run for Zephyr-7B (`--steering_coeffs 6.5 --alpha 1200 --lr 5e-5 -
 warm-up (WMDP steps transformers' AdamW, weight decay 0, without clipping). The same on RWKU, which ships no RMU
 script. open-unlearning's own TOFU setting (steering 2, alpha 1, every parameter trained) is a different
 choice, not taken.
+
+A joint WMDP unit (`bio+cyber`, forget rows tagged with their domain) trains as rmu/unlearn.py trains its list of
+forget corpora: one u per domain (drawn in the corpora's order from the one seeded generator), batches alternating
+over the domains in that order, each domain's b-th batch with the b-th batch of its retain corpus, read unshuffled
+(`data.DomainAlternatingDataset`). One steering coefficient serves every domain (WMDP's README gives 6.5 for both).
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ from ..errors import InputError
 from ..hparams import bound_problem
 from ._activations import block_output, masked_mse_per_sequence
 from .base import RetainConfig, UnlearningMethod
-from .data import IGNORE_INDEX
+from .data import IGNORE_INDEX, DomainAlternatingDataset
 from .losses import sequence_mean
 from .plugin import BaselineMethod
 from .registry import register_method
@@ -123,6 +128,7 @@ class RMU(UnlearningMethod):
     needs_ref = True
     needs_retain = True
     control_vector: torch.Tensor | None = None
+    control_vectors: torch.Tensor | None = None   # [domains, d]: a joint unit's, one per domain
 
     def trained_weights(self) -> str:
         params = ", ".join(self.config.trainable_params)
@@ -131,10 +137,25 @@ class RMU(UnlearningMethod):
     def trainable_parameters(self, model):
         return block_parameter_names(model, self.config.layers_trained, self.config.trainable_params, "rmu")
 
+    def make_dataset(self, tokenizer, forget_rows, retain_rows, **kwargs):
+        """Domain-tagged forget rows (a joint WMDP unit, `wmdp:bio+cyber-forget`) train as WMDP's script trains its
+        forget corpora: alternating batches of the effective batch size, retain paired by domain and batch index
+        (`data.DomainAlternatingDataset`); any other rows as every baseline's."""
+        if any(isinstance(row, dict) and "domain" in row for row in forget_rows):
+            return DomainAlternatingDataset(tokenizer, forget_rows, retain_rows,
+                                            batch_size=self.config.effective_batch_size, **kwargs)
+        return super().make_dataset(tokenizer, forget_rows, retain_rows, **kwargs)
+
     def prepare(self, model, seed: int, dataset=None) -> None:
-        """Draw u from the seed (WMDP: torch.rand of the hidden size, normalised) and scale it by c."""
-        u = torch.rand(hidden_size(model), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-        self.control_vector = (u / u.norm() * self.config.steering_coeff).float()
+        """Draw u from the seed (WMDP: torch.rand of the hidden size, normalised) and scale it by c; one u per
+        domain of a joint unit (WMDP: one per forget corpus, drawn in order), the first being a lone domain's."""
+        generator = torch.Generator().manual_seed(seed)
+        vectors = []
+        for _ in getattr(dataset, "domains", None) or [None]:
+            u = torch.rand(hidden_size(model), generator=generator, dtype=torch.float64)
+            vectors.append((u / u.norm() * self.config.steering_coeff).float())
+        self.control_vector = vectors[0]
+        self.control_vectors = torch.stack(vectors)
 
     def compute_loss(self, model, batch, ref_model=None):
         if self.control_vector is None:
@@ -142,7 +163,10 @@ class RMU(UnlearningMethod):
         logs: dict[str, float] = {}
         forget = batch["forget"]
         acts = block_output(model, forget, self.config.layer)
-        per_row = masked_mse_per_sequence(acts, self.control_vector.to(acts.device), answer_mask(forget))
+        target = self.control_vector.to(acts.device)
+        if "domain" in forget:   # a joint unit: each row steered to its own domain's direction
+            target = self.control_vectors.to(acts.device)[forget["domain"].to(acts.device)][:, None, :]
+        per_row = masked_mse_per_sequence(acts, target, answer_mask(forget))
         loss = self.config.forget_weight * sequence_mean(per_row, forget)
         logs["rmu_forget"] = float(per_row.detach().mean())
         if self.uses_retain:

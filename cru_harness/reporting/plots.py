@@ -1,7 +1,8 @@
 """Report figures (PNG, matplotlib's Agg backend; no display needed).
 
 - tradeoff_<benchmark>_<model>_<unit>.png: Utility vs Forgetting per (model, split) with the Pareto front; the
-  original model as an open circle, dominated methods as crosses; labels placed apart (`label_points`).
+  original model as an open circle, dominated methods as crosses; labels placed apart (`label_points`); a dotted
+  chance line where the benchmark declares one (`chance_forgetting`).
 - gates.png: CRU's mean gate on forget vs retain inputs, per cell group.
 - resources.png: wall time (the cell's, its training part over it) and peak memory per method.
 Legends sit beside the axes: inside, with the many methods of a report, they covered the data.
@@ -135,7 +136,11 @@ def tradeoff_plots(rows: list[dict], benchmark: str, out_dir: Path) -> list[Path
             # run through the undominated corner beyond each point)
             ax.step([p[0] for p in front], [p[1] for p in front], where="pre", linestyle="--", color="grey",
                     label="Pareto front")
-        x_label, y_label = plugins.benchmarks.get(benchmark).axis_labels
+        plugin = plugins.benchmarks.get(benchmark)
+        if plugin.chance_forgetting is not None:   # a model that knows nothing (WMDP: chance accuracy)
+            ax.axvline(plugin.chance_forgetting, linestyle=":", color="black", linewidth=1,
+                       label=f"chance ({plugin.chance_forgetting:g})")
+        x_label, y_label = plugin.axis_labels
         ax.set_xlabel(x_label)
         ax.set_ylabel(y_label)
         ax.set_title(f"{benchmark.upper()} {model} {unit}")

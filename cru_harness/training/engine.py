@@ -537,8 +537,9 @@ def train_model(model: torch.nn.Module, method: Objective, dataset, *, ref_model
     per_step = config.micro_batches_per_step()  # over all processes
 
     generator = torch.Generator().manual_seed(seed)
-    loader = DataLoader(dataset, batch_size=config.micro_batch_size, shuffle=True, collate_fn=dataset.collate,
-                        generator=generator)
+    # a dataset in a fixed order (`ordered`: RMU's joint unit, WMDP's alternating batches) is read unshuffled
+    loader = DataLoader(dataset, batch_size=config.micro_batch_size, shuffle=not getattr(dataset, "ordered", False),
+                        collate_fn=dataset.collate, generator=generator)
     sharded = distributed_kind(accelerator) in SHARDED_TRAINING
     if sharded:
         check_shardable(method, accelerator)

@@ -18,9 +18,15 @@ raw strings (`{"text": ...}` and all); the `text` field is read here, as open-un
 A local root (`data_dir`, `CRU_HARNESS_WMDP_DIR`, or `wmdp/` under `CRU_HARNESS_DATA_DIR`) holds each dataset
 as `huggingface-cli download <repo> --repo-type dataset --local-dir <root>/<folder>` leaves it: `wmdp/`, `mmlu/`,
 `wmdp-corpora/`, `wmdp-bio-forget-corpus/`, `wikitext/` (a folder may also hold plain `<config>.jsonl` files).
+
+A joint source (`wmdp:bio+cyber-forget`, `wmdp:bio+cyber-retain`: WMDP's headline run trains bio and cyber
+together) reads each domain's corpus, tags every row with its `domain` and interleaves the domains row by row
+(bio 0, cyber 0, bio 1, ...), so a cap `[:N]` keeps N/2 passages of each. RMU regroups the rows by tag into WMDP's
+alternating batches (`baselines.data.DomainAlternatingDataset`); the other methods train on them as one corpus.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from dataclasses import dataclass
@@ -59,8 +65,18 @@ CORPORA = {
 }
 #: The local folders of the evaluation's Hub datasets (lm-eval's tasks read them; `tasks.dataset_folder`).
 EVAL_DATASETS = {"wmdp": "cais/wmdp", "mmlu": "cais/mmlu"}
-SOURCE_RE = re.compile(r"wmdp:(?P<name>[a-z0-9-]+)(?:\[(?P<start>\d*):(?P<stop>\d+)\])?")
+SOURCE_RE = re.compile(r"wmdp:(?P<name>[a-z0-9+-]+)(?:\[(?P<start>\d*):(?P<stop>\d+)\])?")
 _SUFFIXES = (".parquet", ".jsonl", ".json")
+#: A joint corpus: two or more domains joined by `+`, then the kind (`bio+cyber-forget`).
+JOINT_RE = re.compile(r"(?P<domains>[a-z]+(?:\+[a-z]+)+)-(?P<kind>forget|retain)")
+
+
+def joint_parts(name: str) -> list[tuple[str, str]] | None:
+    """[(domain, corpus name)] of a joint corpus name (`bio+cyber-forget`), None for a single corpus's name."""
+    match = JOINT_RE.fullmatch(name)
+    if match is None:
+        return None
+    return [(domain, f"{domain}-{match.group('kind')}") for domain in match.group("domains").split("+")]
 
 
 def layout_help() -> str:
@@ -84,12 +100,16 @@ def parse_source(source: str) -> tuple[str, int, int | None] | None:
     if not source.startswith("wmdp:"):
         return None
     match = SOURCE_RE.fullmatch(source)
-    if not match or match.group("name") not in CORPORA:
+    parts = joint_parts(match.group("name")) if match else None
+    if parts is not None and len({d for d, _ in parts}) != len(parts):
+        raise InputError(f"corpus {source!r}: a joint corpus names each domain once")
+    if not match or (match.group("name") not in CORPORA and not (parts and all(n in CORPORA for _, n in parts))):
         known = ", ".join("wmdp:" + n for n in CORPORA)
-        if source.startswith("wmdp:chem"):
+        if source.startswith("wmdp:chem") or (parts and any(d == "chem" for d, _ in parts)):
             raise InputError(f"corpus {source!r}: WMDP publishes no chemistry corpus; name a JSON / JSONL file of "
                              f"`text` rows as forget_corpus (WMDP's corpora: {known})")
-        raise InputError(f"corpus {source!r}: WMDP's corpora are {known}, optionally capped as [:N] or [A:B]")
+        raise InputError(f"corpus {source!r}: WMDP's corpora are {known} (or domains joined by +, as "
+                         f"wmdp:bio+cyber-forget), optionally capped as [:N] or [A:B]")
     start, stop = int(match.group("start") or 0), match.group("stop")
     stop = int(stop) if stop is not None else None
     if stop is not None and stop <= start:
@@ -156,7 +176,13 @@ def _read_hub(corpus: Corpus):
 
 def load_corpus_rows(name: str, data_dir: str | os.PathLike | None = None) -> tuple[list[dict], str]:
     """A WMDP corpus (`CORPORA`) as `{"text": ...}` rows, with where they came from. Rows of `MIN_CHARS`
-    characters or fewer are dropped (rmu/utils.py)."""
+    characters or fewer are dropped (rmu/utils.py). A joint name (`joint_parts`): each domain's rows tagged
+    `{"text": ..., "domain": ...}`, interleaved row by row in the order the name gives the domains."""
+    if (parts := joint_parts(name)) is not None:
+        loaded = [(domain, *load_corpus_rows(part, data_dir)) for domain, part in parts]
+        tagged = [[{**row, "domain": domain} for row in rows] for domain, rows, _ in loaded]
+        rows = [row for group in itertools.zip_longest(*tagged) for row in group if row is not None]
+        return rows, " + ".join(origin for _, _, origin in loaded)
     corpus = CORPORA[name]
     root = resolve_root(data_dir)
     if root is None:

@@ -1,6 +1,7 @@
 """WMDP as a runner benchmark (`cru_harness.api.Benchmark`, entry point `cru_harness.benchmarks`: wmdp).
 
-Unit: a domain (`bio`, `cyber`, `chem`; the cell's `split`). Tasks: lm-eval's own `wmdp_<domain>` for every
+Unit: a domain (`bio`, `cyber`, `chem`; the cell's `split`), or domains trained together (`bio+cyber`, WMDP's
+headline RMU run: forget probes both domains' tasks, `forget_acc` their mean; corpora `wmdp:bio+cyber-forget`). Tasks: lm-eval's own `wmdp_<domain>` for every
 domain and `mmlu` (`tasks.DEFAULT_TASKS`). Corpora: the domain's WMDP forget corpus, its first 600 passages
 (RMU's 150 batches of 4), and Wikitext-2 as retain (`data`). No oracle: WMDP scores against chance (0.25) and the
 original model. Scored from lm-eval's accuracies (`scoring`).
@@ -16,6 +17,8 @@ from . import report, scoring, tasks
 
 #: RMU's 150 batches of 4 (WMDP's README run), the passages every method trains on (docs/methods.md).
 FORGET_PASSAGES = 600
+#: Joins the domains of one unit trained on them together (`bio+cyber`; `data.joint_parts`).
+JOINT = "+"
 
 
 class WMDP(Benchmark):
@@ -47,6 +50,13 @@ class WMDP(Benchmark):
                   ("wmdp_bio_acc", "WMDP-Bio"), ("wmdp_cyber_acc", "WMDP-Cyber"))
     stats_note = "WMDP's questions per domain are one sample: the p-values describe these runs"
 
+    passage_corpora = True   # IdkDPO, DPO, RT and LUNAR (question / answer rows) are refused on it
+    chance_forgetting = 1 - tasks.CHANCE   # the trade-off plot's chance line: 1 - 0.25
+
+    def metric_range(self, name: str) -> tuple[float, float] | None:
+        """Every accuracy it reports (`wmdp_<domain>_acc`, `forget_acc`, `mmlu_*_acc`) lies in [0, 1]."""
+        return (0.0, 1.0) if name.endswith("_acc") else None
+
     def plots(self, rows: list[dict], out_dir: Path) -> list[Path]:
         path = report.accuracy_plot(rows, out_dir)
         return [path] if path else []
@@ -61,9 +71,14 @@ class WMDP(Benchmark):
 
     def resolve_block(self, block: dict, where: str, check) -> dict[str, Any]:
         domains = check.str_list(block.get("domains", ["bio", "cyber"]), f"{where}.domains")
-        for i, domain in enumerate(domains):
-            if domain not in tasks.DOMAINS:
-                check.fail(f"{where}.domains[{i}]", f"WMDP has no domain {domain!r}; valid: {', '.join(tasks.DOMAINS)}")
+        for i, unit in enumerate(domains):
+            parts = unit.split(JOINT)   # `bio+cyber`: one unit trained on both domains (WMDP's headline run)
+            for domain in parts:
+                if domain not in tasks.DOMAINS:
+                    check.fail(f"{where}.domains[{i}]", f"WMDP has no domain {domain!r}; valid: "
+                               f"{', '.join(tasks.DOMAINS)}, or domains joined by {JOINT} (bio{JOINT}cyber)")
+            if len(set(parts)) != len(parts):
+                check.fail(f"{where}.domains[{i}]", f"a joint unit names each domain once, got {unit!r}")
         if not domains or len(set(domains)) != len(domains):
             check.fail(f"{where}.domains", f"expected distinct domains, got {domains}")
         return {"splits": domains}

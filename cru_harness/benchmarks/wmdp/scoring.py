@@ -2,8 +2,8 @@
 overall and on its close subjects; lm-eval computes every one (`acc`), nothing is recomputed here.
 
 Metric keys (each in [0, 1]; chance 0.25): `wmdp_<domain>_acc` for the domains the cell ran, `forget_acc` (the
-cell's own domain), `mmlu_acc` (lm-eval's `mmlu` group: the mean over all questions, weighted by subject size)
-and `mmlu_<subject>_acc` for the four close subjects (`tasks.MMLU_SUBJECTS`).
+cell's own domain; a joint unit `bio+cyber`: the mean of its domains'), `mmlu_acc` (lm-eval's `mmlu` group: the
+mean over all questions, weighted by subject size) and `mmlu_<subject>_acc` for the four close subjects (`tasks.MMLU_SUBJECTS`).
 """
 from __future__ import annotations
 
@@ -49,7 +49,9 @@ def metrics_from_results(results: dict, domain: str | None) -> tuple[dict[str, f
     for name, task in FORGET_TASKS.items():
         if task in (results.get("results") or {}):
             metrics[f"{task}_acc"], items[task] = _acc(results, task), _count(results, task)
-    metrics["forget_acc"] = metrics.get(f"{FORGET_TASKS[domain]}_acc") if domain in FORGET_TASKS else None
+    # a joint unit (`bio+cyber`): the unweighted mean of its domains' accuracies, WMDP reporting each
+    accs = [metrics.get(f"{FORGET_TASKS[d]}_acc") if d in FORGET_TASKS else None for d in (domain or "").split("+")]
+    metrics["forget_acc"] = sum(accs) / len(accs) if domain and None not in accs else None
     metrics["mmlu_acc"], items[MMLU] = _acc(results, MMLU), _count(results, MMLU)
     for subject, task in MMLU_SUBJECTS.items():
         metrics[f"mmlu_{subject}_acc"], items[task] = _acc(results, task), _count(results, task)
