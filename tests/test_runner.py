@@ -281,7 +281,7 @@ def test_the_plan_settles_each_cells_decisions_once_outside_its_hash(tmp_path, m
 
     import transformers
 
-    from cru_harness.runner.prompting import decide, lmeval_settings, prompt_format, use_chat_template
+    from cru_harness.runner.prompting import decide, decisions_of, lmeval_settings, prompt_format, use_chat_template
 
     model_dir = tmp_path / "model"
     model_dir.mkdir()
@@ -292,8 +292,11 @@ def test_the_plan_settles_each_cells_decisions_once_outside_its_hash(tmp_path, m
     assert cell.decisions == decide(cell)
     assert cell.decisions.lmeval_settings == lmeval_settings(cell.evaluation)
     assert cell.decisions.task_metadata == plugins.benchmarks.get("tofu").task_metadata(cell.split, cell.target)
-    bare = dataclasses.replace(cell, decisions=None)   # neither the hash nor equality sees the decisions
-    assert (bare.hash, bare) == (cell.hash, cell)
+    bare = dataclasses.replace(cell)   # neither the hash nor equality sees the decisions; a copy is decided again
+    assert bare.decisions is None and (bare.hash, bare) == (cell.hash, cell)
+    changed = dataclasses.replace(cell, evaluation={**cell.evaluation, "max_gen_toks": 7})
+    assert lmeval_settings(changed.evaluation)["gen_kwargs"] == {"max_gen_toks": 7}
+    assert decisions_of(changed).gen_kwargs == {"max_gen_toks": 7}   # not the planned cell's
     reads = []
 
     class Tokenizer:

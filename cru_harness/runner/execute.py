@@ -18,7 +18,7 @@ from ..store import CellStore, waiting_lock
 from .evaluation import evaluate_cell, logit_lens_of_cell, score_cell
 from .prompting import decisions_of, prompt_format, use_chat_template
 from .models import cell_device, load_model, model_dtype, resolve_data_dir, resolve_device, resolve_model_path
-from .plan import Cell
+from .plan import Cell, with_decisions
 from .provenance import directory_fingerprint
 from .training import FINETUNED_DIR, train_finetuned_model, train_retain_model
 
@@ -216,7 +216,7 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
                               cell.corpora["train_corpus"], workdir, data_dir, outcome)
         return outcome
     # its device, resolved once (a fine-tune hands the config's device to `finetune`, which resolves it)
-    cell = replace(cell, decisions=replace(decisions, device=resolve_device(cell.device)))
+    cell = with_decisions(cell, replace(decisions, device=resolve_device(cell.device)))
     base_path = base_path or given_path
     model_path = base_path
     routers = None

@@ -49,9 +49,10 @@ class Cell:
     device: str
     extra: dict[str, Any] = field(default_factory=dict)   # retain spec, PURGE local checkpoint
     training: dict[str, Any] = field(default_factory=dict, compare=False)   # the config's engine; not hashed
-    # what execution reads instead of re-deciding (`runner.prompting.CellDecisions`), settled by `build_plan`;
-    # derived from the fields above, so neither the hash (`resolved`) nor equality sees it
-    decisions: Any = field(default=None, compare=False, repr=False)
+    # what execution reads instead of re-deciding (`runner.prompting.CellDecisions`), settled by `build_plan`
+    # (`with_decisions`); derived from the fields above, so neither the hash (`resolved`) nor equality sees it, and
+    # `dataclasses.replace` leaves it out (a changed cell is decided again, never read with another cell's decisions)
+    decisions: Any = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def unit(self) -> str:
@@ -166,7 +167,14 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
                 # the attacks: on every method cell, and on the oracle (the control of the recovery score)
                 forget = {key: _fill(spec[key], bench, split, target) for key in ("forget_corpus", "retain_corpus")}
                 cells.extend(_attack_cells(config, oracle + block, forget))
-    return [replace(cell, decisions=decide(cell)) for cell in cells]   # each cell's decisions, settled once
+    return [with_decisions(cell, decide(cell)) for cell in cells]   # each cell's decisions, settled once
+
+
+def with_decisions(cell: Cell, decisions) -> Cell:
+    """A copy of `cell` carrying `decisions` (`runner.prompting.CellDecisions`)."""
+    settled = replace(cell)
+    object.__setattr__(settled, "decisions", decisions)   # frozen: set once, as the dataclass would in __init__
+    return settled
 
 
 def _continue_cells(block: list[Cell], previous_split: str | None, method_cells: dict[tuple, Cell]) -> list[Cell]:
