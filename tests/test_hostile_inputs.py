@@ -1339,6 +1339,54 @@ class TestCheckedUpFront:
         assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "t.yaml"]
 
 
+def _word_tokenizer(directory: Path, words: list[str], vocab_size: int | None = None) -> Path:
+    """A tiny word-level tokenizer (and a config.json) saved in `directory`: what a model directory's tokenizer
+    files look like, without weights."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "<eos>", *words])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>").save_pretrained(directory)
+    (directory / "config.json").write_text(json.dumps({"vocab_size": vocab_size or len(vocab)}))
+    return directory
+
+
+class TestPrivacyReferenceModel:
+    """Issue 78, class 3: the `cru` model's `reference=` model (the privacy metrics' reference attack; the runner
+    passes the retain cell's checkpoint, `score`/lm-eval users name one) is checked before the base loads: a
+    missing path, or a tokenizer that gives other ids than the evaluated model's, is one line."""
+
+    def test_a_missing_reference_is_refused_before_loading(self, fake_model_dir, hflm_calls, tmp_path):
+        from cru_harness.errors import UserError
+        from cru_harness.lmeval.model import CRULM
+
+        with pytest.raises(UserError, match=r"reference model \(reference=\) .*nothing.* does not exist"):
+            CRULM(base=str(fake_model_dir), reference=str(tmp_path / "nothing"), device="cpu")
+        assert hflm_calls == []
+
+    def test_a_reference_with_another_tokenizer_is_refused_before_loading(self, hflm_calls, tmp_path):
+        from cru_harness.lmeval.model import CRULM, ModelArgumentError
+
+        base = _word_tokenizer(tmp_path / "base", ["the", "quick", "brown", "fox"])
+        other = _word_tokenizer(tmp_path / "other", ["fox", "brown", "quick", "the"])   # same words, other ids
+        with pytest.raises(ModelArgumentError, match="has another tokenizer than the evaluated model"):
+            CRULM(base=str(base), reference=str(other), device="cpu")
+        # a checkpoint saved without its tokenizer: its vocabulary size is what can be compared
+        bare = tmp_path / "bare"
+        bare.mkdir()
+        (bare / "config.json").write_text(json.dumps({"vocab_size": 50}))
+        with pytest.raises(ModelArgumentError, match="has vocab_size 50, the evaluated model 6"):
+            CRULM(base=str(base), reference=str(bare), device="cpu")
+        assert hflm_calls == []
+        # the same tokenizer (the retain checkpoint of the same model) passes on to loading the base
+        same = _word_tokenizer(tmp_path / "same", ["the", "quick", "brown", "fox"])
+        with pytest.raises(StopBeforeLoading):
+            CRULM(base=str(base), reference=str(same), device="cpu")
+        assert len(hflm_calls) == 1
+
+
 class TestWHPDirectories:
     """Issue 78, classes 3 and 4: a WHP directory's links were followed out of it, and an offline Hub id as its
     starting model ended in two tracebacks at evaluation; both are one line when the directory is read."""

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import re
 from pathlib import Path
@@ -67,7 +68,7 @@ from lm_eval import utils as lm_utils
 from lm_eval.models.huggingface import HFLM, Collator, pad_and_concat
 
 from ..errors import InputError
-from cru_harness.errors import UserError
+from cru_harness.errors import UserError, excerpt
 from cru_harness.protocol import (
     EOS_MARKER,
     ROUTER_SEPARATOR,
@@ -336,6 +337,64 @@ def token_stats(logp: torch.Tensor, tokens: torch.Tensor):
     return token_lp.tolist(), mu.tolist(), sigma.tolist()
 
 
+#: Files whose content fixes a tokenizer's vocabulary and ids: equal files, equal tokenizers.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "spiece.model")
+
+
+def check_reference_model(reference, tokenizer_source, *, trust_remote_code=False) -> str:
+    """The `reference=` model of the privacy metrics' reference attack, checked before any model loads: a local
+    model directory (or a Hub id), whose tokenizer gives the evaluated model's ids (the attack compares losses on
+    the same token ids). Tokenizer files compared by content; when they differ, both tokenizers (not the weights)
+    are loaded and their vocabularies and a few encodings compared. Returns the resolved path."""
+    from cru_harness.locations import check_model_path
+    from cru_harness.testbed.names import resolve_model_path
+
+    if isinstance(reference, (str, Path)):
+        path = check_model_path(resolve_model_path(str(reference)), what="reference model (reference=)")
+    else:
+        raise ModelArgumentError(f"cru model: reference= must name a model directory or Hub id, not "
+                                 f"{type(reference).__name__}")
+    ref, base = Path(path).expanduser(), Path(str(tokenizer_source)).expanduser()
+    if not (ref.is_dir() and base.is_dir()):
+        return path   # a Hub id: its files are not here to compare; the run-time vocabulary check still holds
+
+    def files(directory):
+        return {name: (directory / name).read_bytes() for name in _TOKENIZER_FILES if (directory / name).is_file()}
+
+    ref_files, base_files = files(ref), files(base)
+    if ref_files and ref_files == base_files:
+        return path
+    if not ref_files:   # a checkpoint saved without its tokenizer: its embedding size must match at least
+        sizes = []
+        for directory in (ref, base):
+            try:
+                sizes.append(json.loads((directory / "config.json").read_text(encoding="utf-8")).get("vocab_size"))
+            except (OSError, ValueError, AttributeError):
+                sizes.append(None)
+        if None not in sizes and sizes[0] != sizes[1]:
+            raise ModelArgumentError(f"cru model: reference={excerpt(reference, 200)} has vocab_size {sizes[0]}, the "
+                                     f"evaluated model {sizes[1]}: the reference attack compares losses on the same "
+                                     "token ids, so the reference model needs the evaluated model's tokenizer")
+        return path
+    from transformers import AutoTokenizer
+
+    toks = []
+    for directory, what in ((ref, f"reference={excerpt(reference, 200)}"), (base, f"tokenizer {base}")):
+        try:
+            toks.append(AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code))
+        except (OSError, ValueError, TypeError) as err:
+            raise ModelArgumentError(f"cru model: cannot read the tokenizer of {what}: "
+                                     f"{excerpt(str(err).splitlines()[0] if str(err) else type(err).__name__, 200)}"
+                                     ) from err
+    samples = ("The quick brown fox jumps over the lazy dog.", "Who wrote 'Le Petit Prince' in 1943? 42 \u00e9t\u00e9")
+    if toks[0].get_vocab() != toks[1].get_vocab() or any(
+            toks[0].encode(text) != toks[1].encode(text) for text in samples):
+        raise ModelArgumentError(f"cru model: reference={excerpt(reference, 200)} has another tokenizer than the "
+                                 f"evaluated model ({len(toks[0])} vs {len(toks[1])} tokens, or other ids): the "
+                                 "reference attack compares losses on the same token ids")
+    return path
+
+
 class CRULM(HFLM):
     """HFLM + CRU router bundles + extended loglikelihood results. Registered in lm-eval as `cru`."""
 
@@ -372,6 +431,9 @@ class CRULM(HFLM):
             if kwargs.get("subfolder") and Path(path).expanduser().is_dir():
                 path = str(Path(path).expanduser() / kwargs["subfolder"])
             check_model_path(path, what="base model")
+        if reference is not None:   # the privacy reference attack's model: checked before anything loads
+            reference = check_reference_model(reference, kwargs.get("tokenizer") or pretrained,
+                                              trust_remote_code=kwargs.get("trust_remote_code", False))
         # Bundles are read and validated before the base is loaded: a bad one fails in a second, not minutes.
         entries = parse_router_spec(routers)
         bundles = [_load_bundle(e) for e in entries]
