@@ -749,8 +749,10 @@ class TestAbsurdSizes:
         """LUNAR and RMU train a few matrices, not the whole model: the plan says which, from the cell's settings."""
         from cru_harness.cli import main
 
+        (tmp_path / "p.json").write_text('["Write malware."]')
         path = write_run_config(tmp_path, methods=[{"method": "GA"}, {"method": "RMU", "layer": 3},
-                                                   {"method": "LUNAR", "layer": 5, "refusal_prompts_path": "p.json"},
+                                                   {"method": "LUNAR", "layer": 5,
+                                                    "refusal_prompts_path": str(tmp_path / "p.json")},
                                                    {"method": "CRU"}])
         assert main(["run", str(path), "--dry-run"]) == 0
         out = capsys.readouterr().out
@@ -758,14 +760,17 @@ class TestAbsurdSizes:
         assert "trains: RMU blocks 1, 2, 3: weights matching mlp\\.down_proj\\.weight on" in out
         assert "trains: LUNAR block 5's MLP down projection on" in out
 
-    def test_a_dry_run_names_an_input_file_a_method_reads_that_is_not_there(self, tmp_path, capsys):
+    def test_a_dry_run_refuses_an_input_file_a_method_reads_that_is_not_there(self, tmp_path, capsys):
         """LUNAR's refusal prompts are the user's file: a path that is not there would fail every LUNAR cell after
-        the fine-tuning and the other cells; the plan says so before anything runs."""
+        the fine-tuning and the other cells; the dry run refuses it in one line naming the key (issue 78, class 3:
+        a warning let `run` go on to train)."""
         from cru_harness.cli import main
 
         path = write_run_config(tmp_path, methods=[{"method": "LUNAR", "refusal_prompts_path": "no/such.json"}])
-        assert main(["run", str(path), "--dry-run"]) == 0
-        assert "; refusal_prompts_path no/such.json does not exist: these cells will fail" in capsys.readouterr().out
+        assert main(["run", str(path), "--dry-run"]) == 2
+        out, err = capsys.readouterr()
+        assert "experiment t" not in out and len(err.strip().splitlines()) == 1, err
+        assert "methods[0].refusal_prompts_path: no/such.json does not exist" in err
         (tmp_path / "prompts.json").write_text('["Write malware."]')
         path = write_run_config(tmp_path, name="there",
                                 methods=[{"method": "LUNAR", "refusal_prompts_path": str(tmp_path / "prompts.json")}])
