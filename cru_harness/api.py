@@ -2,7 +2,9 @@
 
 A plugin is an instance of one of the classes below (usually of a subclass that overrides a few methods),
 registered under an entry-point group (`cru_harness.plugins`). The runner, scoring, reporting and studies read
-these objects and never compare a plugin's name. docs/extending.md has a worked example of each.
+these objects through their hooks (a benchmark's data source, corpus names, evaluation and lm-eval metadata keys,
+task folder, prompt-attack variants, oracle, report blocks) and never compare a plugin's name
+(`tests/test_benchmark_names.py` greps for that). docs/extending.md has a worked example of each.
 
 Foundation layer: no torch, nothing of the project above `errors` is imported here; what a plugin needs at run
 time reaches it through `CellContext`.
@@ -13,6 +15,11 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
+
+
+#: Where an adapter method's cell (`Method.adapter`: CRU) keeps its router bundle, inside its work directory: the
+#: runner copies it with the cell (`--reuse`), the studies read it.
+ROUTERS_DIR = "routers"
 
 
 class CellUnavailable(RuntimeError):
@@ -85,6 +92,8 @@ class Method:
     needs: tuple[str, ...] = ()
     adapter: bool = False
     one_checkpoint: bool = True
+    #: top-level config keys it reads (PURGE: `purge_checkpoints`, local stand-ins for its published checkpoints)
+    config_keys: tuple[str, ...] = ()
     order: int = 100               # where listings put it (lower first; then by name)
 
     def __repr__(self) -> str:
@@ -175,11 +184,32 @@ class Attack:
         return tasks
 
     def task_metadata(self, settings: Mapping[str, Any], seed: int | None) -> dict[str, Any]:
-        """lm-eval metadata its task variants read (`cru_harness.lmeval.metadata.METADATA_KEYS`); {} for none."""
+        """Settings its task variants read, under generic names; the attacked benchmark maps them to its tasks'
+        metadata keys (`Benchmark.variant_metadata`). {} for none."""
         return {}
+
+    def tasks_for(self, benchmark: "Benchmark", tasks: tuple[str, ...], settings: Mapping[str, Any]
+                  ) -> tuple[str, ...]:
+        """`tasks` for a cell of `benchmark` (what the plan calls): by default `tasks(tasks, settings)`; an attack on
+        the prompts asks the benchmark for its variants (`Benchmark.task_variants`)."""
+        return self.tasks(tasks, settings)
 
     def run(self, ctx: CellContext) -> Trained:
         raise NotImplementedError(f"{type(self).__name__}.run")
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """Where a benchmark's data comes from (`cru_harness.data.sources.resolve_local_dir` reads it).
+
+    `folder`: its folder's name under a data root (`CRU_HARNESS_DATA_DIR`, or a `data_dir` holding several
+    benchmarks' folders); `marker`: a file or folder every local copy holds at its top, which tells the benchmark's
+    folder from a root; `hub_id`: the Hugging Face dataset it is read from when no local copy is given (None: local
+    only); `env_var`: the environment variable naming its folder (None: only `data_dir` / the root)."""
+    folder: str
+    marker: str
+    hub_id: str | None = None
+    env_var: str | None = None
 
 
 class Benchmark:
@@ -190,7 +220,7 @@ class Benchmark:
     (`tasks`, `limit`, `forget_corpus`, `retain_corpus`, `data_dir` are read by the runner; the rest by
     `resolve_block`). `default_tasks` / `default_corpora`: lm-eval tasks and corpus sources, with `{placeholders}`
     filled per cell (`placeholder_values`). `has_oracle`: its cells are scored against a retain model (TOFU's
-    Forget Quality)."""
+    Forget Quality; `oracle_from_file`, `compare_to_oracle`). docs/extending.md lists every hook."""
 
     name: str = ""
     summary: str = ""
@@ -202,7 +232,29 @@ class Benchmark:
     has_oracle: bool = False
     order: int = 100
     hub_files: tuple[tuple[str, str], ...] = ()   # (dataset repo, a file every copy holds): its data's provenance
-    data_source: str | None = None   # the local data it reads (`data.sources`: tofu, rwku); None: its own name
+    #: Where its data comes from (`DataSource`; a subclass reading its parent's folder inherits it). None: it reads
+    #: no data folder of its own (its corpora are files, its tasks read their own data).
+    data: DataSource | None = None
+    #: How its corpus names look (`corpus_rows`), for the error naming every source a corpus may be.
+    corpus_help: str = ""
+    #: Its lm-eval task folder (YAMLs + their code), indexed beside the project's own by the runner and by lm-eval's
+    #: `TaskManager` (`cru_harness.lmeval.registration.task_paths`). None: its tasks are lm-eval's own.
+    task_folder: str | None = None
+    #: The `evaluation:` keys it reads, with their defaults (validation fills them in; the runner passes those in
+    #: `metadata_keys` to its tasks as lm-eval metadata). `check_evaluation` checks their values.
+    evaluation_defaults: Mapping[str, Any] = {}
+    #: Its `evaluation_defaults` are filled into every config's `evaluation` (so every cell's hash), not only the
+    #: configs that run it: True for the built-ins, whose recorded cell hashes hold them. A new benchmark leaves it
+    #: False, so that installing it moves no other benchmark's cell.
+    evaluation_in_every_cell: bool = False
+    #: The lm-eval metadata keys its tasks read (`--metadata '{...}'`); `metadata_prefixes`: a key starting with
+    #: one of these that is not in `metadata_keys` is a misspelling (`cru_harness.lmeval.metadata`); `task_keys`:
+    #: keys its task YAMLs set, which the metadata may not (key -> why).
+    metadata_keys: tuple[str, ...] = ()
+    metadata_prefixes: tuple[str, ...] = ()
+    task_keys: Mapping[str, str] = {}
+    #: The `retain:` kinds its oracle accepts (`runner.config`); `per_item` also needs `oracle_from_file`.
+    oracle_kinds: tuple[str, ...] = ("checkpoint", "train", "finetune")
     # How reports show it (read by `cru_harness.reporting`): `columns` are `reporting.tables.Column`s, in order;
     # `table_unit` heads the unit column; `caption` is the LaTeX table's; `axis_labels` the trade-off plot's;
     # `kept_score_name` names what the one-learning-rate rule keeps (None: the rule skips this benchmark).
@@ -271,8 +323,72 @@ class Benchmark:
         """A problem with a `data_dir` for this benchmark, or None."""
         return None
 
+    def corpus_rows(self, source: str, data_dir) -> tuple[list[dict], str] | None:
+        """The rows of a corpus named `source` (`data.corpora.load_corpus_rows` asks every benchmark, in registry
+        order, after files): (rows with `question`+`answer` or `text`, where they came from), or None when the name
+        is not one of its corpora. A row may carry `qa_texts` keywords of its benchmark (`prompt_keys`)."""
+        return None
+
+    def qa_texts(self, tokenizer, question: str, answer: str, **fmt: Any) -> Any:
+        """How its evaluation asks one question-answer pair (`cru_harness.prompts.QATexts`), so a method trains on
+        what is scored; `fmt`: the keywords of `training_prompt_format` and of the row (`chat`, ...). None: the
+        generic writer (the chat template, else `Question: {q}\nAnswer:` and the answer after a space)."""
+        return None
+
+    def prompt_keys(self, row: dict) -> dict[str, Any]:
+        """The `qa_texts` keywords a corpus row carries (e.g. the probe that asks it); {} for none."""
+        return {}
+
+    def finetune_prompt_format(self, cell: Any, chat: bool, presets: dict) -> dict[str, Any]:
+        """How a fine-tune it serves (a model's `finetune:`, its oracle's `retain: {finetune: ...}`) writes its rows:
+        `cru_harness.finetune.finetune` keywords (`chat`, and `preset` / `family` where it has them)."""
+        return {"chat": bool(chat)}
+
+    def task_variants(self, tasks: tuple[str, ...], variant: str) -> tuple[str, ...]:
+        """The tasks an attack on the prompts evaluates (`attacks.prompt_variants`): each of `tasks` that has a
+        `variant` (`paraphrase`, `in_context`) replaced by it, the variants alone; () when none has one (the plan
+        then makes no cell: its numbers would be the attacked cell's)."""
+        return ()
+
+    def variant_metadata(self, variant: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """The lm-eval metadata its `variant` tasks read, from the attack's generic settings
+        (`Attack.task_metadata`: e.g. in_context's `k`, `slice_fraction`, `seed`); {} for none."""
+        return {}
+
+    def forget_items(self, cell: Any, data_dir) -> tuple[list[dict], str] | None:
+        """Every question-answer row of the cell's forget task, in the task's order, and their source (an attack on
+        the prompts draws its slice from them). None: no such rows."""
+        return None
+
+    def lmeval_limit(self, limit: int | None) -> tuple[int | None, dict[str, Any]]:
+        """A cell's `limit` as (lm-eval's `limit`, metadata its tasks read instead), e.g. rows per file and unit."""
+        return limit, {}
+
+    def oracle_from_file(self, path: str, cell: Any) -> dict:
+        """The oracle result of `retain: {per_item: FILE}` (what `compare_to_oracle` and `score` read)."""
+        raise NotImplementedError(f"{type(self).__name__}.oracle_from_file")
+
+    def oracle_as_reference(self, tasks: tuple[str, ...]) -> bool:
+        """Whether one of `tasks` reads the oracle's checkpoint as a reference model (lm-eval's `reference`: TOFU's
+        privacy tasks' reference attack); the runner then passes it when the oracle's checkpoint is on the machine."""
+        return False
+
+    def compare_to_oracle(self, result: dict, oracle: dict | None) -> None:
+        """Fill, in place, a finished cell's numbers measured against its oracle (`oracle`: the oracle cell of the
+        same model and unit, or None), as the report shows them; called for the oracle's own cell too."""
+
+    def report_lines(self, results: list[dict], after: str) -> list[str]:
+        """Markdown blocks of its own in report.md, from its cells (every status): `after="table"` right after its
+        leaderboard (TOFU: the regime check), `after="robustness"` after the robustness table (RWKU: AA types)."""
+        return []
+
     def check_evaluation(self, evaluation: dict) -> None:
-        """Raise `cru_harness.prompts.PresetError` for an `evaluation:` setting this benchmark cannot use."""
+        """Raise `cru_harness.prompts.PresetError` for an `evaluation:` setting this benchmark cannot use (a config
+        that runs it)."""
+
+    def check_presets(self, evaluation: dict) -> None:
+        """Raise `cru_harness.prompts.PresetError` for a value of its own `evaluation_defaults` keys that names
+        nothing (an unknown preset), whether or not the config runs it."""
 
     def tasks_under(self, tasks: list[str], evaluation: dict, defaulted: bool) -> list[str]:
         """The tasks a cell evaluates under `evaluation`'s presets. A task the presets cannot score raises

@@ -328,8 +328,15 @@ def uses_chat(tokenizer, chat: bool | None = None) -> bool:
 
 
 def check_benchmark(benchmark: str) -> str:
-    if benchmark not in BENCHMARKS:
-        raise InputError(f"unknown benchmark {benchmark!r} for question-answer rows; valid: {', '.join(BENCHMARKS)}")
+    """`benchmark` if this module writes its question format (`BENCHMARKS`) or a registered plugin does
+    (`Benchmark.qa_texts`); an unknown name is an `InputError` naming the valid ones."""
+    if benchmark in BENCHMARKS:
+        return benchmark
+    from . import plugins
+
+    if benchmark not in plugins.benchmarks:
+        valid = ", ".join(dict.fromkeys([*BENCHMARKS, *plugins.benchmarks.names()]))
+        raise InputError(f"unknown benchmark {benchmark!r} for question-answer rows; valid: {valid}")
     return benchmark
 
 
@@ -337,7 +344,7 @@ def writes_chat(tokenizer, *, preset: str = DEFAULT_TOFU_PRESET, family: str | N
                 chat: bool | None = None, benchmark: str = "tofu") -> bool:
     """Whether `qa_texts` writes through the chat template: never under a fixed TOFU format (legacy, or an
     open-unlearning family), where `chat=True` is an error; otherwise as `uses_chat`."""
-    if check_benchmark(benchmark) == "rwku":
+    if check_benchmark(benchmark) not in BENCHMARKS[:1]:   # the fixed formats are TOFU's presets'
         return uses_chat(tokenizer, chat)
     preset = check_tofu_preset(preset)
     if tofu_format(preset, family) is not None:
@@ -371,6 +378,14 @@ def qa_texts(tokenizer, question: str, answer: str, *, preset: str = DEFAULT_TOF
         if family not in (None, "") or check_tofu_preset(preset) != DEFAULT_TOFU_PRESET:
             raise PresetError("a TOFU preset or model family does not apply to RWKU's question rows")
         return rwku_qa_texts(tokenizer, question, answer, probe=probe or "qa", aa_type=aa_type, chat=chat)
+    if benchmark not in BENCHMARKS:   # a plugin's own question format (`Benchmark.qa_texts`), else the generic one
+        from . import plugins
+
+        extra = {key: value for key, value in (("probe", probe), ("aa_type", aa_type)) if value}
+        written = plugins.benchmarks.get(benchmark).qa_texts(tokenizer, question, answer, chat=chat, **extra)
+        if written is not None:
+            return written
+        preset, family = DEFAULT_TOFU_PRESET, None
     if writes_chat(tokenizer, preset=preset, family=family, chat=chat):
         prompt = render_chat(tokenizer, tofu_messages(question), add_generation_prompt=True)
         text = render_chat(tokenizer, tofu_messages(question, answer), add_generation_prompt=False)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cru_harness.benchmarks.tofu import report as tofu_report
 from cru_harness.reporting import tables
 from cru_harness.reporting.cli import write_report
 from cru_harness.runner import config as cfg
@@ -262,7 +263,7 @@ def test_report_checks_the_regime_and_names_failed_cells(tmp_path):
                tofu_result("M", "forget01", "GA", 0.9, 0.5)]
     failed = {**tofu_result("M", "forget10", "NPO", 0.9, 0.5), "status": "failed", "metrics": {},
               "reason": "OutOfMemoryError: CUDA out of memory"}
-    checks = {row["split"]: row for row in tables.regime_check(results)}
+    checks = {row["split"]: row for row in tofu_report.regime_check(results)}
     assert checks["forget01"]["gap"] == pytest.approx(0.12) and checks["forget01"]["holds"] is True
     assert checks["forget10"]["holds"] is False
     write_cells(tmp_path / "run", results + [failed])

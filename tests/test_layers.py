@@ -20,7 +20,7 @@ def test_the_layer_contract_holds():
     done = subprocess.run([lint, str(REPO / "pyproject.toml")], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "1 kept, 0 broken" in done.stdout
+    assert "2 kept, 0 broken" in done.stdout   # the layers, and the core importing no specific plugin
 
 
 def test_the_contract_catches_an_upward_import(tmp_path):
@@ -35,6 +35,22 @@ def test_the_contract_catches_an_upward_import(tmp_path):
     done = subprocess.run([lint, str(tmp_path / "pyproject.toml")], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert done.returncode != 0 and "cru_harness.errors -> cru_harness.runner.plan" in done.stdout, done.stdout[-2000:]
+
+
+def test_the_contract_catches_the_core_importing_a_benchmark(tmp_path):
+    """A core module importing one benchmark's package (instead of asking the registry) breaks the forbidden
+    contract, though the layers allow it (the runner sits above the benchmarks)."""
+    copy = tmp_path / "cru_harness"
+    shutil.copytree(REPO / "cru_harness", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    plan = copy / "runner" / "plan.py"
+    plan.write_text(plan.read_text() + "\n\ndef _named():\n    from ..benchmarks.tofu import BENCHMARK  # noqa\n")
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
+    done = subprocess.run([lint, str(tmp_path / "pyproject.toml")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert done.returncode != 0 and "cru_harness.runner.plan -> cru_harness.benchmarks.tofu" in done.stdout, \
+        done.stdout[-2000:]
+    assert "cru_harness layers KEPT" in done.stdout
 
 
 def test_task_folders_import_only_the_public_api():

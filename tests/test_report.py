@@ -6,6 +6,7 @@ import statistics
 
 import pytest
 
+from cru_harness.benchmarks.rwku import report as rwku_report
 from cru_harness.reporting import stats, tables
 from cru_harness.reporting.cli import compare_methods, stats_markdown, write_report
 from cru_harness.runner.cache import CellStore
@@ -224,7 +225,7 @@ def test_forget_quality_from_retain_cell():
     bare = cell("CRU", ["q1"], [0.1], reason=None)
     bare["per_item"] = {}
     bare["metrics"]["forget_quality"] = 0.5       # no per-item values to recompute from: kept
-    tables.fill_forget_quality([same, shifted, nan, refused, stale, bare, retain])
+    tables.fill_from_oracle([same, shifted, nan, refused, stale, bare, retain])   # TOFU.compare_to_oracle
     assert same["metrics"]["forget_quality"] == pytest.approx(1.0)   # q0 is not an item of the run: left out
     assert shifted["metrics"]["forget_quality"] == pytest.approx(
         ks_2samp([0.6, 0.7, 0.8, 0.9, 1.0], [0.1, 0.2, 0.3, 0.4, 0.5]).pvalue)
@@ -508,12 +509,12 @@ def test_legends_sit_beside_the_axes_however_many_methods():
     rows = [{"model": "Smol", "label": f"Method-{i}", "reference": i == 0,
              "metrics": {"forget_fb": i / 30, "forget_qa": 0.0, "forget_aa": 0.3},
              "unit": "all targets", "gate_means": {"forget": 0.9, "retain": 0.99}} for i in range(22)]
-    for fig in (plots.rwku_level_figure(rows), plots.gate_figure(rows)):
+    for fig in (rwku_report.rwku_level_figure(rows), plots.gate_figure(rows)):
         renderer = fig.canvas.get_renderer()
         ax = fig.axes[0]
         assert not ax.get_legend().get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
         plots.plt.close(fig)
-    fig = plots.rwku_level_figure(rows)
+    fig = rwku_report.rwku_level_figure(rows)
     assert fig.axes[0].get_yticklabels()[0].get_text() == "Smol Method-0 (reference)"   # the reference on top
     plots.plt.close(fig)
 

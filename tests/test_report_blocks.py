@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from cru_harness.benchmarks.rwku import report as rwku_report
 from cru_harness.benchmarks.tofu import BENCHMARK as TOFU
 from cru_harness.metrics.privacy import privleak
 from cru_harness.reporting import cell_scores, tables
@@ -349,13 +350,13 @@ def test_rwku_adversarial_probes_are_reported_per_attack_type():
     results = [cell("GA", 1, {"role play": (3, 0.2), "reverse query": (2, 0.5)}),
                cell("GA", 2, {"role play": (1, 0.6)}),
                cell("Retain", 1, {"role play": (3, 0.9)}, kind="retain")]
-    (row,) = tables.aa_type_rows(results)
+    (row,) = rwku_report.aa_type_rows(results)
     assert row["types"]["role play"] == (pytest.approx((3 * 0.2 + 0.6) / 4), 4)
     assert row["types"]["reverse query"] == (pytest.approx(0.5), 2)
-    lines = tables.aa_type_markdown(results)
+    lines = rwku_report.aa_type_markdown(results)
     assert "| Model | Method | reverse query | role play |" in lines
     assert "| M | GA | 0.50 (2) | 0.30 (4) |" in lines
-    assert tables.aa_type_markdown([cell("GA", 1, {})]) == []
+    assert rwku_report.aa_type_markdown([cell("GA", 1, {})]) == []
 
 
 def test_the_paraphrase_attacks_multiple_choice_form_has_its_own_table():

@@ -16,7 +16,7 @@ from cru_harness.runner import config as cfg
 from cru_harness.runner.cache import CellStore, load_results
 from cru_harness.runner.loop import CellUnavailable, run_cells
 from cru_harness.runner.plan import build_plan
-from cru_harness.runner.purge import purge_candidates, resolve_purge_checkpoint
+from cru_harness.baselines.purge import purge_candidates, resolve_purge_checkpoint
 from cru_harness.runner.shard import parse_shard, select_shard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -441,7 +441,7 @@ def test_purge_local_stand_in(tmp_path):
 OFFLINE_SCRIPT = r"""
 import json, sys
 from pathlib import Path
-from cru_harness.runner.purge import resolve_purge_checkpoint
+from cru_harness.baselines.purge import resolve_purge_checkpoint
 from cru_harness.runner import config as cfg
 from cru_harness.runner.plan import build_plan
 from cru_harness.runner.execute import execute_cell
@@ -538,16 +538,16 @@ def test_low_precision_scoring_keeps_log_softmax_in_float32():
 
 def test_rwku_cell_beyond_target_10_keeps_its_probes_and_records_utility_unavailable(tmp_path, rwku_dir):
     """RWKU ships utility sets for targets 1-10 only: such a cell drops (and names) its utility tasks."""
-    from cru_harness.runner.evaluation import rwku_tasks_with_data
+    from cru_harness.runner.evaluation import tasks_with_data
     from cru_harness.reporting.tables import aggregate, to_markdown
 
     raw = base_config(tmp_path, benchmarks={"rwku": {"targets": [2, 17], "tasks": [
         "rwku_forget", "rwku_utility_mmlu", "rwku_icu_utility"]}}, models=[{"name": "m", "path": "smollm2"}],
         methods=[{"method": "GA"}])
     cells = {c.target: c for c in build_plan(cfg.validate_config(raw)) if c.kind == "original"}
-    kept, dropped = rwku_tasks_with_data(cells[2], str(rwku_dir))
+    kept, dropped = tasks_with_data(cells[2], str(rwku_dir))
     assert kept == ["rwku_forget", "rwku_utility_mmlu", "rwku_icu_utility"] and dropped == {}
-    kept, dropped = rwku_tasks_with_data(cells[17], str(rwku_dir))
+    kept, dropped = tasks_with_data(cells[17], str(rwku_dir))
     assert kept == ["rwku_forget"]
     assert set(dropped) == {"rwku_utility_mmlu", "rwku_icu_utility"}
     assert "retain_mmlu" in dropped["rwku_utility_mmlu"] and "targets 1-10" in dropped["rwku_utility_mmlu"]

@@ -176,7 +176,9 @@ def _run_attack(args: argparse.Namespace) -> int:
               "attacked_model": attacked.model_path, "attacked_routers": attacked.routers, "seed": args.seed,
               **outcome}
     if on_prompts:
-        record["evaluate_with"] = {"tasks_example": variant, "metadata": attack.task_metadata(settings, args.seed)}
+        metadata = plugins.benchmarks.get(args.benchmark).variant_metadata(
+            attack.variant, attack.task_metadata(settings, args.seed))   # in the keys its task variants read
+        record["evaluate_with"] = {"tasks_example": variant, "metadata": metadata}
     from ..store import atomic_write_text
 
     atomic_write_text(Path(out) / RECORD_FILE, json.dumps(record, indent=2, default=str) + "\n")

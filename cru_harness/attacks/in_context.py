@@ -50,10 +50,9 @@ class InContextAttack(PromptAttack):
 
     def task_metadata(self, settings: Mapping[str, Any], seed: int | None) -> dict[str, Any]:
         config = InContextConfig(**settings)
-        metadata = {"tofu_icl_k": config.k, "tofu_icl_slice_fraction": config.slice_fraction,
-                    "tofu_icl_seed": seed or 0}
+        metadata = {"k": config.k, "slice_fraction": config.slice_fraction, "seed": seed or 0}
         if config.slice_size is not None:
-            metadata["tofu_icl_slice_size"] = config.slice_size
+            metadata["slice_size"] = config.slice_size
         return metadata
 
     def run(self, ctx: CellContext) -> Trained:
@@ -62,11 +61,14 @@ class InContextAttack(PromptAttack):
         reference cells on the same held-out items as this cell."""
         trained = super().run(ctx)
         details = ctx.outcome["details"][self.name]
-        if details["variant_tasks"] and getattr(ctx.cell, "split", None):
-            from ..data.tofu import load_tofu
+        if details["variant_tasks"] and getattr(ctx.cell, "benchmark", None):
+            from .. import plugins
 
+            found = plugins.benchmarks.get(ctx.cell.benchmark).forget_items(ctx.cell, ctx.data_dir)
+            if found is None:
+                return trained
             config = InContextConfig(**ctx.cell.extra["attack"]["settings"])
-            rows = load_tofu(f"{ctx.cell.split}_perturbed", ctx.data_dir)
+            rows = found[0]
             chosen, _ = forget_slice(len(rows), fraction=config.slice_fraction, size=config.slice_size,
                                      seed=ctx.cell.seed or 0, what=self.name)
             details["slice_questions"] = [rows[i]["question"] for i in chosen]

@@ -58,8 +58,8 @@ class RelearnConfig:
     def __post_init__(self):
         check_slice_settings(self.slice_fraction, self.slice_size)
         if self.corpus is not None and (not isinstance(self.corpus, str) or not self.corpus.strip()):
-            raise InputError(f"corpus must be a corpus source (a TOFU config, JSON/JSONL, rwku:...), got "
-                             f"{self.corpus!r}")
+            raise InputError(f"corpus must be a corpus source (a JSON/JSONL file or a benchmark's corpus name), "
+                             f"got {self.corpus!r}")
         if self.lr_scheduler not in SCHEDULERS:
             raise InputError(f"lr_scheduler {self.lr_scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
         self.training()   # the fine-tuning config refuses its own bad values (learning rate, batch sizes, ...)

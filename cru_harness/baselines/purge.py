@@ -218,6 +218,7 @@ class PurgeMethod(Method):
     reads_corpora = False
     trains = False
     needs = ("published checkpoints (Hub, or purge_checkpoints)",)
+    config_keys = ("purge_checkpoints",)
     base_model = PURGE_PREFIX
     order = 80
 

@@ -2,9 +2,7 @@
 a frozen base, saved as a bundle the evaluation attaches."""
 from __future__ import annotations
 
-from ..api import CellContext, Method, Trained
-
-ROUTERS_DIR = "routers"             # a CRU cell's router bundle, inside its work directory
+from ..api import ROUTERS_DIR, CellContext, Method, Trained  # noqa: F401  (ROUTERS_DIR: its bundle, in work/)
 
 
 class CRUMethod(Method):

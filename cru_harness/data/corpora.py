@@ -1,10 +1,11 @@
-"""Training corpora for unlearning (forget / retain sets) from files, TOFU splits or RWKU targets.
+"""Training corpora for unlearning (forget / retain sets) from files or a benchmark's named corpora.
 
-A corpus is a list of strings. Question/answer rows are written by the one prompt builder
+A corpus is a list of strings. A source that is not a file is read by the benchmark plugin that knows its name
+(`Benchmark.corpus_rows`, asked in registry order). Question/answer rows are written by the one prompt builder
 (`cru_harness.prompts.qa_texts`) when a tokenizer is given: the same text the evaluation scores (the chat
-conversation where evaluation uses the chat template), so CRU localizes and routes on what it is evaluated on.
-An RWKU cell writes them as the RWKU probe of their file asks (`row_prompt`; rows from elsewhere as the QA probe).
-Without a tokenizer they use the plain template `Question: {q}\nAnswer: {a}`.
+conversation where evaluation uses the chat template), so CRU localizes and routes on what it is evaluated on. A
+row may carry its benchmark's prompt keywords (`row_prompt`: e.g. the probe that asks it). Without a tokenizer they
+use the plain template `Question: {q}\nAnswer: {a}`.
 """
 from __future__ import annotations
 
@@ -16,10 +17,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..prompts import plain_prompt
-from .rwku import load_target_file
-from .sources import DataSourceError, read_json_records
-from .tofu import TOFU_CONFIGS, load_author_rows, load_tofu, parse_author_source
-
+from .sources import DataSourceError, read_json_records, resolve_local_dir
 
 
 class RowError(DataSourceError, ValueError):
@@ -64,28 +62,35 @@ def row_qa(row: dict, index: int, origin: str = "corpus") -> tuple[str, str]:
     return ("", values[0]) if len(values) == 1 else (values[0], values[1])
 
 
-def row_prompt(row: dict) -> dict:
-    """The `qa_texts` arguments a row carries: the RWKU probe its file is asked by (`rwku_probe`, set when an RWKU
-    probe file is read as a corpus; None otherwise) and an adversarial-attack row's `type`."""
-    probe = row.get("rwku_probe")
-    return {"probe": probe, "aa_type": str(row.get("type") or "") if probe == "aa" else ""}
+def row_prompt(row: dict, benchmark: str | None = None) -> dict:
+    """The `qa_texts` arguments a row carries, as its benchmark reads them (`Benchmark.prompt_keys`: e.g. the probe
+    its file is asked by); {} for a row of no benchmark's. `benchmark`: the cell's (None: every registered one's
+    keys, as a row read from a benchmark corpus carries only its own)."""
+    from .. import plugins
+
+    found = [plugins.benchmarks.get(benchmark)] if benchmark else list(plugins.benchmarks)
+    keys: dict = {}
+    for plugin in found:
+        keys.update(plugin.prompt_keys(row))
+    return keys
 
 
 def rows_to_texts(rows: list[dict], origin: str, *, tokenizer=None, chat: bool | None = None,
-                  preset: str | None = None, family: str | None = None, benchmark: str = "tofu") -> list[str]:
+                  preset: str | None = None, family: str | None = None, benchmark: str | None = None) -> list[str]:
     """`question`+`answer` rows become QA text, `text` rows stay as they are; anything else is an error.
 
     With a `tokenizer`, QA text is `cru_harness.prompts.qa_texts(...).text` (chat: None = the tokenizer's template
-    if it has one; preset / family: the TOFU preset, default open-unlearning; benchmark: whose question format,
-    `rwku` with each row's `row_prompt`); without one, `format_qa`."""
+    if it has one; preset / family: the TOFU preset, default open-unlearning; benchmark: whose question format, with
+    each row's `row_prompt`; None: `qa_texts`'s default); without one, `format_qa`."""
     from cru_harness.prompts import DEFAULT_TOFU_PRESET, qa_texts
 
     texts = []
     for index, row in enumerate(rows):
         question, answer = row_qa(row, index, origin)
         if question and tokenizer is not None:
+            chosen = {"benchmark": benchmark} if benchmark else {}
             texts.append(qa_texts(tokenizer, question, answer, chat=chat, preset=preset or DEFAULT_TOFU_PRESET,
-                                  family=family, benchmark=benchmark, **row_prompt(row)).text)
+                                  family=family, **chosen, **row_prompt(row, benchmark)).text)
         else:
             texts.append(format_qa(question, answer) if question else answer)
     return texts
@@ -94,11 +99,9 @@ def rows_to_texts(rows: list[dict], origin: str, *, tokenizer=None, chat: bool |
 def load_corpus_rows(source: str | os.PathLike, data_dir: str | os.PathLike | None = None) -> tuple[list[dict], str]:
     """The rows of a corpus source and a description of where they came from.
 
-    Sources: a JSON/JSONL file, a TOFU config name (`forget10`, `retain90`), LUNAR's single-author TOFU split
-    (`author_K`: author K's 20 rows of `full`; `not_author_K`: the other authors' rows), or `rwku:<targets>:<kind>`
-    (`rwku:1:passage`, `rwku:1-3:forget_mia`; a probe kind such as `rwku:101-110:neighbor_level2` gives its
-    `query` + `answer` rows as question/answer pairs; `rwku:1:pair` / `rwku:1:reject` give RWKU's DPO / RT rows with
-    their own `alternate` answer, `rwku.corpus_row`). A trailing `[:N]` keeps the first N rows (`rwku:1:passage[:32]`),
+    Sources: a JSON/JSONL file, or a corpus name a registered benchmark reads (`Benchmark.corpus_rows`: the
+    built-ins' TOFU configs `forget10`, `retain90`; LUNAR's single-author split `author_K`, `not_author_K`;
+    `rwku:<targets>:<kind>`, see each plugin). A trailing `[:N]` keeps the first N rows (`rwku:1:passage[:32]`),
     `[A:B]` rows A to B-1 (`full[0:400]`), so a capped corpus is visible in the source string that results
     record. Sources joined by ` + ` are concatenated in order (`retain99[:40] + forget01`: a reduced TOFU
     fine-tuning set of two retain authors and the forget01 authors).
@@ -125,17 +128,14 @@ def load_corpus_rows(source: str | os.PathLike, data_dir: str | os.PathLike | No
     path = Path(source_text).expanduser()
     if path.suffix in (".json", ".jsonl") or path.exists():
         rows, origin = read_json_records(path), str(path)
-    elif source_text in TOFU_CONFIGS:
-        rows, origin = load_tofu(source_text, data_dir), f"TOFU {source_text}"
-    elif (author := parse_author_source(source_text)) is not None:
-        rows, origin = load_author_rows(author[0], data_dir, others=author[1]), f"TOFU full {source_text}"
-    elif source_text.startswith("rwku:"):
-        rows, origin = _rwku_rows(source_text, data_dir)
+    elif (found := benchmark_corpus_rows(source_text, data_dir)) is not None:
+        rows, origin = found
     else:
-        raise InputError(
-            f"corpus {source_text!r} is not an existing file, a TOFU config ({', '.join(TOFU_CONFIGS)}), "
-            "a TOFU author (author_1, not_author_1) or an RWKU source like rwku:1:passage"
-        )
+        from .. import plugins
+
+        kinds = [plugin.corpus_help for plugin in plugins.benchmarks if plugin.corpus_help]
+        raise InputError(f"corpus {source_text!r} is not an existing file, {', '.join(kinds[:-1])}"
+                         f"{' or ' if len(kinds) > 1 else ''}{kinds[-1] if kinds else 'a benchmark corpus'}")
     if not rows:
         raise DataSourceError(f"corpus {origin} is empty")
     if cap:
@@ -148,15 +148,24 @@ def load_corpus_rows(source: str | os.PathLike, data_dir: str | os.PathLike | No
     return rows, origin
 
 
+def benchmark_corpus_rows(source: str, data_dir) -> tuple[list[dict], str] | None:
+    """(rows, origin) of the first registered benchmark that reads a corpus named `source`, or None."""
+    from .. import plugins
+
+    for plugin in plugins.benchmarks:
+        if (found := plugin.corpus_rows(source, data_dir)) is not None:
+            return found
+    return None
+
+
 def count_local_rows(source: str, benchmark: str, data_dir: str | os.PathLike | None = None) -> int | None:
     """The rows of a corpus when its data is on this machine, None when it would come from the Hub (a dry run
     counts what a run would train on without downloading anything)."""
     from .. import plugins
-    from .sources import resolve_local_dir
 
-    if benchmark in plugins.benchmarks.names():   # a benchmark may read another's folder (tofu_author: TOFU's)
-        benchmark = plugins.benchmarks.get(benchmark).data_source or benchmark
-    if resolve_local_dir(benchmark, data_dir) is None and not Path(str(source)).expanduser().is_file():
+    plugin = plugins.benchmarks.get(benchmark)   # its `data` hook: a subclass may read its parent's folder
+    local = plugin.data is None or resolve_local_dir(plugin, data_dir) is not None
+    if not local and not Path(str(source)).expanduser().is_file():
         return None
     return len(load_corpus_rows(source, data_dir)[0])
 
@@ -178,23 +187,8 @@ def training_steps_note(source: str, benchmark: str, data_dir, shape: str, steps
 
 def load_corpus(source: str | os.PathLike, data_dir: str | os.PathLike | None = None, *, tokenizer=None,
                 chat: bool | None = None, preset: str | None = None, family: str | None = None,
-                benchmark: str = "tofu") -> list[str]:
+                benchmark: str | None = None) -> list[str]:
     """A corpus as texts; sources as for `load_corpus_rows`, formatting as for `rows_to_texts`."""
     rows, origin = load_corpus_rows(source, data_dir)
     return rows_to_texts(rows, origin, tokenizer=tokenizer, chat=chat, preset=preset, family=family,
                          benchmark=benchmark)
-
-
-def _rwku_rows(source: str, data_dir) -> tuple[list[dict], str]:
-    from .rwku import ALTERNATE_KINDS, PROBE_KINDS, corpus_row, parse_targets
-
-    parts = source.split(":")
-    if len(parts) != 3:
-        raise InputError(f"RWKU corpus {source!r} must look like rwku:<targets>:<kind>, e.g. rwku:1:passage")
-    _, targets, kind = parts
-    rows = [row for index in parse_targets(targets) for row in load_target_file(index, kind, data_dir)]
-    if kind in PROBE_KINDS:  # trained on as what they ask: the probe's question and its answer
-        rows = [{**row, "question": row["query"], "rwku_probe": PROBE_KINDS[kind]} for row in rows]
-    elif kind in ALTERNATE_KINDS:  # RWKU's DPO / RT corpora: the prompt, the answer and the preferred answer
-        rows = [corpus_row(kind, row, i, f"RWKU {targets} {kind}") for i, row in enumerate(rows)]
-    return rows, f"RWKU {targets} {kind}"

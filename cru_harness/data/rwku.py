@@ -12,8 +12,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from ..api import DataSource
 from ..errors import InputError, UserError
-from .sources import HUB_IDS, DataSourceError, hub_unreachable, read_json_records, resolve_local_dir
+from .sources import DataSourceError, hub_unreachable, read_json_records, resolve_local_dir
+
+#: RWKU's data (the RWKU plugin's `data` hook): the Hub dataset, or a folder holding `Target/`.
+SOURCE = DataSource(folder="rwku", marker="Target", hub_id="jinzhuoran/RWKU", env_var="CRU_HARNESS_RWKU_DIR")
 
 
 class TargetSelectionError(UserError, ValueError):
@@ -130,7 +134,7 @@ def parse_targets(spec: int | str | list | tuple | None = None) -> list[int]:
 
 def list_targets(data_dir: str | os.PathLike | None = None) -> list[RWKUTarget]:
     """All RWKU targets in index order."""
-    local = resolve_local_dir("rwku", data_dir)
+    local = resolve_local_dir(SOURCE, data_dir)
     return list(_local_targets(local) if local is not None else _hub_targets())
 
 
@@ -174,7 +178,7 @@ def load_target_file(target: int | str | RWKUTarget, kind: str,
     if kind not in HUB_CONFIGS:
         raise InputError(f"unknown RWKU file kind {kind!r}; valid kinds: {', '.join(TARGET_KINDS)}")
     resolved = get_target(target, data_dir)
-    local = resolve_local_dir("rwku", data_dir)
+    local = resolve_local_dir(SOURCE, data_dir)
     if local is not None:
         path = local / "Target" / resolved.folder / f"{kind}.json"
         if not path.is_file():
@@ -255,9 +259,9 @@ def _hub_rows_cached(config: str) -> tuple:
     try:
         import datasets
 
-        return tuple(dict(row) for row in datasets.load_dataset(HUB_IDS["rwku"], config, split=hub_split(config)))
+        return tuple(dict(row) for row in datasets.load_dataset(SOURCE.hub_id, config, split=hub_split(config)))
     except Exception as err:  # connection errors, offline mode, missing config
-        raise hub_unreachable("rwku", f"RWKU config {config!r}", err) from err
+        raise hub_unreachable(SOURCE, f"RWKU config {config!r}", err) from err
 
 
 def clear_hub_cache() -> None:

@@ -4,61 +4,80 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Union
 
+from cru_harness.api import DataSource
 from cru_harness.errors import UserError
 
 from ..errors import InputError
 
-Benchmark = Literal["tofu", "rwku"]
+#: A benchmark as `resolve_local_dir` takes it: its `DataSource`, its plugin (`api.Benchmark`) or registered name.
+BenchmarkData = Union[DataSource, Any, str]
 
-ENV_DATA_DIR = "CRU_HARNESS_DATA_DIR"  # a root holding tofu/ and rwku/
-ENV_BENCHMARK_DIR = {"tofu": "CRU_HARNESS_TOFU_DIR", "rwku": "CRU_HARNESS_RWKU_DIR"}
-HUB_IDS = {"tofu": "locuslab/TOFU", "rwku": "jinzhuoran/RWKU"}
-
-# A file that tells the two benchmark layouts apart, so a root and a benchmark folder can both be given.
-_MARKERS = {"tofu": "forget10_perturbed.json", "rwku": "Target"}
+ENV_DATA_DIR = "CRU_HARNESS_DATA_DIR"  # a root holding one folder per benchmark (`DataSource.folder`)
 
 
 class DataSourceError(UserError, RuntimeError):
     """The data cannot be read: no local copy was given and the Hub did not answer (or a file is unreadable)."""
 
 
-def hub_unreachable(benchmark: Benchmark, what: str, cause: BaseException, repo: str | None = None
+def data_source(benchmark: BenchmarkData) -> DataSource:
+    """The `DataSource` of a benchmark given as one, as its plugin, or by its registered name (the plugin's `data`
+    hook; a name no plugin has, or a plugin without data of its own, is an `InputError`)."""
+    if isinstance(benchmark, DataSource):
+        return benchmark
+    from .. import plugins
+
+    plugin = plugins.benchmarks.get(benchmark) if isinstance(benchmark, str) else benchmark
+    if getattr(plugin, "data", None) is None:
+        raise InputError(f"benchmark {plugin.name!r} reads no data folder of its own")
+    return plugin.data
+
+
+def local_copy_hint(source: DataSource) -> str:
+    """How to point cru-harness at a local copy of `source`'s data (every data error names it)."""
+    env = f"set {source.env_var} to the {source.folder} folder (or {ENV_DATA_DIR}" if source.env_var else \
+        f"set {ENV_DATA_DIR}"
+    close = ")" if source.env_var else ""
+    return (f"{env} to a folder holding {source.folder}/ beside the other benchmarks' folders{close}, or pass "
+            f"data_dir=... (lm-eval: --metadata '{{\"data_dir\": \"...\"}}'; cru-harness: --data-dir)")
+
+
+def hub_unreachable(benchmark: BenchmarkData, what: str, cause: BaseException, repo: str | None = None
                     ) -> DataSourceError:
+    source = data_source(benchmark)
     return DataSourceError(
-        f"could not load {what} from the Hugging Face Hub ({repo or HUB_IDS[benchmark]}): {cause}. "
-        f"If the Hub is unreachable, point cru-harness at a local copy: set {ENV_BENCHMARK_DIR[benchmark]} "
-        f"to the {benchmark} folder (or {ENV_DATA_DIR} to a folder holding tofu/ and rwku/), or pass "
-        f"data_dir=... (lm-eval: --metadata '{{\"data_dir\": \"...\"}}'; cru-harness: --data-dir)."
+        f"could not load {what} from the Hugging Face Hub ({repo or source.hub_id}): {cause}. "
+        f"If the Hub is unreachable, point cru-harness at a local copy: {local_copy_hint(source)}."
     )
 
 
-def resolve_local_dir(benchmark: Benchmark, data_dir: str | os.PathLike | None = None) -> Path | None:
-    """The local folder of `benchmark`, or None when data should come from the Hub.
+def resolve_local_dir(benchmark: BenchmarkData, data_dir: str | os.PathLike | None = None) -> Path | None:
+    """The local folder of `benchmark` (its `DataSource`, plugin or name), or None when data should come from the Hub.
 
-    Order: explicit `data_dir` (the benchmark folder itself, a root holding `tofu/` and `rwku/`, or
-    `testbed:world`), then `CRU_HARNESS_TOFU_DIR` / `CRU_HARNESS_RWKU_DIR`, then `CRU_HARNESS_DATA_DIR` (a root).
-    A directory that is given but does not hold the benchmark is an error, never a silent fall-back to the Hub.
+    Order: explicit `data_dir` (the benchmark folder itself, a root holding its folder, or a named directory such
+    as `testbed:world`), then its own environment variable (`DataSource.env_var`), then `CRU_HARNESS_DATA_DIR` (a
+    root). A folder is the benchmark's when its `DataSource.marker` is at its top. A directory that is given but
+    does not hold the benchmark is an error, never a silent fall-back to the Hub.
     """
-    if benchmark not in _MARKERS:
-        raise InputError(f"unknown benchmark {benchmark!r}; expected one of {sorted(_MARKERS)}")
+    source = data_source(benchmark)
     candidates: list[tuple[str, str]] = []
     if data_dir:
         candidates.append(("data_dir", str(data_dir)))
-    elif os.environ.get(ENV_BENCHMARK_DIR[benchmark]):
-        candidates.append((ENV_BENCHMARK_DIR[benchmark], os.environ[ENV_BENCHMARK_DIR[benchmark]]))
+    elif source.env_var and os.environ.get(source.env_var):
+        candidates.append((source.env_var, os.environ[source.env_var]))
     elif os.environ.get(ENV_DATA_DIR):
         candidates.append((ENV_DATA_DIR, os.environ[ENV_DATA_DIR]))
     for origin, raw in candidates:
         path = Path(named_data_dir(raw)).expanduser()
         if not path.is_dir():
             raise DataSourceError(f"{origin}={raw} is not a directory")
-        for folder in (path, path / benchmark):
-            if (folder / _MARKERS[benchmark]).exists():
+        for folder in (path, path / source.folder):
+            if (folder / source.marker).exists():
                 return folder
         raise DataSourceError(
-            f"{origin}={raw} holds no {benchmark} data: expected {_MARKERS[benchmark]} in it or in {benchmark}/ below it"
+            f"{origin}={raw} holds no {source.folder} data: expected {source.marker} in it or in {source.folder}/ "
+            "below it"
         )
     return None
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 import os
 import re
 
+from ..api import DataSource
 from ..errors import InputError
-from .sources import HUB_IDS, DataSourceError, hub_unreachable, read_json_records, resolve_local_dir
+from .sources import DataSourceError, hub_unreachable, read_json_records, resolve_local_dir
+
+#: TOFU's data (the TOFU plugin's `data` hook): the Hub dataset, or a folder holding `forget10_perturbed.json`.
+SOURCE = DataSource(folder="tofu", marker="forget10_perturbed.json", hub_id="locuslab/TOFU",
+                    env_var="CRU_HARNESS_TOFU_DIR")
 
 FORGET_SPLITS = ("forget01", "forget05", "forget10")
 TOFU_CONFIGS = (
@@ -49,7 +54,7 @@ def load_tofu(config: str, data_dir: str | os.PathLike | None = None) -> list[di
     """All rows of one TOFU config, from `data_dir` / the env vars if set, else from the Hub."""
     if config not in TOFU_CONFIGS:
         raise InputError(f"unknown TOFU config {config!r}; valid configs: {', '.join(TOFU_CONFIGS)}")
-    local = resolve_local_dir("tofu", data_dir)
+    local = resolve_local_dir(SOURCE, data_dir)
     if local is not None:
         rows = read_json_records(local / f"{config}.json")
     else:
@@ -94,9 +99,9 @@ def _load_from_hub(config: str) -> list[dict]:
     try:
         import datasets
 
-        return [dict(row) for row in datasets.load_dataset(HUB_IDS["tofu"], config, split="train")]
+        return [dict(row) for row in datasets.load_dataset(SOURCE.hub_id, config, split="train")]
     except Exception as err:  # the Hub raises many types (connection, offline mode, missing config)
-        raise hub_unreachable("tofu", f"TOFU config {config!r}", err) from err
+        raise hub_unreachable(SOURCE, f"TOFU config {config!r}", err) from err
 
 
 # TOFU's refusal answers are not in the locuslab/TOFU dataset: TOFU's GitHub repository ships them
@@ -107,7 +112,7 @@ IDK_HUB = ("open-unlearning/idk", "idk.jsonl")
 def load_idontknow(data_dir: str | os.PathLike | None = None) -> list[str]:
     """TOFU's refusal answers (`idontknow.jsonl` in a local copy, one per line; from the Hub, open-unlearning's
     `idk.jsonl`, `IDK_HUB`), used by IdkDPO and the refusal class."""
-    local = resolve_local_dir("tofu", data_dir)
+    local = resolve_local_dir(SOURCE, data_dir)
     if local is not None:
         path = local / "idontknow.jsonl"
         if not path.is_file():
@@ -118,7 +123,7 @@ def load_idontknow(data_dir: str | os.PathLike | None = None) -> list[str]:
 
             path = hf_hub_download(IDK_HUB[0], IDK_HUB[1], repo_type="dataset")
         except Exception as err:
-            raise hub_unreachable("tofu", f"TOFU's refusal answers ({IDK_HUB[1]})", err, repo=IDK_HUB[0]) from err
+            raise hub_unreachable(SOURCE, f"TOFU's refusal answers ({IDK_HUB[1]})", err, repo=IDK_HUB[0]) from err
     with open(path, encoding="utf-8") as handle:
         lines = [line.strip() for line in handle if line.strip()]
     if not lines:

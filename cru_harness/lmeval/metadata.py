@@ -1,11 +1,13 @@
-"""The lm-eval metadata keys the project's TOFU and RWKU tasks read (`--metadata '{...}'`, `TaskManager(metadata=...)`),
-and the check that refuses a misspelt one.
+"""The lm-eval metadata keys the benchmarks' tasks read (`--metadata '{...}'`, `TaskManager(metadata=...)`), and the
+check that refuses a misspelt one.
 
-lm-eval hands each task the whole run's metadata merged with the model's `--model_args` and its own keys
-(`version`, ...), and one command may run both suites (`--tasks tofu_forget10,rwku_aa`), so an unknown key cannot
-be refused as such. A key with a suite's prefix that neither suite reads is a misspelling, though, and would leave
-the default in force (`rwku_target` evaluates target 1): `check_metadata_keys` refuses it. No `cru`/`hf` model
-argument or lm-eval key starts with these prefixes. Stdlib only (the task files import it).
+Each benchmark plugin declares its keys (`Benchmark.metadata_keys`), the prefixes that mark a key as its own
+(`metadata_prefixes`) and the keys its task YAMLs set (`task_keys`). lm-eval hands each task the whole run's
+metadata merged with the model's `--model_args` and its own keys (`version`, ...), and one command may run several
+suites, so an unknown key cannot be refused as such. A key with a benchmark's prefix that no benchmark reads is a
+misspelling, though, and would leave the default in force: `check_metadata_keys` refuses it. No `cru`/`hf` model
+argument or lm-eval key starts with these prefixes. The keys are read from the registry when first asked for (the
+task files import this module).
 """
 from __future__ import annotations
 
@@ -14,41 +16,63 @@ from collections.abc import Mapping
 
 from cru_harness.errors import InputError
 
-#: Read by the TOFU tasks (tasks/tofu/utils.py); `tofu_config` comes from each task's YAML, not the metadata.
-TOFU_METADATA_KEYS = ("tofu_preset", "tofu_model_family")
-#: Read by the in-context attack's TOFU task variants (`tofu_forgetXX_in_context`): k, the slice, its seed.
-TOFU_IN_CONTEXT_KEYS = ("tofu_icl_k", "tofu_icl_slice_fraction", "tofu_icl_slice_size", "tofu_icl_seed")
-#: Read by the RWKU tasks (tasks/rwku/utils.py); `rwku_probe` comes from each task's YAML, not the metadata.
-RWKU_METADATA_KEYS = ("rwku_targets", "rwku_items_per_target", "rwku_utility_missing", "rwku_preset",
-                      "rwku_newline_stop")
-#: Every key the project's tasks read from the metadata (`data_dir`: both suites).
-#: Read by the single-author TOFU tasks (tofu_author_forget / _retain): LUNAR's author number, default 1.
-TOFU_AUTHOR_METADATA_KEYS = ("tofu_author",)
-METADATA_KEYS = (("data_dir",) + TOFU_METADATA_KEYS + RWKU_METADATA_KEYS + TOFU_AUTHOR_METADATA_KEYS +
-                 TOFU_IN_CONTEXT_KEYS)
-#: Keys with these prefixes must be in METADATA_KEYS.
-SUITE_PREFIXES = ("tofu_", "rwku_")
-#: Set by each task's YAML (`dataset_kwargs`), never by the metadata: the task one runs chooses them.
-TASK_KEYS = {"tofu_config": "the TOFU task chooses the split (tofu_forget01, tofu_forget10, tofu_retain, ...)",
-             "tofu_author_set": "the TOFU task chooses the set (tofu_author_forget, tofu_author_retain)",
-             "tofu_variant": "the TOFU task chooses the attack variant (tofu_forget10_paraphrase, "
-                             "tofu_forget10_in_context, ...)",
-             "rwku_probe": "the RWKU task chooses the probe (rwku_fb, rwku_qa, rwku_aa, rwku_mia, ...)"}
+#: Read by every benchmark's tasks that read data: the local data folder.
+COMMON_METADATA_KEYS = ("data_dir",)
+
+
+def metadata_keys() -> tuple[str, ...]:
+    """Every key the registered benchmarks' tasks read from the metadata (`data_dir` first)."""
+    from .. import plugins
+
+    keys = [*COMMON_METADATA_KEYS]
+    for plugin in plugins.benchmarks:
+        keys.extend(plugin.metadata_keys)
+    return tuple(dict.fromkeys(keys))
+
+
+def suite_prefixes() -> tuple[str, ...]:
+    """Keys with these prefixes must be in `metadata_keys()` (the benchmarks' `metadata_prefixes`)."""
+    from .. import plugins
+
+    return tuple(dict.fromkeys(prefix for plugin in plugins.benchmarks for prefix in plugin.metadata_prefixes))
+
+
+def task_keys() -> dict[str, str]:
+    """Keys the task YAMLs set (`dataset_kwargs`), never the metadata: key -> which task chooses it."""
+    from .. import plugins
+
+    found: dict[str, str] = {}
+    for plugin in plugins.benchmarks:
+        for key, why in plugin.task_keys.items():
+            found.setdefault(key, why)
+    return found
+
+
+def __getattr__(name: str):
+    """`METADATA_KEYS`, `SUITE_PREFIXES`, `TASK_KEYS`: the registry's, read when first used."""
+    computed = {"METADATA_KEYS": metadata_keys, "SUITE_PREFIXES": suite_prefixes, "TASK_KEYS": task_keys}
+    if name in computed:
+        return computed[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_metadata_keys(metadata: Mapping) -> None:
-    """Refuse a `tofu_`/`rwku_` key that is not in METADATA_KEYS (an `InputError` naming it, a close match and the
-    valid keys), and a key the task's own YAML sets (`TASK_KEYS`); any other key (model arguments, lm-eval's own,
-    another tool's) passes. Called where lm-eval builds its TaskManager (before it loads the model) and again by
-    each task's loader (a TaskManager built elsewhere)."""
-    for key in sorted(k for k in metadata if isinstance(k, str)):
-        if key in TASK_KEYS:
-            raise InputError(f"--metadata key {key!r} is not a setting: {TASK_KEYS[key]}")
-        if key.startswith(SUITE_PREFIXES) and key not in METADATA_KEYS:
-            close = difflib.get_close_matches(key, METADATA_KEYS, n=1)
+    """Refuse a key with a benchmark's prefix that no benchmark reads (an `InputError` naming it, a close match and
+    the valid keys), and a key a task's own YAML sets (`task_keys()`); any other key (model arguments, lm-eval's
+    own, another tool's) passes. Called where lm-eval builds its TaskManager (before it loads the model) and again
+    by each task's loader (a TaskManager built elsewhere)."""
+    keys = [k for k in metadata if isinstance(k, str)]
+    if not keys:
+        return
+    own, prefixes, valid = task_keys(), suite_prefixes(), metadata_keys()
+    for key in sorted(keys):
+        if key in own:
+            raise InputError(f"--metadata key {key!r} is not a setting: {own[key]}")
+        if prefixes and key.startswith(prefixes) and key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise InputError(f"unknown --metadata key {key!r}{hint}; the TOFU and RWKU tasks read "
-                             f"{', '.join(METADATA_KEYS)}")
+            raise InputError(f"unknown --metadata key {key!r}{hint}; the benchmarks' tasks read "
+                             f"{', '.join(valid)}")
 
 
 def metadata_flag(value, key: str) -> bool:

@@ -7,7 +7,7 @@ package declares for later versions), so two things are patched in, both idempot
   (`cru_harness.lmeval.model:CRULM`, imported only when `cru` is asked for). It imports `lm_eval.models` first:
   registering into a still-empty registry would stop `get_model` from filling in the built-ins (`hf`, ...).
 - `patch_task_manager()`: every `TaskManager(...)` that includes lm-eval's built-in tasks (the default,
-  `include_defaults=True`) also indexes `tasks_dir()`, so `--tasks tofu_forget10,rwku_aa` resolve without
+  `include_defaults=True`) also indexes `task_paths()` (`tasks_dir()` and each benchmark plugin's task folder), so `--tasks tofu_forget10,rwku_aa` resolve without
   `--include_path`. Names the user passes with `--include_path` are indexed after ours and win on a clash.
   It also checks the metadata's keys (`metadata.check_metadata_keys`) there: lm-eval's command line builds its
   TaskManager before loading the model, so a misspelt `tofu_`/`rwku_` key fails before the load.
@@ -36,6 +36,20 @@ def tasks_dir() -> str:
         return str(Path(list(spec.submodule_search_locations)[0]).resolve())
     # Source checkout without installation: tasks/ sits beside the package.
     return str((Path(__file__).resolve().parents[2] / "tasks"))
+
+
+def task_paths() -> list[str]:
+    """The task folders lm-eval indexes for the project: `tasks_dir()` and every registered benchmark's own folder
+    (`Benchmark.task_folder`) that does not lie inside it (a third-party benchmark package's)."""
+    from .. import plugins
+
+    ours = Path(tasks_dir())
+    paths = [str(ours)]
+    for plugin in plugins.benchmarks:
+        folder = plugin.task_folder
+        if folder and ours not in (Path(folder).resolve(), *Path(folder).resolve().parents):
+            paths.append(str(Path(folder).resolve()))
+    return list(dict.fromkeys(paths))
 
 
 def register() -> None:
@@ -80,8 +94,7 @@ def patch_task_manager(task_manager_cls=None) -> None:
 
 
 def with_project_tasks(include_path):
-    """`include_path` (None, a path or a list) with the project's task directory put first."""
-    ours = tasks_dir()
+    """`include_path` (None, a path or a list) with the project's task folders (`task_paths()`) put first."""
     if include_path is None:
         paths = []
     elif isinstance(include_path, (list, tuple)):
@@ -89,9 +102,10 @@ def with_project_tasks(include_path):
     else:
         paths = [include_path]
     resolved = {str(Path(p).resolve()) for p in paths}
-    if ours in resolved:
+    missing = [path for path in task_paths() if path not in resolved]
+    if not missing:
         return include_path
-    return [ours, *paths]
+    return [*missing, *paths]
 
 
 def is_registered() -> bool:

@@ -253,10 +253,9 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
             written[f"leaderboard_{benchmark}.{fmt}"] = str(path)
         summary += [f"## {benchmark.upper()}", "", tables.to_markdown(rows, benchmark), *absent]
         of_benchmark = [r for r in results if r.get("benchmark") == benchmark]
-        if view.has_oracle:
-            summary += tables.regime_check_markdown(of_benchmark)
+        summary += view.report_lines(of_benchmark, "table")        # its own blocks (TOFU: the regime check)
         summary += tables.robustness_markdown(of_benchmark, benchmark)
-        summary += tables.aa_type_markdown(of_benchmark)
+        summary += view.report_lines(of_benchmark, "robustness")   # (RWKU: AA per attack type)
         summary += sweep_markdown(of_benchmark)
         summary += router_lr_markdown(of_benchmark)
         for status in ("unavailable", "failed"):

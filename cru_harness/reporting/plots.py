@@ -3,7 +3,6 @@
 - tradeoff_<benchmark>_<model>_<unit>.png: Utility vs Forgetting per (model, split) with the Pareto front; the
   original model as an open circle, dominated methods as crosses; labels placed apart (`label_points`).
 - gates.png: CRU's mean gate on forget vs retain inputs, per cell group.
-- rwku_levels.png: RWKU forget ROUGE-L per probe level (FB, QA, AA) per method.
 - resources.png: wall time (the cell's, its training part over it) and peak memory per method.
 Legends sit beside the axes: inside, with the many methods of a report, they covered the data.
 """
@@ -187,37 +186,8 @@ def _write(fig, path: Path) -> Path | None:
     return path
 
 
-def rwku_level_figure(rows: list[dict]):
-    """One row per method (the reference first), one marker per probe level: a dot plot stays readable with the
-    twenty-odd methods of a report, where one line per method did not."""
-    levels = [("forget_fb", "FB", "o"), ("forget_qa", "QA", "s"), ("forget_aa", "AA", "^")]
-    rows = [r for r in rows if any(stats.is_number(r["metrics"].get(k)) for k, _, _ in levels)]
-    if not rows:
-        return None
-    rows = sorted(rows, key=lambda r: not r["reference"])        # stable: the report's order otherwise
-    names = [f"{r['model']} {r['label']}" + (" (reference)" if r["reference"] else "") for r in rows]
-    fig, ax = plt.subplots(figsize=(7, max(2.5, 0.28 * len(rows) + 1.2)))
-    ys = list(range(len(rows)))[::-1]                            # the first row on top
-    for (key, name, marker), color in zip(levels, distinct_colors(len(levels))):
-        values = [r["metrics"].get(key) for r in rows]
-        ax.scatter([v if stats.is_number(v) else math.nan for v in values], ys, marker=marker, s=30,
-                   facecolors="none" if marker != "o" else color, edgecolors=color, label=name)
-    for y, r in zip(ys, rows):
-        if r["reference"]:
-            ax.axhspan(y - 0.5, y + 0.5, color="0.92", zorder=0)
-    ax.set_yticks(ys, names, fontsize=7)
-    ax.set_ylim(-0.7, len(rows) - 0.3)
-    ax.set_xlabel("forget ROUGE-L recall (lower = more forgotten)")
-    ax.set_title("RWKU forget score per probe level")
-    ax.grid(axis="x", color="0.9")
-    ax.legend(fontsize=7, title="probe level", title_fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
-              borderaxespad=0.0)
-    fig.tight_layout()
-    return fig
-
-
-def rwku_level_plot(rows: list[dict], out_dir: Path) -> Path | None:
-    return _write(rwku_level_figure(rows), out_dir / "rwku_levels.png")
+#: `_write` for a benchmark's own figures (`Benchmark.plots`: benchmarks/rwku/report.py)
+write_figure = _write
 
 
 def resources_figure(results: list[dict]):

@@ -85,6 +85,13 @@ def _block_key(result: dict) -> tuple:
             json.dumps(hparams, sort_keys=True, default=str))
 
 
+def _routes(method) -> bool:
+    """Whether a registered method trains router bundles on a frozen base (`Method.adapter`: CRU)."""
+    from .. import plugins
+
+    return method in plugins.methods and plugins.methods.get(method).adapter
+
+
 def router_lr_choices(results: list[dict]) -> list[dict]:
     """One entry per block of CRU cells swept over `lr` alone: the grid's rows and the chosen learning rate. A
     seed whose cell failed or diverged counts as an infinite objective in its learning rate's median, so a rate
@@ -93,7 +100,7 @@ def router_lr_choices(results: list[dict]) -> list[dict]:
         lambda: defaultdict(lambda: {"values": [], "missing": [], "labels": set()}))
     unrecorded: dict[tuple, int] = defaultdict(int)
     for r in results:
-        if r.get("kind") != "method" or r.get("method") != "CRU":
+        if r.get("kind") != "method" or not _routes(r.get("method")):
             continue
         lr = trained_lr(r)
         if lr is None:

@@ -78,48 +78,14 @@ def _with_oracle(results: list[dict]):
             yield result, oracle.get((result["model"], result["split"]))
 
 
-def fill_forget_quality(results: list[dict]) -> list[dict]:
-    """TOFU Forget Quality of each cell against the retain cell (same model, same split) among `results`,
-    computed by the scorer's own rule (`score.forget_quality_from_items`: items matched by question, NaN refused)
-    from both cells' per-item truth ratios. That is the number the cell recorded when it was scored beside the
-    same oracle; it also fills a cell scored before its retain cell existed (another shard's, a later one), and
-    replaces one scored against another oracle: the oracle is not in a method cell's hash, so a cell reused after
-    the oracle changed (a config edit, `--reuse` from another run) keeps its old comparison. Without both
-    per-item lists the recorded value stays."""
-    from ..scoring.cell_scores import forget_items_from_result
-    from ..scoring.score import forget_quality_from_items
-
-    for result, retain in _with_oracle(results):
-        if result.get("kind") == "retain":
-            continue
-        task = f"tofu_{result['split']}"
-        mine = forget_items_from_result(result, task)
-        reference = forget_items_from_result(retain, task) if retain else None
-        if mine and reference:
-            value = forget_quality_from_items(task, mine, reference, reference[0]["run"])["value"]
-            result.setdefault("metrics", {})["forget_quality"] = value
-    return results
-
-
-def fill_privleak(results: list[dict]) -> list[dict]:
-    """TOFU privleak of each cell against the retain cell (same model, same split) among `results`, from both
-    cells' recorded MIA AUCs by the scorer's rule (`cell_scores.privleak_of`). As `fill_forget_quality`: it is
-    the number a cell records when scored beside its oracle, and it fills one scored before the oracle existed
-    (against open-unlearning's 0.5 fallback) or replaces one scored against another oracle. The retain cell's own
-    is 0, against itself (as MUSE reports its retain model). Without both AUCs the recorded value stays."""
-    from ..scoring.cell_scores import PRIVLEAK_AUC, privleak_of
-
-    for result, retain in _with_oracle(results):
-        auc = (result.get("metrics") or {}).get(PRIVLEAK_AUC)
-        retain_auc = ((retain or {}).get("metrics") or {}).get(PRIVLEAK_AUC)
-        if auc is not None and retain_auc is not None:
-            result["metrics"]["privleak"] = privleak_of(auc, retain_auc)[0]
-    return results
-
-
 def fill_from_oracle(results: list[dict]) -> list[dict]:
-    """What a TOFU cell compares with its retain oracle, as the report shows it: Forget Quality and privleak."""
-    return fill_privleak(fill_forget_quality(results))
+    """What each cell of a benchmark with an oracle compares with it, as the report shows it
+    (`Benchmark.compare_to_oracle`: TOFU's Forget Quality and privleak), against the oracle cell of the same model
+    and unit among `results`: the number a cell records when scored beside the same oracle, filled for a cell scored
+    before its oracle existed and replaced for one scored against another oracle."""
+    for result, retain in _with_oracle(results):
+        benchmark_view(result.get("benchmark")).compare_to_oracle(result, retain)
+    return results
 
 
 # ------------------------------------------------------------------------------------------------ aggregation
@@ -759,41 +725,6 @@ def lens_markdown(results: list[dict], benchmark: str) -> list[str]:
         ([""] if skipped else [])
 
 
-def aa_type_rows(results: list[dict]) -> list[dict]:
-    """RWKU's adversarial probe per attack type (`details.scoring.forget_aa_types` of each cell): per (model, row
-    label), the ROUGE-L recall of each type over the row's items (targets and seeds pooled, item-weighted)."""
-    pooled: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
-    for r in results:
-        types = ((r.get("details") or {}).get("scoring") or {}).get("forget_aa_types")
-        if r.get("status") != "ok" or not types or r.get("kind") in ("retain", "finetune"):
-            continue
-        for kind, value in types.items():
-            if stats.is_number(value.get("rouge_l_recall")) and value.get("n"):
-                total = pooled[(r["model"], r["label"])][kind]
-                total[0] += value["rouge_l_recall"] * value["n"]
-                total[1] += value["n"]
-    return [{"model": model, "label": label, "types": {kind: (t[0] / t[1], t[1]) for kind, t in kinds.items()}}
-            for (model, label), kinds in pooled.items()]
-
-
-def aa_type_markdown(results: list[dict]) -> list[str]:
-    """Report lines for `aa_type_rows` (none when no cell recorded RWKU's AA types)."""
-    rows = aa_type_rows(results)
-    if not rows:
-        return []
-    kinds = sorted({kind for row in rows for kind in row["types"]})
-    lines = ["### Adversarial probes by attack type", "",
-             "RWKU's AA probe (forget ROUGE-L recall, higher = more of the target known) per attack type, over the "
-             "row's targets and seeds (item-weighted; n items per type in parentheses). A type that keeps much more "
-             "than the others is a way around the unlearning (docs/protocol.md, Attacks: paraphrase).", "",
-             "| Model | Method | " + " | ".join(kind or "(none)" for kind in kinds) + " |",
-             "|---|---|" + "---:|" * len(kinds)]
-    for row in rows:
-        cells = [f"{fmt2(row['types'][k][0])} ({row['types'][k][1]})" if k in row["types"] else "" for k in kinds]
-        lines.append(f"| {row['model']} | {row['label']} | " + " | ".join(cells) + " |")
-    return lines + [""]
-
-
 def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
     """Report lines for `robustness_rows` and `lens_markdown` (none without attack cells or a lens)."""
     rows = robustness_rows(results, benchmark)
@@ -907,48 +838,6 @@ def mc_markdown(results: list[dict], benchmark: str) -> list[str]:
              "|---|---|---|---|---:|---:|"]
     lines += [f"| {r['model']} | {r['unit']} | {r['label']} | {r['attack']} | {fmt2(r['mc_prob'])} | {r['n']} |"
               for r in rows]
-    return lines + [""]
-
-
-REGIME_MARGIN = 0.10  # configs/gpu_smollm2.yaml: the fine-tuned model must beat its oracle by this much
-
-
-def regime_check(results: list[dict]) -> list[dict]:
-    """Per TOFU (model, split): the Original (fine-tuned) model's forget ROUGE-L and Prob. against its Retain
-    oracle's. TOFU measures unlearning only where the model knows the forget authors better than a model that
-    never saw them; `holds` says whether Original exceeds Retain by `REGIME_MARGIN` in forget ROUGE-L."""
-    found: dict[tuple, dict[str, dict]] = defaultdict(dict)
-    for r in results:
-        if r.get("kind") in ("original", "retain") and r.get("status") == "ok" and \
-                benchmark_view(r.get("benchmark")).has_oracle:
-            found[(r["model"], r.get("split"))][r["kind"]] = r.get("metrics") or {}
-    rows = []
-    for (model, split), kinds in sorted(found.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-        original, retain = kinds.get("original", {}), kinds.get("retain", {})
-        o_rouge, r_rouge = original.get("forget_rouge_l"), retain.get("forget_rouge_l")
-        gap = o_rouge - r_rouge if stats.is_number(o_rouge) and stats.is_number(r_rouge) else None
-        rows.append({"model": model, "split": split, "original_rouge_l": o_rouge, "retain_rouge_l": r_rouge,
-                     "original_prob": original.get("forget_prob"), "retain_prob": retain.get("forget_prob"),
-                     "gap": gap, "holds": None if gap is None else gap >= REGIME_MARGIN})
-    return rows
-
-
-def regime_check_markdown(results: list[dict]) -> list[str]:
-    """Report lines for `regime_check` (none when no TOFU block has an Original or Retain cell)."""
-    rows = regime_check(results)
-    if not rows:
-        return []
-    lines = ["### Regime check: does the model know the forget authors better than its retain oracle?", "",
-             f"Forget-set scores of the model before unlearning (Original) and of its retain oracle (Retain). The "
-             f"check holds where Original's forget ROUGE-L exceeds Retain's by at least {REGIME_MARGIN:.2f}; where "
-             "it does not, there is little to unlearn and Forget Quality says little.", "",
-             "| Model | Split | Original ROUGE-L | Retain ROUGE-L | Gap | Original Prob. | Retain Prob. | Check |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]
-    for row in rows:
-        verdict = {True: "holds", False: "**fails**", None: "--"}[row["holds"]]
-        lines.append(f"| {row['model']} | {row['split']} | {fmt2(row['original_rouge_l'])} | "
-                     f"{fmt2(row['retain_rouge_l'])} | {fmt2(row['gap'])} | {fmt2(row['original_prob'])} | "
-                     f"{fmt2(row['retain_prob'])} | {verdict} |")
     return lines + [""]
 
 

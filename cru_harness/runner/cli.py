@@ -217,8 +217,9 @@ def security_summary(config) -> list[dict]:
     # A PURGE checkpoint is evaluated under the RWKU model's spec, hence with its trust_remote_code.
     from .. import plugins
 
-    purge = plugins.methods.get("PURGE").benchmarks or ()
-    trusted = any(m.trust_remote_code for m in config.models if set(purge) & set(m.benchmarks))
+    readers = [m for m in plugins.methods if "purge_checkpoints" in m.config_keys]   # the method it serves
+    purge = {b for m in readers for b in (m.benchmarks or ())}
+    trusted = any(m.trust_remote_code for m in config.models if purge & set(m.benchmarks))
     for target, path in sorted(config.purge_checkpoints.items()):
         entries.append({"key": f"purge_checkpoints.{target}", "name": f"PURGE target {target}", "path": path,
                         "origin": _origin(path), "trust_remote_code": trusted})

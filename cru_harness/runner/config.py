@@ -21,7 +21,7 @@ from ..validation import _boolean, _check_keys, _fail, _number, _str_list, _sugg
 from ..hparams import (HPARAM_BOUNDS, HPARAM_CHOICES, MAX_BATCH, MAX_ROWS, adam_betas_problem,  # noqa: F401
                        bound_problem, check_seed, fields_problem, seed_problem)
 from ..errors import InputError, MissingInputError
-from ..prompts import DEFAULT_RWKU_PRESET, DEFAULT_TOFU_PRESET, PresetError, check_rwku_preset, check_tofu_preset
+from ..prompts import PresetError
 from ..baselines.purge import PURGE_TARGETS
 
 # What each method accepts, its aliases, benchmarks and per-benchmark settings are its plugin's
@@ -67,6 +67,8 @@ def __getattr__(name: str):
 
     if name == "METHOD_HPARAMS":
         return {m.name: m.hparams() for m in plugins.methods}
+    if name == "PROMPTING_DEFAULTS":   # `prompting_defaults()`
+        return prompting_defaults()
     if name == "HPARAM_ALIASES":
         return {m.name: dict(m.aliases) for m in plugins.methods if m.aliases}
     if name == "BENCHMARKS":
@@ -99,12 +101,34 @@ _FINETUNE_KEYS = ("data", "learning_rate", "lr", "weight_decay", "num_epochs", "
                   "batch_size", "micro_batch_size", "warmup_epochs", "lr_scheduler", "max_length", "dtype")
 _FINETUNE_ALIASES = {"lr": "learning_rate", "epochs": "num_epochs", "batch_size": "effective_batch_size"}
 _RETAIN_TRAIN_KEYS = ("from", "epochs", "lr", "batch_size", "max_length", "weight_decay")
-_EVAL_KEYS = ("batch_size", "limit", "max_gen_toks", "failure_classes", "apply_chat_template", "tofu_preset",
-              "tofu_model_family", "rwku_preset", "rwku_newline_stop", "logit_lens")
-#: The evaluation settings that decide how prompts are written, with their defaults: the one place for them
-#: (validation fills them in; the cells' presets and the finetune cell read them from here).
-PROMPTING_DEFAULTS = {"apply_chat_template": None, "tofu_preset": DEFAULT_TOFU_PRESET, "tofu_model_family": None,
-                      "rwku_preset": DEFAULT_RWKU_PRESET, "rwku_newline_stop": False}
+#: The `evaluation:` keys of every run; each benchmark adds its own (`Benchmark.evaluation_defaults`).
+_GENERIC_EVAL_KEYS = ("batch_size", "limit", "max_gen_toks", "failure_classes", "apply_chat_template")
+_LAST_EVAL_KEYS = ("logit_lens",)
+
+
+def evaluation_keys() -> tuple[str, ...]:
+    """Every key an `evaluation:` block may set: the generic ones and each registered benchmark's."""
+    own = [key for plugin in _benchmark_plugins() for key in plugin.evaluation_defaults]
+    return tuple(dict.fromkeys([*_GENERIC_EVAL_KEYS, *own, *_LAST_EVAL_KEYS]))
+
+
+def _benchmark_plugins():
+    from .. import plugins
+
+    return list(plugins.benchmarks)
+
+
+def prompting_defaults(benchmarks=()) -> dict[str, Any]:
+    """The evaluation settings that decide how prompts are written, with their defaults: the one place for them
+    (validation fills them in; the cells' presets and the finetune cell read them from here). The chat choice, the
+    keys of every benchmark whose defaults are in every cell (`Benchmark.evaluation_in_every_cell`: the built-ins,
+    whose recorded hashes hold them), and those of `benchmarks` (a config's)."""
+    named = {str(b).lower() for b in benchmarks}
+    defaults: dict[str, Any] = {"apply_chat_template": None}
+    for plugin in _benchmark_plugins():
+        if plugin.evaluation_in_every_cell or plugin.name.lower() in named:
+            defaults.update(plugin.evaluation_defaults)
+    return defaults
 
 
 @dataclass(frozen=True)
@@ -471,15 +495,17 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
             _fail(*problem, source)
         methods.append(MethodSpec(method, label, hparams, tuple(method_benches), overrides, corpora, i))
 
-    evaluation = _check_keys(raw.get("evaluation") or {}, _EVAL_KEYS, "evaluation", source)
+    evaluation = _check_keys(raw.get("evaluation") or {}, evaluation_keys(), "evaluation", source)
+    defaults = prompting_defaults(benchmarks)
     evaluation = {"batch_size": 8, "limit": None, "max_gen_toks": None, "failure_classes": True,
-                  **PROMPTING_DEFAULTS, **evaluation}
-    for key, default in PROMPTING_DEFAULTS.items():   # an empty value means the default, as the tasks read it
+                  **defaults, **evaluation}
+    for key, default in defaults.items():   # an empty value means the default, as the tasks read it
         if evaluation[key] is None or evaluation[key] == "":
             evaluation[key] = default
-    try:  # protocol presets (cru_harness.prompts): an unknown name or TOFU family fails here, naming the choices
-        check_tofu_preset(evaluation["tofu_preset"])
-        check_rwku_preset(evaluation["rwku_preset"])
+    try:  # protocol presets (cru_harness.prompts): an unknown name or model family fails here, naming the choices
+        for plugin in _benchmark_plugins():   # each benchmark's own keys, wherever they are set
+            if set(plugin.evaluation_defaults) & set(evaluation):
+                plugin.check_presets(evaluation)
         for bench in benchmarks:   # e.g. TOFU: the model family its preset names
             benchmark_plugin(bench).check_evaluation(evaluation)
     except PresetError as err:
@@ -522,7 +548,8 @@ def _check_tasks_under_presets(benchmarks: dict, raw: dict, attacks: tuple, eval
             for split, target in plugin.units(block)[:1]:   # the variants' names do not depend on the unit
                 tasks = tuple(plugin.fill(task, split, target) for task in block["tasks"])
                 try:
-                    plugin.tasks_under(list(plugins.attacks.get(attack.attack).tasks(tasks, attack.settings)),
+                    plugin.tasks_under(list(plugins.attacks.get(attack.attack).tasks_for(plugin, tasks,
+                                                                                       attack.settings)),
                                        evaluation, defaulted=False)
                 except PresetError as err:
                     _fail(f"attacks[{attack.index}]", str(err), source)
@@ -577,7 +604,11 @@ def _validate_retain(value: Any, where: str, benchmarks: dict, model_benches: tu
         return {}
     oracle = next((b for b in model_benches if benchmark_plugin(b).has_oracle), None)
     if oracle is None:
-        _fail(where, "a retain model is TOFU's Forget Quality oracle, but this model runs no TOFU", source)
+        having = [b for b in _benchmark_names() if benchmark_plugin(b).has_oracle]
+        _fail(where, f"a retain model is the oracle of a benchmark that has one ({', '.join(having) or 'none'}), but "
+              "this model runs none", source)
+    kinds = benchmark_plugin(oracle).oracle_kinds or _RETAIN_KINDS
+    unit = benchmark_plugin(oracle).name.upper()
     splits = benchmarks[oracle]["splits"]
     if not isinstance(value, dict):
         _fail(where, "expected {checkpoint: ...}, {per_item: ...}, {train: {...}} or a mapping per split", source)
@@ -587,16 +618,16 @@ def _validate_retain(value: Any, where: str, benchmarks: dict, model_benches: tu
     else:
         for key in value:
             if key not in splits:
-                _fail(f"{where}.{key}", f"expected a retain spec kind ({', '.join(_RETAIN_KINDS)}) or a configured "
-                      f"TOFU split ({', '.join(splits)})", source)
+                _fail(f"{where}.{key}", f"expected a retain spec kind ({', '.join(kinds)}) or a configured "
+                      f"{unit} split ({', '.join(splits)})", source)
         per_split = value
         wheres = {split: f"{where}.{split}" for split in value}
     resolved = {}
     for split, spec in per_split.items():
         w = wheres[split]
-        _check_keys(spec, _RETAIN_KINDS, w, source)
+        _check_keys(spec, kinds, w, source)
         if len(spec) != 1:
-            _fail(w, f"give exactly one of {', '.join(_RETAIN_KINDS)}", source)
+            _fail(w, f"give exactly one of {', '.join(kinds)}", source)
         (kind, val), = spec.items()
         if kind == "finetune":
             val = _validate_finetune(val or {}, f"{w}.finetune", source, needs_data=False)
@@ -623,8 +654,8 @@ def _validate_finetune(value: Any, where: str, source: str | None, *, needs_data
             _fail(f"{where}.{key}", f"given twice (as {canon} and an alias)", source)
         if canon == "data":
             if not isinstance(val, str) or not val:
-                _fail(f"{where}.data", "expected a corpus source: TOFU config (full, retain90), JSON/JSONL file or "
-                      "rwku:<target>:<kind>", source)
+                helps = [plugin.corpus_help for plugin in _benchmark_plugins() if plugin.corpus_help]
+                _fail(f"{where}.data", f"expected a corpus source: a JSON/JSONL file, {', '.join(helps)}", source)
             if needs_data and (names := _placeholders(val)):
                 # a model's own fine-tune is one cell for every split: nothing fills a placeholder there
                 _fail(f"{where}.data", f"placeholder {{{names[0]}}} is filled only in a retain oracle's "

@@ -7,26 +7,41 @@ from pathlib import Path
 from typing import Any
 
 from ..devices import HALF_DTYPES, explain_out_of_memory
-from ..errors import InputError, MissingInputError
-from ..lmeval.metadata import METADATA_KEYS
-from ..store import read_json
-from .config import PROMPTING_DEFAULTS, ModelSpec
+from ..errors import InputError
+from .config import ModelSpec
 from .models import cell_device, model_dtype
 from .plan import Cell
 
 #: What a scoring pass too large for the GPU is told to change.
 SMALLER_EVALUATION = "lower evaluation.batch_size in the config (it changes no setting of the protocol)"
-#: The evaluation keys that are protocol presets / options of the tasks (lm-eval metadata of the same name).
-PRESET_KEYS = tuple(key for key in PROMPTING_DEFAULTS if key in METADATA_KEYS)
+
+
+def preset_defaults(evaluation: dict) -> dict[str, Any]:
+    """The evaluation keys that are protocol presets / options of the tasks (lm-eval metadata of the same name),
+    with their defaults: of each benchmark whose defaults are in every cell, or whose keys `evaluation` sets."""
+    from .. import plugins
+
+    defaults: dict[str, Any] = {}
+    for plugin in plugins.benchmarks:
+        if plugin.evaluation_in_every_cell or set(plugin.evaluation_defaults) & set(evaluation):
+            defaults.update({key: value for key, value in plugin.evaluation_defaults.items()
+                             if key in plugin.metadata_keys})
+    return defaults
+
+
+def __getattr__(name: str):
+    """`PRESET_KEYS`: the keys of `preset_defaults({})`, read from the registry when used."""
+    if name == "PRESET_KEYS":
+        return tuple(preset_defaults({}))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def protocol_presets(evaluation: dict) -> dict[str, Any]:
     """The presets a run uses (defaults filled in): passed to the tasks as lm-eval metadata and recorded in every
     cell's `details.prompting`. System prompts are the tasks' own (TOFU open-unlearning: "You are a helpful
     assistant."; RWKU: none), so the runner passes no `system_instruction`."""
-    defaults = {key: PROMPTING_DEFAULTS[key] for key in PRESET_KEYS}
     return {key: evaluation.get(key, default) if evaluation.get(key) is not None else default
-            for key, default in defaults.items()}
+            for key, default in preset_defaults(evaluation).items()}
 
 
 def lmeval_settings(evaluation: dict) -> dict[str, Any]:
@@ -77,10 +92,10 @@ def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Pat
     out = workdir / "lmeval"
     from .. import plugins
 
-    tasks, unavailable = rwku_tasks_with_data(cell, data_dir)
+    tasks, unavailable = tasks_with_data(cell, data_dir)
     t0 = time.perf_counter()
     run_lmeval(cell.model, model_path, tasks, out, routers=routers, reference=reference, data_dir=data_dir,
-               targets=None if cell.target is None else str(cell.target), limit=cell.limit,
+               benchmark=cell.benchmark, limit=cell.limit,
                batch_size=cell.evaluation.get("batch_size", 8), device=cell_device(cell), chat_template=chat_template,
                metadata={**plugins.benchmarks.get(cell.benchmark).task_metadata(cell.split, cell.target),
                          **(metadata or {})},
@@ -89,7 +104,7 @@ def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Pat
             "tasks_unavailable": unavailable}
 
 
-def rwku_tasks_with_data(cell: Cell, data_dir) -> tuple[list[str], dict[str, str]]:
+def tasks_with_data(cell: Cell, data_dir) -> tuple[list[str], dict[str, str]]:
     """The cell's tasks its benchmark's data can serve (`Benchmark.tasks_with_data`: RWKU's utility sets exist for
     some targets only), with the reason for each one left out."""
     from .. import plugins
@@ -121,30 +136,33 @@ def eval_model_args(model: ModelSpec, model_path: str, routers: str | None = Non
 def run_lmeval(model: ModelSpec, model_path: str, tasks: list[str], out: Path, *, routers: str | None = None,
                reference: str | None = None, data_dir=None, targets: str | None = None, limit: int | None = None, batch_size=8,
                device: str = "cpu", chat_template: bool = False, gen_kwargs: dict | None = None,
-               presets: dict | None = None, metadata: dict | None = None) -> dict:
-    """One `simple_evaluate` on the project's tasks, saved under `out` as `lm_eval --log_samples` saves it.
-    `targets`: RWKU targets (lm-eval metadata `rwku_targets`); `limit` on RWKU = rows per file and target;
+               presets: dict | None = None, metadata: dict | None = None, benchmark: str | None = None) -> dict:
+    """One `simple_evaluate` on the benchmarks' tasks, saved under `out` as `lm_eval --log_samples` saves it.
+    `benchmark`: whose tasks (its `lmeval_limit` turns `limit` into what its tasks read); `targets`: the numbered
+    units to evaluate (`Benchmark.task_metadata`; the benchmark whose unit is a target when none is named);
     `presets`: `protocol_presets(...)` (default: the default presets); `metadata`: a benchmark's own keys
     (`Benchmark.task_metadata`)."""
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
 
-    from ..lmeval.registration import register, tasks_dir
+    from .. import plugins
+    from ..lmeval.registration import register, task_paths
 
     register()
     # The tasks read their data and targets from lm-eval's metadata; it must go to the TaskManager (simple_evaluate's
     # own `metadata=` is only used when it builds the TaskManager itself).
     metadata = {k: v for k, v in {**(presets or protocol_presets({})), **(metadata or {})}.items() if v is not None}
-    if targets is not None:
-        metadata["rwku_targets"] = targets
+    if benchmark is None and targets is not None:
+        benchmark = next(plugin.name for plugin in plugins.benchmarks if plugin.unit == "target")
+    plugin = plugins.benchmarks.get(benchmark) if benchmark is not None else None
+    if plugin is not None and targets is not None:
+        metadata.update(plugin.task_metadata(None, targets))
     if data_dir:
         metadata["data_dir"] = str(data_dir)
-    if targets is not None and limit is not None:
-        # RWKU: the first N rows of each file kind of the target (MIA: N members + N non-members); lm-eval's
-        # `limit` would keep the first N docs only, i.e. MIA members without any non-member (no AUC).
-        metadata["rwku_items_per_target"] = int(limit)
-        limit = None
+    if plugin is not None:
+        limit, per_unit = plugin.lmeval_limit(limit)   # e.g. rows per file and target instead of lm-eval's first N
+        metadata.update(per_unit)
     tracker = EvaluationTracker(output_path=str(out))
     from ..fingerprints import quiet_lm_eval_git
 
@@ -152,7 +170,7 @@ def run_lmeval(model: ModelSpec, model_path: str, tasks: list[str], out: Path, *
         results = lm_eval.simple_evaluate(
             model="cru", model_args=eval_model_args(model, model_path, routers, reference), tasks=tasks, limit=limit,
             batch_size=batch_size, device=device, log_samples=True,
-            task_manager=TaskManager(include_path=tasks_dir(), include_defaults=False, metadata=metadata or None),
+            task_manager=TaskManager(include_path=task_paths(), include_defaults=False, metadata=metadata or None),
             apply_chat_template=chat_template, gen_kwargs=gen_kwargs, evaluation_tracker=tracker,
             bootstrap_iters=0,
         )
@@ -219,41 +237,3 @@ def logit_lens_of_cell(cell: Cell, model_path: str, routers: str | None, data_di
         del model
         gc.collect()
     return {**result.to_dict(), "rows": source, "routers": routers}
-
-
-def retain_from_per_item(path: str, forget_task: str | None = None) -> dict:
-    """A retain model given as a saved per-item file: its forget truth ratios (and questions, to match items)
-    feed Forget Quality. `.json`: a cell result (or its `per_item`); else a `per_item.jsonl` written by `score`."""
-    import json
-
-    values, questions = [], []
-    file = Path(path)
-    if not file.is_file():
-        raise MissingInputError(f"retain per-item file not found: {path}")
-    if file.suffix == ".json":
-        data = read_json(file)
-        per_item = data.get("per_item", data)
-        values = per_item.get("forget_truth_ratio", [])
-        questions = per_item.get("forget_question") or []
-    else:
-        for line_no, line in enumerate(file.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise InputError(f"{path}:{line_no}: not a JSON line ({err})") from None
-            task = row.get("task", "")
-            if (task == forget_task if forget_task else task.startswith("tofu_forget")) and \
-                    row.get("truth_ratio") is not None:
-                if "question" not in row:
-                    raise InputError(f"{path}:{line_no}: a forget row without its question")
-                values.append(row["truth_ratio"])
-                questions.append(row["question"])
-    if not values:
-        raise InputError(f"{path} holds no forget-set truth ratios for {forget_task or 'tofu_forget*'} "
-                         f"(field forget_truth_ratio / truth_ratio)")
-    per_item = {"forget_truth_ratio": values}
-    if questions and len(questions) == len(values):
-        per_item["forget_question"] = questions
-    return {"per_item": per_item, "details": {"retain_source": str(path)}}

@@ -14,7 +14,7 @@ from .. import plugins
 from ..errors import MissingInputError
 from ..metrics.recovery import taught_questions
 from ..store import CellStore, waiting_lock
-from .evaluation import (evaluate_cell, logit_lens_of_cell, protocol_presets, retain_from_per_item, score_cell,
+from .evaluation import (evaluate_cell, logit_lens_of_cell, protocol_presets, score_cell,
                          use_chat_template)
 from .models import cell_device, load_model, model_dtype, resolve_data_dir, resolve_model_path
 from .plan import Cell
@@ -156,10 +156,12 @@ def method_context(cell: Cell, model_path: str, workdir: Path, data_dir, outcome
 
 
 def privacy_reference(cell: Cell, retain_result: dict | None, outcome: dict) -> str | None:
-    """The reference model of the TOFU privacy tasks' reference attack: the cell's retain oracle (open-unlearning's
-    TOFU config names the retain model), when the cell runs a privacy task and the oracle's checkpoint is on this
-    machine. Recorded in `details.privacy_reference` either way, so a missing AUC says why."""
-    if not any(task.startswith("tofu_privacy_") for task in cell.tasks) or cell.kind in ("retain", "finetune"):
+    """The reference model of a task's reference attack (TOFU's privacy tasks): the cell's retain oracle
+    (open-unlearning's TOFU config names the retain model), when the cell runs such a task
+    (`Benchmark.oracle_as_reference`) and the oracle's checkpoint is on this machine. Recorded in
+    `details.privacy_reference` either way, so a missing AUC says why."""
+    if not plugins.benchmarks.get(cell.benchmark).oracle_as_reference(cell.tasks) or \
+            cell.kind in ("retain", "finetune"):
         return None
     path = ((retain_result or {}).get("artifacts") or {}).get("model")
     if path and Path(path).is_dir():
@@ -194,7 +196,7 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
     if cell.kind == "retain":
         retain = cell.extra["retain"]
         if retain["kind"] == "per_item":
-            return retain_from_per_item(retain["value"], f"tofu_{cell.split}")
+            return plugins.benchmarks.get(cell.benchmark).oracle_from_file(retain["value"], cell)
         if retain["kind"] == "checkpoint":
             model_path = resolve_model_path(retain["value"])
         elif retain["kind"] == "finetune":  # the oracle: the same recipe from the same starting model
@@ -220,7 +222,9 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
         attacked = check_trained(attack.run(ctx), attack, "attack")
         same_model = (attacked.model_path, attacked.routers) == (model_path, routers)   # a prompt attack
         model_path, routers = attacked.model_path, attacked.routers
-        task_metadata = attack.task_metadata(cell.extra["attack"]["settings"], cell.seed) or None
+        task_metadata = plugins.benchmarks.get(cell.benchmark).variant_metadata(
+            getattr(attack, "variant", attack.name), attack.task_metadata(cell.extra["attack"]["settings"], cell.seed)
+        ) or None
         label = attacked_result["label"]
         outcome["details"]["attack"] = {**cell.extra["attack"], "attacked": cell.extra["attacked"],
                                         "attacked_label": label, "attacked_kind": attacked_result.get("kind"),

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..store import atomic_write_json
-from .config import PROMPTING_DEFAULTS, ExperimentConfig, MethodSpec, ModelSpec
+from .config import ExperimentConfig, MethodSpec, ModelSpec
 
 HASH_SCHEMA = 1          # bump when the meaning of a resolved cell changes (invalidates caches)
 HASH_LENGTH = 16
@@ -181,7 +181,8 @@ def _attack_cells(config: ExperimentConfig, block: list[Cell], corpora: dict[str
     for attack in config.attacks:
         plugin = plugins.attacks.get(attack.attack)
         for cell in block:
-            tasks = tuple(plugin.tasks(cell.tasks, attack.settings))   # a prompt attack's task variants
+            tasks = tuple(plugin.tasks_for(plugins.benchmarks.get(cell.benchmark), cell.tasks,
+                                           attack.settings))   # a prompt attack's task variants
             if not plugin.applies_to(cell.method_plugin) or not tasks:
                 continue
             attacked.append(Cell(
@@ -202,23 +203,20 @@ def attacked_cell_for(cell: Cell, cells: Iterable[Cell]) -> Cell | None:
     return next((other for other in cells if other.hash == cell.extra["attacked"]), None)
 
 
-#: The evaluation settings that decide how a finetune cell writes its TOFU rows (`runner.training.prompt_format`):
-#: only those a config changes from their defaults enter the cell, so a default config's hash stays as it was.
-_FINETUNE_PROMPTING = ("apply_chat_template", "tofu_preset", "tofu_model_family")
-
-
 def _finetune_cell(config: ExperimentConfig, model: ModelSpec) -> Cell:
     """The cell that fine-tunes `model.path` on `model.finetune["data"]` (TOFU's recipe): no evaluation, but the
     prompt format the TOFU evaluation uses (a legacy or open-unlearning model family, a forced chat choice)."""
     from .. import plugins
 
-    # TOFU's recipe: recorded under the benchmark whose oracle it serves when the model runs one
+    # recorded under the benchmark whose oracle it serves when the model runs one
     bench = next((b for b in model.benchmarks if plugins.benchmarks.get(b).has_oracle), model.benchmarks[0])
-    oracle = plugins.benchmarks.get(bench).has_oracle
-    # the chat choice writes any benchmark's rows; the presets are TOFU's
-    prompting = {key: config.evaluation[key] for key in _FINETUNE_PROMPTING
-                 if (oracle or key == "apply_chat_template")
-                 and config.evaluation[key] != PROMPTING_DEFAULTS[key]}
+    plugin = plugins.benchmarks.get(bench)
+    # The evaluation settings that decide how it writes its rows (`runner.training.prompt_format`): the chat choice
+    # writes any benchmark's rows, the oracle benchmark's own keys its rows under its presets. Only those a config
+    # changes from their defaults enter the cell, so a default config's hash stays as it was.
+    defaults = {"apply_chat_template": None, **(plugin.evaluation_defaults if plugin.has_oracle else {})}
+    prompting = {key: config.evaluation[key] for key, default in defaults.items()
+                 if config.evaluation.get(key, default) != default}
     return Cell(kind="finetune", model=model, benchmark=bench, split=None, target=None, method="Finetune",
                 label="Finetune", seed=STARTING_MODEL_SEED, hparams=dict(model.finetune),
                 corpora={"train_corpus": model.finetune["data"]}, tasks=(), limit=None, evaluation=prompting,

@@ -68,8 +68,10 @@ def data_fingerprint(benchmark: str, data_dir: str | None) -> str:
     from ..data.sources import resolve_local_dir
     from .models import resolve_data_dir
 
-    source = plugins.benchmarks.get(benchmark).data_source or benchmark   # tofu_author reads TOFU's folder
-    folder = resolve_local_dir(source, resolve_data_dir(data_dir))
+    plugin = plugins.benchmarks.get(benchmark)   # its `data` hook: tofu_author reads TOFU's folder
+    if plugin.data is None:   # no data folder of its own (its tasks read lm-eval's data): nothing local to hash
+        return HUB_DATA
+    folder = resolve_local_dir(plugin, resolve_data_dir(data_dir))
     return f"sha:{directory_fingerprint(folder)}" if folder is not None else HUB_DATA
 
 

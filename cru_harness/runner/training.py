@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ..baselines.plugin import record_resources
-from ..cru.plugin import ROUTERS_DIR  # noqa: F401  (where a CRU cell keeps its bundle; importable here)
+from ..api import ROUTERS_DIR  # noqa: F401  (where an adapter cell keeps its bundle; importable here)
 from .models import load_model, model_dtype, resolve_model_path
 from .plan import Cell
 from .provenance import directory_fingerprint
@@ -24,9 +24,9 @@ def prompt_format(cell: Cell, chat: bool) -> dict:
     from .evaluation import protocol_presets
 
     benchmark = plugins.benchmarks.get(cell.benchmark)
-    if cell.kind == "finetune":   # fine-tuning is TOFU's recipe on TOFU's rows, under TOFU's presets when it serves
-        presets = protocol_presets(cell.evaluation if benchmark.has_oracle else {})   # the oracle's benchmark
-        return {"chat": bool(chat), "preset": presets["tofu_preset"], "family": presets["tofu_model_family"]}
+    if cell.kind == "finetune":   # the fine-tune writes its rows as the benchmark whose oracle it serves asks them
+        presets = protocol_presets(cell.evaluation if benchmark.has_oracle else {})
+        return benchmark.finetune_prompt_format(cell, chat, presets)
     return benchmark.training_prompt_format(cell, chat, protocol_presets(cell.evaluation))
 
 
@@ -63,7 +63,7 @@ def train_finetuned_model(cell: Cell, spec: dict, source_path: str, corpus: str,
     fmt = prompt_format(cell, use_chat_template(cell, source_path))
     result = finetune(source_path, corpus, out, config=FinetuneConfig.from_dict(overrides), seed=cell.seed or 0,
                       data_dir=data_dir, dtype=dtype, device=cell.device, device_map=cell.model.device_map,
-                      chat_template=fmt["chat"], preset=fmt["preset"], family=fmt["family"], overwrite=True,
+                      chat_template=fmt["chat"], **{k: fmt[k] for k in ("preset", "family") if k in fmt}, overwrite=True,
                       progress=False, trust_remote_code=cell.model.trust_remote_code)
     outcome["details"]["training_prompts"] = fmt
     record_resources(outcome, result.resources)

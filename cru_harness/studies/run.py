@@ -62,8 +62,8 @@ def data_source(benchmark: str, data_dir: str | None, recorded: Counter | None =
                 "(their run records)")
     from .. import plugins
 
-    source = plugins.benchmarks.get(benchmark).data_source or benchmark
-    return local if resolve_local_dir(source) is not None else "the Hugging Face Hub"
+    plugin = plugins.benchmarks.get(benchmark)   # its `data` hook (tofu_author: TOFU's folder)
+    return local if plugin.data is not None and resolve_local_dir(plugin) is not None else "the Hugging Face Hub"
 
 
 def cell_records(output_dir, hashes) -> dict[str, dict]:
@@ -174,7 +174,7 @@ def run_study(study: Study, *, force: bool = False, dry_run: bool = False, shard
     labels = [m.label for m in config.methods]
     rows = study_rows(results, labels, spec.x)
     by_hash = {r["hash"]: r for r in results}
-    analysed = [c for c in cells if c.method == "CRU" and (by_hash.get(c.hash) or {}).get("status") == "ok"]
+    analysed = [c for c in cells if _routes(c) and (by_hash.get(c.hash) or {}).get("status") == "ok"]
     gate_gap = None
     if spec.kind == "gate_gap" and table_only:
         # read before anything is written: a missing or mismatching analysis leaves the outputs as they were;
@@ -229,8 +229,15 @@ def write_outputs(study: Study, stem: str, markdown: str, csv_text: str) -> None
     atomic_write_text(study.out_dir / f"{stem}.csv", csv_text)
 
 
+def _routes(cell) -> bool:
+    """A cell of a method that trains router bundles on a frozen base (`Method.adapter`: CRU), whose routers the
+    overlap and gate-gap analyses read."""
+    plugin = cell.method_plugin
+    return plugin is not None and plugin.adapter
+
+
 def _group(cell) -> str:
-    return f"{cell.model.name} · {cell.benchmark} {cell.split if cell.benchmark == 'tofu' else cell.unit}"
+    return f"{cell.model.name} · {cell.benchmark} {cell.unit}"
 
 
 def _stat_cells(values) -> tuple[str, float | None, float | None]:
@@ -254,7 +261,7 @@ def _run_overlap(study: Study, *, force: bool, dry_run: bool, log: Callable, tab
 
     config, spec = study.config, study.spec
     cells = _plan(config, _selected(config, any_code=table_only))
-    cru = [c for c in cells if c.kind == "method" and c.method == "CRU"]
+    cru = [c for c in cells if c.kind == "method" and _routes(c)]
     if table_only:
         from .analyses import saved_analysis
 

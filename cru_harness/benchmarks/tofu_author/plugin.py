@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..data.tofu import parse_author_source
-from ..metrics import deviation_score
-from ..reporting.stats import is_number
-from ..reporting.tables import Column, fc_columns
-from .tofu import TOFU
+from ...data.tofu import parse_author_source
+from ...metrics import deviation_score
+from ...reporting.stats import is_number
+from ...reporting.tables import Column, fc_columns
+from ..tofu import TOFU
 
 TOFU_AUTHOR_COLUMNS = (
     Column("deviation_score", "Deviation score ↓", "DS$\\downarrow$", "down", ""),
@@ -40,7 +40,12 @@ class TOFUAuthor(TOFU):
     default_corpora = {"forget_corpus": "{split}", "retain_corpus": "{retain_split}"}
     placeholders = ("split", "retain_split")
     has_oracle = False
+    oracle_kinds = ()
     order = 11
+    corpus_help = "a TOFU author (author_1, not_author_1)"
+    metadata_keys = (*TOFU.metadata_keys, "tofu_author")
+    task_keys = {**TOFU.task_keys,
+                 "tofu_author_set": "the TOFU task chooses the set (tofu_author_forget, tofu_author_retain)"}
     columns = TOFU_AUTHOR_COLUMNS
     table_unit = "Author"
     table_note = DEVIATION_NOTE
@@ -54,6 +59,14 @@ class TOFUAuthor(TOFU):
     study_keys = (("deviation_score", "deviation score"), ("forget_rouge1", "forget ROUGE-1"),
                   ("retain_rouge1", "retain ROUGE-1"))
     stats_note = "one author per block: the p-values describe these runs"
+
+    def corpus_rows(self, source: str, data_dir) -> tuple[list[dict], str] | None:
+        """LUNAR's single-author split: `author_K` (author K's 20 rows of `full`), `not_author_K` (the others')."""
+        from ...data.tofu import load_author_rows
+
+        if (author := parse_author_source(source)) is None:
+            return None
+        return load_author_rows(author[0], data_dir, others=author[1]), f"TOFU full {source}"
 
     def derive(self, metrics: dict, result: dict) -> None:
         forget, retain = metrics.get("forget_rouge1"), metrics.get("retain_rouge1")
@@ -85,7 +98,7 @@ class TOFUAuthor(TOFU):
         return {"tofu_author": parsed[0]} if parsed else {}
 
     def score(self, cell, lmeval_dir, *, data_dir, original_model, retain_result, device, batch_size) -> dict:
-        from ..scoring import cell_scores
+        from ...scoring import cell_scores
 
         return cell_scores.score_tofu_author_cell(lmeval_dir, original_model=original_model, device=device,
                                                   batch_size=batch_size, device_map=cell.model.device_map,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api import Benchmark
-from ..reporting import stats
-from ..reporting.tables import Column, fc_columns
-from ..data.rwku import DEFAULT_TARGETS, TargetSelectionError, parse_targets
-from ..data.sources import HUB_IDS
-from ..hparams import MAX_ROWS
+from pathlib import Path
+
+from ...api import Benchmark
+from ...data.rwku import DEFAULT_TARGETS, SOURCE, TargetSelectionError, parse_targets
+from ...hparams import MAX_ROWS
+from ...prompts import DEFAULT_RWKU_PRESET
+from ...reporting import stats
+from ...reporting.tables import Column, fc_columns
 
 SELECT_KEYS = ("top", "probes", "rows")
 #: Forget probes whose score on the original model says how well it knows a target (RWKU ROUGE-L recall).
@@ -68,7 +70,15 @@ class RWKU(Benchmark):
     default_corpora = {"forget_corpus": "rwku:{target}:passage", "retain_corpus": "rwku:21:passage"}
     placeholders = ("target",)
     order = 20
-    hub_files = ((HUB_IDS["rwku"], "README.md"),)
+    hub_files = ((SOURCE.hub_id, "README.md"),)
+    data = SOURCE
+    corpus_help = "an RWKU source like rwku:1:passage"
+    evaluation_defaults = {"rwku_preset": DEFAULT_RWKU_PRESET, "rwku_newline_stop": False}
+    evaluation_in_every_cell = True
+    metadata_keys = ("rwku_targets", "rwku_items_per_target", "rwku_utility_missing", "rwku_preset",
+                     "rwku_newline_stop")
+    metadata_prefixes = ("rwku_",)
+    task_keys = {"rwku_probe": "the RWKU task chooses the probe (rwku_fb, rwku_qa, rwku_aa, rwku_mia, ...)"}
     columns = tuple(RWKU_COLUMNS)
     table_unit = "Targets"
     caption = ("\\texttt{RWKU}, means over targets: forget and neighbor ROUGE-L recall, MIA, utility. ``Original'' is "
@@ -83,13 +93,67 @@ class RWKU(Benchmark):
 
     def plots(self, rows, out_dir):
         """Forget ROUGE-L per probe level (RWKU's FB / QA / AA)."""
-        from ..reporting.plots import rwku_level_plot
+        from .report import rwku_level_plot
 
         path = rwku_level_plot(rows, out_dir)
         return [path] if path else []
 
     def row_unit(self, result: dict) -> str:
         return "all targets"
+
+    def report_lines(self, results: list[dict], after: str) -> list[str]:
+        """After the robustness table, the AA probe per attack type (`details.scoring.forget_aa_types`)."""
+        from .report import aa_type_markdown
+
+        return aa_type_markdown(results) if after == "robustness" else []
+
+    @property
+    def task_folder(self) -> str:
+        """`cru_harness.tasks.rwku` (`tasks/rwku` in a source checkout), installed with the package."""
+        from ...lmeval.registration import tasks_dir
+
+        return str(Path(tasks_dir()) / "rwku")
+
+    def corpus_rows(self, source: str, data_dir) -> tuple[list[dict], str] | None:
+        """`rwku:<targets>:<kind>` (`rwku:1:passage`, `rwku:1-3:forget_mia`): a probe kind such as
+        `rwku:101-110:neighbor_level2` gives its `query` + `answer` rows as question/answer pairs, each carrying the
+        probe that asks it (`prompt_keys`); `rwku:1:pair` / `rwku:1:reject` give RWKU's DPO / RT rows with their own
+        `alternate` answer (`data.rwku.corpus_row`)."""
+        if not source.startswith("rwku:"):
+            return None
+        from ...data.rwku import ALTERNATE_KINDS, PROBE_KINDS, corpus_row, load_target_file
+        from ...errors import InputError
+
+        parts = source.split(":")
+        if len(parts) != 3:
+            raise InputError(f"RWKU corpus {source!r} must look like rwku:<targets>:<kind>, e.g. rwku:1:passage")
+        _, targets, kind = parts
+        rows = [row for index in parse_targets(targets) for row in load_target_file(index, kind, data_dir)]
+        if kind in PROBE_KINDS:  # trained on as what they ask: the probe's question and its answer
+            rows = [{**row, "question": row["query"], "rwku_probe": PROBE_KINDS[kind]} for row in rows]
+        elif kind in ALTERNATE_KINDS:  # RWKU's DPO / RT corpora: the prompt, the answer and the preferred answer
+            rows = [corpus_row(kind, row, i, f"RWKU {targets} {kind}") for i, row in enumerate(rows)]
+        return rows, f"RWKU {targets} {kind}"
+
+    def prompt_keys(self, row: dict) -> dict[str, Any]:
+        """The RWKU probe a row's file is asked by (`rwku_probe`, set when an RWKU probe file is read as a corpus;
+        None otherwise) and an adversarial-attack row's `type`."""
+        probe = row.get("rwku_probe")
+        return {"probe": probe, "aa_type": str(row.get("type") or "") if probe == "aa" else ""}
+
+    def check_presets(self, evaluation: dict) -> None:
+        from ...prompts import check_rwku_preset
+
+        check_rwku_preset(evaluation.get("rwku_preset"))
+
+    def task_metadata(self, split, target) -> dict[str, Any]:
+        """The target its tasks evaluate (`rwku_targets`)."""
+        return {} if target in (None, "") else {"rwku_targets": str(target)}
+
+    def lmeval_limit(self, limit):
+        """The first N rows of each file kind of the target (MIA: N members + N non-members): lm-eval's `limit`
+        would keep the first N docs only, i.e. MIA members without any non-member (no AUC)."""
+        return (None, {"rwku_items_per_target": int(limit)}) if limit is not None else (None, {})
 
     def derive(self, metrics: dict, result: dict) -> None:
         metrics["forget_all"] = rwku_forget_all(result, metrics)
@@ -168,9 +232,9 @@ class RWKU(Benchmark):
         """
         if cell.target is None:
             return list(cell.tasks), {}
-        from ..data.rwku import UTILITY_TARGETS, MissingTargetFileError, load_target_file
-        from ..errors import InputError
-        from ..tasks.rwku.utils import PROBE_KINDS, UTILITY_PROBES
+        from ...data.rwku import UTILITY_TARGETS, MissingTargetFileError, load_target_file
+        from ...errors import InputError
+        from ...tasks.rwku.utils import PROBE_KINDS, UTILITY_PROBES
 
         kept, dropped = [], {}
         for task in cell.tasks:
@@ -196,7 +260,7 @@ class RWKU(Benchmark):
         return kept, dropped
 
     def score(self, cell, lmeval_dir, *, data_dir, original_model, retain_result, device, batch_size) -> dict:
-        from ..scoring import cell_scores
+        from ...scoring import cell_scores
 
         return cell_scores.score_rwku_cell(lmeval_dir, target=cell.target, original_model=original_model,
                                            device=device, batch_size=batch_size, device_map=cell.model.device_map,
