@@ -1344,6 +1344,66 @@ class TestCheckedUpFront:
         assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "t.yaml"]
 
 
+class TestRunAttackInputs:
+    """Issue 78, class 3: a run's attacks read corpora and draw slices; `run --dry-run` (and `run`, before any
+    cell) refuses in one line naming the key: a relearn corpus that is not there, does not parse or is another
+    benchmark's; a slice larger than the forget split; a prompt attack on tasks that have no variant (dropped
+    silently before: no cell, no word)."""
+
+    @pytest.mark.parametrize("attack, key, words", [
+        ({"attack": "relearn", "corpus": "{tmp}/nothing.json"}, "attacks[0].corpus", "nothing.json"),
+        ({"attack": "relearn", "corpus": "{tmp}/bad.json"}, "attacks[0].corpus", "bad.json"),
+        ({"attack": "relearn", "corpus": "rwku:1:passage"}, "attacks[0].corpus", "is not a tofu corpus"),
+        ({"attack": "relearn", "corpus": "retain90[:4] + nope"}, "attacks[0].corpus", "'nope' is not a tofu corpus"),
+        ({"attack": "relearn", "slice_size": 1000}, "attacks[0].slice_size", "slice_size 1000"),
+        ({"attack": "in_context", "slice_size": 1000}, "attacks[0].slice_size", "slice_size 1000"),
+    ], ids=["missing-corpus", "corpus-not-json", "other-benchmark", "unknown-part", "relearn-slice",
+            "in-context-slice"])
+    def test_a_dry_run_refuses_what_an_attack_would_fail_on(self, attack, key, words, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        (tmp_path / "bad.json").write_text("[{not json")
+        attack = {k: v.replace("{tmp}", str(tmp_path)) if isinstance(v, str) else v for k, v in attack.items()}
+        path = write_run_config(tmp_path, benchmarks={"tofu": {"splits": ["forget01"], "data_dir": "testbed:world"}},
+                                attacks=[attack])
+        assert main(["run", str(path), "--dry-run"]) == 2
+        out, err = capsys.readouterr()
+        assert "experiment t" not in out
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and f"{key}: " in lines[0] and words in lines[0], lines
+
+    def test_the_same_attacks_on_good_inputs_plan(self, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        (tmp_path / "benign.json").write_text(json.dumps([{"question": "q", "answer": "a"}]))
+        path = write_run_config(tmp_path, benchmarks={"tofu": {"splits": ["forget01"], "data_dir": "testbed:world"}},
+                                attacks=[{"attack": "relearn", "corpus": str(tmp_path / "benign.json")},
+                                         {"attack": "relearn", "label": "benign2", "corpus": "retain90[:4]"},
+                                         {"attack": "relearn", "label": "r2", "slice_size": 2}, "in_context"])
+        assert main(["run", str(path), "--dry-run"]) == 0, capsys.readouterr().err
+        assert "experiment t" in capsys.readouterr().out
+
+    def test_a_prompt_attack_on_tasks_without_a_variant_is_refused(self, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        path = write_run_config(tmp_path, benchmarks={"rwku": {"targets": [1]}}, attacks=["paraphrase"])
+        assert main(["run", str(path), "--dry-run"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "attacks[0]: paraphrase varies the prompts" in err[0] and "rwku" in err[0], err
+
+    def test_a_run_refuses_before_any_cell(self, tmp_path):
+        from cru_harness.runner import config as cfg
+        from cru_harness.runner.cli import run_config
+
+        config = cfg.load_config(write_run_config(
+            tmp_path, benchmarks={"tofu": {"splits": ["forget01"], "data_dir": "testbed:world"}},
+            attacks=[{"attack": "relearn", "corpus": str(tmp_path / "gone.jsonl")}]))
+        calls = []
+        with pytest.raises(cfg.ConfigError, match=r"attacks\[0\]\.corpus: .*gone.jsonl"):
+            run_config(config, executor=fake_executor(calls), report=False, log=lambda _: None)
+        assert calls == []
+
+
 def _word_tokenizer(directory: Path, words: list[str], vocab_size: int | None = None) -> Path:
     """A tiny word-level tokenizer (and a config.json) saved in `directory`: what a model directory's tokenizer
     files look like, without weights."""

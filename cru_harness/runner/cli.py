@@ -343,6 +343,9 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
         raise TargetSelectionError(f"RWKU target selection (benchmarks.rwku.select_known) failed: "
                                    f"{type(err).__name__}: {err}") from err
     cells = all_cells = build_plan(config, selected)
+    from .inputs import check_attack_inputs
+
+    check_attack_inputs(config, all_cells)   # before any training, a dry run too
     if shard:
         index, count = parse_shard(shard)
         cells = select_shard(cells, index, count)
