@@ -1390,6 +1390,10 @@ class TestRunAttackInputs:
         assert main(["run", str(path), "--dry-run"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "attacks[0]: paraphrase varies the prompts" in err[0] and "rwku" in err[0], err
+        # beside a benchmark whose tasks have it, RWKU's cells simply get none (its AA probe is its paraphrase)
+        path = write_run_config(tmp_path, name="both", attacks=["paraphrase"], benchmarks={
+            "rwku": {"targets": [1]}, "tofu": {"splits": ["forget01"], "data_dir": "testbed:world"}})
+        assert main(["run", str(path), "--dry-run"]) == 0, capsys.readouterr().err
 
     def test_a_run_refuses_before_any_cell(self, tmp_path):
         from cru_harness.runner import config as cfg

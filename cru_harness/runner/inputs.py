@@ -22,22 +22,27 @@ def _data_is_local(benchmark, data_dir) -> bool:
 
 def check_attack_inputs(config: Any, cells: list) -> None:
     """Refuse (`ConfigError`, naming `attacks[i]` and the setting) an attack that would make no cell because no
-    task of a benchmark it attacks has its prompt variant, and the first input an attack cell would fail on."""
+    task of the run has its prompt variant, and the first input an attack cell would fail on."""
     from .. import plugins
+    from ..errors import excerpt
     from .config import ConfigError
 
     attacked = [cell for cell in cells if cell.kind in ("method", "retain")]
     for spec in config.attacks:
         attack = plugins.attacks.get(spec.attack)
         where = f"attacks[{spec.index}]"
+        varied, tasks = False, set()
         for bench in sorted({cell.benchmark for cell in attacked}):
             bench_cells = [cell for cell in attacked if cell.benchmark == bench]
             benchmark = plugins.benchmarks.get(bench)
-            if not any(attack.tasks_for(benchmark, cell.tasks, spec.settings) for cell in bench_cells):
-                tasks = ", ".join(sorted({t for cell in bench_cells for t in cell.tasks}))
-                raise ConfigError(where, f"{attack.name} varies the prompts of tasks that have a variant, and none of "
-                                  f"{bench}'s tasks ({tasks}) has one: it would make no cell; remove it or "
-                                  "attack another benchmark", config.source)
+            # a benchmark without the variant gets no cell (documented: RWKU's AA probe is its paraphrase attack);
+            # an attack that would make no cell at all is a mistake to say, not to drop
+            varied = varied or any(attack.tasks_for(benchmark, cell.tasks, spec.settings) for cell in bench_cells)
+            tasks.update(f"{bench}: {task}" for cell in bench_cells for task in cell.tasks)
+        if attacked and not varied:
+            raise ConfigError(where, f"{attack.name} varies the prompts of tasks that have a variant, and none of the "
+                              f"run's tasks ({excerpt(', '.join(sorted(tasks)), 200)}) has one: it would make no cell; "
+                              "remove it or attack a benchmark whose tasks have one", config.source)
         checked = set()
         for cell in cells:
             if cell.kind != "attack" or cell.extra["attack"]["name"] != attack.name \
