@@ -253,6 +253,13 @@ class Attack:
         the prompts asks the benchmark for its variants (`Benchmark.task_variants`)."""
         return self.tasks(tasks, settings)
 
+    def check_inputs(self, cell: Any, local: bool) -> tuple[str, str] | None:
+        """What one of its cells reads, checked before any cell runs (`run` and `run --dry-run`): (the setting,
+        the problem) for the first that would fail the cell, else None: a corpus that is not there, does not parse
+        or is another benchmark's, a slice larger than the forget set. `local`: the cell's benchmark data is on
+        this machine; when False nothing of the benchmark's may be read (it would be downloaded)."""
+        return None
+
     def run(self, ctx: CellContext) -> Trained:
         raise NotImplementedError(f"{type(self).__name__}.run")
 

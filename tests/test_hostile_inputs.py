@@ -755,8 +755,10 @@ class TestAbsurdSizes:
         """LUNAR and RMU train a few matrices, not the whole model: the plan says which, from the cell's settings."""
         from cru_harness.cli import main
 
+        (tmp_path / "p.json").write_text('["Write malware."]')
         path = write_run_config(tmp_path, methods=[{"method": "GA"}, {"method": "RMU", "layer": 3},
-                                                   {"method": "LUNAR", "layer": 5, "refusal_prompts_path": "p.json"},
+                                                   {"method": "LUNAR", "layer": 5,
+                                                    "refusal_prompts_path": str(tmp_path / "p.json")},
                                                    {"method": "CRU"}])
         assert main(["run", str(path), "--dry-run"]) == 0
         out = capsys.readouterr().out
@@ -764,14 +766,17 @@ class TestAbsurdSizes:
         assert "trains: RMU blocks 1, 2, 3: weights matching mlp\\.down_proj\\.weight on" in out
         assert "trains: LUNAR block 5's MLP down projection on" in out
 
-    def test_a_dry_run_names_an_input_file_a_method_reads_that_is_not_there(self, tmp_path, capsys):
+    def test_a_dry_run_refuses_an_input_file_a_method_reads_that_is_not_there(self, tmp_path, capsys):
         """LUNAR's refusal prompts are the user's file: a path that is not there would fail every LUNAR cell after
-        the fine-tuning and the other cells; the plan says so before anything runs."""
+        the fine-tuning and the other cells; the dry run refuses it in one line naming the key (issue 78, class 3:
+        a warning let `run` go on to train)."""
         from cru_harness.cli import main
 
         path = write_run_config(tmp_path, methods=[{"method": "LUNAR", "refusal_prompts_path": "no/such.json"}])
-        assert main(["run", str(path), "--dry-run"]) == 0
-        assert "; refusal_prompts_path no/such.json does not exist: these cells will fail" in capsys.readouterr().out
+        assert main(["run", str(path), "--dry-run"]) == 2
+        out, err = capsys.readouterr()
+        assert "experiment t" not in out and len(err.strip().splitlines()) == 1, err
+        assert "methods[0].refusal_prompts_path: no/such.json does not exist" in err
         (tmp_path / "prompts.json").write_text('["Write malware."]')
         path = write_run_config(tmp_path, name="there",
                                 methods=[{"method": "LUNAR", "refusal_prompts_path": str(tmp_path / "prompts.json")}])
@@ -1343,6 +1348,118 @@ class TestCheckedUpFront:
         assert main(["report", str(config.output_dir), "--out", out, "--no-plots"]) == 2
         assert words in capsys.readouterr().err
         assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "t.yaml"]
+
+
+class TestRunAttackInputs:
+    """Issue 78, class 3: a run's attacks read corpora and draw slices; `run --dry-run` (and `run`, before any
+    cell) refuses in one line naming the key: a relearn corpus that is not there, does not parse or is another
+    benchmark's; a slice larger than the forget split; a prompt attack on tasks that have no variant (dropped
+    silently before: no cell, no word)."""
+
+    @pytest.mark.parametrize("attack, key, words", [
+        ({"attack": "relearn", "corpus": "{tmp}/nothing.json"}, "attacks[0].corpus", "nothing.json"),
+        ({"attack": "relearn", "corpus": "{tmp}/bad.json"}, "attacks[0].corpus", "bad.json"),
+        ({"attack": "relearn", "corpus": "rwku:1:passage"}, "attacks[0].corpus", "is not a tofu corpus"),
+        ({"attack": "relearn", "corpus": "retain90[:4] + nope"}, "attacks[0].corpus", "'nope' is not a tofu corpus"),
+        ({"attack": "relearn", "slice_size": 1000}, "attacks[0].slice_size", "slice_size 1000"),
+        ({"attack": "in_context", "slice_size": 1000}, "attacks[0].slice_size", "slice_size 1000"),
+    ], ids=["missing-corpus", "corpus-not-json", "other-benchmark", "unknown-part", "relearn-slice",
+            "in-context-slice"])
+    def test_a_dry_run_refuses_what_an_attack_would_fail_on(self, attack, key, words, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        (tmp_path / "bad.json").write_text("[{not json")
+        attack = {k: v.replace("{tmp}", str(tmp_path)) if isinstance(v, str) else v for k, v in attack.items()}
+        path = write_run_config(tmp_path, benchmarks={"tofu": {"splits": ["forget01"], "data_dir": "testbed:world"}},
+                                attacks=[attack])
+        assert main(["run", str(path), "--dry-run"]) == 2
+        out, err = capsys.readouterr()
+        assert "experiment t" not in out
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and f"{key}: " in lines[0] and words in lines[0], lines
+
+    def test_the_same_attacks_on_good_inputs_plan(self, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        (tmp_path / "benign.json").write_text(json.dumps([{"question": "q", "answer": "a"}]))
+        path = write_run_config(tmp_path, benchmarks={"tofu": {"splits": ["forget01"], "data_dir": "testbed:world"}},
+                                attacks=[{"attack": "relearn", "corpus": str(tmp_path / "benign.json")},
+                                         {"attack": "relearn", "label": "benign2", "corpus": "retain90[:4]"},
+                                         {"attack": "relearn", "label": "r2", "slice_size": 2}, "in_context"])
+        assert main(["run", str(path), "--dry-run"]) == 0, capsys.readouterr().err
+        assert "experiment t" in capsys.readouterr().out
+
+    def test_a_prompt_attack_on_tasks_without_a_variant_is_refused(self, tmp_path, capsys):
+        from cru_harness.cli import main
+
+        path = write_run_config(tmp_path, benchmarks={"rwku": {"targets": [1]}}, attacks=["paraphrase"])
+        assert main(["run", str(path), "--dry-run"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "attacks[0]: paraphrase varies the prompts" in err[0] and "rwku" in err[0], err
+        # beside a benchmark whose tasks have it, RWKU's cells simply get none (its AA probe is its paraphrase)
+        path = write_run_config(tmp_path, name="both", attacks=["paraphrase"], benchmarks={
+            "rwku": {"targets": [1]}, "tofu": {"splits": ["forget01"], "data_dir": "testbed:world"}})
+        assert main(["run", str(path), "--dry-run"]) == 0, capsys.readouterr().err
+
+    def test_a_run_refuses_before_any_cell(self, tmp_path):
+        from cru_harness.runner import config as cfg
+        from cru_harness.runner.cli import run_config
+
+        config = cfg.load_config(write_run_config(
+            tmp_path, benchmarks={"tofu": {"splits": ["forget01"], "data_dir": "testbed:world"}},
+            attacks=[{"attack": "relearn", "corpus": str(tmp_path / "gone.jsonl")}]))
+        calls = []
+        with pytest.raises(cfg.ConfigError, match=r"attacks\[0\]\.corpus: .*gone.jsonl"):
+            run_config(config, executor=fake_executor(calls), report=False, log=lambda _: None)
+        assert calls == []
+
+
+def _word_tokenizer(directory: Path, words: list[str], vocab_size: int | None = None) -> Path:
+    """A tiny word-level tokenizer (and a config.json) saved in `directory`: what a model directory's tokenizer
+    files look like, without weights."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "<eos>", *words])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>").save_pretrained(directory)
+    (directory / "config.json").write_text(json.dumps({"vocab_size": vocab_size or len(vocab)}))
+    return directory
+
+
+class TestPrivacyReferenceModel:
+    """Issue 78, class 3: the `cru` model's `reference=` model (the privacy metrics' reference attack; the runner
+    passes the retain cell's checkpoint, `score`/lm-eval users name one) is checked before the base loads: a
+    missing path, or a tokenizer that gives other ids than the evaluated model's, is one line."""
+
+    def test_a_missing_reference_is_refused_before_loading(self, fake_model_dir, hflm_calls, tmp_path):
+        from cru_harness.errors import UserError
+        from cru_harness.lmeval.model import CRULM
+
+        with pytest.raises(UserError, match=r"reference model \(reference=\) .*nothing.* does not exist"):
+            CRULM(base=str(fake_model_dir), reference=str(tmp_path / "nothing"), device="cpu")
+        assert hflm_calls == []
+
+    def test_a_reference_with_another_tokenizer_is_refused_before_loading(self, hflm_calls, tmp_path):
+        from cru_harness.lmeval.model import CRULM, ModelArgumentError
+
+        base = _word_tokenizer(tmp_path / "base", ["the", "quick", "brown", "fox"])
+        other = _word_tokenizer(tmp_path / "other", ["fox", "brown", "quick", "the"])   # same words, other ids
+        with pytest.raises(ModelArgumentError, match="has another tokenizer than the evaluated model"):
+            CRULM(base=str(base), reference=str(other), device="cpu")
+        # a checkpoint saved without its tokenizer: its vocabulary size is what can be compared
+        bare = tmp_path / "bare"
+        bare.mkdir()
+        (bare / "config.json").write_text(json.dumps({"vocab_size": 50}))
+        with pytest.raises(ModelArgumentError, match="has vocab_size 50, the evaluated model 6"):
+            CRULM(base=str(base), reference=str(bare), device="cpu")
+        assert hflm_calls == []
+        # the same tokenizer (the retain checkpoint of the same model) passes on to loading the base
+        same = _word_tokenizer(tmp_path / "same", ["the", "quick", "brown", "fox"])
+        with pytest.raises(StopBeforeLoading):
+            CRULM(base=str(base), reference=str(same), device="cpu")
+        assert len(hflm_calls) == 1
 
 
 class TestWHPDirectories:

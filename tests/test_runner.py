@@ -550,11 +550,19 @@ def test_purge_offline_is_reported_per_target_not_raised(tmp_path):
 
 # ------------------------------------------------------------------------------------------- dry runs
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
-def test_dry_run_on_every_shipped_config(path, capsys):
+def test_dry_run_on_every_shipped_config(path, capsys, tmp_path, monkeypatch):
     import torch
 
     from cru_harness.cli import main
 
+    # run from an empty directory: a LUNAR config's refusal prompts (data/lunar/harmful.json, the user's download)
+    # are refused until they are there, then the config plans
+    monkeypatch.chdir(tmp_path)
+    if "refusal_prompts_path" in path.read_text():
+        assert main(["run", str(path), "--dry-run", "--json"]) == 2
+        assert "refusal_prompts_path: data/lunar/harmful.json does not exist" in capsys.readouterr().err
+        (tmp_path / "data" / "lunar").mkdir(parents=True)
+        (tmp_path / "data" / "lunar" / "harmful.json").write_text('["Write malware."]')
     assert main(["run", str(path), "--dry-run", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     # Warned, not refused: a GPU config still plans on a machine without CUDA, the paper's on one without its

@@ -55,6 +55,23 @@ class InContextAttack(PromptAttack):
             metadata["slice_size"] = config.slice_size
         return metadata
 
+    def check_inputs(self, cell, local: bool) -> tuple[str, str] | None:
+        """The slice against the forget task's items (`Benchmark.forget_items`), when the data is here."""
+        from .. import plugins
+        from ..errors import UserError
+
+        if not local:
+            return None
+        config = InContextConfig(**cell.extra["attack"]["settings"])
+        try:
+            found = plugins.benchmarks.get(cell.benchmark).forget_items(cell, cell.data_dir)
+            if found is not None:
+                forget_slice(len(found[0]), fraction=config.slice_fraction, size=config.slice_size,
+                             seed=cell.seed or 0, what=self.name)
+        except UserError as err:
+            return "slice_size" if config.slice_size is not None else "slice_fraction", str(err)
+        return None
+
     def run(self, ctx: CellContext) -> Trained:
         """The model as deployed; the slice's questions are recorded (`details.in_context.slice_questions`), drawn
         as the task variant draws them from the split's evaluation file, so the report reads the attacked and

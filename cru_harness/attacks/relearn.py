@@ -27,6 +27,7 @@ not trained), and the same routers are served with the relearned base.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..api import Attack, CellContext, Trained
 from ..data.slices import DEFAULT_SLICE_FRACTION, check_slice_settings, forget_slice
@@ -87,6 +88,36 @@ class RelearnAttack(Attack):
     config = RelearnConfig
     order = 130
     needs_one_checkpoint = True   # no cell for a WHP model (two checkpoints)
+
+    def check_inputs(self, cell, local: bool) -> tuple[str, str] | None:
+        """The benign `corpus` (filled, each part a JSON/JSONL file that parses or, with the data here, a corpus of
+        the cell's benchmark or of one reading the same data), else the slice against the forget corpus's rows."""
+        from ..data.corpora import load_corpus_rows
+        from ..errors import UserError
+
+        config = RelearnConfig(**cell.extra["attack"]["settings"])
+        if config.corpus is not None:
+            try:
+                source = benign_corpus(config.corpus, cell)
+                if local:
+                    foreign = foreign_corpus(source, cell)
+                    if foreign:
+                        return "corpus", foreign
+                    load_corpus_rows(source, cell.data_dir)
+                else:
+                    for part in corpus_files(source):
+                        load_corpus_rows(part, cell.data_dir)
+            except UserError as err:
+                return "corpus", str(err)
+            return None
+        if not local:
+            return None
+        try:
+            rows, _ = load_corpus_rows(cell.corpora["forget_corpus"], cell.data_dir)
+            relearn_slice(len(rows), config, cell.seed or 0)
+        except UserError as err:
+            return "slice_size" if config.slice_size is not None else "slice_fraction", str(err)
+        return None
 
     def run(self, ctx: CellContext) -> Trained:
         from ..data.corpora import load_corpus_rows
@@ -177,3 +208,38 @@ def _attach(model, routers: str | None):
 
 
 ATTACK = RelearnAttack()
+
+
+def _corpus_parts(source: str) -> list[str]:
+    """The sources joined by ` + `, each without its `[A:B]` cap (`data.corpora.load_corpus_rows`'s syntax)."""
+    import re
+
+    parts = [part.strip() for part in source.split(" + ")]
+    return [(m.group(1) if (m := re.fullmatch(r"(.+)\[(\d*):(\d+)\]", part)) else part) for part in parts]
+
+
+def _is_file_source(part: str) -> bool:
+    path = Path(part).expanduser()
+    return path.suffix in (".json", ".jsonl") or path.exists()
+
+
+def corpus_files(source: str) -> list[str]:
+    """The parts of a corpus source that are files (read without the benchmark's data)."""
+    return [part for part in _corpus_parts(source) if part and _is_file_source(part)]
+
+
+def foreign_corpus(source: str, cell) -> str | None:
+    """Why a corpus name in `source` is not the cell's benchmark's (nor of a benchmark reading the same data, as
+    tofu_author reads TOFU's), or None. Asks those benchmarks' `corpus_rows` only: another benchmark's data is
+    never read (it may not be on this machine)."""
+    from .. import plugins
+
+    own = plugins.benchmarks.get(cell.benchmark)
+    family = [p for p in plugins.benchmarks if p.name == own.name or (own.data is not None and p.data is own.data)]
+    for part in _corpus_parts(source):
+        if not part or _is_file_source(part):
+            continue
+        if not any(p.corpus_rows(part, cell.data_dir) is not None for p in family):
+            return (f"corpus {part!r} is not a {own.name} corpus nor a JSON/JSONL file: a relearn attack on a "
+                    f"{own.name} cell trains on text of its own benchmark or on a file")
+    return None

@@ -93,7 +93,7 @@ from .arguments import (
 from .gradnorm import with_model_scores
 from .identity import base_identity, check_cache
 from .loaders import model_loader
-from .reference import ReferenceModel
+from .reference import ReferenceModel, check_reference_model
 from .routers import Routers, parse_router_spec
 
 __all__ = ["CRULM", "EOS_MARKER", "LoglikelihoodResult", "RollingResult"]
@@ -156,6 +156,9 @@ class CRULM(HFLM):
             if kwargs.get("subfolder") and Path(path).expanduser().is_dir():
                 path = str(Path(path).expanduser() / kwargs["subfolder"])
             check_model_path(path, what="base model")
+        if reference is not None:   # the privacy reference attack's model: checked before anything loads
+            reference = check_reference_model(reference, kwargs.get("tokenizer") or pretrained,
+                                              trust_remote_code=kwargs.get("trust_remote_code", False))
         self.routers = Routers(routers)   # read and validated before the base loads: a bad bundle fails at once
         try:
             super().__init__(pretrained=pretrained, **kwargs)

@@ -167,12 +167,19 @@ def check_local_models_exist(config) -> None:
     run only warns: it may plan the run for another machine.)"""
     from .config import ConfigError
 
-    from ..fingerprints import setting_paths
-
     for entry in security_summary(config):
         if entry["origin"] == "local path" and not Path(entry["path"]).expanduser().exists():
             raise ConfigError(entry["key"], f"model {entry['path']} does not exist (no such directory)",
                               config.source)
+    check_method_inputs(config)
+
+
+def check_method_inputs(config) -> None:
+    """An input file a method reads (`*_path`, LUNAR's refusal prompts) must be there: a run and a dry run both
+    stop on it (unlike a model, such a file is the user's own, not something another machine downloads)."""
+    from ..fingerprints import setting_paths
+    from .config import ConfigError
+
     for index, method in enumerate(getattr(config, "methods", ())):   # an input file a method reads (LUNAR's)
         for key, path in setting_paths(getattr(method, "hparams", {}) or {}).items():
             if not path.is_file():
@@ -349,6 +356,7 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
     check_run_directory(config.output_dir, config.name)
     options = dict(shard=shard, force=force, report=report, executor=executor, as_json=as_json, log=log,
                    reproduce=reproduce, inputs=inputs, only=only, reuse=reuse, reuse_bundles=reuse_bundles)
+    check_method_inputs(config)   # the user's own files: refused by a dry run too
     if dry_run:
         return _run_config(config, dry_run=True, **options)
     from ..locations import check_output_dir
@@ -386,6 +394,9 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
         raise TargetSelectionError(f"RWKU target selection (benchmarks.rwku.select_known) failed: "
                                    f"{type(err).__name__}: {err}") from err
     cells = all_cells = build_plan(config, selected)
+    from .inputs import check_attack_inputs
+
+    check_attack_inputs(config, all_cells)   # before any training, a dry run too
     if shard:
         index, count = parse_shard(shard)
         cells = select_shard(cells, index, count)
