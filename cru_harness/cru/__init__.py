@@ -26,7 +26,6 @@ _EXPORTS = {
     "BlockComparison": ".localize",
     "Localization": ".localize",
     "compare_localizations": ".localize",
-    "localize": ".localize",
     "PrefixCacheError": ".prefix",
     "LOSS_SHAPES": ".losses",
     "collapsed_gate": ".losses",
@@ -67,3 +66,7 @@ __all__ = [
     "find_decoder_blocks", "localize", "measure_gate_means", "routed", "router_schedule", "schedule_for",
     "train_routers",
 ]
+
+# `localize` names both a submodule and its main function: the import system binds the submodule to this package
+# whenever anything imports `cru_harness.cru.localize` first, so the function is bound here, not lazily.
+from .localize import localize  # noqa: E402
