@@ -313,7 +313,7 @@ class RouterTrainer:
         self.optimizer = torch.optim.Adam(bundle.routers.parameters(), lr=config.lr)
         # The training engine with the routers as its trainable weights: in place, in this process, beside the
         # frozen base (which may be device-mapped): no accumulation (one group per step), no clipping, no schedule.
-        self.engine = Engine(bundle.routers, self.optimizer)
+        self.engine = Engine(bundle.routers, self.optimizer, keep_gradients=True)   # grads readable after a step
         self.recorder = GateRecorder()
         self.timings = {"prefix_s": 0.0, "steps_s": 0.0, "final_gates_s": 0.0}
         self._handle = None

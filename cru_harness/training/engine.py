@@ -338,16 +338,19 @@ class Engine:
     `max_grad_norm`, step the optimizer, the scheduler (per step, unless `scheduler_interval="epoch"`: then
     `end_epoch()` steps it), zero the gradients. Returns the step's logs: the loss terms summed, the other logs
     averaged over the micro-batches, `grad_norm` when clipping, `skipped` under fp16, `lr` (before the step).
+    `keep_gradients`: zero them before each step instead, so the last step's gradients stay readable (CRU's
+    routers, as `RouterTrainer.step` always left them; a full model frees its gradients after each step).
     """
 
     def __init__(self, model: torch.nn.Module, optimizer, scheduler=None, *, accelerator: Accelerator | None = None,
                  max_grad_norm: float | None = None, counts=None, fp16: bool = False,
-                 scheduler_interval: str = "step"):
+                 scheduler_interval: str = "step", keep_gradients: bool = False):
         if scheduler_interval not in ("step", "epoch"):
             raise ValueError(f"scheduler_interval {scheduler_interval!r}: step or epoch")
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.accelerator, self.max_grad_norm, self.counts = accelerator, max_grad_norm, counts
         self.fp16, self.scheduler_interval = fp16, scheduler_interval
+        self.keep_gradients = keep_gradients
 
     @property
     def num_processes(self) -> int:
@@ -373,6 +376,8 @@ class Engine:
 
     def step(self, group: list, loss_fn) -> dict:
         acc, model = self.accelerator, self.model
+        if self.keep_gradients:
+            self.optimizer.zero_grad(set_to_none=True)
         if self.counts is not None:
             totals = group_totals(group, acc, self.counts)
             for micro in group:
@@ -428,7 +433,8 @@ class Engine:
         if self.scheduler is not None and self.scheduler_interval == "step" and not skipped:
             # HF Trainer's rule: a step fp16's loss scaler skipped (an overflow) leaves the schedule
             self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if not self.keep_gradients:
+            self.optimizer.zero_grad(set_to_none=True)
         if self.fp16:
             step_logs["skipped"] = float(skipped)
         step_logs["lr"] = lr
