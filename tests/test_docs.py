@@ -243,7 +243,7 @@ def test_cli_doc_names_only_options_its_commands_have():
         for code in re.findall(r"`([^`\n]*)`", prose_text):
             if re.match(r"(lm_eval|cru-eval|lm-eval)\b", code):
                 continue   # an lm-eval command line: the fenced-command check above covers the documented ones
-            call = re.match(r"cru-harness (\w+)", code)
+            call = re.match(r"cru-harness ([\w-]+)", code)
             flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)(?![\w])", code))
             if call:   # `cru-harness <other> --flag`: that subcommand's
                 assert flags <= option_strings(harness_subparsers()[call.group(1)]), (name, code)
