@@ -14,7 +14,6 @@ one run can share a directory while a second full run (or the same shard twice) 
 """
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .errors import WRITE_ERRNOS, InputError, MissingInputError, OutputWriteError, UserError, excerpt
+from .locations import describe_holder
 
 RESULT_FILE = "result.json"
 RECORD_FILE = "run_record.json"
@@ -584,17 +584,6 @@ class RunLockedError(UserError, RuntimeError):
     """Another live process runs in the same output directory."""
 
 
-def _describe_holder(info: dict | None) -> str:
-    if not info:
-        return "another process (no details recorded)"
-    what = f"process {info.get('pid')} on host {info.get('host')}"
-    if info.get("started"):
-        what += f", started {info['started']}"
-    if info.get("shard"):
-        what += f", shard {info['shard']}"
-    return what
-
-
 def _pid_alive(pid: Any) -> bool:
     try:
         os.kill(int(pid), 0)
@@ -633,8 +622,8 @@ class RunLock:
         infos = [_read_lock_info(path)]
         if path.name == LOCK_FILE:
             infos += [_read_lock_info(p) for p in sorted(self.root.glob(f"{LOCK_FILE}.shard*"))]
-        described = [_describe_holder(i) for i in infos if i]
-        return "; ".join(described) or _describe_holder(None)
+        described = [describe_holder(i) for i in infos if i]
+        return "; ".join(described) or describe_holder(None)
 
     def _busy(self, path: Path) -> "RunLockedError":
         info = _read_lock_info(path)
@@ -692,7 +681,7 @@ class RunLock:
                     if not self._free(shard):   # a killed shard's is removed
                         raise self._busy(shard)
             if previous and previous.get("pid") != os.getpid():
-                self.log(f"taking over the lock {own} left by {_describe_holder(previous)}, which is no longer "
+                self.log(f"taking over the lock {own} left by {describe_holder(previous)}, which is no longer "
                          "running")
             _write_lock_info(own, info)
         except BaseException:
