@@ -1396,10 +1396,14 @@ class TestRunAttackInputs:
         assert main(["run", str(path), "--dry-run"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "attacks[0]: paraphrase varies the prompts" in err[0] and "rwku" in err[0], err
-        # beside a benchmark whose tasks have it, RWKU's cells simply get none (its AA probe is its paraphrase)
+        # beside a benchmark whose tasks have it, RWKU's cells get none (its AA probe is its paraphrase), and the
+        # run says so in one line instead of dropping them silently
         path = write_run_config(tmp_path, name="both", attacks=["paraphrase"], benchmarks={
             "rwku": {"targets": [1]}, "tofu": {"splits": ["forget01"], "data_dir": "testbed:world"}})
         assert main(["run", str(path), "--dry-run"]) == 0, capsys.readouterr().err
+        said = "".join(capsys.readouterr())
+        assert "note: attacks[0] (paraphrase) makes no cell on rwku: none of its tasks has a paraphrase variant" \
+            in said and "makes no cell on tofu" not in said, said
 
     def test_a_run_refuses_before_any_cell(self, tmp_path):
         from cru_harness.runner import config as cfg

@@ -396,7 +396,8 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
     cells = all_cells = build_plan(config, selected)
     from .inputs import check_attack_inputs
 
-    check_attack_inputs(config, all_cells)   # before any training, a dry run too
+    for note in check_attack_inputs(config, all_cells):   # before any training, a dry run too
+        log(note)
     if shard:
         index, count = parse_shard(shard)
         cells = select_shard(cells, index, count)

@@ -20,14 +20,16 @@ def _data_is_local(benchmark, data_dir) -> bool:
         return False
 
 
-def check_attack_inputs(config: Any, cells: list) -> None:
+def check_attack_inputs(config: Any, cells: list) -> list[str]:
     """Refuse (`ConfigError`, naming `attacks[i]` and the setting) an attack that would make no cell because no
-    task of the run has its prompt variant, and the first input an attack cell would fail on."""
+    task of the run has its prompt variant, and the first input an attack cell would fail on. Returns one note per
+    benchmark a prompt attack makes no cell on (its tasks have no variant), so that is said, not silent."""
     from .. import plugins
     from ..errors import excerpt
     from .config import ConfigError
 
     attacked = [cell for cell in cells if cell.kind in ("method", "retain")]
+    notes = []
     for spec in config.attacks:
         attack = plugins.attacks.get(spec.attack)
         where = f"attacks[{spec.index}]"
@@ -37,7 +39,11 @@ def check_attack_inputs(config: Any, cells: list) -> None:
             benchmark = plugins.benchmarks.get(bench)
             # a benchmark without the variant gets no cell (documented: RWKU's AA probe is its paraphrase attack);
             # an attack that would make no cell at all is a mistake to say, not to drop
-            varied = varied or any(attack.tasks_for(benchmark, cell.tasks, spec.settings) for cell in bench_cells)
+            here = any(attack.tasks_for(benchmark, cell.tasks, spec.settings) for cell in bench_cells)
+            if not here:
+                notes.append(f"note: {where} ({attack.name}) makes no cell on {bench}: none of its tasks has a "
+                             f"{attack.name} variant")
+            varied = varied or here
             tasks.update(f"{bench}: {task}" for cell in bench_cells for task in cell.tasks)
         if attacked and not varied:
             raise ConfigError(where, f"{attack.name} varies the prompts of tasks that have a variant, and none of the "
@@ -58,3 +64,4 @@ def check_attack_inputs(config: Any, cells: list) -> None:
             if problem is not None:
                 setting, message = problem
                 raise ConfigError(f"{where}.{setting}", message, config.source)
+    return notes
