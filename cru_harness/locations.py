@@ -109,6 +109,19 @@ def _shown(names: list[str]) -> str:
     return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
+def _directory_target(path: str | os.PathLike, what: str) -> Path:
+    """`path` as a directory a command may write into, expanded: never the root, home or working directory (given
+    as it is or expanded), a symbolic link, or a file."""
+    check_not_shared_directory(path, what)   # the path as given: an empty one is not the working directory
+    path = Path(path).expanduser()
+    check_not_shared_directory(path, what)
+    if path.is_symlink():
+        raise OutputLocationError(f"{what} {path} is a symbolic link: give the directory itself")
+    if path.exists() and not path.is_dir():
+        raise OutputLocationError(f"{what} {path} exists and is not a directory")
+    return path
+
+
 def check_output_dir(path: str | os.PathLike, *, what: str = "output directory", overwrite: bool = False,
                      allow_existing: bool = False, overwrite_hint: str = "--overwrite", staged: bool = False) -> Path:
     """Raise `OutputLocationError` unless `path` can be written as a directory; creates nothing.
@@ -119,13 +132,7 @@ def check_output_dir(path: str | os.PathLike, *, what: str = "output directory",
     other files is refused whatever the flags. The nearest existing parent of a new directory must be a writable
     directory. (`staged` is accepted for older callers: staging now uses a fresh unique directory.)
     """
-    check_not_shared_directory(path, what)   # the path as given: an empty one is not the working directory
-    path = Path(path).expanduser()
-    check_not_shared_directory(path, what)
-    if path.is_symlink():
-        raise OutputLocationError(f"{what} {path} is a symbolic link: give the directory itself")
-    if path.exists() and not path.is_dir():
-        raise OutputLocationError(f"{what} {path} exists and is not a directory")
+    path = _directory_target(path, what)
     if path.is_dir():
         held_files = _held_entries(path)
         if held_files and not (overwrite or allow_existing):
@@ -376,13 +383,7 @@ def check_files_dir(path: str | os.PathLike, *, what: str, own: bool = False) ->
     """Where a command writes files by name (report, score, compare): refused, before any work, when it is the
     root or home directory, a file or a link, or an existing non-empty directory cru-harness did not write
     (`OUTPUT_MARKER`); `own`: the directory belongs to a run (its report/, the run itself), taken as it is."""
-    check_not_shared_directory(path, what)
-    path = Path(path).expanduser()
-    check_not_shared_directory(path, what)
-    if path.is_symlink():
-        raise OutputLocationError(f"{what} {path} is a symbolic link: give the directory itself")
-    if path.exists() and not path.is_dir():
-        raise OutputLocationError(f"{what} {path} exists and is not a directory")
+    path = _directory_target(path, what)
     if path.is_dir() and not own:
         held = _held_entries(path)
         if held and not written_by_harness(path):
