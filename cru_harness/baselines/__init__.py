@@ -4,6 +4,7 @@ Entry point: `unlearn(...)`; configs: `make_config(name, benchmark, split)`."""
 from . import (  # noqa: F401  (registration side effects)
     ceu, dpo, ga, gd, gd_kl, icu, idkdpo, lunar, npo, npo_kl, rmu, rt, satimp, simnpo, task_vector, undial, wga, whp)
 from .base import BaselineConfig, RetainConfig, UnlearningMethod
+from ..lazy import lazy_exports
 from .registry import METHODS, get_method, make_config, register_method
 
 # `unlearn` and the resource monitor are exported lazily (PEP 562): listing the methods (`cru-harness methods`)
@@ -12,15 +13,7 @@ _LAZY = {"ResourceMonitor": "..training.resources", "ResourceRecord": "..trainin
          "count_parameters": "..training.resources", "peak_rss_bytes": "..training.resources",
          "UnlearnResult": ".api", "unlearn": ".api"}
 
-
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, globals(), _LAZY)
 
 
 __all__ = [

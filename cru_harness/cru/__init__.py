@@ -1,6 +1,6 @@
 """CRU -- Causal Routing for Unlearning: localization (phase 1), routers and their training (phase 2), router
 bundles (the shippable artifact) and attaching them to a frozen base model."""
-import importlib
+from ..lazy import lazy_exports
 
 # Exported lazily (PEP 562): `cru_harness.cru.plugin` and `training.blocks`, which the method registry and
 # `cru-harness methods` import, must not pull in peft and transformers through this package's __init__.
@@ -45,15 +45,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:   # a submodule (cru_harness.cru.train), as an eager __init__ had bound it
-        try:
-            return importlib.import_module(f".{name}", __name__)
-        except ModuleNotFoundError:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, globals(), _EXPORTS, submodules=True)   # a submodule too
 
 
 __all__ = [
