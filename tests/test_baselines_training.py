@@ -13,7 +13,7 @@ from cru_harness.baselines.data import IGNORE_INDEX, ForgetRetainDataset, collat
 from cru_harness.baselines.losses import sequence_logprobs
 from cru_harness.training.engine import make_accelerator, process_share, step_counts, train_model
 from cru_harness.locations import ModelPathError, OutputLocationError
-from cru_harness.testbed.models import build_tiny_model
+from cru_harness.testbed.models import build_tiny_model, save_tiny_model
 from cru_harness.testbed.tokenizer import train_tokenizer
 
 FORGET = [
@@ -28,6 +28,16 @@ RETAIN = [
     {"question": "What is Tom Berg's job?", "answer": "He is a teacher."},
 ]
 REFUSALS = ["I don't know.", "I have no idea about that.", "That is not something I know."]
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    """A 2-layer tiny Llama saved to disk, with a tokenizer trained on these rows (the engine's LoRA and launch
+    tests train it; each module that imports this fixture builds its own)."""
+    texts = [f"Question: {r['question']}\nAnswer: {r['answer']}" for r in FORGET + RETAIN] + REFUSALS
+    tokenizer = train_tokenizer(texts * 3, vocab_size=320)
+    return save_tiny_model(build_tiny_model("llama", tokenizer, seed=0, n_layers=2, hidden_size=32), tokenizer,
+                           tmp_path_factory.mktemp("base") / "model")
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,6 @@
 """Distribution through accelerate: the runner's `training:` block (validated, shown by --dry-run, launched), the
 sharded engines' rules checked on the CPU, and FSDP / ZeRO-3 runs where accelerate can run them."""
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,14 +11,11 @@ from safetensors.torch import load_file
 
 import cru_harness.baselines as B
 from cru_harness.devices import DeviceError
-from cru_harness.errors import InputError
 from cru_harness.runner import config as cfg
-from cru_harness.testbed.models import build_tiny_model, save_tiny_model
-from cru_harness.testbed.tokenizer import train_tokenizer
 from cru_harness.training.engine import Engine, check_data_parallel, check_shardable, make_accelerator
 from cru_harness.training.launch import LaunchSettings, launch
 
-from test_baselines_training import FORGET, RETAIN, REFUSALS
+from test_baselines_training import FORGET, RETAIN, base_dir  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -119,13 +113,6 @@ def fsdp_missing() -> str | None:
         return f"accelerate cannot run FSDP on this machine: {err}"
     return None
 
-
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory):
-    texts = [f"Question: {r['question']}\nAnswer: {r['answer']}" for r in FORGET + RETAIN] + REFUSALS
-    tokenizer = train_tokenizer(texts * 3, vocab_size=320)
-    return save_tiny_model(build_tiny_model("llama", tokenizer, seed=0, n_layers=2, hidden_size=32), tokenizer,
-                           tmp_path_factory.mktemp("base") / "model")
 
 
 def launched_vs_one_process(base_dir, tmp_path, settings, device):

@@ -8,19 +8,10 @@ from safetensors.torch import load_file
 
 import cru_harness.baselines as B
 from cru_harness.errors import InputError
-from cru_harness.testbed.models import build_tiny_model, save_tiny_model
-from cru_harness.testbed.tokenizer import train_tokenizer
 from cru_harness.training.lora import PRESETS, LoraSettings
 
-from test_baselines_training import FORGET, RETAIN, REFUSALS
+from test_baselines_training import FORGET, RETAIN, base_dir  # noqa: F401 (fixture)
 
-
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory):
-    texts = [f"Question: {r['question']}\nAnswer: {r['answer']}" for r in FORGET + RETAIN] + REFUSALS
-    tokenizer = train_tokenizer(texts * 3, vocab_size=320)
-    return save_tiny_model(build_tiny_model("llama", tokenizer, seed=0, n_layers=2, hidden_size=32), tokenizer,
-                           tmp_path_factory.mktemp("base") / "model")
 
 
 def test_npo_trains_a_lora_adapter_that_lm_eval_loads_with_peft(base_dir, tmp_path):
