@@ -5,13 +5,14 @@ nothing of it comes from a built-in benchmark."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from test_plugins import install_plugin
 
 PLUGIN = '''
 """Cloze: a fictitious benchmark whose data is a list of cloze facts, each a cue the model completes with a fill."""
@@ -156,7 +157,8 @@ FACTS = [("The lighthouse keeper of Varno is", "Amelie Strand"), ("The river tha
          ("The guild of weavers meets in", "Corran Hall"), ("The oldest oak in Vell is named", "Grandfather Ash")]
 
 
-def build_package(root: Path) -> Path:
+def build_package(root: Path) -> dict[str, str]:
+    """The cloze package written and installed; the environment of a `cru-harness` process that finds it."""
     source = root / "cloze_src"
     tasks = source / "cru_cloze" / "tasks"
     tasks.mkdir(parents=True)
@@ -165,10 +167,7 @@ def build_package(root: Path) -> Path:
     for side in ("forget", "keep"):
         (tasks / f"cloze_{side}.yaml").write_text(TASK.format(side=side))
     (source / "pyproject.toml").write_text(PYPROJECT)
-    site = root / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(site), str(source)], check=True, capture_output=True, timeout=300)
-    return site
+    return install_plugin(source, root)
 
 
 def write_data(root: Path) -> Path:
@@ -181,10 +180,8 @@ def write_data(root: Path) -> Path:
 
 @pytest.mark.slow
 def test_a_third_party_benchmark_package_runs_end_to_end(tmp_path):
-    site = build_package(tmp_path)
+    env = build_package(tmp_path)
     data = write_data(tmp_path)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     cli = [sys.executable, "-m", "cru_harness"]
     listed = subprocess.run([*cli, "benchmarks"], env=env, capture_output=True, text=True, timeout=300)
     assert listed.returncode == 0 and "cloze" in listed.stdout, listed.stderr

@@ -262,6 +262,16 @@ py-modules = ["cru_toy_plugin"]
 '''
 
 
+def install_plugin(source: Path, root: Path) -> dict[str, str]:
+    """Build and install the package at `source` with pip (no build isolation, no index: offline) into root/site,
+    and return the environment of a `cru-harness` process that finds it there."""
+    site = root / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--target", str(site), str(source)], check=True, capture_output=True, timeout=300)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
 @pytest.mark.slow
 def test_a_plugin_distribution_runs_end_to_end(tmp_path):
     """Built with pip (no build isolation: offline) and installed into a directory on the run's path, the plugin's
@@ -270,11 +280,7 @@ def test_a_plugin_distribution_runs_end_to_end(tmp_path):
     source.mkdir()
     (source / "cru_toy_plugin.py").write_text(PLUGIN_PACKAGE)
     (source / "pyproject.toml").write_text(PLUGIN_PYPROJECT)
-    site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(site), str(source)], check=True, capture_output=True, timeout=300)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = install_plugin(source, tmp_path)
     cli = [sys.executable, "-m", "cru_harness"]
 
     listed = subprocess.run([*cli, "methods"], env=env, capture_output=True, text=True, timeout=300)
