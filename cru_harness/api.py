@@ -119,6 +119,9 @@ class Method:
     known_as: tuple[str, ...] = ()
     benchmarks: tuple[str, ...] | None = None
     benchmark_defaults: Mapping[str, Mapping[str, Any]] = {}
+    #: defaults it had before a change, which a committed config restates under `as_computed:` so that its cells
+    #: keep their hashes and train as they did (hyperparameter -> the former value)
+    former_defaults: Mapping[str, Any] = {}
     sources: Mapping[str, str] = {}
     seeded: bool = True
     reads_corpora: bool = True

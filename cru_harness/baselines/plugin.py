@@ -37,7 +37,8 @@ class BaselineMethod(Method):
     def __init__(self, trainer: type, name: str, summary: str, *, refusals: dict[str, str] | None = None,
                  order: int = 100, alternate: str = "refusals", needs: tuple[str, ...] = (),
                  benchmark_defaults: dict[str, dict[str, Any]] | None = None, sources: dict[str, str] | None = None,
-                 known_as: tuple[str, ...] = (), needs_qa_rows: bool = False):
+                 known_as: tuple[str, ...] = (), needs_qa_rows: bool = False,
+                 former_defaults: dict[str, Any] | None = None):
         self.trainer = trainer
         self.known_as = known_as
         self.needs_qa_rows = needs_qa_rows
@@ -57,6 +58,7 @@ class BaselineMethod(Method):
         self.sources = {**({"presets": doc.splitlines()[0]} if doc else {}), **(sources or {})}
         # a benchmark's own setting of the method (`api.Method.benchmark_defaults`): in each cell's hyperparameters
         self.benchmark_defaults = dict(benchmark_defaults or {})
+        self.former_defaults = dict(former_defaults or {})   # `api.Method.former_defaults`
 
     def refuse_hparam(self, key: str) -> str | None:
         return self._refusals.get(key)
@@ -99,8 +101,10 @@ class BaselineMethod(Method):
     def cell_config(self, cell):
         """The trainer's config of a cell: its preset for the cell's benchmark and split, the cell's settings on top
         (`lora`, an option of the engine, apart: `cell_lora`)."""
+        # a committed run's restated former defaults (`as_computed`) under the cell's own settings
+        settings = {**getattr(cell, "as_computed", {}), **cell.hparams}
         return self.trainer.Config.preset(cell.benchmark, cell.split,
-                                          **{k: v for k, v in cell.hparams.items() if k != "lora"})
+                                          **{k: v for k, v in settings.items() if k != "lora"})
 
     def cell_lora(self, cell) -> dict | None:
         """A cell's `lora:` settings (`training.lora.LoraSettings` fields), or None: full-weight training."""

@@ -161,6 +161,7 @@ class MethodSpec:
     corpora: dict[str, str]        # forget_corpus / retain_corpus overrides
     index: int                     # position in `methods` (for error messages)
     settings: dict[str, Any] = field(default_factory=dict)   # its method's `entry_settings` (PURGE's checkpoints)
+    as_computed: dict[str, Any] = field(default_factory=dict)   # former defaults restated: trained, not hashed
 
     def hparams_for(self, benchmark: str, split: str | None) -> dict[str, Any]:
         resolved = dict(self.hparams)
@@ -243,6 +244,28 @@ def _check_placeholders(text: str, bench: str, key: str, source: str | None) -> 
 
 
 _BOOLEAN_HPARAMS = ("prefix_cache",)
+
+
+def _as_computed(method: str, values, hparams: dict, where: str, source: str | None) -> dict:
+    """A committed run's `as_computed:` block: defaults its cells were computed with before they changed, restated
+    so they still train them while staying out of the cells' hashes (which predate them). Each must be one of the
+    method's `former_defaults`, at that value: the block restores a former computation and can set nothing else."""
+    if values is None:
+        return {}
+    if not isinstance(values, dict) or not values:
+        _fail(where, "expected a mapping {hyperparameter: its former default}", source)
+    resolved = _validate_hparams(method, values, where, source)
+    former = method_plugin(method).former_defaults
+    for key, value in resolved.items():
+        if key in hparams:
+            _fail(f"{where}.{key}", "is also set as a hyperparameter of the entry: give it once", source)
+        if key not in former:
+            _fail(f"{where}.{key}", f"{method} has no former default for {key} (restatable: "
+                  f"{', '.join(sorted(former)) or 'none'})", source)
+        if value != former[key]:
+            _fail(f"{where}.{key}", f"{value!r} is not {method}'s former default {former[key]!r}: as_computed "
+                  "restates what committed cells were computed with; set a new value as a hyperparameter", source)
+    return resolved
 
 
 def _validate_hparams(method: str, hparams: dict, where: str, source: str | None) -> dict:
@@ -421,6 +444,7 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         hparam_items = {k: v for k, v in entry.items() if k not in _METHOD_ENTRY_KEYS
                         and k not in plugin.entry_settings}
         hparams = _validate_hparams(method, hparam_items, where, source)
+        as_computed = _as_computed(method, entry.get("as_computed"), hparams, f"{where}.as_computed", source)
         overrides_raw = entry.get("overrides") or {}
         if not isinstance(overrides_raw, dict):
             _fail(f"{where}.overrides", "expected a mapping {benchmark or split: {hyperparameter: value}}", source)
@@ -450,7 +474,8 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
         if problem := plugin.check_config(SimpleNamespace(benchmarks=benchmarks, models=models, settings=settings),
                                           where):
             _fail(*problem, source)
-        methods.append(MethodSpec(method, label, hparams, tuple(method_benches), overrides, corpora, i, settings))
+        methods.append(MethodSpec(method, label, hparams, tuple(method_benches), overrides, corpora, i, settings,
+                                  as_computed))
 
     evaluation = _check_keys(raw.get("evaluation") or {}, evaluation_keys(), "evaluation", source)
     defaults = prompting_defaults(benchmarks)

@@ -49,6 +49,8 @@ class Cell:
     device: str
     extra: dict[str, Any] = field(default_factory=dict)   # retain spec, PURGE local checkpoint
     training: dict[str, Any] = field(default_factory=dict, compare=False)   # the config's engine; not hashed
+    # a committed run's former defaults (`as_computed:`): trained with, not hashed (its hashes predate them)
+    as_computed: dict[str, Any] = field(default_factory=dict, compare=False)
     # what execution reads instead of re-deciding (`runner.prompting.CellDecisions`), settled by `build_plan`
     # (`with_decisions`); derived from the fields above, so neither the hash (`resolved`) nor equality sees it, and
     # `dataclasses.replace` leaves it out (a changed cell is decided again, never read with another cell's decisions)
@@ -226,6 +228,7 @@ def _attack_cells(config: ExperimentConfig, block: list[Cell], corpora: dict[str
             attacked.append(Cell(
                 kind="attack", model=cell.model, benchmark=cell.benchmark, split=cell.split, target=cell.target,
                 method=cell.method, label=f"{cell.label} + {attack.label}", seed=cell.seed, hparams=cell.hparams,
+                as_computed=cell.as_computed,
                 corpora={**corpora, **cell.corpora} if cell.kind == "method" else dict(corpora),
                 tasks=tasks,
                 limit=cell.limit, evaluation=cell.evaluation,
@@ -285,8 +288,11 @@ def _method_cells(config: ExperimentConfig, method: MethodSpec, common: dict, sp
     bench = common["benchmark"]
     # a benchmark's own setting of the method enters the cell's hparams, so its hash says which setting it trained
     # with (CRU's RWKU setting; a benchmark package's reference settings, `Benchmark.method_settings`)
-    hparams = {**plugins.benchmarks.get(bench).method_settings(plugin.name, split),
-               **plugin.benchmark_defaults.get(bench, {}), **method.hparams_for(bench, split)}
+    # (`benchmark_defaults["*"]`: on every benchmark); a former default restated under `as_computed` replaces them
+    defaults = {**plugins.benchmarks.get(bench).method_settings(plugin.name, split),
+                **plugin.benchmark_defaults.get("*", {}), **plugin.benchmark_defaults.get(bench, {})}
+    hparams = {**{k: v for k, v in defaults.items() if k not in method.as_computed},
+               **method.hparams_for(bench, split)}
     corpora = {}
     if plugin.reads_corpora:
         for key in ("forget_corpus", "retain_corpus"):
@@ -299,7 +305,8 @@ def _method_cells(config: ExperimentConfig, method: MethodSpec, common: dict, sp
     seeds = list(config.seeds) if plugin.seeded else [None]
     for seed in seeds:
         yield Cell(kind="method", split=split, target=target, method=method.method, label=method.label,
-                   seed=seed, hparams=hparams, corpora=corpora, extra=extra, **common)
+                   seed=seed, hparams=hparams, corpora=corpora, extra=extra, as_computed=method.as_computed,
+                   **common)
 
 
 def retain_cell_for(cell: Cell, cells: Iterable[Cell]) -> Cell | None:

@@ -135,6 +135,10 @@ class MethodEntry(BaseModel):
     overrides: dict[str, dict[str, Any]] | None = Field(None, description="{benchmark or unit: {hparam: value}}")
     forget_corpus: str | None = None
     retain_corpus: str | None = None
+    as_computed: dict[str, Any] | None = Field(
+        None, description="{hparam: value}: a committed run's former defaults, restated (each must equal the "
+                          "method's `former_defaults`); they train its cells and stay out of their hashes, which "
+                          "predate them")
 
 
 class AttackEntry(BaseModel):
