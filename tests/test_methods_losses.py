@@ -171,10 +171,14 @@ def test_rmu_loss_matches_wmdp_and_open_unlearning(tokenizer):
 
 
 def test_rmu_trains_only_the_named_mlp_weights():
-    cfg = B.make_config("rmu")
-    assert (cfg.layer, cfg.steering_coeff, cfg.alpha, cfg.layers_trained) == (7, 6.5, 1200.0, (5, 6, 7))
-    assert (cfg.learning_rate, cfg.lr_scheduler, cfg.effective_batch_size, cfg.num_epochs) == (5e-5, "constant", 4, 1)
+    cfg = B.make_config("rmu")   # TOFU: open-unlearning's RMU.yaml and TOFU experiment (lr, schedule, eps 1e-8)
+    assert (cfg.layer, cfg.steering_coeff, cfg.alpha, cfg.layers_trained) == (7, 2.0, 1.0, (5, 6, 7))
+    assert (cfg.learning_rate, cfg.lr_scheduler, cfg.adam_eps) == (1e-5, "linear", 1e-8)
+    wmdp = B.make_config("rmu", "wmdp")   # WMDP's Zephyr run, transformers' AdamW eps
+    assert (wmdp.steering_coeff, wmdp.alpha, wmdp.learning_rate, wmdp.lr_scheduler, wmdp.effective_batch_size,
+            wmdp.num_epochs, wmdp.adam_eps) == (6.5, 1200.0, 5e-5, "constant", 4, 1, 1e-6)
     assert B.make_config("rmu", "rwku").warmup_steps is None   # RWKU's 20 warm-up steps are not WMDP's
+    assert B.make_config("rmu", "rwku").to_dict() == dict(wmdp.to_dict())
     for bad, match in ((dict(layer=-1), "layer: must be >= 0"), (dict(steering_coeff=0), "steering_coeff: must be > 0"),
                        (dict(trainable_layers=[]), "trainable_layers"), (dict(trainable_params=["("]), "regular")):
         with pytest.raises(InputError, match=match):

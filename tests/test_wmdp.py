@@ -193,7 +193,10 @@ def test_rmu_at_wmdps_zephyr_setting():
     assert "rmu/unlearn.py" in rmu.sources["wmdp"]
     config = rmu.trainer.Config.preset("wmdp", "bio", **setting)
     assert config.layers_trained == (5, 6, 7) and config.trainable_params == (r"mlp\.down_proj\.weight",)
-    assert "tofu" not in rmu.benchmark_defaults and "rwku" not in rmu.benchmark_defaults
+    # WMDP steps transformers' AdamW at its defaults (eps 1e-6), RWKU takes WMDP's run; elsewhere open-unlearning's
+    assert config.adam_eps == 1e-6 and rmu.benchmark_defaults["rwku"] == setting
+    assert {k: rmu.benchmark_defaults["*"][k] for k in ("steering_coeff", "alpha", "learning_rate", "adam_eps")} == \
+        {"steering_coeff": 2.0, "alpha": 1.0, "learning_rate": 1e-5, "adam_eps": 1e-8}
 
 
 @pytest.mark.parametrize("method", ["GA", "GD", "NPO", "SimNPO"])

@@ -47,6 +47,10 @@ from .plugin import BaselineMethod
 from .registry import register_method
 
 
+#: `LUNARConfig.prompt_style`'s choices.
+PROMPT_STYLES = ("lunar", "evaluation")
+
+
 @dataclass
 class LUNARConfig(RetainConfig):
     layer: int = 22                       # LUNAR config/forget.yaml layer_modified [22]
@@ -60,6 +64,9 @@ class LUNARConfig(RetainConfig):
     warmup_epochs: float = 0.0
     lr_scheduler: str = "constant"        # unused: the fit decays the rate by lr_decay every epoch
     max_grad_norm: float | None = None
+    # "lunar": the prompt as LUNAR's code writes it, the chat template's user turn alone (`lunar_prompt`);
+    # "evaluation": as the evaluation asks it, system turn included (the setting before issue 77)
+    prompt_style: str = "lunar"
     _PRESETS: ClassVar = {("rwku", None): dict(num_epochs=20, lr_scheduler="constant", warmup_steps=None,
                                                weight_decay=0.01)}
 
@@ -69,6 +76,8 @@ class LUNARConfig(RetainConfig):
                            ("lr_decay", dict(above=0, high=1)), ("token_batch_size", dict(low=1, integer=True))):
             if problem := bound_problem(getattr(self, name), **rule):
                 raise InputError(f"{name}: {problem}")
+        if self.prompt_style not in PROMPT_STYLES:
+            raise InputError(f"prompt_style {self.prompt_style!r}: choose one of {', '.join(PROMPT_STYLES)}")
 
 
 def read_prompts(path: str) -> list[str]:
@@ -104,10 +113,60 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
-def prompt_ids(tokenizer, question: str, fmt: dict, row: dict | None = None) -> list[int]:
-    """The token ids of `question`'s prompt as training and evaluation write it (`prompts.qa_texts`)."""
-    texts = qa_texts(tokenizer, question, "", **fmt, **(row_prompt(row) if row else {}))
-    return list(tokenizer(texts.prompt, add_special_tokens=texts.add_special_tokens)["input_ids"])
+#: A sentinel system message: what a template writes before the user turn is found by rendering it alone.
+_SYSTEM_PROBE = [{"role": "system", "content": "LUNAR-SYSTEM-PROBE"}]
+
+
+def lunar_prompt(tokenizer, question: str, fmt: dict, row: dict | None = None) -> tuple[str, bool]:
+    """(text, add_special_tokens) of `question`'s prompt as LUNAR's code writes it: its templates hold the user turn
+    and the assistant header alone, with no system turn (src/model_utils/llama3_model.py, qwen_model.py, ...
+    `format_instruction_*_chat` with system=None; src/data_loader.py), tokenized with add_special_tokens=True (the
+    BOS they leave out). Here: the evaluation's user turn (TOFU: the question; RWKU: its probe) through the model's
+    chat template, less whatever the template writes before it, a system turn of its own included (SmolLM2's and
+    Qwen2.5's templates add a default one, Llama 3.1's a date). A prompt the evaluation writes without a chat
+    template (plain, a TOFU model family's tags), or a plugin benchmark's own format, stays the evaluation's."""
+    from ..prompts import BENCHMARKS, RWKU_DATE, render_chat, rwku_probe_prompt, writes_chat
+
+    keys = row_prompt(row) if row else {}
+    benchmark = fmt.get("benchmark", "tofu")
+    chat = writes_chat(tokenizer, **{k: fmt[k] for k in ("preset", "family", "chat", "benchmark") if k in fmt})
+    if benchmark == "rwku" and chat:
+        user, prefix = rwku_probe_prompt(keys.get("probe") or "qa", question, keys.get("aa_type", ""))
+        turns = [{"role": "user", "content": user}] + ([{"role": "assistant", "content": prefix}] if prefix else [])
+        render = dict(add_generation_prompt=not prefix, continue_final_message=bool(prefix), date=RWKU_DATE)
+    elif chat and (benchmark in BENCHMARKS or _writes_generic(benchmark, tokenizer, question, fmt)):
+        turns, render = [{"role": "user", "content": question}], dict(add_generation_prompt=True)
+    else:
+        texts = qa_texts(tokenizer, question, "", **fmt, **keys)
+        return texts.prompt, texts.add_special_tokens
+    from jinja2.exceptions import TemplateError
+
+    try:
+        head = render_chat(tokenizer, _SYSTEM_PROBE, add_generation_prompt=False)
+        whole = render_chat(tokenizer, _SYSTEM_PROBE + turns, **render)
+    except TemplateError:   # a template without a system role (Gemma's): what it writes has none
+        head = whole = ""
+    if head and whole.startswith(head):
+        return whole[len(head):], True
+    return render_chat(tokenizer, turns, **render), False   # the template's own text, its BOS included
+
+
+def _writes_generic(benchmark: str, tokenizer, question: str, fmt: dict) -> bool:
+    """Whether a plugin benchmark leaves its questions to the generic (TOFU) writer (`Benchmark.qa_texts` None)."""
+    from .. import plugins
+
+    return plugins.benchmarks.get(benchmark).qa_texts(tokenizer, question, "", chat=fmt.get("chat")) is None
+
+
+def prompt_ids(tokenizer, question: str, fmt: dict, row: dict | None = None, style: str = "evaluation") -> list[int]:
+    """The token ids of `question`'s prompt: as training and evaluation write it (`prompts.qa_texts`), or with
+    `style` "lunar" as LUNAR's code does (`lunar_prompt`)."""
+    if style == "lunar":
+        prompt, special = lunar_prompt(tokenizer, question, fmt, row)
+    else:
+        texts = qa_texts(tokenizer, question, "", **fmt, **(row_prompt(row) if row else {}))
+        prompt, special = texts.prompt, texts.add_special_tokens
+    return list(tokenizer(prompt, add_special_tokens=special)["input_ids"])
 
 
 @torch.no_grad()
@@ -124,7 +183,7 @@ def mean_last_prompt_activation(model, prompts: list[list[int]], layer: int) -> 
     return total / len(prompts)
 
 
-def forget_prompt_ids(dataset, max_length: int) -> list[list[int]]:
+def forget_prompt_ids(dataset, max_length: int, style: str = "evaluation") -> list[list[int]]:
     """The forget rows' questions as token ids, as training and evaluation write them (`prompt_ids`), each cut at
     `max_length`."""
     prompts = []
@@ -132,17 +191,17 @@ def forget_prompt_ids(dataset, max_length: int) -> list[list[int]]:
         question = row_to_qa(row, i, "forget")[0]
         if not question:
             raise InputError("lunar redirects question prompts: forget rows must have a question (not text)")
-        prompts.append(prompt_ids(dataset.tokenizer, question, dataset.format, row)[:max_length])
+        prompts.append(prompt_ids(dataset.tokenizer, question, dataset.format, row, style)[:max_length])
     return prompts
 
 
-def retain_prompt_ids(dataset, max_length: int) -> list[list[int]]:
+def retain_prompt_ids(dataset, max_length: int, style: str = "evaluation") -> list[list[int]]:
     """The retain rows' questions as token ids (a row without one, a passage, as the trainer encodes it), each cut
     at `max_length`."""
     prompts = []
     for i, row in enumerate(dataset.retain_rows):
         question = row_to_qa(row, i, "retain")[0]
-        prompts.append((prompt_ids(dataset.tokenizer, question, dataset.format, row) if question
+        prompts.append((prompt_ids(dataset.tokenizer, question, dataset.format, row, style) if question
                         else list(dataset.retain[i].input_ids))[:max_length])
     return prompts
 
@@ -240,9 +299,10 @@ class LUNAR(UnlearningMethod):
                              "refusal_prompts_path")
         if dataset is None:
             raise ValueError("lunar.prepare needs the training dataset (its forget prompts)")
-        refusal = [prompt_ids(dataset.tokenizer, q, dataset.format)
+        style = self.config.prompt_style
+        refusal = [prompt_ids(dataset.tokenizer, q, dataset.format, style=style)
                    for q in read_prompts(self.config.refusal_prompts_path)]
-        forget = forget_prompt_ids(dataset, self.config.max_length)
+        forget = forget_prompt_ids(dataset, self.config.max_length, style)
         self.set_direction(mean_last_prompt_activation(model, refusal, self.config.layer)
                            - mean_last_prompt_activation(model, forget, self.config.layer))
 
@@ -259,8 +319,8 @@ class LUNAR(UnlearningMethod):
             raise RuntimeError("lunar: call prepare(model, seed, dataset) first (the trainer does) for the direction")
         cfg = self.config
         projection = self._down_projection(model)
-        forget = forget_prompt_ids(dataset, cfg.max_length)
-        retain = retain_prompt_ids(dataset, cfg.max_length) if self.uses_retain else []
+        forget = forget_prompt_ids(dataset, cfg.max_length, cfg.prompt_style)
+        retain = retain_prompt_ids(dataset, cfg.max_length, cfg.prompt_style) if self.uses_retain else []
         was_training = model.training
         model.eval()
         x_forget, y_forget = down_projection_pairs(model, projection, forget)
@@ -317,4 +377,7 @@ class LUNARMethod(BaselineMethod):
 #: The runner's view of it (entry point `cru_harness.methods`: LUNAR).
 METHOD = LUNARMethod(LUNAR, "LUNAR",
                         "one layer's MLP output on forget inputs redirected toward refusal activations",
-                        needs_qa_rows=True, order=54, needs=("refusal_prompts_path (LUNAR's harmful.json)",))
+                        needs_qa_rows=True, order=54, needs=("refusal_prompts_path (LUNAR's harmful.json)",),
+                        # LUNAR's prompt on every benchmark, in each cell's hyperparameters; the evaluation's before
+                        benchmark_defaults={"*": {"prompt_style": "lunar"}},
+                        former_defaults={"prompt_style": "evaluation"})
