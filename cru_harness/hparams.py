@@ -116,6 +116,7 @@ HPARAM_CHOICES = {"selection": ("variance", "random"), "input_norm": ("none", "r
                   "suppress_loss": ("linear", "quadratic"), "pass_loss": ("linear", "quadratic"),
                   "gate_site": ("residual", "mlp"), "router_init": ("default", "open"),
                   "lr_scheduler": ("linear", "cosine", "constant"), "mixed_precision": ("no", "fp16", "bf16"),
+                  "precision": ("fp32_master", "bf16"),
                   "prefix_cache_placement": ("auto", "cpu", "device"), "prompt_style": ("lunar", "evaluation")}
 
 

@@ -76,7 +76,9 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     `model_path_or_model`: a checkpoint path / hub id or a model (trained in place).
     `dtype` (`cru_harness.devices.training_precision`): float32; bfloat16 / float16 = fp32 master weights under
     bf16 / fp16 autocast (as the references' DeepSpeed runs), the trained model then cast to `dtype` and saved
-    in it. A config's own `mixed_precision` other than "no" wins. A model object trains in its own dtype.
+    in it. A config's own `mixed_precision` other than "no" wins. The config's `precision: bf16` loads and steps
+    bf16 weights instead, no fp32 copy (as WMDP's RMU and open-unlearning's bf16 runs). A model object trains in its
+    own dtype.
     `device` (auto, cpu, cuda, cuda:N) and `device_map` ("auto": sharded over the GPUs; a path only) say where
     it trains; under `accelerate launch` each process takes its own GPU (data parallel; no `device_map`).
     `out_dir`: checked before anything is loaded; one holding files is refused unless `overwrite` (then replaced).
@@ -106,7 +108,8 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
 
     def load():
         return load_trainee(str(model_path_or_model), accelerator, dtype=dtype, device=device, device_map=device_map,
-                            trust_remote_code=trust_remote_code, frozen_base=lora is not None)[0]
+                            trust_remote_code=trust_remote_code, frozen_base=lora is not None,
+                            precision=m.config.precision)[0]
 
     if isinstance(model_path_or_model, (str, os.PathLike)):
         model = load()

@@ -148,7 +148,8 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     if loaded:
         model, loaded_tokenizer = load_trainee(str(model), accelerator, dtype=dtype, device=device,
                                                device_map=device_map, trust_remote_code=trust_remote_code,
-                                               load_tokenizer=tokenizer is None, frozen_base=lora is not None)
+                                               load_tokenizer=tokenizer is None, frozen_base=lora is not None,
+                                               precision=config.precision)
         tokenizer = tokenizer or loaded_tokenizer
     elif tokenizer is None:
         raise ValueError("finetune: a tokenizer is required when a model object is passed")

@@ -10,7 +10,8 @@ devices, precision, accumulation and distribution. Two levels:
   `Engine` steps, the trained model back.
 
 - Mixed precision through `Accelerator(mixed_precision=...)` (autocast around every loss computation; fp16
-  adds loss scaling), multi-GPU by starting the same script with `accelerate launch` (DDP; gradients are
+  adds loss scaling) over fp32 master weights, or `precision: bf16`: bf16 weights and AdamW state stepped directly
+  (WMDP's RMU, open-unlearning's bf16 runs), multi-GPU by starting the same script with `accelerate launch` (DDP; gradients are
   synchronised on each process's last micro-batch of a step).
 - One stream of micro-batches, whatever the process count: every process draws the stream a single process
   would, and a step's micro-batches are dealt out among the processes. accelerate's own sharding pads an
@@ -167,29 +168,38 @@ def prepare_training(config: TrainingConfig, seed: int, *, dtype, device, device
                      ) -> tuple[TrainingConfig, Accelerator]:
     """(config, accelerator) of a full-parameter run (baselines, fine-tuning), before anything is loaded: the
     dtype's autocast (`devices.training_precision`) unless the config names its own precision, the accelerator
-    on `device`, and what several processes cannot share refused (`check_data_parallel`)."""
+    on `device`, and what several processes cannot share refused (`check_data_parallel`). `precision: bf16`: no
+    autocast, whatever the dtype (the bf16 weights compute in bf16)."""
     _, mixed = training_precision(dtype)
-    if config.mixed_precision == "no" and mixed != "no":
+    if config.mixed_precision == "no" and mixed != "no" and config.precision != "bf16":
         config = dataclasses.replace(config, mixed_precision=mixed)
     accelerator = make_accelerator(config, seed, device=device)
+    if config.precision == "bf16":
+        check_dtype_on_device(torch.bfloat16, accelerator.device)
     check_data_parallel(accelerator, config, device_map)
     return config, accelerator
 
 
 def load_trainee(path: str, accelerator: Accelerator, *, dtype, device, device_map=None,
-                 trust_remote_code: bool = False, load_tokenizer: bool = False, frozen_base: bool = False):
-    """(model, tokenizer or None) of a checkpoint to train, in fp32 master weights (`training_precision`):
+                 trust_remote_code: bool = False, load_tokenizer: bool = False, frozen_base: bool = False,
+                 precision: str = "fp32_master"):
+    """(model, tokenizer or None) of a checkpoint to train, in fp32 master weights (`training_precision`), or in
+    bf16 with `precision` "bf16" (stepped directly, as WMDP's RMU and open-unlearning's bf16 runs train):
     straight onto the accelerator's device (this process's GPU under a launch; a reference copy is then made
     there, not in host memory), or sharded by `device_map` (then placed by accelerate on `device`'s GPUs).
     A path transformers cannot load (not a checkpoint, not on the Hub) is an `InputError`. `frozen_base` (LoRA:
     only an adapter trains): the weights in `dtype` itself, as they are saved (`devices.saved_dtype`)."""
+    if frozen_base and precision == "bf16":
+        raise InputError("precision bf16 steps a model's own bf16 weights; a LoRA adapter trains beside a frozen base "
+                         "(in the run's dtype): leave precision at fp32_master")
     where = accelerator.device if device_map is None else device
     if distributed_kind(accelerator) in SHARDED_TRAINING:
         where = "cpu"   # FSDP / DeepSpeed place each process's shard on its GPU when the model is prepared
     try:
         model, tokenizer = load_causal_lm(path, device=where,
                                           device_map=device_map,
-                                          dtype=saved_dtype(dtype) if frozen_base else training_precision(dtype)[0],
+                                          dtype=saved_dtype(dtype) if frozen_base else torch.bfloat16
+                                          if precision == "bf16" else training_precision(dtype)[0],
                                           load_tokenizer=load_tokenizer, trust_remote_code=trust_remote_code)
     except OSError as err:   # transformers' own message names the path and what is missing
         raise InputError(f"cannot load model {path!r}: {err}") from None
@@ -217,11 +227,18 @@ def set_activation_checkpointing(model: torch.nn.Module, on: bool) -> None:
         model.gradient_checkpointing_disable()
 
 
-def check_trainable_dtype(model: torch.nn.Module) -> None:
+def check_trainable_dtype(model: torch.nn.Module, precision: str = "fp32_master") -> None:
     """A model object trains in its own dtype (a checkpoint path loads fp32 master weights): float16 weights are
     refused (AdamW's eps is 0 in float16, and the fp16 loss scaler cannot unscale float16 gradients), bfloat16
-    ones warned about (AdamW stepping them drops every update below half a bf16 step of the weight)."""
+    ones warned about (AdamW stepping them drops every update below half a bf16 step of the weight), unless
+    `precision` is "bf16", which asks for exactly that and refuses any other dtype."""
     dtypes = {p.dtype for p in model.parameters() if p.requires_grad}
+    if precision == "bf16":
+        if dtypes - {torch.bfloat16}:
+            raise InputError(f"precision bf16 steps bfloat16 weights; the model's trainable weights are "
+                             f"{', '.join(sorted(str(d).removeprefix('torch.') for d in dtypes))}: pass the checkpoint "
+                             "path (loaded in bf16), or model.to(torch.bfloat16)")
+        return
     if torch.float16 in dtypes:
         raise InputError("the model's trainable weights are float16, which AdamW cannot step: pass the checkpoint "
                          "path with dtype='float16' (fp32 weights under fp16 autocast), or model.float()")
@@ -535,7 +552,7 @@ def train_model(model: torch.nn.Module, method: Objective, dataset, *, ref_model
         raise ValueError(f"{method.name} does not use a reference model; pass ref_model=None")
     if ref_model is not None and any(p.requires_grad for p in ref_model.parameters()):
         raise ValueError("the reference model must be frozen (requires_grad=False on every parameter)")
-    check_trainable_dtype(model)
+    check_trainable_dtype(model, config.precision)
     accelerator = accelerator or make_accelerator(config, seed)
     set_seed(seed)
     n_proc, rank = accelerator.num_processes, accelerator.process_index

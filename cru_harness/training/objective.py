@@ -33,6 +33,9 @@ def default_counts(inputs: dict) -> dict[str, torch.Tensor]:
 
 SCHEDULERS = ("linear", "cosine", "constant")
 MIXED_PRECISION = ("no", "fp16", "bf16")
+#: How the trained weights are held: fp32 master weights and AdamW state (under the run's autocast), or bf16 weights,
+#: gradients and AdamW state stepped directly, as WMDP's RMU and open-unlearning's bf16 runs train.
+PRECISIONS = ("fp32_master", "bf16")
 
 
 @dataclass
@@ -51,6 +54,7 @@ class TrainingConfig:
     max_length: int = 512
     max_grad_norm: float | None = 1.0   # HF Trainer's default clipping, which TOFU's code ran with
     mixed_precision: str = "no"         # no | fp16 | bf16 (autocast through accelerate)
+    precision: str = "fp32_master"      # fp32_master | bf16: bf16 weights and AdamW state, no fp32 copy (PRECISIONS)
     adam_betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
 
@@ -61,6 +65,11 @@ class TrainingConfig:
             raise InputError(f"lr_scheduler {self.lr_scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
         if self.mixed_precision not in MIXED_PRECISION:
             raise InputError(f"mixed_precision {self.mixed_precision!r}: choose one of {', '.join(MIXED_PRECISION)}")
+        if self.precision not in PRECISIONS:
+            raise InputError(f"precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+        if self.precision == "bf16" and self.mixed_precision != "no":
+            raise InputError(f"precision bf16 computes in its bf16 weights, without autocast: leave mixed_precision "
+                             f"'no' (got {self.mixed_precision!r})")
         # Every numeric field, a subclass's (alpha, beta, ...) too, by the runner config's table (kept there,
         # torch-free, so validating a config imports no torch): a config, `cru-harness finetune` and this API
         # refuse the same values. Weight decay, for one, reaches AdamW per parameter group, unchecked by torch.
