@@ -11,7 +11,7 @@ a `ValueError`, so the command lines print it as one line) that names the proble
   error, not a silent fp32 run.
 - `training_precision` / `saved_dtype`: how a full-parameter trainer (baselines, fine-tuning) runs a dtype:
   fp32 master weights under bf16 / fp16 autocast (AdamW on bf16 or fp16 weights loses most updates), saved
-  in the dtype asked for.
+  in the dtype asked for; a config's `precision: bf16` steps bf16 weights instead (`training.engine`).
 - `launched_processes`: how many processes `accelerate launch` / torchrun started (only the trainers of
   `finetune` and the baselines run data parallel).
 """
@@ -166,10 +166,13 @@ def check_dtype_on_device(dtype: torch.dtype | str, device: torch.device) -> Non
 def training_precision(dtype: str | torch.dtype | None) -> tuple[torch.dtype, str]:
     """(dtype the weights train in, accelerate mixed_precision) for a full-parameter trainer.
 
-    Always fp32 master weights: float32 / auto -> no autocast; bfloat16 -> bf16 autocast; float16 -> fp16
-    autocast with loss scaling. The references train bf16 the same way (DeepSpeed ZeRO keeps fp32 master
-    weights and Adam moments; RWKU's LLaMA-Factory casts full fine-tuning to fp32): AdamW stepping bf16
-    weights loses every update smaller than half a bf16 step of the weight, i.e. most updates at lr 1e-5.
+    fp32 master weights: float32 / auto -> no autocast; bfloat16 -> bf16 autocast; float16 -> fp16 autocast with
+    loss scaling. TOFU's and RWKU's runs train bf16 this way (DeepSpeed ZeRO keeps fp32 master weights and Adam
+    moments; RWKU's LLaMA-Factory casts full fine-tuning to fp32): AdamW stepping bf16 weights loses every update
+    smaller than half a bf16 step of the weight, i.e. most updates at lr 1e-5. Others step bf16 weights directly
+    (WMDP's RMU: rmu/utils.py loads the checkpoint's bf16, rmu/unlearn.py steps it; open-unlearning's community
+    scripts, HF Trainer on its bf16 model configs without DeepSpeed; MUSE's fine-tunes): a config's
+    `precision: bf16` trains so (`training.engine`).
     The trained weights are saved in `saved_dtype(dtype)`.
     """
     import torch
