@@ -104,7 +104,9 @@ class Method:
     names: `GradAscent` for GA); configs, results and cell hashes hold `name`.
     `benchmarks`: the benchmarks it runs on (None: every registered one). `benchmark_defaults`: settings per
     benchmark that differ from the dataclass's defaults and enter each cell's hyperparameters (so its hash says
-    which setting trained it); `sources`: where each default comes from. `seeded`: False for a method whose result
+    which setting trained it; key "*": on every benchmark, under a benchmark's own); `former_defaults`: values
+    its defaults had before a change, which a committed config may restate under `as_computed:` (they train its
+    cells, outside their hashes); `sources`: where each default comes from. `seeded`: False for a method whose result
     does not depend on a seed (prompt-only, published checkpoints). `reads_corpora`: whether it trains on the forget
     / retain corpora. `needs`: what it needs beyond the forget corpus, for `cru-harness methods`. `adapter`: it
     leaves the base untouched and attaches bundles (its cells have router artifacts). `one_checkpoint`: its

@@ -87,5 +87,6 @@ def test_wmdp_zephyr_config_dry_run(capsys):
     for cell in cells:
         assert (cell.hparams["layer"], cell.hparams["steering_coeff"], cell.hparams["alpha"],
                 cell.hparams["learning_rate"], cell.hparams["effective_batch_size"]) == (7, 6.5, 1200.0, 5e-5, 4)
+        assert cell.hparams["adam_eps"] == 1e-6   # WMDP's transformers.AdamW, in the hash
         assert cell.corpora == {"forget_corpus": f"wmdp:{cell.split}-forget[:600]", "retain_corpus": "wmdp:wikitext"}
         assert set(cell.tasks) == {"wmdp_bio", "wmdp_cyber", "wmdp_chem", "mmlu"}
