@@ -289,8 +289,9 @@ def _method_cells(config: ExperimentConfig, method: MethodSpec, common: dict, sp
     # a benchmark's own setting of the method enters the cell's hparams, so its hash says which setting it trained
     # with (CRU's RWKU setting; a benchmark package's reference settings, `Benchmark.method_settings`)
     # (`benchmark_defaults["*"]`: on every benchmark); a former default restated under `as_computed` replaces them
-    defaults = {**plugins.benchmarks.get(bench).method_settings(plugin.name, split),
-                **plugin.benchmark_defaults.get("*", {}), **plugin.benchmark_defaults.get(bench, {})}
+    defaults = {**plugin.benchmark_defaults.get("*", {}),
+                **plugins.benchmarks.get(bench).method_settings(plugin.name, split),
+                **plugin.benchmark_defaults.get(bench, {})}
     hparams = {**{k: v for k, v in defaults.items() if k not in method.as_computed},
                **method.hparams_for(bench, split)}
     corpora = {}
