@@ -11,8 +11,9 @@ Followed from LUNAR's code (facebookresearch/LUNAR run_lunar.py, src/generate_di
 src/dataset_utils.py `prepare_trainset`, src/hook_for_unlearn.py `get_activations` /
 `perturb_post_block_activations_forget`, src/estimated_net_utils.py `train`): the direction (mean difference at
 the last prompt position, refusal minus forget, `positions: -1`, read at the input of block L+1 = the output of
-block L); every token of a question with its chat template, one prompt at a time, the answer not used
-(`instructions_only`); the target of a forget token (block output + coeff * r, less the residual entering the
+block L); every token of a question as LUNAR writes its prompt (the chat template's user turn, no system turn:
+`lunar_prompt`; `prompt_style: evaluation` for the evaluation's, system turn included), one prompt at a time, the
+answer not used (`instructions_only`); the target of a forget token (block output + coeff * r, less the residual entering the
 MLP: the MLP output + coeff * r) and of a retain token (the MLP output); the retain prompts all the retain rows'
 questions (LUNAR: every question of the dataset outside the forget edge); one ConcatDataset of forget and retain
 tokens, DataLoader(batch_size=64, shuffle=True); torch AdamW at lr 0.01 (its default weight decay 0.01),
