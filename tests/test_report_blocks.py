@@ -205,7 +205,9 @@ def test_relearn_recovery_counts_only_the_items_outside_both_slices_for_every_re
     assert row["recovery"].score == pytest.approx(0.25 / 0.65)
     assert row["recovery"].oracle_score == pytest.approx(0.075 / 0.65)
     text = "\n".join(tables.robustness_markdown(_relearn_run(), "tofu"))
-    assert "| m | forget01 | GA | relearn | held-out (2) | 0.75 | 0.10 | 0.35 | 0.38 | 0.12 | 0.27 | 2 |" in text
+    # the item-bootstrap interval beside each figure (every cell stores per-item values)
+    assert "| m | forget01 | GA | relearn | held-out (2) | 0.75 [0.60, 0.90] | 0.10 [0.03, 0.17] | 0.35 [0.25, 0.45] | " \
+        "0.38 [0.30, 0.44] | 0.12 [0.06, 0.20] | 0.27 [0.10, 0.37] | 2 |" in text
     assert "Rows of relearn count the held-out forget items only" in text
 
 
