@@ -138,6 +138,8 @@ def score_tofu_cell(lmeval_dir: str | Path, *, split: str, retain_items: list[di
                 "forget_question": [r["question"] for r in forget_rows],
                 "forget_rouge_l": [_finite_or_none(r.get("rouge_l_recall")) for r in forget_rows],
                 "forget_prob": [_finite_or_none(r.get("probability")) for r in forget_rows]}
+    if any(r.get("answer_class") for r in forget_rows):   # the correct-answer rate on held-out items, with intervals
+        per_item["forget_answer_class"] = [r.get("answer_class") for r in forget_rows]
     fm = run["failure_modes"].get(forget_task) or {}
     failure_classes = {"forget": fm["fractions"]} if fm.get("fractions") else {}
     details = {"model_utility": run["model_utility"], "forget_quality": fq,
