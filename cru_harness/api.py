@@ -92,6 +92,7 @@ class CellContext:
     load_model: Callable[[str], tuple[Any, Any]]
     device: str = "cpu"            # the resolved device the cell runs on
     routers: str | None = None     # for an attack: the bundles the attacked cell attached
+    base_path: str | None = None   # for an attack: the model the attacked cell started from (its Original)
 
 
 class Method:
