@@ -276,6 +276,9 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
             path = plotting.robustness_plot(tables.robustness_rows(of_benchmark, benchmark), plot_dir, benchmark)
             if path:
                 written[path.name] = str(path)
+            path = plotting.levels_plot(tables.levels_rows(of_benchmark, benchmark), plot_dir, benchmark)
+            if path:
+                written[path.name] = str(path)
             path = plotting.gate_plot(rows, plot_dir)
             if path:
                 written[f"gates_{benchmark}.png"] = str(path.rename(path.with_name(f"gates_{benchmark}.png")))

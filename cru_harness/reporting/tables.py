@@ -811,7 +811,8 @@ def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
     if any(row.get("intervals") for row in rows):
         lines += ["", intervals_describe() + "; a number without one: its cells store no per-item values."]
     return (lines + ([""] + notes if notes else []) + [""] + robustness_matrix_markdown(rows, benchmark)
-            + levels_markdown(results, benchmark) + mc_markdown(results, benchmark) + lens)
+            + levels_markdown(results, benchmark) + noise_floor_markdown(results, benchmark)
+            + mc_markdown(results, benchmark) + lens)
 
 
 def _share_cells(row: dict) -> list[str]:
@@ -1041,3 +1042,55 @@ def levels_markdown(results: list[dict], benchmark: str) -> list[str]:
             lines.append(f"- {row['label']} + {row['attack']}, {row['metric_name']}: no level on the items held out "
                          f"from the attack ({row['reason']}{why}).")
     return lines + ([""] if any(row["reason"] for row in rows) else [])
+
+
+# ------------------------------------------------------------------------------------------------ noise floor
+def noise_floor_rows(results: list[dict], benchmark: str) -> list[dict]:
+    """Per (model, unit, attacked row, quantize attack): the rounding's relative weight change
+    (`details.quantize.relative_weight_change`) beside the unlearning's change from the model it started from
+    (`unlearning_weight_change`, recorded since issue 77), means over the row's cells, in the order they come."""
+    view = benchmark_view(benchmark)
+    found: dict[tuple, list[dict]] = defaultdict(list)
+    for r in results:
+        details = r.get("details") or {}
+        if r.get("benchmark") == benchmark and r.get("status") == "ok" and details.get("quantize"):
+            attack = details.get("attack") or {}
+            found[(r["model"], view.row_unit(r), attack.get("attacked_label", r["label"]),
+                   attack.get("attack_label", ""))].append(details["quantize"])
+    rows = []
+    for (model, unit, label, attack), records in found.items():
+        rounding = stats.finite_mean(q.get("relative_weight_change") for q in records)
+        unlearning = stats.finite_mean(q.get("unlearning_weight_change") for q in records)
+        if any(not stats.is_number(q.get("unlearning_weight_change")) for q in records):
+            unlearning = None   # a mean over some of the cells would read as the row's
+        rows.append({"model": model, "unit": unit, "label": label, "attack": attack, "rounding": rounding,
+                     "unlearning": unlearning, "n": len(records)})
+    return rows
+
+
+def noise_floor_markdown(results: list[dict], benchmark: str) -> list[str]:
+    """Report lines for `noise_floor_rows` (none without a quantize cell)."""
+    rows = noise_floor_rows(results, benchmark)
+    if not rows:
+        return []
+    lines = ["Quantization noise floor: the relative change of the rounded weights (‖W_q − W‖ / ‖W‖ over the "
+             "quantized linear layers) beside the unlearning's own change from the model it started from, over the "
+             "same layers. Where unlearning moved the weights by much less than the rounding does, the rounding can "
+             "undo it (Zhang et al. 2024); where the rounding is far larger than anything unlearning did, a lower "
+             "forget score under it is the rounding's damage (the Original + attack control shows how much).", "",
+             f"| Model | {benchmark_view(benchmark).table_unit} | Row | Attack | Rounding's change | Unlearning's "
+             "change | Rounding / unlearning | n |", "|---|---|---|---|---:|---:|---:|---:|"]
+    for row in rows:
+        ratio = row["rounding"] / row["unlearning"] if stats.is_number(row["rounding"]) and \
+            stats.is_number(row["unlearning"]) and row["unlearning"] > 0 else None
+        lines.append(f"| {row['model']} | {row['unit']} | {row['label']} | {row['attack']} | "
+                     f"{_small(row['rounding'])} | {_small(row['unlearning'])} | {fmt1(ratio)} | {row['n']} |")
+    if any(row["unlearning"] is None for row in rows):
+        lines += ["", "- Unlearning's change --: cells computed before issue 77 record the rounding's change only "
+                  "(recomputing them records both)."]
+    return lines + [""]
+
+
+def _small(value) -> str:
+    """A weight change: three significant digits (they span 1e-6 to 1e-1)."""
+    return "--" if not stats.is_number(value) else f"{value:.3g}"
