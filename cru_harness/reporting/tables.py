@@ -1030,8 +1030,9 @@ def levels_markdown(results: list[dict], benchmark: str) -> list[str]:
             lines.append(f"| {row['model']} | {row['unit']} | {row['label']} | {row['attack']} | {_items_text(row)} "
                          f"| " + " | ".join(cells) + f" | {row['n']} |")
         lines.append("")
+    # an attack with no oracle cell either (detach: nothing to remove from a model without a bundle) has no control
     no_original = list(dict.fromkeys(row["attack"] for row in rows if row["original_after"] is None
-                                     and not row["reason"]))
+                                     and not row["reason"] and row["oracle_after"] is not None))
     if no_original:
         lines += [f"- No Original + attack cell for {', '.join(no_original)}: the run has no such control (plans "
                   "include it since issue 77; `cru-harness run` computes it), so there what the attack does to the "
