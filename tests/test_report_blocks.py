@@ -378,3 +378,42 @@ def test_the_paraphrase_attacks_multiple_choice_form_has_its_own_table():
     text = "\n".join(tables.mc_markdown(results, "tofu"))
     assert "| m | forget01 | GA | paraphrase | 0.30 | 2 |" in text and "| m | forget01 | Retain | paraphrase | 0.30 | 1 |" in text
     assert tables.mc_markdown([_result("GA")], "tofu") == []
+
+
+# ------------------------------------------------------------------------------------------- issue 77: controls
+def test_the_original_under_an_attack_is_a_control_beside_the_oracles_in_the_absolute_levels():
+    """int4 lowers every model: the Original 0.9 -> 0.7, the oracle 0.2 -> 0.15; GA 0.3 -> 0.25. The Original's
+    attack cell is no robustness row of its own; the levels table reads GA's 0.25 beside the oracle's 0.15 and the
+    Original's 0.7 under int4, with the difference 0.10; the noise floor sets the rounding's change beside the
+    unlearning's."""
+    results = [_result("Original", kind="original"), _result("Retain", kind="retain"), _result("GA"),
+               _attack("GA", "int4", 0.25), _attack("Retain", "int4", 0.15, attacked_kind="retain"),
+               _attack("Original", "int4", 0.7, attacked_kind="original")]
+    for r, value in zip(results[:3], (0.9, 0.2, 0.3)):
+        r["metrics"]["forget_rouge_l"] = value
+    results[3]["details"]["quantize"] = {"relative_weight_change": 0.05, "unlearning_weight_change": 0.001}
+    assert [(r["label"], r["attack"]) for r in tables.robustness_rows(results, "tofu")] == [("GA", "int4")]
+    text = "\n".join(tables.robustness_markdown(results, "tofu"))
+    assert "| m | forget01 | GA | int4 | all | 0.25 | 0.15 | 0.70 | 0.10 | 1 |" in text
+    assert "No Original + attack cell" not in text
+    assert "| m | forget01 | GA | int4 | 0.05 | 0.001 | 50.0 | 1 |" in text
+    # without the Original's attack cell the level table says the control is missing
+    text = "\n".join(tables.robustness_markdown(results[:5], "tofu"))
+    assert "| m | forget01 | GA | int4 | all | 0.25 | 0.15 | -- | 0.10 | 1 |" in text
+    assert "- No Original + attack cell for int4" in text
+
+
+def test_a_recovery_share_of_a_gap_under_the_minimum_says_why_instead_of_a_number():
+    """A gap of 0.05 (< MIN_REPORTED_GAP): a 0.04 drop would read as a share of -0.8; the table prints why."""
+    from cru_harness.metrics.recovery import MIN_REPORTED_GAP
+
+    results = [_result("Original", kind="original"), _result("GA"), _attack("GA", "int4", 0.81)]
+    for r, value in zip(results[:2], (0.9, 0.85)):
+        r["metrics"]["forget_rouge_l"] = value
+    assert MIN_REPORTED_GAP > 0.05
+    text = "\n".join(tables.robustness_markdown(results, "tofu"))
+    assert f"| m | forget01 | GA | int4 | all | 0.90 | 0.85 | 0.81 | gap < {MIN_REPORTED_GAP:g} | gap < " in text
+    assert f"no recovery share: the gap (0.05) is below {MIN_REPORTED_GAP:g}" in text
+    results[1]["metrics"]["forget_rouge_l"] = 0.5   # a gap of 0.4: the share is shown
+    assert "| m | forget01 | GA | int4 | all | 0.90 | 0.50 | 0.81 | 0.78 |" in "\n".join(
+        tables.robustness_markdown(results, "tofu"))
