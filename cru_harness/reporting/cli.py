@@ -254,6 +254,7 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
         summary += [f"## {benchmark.upper()}", "", tables.to_markdown(rows, benchmark), *absent]
         of_benchmark = [r for r in results if r.get("benchmark") == benchmark]
         summary += view.report_lines(of_benchmark, "table")        # its own blocks (TOFU: the regime check)
+        summary += tables.privacy_intervals_markdown(of_benchmark, benchmark)
         summary += tables.robustness_markdown(of_benchmark, benchmark)
         summary += view.report_lines(of_benchmark, "robustness")   # (RWKU: AA per attack type)
         summary += sweep_markdown(of_benchmark)

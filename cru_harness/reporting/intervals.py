@@ -110,3 +110,45 @@ def fmt_interval(value, bounds: tuple[float, float] | None, digits: int = 2) -> 
         return "--"
     text = f"{value:.{digits}f}"
     return text if bounds is None else f"{text} [{bounds[0]:.{digits}f}, {bounds[1]:.{digits}f}]"
+
+
+def side_weights(questions: Sequence[str], seed: int = SEED,
+                 resamples: int = RESAMPLES) -> tuple[list[str], np.ndarray]:
+    """The sorted universe of `questions` and its resampled weights (one side of a two-sample figure: forget or
+    holdout items, drawn apart, each side with its own `seed`, so each resample keeps both sides' sizes)."""
+    universe = sorted(set(questions))
+    return universe, item_weights(len(universe), resamples, seed) if universe else np.zeros((resamples, 0))
+
+
+def auc_resamples(forget: Mapping[str, float], holdout: Mapping[str, float], forget_side, holdout_side) -> np.ndarray:
+    """Per resample, the forget-vs-holdout MIA AUC (`metrics.privacy.forget_holdout_auc`: the share of (holdout,
+    forget) pairs where the holdout item's loss-like score is higher, ties one half) of the resampled items:
+    `forget_side` / `holdout_side` are `side_weights` of the two sets; an item the cell has no score for weighs
+    nothing. Exact: the Mann-Whitney AUC of the resampled data, without a loop over resamples."""
+    (f_keys, f_weights), (h_keys, h_weights) = forget_side, holdout_side
+    f_scores = np.array([forget.get(q, np.nan) if forget.get(q) is not None else np.nan for q in f_keys], float)
+    h_scores = np.array([holdout.get(q, np.nan) if holdout.get(q) is not None else np.nan for q in h_keys], float)
+    f_w = f_weights * np.isfinite(f_scores)
+    h_w = h_weights * np.isfinite(h_scores)
+    f_scores, h_scores = np.nan_to_num(f_scores), np.nan_to_num(h_scores)
+    pairs = (h_scores[:, None] > f_scores[None, :]) + 0.5 * (h_scores[:, None] == f_scores[None, :])
+    total = h_w.sum(axis=1) * f_w.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, ((h_w @ pairs) * f_w).sum(axis=1) / np.where(total > 0, total, 1.0), np.nan)
+
+
+def ks_pvalue_resamples(model: Mapping[str, float], retain: Mapping[str, float]) -> np.ndarray | None:
+    """Per resample of the items both scored (drawn once, the same items on both sides, as TOFU's Forget Quality
+    compares the same forget items), the two-sided KS p-value (`metrics.tofu.forget_quality`) of the resampled
+    truth ratios; None for fewer than two shared items."""
+    from scipy.stats import ks_2samp
+
+    shared = sorted(q for q in set(model) & set(retain) if model[q] is not None and retain[q] is not None
+                    and math.isfinite(model[q]) and math.isfinite(retain[q]))
+    if len(shared) < 2:
+        return None
+    rng = np.random.default_rng(SEED)
+    draws = rng.integers(0, len(shared), size=(RESAMPLES, len(shared)))
+    a = np.array([model[q] for q in shared])[draws]
+    b = np.array([retain[q] for q in shared])[draws]
+    return np.asarray(ks_2samp(a, b, axis=1).pvalue, dtype=float)

@@ -1095,3 +1095,92 @@ def noise_floor_markdown(results: list[dict], benchmark: str) -> list[str]:
 def _small(value) -> str:
     """A weight change: three significant digits (they span 1e-6 to 1e-1)."""
     return "--" if not stats.is_number(value) else f"{value:.3g}"
+
+
+# ------------------------------------------------------------------------------------------------ privacy intervals
+def _privacy_sides(result: dict | None) -> tuple[dict, dict] | None:
+    """(forget, holdout): question -> privleak's attack score (`per_item.privacy_*`, stored since issue 77)."""
+    per_item = (result or {}).get("per_item") or {}
+    questions, sets, scores = (per_item.get(k) for k in ("privacy_question", "privacy_set", "privacy_min_k"))
+    if not questions or not sets or not scores or not len(questions) == len(sets) == len(scores):
+        return None
+    forget = {q: s for q, label, s in zip(questions, sets, scores) if label == 0}
+    holdout = {q: s for q, label, s in zip(questions, sets, scores) if label == 1}
+    return (forget, holdout) if forget and holdout else None
+
+
+def privacy_interval_rows(results: list[dict], benchmark: str) -> list[dict]:
+    """Per leaderboard row whose cells store per-item privacy scores: privleak, privleak's MIA AUC (Min-K%) and
+    Forget Quality, the means over seeds the leaderboard shows, each with its item-bootstrap interval: forget and
+    holdout items resampled apart (each keeps its size), the same draw for a cell and its oracle (privleak compares
+    them on the same items), the AUCs and privleak recomputed; Forget Quality's KS p-value on resampled forget
+    items, the same items for the cell and the oracle."""
+    import numpy as np
+
+    from ..metrics.privacy import PRIVLEAK_DEFAULT_RETAIN_AUC
+    from .intervals import SEED, auc_resamples, interval, ks_pvalue_resamples, side_weights
+
+    view = benchmark_view(benchmark)
+    usable = [r for r in results if r.get("benchmark") == benchmark and r.get("status") == "ok"
+              and r.get("kind") in ("method", "original", "retain")]
+    if not any(_privacy_sides(r) for r in usable):
+        return []
+    oracle = {(r["model"], r.get("split")): r for r in usable if r.get("kind") == "retain"}
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in usable:
+        groups[(r["model"], view.row_unit(r), r["label"])].append(r)
+    rows = []
+    for (model, unit, label), cells in groups.items():
+        sides = [_privacy_sides(c) for c in cells]
+        refs = [oracle.get((c["model"], c.get("split"))) for c in cells]
+        derived = [derived_metrics(c) for c in cells]
+        row = {"model": model, "unit": unit, "label": label, "n": len(cells),
+               **{k: stats.finite_mean(d.get(k) for d in derived) for k in ("privleak", "mia_auc_min_k",
+                                                                          "forget_quality")},
+               "intervals": {}}
+        if all(sides):
+            forget_side = side_weights([q for s in sides for q in s[0]], seed=SEED)
+            holdout_side = side_weights([q for s in sides for q in s[1]], seed=SEED + 1)   # drawn apart
+            aucs, leaks = [], []
+            for (forget, holdout), ref in zip(sides, refs):
+                auc = auc_resamples(forget, holdout, forget_side, holdout_side)
+                ref_sides = _privacy_sides(ref)
+                ref_auc = auc_resamples(*ref_sides, forget_side, holdout_side) if ref_sides else \
+                    np.full_like(auc, PRIVLEAK_DEFAULT_RETAIN_AUC)
+                aucs.append(auc)
+                leaks.append(((1 - auc) - (1 - ref_auc)) / ((1 - ref_auc) + 1e-10) * 100.0)
+            row["intervals"]["mia_auc_min_k"] = interval(np.mean(aucs, axis=0))
+            row["intervals"]["privleak"] = interval(np.mean(leaks, axis=0))
+        fq = []
+        for cell, ref in zip(cells, refs):
+            mine, theirs = _per_item_values(cell, "forget_truth_ratio"), _per_item_values(ref, "forget_truth_ratio")
+            fq.append(ks_pvalue_resamples(mine, theirs) if mine and theirs and cell is not ref else None)
+        if fq and all(f is not None for f in fq):
+            row["intervals"]["forget_quality"] = interval(np.mean(fq, axis=0))
+        rows.append(row)
+    return rows
+
+
+def privacy_intervals_markdown(results: list[dict], benchmark: str) -> list[str]:
+    """Report lines for `privacy_interval_rows` (none when no cell stores per-item privacy scores)."""
+    from .intervals import describe
+
+    rows = privacy_interval_rows(results, benchmark)
+    if not rows:
+        return []
+    lines = ["### Privacy with item-bootstrap intervals", "",
+             "privleak (against the retain oracle's Min-K% AUC), that AUC and Forget Quality, the leaderboard's means "
+             "over seeds, each with the interval of its items resampled: forget and holdout items apart, the same "
+             f"draw for a cell and its oracle. {describe()}; a number without one: some cell of the row stores no "
+             "per-item privacy scores (cells computed before issue 77).", "",
+             f"| Model | {benchmark_view(benchmark).table_unit} | Row | privleak | MIA AUC (Min-K%) | FQ | n |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for row in rows:
+        bounds = row["intervals"]
+        fq = bounds.get("forget_quality")
+        fq_text = fmt(row["forget_quality"], "forget_quality") + (
+            "" if fq is None else f" [{fmt(fq[0], 'forget_quality')}, {fmt(fq[1], 'forget_quality')}]")
+        lines.append(f"| {row['model']} | {row['unit']} | {row['label']} | "
+                     f"{fmt_interval(row['privleak'], bounds.get('privleak'), 1)} | "
+                     f"{fmt_interval(row['mia_auc_min_k'], bounds.get('mia_auc_min_k'))} | {fq_text} | {row['n']} |")
+    return lines + [""]
