@@ -839,7 +839,7 @@ def robustness_matrix_markdown(rows: list[dict], benchmark: str) -> list[str]:
         most = max(row["n"] for row in block)
         found = {(row["label"], row["attack"]): row for row in block}
         lines += [f"Recovery by method and attack, {model}, {benchmark_view(benchmark).table_unit.lower()} {unit} (in "
-                  f"brackets: the oracle's change under the same attack; each entry averages {most} attack "
+                  f"parentheses: the oracle's change under the same attack; each entry averages {most} attack "
                   "cell(s) unless it says n; Gap: the Original's score minus the unlearned one's on all items, the "
                   "shares' denominator):", "",
                   "| Method | Gap | " + " | ".join(attacks) + " |", "|---|---:|" + "---:|" * len(attacks)]
