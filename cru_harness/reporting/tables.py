@@ -754,9 +754,12 @@ def lens_markdown(results: list[dict], benchmark: str) -> list[str]:
         total = "/".join(str(n) for n in row["n_layers"])
         where = f"layer{'s' if len(row['layers']) > 1 else ''} {layers} of {total}"
         rec = row["recovery"]
+        shares = [fmt2(rec.score if rec else None), fmt2(rec.oracle_score if rec else None),
+                  fmt2(rec.excess if rec else None)]
+        if rec is not None and rec.score is not None and not share_shown(rec.gap):   # as the robustness table
+            shares = [share_hidden_reason()] * 3
         lines.append(f"| {row['model']} | {row['unit']} | {row['label']} | {fmt2(row['output'])} | "
-                     f"{fmt2(row['best'])} ({where}) | {fmt2(rec.score if rec else None)} | "
-                     f"{fmt2(rec.oracle_score if rec else None)} | {fmt2(rec.excess if rec else None)} |")
+                     f"{fmt2(row['best'])} ({where}) | " + " | ".join(shares) + " |")
     return lines + [""] + [f"- {label}: no logit lens ({reason})." for label, reason in skipped.items()] + \
         ([""] if skipped else [])
 
