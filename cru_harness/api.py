@@ -92,6 +92,7 @@ class CellContext:
     load_model: Callable[[str], tuple[Any, Any]]
     device: str = "cpu"            # the resolved device the cell runs on
     routers: str | None = None     # for an attack: the bundles the attacked cell attached
+    base_path: str | None = None   # for an attack: the model the attacked cell started from (its Original)
 
 
 class Method:
@@ -231,10 +232,10 @@ class Attack:
         return () if self.config is None else tuple(f.name for f in dataclasses.fields(self.config))
 
     def applies_to(self, method: "Method | None") -> bool:
-        """Whether the plan attacks a cell of `method` (None: the retain oracle). An attack that loads, quantizes
-        or trains one checkpoint (`needs_one_checkpoint`) skips a model of several (WHP's); one that would only
-        re-evaluate the model as deployed (detach on a method without a bundle) overrides this: no cell, no
-        compute for a number known beforehand."""
+        """Whether the plan attacks a cell of `method` (None: the retain oracle or the Original, the controls). An
+        attack that loads, quantizes or trains one checkpoint (`needs_one_checkpoint`) skips a model of several
+        (WHP's); one that would only re-evaluate the model as deployed (detach on a method without a bundle)
+        overrides this: no cell, no compute for a number known beforehand."""
         return not self.needs_one_checkpoint or method is None or method.one_checkpoint
 
     def check_settings(self, values: dict[str, Any]) -> None:

@@ -156,6 +156,37 @@ def test_int4_moves_the_weights_further_than_int8(tmp_path, base):
     assert 0 < changes["int8"] < changes["int4"]
 
 
+def test_the_noise_floor_sets_the_unlearnings_weight_change_beside_the_roundings(tmp_path, base):
+    """A model 'unlearned' by moving one module's weights by 1e-3 of their size, against its base: the record
+    holds that move (relative L2, over every rounded module) beside int4's, which is far larger; the attacked
+    model being its own base records no unlearning change (0), and a base that is no checkpoint says so."""
+    model, tokenizer = _load(base)
+    with torch.no_grad():
+        weight = model.model.layers[0].mlp.down_proj.weight
+        weight.add_(1e-3 * weight)
+    moved = tmp_path / "moved"
+    model.save_pretrained(moved)
+    tokenizer.save_pretrained(moved)
+    ctx = _ctx(tmp_path / "w", moved, "quantize", {"weights": "int4"})
+    (tmp_path / "w").mkdir()
+    ctx.base_path = str(base)
+    quantize.ATTACK.run(ctx)
+    details = ctx.outcome["details"]["quantize"]
+    norms = [float(m.weight.float().pow(2).sum()) for n, m in _load(base)[0].named_modules()
+             if isinstance(m, torch.nn.Linear) and n != "lm_head"]
+    one = float(_load(base)[0].model.layers[0].mlp.down_proj.weight.float().pow(2).sum())
+    assert details["unlearning_weight_change"] == pytest.approx(1e-3 * (one / sum(norms)) ** 0.5, rel=1e-3)
+    assert details["relative_weight_change"] > 10 * details["unlearning_weight_change"] > 0
+    assert details["mean_abs_weight_change"] > details["unlearning_mean_abs_weight_change"] > 0
+    own = _ctx(tmp_path / "o", base, "quantize", {"weights": "int4"})
+    (tmp_path / "o").mkdir()
+    own.base_path = str(base)
+    quantize.ATTACK.run(own)
+    assert own.outcome["details"]["quantize"]["unlearning_weight_change"] == 0.0
+    assert "no unlearning change" in own.outcome["details"]["quantize"]["unlearning_change_note"]
+    assert quantize.reference_weights("zoo:llama") is None   # not a local checkpoint: no reference to read
+
+
 def test_a_head_tied_to_the_embedding_is_not_rounded_with_it(base):
     model, _ = _load(base)
     model.lm_head.weight = model.model.embed_tokens.weight     # tie them, as many small models are

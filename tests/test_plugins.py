@@ -181,21 +181,24 @@ def test_attack_cells_are_planned_per_method_cell_and_keyed_by_it(tmp_path):
     attacked = build_plan(cfg.validate_config({**raw, "attacks": ["identity"]}))
     assert [c.hash for c in attacked[:len(plain)]] == [c.hash for c in plain]   # no other cell's hash moves
     extra = attacked[len(plain):]
-    assert [(c.kind, c.label) for c in extra] == [("attack", "GA + identity"), ("attack", "CRU + identity")]
+    # the Original under each attack is its control (what the attack does to the model before unlearning)
+    assert [(c.kind, c.label) for c in extra] == [("attack", "GA + identity"), ("attack", "CRU + identity"),
+                                                  ("attack", "Original + identity")]
     targets = {c.hash: c for c in plain}
-    assert [targets[c.extra["attacked"]].label for c in extra] == ["GA", "CRU"]
+    assert [targets[c.extra["attacked"]].label for c in extra] == ["GA", "CRU", "Original"]
     lr = {**raw, "attacks": ["identity"], "methods": [{"method": "GA", "learning_rate": 1e-3}, "CRU"]}
     moved = build_plan(cfg.validate_config(lr))
     assert moved[len(plain)].hash != extra[0].hash and moved[len(plain) + 1].hash == extra[1].hash
+    assert moved[len(plain) + 2].hash == extra[2].hash   # the control does not depend on a method's settings
     from cru_harness.runner.cli import plan_summary
 
     summary = plan_summary(cfg.validate_config({**raw, "attacks": ["identity"]}), attacked)
-    assert (summary["n_trained"], summary["n_attacked"], summary["n_evaluated"]) == (len(plain) - 1, 2, len(attacked))
+    assert (summary["n_trained"], summary["n_attacked"], summary["n_evaluated"]) == (len(plain) - 1, 3, len(attacked))
     # detach has nothing to remove from GA's weights or the oracle's: only the adapter method's cell is attacked
     oracle = {**raw, "models": [{"name": "m", "path": "zoo:llama", "retain": {"checkpoint": "zoo:llama:retain"}}]}
     detached = build_plan(cfg.validate_config({**oracle, "attacks": ["detach", "identity"]}))
     assert [c.label for c in detached if c.kind == "attack"] == [
-        "CRU + detach", "Retain + identity", "GA + identity", "CRU + identity"]
+        "CRU + detach", "Retain + identity", "GA + identity", "CRU + identity", "Original + identity"]
 
 
 PLUGIN_PACKAGE = '''

@@ -205,7 +205,9 @@ def test_relearn_recovery_counts_only_the_items_outside_both_slices_for_every_re
     assert row["recovery"].score == pytest.approx(0.25 / 0.65)
     assert row["recovery"].oracle_score == pytest.approx(0.075 / 0.65)
     text = "\n".join(tables.robustness_markdown(_relearn_run(), "tofu"))
-    assert "| m | forget01 | GA | relearn | held-out (2) | 0.75 | 0.10 | 0.35 | 0.38 | 0.12 | 0.27 | 2 |" in text
+    # the item-bootstrap interval beside each figure (every cell stores per-item values)
+    assert "| m | forget01 | GA | relearn | held-out (2) | 0.75 [0.60, 0.90] | 0.10 [0.03, 0.17] | 0.35 [0.25, 0.45] | " \
+        "0.38 [0.30, 0.44] | 0.12 [0.06, 0.20] | 0.27 [0.10, 0.37] | 2 |" in text
     assert "Rows of relearn count the held-out forget items only" in text
 
 
@@ -376,3 +378,96 @@ def test_the_paraphrase_attacks_multiple_choice_form_has_its_own_table():
     text = "\n".join(tables.mc_markdown(results, "tofu"))
     assert "| m | forget01 | GA | paraphrase | 0.30 | 2 |" in text and "| m | forget01 | Retain | paraphrase | 0.30 | 1 |" in text
     assert tables.mc_markdown([_result("GA")], "tofu") == []
+
+
+# ------------------------------------------------------------------------------------------- issue 77: controls
+def test_the_original_under_an_attack_is_a_control_beside_the_oracles_in_the_absolute_levels():
+    """int4 lowers every model: the Original 0.9 -> 0.7, the oracle 0.2 -> 0.15; GA 0.3 -> 0.25. The Original's
+    attack cell is no robustness row of its own; the levels table reads GA's 0.25 beside the oracle's 0.15 and the
+    Original's 0.7 under int4, with the difference 0.10; the noise floor sets the rounding's change beside the
+    unlearning's."""
+    results = [_result("Original", kind="original"), _result("Retain", kind="retain"), _result("GA"),
+               _attack("GA", "int4", 0.25), _attack("Retain", "int4", 0.15, attacked_kind="retain"),
+               _attack("Original", "int4", 0.7, attacked_kind="original")]
+    for r, value in zip(results[:3], (0.9, 0.2, 0.3)):
+        r["metrics"]["forget_rouge_l"] = value
+    results[3]["details"]["quantize"] = {"relative_weight_change": 0.05, "unlearning_weight_change": 0.001}
+    assert [(r["label"], r["attack"]) for r in tables.robustness_rows(results, "tofu")] == [("GA", "int4")]
+    text = "\n".join(tables.robustness_markdown(results, "tofu"))
+    assert "| m | forget01 | GA | int4 | all | 0.25 | 0.15 | 0.70 | 0.10 | 1 |" in text
+    assert "No Original + attack cell" not in text
+    assert "| m | forget01 | GA | int4 | 0.05 | 0.001 | 50.0 | 1 |" in text
+    # without the Original's attack cell the level table says the control is missing
+    text = "\n".join(tables.robustness_markdown(results[:5], "tofu"))
+    assert "| m | forget01 | GA | int4 | all | 0.25 | 0.15 | -- | 0.10 | 1 |" in text
+    assert "- No Original + attack cell for int4" in text
+
+
+def test_a_recovery_share_of_a_gap_under_the_minimum_says_why_instead_of_a_number():
+    """A gap of 0.05 (< MIN_REPORTED_GAP): a 0.04 drop would read as a share of -0.8; the table prints why."""
+    from cru_harness.metrics.recovery import MIN_REPORTED_GAP
+
+    results = [_result("Original", kind="original"), _result("GA"), _attack("GA", "int4", 0.81)]
+    for r, value in zip(results[:2], (0.9, 0.85)):
+        r["metrics"]["forget_rouge_l"] = value
+    assert MIN_REPORTED_GAP > 0.05
+    text = "\n".join(tables.robustness_markdown(results, "tofu"))
+    assert f"| m | forget01 | GA | int4 | all | 0.90 | 0.85 | 0.81 | gap < {MIN_REPORTED_GAP:g} | gap < " in text
+    assert f"no recovery share: the gap (0.05) is below {MIN_REPORTED_GAP:g}" in text
+    results[1]["metrics"]["forget_rouge_l"] = 0.5   # a gap of 0.4: the share is shown
+    assert "| m | forget01 | GA | int4 | all | 0.90 | 0.50 | 0.81 | 0.78 |" in "\n".join(
+        tables.robustness_markdown(results, "tofu"))
+
+
+def _private(label, kind, forget, holdout, ratios, seed=0):
+    """A cell with per-item privacy scores (Min-K%, loss-like) and forget truth ratios; its leaderboard numbers are
+    those the scorer gives (the AUC of these scores, privleak against 0.5 until the oracle fills it)."""
+    from cru_harness.metrics.privacy import forget_holdout_auc
+
+    result = _result(label, kind=kind)
+    questions = [f"f{i}" for i in range(len(forget))] + [f"h{i}" for i in range(len(holdout))]
+    result.update(hash=f"{label}-{seed}", seed=seed, per_item={
+        "privacy_question": questions, "privacy_set": [0] * len(forget) + [1] * len(holdout),
+        "privacy_min_k": list(forget) + list(holdout),
+        "forget_question": [f"f{i}" for i in range(len(ratios))], "forget_truth_ratio": list(ratios)})
+    auc = forget_holdout_auc(forget, holdout)
+    result["metrics"].update(mia_auc_min_k=auc, privleak=privleak(auc, 0.5), forget_quality=0.5)
+    return result
+
+
+def test_privleak_and_forget_quality_carry_item_bootstrap_intervals_where_cells_store_per_item_scores():
+    """GA's forget items mostly score below its holdout items (AUC about 0.87), the oracle's interleave (near 0.5):
+    each AUC varies with the items drawn, so privleak's interval, recomputed against the oracle's resampled AUC on
+    the same draw, spreads around the leaderboard's number, wide at 20 + 20 items. Cells without the scores add no
+    block."""
+    import random
+
+    rng = random.Random(0)
+    oracle = _private("Retain", "retain", [rng.random() for _ in range(20)], [rng.random() for _ in range(20)],
+                      [rng.random() for _ in range(20)])
+    ga = _private("GA", "method", [i / 20 for i in range(20)], [0.5 + i / 20 for i in range(20)],
+                  [rng.random() + 0.5 for _ in range(20)])
+    results = tables.fill_from_oracle([oracle, ga])
+    (row,) = [r for r in tables.privacy_interval_rows(results, "tofu") if r["label"] == "GA"]
+    auc_low, auc_high = row["intervals"]["mia_auc_min_k"]
+    assert auc_low < row["mia_auc_min_k"] < auc_high <= 1.0
+    assert row["privleak"] == pytest.approx(privleak(row["mia_auc_min_k"], oracle["metrics"]["mia_auc_min_k"]))
+    low, high = row["intervals"]["privleak"]
+    assert low < row["privleak"] < high and high - low > 10   # 20 + 20 items: privleak is loose
+    fq_low, fq_high = row["intervals"]["forget_quality"]
+    assert 0 <= fq_low < fq_high <= 1
+    text = "\n".join(tables.privacy_intervals_markdown(results, "tofu"))
+    assert "### Privacy with item-bootstrap intervals" in text and "| m | forget01 | GA | -" in text
+    for cell in results:
+        cell["per_item"] = {}
+    assert tables.privacy_intervals_markdown(results, "tofu") == []
+
+
+def test_the_scorer_keeps_privleaks_per_item_scores_from_the_privacy_samples(tmp_path):
+    rows = [{"doc": {"question": "q0", "set": "forget"}, "mia_min_k": [0, 1.5]},
+            {"doc": {"question": "q1", "set": "holdout"}, "mia_min_k": [1, 2.5]}]
+    (tmp_path / "samples_tofu_privacy_forget01_2026-01-01T00-00-00.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows))
+    assert cell_scores.privacy_items(tmp_path, "forget01") == {
+        "privacy_question": ["q0", "q1"], "privacy_set": [0, 1], "privacy_min_k": [1.5, 2.5]}
+    assert cell_scores.privacy_items(tmp_path / "none", "forget01") == {}

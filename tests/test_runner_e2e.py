@@ -125,9 +125,11 @@ def test_ci_minimal_end_to_end_then_resume(tmp_path, monkeypatch):
     assert main(["run", str(attacked_config), "--output-dir", str(attacked_out), "--reuse", str(out),
                  "--no-report"]) == 0
     attacked = _results(attacked_out)
-    # the oracle is attacked too: the control of the recovery score
-    assert set(attacked) == set(results) | {"GA + identity", "CRU + identity", "Retain + identity"}
-    for label in ("GA", "CRU", "Retain"):
+    # the oracle and the Original are attacked too: the controls (what the attack teaches a model that never saw
+    # the forget set, and what it does to the model before unlearning)
+    assert set(attacked) == set(results) | {"GA + identity", "CRU + identity", "Retain + identity",
+                                            "Original + identity"}
+    for label in ("GA", "CRU", "Retain", "Original"):
         attack = attacked[f"{label} + identity"]
         assert attack["status"] == "ok" and attack["kind"] == "attack", attack.get("error")
         assert attack["details"]["attack"]["attacked"] == results[label]["hash"]

@@ -214,7 +214,8 @@ def test_a_run_plans_no_single_checkpoint_attack_on_whp_and_reports_its_lens_as_
            "evaluation": {"logit_lens": True, "failure_classes": False, "max_gen_toks": 8}}
     attacked = build_plan(cfg.validate_config({**raw, "attacks": ["quantize", "relearn", "paraphrase"]}))
     assert sorted(c.label for c in attacked if c.kind == "attack") == [
-        "GA + paraphrase", "GA + quantize", "GA + relearn", "WHP + paraphrase"]
+        "GA + paraphrase", "GA + quantize", "GA + relearn", "Original + paraphrase", "Original + quantize",
+        "Original + relearn", "WHP + paraphrase"]
     path = tmp_path / "whp.yaml"
     path.write_text(yaml.safe_dump({**raw, "methods": [{"method": "WHP", "num_epochs": 1}]}))
     assert main(["run", str(path), "--no-report"]) == 0

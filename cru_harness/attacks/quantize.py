@@ -109,13 +109,43 @@ def _rounder(config: QuantizeConfig):
     return rounded
 
 
-def round_weights(model, config: QuantizeConfig) -> dict:
+def reference_weights(path: str | None):
+    """fn(module name) -> that linear module's weight in the checkpoint at `path` (read one tensor at a time from
+    its safetensors files, so the model is never held twice), or None when `path` is no local safetensors
+    checkpoint (the noise floor then has no unlearning change)."""
+    from pathlib import Path
+
+    files = sorted(Path(path).glob("*.safetensors")) if path and Path(path).is_dir() else []
+    if not files:
+        return None
+    from safetensors import safe_open
+
+    where = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            where.update({key: file for key in handle.keys()})
+
+    def weight(name: str):
+        file = where.get(f"{name}.weight")
+        if file is None:
+            return None
+        with safe_open(str(file), framework="pt") as handle:
+            return handle.get_tensor(f"{name}.weight")
+    return weight
+
+
+def round_weights(model, config: QuantizeConfig, reference=None) -> dict:
     """Round every linear weight of `model` (but `config.exclude`) through the library's int8/int4 grid and back,
-    in place. Returns what was done: the modules, their group sizes and the weights' relative change."""
+    in place. Returns what was done: the modules, their group sizes and the weights' relative change (relative L2
+    and mean absolute change). `reference` (`reference_weights`: the model before unlearning) adds the noise floor:
+    the same two numbers for the unlearning's change from it, over the same modules, so the rounding's size can be
+    read beside what unlearning moved (Zhang et al.: recovery where unlearning moved weights by less than a step)."""
     import torch
 
     rounder = _rounder(config)
     names, group_sizes, change, norm, tied = [], set(), 0.0, 0.0, []
+    abs_change, count = 0.0, 0
+    unlearned = {"l2": 0.0, "abs": 0.0, "norm": 0.0, "missing": []} if reference is not None else None
     # a head tied to the input embedding shares its storage: rounding it would round the embedding too, which a
     # quantized runtime keeps in full precision; such a head is left as it is (and named in the record)
     embeddings = {m.weight.data_ptr() for m in model.modules() if isinstance(m, torch.nn.Embedding)}
@@ -126,10 +156,21 @@ def round_weights(model, config: QuantizeConfig) -> dict:
             if module.weight.data_ptr() in embeddings:
                 tied.append(name)
                 continue
+            if unlearned is not None:
+                before = reference(name)
+                if before is None or before.shape != module.weight.shape:
+                    unlearned["missing"].append(name)
+                else:
+                    moved = module.weight.detach().float().cpu() - before.float()
+                    unlearned["l2"] += float(moved.pow(2).sum())
+                    unlearned["abs"] += float(moved.abs().sum())
+                    unlearned["norm"] += float(before.float().pow(2).sum())
             rounded, group_size = rounder(module)
             group_sizes.add(group_size)
             delta = (rounded.float() - module.weight.float())
             change += float(delta.pow(2).sum())
+            abs_change += float(delta.abs().sum())
+            count += delta.numel()
             norm += float(module.weight.float().pow(2).sum())
             module.weight.copy_(rounded)
             names.append(name)
@@ -143,7 +184,21 @@ def round_weights(model, config: QuantizeConfig) -> dict:
             "n_modules": len(names), "tied_to_embedding_left": tied,
             "group_sizes": sorted(str(g) if g else "per output channel" for g in group_sizes),
             "relative_weight_change": (change / norm) ** 0.5 if norm else 0.0,
+            "mean_abs_weight_change": abs_change / count if count else 0.0,
+            **_noise_floor(unlearned, count),
             "checkpoint": "dequantized (weights rounded to the grid and stored in the model's dtype)"}
+
+
+def _noise_floor(unlearned: dict | None, count: int) -> dict:
+    """The unlearning's change from the reference over the rounded modules (absent without a reference)."""
+    if unlearned is None:
+        return {}
+    if unlearned["missing"]:   # another architecture or a renamed module: no comparable number
+        return {"unlearning_weight_change": None, "unlearning_mean_abs_weight_change": None,
+                "unlearning_change_note": f"{len(unlearned['missing'])} module(s) not in the reference checkpoint "
+                                          f"(first: {unlearned['missing'][0]})"}
+    return {"unlearning_weight_change": (unlearned["l2"] / unlearned["norm"]) ** 0.5 if unlearned["norm"] else 0.0,
+            "unlearning_mean_abs_weight_change": unlearned["abs"] / count if count else 0.0}
 
 
 def _version(library: str) -> str:
@@ -164,7 +219,17 @@ class QuantizeAttack(Attack):
         config = QuantizeConfig(**ctx.cell.extra["attack"]["settings"])
         _library(config.library)    # a missing library is reported before the model is loaded
         model, tokenizer = ctx.load_model(ctx.model_path)
-        details = round_weights(model, config)
+        # the noise floor: the unlearning's weight change from the model it started from, beside the rounding's
+        reference = reference_weights(ctx.base_path) if ctx.base_path and ctx.base_path != ctx.model_path else None
+        details = round_weights(model, config, reference=reference)
+        if reference is None:
+            details["unlearning_change_note"] = (
+                "the attacked model is the one it started from (the Original, or an adapter's untouched base): "
+                "no unlearning change" if ctx.base_path and ctx.base_path == ctx.model_path else
+                "no local safetensors checkpoint of the model it started from: no unlearning change")
+            if ctx.base_path and ctx.base_path == ctx.model_path:
+                details["unlearning_weight_change"] = details["unlearning_mean_abs_weight_change"] = 0.0
+        details["reference_checkpoint"] = ctx.base_path
         details["routers_kept"] = ctx.routers
         out = ctx.workdir / "quantized"
         model.save_pretrained(out)

@@ -25,6 +25,24 @@ from ..errors import InputError
 
 #: A gap smaller than this (in the metric's units) leaves nothing to recover: the score is undefined (None).
 MIN_GAP = 1e-9
+#: The smallest gap whose recovery share a report shows (in the metric's units: ROUGE-L, probability and answer
+#: rates, all in [0, 1]). The share divides by the gap, and on TOFU forget01's 30-40 items the 95% item-bootstrap
+#: interval of a gap is about ±0.04 (`reporting.intervals`; in the committed robustness run GA's 0.29 [0.24, 0.33],
+#: SatImp's 0.06 [0.03, 0.11]). Below 0.1, about twice that half-width, the gap's interval comes within 0.05 of
+#: none and a share of it swings past ±1 for a change of a few items (WHP's gap of 0.03 gave -5.86). There the
+#: report prints why (`gap < 0.1`), not the share; the absolute levels beside the oracle's stay the reading
+#: (docs/protocol.md, "Recovery shares and their minimum gap").
+MIN_REPORTED_GAP = 0.1
+
+
+def share_shown(gap: float | None) -> bool:
+    """Whether a report prints the recovery share of `gap` (`MIN_REPORTED_GAP`)."""
+    return gap is not None and math.isfinite(gap) and gap >= MIN_REPORTED_GAP
+
+
+def share_hidden_reason() -> str:
+    """What a table prints instead of a share whose gap is under `MIN_REPORTED_GAP`."""
+    return f"gap < {MIN_REPORTED_GAP:g}"
 
 
 @dataclass(frozen=True)

@@ -254,6 +254,7 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
         summary += [f"## {benchmark.upper()}", "", tables.to_markdown(rows, benchmark), *absent]
         of_benchmark = [r for r in results if r.get("benchmark") == benchmark]
         summary += view.report_lines(of_benchmark, "table")        # its own blocks (TOFU: the regime check)
+        summary += tables.privacy_intervals_markdown(of_benchmark, benchmark)
         summary += tables.robustness_markdown(of_benchmark, benchmark)
         summary += view.report_lines(of_benchmark, "robustness")   # (RWKU: AA per attack type)
         summary += sweep_markdown(of_benchmark)
@@ -274,6 +275,9 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
             for path in view.plots(rows, plot_dir):   # a benchmark's own figures (RWKU: per probe level)
                 written[path.name] = str(path)
             path = plotting.robustness_plot(tables.robustness_rows(of_benchmark, benchmark), plot_dir, benchmark)
+            if path:
+                written[path.name] = str(path)
+            path = plotting.levels_plot(tables.levels_rows(of_benchmark, benchmark), plot_dir, benchmark)
             if path:
                 written[path.name] = str(path)
             path = plotting.gate_plot(rows, plot_dir)

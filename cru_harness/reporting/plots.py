@@ -233,7 +233,11 @@ def resources_plot(results: list[dict], out_dir: Path) -> Path | None:
 def robustness_figure(rows: list[dict]):
     """Recovery per attacked row (one marker per attack), the oracle's change on the same scale as a hollow marker
     beside it: a method whose markers sit right of its oracle's hid what it was asked to remove."""
-    rows = [r for r in rows if r["recovery"] is not None and r["recovery"].score is not None]
+    from ..metrics.recovery import share_shown
+
+    # a share of a gap under the report's minimum is not drawn, as the table prints none
+    rows = [r for r in rows if r["recovery"] is not None and r["recovery"].score is not None
+            and share_shown(r["recovery"].gap)]
     if not rows:
         return None
     names = list(dict.fromkeys(f"{r['model']} {r['unit']} {r['label']}" for r in rows))
@@ -244,6 +248,10 @@ def robustness_figure(rows: list[dict]):
         mine = [r for r in rows if r["attack"] == attack]
         at = [ys[f"{r['model']} {r['unit']} {r['label']}"] for r in mine]
         held_out = any(r["items"] == "held-out" for r in mine)   # relearn: read on the items it did not train on
+        bounds = [(r.get("intervals") or {}).get("score") for r in mine]   # item-bootstrap intervals, if any
+        ax.errorbar([r["recovery"].score for r in mine], at, fmt="none", ecolor=color, elinewidth=0.8,
+                    xerr=[[r["recovery"].score - b[0] if b else 0 for r, b in zip(mine, bounds)],
+                          [b[1] - r["recovery"].score if b else 0 for r, b in zip(mine, bounds)]])
         ax.scatter([r["recovery"].score for r in mine], at, color=color, s=30,
                    label=f"{attack} (held-out items)" if held_out else attack)
         oracle = [(r["recovery"].oracle_score, y) for r, y in zip(mine, at) if r["recovery"].oracle_score is not None]
@@ -260,3 +268,43 @@ def robustness_figure(rows: list[dict]):
 
 def robustness_plot(rows: list[dict], out_dir: Path, benchmark: str) -> Path | None:
     return _write(robustness_figure(rows), out_dir / f"robustness_{benchmark}.png")
+
+
+def levels_figure(rows: list[dict]):
+    """The headline reading (`tables.levels_rows`): per metric a panel, per robustness row the attacked level with
+    its item-bootstrap interval (filled), the oracle's under the same attack (hollow) and the Original's under it
+    (a cross); a filled marker right of its hollow one, beyond its bar, is knowledge that came back."""
+    rows = [r for r in rows if stats.is_number(r.get("after"))]
+    if not rows:
+        return None
+    metrics = list(dict.fromkeys(r["metric"] for r in rows))
+    names = list(dict.fromkeys(f"{r['label']} + {r['attack']}" for r in rows))
+    ys = {name: y for y, name in zip(range(len(names))[::-1], names)}
+    fig, axes = plt.subplots(1, len(metrics), sharey=True, squeeze=False,
+                             figsize=(3.2 * len(metrics) + 2, max(2.5, 0.18 * len(names) + 1.2)))
+    for ax, metric in zip(axes[0], metrics):
+        mine = [r for r in rows if r["metric"] == metric]
+        for r in mine:
+            y = ys[f"{r['label']} + {r['attack']}"]
+            bounds = (r.get("intervals") or {}).get("after")
+            if bounds:
+                ax.plot(bounds, [y, y], color="tab:blue", linewidth=0.8)
+            ax.scatter([r["after"]], [y], color="tab:blue", s=14)
+            if stats.is_number(r.get("oracle_after")):
+                ax.scatter([r["oracle_after"]], [y], facecolors="none", edgecolors="tab:green", s=14)
+            if stats.is_number(r.get("original_after")):
+                ax.scatter([r["original_after"]], [y], marker="x", color="tab:red", s=14)
+        ax.set_title(f"forget {mine[0]['metric_name']}", fontsize=9)
+        ax.set_xlim(-0.02, 1.02)
+    axes[0][0].set_yticks(list(ys.values()), list(ys), fontsize=6)
+    handles = [plt.Line2D([], [], color="tab:blue", marker="o", linestyle="-", label="attacked (interval)"),
+               plt.Line2D([], [], color="tab:green", marker="o", markerfacecolor="none", linestyle="none",
+                          label="oracle + attack"),
+               plt.Line2D([], [], color="tab:red", marker="x", linestyle="none", label="Original + attack")]
+    axes[0][-1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    fig.tight_layout()
+    return fig
+
+
+def levels_plot(rows: list[dict], out_dir: Path, benchmark: str) -> Path | None:
+    return _write(levels_figure(rows), out_dir / f"robustness_levels_{benchmark}.png")

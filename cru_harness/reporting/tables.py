@@ -11,8 +11,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..metrics.failure import ANSWER_CLASSES
-from ..metrics.recovery import taught_questions
+from ..metrics.recovery import MIN_REPORTED_GAP, share_hidden_reason, share_shown, taught_questions
 from . import stats
+from .intervals import describe as intervals_describe
+from .intervals import fmt_interval
 
 FAILURE_CLASSES = ANSWER_CLASSES
 
@@ -542,7 +544,7 @@ def _held_out_points(attack: dict, cells: dict, metric: str) -> dict:
     maps = {key: _per_item_values(cell, metric) for key, cell in cells.items()}
     if not taught and not _other_items(maps["after"], maps["before"]):
         point = {key: derived_metrics(cell).get(metric) if cell else None for key, cell in cells.items()}
-        return {**point, "n_items": None, "reason": None}
+        return {**point, "n_items": None, "reason": None, "values": maps}   # each cell's items (intervals)
     if any(maps[key] is None for key in pairs[0]):
         return {"reason": f"no per-item {metric} to leave the attack's slice out"}
     if any(maps[key] is None for key in pairs[1]):
@@ -552,7 +554,8 @@ def _held_out_points(attack: dict, cells: dict, metric: str) -> dict:
     if not items:
         return {"reason": "no held-out item"}
     point = {key: None if m is None else held_out_mean(m, items) for key, m in maps.items()}
-    return {**point, "n_items": len(items), "reason": None}
+    values = {key: None if m is None else {q: m[q] for q in items} for key, m in maps.items()}
+    return {**point, "n_items": len(items), "reason": None, "values": values}
 
 
 def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
@@ -578,7 +581,8 @@ def robustness_rows(results: list[dict], benchmark: str) -> list[dict]:
     cells: dict[tuple, list[dict]] = defaultdict(list)     # (model, unit, attacked label, attack label) -> cells
     for r in usable:
         info = (r.get("details") or {}).get("attack")
-        if r.get("kind") == "attack" and info and info.get("attacked_kind") != "retain":   # the oracle: control
+        # the oracle and the Original under an attack are its controls, not rows (`levels_rows` reads them)
+        if r.get("kind") == "attack" and info and info.get("attacked_kind") not in CONTROL_KINDS:
             cells[(r["model"], view.row_unit(r), info["attacked_label"], info["attack_label"])].append(r)
     rows = []
     for key in sorted(cells, key=lambda k: [str(part) for part in k]):
@@ -631,15 +635,47 @@ def _paired_row(key: tuple, attack_cells: list[dict], results: list[dict], by_ha
     if oracle is None or oracle_after is None:
         oracle = oracle_after = None
     score = None
+    bounds: dict = {}
     if points and not reasons:   # every attack cell of the row read against its references, or no row number
         score = recovery_score(original, before, after, oracle=oracle, oracle_attacked=oracle_after)
+        bounds = _recovery_intervals([p["values"] for p in points], oracle is not None)
     else:
         original = before = after = None
     counts = [p["n_items"] for p in points if p["n_items"] is not None]
     return {"model": model, "unit": unit, "label": label, "attack": attack, "metric": metric,
             "original": original, "before": before, "after": after, "recovery": score,
             "items": "held-out" if held_out else "all", "n_items": counts, "n": len(attack_cells),
-            "reason": "; ".join(dict.fromkeys(reasons)) or None}
+            "reason": "; ".join(dict.fromkeys(reasons)) or None, "intervals": bounds}
+
+
+def _recovery_intervals(values: list[dict], with_oracle: bool) -> dict:
+    """Item-bootstrap intervals (`reporting.intervals`) of a robustness row's figures: the three levels, the gap
+    and, where the gap is at least `MIN_REPORTED_GAP` in a resample, the shares (a resample with a smaller gap
+    gives no share, as the table prints none)."""
+    import numpy as np
+
+    from ..metrics.recovery import MIN_REPORTED_GAP
+    from .intervals import row_intervals
+
+    def share(num, gap):
+        return np.where(gap >= MIN_REPORTED_GAP, num / np.where(gap != 0, gap, np.nan), np.nan)
+
+    figures = {"original": lambda m: m["original"], "before": lambda m: m["before"], "after": lambda m: m["after"],
+               "gap": lambda m: m["original"] - m["before"],
+               "score": lambda m: share(m["after"] - m["before"], m["original"] - m["before"])}
+    points = [{k: v for k, v in point.items() if k in ("original", "before", "after")} for point in values]
+    if with_oracle:
+        figures["oracle_score"] = lambda m: share(m["oracle_after"] - m["oracle"], m["original"] - m["before"])
+        figures["excess"] = lambda m: share(m["after"] - m["before"] - m["oracle_after"] + m["oracle"],
+                                            m["original"] - m["before"])
+        points = [{k: v for k, v in point.items() if k in ("original", "before", "after", "oracle",
+                                                            "oracle_after")} for point in values]
+    return row_intervals(points, figures)
+
+
+#: The attacked kinds whose attack cells are the controls of a robustness row: the retain oracle (what the attack
+#: teaches a model that never saw the forget set) and the Original (what the attack does to the model itself).
+CONTROL_KINDS = ("retain", "original")
 
 
 def _items_text(row: dict) -> str:
@@ -718,9 +754,12 @@ def lens_markdown(results: list[dict], benchmark: str) -> list[str]:
         total = "/".join(str(n) for n in row["n_layers"])
         where = f"layer{'s' if len(row['layers']) > 1 else ''} {layers} of {total}"
         rec = row["recovery"]
+        shares = [fmt2(rec.score if rec else None), fmt2(rec.oracle_score if rec else None),
+                  fmt2(rec.excess if rec else None)]
+        if rec is not None and rec.score is not None and not share_shown(rec.gap):   # as the robustness table
+            shares = [share_hidden_reason()] * 3
         lines.append(f"| {row['model']} | {row['unit']} | {row['label']} | {fmt2(row['output'])} | "
-                     f"{fmt2(row['best'])} ({where}) | {fmt2(rec.score if rec else None)} | "
-                     f"{fmt2(rec.oracle_score if rec else None)} | {fmt2(rec.excess if rec else None)} |")
+                     f"{fmt2(row['best'])} ({where}) | " + " | ".join(shares) + " |")
     return lines + [""] + [f"- {label}: no logit lens ({reason})." for label, reason in skipped.items()] + \
         ([""] if skipped else [])
 
@@ -754,9 +793,9 @@ def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
     notes = []
     for row in rows:
         rec = row["recovery"]
-        cells = [fmt2(row["original"]), fmt2(row["before"]), fmt2(row["after"]),
-                 fmt2(rec.score if rec else None), fmt2(rec.oracle_score if rec else None),
-                 fmt2(rec.excess if rec else None)]
+        bounds = row.get("intervals") or {}
+        cells = [fmt_interval(row[k], bounds.get(k)) for k in ("original", "before", "after")]
+        cells += _share_cells(row)
         lines.append(f"| {row['model']} | {row['unit']} | {row['label']} | {row['attack']} | {_items_text(row)} | "
                      + " | ".join(cells) + f" | {row['n']} |")
         name = f"- {row['label']} + {row['attack']} ({row['unit']})"
@@ -766,10 +805,26 @@ def robustness_markdown(results: list[dict], benchmark: str) -> list[str]:
         elif rec is not None and rec.score is None:   # a recovery share of no gap is undefined, not 0
             notes.append(f"{name}: no recovery: the unlearned model's forget score is not below the Original's, "
                          "so there is no gap to close.")
+        elif rec is not None and not share_shown(rec.gap):
+            notes.append(f"{name}: no recovery share: the gap ({fmt2(rec.gap)}) is below {MIN_REPORTED_GAP:g}, "
+                         "too small to divide by (docs/protocol.md, \"Recovery shares and their minimum gap\"); "
+                         "read the absolute levels.")
         elif rec is not None and rec.oracle_change is None:
             notes.append(f"{name}: no oracle beside it (the retain oracle under this attack has no cell).")
+    if any(row.get("intervals") for row in rows):
+        lines += ["", intervals_describe() + "; a number without one: its cells store no per-item values."]
     return (lines + ([""] + notes if notes else []) + [""] + robustness_matrix_markdown(rows, benchmark)
+            + levels_markdown(results, benchmark) + noise_floor_markdown(results, benchmark)
             + mc_markdown(results, benchmark) + lens)
+
+
+def _share_cells(row: dict) -> list[str]:
+    """A robustness row's Recovery, Oracle and Excess cells: each share with its interval, or why there is none
+    (a gap under `MIN_REPORTED_GAP`: `gap < 0.05`; no gap at all or no number: `--`)."""
+    rec, bounds = row["recovery"], row.get("intervals") or {}
+    if rec is not None and rec.score is not None and not share_shown(rec.gap):
+        return [share_hidden_reason()] * 3
+    return [fmt_interval(getattr(rec, k) if rec else None, bounds.get(k)) for k in ("score", "oracle_score", "excess")]
 
 
 def robustness_matrix_markdown(rows: list[dict], benchmark: str) -> list[str]:
@@ -787,7 +842,7 @@ def robustness_matrix_markdown(rows: list[dict], benchmark: str) -> list[str]:
         most = max(row["n"] for row in block)
         found = {(row["label"], row["attack"]): row for row in block}
         lines += [f"Recovery by method and attack, {model}, {benchmark_view(benchmark).table_unit.lower()} {unit} (in "
-                  f"brackets: the oracle's change under the same attack; each entry averages {most} attack "
+                  f"parentheses: the oracle's change under the same attack; each entry averages {most} attack "
                   "cell(s) unless it says n; Gap: the Original's score minus the unlearned one's on all items, the "
                   "shares' denominator):", "",
                   "| Method | Gap | " + " | ".join(attacks) + " |", "|---|---:|" + "---:|" * len(attacks)]
@@ -795,14 +850,21 @@ def robustness_matrix_markdown(rows: list[dict], benchmark: str) -> list[str]:
             gap = next((row["original"] - row["before"] for row in block if row["label"] == label
                         and row["items"] == "all" and stats.is_number(row["original"])
                         and stats.is_number(row["before"])), None)
-            entries = [fmt2(gap)]
+            gap_row = next((row for row in block if row["label"] == label and row["items"] == "all"
+                            and stats.is_number(row["original"]) and stats.is_number(row["before"])), None)
+            entries = [fmt_interval(gap, (gap_row.get("intervals") or {}).get("gap") if gap_row else None)]
             for attack in attacks:
                 row = found.get((label, attack))
                 if row is None:
                     entries.append("–")
                     continue
                 rec = row["recovery"]
-                entry = f"{fmt2(rec.score if rec else None)} ({fmt2(rec.oracle_score if rec else None)})"
+                if rec is not None and rec.score is not None and not share_shown(rec.gap):
+                    entry = share_hidden_reason()
+                else:
+                    bounds = row.get("intervals") or {}
+                    entry = (f"{fmt_interval(rec.score if rec else None, bounds.get('score'))} "
+                             f"({fmt2(rec.oracle_score if rec else None)})")
                 entries.append(entry + (f" n={row['n']}" if row["n"] < most else ""))
             lines.append(f"| {label} | " + " | ".join(entries) + " |")
         lines.append("")
@@ -847,3 +909,281 @@ def fmt2(value) -> str:
 
 def fmt1(value) -> str:
     return "--" if not stats.is_number(value) else f"{value:.1f}"
+
+
+# ------------------------------------------------------------------------------------------------ absolute levels
+#: The forget metrics the absolute-level tables read (result key, name): TOFU's ROUGE-L, correct-answer rate
+#: (the forget answers classed `correct`, `metrics.failure`) and probability; a benchmark without them reads its
+#: recovery metric alone.
+LEVEL_METRICS = (("forget_rouge_l", "ROUGE-L"), ("fc_forget_correct", "correct-answer rate"),
+                 ("forget_prob", "probability"))
+_CORRECT = "fc_forget_correct"
+
+
+def _item_map(result: dict | None, metric: str) -> dict[str, float | None] | None:
+    """question -> a cell's per-item value of `metric`; the correct-answer rate from the per-item answer classes
+    (`per_item.forget_answer_class`, stored by cells computed since; None before)."""
+    if metric != _CORRECT:
+        return _per_item_values(result, metric)
+    classes = _per_item_values(result, "forget_answer_class")
+    return None if classes is None else {q: None if c is None else float(c == "correct") for q, c in classes.items()}
+
+
+def _control_cell(results: list[dict], cell: dict, attack: str, kind: str) -> dict | None:
+    """The attack cell of the same place and attack whose attacked cell is the `kind` control (retain, original)."""
+    place = (cell.get("model"), cell.get("split"), cell.get("target"))
+    return next((r for r in results if r.get("kind") == "attack" and r.get("status") == "ok"
+                 and (r.get("model"), r.get("split"), r.get("target")) == place
+                 and ((r.get("details") or {}).get("attack") or {}).get("attacked_kind") == kind
+                 and r["details"]["attack"].get("attack_label") == attack), None)
+
+
+def _level_point(cells: dict, metric: str) -> dict:
+    """One attack cell's level and its controls' (`after`, `oracle_after`, `original_after`; a control may be
+    None) on the same items: those no one of them was shown (relearn's slices, in-context pairs), among the items
+    all of them scored; the cells' own numbers when none was shown and they scored the same items."""
+    from ..metrics.recovery import held_out_mean
+
+    taught = set().union(*(set(taught_questions(c) or []) for c in cells.values() if c))
+    maps = {key: _item_map(cell, metric) if cell else None for key, cell in cells.items()}
+    present = [m for m in maps.values() if m is not None]
+    same = all(set(m) == set(present[0]) for m in present) if present else True
+    if not taught and same:
+        point = {key: derived_metrics(cell).get(metric) if cell else None for key, cell in cells.items()}
+        return {"values": point, "maps": maps, "n_items": None, "reason": None}
+    if maps["after"] is None:
+        return {"reason": f"no per-item {metric} to leave the shown items out"}
+    items = sorted(set.intersection(*(set(m) for m in present)) - taught)
+    if not items:
+        return {"reason": "no held-out item"}
+    values = {key: None if m is None else held_out_mean(m, items) for key, m in maps.items()}
+    kept = {key: None if m is None else {q: m[q] for q in items} for key, m in maps.items()}
+    return {"values": values, "maps": kept, "n_items": len(items), "reason": None}
+
+
+def levels_rows(results: list[dict], benchmark: str) -> list[dict]:
+    """The headline reading of each robustness row (`robustness_rows`' keys): the attacked model's absolute forget
+    level beside the retain oracle's and the Original's under the same attack, on every `LEVEL_METRICS` metric the
+    cells have, each attack cell with its controls on the same items, then averaged over the row's cells; with
+    item-bootstrap intervals (`reporting.intervals`) and the attacked level minus the oracle's."""
+    from .intervals import row_intervals
+
+    view = benchmark_view(benchmark)
+    usable = [r for r in results if r.get("benchmark") == benchmark and r.get("status") == "ok"
+              and r.get("kind") != "finetune"]
+    cells: dict[tuple, list[dict]] = defaultdict(list)
+    for r in usable:
+        info = (r.get("details") or {}).get("attack")
+        if r.get("kind") == "attack" and info and info.get("attacked_kind") not in CONTROL_KINDS:
+            cells[(r["model"], view.row_unit(r), info["attacked_label"], info["attack_label"])].append(r)
+    derived = {r.get("hash"): derived_metrics(r) for r in usable}
+    metrics = [(key, name) for key, name in LEVEL_METRICS if any(stats.is_number(d.get(key)) for d in derived.values())]
+    if not metrics and view.recovery_metric:
+        metrics = [(view.recovery_metric, view.recovery_metric)]
+    rows = []
+    for metric, name in metrics:
+        for key in sorted(cells, key=lambda k: [str(part) for part in k]):
+            model, unit, label, attack = key
+            points, reasons = [], []
+            for cell in cells[key]:
+                refs = {"after": cell, "oracle_after": _control_cell(usable, cell, attack, "retain"),
+                        "original_after": _control_cell(usable, cell, attack, "original")}
+                point = _level_point(refs, metric)
+                (reasons.append(point["reason"]) if point["reason"] else points.append(point))
+            means = {}
+            for ref in ("after", "oracle_after", "original_after"):
+                got = [p["values"][ref] for p in points]
+                means[ref] = statistics.fmean(got) if got and not reasons and all(stats.is_number(v) for v in got) \
+                    else None
+            figures = {ref: (lambda m, ref=ref: m[ref]) for ref in means}
+            figures["difference"] = lambda m: m["after"] - m["oracle_after"]
+            bounds = row_intervals([p["maps"] for p in points], figures) if points and not reasons else {}
+            difference = means["after"] - means["oracle_after"] if all(
+                stats.is_number(means[r]) for r in ("after", "oracle_after")) else None
+            counts = [p["n_items"] for p in points if p["n_items"] is not None]
+            rows.append({"model": model, "unit": unit, "label": label, "attack": attack, "metric": metric,
+                         "metric_name": name, **means, "difference": difference, "intervals": bounds,
+                         "items": "held-out" if counts else "all", "n_items": counts, "n": len(cells[key]),
+                         "reason": "; ".join(dict.fromkeys(reasons)) or None})
+    return rows
+
+
+def levels_markdown(results: list[dict], benchmark: str) -> list[str]:
+    """Report lines for `levels_rows`: one table per metric, and what the missing controls and intervals lack."""
+    rows = levels_rows(results, benchmark)
+    if not rows:
+        return []
+    unit = benchmark_view(benchmark).table_unit
+    lines = ["Absolute levels under each attack (the headline reading): the attacked model's forget score beside "
+             "the retain oracle's under the same attack (a model that never saw the forget set: what the attack "
+             "teaches or breaks by itself) and the Original's under it (what the attack does to the model before "
+             "unlearning: int4, for one, lowers it). Knowledge came back only where the attacked level rises above "
+             "the oracle's under the same attack, beyond its interval; Attacked − oracle is that difference. Each "
+             "attack cell is read with its controls on the same items (those none of them was shown), then "
+             "averaged over the row's cells (n). " + intervals_describe() + ".", ""]
+    for metric in dict.fromkeys(row["metric"] for row in rows):
+        mine = [row for row in rows if row["metric"] == metric]
+        lines += [f"Forget {mine[0]['metric_name']} under each attack:", "",
+                  f"| Model | {unit} | Method | Attack | Items | Attacked | Oracle + attack | Original + attack | "
+                  "Attacked − oracle | n |", "|---|---|---|---|---|---:|---:|---:|---:|---:|"]
+        for row in mine:
+            bounds = row["intervals"]
+            cells = [fmt_interval(row[k], bounds.get(k)) for k in ("after", "oracle_after", "original_after",
+                                                                   "difference")]
+            lines.append(f"| {row['model']} | {row['unit']} | {row['label']} | {row['attack']} | {_items_text(row)} "
+                         f"| " + " | ".join(cells) + f" | {row['n']} |")
+        lines.append("")
+    # an attack with no oracle cell either (detach: nothing to remove from a model without a bundle) has no control
+    no_original = list(dict.fromkeys(row["attack"] for row in rows if row["original_after"] is None
+                                     and not row["reason"] and row["oracle_after"] is not None))
+    if no_original:
+        lines += [f"- No Original + attack cell for {', '.join(no_original)}: the run has no such control (plans "
+                  "include it since issue 77; `cru-harness run` computes it), so there what the attack does to the "
+                  "model itself (int4 lowering every model's score) cannot be told from nothing coming back.", ""]
+    for row in rows:
+        if row["reason"]:
+            why = " (cells store the per-item answer classes since issue 77)" if row["metric"] == _CORRECT else ""
+            lines.append(f"- {row['label']} + {row['attack']}, {row['metric_name']}: no level on the items held out "
+                         f"from the attack ({row['reason']}{why}).")
+    return lines + ([""] if any(row["reason"] for row in rows) else [])
+
+
+# ------------------------------------------------------------------------------------------------ noise floor
+def noise_floor_rows(results: list[dict], benchmark: str) -> list[dict]:
+    """Per (model, unit, attacked row, quantize attack): the rounding's relative weight change
+    (`details.quantize.relative_weight_change`) beside the unlearning's change from the model it started from
+    (`unlearning_weight_change`, recorded since issue 77), means over the row's cells, in the order they come."""
+    view = benchmark_view(benchmark)
+    found: dict[tuple, list[dict]] = defaultdict(list)
+    for r in results:
+        details = r.get("details") or {}
+        if r.get("benchmark") == benchmark and r.get("status") == "ok" and details.get("quantize"):
+            attack = details.get("attack") or {}
+            found[(r["model"], view.row_unit(r), attack.get("attacked_label", r["label"]),
+                   attack.get("attack_label", ""))].append(details["quantize"])
+    rows = []
+    for (model, unit, label, attack), records in found.items():
+        rounding = stats.finite_mean(q.get("relative_weight_change") for q in records)
+        unlearning = stats.finite_mean(q.get("unlearning_weight_change") for q in records)
+        if any(not stats.is_number(q.get("unlearning_weight_change")) for q in records):
+            unlearning = None   # a mean over some of the cells would read as the row's
+        rows.append({"model": model, "unit": unit, "label": label, "attack": attack, "rounding": rounding,
+                     "unlearning": unlearning, "n": len(records)})
+    return rows
+
+
+def noise_floor_markdown(results: list[dict], benchmark: str) -> list[str]:
+    """Report lines for `noise_floor_rows` (none without a quantize cell)."""
+    rows = noise_floor_rows(results, benchmark)
+    if not rows:
+        return []
+    lines = ["Quantization noise floor: the relative change of the rounded weights (‖W_q − W‖ / ‖W‖ over the "
+             "quantized linear layers) beside the unlearning's own change from the model it started from, over the "
+             "same layers. Where unlearning moved the weights by much less than the rounding does, the rounding can "
+             "undo it (Zhang et al. 2024); where the rounding is far larger than anything unlearning did, a lower "
+             "forget score under it is the rounding's damage (the Original + attack control shows how much).", "",
+             f"| Model | {benchmark_view(benchmark).table_unit} | Row | Attack | Rounding's change | Unlearning's "
+             "change | Rounding / unlearning | n |", "|---|---|---|---|---:|---:|---:|---:|"]
+    for row in rows:
+        ratio = row["rounding"] / row["unlearning"] if stats.is_number(row["rounding"]) and \
+            stats.is_number(row["unlearning"]) and row["unlearning"] > 0 else None
+        lines.append(f"| {row['model']} | {row['unit']} | {row['label']} | {row['attack']} | "
+                     f"{_small(row['rounding'])} | {_small(row['unlearning'])} | {fmt1(ratio)} | {row['n']} |")
+    if any(row["unlearning"] is None for row in rows):
+        lines += ["", "- Unlearning's change --: cells computed before issue 77 record the rounding's change only "
+                  "(recomputing them records both)."]
+    return lines + [""]
+
+
+def _small(value) -> str:
+    """A weight change: three significant digits (they span 1e-6 to 1e-1)."""
+    return "--" if not stats.is_number(value) else f"{value:.3g}"
+
+
+# ------------------------------------------------------------------------------------------------ privacy intervals
+def _privacy_sides(result: dict | None) -> tuple[dict, dict] | None:
+    """(forget, holdout): question -> privleak's attack score (`per_item.privacy_*`, stored since issue 77)."""
+    per_item = (result or {}).get("per_item") or {}
+    questions, sets, scores = (per_item.get(k) for k in ("privacy_question", "privacy_set", "privacy_min_k"))
+    if not questions or not sets or not scores or not len(questions) == len(sets) == len(scores):
+        return None
+    forget = {q: s for q, label, s in zip(questions, sets, scores) if label == 0}
+    holdout = {q: s for q, label, s in zip(questions, sets, scores) if label == 1}
+    return (forget, holdout) if forget and holdout else None
+
+
+def privacy_interval_rows(results: list[dict], benchmark: str) -> list[dict]:
+    """Per leaderboard row whose cells store per-item privacy scores: privleak, privleak's MIA AUC (Min-K%) and
+    Forget Quality, the means over seeds the leaderboard shows, each with its item-bootstrap interval: forget and
+    holdout items resampled apart (each keeps its size), the same draw for a cell and its oracle (privleak compares
+    them on the same items), the AUCs and privleak recomputed; Forget Quality's KS p-value on resampled forget
+    items, the same items for the cell and the oracle."""
+    import numpy as np
+
+    from ..metrics.privacy import PRIVLEAK_DEFAULT_RETAIN_AUC
+    from .intervals import SEED, auc_resamples, interval, ks_pvalue_resamples, side_weights
+
+    view = benchmark_view(benchmark)
+    usable = [r for r in results if r.get("benchmark") == benchmark and r.get("status") == "ok"
+              and r.get("kind") in ("method", "original", "retain")]
+    if not any(_privacy_sides(r) for r in usable):
+        return []
+    oracle = {(r["model"], r.get("split")): r for r in usable if r.get("kind") == "retain"}
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in usable:
+        groups[(r["model"], view.row_unit(r), r["label"])].append(r)
+    rows = []
+    for (model, unit, label), cells in groups.items():
+        sides = [_privacy_sides(c) for c in cells]
+        refs = [oracle.get((c["model"], c.get("split"))) for c in cells]
+        derived = [derived_metrics(c) for c in cells]
+        row = {"model": model, "unit": unit, "label": label, "n": len(cells),
+               **{k: stats.finite_mean(d.get(k) for d in derived) for k in ("privleak", "mia_auc_min_k",
+                                                                          "forget_quality")},
+               "intervals": {}}
+        if all(sides):
+            forget_side = side_weights([q for s in sides for q in s[0]], seed=SEED)
+            holdout_side = side_weights([q for s in sides for q in s[1]], seed=SEED + 1)   # drawn apart
+            aucs, leaks = [], []
+            for (forget, holdout), ref in zip(sides, refs):
+                auc = auc_resamples(forget, holdout, forget_side, holdout_side)
+                ref_sides = _privacy_sides(ref)
+                ref_auc = auc_resamples(*ref_sides, forget_side, holdout_side) if ref_sides else \
+                    np.full_like(auc, PRIVLEAK_DEFAULT_RETAIN_AUC)
+                aucs.append(auc)
+                leaks.append(((1 - auc) - (1 - ref_auc)) / ((1 - ref_auc) + 1e-10) * 100.0)
+            row["intervals"]["mia_auc_min_k"] = interval(np.mean(aucs, axis=0))
+            row["intervals"]["privleak"] = interval(np.mean(leaks, axis=0))
+        fq = []
+        for cell, ref in zip(cells, refs):
+            mine, theirs = _per_item_values(cell, "forget_truth_ratio"), _per_item_values(ref, "forget_truth_ratio")
+            fq.append(ks_pvalue_resamples(mine, theirs) if mine and theirs and cell is not ref else None)
+        if fq and all(f is not None for f in fq):
+            row["intervals"]["forget_quality"] = interval(np.mean(fq, axis=0))
+        rows.append(row)
+    return rows
+
+
+def privacy_intervals_markdown(results: list[dict], benchmark: str) -> list[str]:
+    """Report lines for `privacy_interval_rows` (none when no cell stores per-item privacy scores)."""
+    from .intervals import describe
+
+    rows = privacy_interval_rows(results, benchmark)
+    if not rows:
+        return []
+    lines = ["### Privacy with item-bootstrap intervals", "",
+             "privleak (against the retain oracle's Min-K% AUC), that AUC and Forget Quality, the leaderboard's means "
+             "over seeds, each with the interval of its items resampled: forget and holdout items apart, the same "
+             f"draw for a cell and its oracle. {describe()}; a number without one: some cell of the row stores no "
+             "per-item privacy scores (cells computed before issue 77).", "",
+             f"| Model | {benchmark_view(benchmark).table_unit} | Row | privleak | MIA AUC (Min-K%) | FQ | n |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for row in rows:
+        bounds = row["intervals"]
+        fq = bounds.get("forget_quality")
+        fq_text = fmt(row["forget_quality"], "forget_quality") + (
+            "" if fq is None else f" [{fmt(fq[0], 'forget_quality')}, {fmt(fq[1], 'forget_quality')}]")
+        lines.append(f"| {row['model']} | {row['unit']} | {row['label']} | "
+                     f"{fmt_interval(row['privleak'], bounds.get('privleak'), 1)} | "
+                     f"{fmt_interval(row['mia_auc_min_k'], bounds.get('mia_auc_min_k'))} | {fq_text} | {row['n']} |")
+    return lines + [""]

@@ -246,6 +246,7 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
         model_path, routers = attacked_model(attacked_result, base_path)
         ctx = method_context(cell, model_path, workdir, data_dir, outcome, trains=True)
         ctx.routers = routers
+        ctx.base_path = base_path   # the quantize attack's noise floor compares the unlearning's change with it
         attack = attack_for(cell)
         from ..plugins import check_trained
 

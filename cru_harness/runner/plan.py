@@ -146,6 +146,7 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
             evaluation = {k: v for k, v in config.evaluation.items() if k != "limit"}
             for split, target in units:
                 oracle: list[Cell] = []   # the block's retain cell, when it has a model an attack can take
+                controls: list[Cell] = []   # the Original: under each attack, what the attack does to the model itself
                 tasks = tuple(_fill(task, bench, split, target) for task in spec["tasks"])
                 common = dict(model=model, benchmark=bench, tasks=tasks, limit=limit, evaluation=evaluation,
                               data_dir=spec["data_dir"], device=config.device, training=config.training)
@@ -162,13 +163,16 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
                 if config.include_original:
                     cells.append(Cell(kind="original", split=split, target=target, method="Original",
                                       label="Original", seed=None, hparams={}, corpora={}, **common))
+                    controls.append(cells[-1])
                 block = [cell for method in config.methods if bench in method.benchmarks
                          for cell in _method_cells(config, method, common, split, target)]
                 block = _continue_cells(block, benchmark.continues_from(split, target), method_cells)
                 cells.extend(block)
-                # the attacks: on every method cell, and on the oracle (the control of the recovery score)
+                # the attacks: on every method cell, and on the oracle and the Original (the controls: what the
+                # attack does to a model that never saw the forget set, and to the model before unlearning)
                 forget = {key: _fill(spec[key], bench, split, target) for key in ("forget_corpus", "retain_corpus")}
                 cells.extend(_attack_cells(config, oracle + block, forget))
+                cells.extend(_attack_cells(config, controls, forget))   # after the others: their order is kept
     return [with_decisions(cell, decide(cell)) for cell in cells]   # each cell's decisions, settled once
 
 

@@ -95,6 +95,23 @@ def privacy_metrics(lmeval_dir: str | Path, split: str) -> dict[str, float | Non
     return {key: _finite_or_none(tofu_score._metric_value(newest[1], name)) for name, key in PRIVACY_METRICS.items()}
 
 
+def privacy_items(lmeval_dir: str | Path, split: str) -> dict[str, list]:
+    """The per-item scores of privleak's attack (`PRIVLEAK_AUC`, Min-K%) from the privacy task's samples file:
+    `privacy_question`, `privacy_set` (0 forget, 1 holdout, the AUC's labels) and `privacy_min_k` (the loss-like
+    score), so the report can resample items for privleak's interval; {} without the samples file."""
+    try:
+        rows = load_samples(lmeval_dir).get(f"tofu_privacy_{split}") or []
+    except tofu_score.ScoreInputError:
+        return {}
+    name = next(k for k, v in PRIVACY_METRICS.items() if v == PRIVLEAK_AUC)
+    kept = [row for row in rows if isinstance(row.get(name), list) and len(row[name]) == 2]
+    if not kept:
+        return {}
+    return {"privacy_question": [(row.get("doc") or {}).get("question") for row in kept],
+            "privacy_set": [int(row[name][0]) for row in kept],
+            "privacy_min_k": [_finite_or_none(row[name][1]) for row in kept]}
+
+
 def privleak_of(auc: float | None, retain_auc: float | None) -> tuple[float | None, dict]:
     """privleak (MUSE's, as open-unlearning computes it) of a cell's MIA AUC against its retain oracle's; without
     an oracle AUC, against 0.5 as open-unlearning falls back (said in the details)."""
@@ -138,6 +155,8 @@ def score_tofu_cell(lmeval_dir: str | Path, *, split: str, retain_items: list[di
                 "forget_question": [r["question"] for r in forget_rows],
                 "forget_rouge_l": [_finite_or_none(r.get("rouge_l_recall")) for r in forget_rows],
                 "forget_prob": [_finite_or_none(r.get("probability")) for r in forget_rows]}
+    if any(r.get("answer_class") for r in forget_rows):   # the correct-answer rate on held-out items, with intervals
+        per_item["forget_answer_class"] = [r.get("answer_class") for r in forget_rows]
     fm = run["failure_modes"].get(forget_task) or {}
     failure_classes = {"forget": fm["fractions"]} if fm.get("fractions") else {}
     details = {"model_utility": run["model_utility"], "forget_quality": fq,
@@ -146,6 +165,7 @@ def score_tofu_cell(lmeval_dir: str | Path, *, split: str, retain_items: list[di
     privacy = privacy_metrics(lmeval_dir, split)
     if privacy:   # the cell ran the split's tofu_privacy task
         metrics.update(privacy)
+        per_item.update(privacy_items(lmeval_dir, split))
         retain_auc = ((retain_result or {}).get("metrics") or {}).get(PRIVLEAK_AUC)
         if is_oracle:   # 0 by definition, as the report computes it, not a number against the 0.5 fallback
             retain_auc = privacy.get(PRIVLEAK_AUC)
