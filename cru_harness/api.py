@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 
 #: Where an adapter method's cell (`Method.adapter`: CRU) keeps its router bundle, inside its work directory: the
@@ -410,6 +410,18 @@ class Benchmark:
         hyperparameters below the method's own `benchmark_defaults` and the config's values, so a cell's hash says
         which setting trained it. {} for none."""
         return {}
+
+    def method_defaults(self, method: str, split: str | None, given: Collection[str] = ()) -> dict[str, Any]:
+        """Its protocol's training settings of a method (by the method's name) for a unit: the method's trainer
+        starts from them, below the cell's hyperparameters, and unlike `method_settings` they are not in the cell's
+        hash (RWKU's LLaMA-Factory schedule). `given`: the keys the cell sets itself (a unit with no setting of its
+        own may accept them instead). {} for none; `errors.InputError` for a unit the method has no setting for."""
+        return {}
+
+    def lora_preset(self) -> dict[str, Any] | None:
+        """The LoRA settings its reference runs use (`training.lora.LoraSettings` fields), offered as
+        `--lora <name>`; None when it publishes none."""
+        return None
 
     def unit_label(self, split: str | None, target: int | None) -> str:
         return split if self.unit == "split" else f"target{target}"

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import torch
 
@@ -60,8 +59,6 @@ class LUNARConfig(RetainConfig):
     warmup_epochs: float = 0.0
     lr_scheduler: str = "constant"        # unused: the fit decays the rate by lr_decay every epoch
     max_grad_norm: float | None = None
-    _PRESETS: ClassVar = {("rwku", None): dict(num_epochs=20, lr_scheduler="constant", warmup_steps=None,
-                                               weight_decay=0.01)}
 
     def __post_init__(self):
         super().__post_init__()

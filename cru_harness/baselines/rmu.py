@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
@@ -42,12 +41,6 @@ from .data import IGNORE_INDEX, DomainAlternatingDataset
 from .losses import sequence_mean
 from .plugin import BaselineMethod
 from .registry import register_method
-
-#: WMDP's schedule (rmu/unlearn.py and its README's Zephyr run), on every benchmark.
-_WMDP_SCHEDULE = dict(learning_rate=5e-5, lr_scheduler="constant", warmup_epochs=0.0, warmup_steps=None,
-                      weight_decay=0.0, effective_batch_size=4, micro_batch_size=4, num_epochs=1,
-                      max_grad_norm=None, max_length=512)
-
 
 @dataclass
 class RMUConfig(RetainConfig):
@@ -64,7 +57,6 @@ class RMUConfig(RetainConfig):
     micro_batch_size: int = 4
     num_epochs: int = 1
     max_grad_norm: float | None = None
-    _PRESETS: ClassVar = {("rwku", None): _WMDP_SCHEDULE, ("wmdp", None): _WMDP_SCHEDULE}
 
     def __post_init__(self):
         super().__post_init__()
@@ -183,17 +175,7 @@ class RMU(UnlearningMethod):
         return loss, logs
 
 
-#: WMDP's own RMU run for Zephyr-7B (its README: `--max_num_batches 150 --batch_size 4 --steering_coeffs 6.5
-#: --alpha 1200 --lr 5e-5`; rmu/unlearn.py: layer_id 7, layer_ids 5,6,7, param_ids 6, one pass, AdamW without weight
-#: decay or clipping, constant rate), stated in full so that a WMDP cell's hash says which setting trained it
-#: whatever the dataclass's defaults become. 150 batches of 4 are the benchmark's 600 forget passages (its corpora).
-WMDP_ZEPHYR = dict(layer=7, steering_coeff=6.5, alpha=1200.0, learning_rate=5e-5, lr_scheduler="constant",
-                   warmup_epochs=0.0, weight_decay=0.0, effective_batch_size=4, micro_batch_size=4, num_epochs=1,
-                   max_grad_norm=None, max_length=512)
-
 #: The runner's view of it (entry point `cru_harness.methods`: RMU).
 METHOD = BaselineMethod(RMU, "RMU",
                         "forget activations at one layer steered to a scaled random direction, retain held (WMDP)",
-                        order=53, benchmark_defaults={"wmdp": WMDP_ZEPHYR},
-                        sources={"wmdp": "centerforaisafety/wmdp rmu/unlearn.py and its README's Zephyr-7B run; "
-                                         "open-unlearning configs/trainer/RMU.yaml (layers 5-7 down_proj)"})
+                        order=53)

@@ -13,7 +13,6 @@ retain term); on TOFU, locuslab/tofu's `idk` loss with the protocol's TOFU sched
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from ..errors import InputError
 from .base import RetainConfig, UnlearningMethod
@@ -24,7 +23,7 @@ from .registry import register_method
 
 @dataclass
 class RTConfig(RetainConfig):
-    _PRESETS: ClassVar = {("rwku", None): dict(learning_rate=4e-7, effective_batch_size=8, alpha=0.0)}
+    """The trainer's fields and the retain term's."""
 
 
 @register_method

@@ -267,4 +267,20 @@ class RWKU(Benchmark):
                                            trust_remote_code=cell.model.trust_remote_code)
 
 
+    def method_defaults(self, method: str, split, given=()) -> dict[str, Any]:
+        """RWKU's LLaMA-Factory schedule, and each method's lr / batch / beta (`methods.py`: their sources)."""
+        from . import methods
+
+        return methods.method_defaults(method)
+
+    def method_settings(self, method: str, split) -> dict[str, Any]:
+        from . import methods
+
+        return dict(methods.METHOD_SETTINGS.get(method, {}))
+
+    def lora_preset(self) -> dict[str, Any]:
+        from . import methods
+
+        return dict(methods.LORA)
+
 BENCHMARK = RWKU()

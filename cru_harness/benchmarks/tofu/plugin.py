@@ -312,4 +312,10 @@ class TOFU(Benchmark):
                                            is_oracle=cell.kind == "retain")
 
 
+    def method_defaults(self, method: str, split, given=()) -> dict[str, Any]:
+        """The trainers' defaults are TOFU's protocol; SimNPO's strength per split (`methods.py`)."""
+        from . import methods
+
+        return methods.method_defaults(method, split, given, FORGET_SPLITS)
+
 BENCHMARK = TOFU()

@@ -105,4 +105,8 @@ class TOFUAuthor(TOFU):
                                                   trust_remote_code=cell.model.trust_remote_code)
 
 
+    def method_defaults(self, method: str, split, given=()) -> dict[str, Any]:
+        return {}   # one author's split has no setting of TOFU's protocol (SimNPO's is per split)
+
+
 BENCHMARK = TOFUAuthor()
