@@ -418,6 +418,17 @@ class Benchmark:
         own may accept them instead). {} for none; `errors.InputError` for a unit the method has no setting for."""
         return {}
 
+    def score_tasks(self, forget: str | None) -> tuple[str, ...]:
+        """The lm-eval tasks that score one model outside a run, after it was attacked or unlearned on the corpus
+        `forget` (a corpus name, or None): `cru-harness attack` prints that lm_eval command. () for none (the
+        command then points to a runner config)."""
+        return ()
+
+    def prompt_metadata(self, prompt_format: str) -> dict[str, Any]:
+        """lm-eval metadata its tasks need to ask a model as `prompt_format` (a `--prompt-format` label: `chat`,
+        `plain` or a model family) outside a run; {} for none."""
+        return {}
+
     def lora_preset(self) -> dict[str, Any] | None:
         """The LoRA settings its reference runs use (`training.lora.LoraSettings` fields), offered as
         `--lora <name>`; None when it publishes none."""

@@ -267,6 +267,10 @@ class RWKU(Benchmark):
                                            trust_remote_code=cell.model.trust_remote_code)
 
 
+    def score_tasks(self, forget: str | None) -> tuple[str, ...]:
+        """RWKU's probes of the forget and neighbour knowledge, and its MIA (utility needs no attacked model's)."""
+        return ("rwku_forget", "rwku_neighbor", "rwku_mia")
+
     def method_defaults(self, method: str, split, given=()) -> dict[str, Any]:
         """RWKU's LLaMA-Factory schedule, and each method's lr / batch / beta (`methods.py`: their sources)."""
         from . import methods
