@@ -22,9 +22,6 @@ ALLOWED = {
     "prompts.py": "TOFU's presets and RWKU's probes: the one prompt builder the lm-eval tasks and trainers share",
     "scoring/": "TOFU's and RWKU's scorers (score, cell_scores, failure classes), read by reporting below them",
     "baselines/": "method plugins: `Method.benchmark_defaults` and refusal sources name the benchmarks they tuned on",
-    "finetune/cli.py": "`cru-harness finetune`: its `--data` help names TOFU's configs",
-    "runner/cli.py": "the message of RWKU's target selection (`select_known`), which stays in the runner",
-    "runner/reproduce.py": "`rwku_selections`: a field of the reproduction records already written",
 }
 
 
