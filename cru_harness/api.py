@@ -429,6 +429,12 @@ class Benchmark:
         `plain` or a model family) outside a run; {} for none."""
         return {}
 
+    def refusals(self, data_dir) -> list[str] | None:
+        """Refusal answers it publishes, which a method trained toward refusing (IdkDPO, DPO, RT) draws from when a
+        forget row brings no `alternate` answer of its own (TOFU: IdkDPO's `idontknow` list). None: it has none
+        (`baselines.unlearn` takes the first registered benchmark's that has)."""
+        return None
+
     def lora_preset(self) -> dict[str, Any] | None:
         """The LoRA settings its reference runs use (`training.lora.LoraSettings` fields), offered as
         `--lora <name>`; None when it publishes none."""

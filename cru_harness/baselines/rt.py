@@ -56,4 +56,6 @@ class RT(UnlearningMethod):
 #: The runner's view of it (entry point `cru_harness.methods`: RT).
 METHOD = BaselineMethod(RT, "RT",
                         "rejection tuning: NLL of refusals to the forget questions",
-                        needs_qa_rows=True, order=52, alternate="refusals (TOFU: IdkDPO's list; RWKU: rwku:{target}:reject)")
+                        needs_qa_rows=True, order=52,
+                        alternate="refusals (a forget row's own, as RWKU's reject corpus gives; else a benchmark's, "
+                                  "TOFU's IdkDPO list)")
