@@ -165,6 +165,11 @@ class Method:
         """The evaluation tasks of its cells (a prompt-only method swaps in its task variants)."""
         return tasks
 
+    def tasks_for(self, benchmark: "Benchmark", tasks: tuple[str, ...]) -> tuple[str, ...]:
+        """`tasks` for its cells of `benchmark` (what the plan calls): by default `tasks(tasks)`; a prompt-only
+        method asks the benchmark for its variants (`Benchmark.task_variants`, ICU's)."""
+        return self.tasks(tasks)
+
     def check_config(self, config: Any, where: str) -> tuple[str, str] | None:
         """A problem with the rest of an experiment config for this method (key, message), or None. `config`: the
         validated parts (`benchmarks`, `models`) and the entry's `settings`."""

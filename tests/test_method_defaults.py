@@ -121,3 +121,14 @@ def test_unlearn_names_a_registered_benchmark(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nosuch" in err[0] and "tofu" in err[0]
+
+
+def test_icu_runs_where_a_benchmark_has_its_task_variants(drill):
+    """ICU asks the benchmark for its `icu` variants (RWKU's `rwku_icu_*`): elsewhere it is refused."""
+    icu, rwku = plugins.methods.get("ICU"), plugins.benchmarks.get("rwku")
+    assert icu.unsupported("rwku") is None and "cannot run on tofu" in icu.unsupported("tofu")
+    assert "cannot run on drill" in icu.unsupported("drill")
+    assert icu.tasks_for(rwku, rwku.default_tasks) == ("rwku_icu_forget", "rwku_icu_neighbor", "rwku_icu_mia",
+                                                       "rwku_icu_utility")
+    assert icu.tasks_for(rwku, ("rwku_icu_fb", "mmlu")) == ("rwku_icu_fb", "mmlu")
+    assert rwku.task_variants(("rwku_forget",), "paraphrase") == ()   # no prompt attack variant

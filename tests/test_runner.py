@@ -17,7 +17,7 @@ from cru_harness.runner import config as cfg
 from cru_harness.store import CellStore, load_results
 from cru_harness.runner.loop import CellUnavailable, run_cells
 from cru_harness.runner.plan import build_plan
-from cru_harness.baselines.purge import purge_candidates, resolve_purge_checkpoint
+from cru_harness.benchmarks.rwku.purge import purge_candidates, resolve_purge_checkpoint
 from cru_harness.runner.shard import parse_shard, select_shard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -520,7 +520,7 @@ def test_purge_local_stand_in(tmp_path):
 OFFLINE_SCRIPT = r"""
 import json, sys
 from pathlib import Path
-from cru_harness.baselines.purge import resolve_purge_checkpoint
+from cru_harness.benchmarks.rwku.purge import resolve_purge_checkpoint
 from cru_harness.runner import config as cfg
 from cru_harness.runner.plan import build_plan
 from cru_harness.runner.execute import execute_cell

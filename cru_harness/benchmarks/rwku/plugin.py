@@ -267,6 +267,14 @@ class RWKU(Benchmark):
                                            trust_remote_code=cell.model.trust_remote_code)
 
 
+    def task_variants(self, tasks: tuple[str, ...], variant: str) -> tuple[str, ...]:
+        """ICU's variants of its tasks (`rwku_x` -> `rwku_icu_x`: RWKU's in-context unlearning instruction before
+        every prompt); none of the prompt attacks' (paraphrase, in_context)."""
+        if variant != "icu":
+            return ()
+        return tuple(task.replace("rwku_", "rwku_icu_", 1) for task in tasks
+                     if task.startswith("rwku_") and not task.startswith("rwku_icu_"))
+
     def score_tasks(self, forget: str | None) -> tuple[str, ...]:
         """RWKU's probes of the forget and neighbour knowledge, and its MIA (utility needs no attacked model's)."""
         return ("rwku_forget", "rwku_neighbor", "rwku_mia")
