@@ -205,10 +205,13 @@ def run_baseline(args: argparse.Namespace, method) -> int:
         flags = ", ".join("--" + name.replace("_", "-") for name in cru_only) or "--no-prefix-cache"
         raise InputError(f"{flags}: CRU's options; give {method.name}'s hyperparameters with --set KEY=VALUE")
     seed = check_seed(getattr(args, "seed", 0))
-    given = _method_hparams(method, _set_values(args.hparams))
+    benchmark = plugins.benchmarks.get(args.benchmark)
+    # as a runner cell's: the benchmark's setting of the method, the method's own for it, then --set
+    given = {**benchmark.method_settings(method.name, None), **method.benchmark_defaults.get(benchmark.name, {}),
+             **_method_hparams(method, _set_values(args.hparams))}
     # --forget as the unit: a benchmark whose settings depend on it reads a corpus naming one of its units (TOFU's
     # forget05) and ignores other corpora
-    defaults = plugins.benchmarks.get(args.benchmark).method_defaults(method.name, args.forget, tuple(given))
+    defaults = benchmark.method_defaults(method.name, args.forget, tuple(given))
     config = method.trainer.Config.with_defaults(defaults, **given)
     fmt = prompt_format_for(args.prompt_format, args.base, args.benchmark)   # auto: the format the base learned
     check_output_dir(args.out, what="--out", overwrite=args.overwrite)
