@@ -132,3 +132,15 @@ def test_icu_runs_where_a_benchmark_has_its_task_variants(drill):
                                                        "rwku_icu_utility")
     assert icu.tasks_for(rwku, ("rwku_icu_fb", "mmlu")) == ("rwku_icu_fb", "mmlu")
     assert rwku.task_variants(("rwku_forget",), "paraphrase") == ()   # no prompt attack variant
+
+
+def test_a_prompt_attack_on_a_benchmark_without_its_variants_is_one_line(tmp_path, capsys):
+    from cru_harness.cli import main
+    from cru_harness.testbed.zoo import tiny_checkpoint
+
+    out = tmp_path / "out"
+    argv = ["attack", "--attack", "in_context", "--model", str(tiny_checkpoint("llama")), "--out", str(out),
+            "--benchmark", "rwku"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rwku's tasks have no variant" in err[0] and not out.exists()

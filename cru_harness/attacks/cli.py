@@ -173,7 +173,7 @@ def _run_attack(args: argparse.Namespace) -> int:
     # an attack on the prompts names task variants: it leaves the model as it is and needs no forget corpus
     scored = benchmark.score_tasks(args.forget_corpus)
     variants = attack.tasks_for(benchmark, scored, settings)
-    on_prompts = tuple(variants) != tuple(scored)
+    on_prompts = tuple(variants) != tuple(scored) or bool(getattr(attack, "variant", ""))   # a PromptAttack's
     if on_prompts and not variants:
         raise InputError(f"attack {attack.name} changes the prompts, and {benchmark.name}'s tasks have no variant of "
                          "it: nothing to evaluate")

@@ -108,5 +108,8 @@ class TOFUAuthor(TOFU):
     def method_defaults(self, method: str, split, given=()) -> dict[str, Any]:
         return {}   # one author's split has no setting of TOFU's protocol (SimNPO's is per split)
 
+    def score_tasks(self, forget: str | None) -> tuple[str, ...]:
+        return ()   # its tasks read the author from the unit's metadata: a runner config scores it
+
 
 BENCHMARK = TOFUAuthor()
