@@ -29,7 +29,8 @@ _WMDP_SCHEDULE = dict(learning_rate=5e-5, lr_scheduler="constant", warmup_epochs
 #: Per method, over `SCHEDULE` (the method's name as configs give it).
 TRAINER_DEFAULTS: dict[str, dict[str, Any]] = {
     "GA": _GA,
-    "GD": _GA,          # run_ga.sh's settings, with the retain term
+    # RWKU ships no GD script; the project uses GA's schedule (lr 6e-8, batch 8) plus the retain term (GD-KL: GD's).
+    "GD": _GA,
     "GD-KL": _GA,
     "NPO": _NPO,
     "NPO-KL": {**_NPO, "alpha": 1.0},   # NPO's, with its KL retain term on
@@ -38,9 +39,10 @@ TRAINER_DEFAULTS: dict[str, dict[str, Any]] = {
     "SimNPO": dict(learning_rate=2e-6, effective_batch_size=16, beta=2.5, forget_weight=0.1375, alpha=0.0),
     "IdkDPO": _DPO,
     "DPO": _DPO,
+    # RWKU scripts/full/run_rt.sh: lr 4e-7, batch 8, no retain term
     "RT": dict(learning_rate=4e-7, effective_batch_size=8, alpha=0.0),
     "RMU": _WMDP_SCHEDULE,
-    # LUNAR's own fit (run_lunar.py): 20 epochs at a constant rate, torch AdamW's weight decay
+    # not RWKU's schedule: LUNAR's own fit (LUNARConfig's: 20 epochs at a constant rate, torch AdamW's weight decay)
     "LUNAR": dict(num_epochs=20, lr_scheduler="constant", warmup_steps=None, weight_decay=0.01),
     "TaskVector": _MUSE_FINETUNE,
     "WHP": _MUSE_FINETUNE,
