@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 
 #: Where an adapter method's cell (`Method.adapter`: CRU) keeps its router bundle, inside its work directory: the
@@ -170,6 +170,11 @@ class Method:
     def tasks(self, tasks: tuple[str, ...]) -> tuple[str, ...]:
         """The evaluation tasks of its cells (a prompt-only method swaps in its task variants)."""
         return tasks
+
+    def tasks_for(self, benchmark: "Benchmark", tasks: tuple[str, ...]) -> tuple[str, ...]:
+        """`tasks` for its cells of `benchmark` (what the plan calls): by default `tasks(tasks)`; a prompt-only
+        method asks the benchmark for its variants (`Benchmark.task_variants`, ICU's)."""
+        return self.tasks(tasks)
 
     def check_config(self, config: Any, where: str) -> tuple[str, str] | None:
         """A problem with the rest of an experiment config for this method (key, message), or None. `config`: the
@@ -416,6 +421,35 @@ class Benchmark:
         hyperparameters below the method's own `benchmark_defaults` and the config's values, so a cell's hash says
         which setting trained it. {} for none."""
         return {}
+
+    def method_defaults(self, method: str, split: str | None, given: Collection[str] = ()) -> dict[str, Any]:
+        """Its protocol's training settings of a method (by the method's name) for a unit: the method's trainer
+        starts from them, below the cell's hyperparameters, and unlike `method_settings` they are not in the cell's
+        hash (RWKU's LLaMA-Factory schedule). `given`: the keys the cell sets itself (a unit with no setting of its
+        own may accept them instead). {} for none; `errors.InputError` for a unit the method has no setting for."""
+        return {}
+
+    def score_tasks(self, forget: str | None) -> tuple[str, ...]:
+        """The lm-eval tasks that score one model outside a run, after it was attacked or unlearned on the corpus
+        `forget` (a corpus name, or None): `cru-harness attack` prints that lm_eval command. () for none (the
+        command then points to a runner config)."""
+        return ()
+
+    def prompt_metadata(self, prompt_format: str) -> dict[str, Any]:
+        """lm-eval metadata its tasks need to ask a model as `prompt_format` (a `--prompt-format` label: `chat`,
+        `plain` or a model family) outside a run; {} for none."""
+        return {}
+
+    def refusals(self, data_dir) -> list[str] | None:
+        """Refusal answers it publishes, which a method trained toward refusing (IdkDPO, DPO, RT) draws from when a
+        forget row brings no `alternate` answer of its own (TOFU: IdkDPO's `idontknow` list). None: it has none
+        (`baselines.unlearn` takes the first registered benchmark's that has)."""
+        return None
+
+    def lora_preset(self) -> dict[str, Any] | None:
+        """The LoRA settings its reference runs use (`training.lora.LoraSettings` fields), offered as
+        `--lora <name>`; None when it publishes none."""
+        return None
 
     def unit_label(self, split: str | None, target: int | None) -> str:
         return split if self.unit == "split" else f"target{target}"

@@ -225,8 +225,8 @@ def test_unlearn_takes_its_defaults_from_the_config_dataclass(setup, monkeypatch
         main(["unlearn", "--help"])
     text = " ".join(capsys.readouterr().out.split())   # argparse wraps lines
     for shown in ("the routers' learning rate (default 0.25)", "epochs over the forget set (default 2)",
-                  "down projection) (default mlp)", "retain weight λ (default 1.0; 50 with --benchmark rwku)",
-                  "router bottleneck width (default 32; 256 with --benchmark rwku)"):
+                  "down projection) (default mlp)", "retain weight λ (default 1.0; 50 with --benchmark rwku or wmdp)",
+                  "router bottleneck width (default 32; 256 with --benchmark rwku or wmdp)", "(default tofu; registered: "):
         assert shown in text, shown
 
 

@@ -57,9 +57,10 @@ def test_methods_say_what_they_need_beyond_their_trainers_flags():
     needs = {name: plugins.methods.get(name).needs for name in ("GA", "GD", "NPO", "IdkDPO", "DPO", "RT", "LUNAR")}
     assert needs["GA"] == () and needs["GD"] == ("retain corpus",)
     assert needs["IdkDPO"] == ("retain corpus", "reference model", "refusals")
-    assert needs["DPO"][:2] == ("retain corpus", "reference model") and "rwku:{target}:pair" in needs["DPO"][2]
+    assert needs["DPO"][:2] == ("retain corpus", "reference model") and "RWKU's pair corpus" in needs["DPO"][2]
     assert "refusals" not in needs["DPO"] and len(needs["DPO"]) == 3
-    assert needs["RT"] == ("retain corpus", "refusals (TOFU: IdkDPO's list; RWKU: rwku:{target}:reject)")
+    assert needs["RT"] == ("retain corpus", "refusals (a forget row's own, as RWKU's reject corpus gives; else a "
+                                            "benchmark's, TOFU's IdkDPO list)")
     assert needs["LUNAR"] == ("retain corpus", "refusal_prompts_path (LUNAR's harmful.json)")
 
 

@@ -17,7 +17,7 @@ from cru_harness.runner import config as cfg
 from cru_harness.store import CellStore, load_results
 from cru_harness.runner.loop import CellUnavailable, run_cells
 from cru_harness.runner.plan import build_plan
-from cru_harness.baselines.purge import purge_candidates, resolve_purge_checkpoint
+from cru_harness.benchmarks.rwku.purge import purge_candidates, resolve_purge_checkpoint
 from cru_harness.runner.shard import parse_shard, select_shard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -233,8 +233,8 @@ def test_a_cru_cell_without_a_setting_takes_the_papers_setting_of_its_benchmark(
     assert (config.lam, config.percentile, config.d_r) == (50, 85, 256)
     # every key names a RouterTrainingConfig field, and the TOFU setting is the dataclass's own
     cru = cfg.method_plugin("CRU")
-    assert set(cru.benchmark_defaults) <= set(plugins.benchmarks.names()) and not cru.benchmark_defaults.get("tofu")
-    assert set(cru.benchmark_defaults["rwku"]) <= set(cru.hparams())
+    assert not plugins.benchmarks.get("tofu").method_settings("CRU", "forget01") and not cru.benchmark_defaults
+    assert set(plugins.benchmarks.get("rwku").method_settings("CRU", None)) <= set(cru.hparams())
     tofu = RouterTrainingConfig()
     assert (tofu.lam, tofu.percentile, tofu.d_r) == (1.0, 95.0, 32)
 
@@ -520,7 +520,7 @@ def test_purge_local_stand_in(tmp_path):
 OFFLINE_SCRIPT = r"""
 import json, sys
 from pathlib import Path
-from cru_harness.baselines.purge import resolve_purge_checkpoint
+from cru_harness.benchmarks.rwku.purge import resolve_purge_checkpoint
 from cru_harness.runner import config as cfg
 from cru_harness.runner.plan import build_plan
 from cru_harness.runner.execute import execute_cell

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 import cru_harness.baselines as B
 from cru_harness.errors import InputError
-from cru_harness.training.lora import PRESETS, LoraSettings
+from cru_harness.training.lora import LoraSettings, lora_presets
 
 from test_baselines_training import FORGET, RETAIN, base_dir  # noqa: F401 (fixture)
 
@@ -60,7 +60,10 @@ def test_npo_trains_a_lora_adapter_that_lm_eval_loads_with_peft(base_dir, tmp_pa
 
 
 def test_lora_settings_validate_themselves_and_rwku_is_a_preset():
-    assert LoraSettings.from_dict("rwku") == LoraSettings(**PRESETS["rwku"])
+    # RWKU's package publishes it (`Benchmark.lora_preset`): LLaMA-Factory's r 8, alpha 16 on q_proj, v_proj
+    assert set(lora_presets()) == {"rwku"}
+    assert LoraSettings.from_dict("rwku") == LoraSettings(r=8, alpha=16.0, dropout=0.0,
+                                                          target_modules=("q_proj", "v_proj"))
     assert LoraSettings.from_dict({"preset": "rwku", "r": 16}).r == 16
     assert LoraSettings(target_modules="q_proj, v_proj").target_modules == ("q_proj", "v_proj")
     for bad, match in [({"r": 0}, "lora.r"), ({"alpha": -1}, "lora.alpha"), ({"dropout": 1.0}, "lora.dropout"),

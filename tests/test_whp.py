@@ -13,6 +13,7 @@ from lm_eval.models.huggingface import HFLM
 from test_lmeval_support import build_tiny_dir
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from cru_harness.baselines import make_config
 from cru_harness.baselines.whp import METHOD, WHPConfig, WHPError, read_whp, save_whp
 from cru_harness.errors import InputError
 from cru_harness.lmeval.arguments import ModelArgumentError
@@ -145,7 +146,7 @@ def test_manifest_and_settings_are_checked(models, tmp_path):
         WHPConfig(whp_alpha=0)
     # MUSE's defaults: WHPModelForCausalLM's alpha, finetune.py with unlearn_news.sh's FT_* settings
     for benchmark in ("tofu", "rwku"):
-        cfg = WHPConfig.preset(benchmark)
+        cfg = make_config("whp", benchmark)
         assert (cfg.whp_alpha, cfg.num_epochs, cfg.learning_rate, cfg.lr_scheduler, cfg.warmup_epochs,
                 cfg.warmup_steps, cfg.weight_decay, cfg.effective_batch_size) == (1.0, 10, 1e-5, "cosine", 0.0, None,
                                                                                   0.0, 32)

@@ -9,6 +9,7 @@ import pytest
 import torch
 import yaml
 
+from cru_harness.baselines import make_config
 from cru_harness.benchmarks.wmdp import data, scoring, tasks
 from cru_harness.data.sources import DataSourceError
 from cru_harness.errors import InputError, UserError
@@ -185,16 +186,16 @@ def test_rmu_at_wmdps_zephyr_setting():
     from cru_harness import plugins
 
     rmu = plugins.methods.get("RMU")
-    setting = rmu.benchmark_defaults["wmdp"]
+    setting = plugins.benchmarks.get("wmdp").method_settings("RMU", "bio")
     assert {k: setting[k] for k in ("layer", "steering_coeff", "alpha", "learning_rate", "effective_batch_size",
                                     "num_epochs")} == {"layer": 7, "steering_coeff": 6.5, "alpha": 1200.0,
                                                        "learning_rate": 5e-5, "effective_batch_size": 4,
                                                        "num_epochs": 1}
-    assert "rmu/unlearn.py" in rmu.sources["wmdp"]
-    config = rmu.trainer.Config.preset("wmdp", "bio", **setting)
+    config = make_config("rmu", "wmdp", "bio", **setting)
     assert config.layers_trained == (5, 6, 7) and config.trainable_params == (r"mlp\.down_proj\.weight",)
     # WMDP steps transformers' AdamW at its defaults (eps 1e-6), RWKU takes WMDP's run; elsewhere open-unlearning's
-    assert config.adam_eps == 1e-6 and rmu.benchmark_defaults["rwku"] == setting
+    assert config.adam_eps == 1e-6 and plugins.benchmarks.get("rwku").method_settings("RMU", None) == setting
+    assert not plugins.benchmarks.get("tofu").method_settings("RMU", None)
     assert {k: rmu.benchmark_defaults["*"][k] for k in ("steering_coeff", "alpha", "learning_rate", "adam_eps")} == \
         {"steering_coeff": 2.0, "alpha": 1.0, "learning_rate": 1e-5, "adam_eps": 1e-8}
 
@@ -205,20 +206,19 @@ def test_passage_methods_share_rmus_budget_on_wmdp(method):
     from cru_harness import plugins
 
     plugin = plugins.methods.get(method)
-    config = plugin.trainer.Config.preset("wmdp", "cyber")
+    config = make_config(method, "wmdp", "cyber")
     assert (config.num_epochs, config.effective_batch_size, config.lr_scheduler, config.warmup_epochs,
             config.weight_decay, config.max_length) == (1, 4, "constant", 0.0, 0.0, 512)
     assert config.learning_rate == plugin.trainer.Config().learning_rate
-    tofu = plugin.trainer.Config.preset("tofu", "forget10")
+    tofu = make_config(method, "tofu", "forget10")
     assert (tofu.num_epochs, tofu.effective_batch_size) != (1, 4)
 
 
 def test_cru_on_wmdp_uses_its_passage_setting():
     from cru_harness import plugins
 
-    cru = plugins.methods.get("CRU")
-    assert cru.benchmark_defaults["wmdp"] == cru.benchmark_defaults["rwku"]
-    assert "wmdp" in cru.sources
+    wmdp, rwku = (plugins.benchmarks.get(name).method_settings("CRU", None) for name in ("wmdp", "rwku"))
+    assert wmdp == rwku == {"lam": 50, "percentile": 90, "d_r": 256}
 
 
 def test_plugin_units_corpora_and_scores(wmdp_root, tmp_path):
@@ -315,7 +315,7 @@ def test_rmu_trains_a_joint_unit_as_wmdps_script(wmdp_root, monkeypatch):
     forget = load_corpus_rows("wmdp:bio+cyber-forget[:8]", wmdp_root)[0]   # 4 of each: 2 batches of 2 per domain
     wikitext = load_corpus_rows("wmdp:wikitext", wmdp_root)[0]
     setting = dict(layer=1, effective_batch_size=2, micro_batch_size=1, alpha=10.0, learning_rate=1e-3)
-    method = RMU(RMU.Config.preset("wmdp", "bio+cyber", **setting))
+    method = RMU(make_config("rmu", "wmdp", "bio+cyber", **setting))
     dataset = method.make_dataset(tokenizer, forget, wikitext, max_length=64, seed=0)
     assert dataset.domains == ["bio", "cyber"] and len(dataset) == 8
     # rows of the interleaved corpus: bio 0, 2, 4, 6 and cyber 1, 3, 5, 7; batch b of each with Wikitext's batch b
@@ -333,7 +333,7 @@ def test_rmu_trains_a_joint_unit_as_wmdps_script(wmdp_root, monkeypatch):
 
     model = AutoModelForCausalLM.from_pretrained(path)
     method.prepare(model, 3, dataset)
-    lone = RMU(RMU.Config.preset("wmdp", "bio", **setting))
+    lone = RMU(make_config("rmu", "wmdp", "bio", **setting))
     untagged = lone.make_dataset(tokenizer, [{"text": r["text"]} for r in forget], wikitext, max_length=64, seed=0)
     assert not getattr(untagged, "ordered", False)   # a lone domain's rows: the baselines' shuffled pairs, as before
     lone.prepare(model, 3, untagged)
@@ -358,7 +358,7 @@ def test_rmu_trains_a_joint_unit_as_wmdps_script(wmdp_root, monkeypatch):
         return compute_loss(self, model, batch, ref_model)
 
     monkeypatch.setattr(RMU, "compute_loss", spy)
-    result = unlearn(path, None, forget, wikitext, "rmu", RMU.Config.preset("wmdp", "bio+cyber", **setting), seed=0,
+    result = unlearn(path, None, forget, wikitext, "rmu", make_config("rmu", "wmdp", "bio+cyber", **setting), seed=0,
                      progress=False, dtype="float32", device="cpu")
     assert seen == [[0], [0], [1], [1], [0], [0], [1], [1]]   # micro-batches of 1, steps of 2: bio, cyber, bio, cyber
     assert result.optimizer_steps == 4

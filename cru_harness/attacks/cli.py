@@ -36,8 +36,11 @@ def register(subparsers) -> None:
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                    help="an attack setting (a YAML value), repeatable: --set weights=int8 --set slice_size=10")
     p.add_argument("--forget-corpus", default=None,
-                   help="forget corpus of an attack that trains on it (relearn): a TOFU config, JSON/JSONL, rwku:...")
-    p.add_argument("--benchmark", default="tofu", choices=("tofu", "rwku"), help="whose prompt format rows take")
+                   help="forget corpus of an attack that trains on it (relearn): a benchmark's corpus name (TOFU's "
+                        "forget10, an RWKU target's passages) or JSON/JSONL")
+    p.add_argument("--benchmark", default=None,
+                   help="the registered benchmark whose prompt format rows take and whose tasks score the attacked "
+                        "model (`cru-harness benchmarks` lists them; default: the first listed, TOFU)")
     p.add_argument("--data-dir", default=None,
                    help="local TOFU/RWKU data root or testbed:world (default: env or the Hub)")
     p.add_argument("--seed", type=int, default=0, help="seed of a seeded attack (relearn's slice) (default 0)")
@@ -53,7 +56,8 @@ def register(subparsers) -> None:
     lens.add_argument("--model", required=True, help="HF model id, local checkpoint directory or testbed name "
                                                      "(zoo:llama:finetuned, smollm2)")
     lens.add_argument("--routers", default=None, help="router bundle directory (dir+dir for several) to attach")
-    lens.add_argument("--data", required=True, help="question-answer rows: a TOFU config, JSON/JSONL, rwku:...")
+    lens.add_argument("--data", required=True, help="question-answer rows: a benchmark's corpus name (TOFU's "
+                                                    "forget10, an RWKU target's) or JSON/JSONL")
     lens.add_argument("--data-dir", default=None,
                       help="local TOFU/RWKU data root or testbed:world (default: env or the Hub)")
     lens.add_argument("--limit", type=int, default=None, help="first N rows only")
@@ -151,6 +155,8 @@ def _run_attack(args: argparse.Namespace) -> int:
     from ..testbed.names import prompt_format_for, resolve_data_dir
 
     attack = plugins.attacks.get(args.attack)
+    benchmark = plugins.benchmarks.get(args.benchmark) if args.benchmark else next(iter(plugins.benchmarks))
+    args.benchmark = benchmark.name
     settings = parse_settings(args.settings, attack)
     check_seed(args.seed)
     out = check_output_dir(args.out, what="--out", overwrite=args.overwrite)
@@ -165,8 +171,13 @@ def _run_attack(args: argparse.Namespace) -> int:
                            extra={"attack": {"name": attack.name, "settings": settings}}, device=args.device,
                            evaluation={})
     # an attack on the prompts names task variants: it leaves the model as it is and needs no forget corpus
-    variant = attack.tasks(("tofu_forget10",), settings)[0]
-    on_prompts = variant != "tofu_forget10"
+    scored = benchmark.score_tasks(args.forget_corpus)
+    variants = attack.tasks_for(benchmark, scored, settings)
+    on_prompts = tuple(variants) != tuple(scored) or bool(getattr(attack, "variant", ""))   # a PromptAttack's
+    if on_prompts and not variants:
+        raise InputError(f"attack {attack.name} changes the prompts, and {benchmark.name}'s tasks have no variant of "
+                         "it: nothing to evaluate")
+    variant = variants[0] if variants else None
     if args.forget_corpus is None and "slice_fraction" in attack.settings() and not on_prompts:
         raise InputError(f"attack {attack.name} trains on forget rows: give --forget-corpus")
     check_attack_inputs(args, attack, settings, on_prompts)   # before any model loads or --out is made
@@ -200,7 +211,7 @@ def _run_attack(args: argparse.Namespace) -> int:
     served = f" with routers {attacked.routers}" if attacked.routers else " (no routers)"
     print(f"{attack.name}: attacked model {attacked.model_path}{served}; record in {Path(out) / RECORD_FILE}")
     print("score it: " + score_command(attacked.model_path, attacked.routers, label, args.data_dir, out,
-                                       benchmark=args.benchmark, forget=args.forget_corpus))
+                                       benchmark=benchmark, forget=args.forget_corpus))
     return 0
 
 
@@ -211,18 +222,16 @@ def _tokenizer(path: str):
 
 
 def score_command(model: str, routers: str | None, prompt_format: str, data_dir: str | None, out, *,
-                  benchmark: str = "tofu", forget: str | None = None) -> str:
-    """The lm-eval command that scores an attacked model (then `cru-harness score`): TOFU's suite of the forget split
-    it was attacked on (forget10 otherwise) or RWKU's probes, with the routers it is served with and the prompt it
-    learned."""
-    from ..data.tofu import FORGET_SPLITS
-
+                  benchmark, forget: str | None = None) -> str:
+    """The lm-eval command that scores an attacked model (then `cru-harness score`): the benchmark's tasks for the
+    forget corpus it was attacked on (`Benchmark.score_tasks`), with the routers it is served with and the prompt it
+    learned (`Benchmark.prompt_metadata`)."""
+    tasks = ",".join(benchmark.score_tasks(forget))
+    if not tasks:
+        return f"{benchmark.name} names no tasks to score one model with: evaluate it in a runner config"
     args = f"base={model}" + (f",routers={routers}" if routers else "")
-    tasks = ("rwku_forget,rwku_neighbor,rwku_mia" if benchmark == "rwku"
-             else f"tofu_{forget if forget in FORGET_SPLITS else 'forget10'}_suite")
     flags = " --apply_chat_template" if prompt_format == "chat" else ""
-    metadata = {**({"data_dir": data_dir} if data_dir else {}),
-                **({"tofu_model_family": prompt_format} if prompt_format not in ("chat", "plain") else {})}
+    metadata = {**({"data_dir": data_dir} if data_dir else {}), **benchmark.prompt_metadata(prompt_format)}
     meta = f" --metadata '{json.dumps(metadata)}'" if metadata else ""
     scored = Path(out) / "lm_eval"
     return (f"lm_eval --model cru --model_args {args} --tasks {tasks}{flags}{meta} --batch_size auto "

@@ -60,6 +60,17 @@ def _resolve_method(method, config) -> UnlearningMethod:
     return cls(config)
 
 
+def published_refusals(data_dir) -> list[str]:
+    """The refusals of the first registered benchmark that publishes some (`api.Benchmark.refusals`)."""
+    from .. import plugins
+
+    for benchmark in plugins.benchmarks:
+        if (refusals := benchmark.refusals(data_dir)) is not None:
+            return list(refusals)
+    raise InputError("the method trains toward refusals and the forget rows bring none (`alternate`), and no "
+                     "registered benchmark publishes any: pass refusals")
+
+
 def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows: list[dict] | None,
             method: str | type[UnlearningMethod] | UnlearningMethod, config: BaselineConfig | dict | None = None,
             out_dir: str | os.PathLike | None = None, seed: int = 0, *, refusals: list[str] | None = None,
@@ -89,8 +100,8 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     directory holding one resumes from it (`training.engine.train_model`).
     `tokenizer`: a tokenizer, a path, or None (then loaded from the model path). Rows: `question`/`answer`
     or `text`. `retain_rows` are needed when the method's `alpha` > 0 and ignored otherwise. `refusals`
-    (IdkDPO, DPO, RT): defaults to TOFU's `idontknow` list via `cru_harness.data.tofu.load_idontknow(data_dir)`,
-    unless every forget row brings its own `alternate` answer.
+    (IdkDPO, DPO, RT): defaults to the refusals a registered benchmark publishes (`published_refusals`: TOFU's
+    `idontknow` list), unless every forget row brings its own `alternate` answer.
     """
     m = _resolve_method(method, config)
     if not m.trains:
@@ -129,8 +140,7 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
         raise InputError(f"{m.name} with alpha={m.config.alpha} needs retain rows (or set alpha=0)")
     if m.needs_alternate:
         if refusals is None and not all(isinstance(r, dict) and r.get("alternate") for r in forget_rows):
-            from cru_harness.data.tofu import load_idontknow
-            refusals = load_idontknow(data_dir)
+            refusals = published_refusals(data_dir)
     else:
         refusals = None
 

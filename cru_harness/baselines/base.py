@@ -12,17 +12,14 @@ direction), `group_counts(key, inputs)` (the counts a loss normalises by, summed
 accumulation group), `make_scheduler` (a learning-rate schedule of the method's own, e.g. LUNAR's) and
 `post_train(model, ref_model)` (a last edit of the weights after training, e.g. Task Vector's negation).
 
-Presets: `Config.preset(benchmark, split, **overrides)` merges the benchmark's defaults, then the split's,
-then the overrides. TOFU defaults are the protocol's (lr 1e-5, weight decay 0.01, AdamW, 1 warmup epoch
-with linear warmup and decay, effective batch 32, 5 epochs); RWKU defaults follow RWKU's LLaMA-Factory scripts
-(scripts/full/run_{ga,npo,dpo}.sh: cosine schedule, 20 warmup steps, 3 epochs, cutoff 512, LLaMA-Factory's
-weight decay 0, per-method lr / batch / beta). Those were tuned for 8B models: a tiny model needs its own
-learning rate, which an experiment config states.
+Defaults: the dataclasses' are TOFU's protocol (lr 1e-5, weight decay 0.01, AdamW, 1 warmup epoch with linear
+warmup and decay, effective batch 32, 5 epochs). Another benchmark's settings of a method live in its package
+(`api.Benchmark.method_defaults`); `make_config(name, benchmark, split, **overrides)` puts the overrides on them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -31,19 +28,8 @@ from ..training.objective import MIXED_PRECISION, SCHEDULERS, Objective, Trainin
 
 @dataclass
 class BaselineConfig(TrainingConfig):
-    """Training hyperparameters common to every trained baseline (the engine's `TrainingConfig`), with the
-    benchmarks' presets."""
-
-    _PRESETS: ClassVar[dict[tuple[str, str | None], dict[str, Any]]] = {
-        ("rwku", None): dict(num_epochs=3, lr_scheduler="cosine", warmup_steps=20, weight_decay=0.0,
-                             max_length=512),
-        # WMDP's protocol rule: every passage-training method gets RMU's data budget and schedule (one pass over
-        # the benchmark's 600 forget passages in batches of 4, constant rate, no warm-up or weight decay, 512
-        # tokens, WMDP's rmu/unlearn.py); its learning rate is the one the baselines' one-rate rule picks
-        # (docs/methods.md)
-        ("wmdp", None): dict(num_epochs=1, effective_batch_size=4, micro_batch_size=4, lr_scheduler="constant",
-                             warmup_epochs=0.0, warmup_steps=None, weight_decay=0.0, max_length=512),
-    }
+    """Training hyperparameters common to every trained baseline (the engine's `TrainingConfig`); a benchmark's
+    defaults for a method come from its plugin (`api.Benchmark.method_defaults`, through `make_config`)."""
 
 
 @dataclass

@@ -46,19 +46,24 @@ def row_to_qa(row: dict, index: int | None = None, origin: str = "training data"
     return row_qa(row, 0 if index is None else index, origin)
 
 
+def _benchmark(name: str | None) -> dict:
+    """`qa_texts`'s `benchmark` keyword when one is named (None: the prompt builder's default, TOFU's format)."""
+    return {} if name is None else {"benchmark": name}
+
+
 def build_prompt(tokenizer, question: str, *, preset: str = DEFAULT_TOFU_PRESET, family: str | None = None,
-                 chat: bool | None = None, benchmark: str = "tofu", probe: str | None = None,
+                 chat: bool | None = None, benchmark: str | None = None, probe: str | None = None,
                  aa_type: str = "") -> str:
     """The prompt text in front of the answer ("" for a text row, which is trained on raw). `chat`: use the chat
     template (None: when the tokenizer has one); pass what the evaluation uses. The rest: as `prompts.qa_texts`."""
     if question == "":
         return ""
-    return qa_texts(tokenizer, question, "", preset=preset, family=family, chat=chat, benchmark=benchmark,
-                    probe=probe, aa_type=aa_type).prompt
+    return qa_texts(tokenizer, question, "", preset=preset, family=family, chat=chat, probe=probe, aa_type=aa_type,
+                    **_benchmark(benchmark)).prompt
 
 
 def encode_qa(tokenizer, question: str, answer: str, max_length: int = 512, *, preset: str = DEFAULT_TOFU_PRESET,
-              family: str | None = None, chat: bool | None = None, benchmark: str = "tofu", probe: str | None = None,
+              family: str | None = None, chat: bool | None = None, benchmark: str | None = None, probe: str | None = None,
               aa_type: str = "") -> EncodedExample:
     """Input ids and labels of one row: the whole text tokenized once, prompt positions masked, EOS appended.
 
@@ -78,8 +83,8 @@ def encode_qa(tokenizer, question: str, answer: str, max_length: int = 512, *, p
         ids = prefix + list(tokenizer(answer, add_special_tokens=False)["input_ids"]) + [eos]
         n_prompt = len(prefix)
     else:
-        texts = qa_texts(tokenizer, question, answer, preset=preset, family=family, chat=chat, benchmark=benchmark,
-                         probe=probe, aa_type=aa_type)
+        texts = qa_texts(tokenizer, question, answer, preset=preset, family=family, chat=chat, probe=probe,
+                         aa_type=aa_type, **_benchmark(benchmark))
         ids, n_prompt = encode_qa_ids(tokenizer, texts)
     if n_prompt >= max_length:
         raise InputError(f"prompt of {n_prompt} tokens leaves no room for the answer (max_length={max_length})")
@@ -141,11 +146,11 @@ class ForgetRetainDataset(Dataset):
     def __init__(self, tokenizer, forget_rows: Sequence[dict], retain_rows: Sequence[dict] | None = None, *,
                  refusals: Sequence[str] | None = None, max_length: int = 512, seed: int = 0,
                  preset: str = DEFAULT_TOFU_PRESET, family: str | None = None, chat: bool | None = None,
-                 benchmark: str = "tofu"):
+                 benchmark: str | None = None):
         if not forget_rows:
             raise InputError("forget_rows is empty: nothing to unlearn")
         self.seed = seed
-        fmt = {"preset": preset, "family": family, "chat": chat, "benchmark": benchmark}
+        fmt = {"preset": preset, "family": family, "chat": chat, **_benchmark(benchmark)}
         # kept for methods that read more than the batches before training (LUNAR's direction: `prepare`)
         self.tokenizer, self.format, self.forget_rows = tokenizer, fmt, list(forget_rows)
         self.retain_rows = list(retain_rows or [])

@@ -34,4 +34,6 @@ class DPO(IdkDPO):
 #: The runner's view of it (entry point `cru_harness.methods`: DPO).
 METHOD = BaselineMethod(DPO, "DPO",
                         "DPO: an alternate answer preferred over the forget answer, + NLL(retain)",
-                        needs_qa_rows=True, order=51, alternate="alternate answers (TOFU: IdkDPO's refusals; RWKU: rwku:{target}:pair)")
+                        needs_qa_rows=True, order=51,
+                        alternate="alternate answers (a forget row's own, as RWKU's pair corpus gives; else a "
+                                  "benchmark's refusals, TOFU's IdkDPO list)")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from .base import BaselineConfig, UnlearningMethod
 from .losses import nll_loss
@@ -12,8 +11,7 @@ from .registry import register_method
 
 @dataclass
 class GAConfig(BaselineConfig):
-    # RWKU scripts/full/run_ga.sh (Llama-3-8B-Instruct): lr 6e-8, batch 8, 3 epochs, cosine, warmup 20.
-    _PRESETS: ClassVar = {("rwku", None): dict(learning_rate=6e-8, effective_batch_size=8)}
+    """The trainer's fields (GA has no retain term)."""
 
 
 @register_method

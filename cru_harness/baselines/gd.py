@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from .base import RetainConfig, UnlearningMethod
 from .losses import nll_loss
@@ -12,8 +11,7 @@ from .registry import register_method
 
 @dataclass
 class GDConfig(RetainConfig):
-    # RWKU ships no GD script; the project uses GA's schedule (lr 6e-8, batch 8) plus the retain term.
-    _PRESETS: ClassVar = {("rwku", None): dict(learning_rate=6e-8, effective_batch_size=8)}
+    """GA's fields and the retain term's."""
 
 
 @register_method

@@ -1,5 +1,5 @@
 """ICU (in-context unlearning, RWKU's baseline): no training. Every prompt is prefixed with RWKU's instruction
-to behave as if the target were unknown (`cru_harness.data.rwku.ICU_INSTRUCTION`); the method is scored by
+to behave as if the target were unknown (the benchmark's instruction); the method is scored by
 running the ICU variants of the RWKU tasks on the unmodified model. It is registered so that method lists and
 configs can name it; `unlearn()` refuses it with that explanation."""
 from __future__ import annotations
@@ -29,11 +29,11 @@ class ICU(UnlearningMethod):
 
 
 class ICUMethod(Method):
-    """RWKU's in-context unlearning: the original model, scored by the `rwku_icu_*` task variants."""
+    """In-context unlearning: the original model, scored by the benchmark's ICU task variants (RWKU's
+    `rwku_icu_*`, an instruction prefixed to every prompt): it runs where a benchmark has them."""
 
     name = "ICU"
     summary = "RWKU's in-context unlearning: an instruction prefixed to every prompt, nothing trained"
-    benchmarks = ("rwku",)
     seeded = False
     reads_corpora = False
     trains = False
@@ -46,15 +46,18 @@ class ICUMethod(Method):
                 "so training hyperparameters are meaningless")
 
     def unsupported(self, benchmark: str) -> str | None:
-        if benchmark != "rwku":
-            return f"ICU cannot run on {benchmark}: it is RWKU's prompt-only in-context unlearning baseline"
+        from .. import plugins
+
+        plugin = plugins.benchmarks.get(benchmark) if benchmark in plugins.benchmarks else None
+        if plugin is None or not plugin.task_variants(tuple(plugin.default_tasks), self.task_variant):
+            return (f"ICU cannot run on {benchmark}: it is a prompt-only in-context unlearning baseline, scored by "
+                    "task variants that benchmark does not have (RWKU's)")
         return None
 
-    def tasks(self, tasks: tuple[str, ...]) -> tuple[str, ...]:
-        """RWKU's task variants that prefix the ICU instruction to every prompt (`rwku_x` -> `rwku_icu_x`)."""
-        prefix = f"rwku_{self.task_variant}_"
-        return tuple(t.replace("rwku_", prefix, 1) if t.startswith("rwku_") and not t.startswith(prefix) else t
-                     for t in tasks)
+    def tasks_for(self, benchmark, tasks: tuple[str, ...]) -> tuple[str, ...]:
+        """Each task's ICU variant where the benchmark has one (`rwku_x` -> `rwku_icu_x`), the others as given."""
+        return tuple(variant for task in tasks
+                     for variant in (benchmark.task_variants((task,), self.task_variant) or (task,)))
 
     def describe(self, cell) -> tuple[str | None, list[str]]:
         return "nothing (prompt-only: RWKU's ICU instruction prefixed to every prompt)", []

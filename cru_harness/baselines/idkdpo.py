@@ -11,7 +11,6 @@ deterministically from (seed, epoch) (`data.pick_refusals`), as the references d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch.nn.functional as F
 
@@ -27,10 +26,6 @@ from .registry import register_method
 class IdkDPOConfig(RetainConfig):
     beta: float = 0.1
     loss_scale: float | None = None    # the forget term's factor; None: 2/beta (open-unlearning)
-    # RWKU scripts/full/run_dpo.sh: lr 5e-6, batch 2 x 4 accumulation = 8, LLaMA-Factory's dpo_beta 0.1,
-    # no auxiliary retain loss (dpo_ftx 0), trl's sigmoid loss (factor 1).
-    _PRESETS: ClassVar = {("rwku", None): dict(learning_rate=5e-6, effective_batch_size=8, alpha=0.0,
-                                               loss_scale=1.0)}
 
     def __post_init__(self):
         super().__post_init__()

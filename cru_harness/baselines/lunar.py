@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import torch
 
@@ -68,8 +67,6 @@ class LUNARConfig(RetainConfig):
     # "lunar": the prompt as LUNAR's code writes it, the chat template's user turn alone (`lunar_prompt`);
     # "evaluation": as the evaluation asks it, system turn included (the setting before issue 77)
     prompt_style: str = "lunar"
-    _PRESETS: ClassVar = {("rwku", None): dict(num_epochs=20, lr_scheduler="constant", warmup_steps=None,
-                                               weight_decay=0.01)}
 
     def __post_init__(self):
         super().__post_init__()

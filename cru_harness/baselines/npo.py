@@ -6,7 +6,6 @@ with sequence log-probs (sums over answer tokens); pi_ref is a frozen copy of th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch.nn.functional as F
 
@@ -19,8 +18,6 @@ from .registry import register_method
 @dataclass
 class NPOConfig(RetainConfig):
     beta: float = 0.1
-    # RWKU scripts/full/run_npo.sh: lr 2e-6, dpo_beta 0.2, batch 16, forget corpus only (no retain term).
-    _PRESETS: ClassVar = {("rwku", None): dict(learning_rate=2e-6, beta=0.2, effective_batch_size=16, alpha=0.0)}
 
 
 def npo_forget_term(model, ref_model, inputs, beta: float):

@@ -10,7 +10,6 @@ schedule with open-unlearning's alpha 1.0, so the KL term is in use (retain rows
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from .npo import NPO, NPOConfig
 from .plugin import BaselineMethod
@@ -19,7 +18,7 @@ from .registry import register_method
 
 @dataclass
 class NPOKLConfig(NPOConfig):
-    _PRESETS: ClassVar = {("rwku", None): dict(alpha=1.0)}
+    """NPO's fields; the retain term is a KL to the reference."""
 
 
 @register_method

@@ -31,8 +31,9 @@ def training_cost(config, corpus: str, benchmark: str, data_dir, rows_name: str 
 
 
 class BaselineMethod(Method):
-    """A full-weight trainer from `cru_harness.baselines`, trained by `baselines.unlearn` with its preset for the
-    cell's benchmark and split (`Config.preset`), then saved for the evaluation."""
+    """A full-weight trainer from `cru_harness.baselines`, trained by `baselines.unlearn` with the cell's
+    benchmark's defaults for it on the cell's unit (`api.Benchmark.method_defaults`), then saved for the
+    evaluation."""
 
     def __init__(self, trainer: type, name: str, summary: str, *, refusals: dict[str, str] | None = None,
                  order: int = 100, alternate: str = "refusals", needs: tuple[str, ...] = (),
@@ -99,12 +100,15 @@ class BaselineMethod(Method):
         return f"{what}; {self.cost(cell)}{''.join(missing)}", downloads
 
     def cell_config(self, cell):
-        """The trainer's config of a cell: its preset for the cell's benchmark and split, the cell's settings on top
+        """The trainer's config of a cell: its benchmark's defaults for the cell's unit, the cell's settings on top
         (`lora`, an option of the engine, apart: `cell_lora`)."""
+        from .registry import benchmark_defaults
+
         # a committed run's restated former defaults (`as_computed`) under the cell's own settings
         settings = {**getattr(cell, "as_computed", {}), **cell.hparams}
-        return self.trainer.Config.preset(cell.benchmark, cell.split,
-                                          **{k: v for k, v in settings.items() if k != "lora"})
+        given = {k: v for k, v in settings.items() if k != "lora"}
+        return self.trainer.Config.with_defaults(benchmark_defaults(self.name, cell.benchmark, cell.split, given),
+                                                 **given)
 
     def cell_lora(self, cell) -> dict | None:
         """A cell's `lora:` settings (`training.lora.LoraSettings` fields), or None: full-weight training."""

@@ -36,9 +36,24 @@ def get_method(name: str) -> type[UnlearningMethod]:
     return METHODS[key]
 
 
-def make_config(name: str, benchmark: str = "tofu", split: str | None = None, **overrides):
-    """The preset config of method `name` for a benchmark / split, with overrides applied."""
-    return get_method(name).Config.preset(benchmark, split, **overrides)
+def benchmark_defaults(method: str, benchmark: str | None, split: str | None, given=()) -> dict:
+    """A benchmark's defaults for a method (`api.Benchmark.method_defaults`, by the method's runner name: `GA`) on a
+    unit; {} for no benchmark. `given`: the keys set on top."""
+    if benchmark is None:
+        return {}
+    from .. import plugins
+
+    return plugins.benchmarks.get(benchmark).method_defaults(method, split, tuple(given))
+
+
+def make_config(name: str, benchmark: str | None = None, split: str | None = None, **overrides):
+    """The config of method `name` for a benchmark / unit: the benchmark's defaults for it, then the overrides; no
+    benchmark: the dataclass's defaults (TOFU's protocol)."""
+    from .. import plugins
+
+    trainer = get_method(name)
+    runner = next((m.name for m in plugins.methods if getattr(m, "trainer", None) is trainer), trainer.name)
+    return trainer.Config.with_defaults(benchmark_defaults(runner, benchmark, split, overrides), **overrides)
 
 
 def _ensure_loaded() -> None:

@@ -15,7 +15,8 @@ mlp.down_proj.weight). The reduction over tokens: open-unlearning src/trainer/un
 (`compute_activation_loss`: the answer tokens of each row, labels != -100, row means then the batch mean), since
 the rows here are QA pairs; WMDP's corpora are plain text, whose every token is scored here too.
 
-Defaults (`OPEN_UNLEARNING_TOFU`, `WMDP_ZEPHYR` below, each entering a cell's hyperparameters): on TOFU and any
+Defaults (`OPEN_UNLEARNING_TOFU` below and WMDP's and RWKU's `Benchmark.method_settings`, each entering a cell's
+hyperparameters): on TOFU and any
 benchmark without its own, open-unlearning's TOFU RMU (configs/trainer/RMU.yaml: steering 2, alpha 1, layer 7;
 configs/experiment/unlearn/tofu/default.yaml: lr 1e-5 and the HF Trainer's schedule, AdamW eps 1e-8) with WMDP's
 trained weights; on WMDP (and RWKU, which ships no RMU script) WMDP's README run for Zephyr-7B (`--steering_coeffs
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
@@ -47,29 +47,24 @@ from .losses import sequence_mean
 from .plugin import BaselineMethod
 from .registry import register_method
 
-#: WMDP's own RMU run for Zephyr-7B (its README: `--max_num_batches 150 --batch_size 4 --steering_coeffs 6.5
-#: --alpha 1200 --lr 5e-5`; rmu/unlearn.py: layer_id 7, layer_ids 5,6,7, param_ids 6, one pass, `transformers.AdamW`
-#: at its defaults, eps 1e-6 and no weight decay, without clipping, constant rate), stated in full so that a cell's
-#: hash says which setting trained it. 150 batches of 4 are the benchmark's 600 forget passages (its corpora).
-#: The same on RWKU, which ships no RMU script.
-WMDP_ZEPHYR = dict(layer=7, steering_coeff=6.5, alpha=1200.0, learning_rate=5e-5, lr_scheduler="constant",
-                   warmup_epochs=0.0, weight_decay=0.0, effective_batch_size=4, micro_batch_size=4, num_epochs=1,
-                   max_grad_norm=None, max_length=512, adam_eps=1e-6)
-
-#: The TOFU default (and any benchmark without its own): open-unlearning's TOFU RMU. configs/trainer/RMU.yaml
-#: (steering_coeff 2, alpha 1, module_regex model.layers.7) and configs/experiment/unlearn/tofu/default.yaml (lr 1e-5,
-#: weight decay 0.01, a warm-up epoch; HF Trainer's linear decay, clipping at 1.0 and AdamW eps 1e-8), at the
-#: protocol's TOFU batch (32) and epochs (5: TOFU's forget.yaml; open-unlearning runs 10). The keys are WMDP_ZEPHYR's,
-#: so neither leaves a value of the other in a cell. Trained weights stay WMDP's (the down projections of blocks
-#: 5-7): open-unlearning's TOFU config trains every weight. Both references keep layer 7 and their c on every model
-#: (open-unlearning: Llama-3.2 1B to 3.1 8B, 16 to 32 blocks, widths 2048 to 4096), so no width rule is taken.
+#: The default on every benchmark without its own setting of RMU (`Benchmark.method_settings`: WMDP's and RWKU's
+#: are WMDP's Zephyr-7B run, with `transformers.AdamW`'s eps 1e-6): open-unlearning's TOFU RMU.
+#: configs/trainer/RMU.yaml (steering_coeff 2, alpha 1, module_regex model.layers.7) and
+#: configs/experiment/unlearn/tofu/default.yaml (lr 1e-5, weight decay 0.01, a warm-up epoch; HF Trainer's linear
+#: decay, clipping at 1.0 and AdamW eps 1e-8), at the protocol's TOFU batch (32) and epochs (5: TOFU's forget.yaml;
+#: open-unlearning runs 10). The keys are those of WMDP's setting, so neither leaves a value of the other in a cell.
+#: Trained weights stay WMDP's (the down projections of blocks 5-7): open-unlearning's TOFU config trains every
+#: weight. Both references keep layer 7 and their c on every model (open-unlearning: Llama-3.2 1B to 3.1 8B, 16 to
+#: 32 blocks, widths 2048 to 4096), so no width rule is taken.
 OPEN_UNLEARNING_TOFU = dict(layer=7, steering_coeff=2.0, alpha=1.0, learning_rate=1e-5, lr_scheduler="linear",
                             warmup_epochs=1.0, weight_decay=0.01, effective_batch_size=32, micro_batch_size=4,
                             num_epochs=5, max_grad_norm=1.0, max_length=512, adam_eps=1e-8)
 
 #: The defaults before issue 77 (WMDP's Zephyr constants and schedule with torch AdamW's eps 1e-8, on every
 #: benchmark), which the committed shared-budget runs restate under `as_computed:`.
-FORMER_DEFAULTS = dict(WMDP_ZEPHYR, adam_eps=1e-8)
+FORMER_DEFAULTS = dict(layer=7, steering_coeff=6.5, alpha=1200.0, learning_rate=5e-5, lr_scheduler="constant",
+                       warmup_epochs=0.0, weight_decay=0.0, effective_batch_size=4, micro_batch_size=4, num_epochs=1,
+                       max_grad_norm=None, max_length=512, adam_eps=1e-8)
 
 
 @dataclass
@@ -80,8 +75,6 @@ class RMUConfig(RetainConfig):
     trainable_layers: tuple[int, ...] | None = None   # None: layer-2, layer-1, layer (WMDP layer_ids)
     trainable_params: tuple[str, ...] = (r"mlp\.down_proj\.weight",)   # in-block names (WMDP param_ids 6)
     # the schedule and optimizer: TrainingConfig's, the protocol's TOFU ones (OPEN_UNLEARNING_TOFU)
-    _PRESETS: ClassVar = {("rwku", None): dict(WMDP_ZEPHYR, warmup_steps=None),   # not RWKU's 20 warm-up steps
-                          ("wmdp", None): dict(WMDP_ZEPHYR, warmup_steps=None)}
 
     def __post_init__(self):
         super().__post_init__()
@@ -203,11 +196,7 @@ class RMU(UnlearningMethod):
 #: The runner's view of it (entry point `cru_harness.methods`: RMU).
 METHOD = BaselineMethod(RMU, "RMU",
                         "forget activations at one layer steered to a scaled random direction, retain held (WMDP)",
-                        order=53, benchmark_defaults={"*": OPEN_UNLEARNING_TOFU, "wmdp": WMDP_ZEPHYR,
-                                                      "rwku": WMDP_ZEPHYR},
+                        order=53, benchmark_defaults={"*": OPEN_UNLEARNING_TOFU},
                         former_defaults=FORMER_DEFAULTS,
-                        sources={"tofu": "open-unlearning configs/trainer/RMU.yaml and "
-                                         "configs/experiment/unlearn/tofu/default.yaml",
-                                 "wmdp": "centerforaisafety/wmdp rmu/unlearn.py (transformers AdamW, eps 1e-6) and its "
-                                         "README's Zephyr-7B run; open-unlearning configs/trainer/RMU.yaml (layers 5-7 "
-                                         "down_proj)"})
+                        sources={"*": "open-unlearning configs/trainer/RMU.yaml and its TOFU experiment "
+                                      "default.yaml"})

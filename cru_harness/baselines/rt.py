@@ -13,7 +13,6 @@ retain term); on TOFU, locuslab/tofu's `idk` loss with the protocol's TOFU sched
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from ..errors import InputError
 from .base import RetainConfig, UnlearningMethod
@@ -24,7 +23,7 @@ from .registry import register_method
 
 @dataclass
 class RTConfig(RetainConfig):
-    _PRESETS: ClassVar = {("rwku", None): dict(learning_rate=4e-7, effective_batch_size=8, alpha=0.0)}
+    """The trainer's fields and the retain term's."""
 
 
 @register_method
@@ -57,4 +56,6 @@ class RT(UnlearningMethod):
 #: The runner's view of it (entry point `cru_harness.methods`: RT).
 METHOD = BaselineMethod(RT, "RT",
                         "rejection tuning: NLL of refusals to the forget questions",
-                        needs_qa_rows=True, order=52, alternate="refusals (TOFU: IdkDPO's list; RWKU: rwku:{target}:reject)")
+                        needs_qa_rows=True, order=52,
+                        alternate="refusals (a forget row's own, as RWKU's reject corpus gives; else a benchmark's, "
+                                  "TOFU's IdkDPO list)")

@@ -5,16 +5,15 @@ loss = forget_weight * forget term + alpha * NLL(retain).
 Naming: our `gamma` is the paper's margin, placed as the paper writes it; open-unlearning (and the SimNPO
 authors' code) write the margin inside the scaling, log sigmoid(beta * (nll/|y| - delta)), so their `delta`
 is our `gamma / beta` (equal at the default 0). Our `forget_weight` is open-unlearning's `gamma`.
-Defaults per the protocol: forget10 beta 4.5 / weight 0.125, forget05 beta 2.5 / weight 0.1375, gamma 0.
+Defaults: TOFU forget10's (beta 4.5, weight 0.125, gamma 0); forget05's and RWKU's are in those benchmarks' packages
+(`Benchmark.method_defaults`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch.nn.functional as F
 
-from ..errors import InputError
 from .base import RetainConfig, UnlearningMethod
 from .losses import sequence_logprobs, sequence_mean
 from .plugin import BaselineMethod
@@ -26,29 +25,6 @@ class SimNPOConfig(RetainConfig):
     beta: float = 4.5
     gamma: float = 0.0
     forget_weight: float = 0.125
-    _PRESETS: ClassVar = {
-        ("tofu", "forget10"): dict(beta=4.5, forget_weight=0.125),
-        ("tofu", "forget05"): dict(beta=2.5, forget_weight=0.1375),
-        # Not in RWKU's code: the project runs SimNPO on RWKU with NPO's RWKU schedule and the forget05
-        # strength, forget corpus only.
-        ("rwku", None): dict(learning_rate=2e-6, effective_batch_size=16, beta=2.5, forget_weight=0.1375,
-                             alpha=0.0),
-    }
-
-    @classmethod
-    def preset(cls, benchmark: str = "tofu", split: str | None = None, **overrides) -> "SimNPOConfig":
-        """As `BaselineConfig.preset`; on a TOFU split without protocol defaults (forget01), `beta` and
-        `forget_weight` given explicitly stand in for them (as the error below asks)."""
-        if benchmark == "tofu" and split not in (None, "forget05", "forget10") and \
-                {"beta", "forget_weight"} <= set(overrides):
-            return super().preset(benchmark, None, **overrides)
-        return super().preset(benchmark, split, **overrides)
-
-    @classmethod
-    def _check_split(cls, benchmark, split):
-        if benchmark == "tofu" and split is not None and split not in ("forget05", "forget10"):
-            raise InputError(f"SimNPO has protocol defaults for forget05 and forget10 only, not {split!r}; "
-                             "pass beta and forget_weight explicitly")
 
 
 def simnpo_forget_term(model, inputs, beta: float, gamma: float):

@@ -13,7 +13,6 @@ buffers training leaves unchanged). The starting weights come from the frozen re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from ..errors import InputError
 from ..hparams import bound_problem
@@ -21,9 +20,6 @@ from .base import BaselineConfig, UnlearningMethod
 from .losses import nll_loss
 from .plugin import BaselineMethod
 from .registry import register_method
-
-_MUSE_FINETUNE = dict(num_epochs=10, learning_rate=1e-5, lr_scheduler="cosine", warmup_epochs=0.0, warmup_steps=None,
-                      weight_decay=0.0, effective_batch_size=32, max_grad_norm=1.0)
 
 
 @dataclass
@@ -34,7 +30,6 @@ class MuseFinetuneConfig(BaselineConfig):
     lr_scheduler: str = "cosine"
     warmup_epochs: float = 0.0
     weight_decay: float = 0.0
-    _PRESETS: ClassVar = {("rwku", None): _MUSE_FINETUNE}
 
 
 @dataclass

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cru_harness.arguments import config_defaults_help, field_defaults, given_fields
 from cru_harness.devices import add_device_arguments
-from cru_harness.prompts import BENCHMARKS, add_prompt_format_argument, prompt_format_label
+from cru_harness.prompts import add_prompt_format_argument, prompt_format_label
 from cru_harness.hparams import HPARAM_CHOICES
 
 from ..errors import InputError, excerpt
@@ -17,14 +17,23 @@ from ..training.lora import add_training_arguments, lora_from_args
 
 @functools.cache
 def unlearn_defaults() -> dict[str, str]:
-    """`unlearn`'s option defaults: `RouterTrainingConfig`'s (the paper's TOFU setting) and, where RWKU's differs,
-    the CRU method's `benchmark_defaults` (both modules are the source; the flags copy nothing)."""
+    """`unlearn`'s option defaults: `RouterTrainingConfig`'s (the paper's TOFU setting) and, where a benchmark's
+    setting of CRU differs, that benchmark's (`Benchmark.method_settings`; the modules are the source, the flags copy
+    nothing); `--benchmark`'s: the first registered benchmark, and the others."""
+    from cru_harness import plugins
+
     from .plugin import METHOD
     from .train import RouterTrainingConfig
 
     text = field_defaults(RouterTrainingConfig)
-    for name, value in METHOD.benchmark_defaults["rwku"].items():
-        text[name] = f"{text[name]}; {value} with --benchmark rwku"
+    where: dict[tuple[str, str], list[str]] = {}   # (option, value) -> the benchmarks setting it
+    for benchmark in plugins.benchmarks:
+        for name, value in benchmark.method_settings(METHOD.name, None).items():
+            where.setdefault((name, str(value)), []).append(benchmark.name)
+    for (name, value), names in where.items():
+        text[name] = f"{text[name]}; {value} with --benchmark {' or '.join(names)}"
+    names = plugins.benchmarks.names()
+    text["benchmark"] = f"{names[0]}; registered: {', '.join(names)}"
     return text
 
 
@@ -44,8 +53,9 @@ def register(subparsers) -> None:
                          help="HF model id, local checkpoint directory, or testbed model (zoo:llama:finetuned, "
                               "smollm2)")
     unlearn.add_argument("--forget", required=True,
-                         help="forget corpus: JSON/JSONL file (question+answer or text rows), TOFU config "
-                              "(forget10) or rwku:<target>:<kind>")
+                         help="forget corpus: JSON/JSONL file (question+answer or text rows) or a benchmark's corpus "
+                              "name (TOFU's forget10, RWKU's targets' passages; an unknown name's error lists each "
+                              "benchmark's forms)")
     unlearn.add_argument("--retain", required=True, help="retain corpus (same forms as --forget)")
     unlearn.add_argument("--out", required=True, help="directory to write the router bundle to (checked before "
                                                       "training; must not hold earlier work unless --overwrite)")
@@ -54,10 +64,11 @@ def register(subparsers) -> None:
     unlearn.add_argument("--data-dir", default=None,
                          help="local TOFU/RWKU data root, or testbed:world (default: env or the Hub)")
     add_prompt_format_argument(unlearn)
-    unlearn.add_argument("--benchmark", choices=BENCHMARKS, default="tofu",
-                         help="whose evaluation the question/answer rows are written for: tofu (its prompt; "
-                              "--prompt-format) or rwku (each rwku:<targets>:<probe file> row as that RWKU probe "
-                              "asks it, other rows as its QA probe; no model config name) (default: tofu)")
+    unlearn.add_argument("--benchmark", default=None,
+                         help="the registered benchmark whose evaluation the question/answer rows are written for, "
+                              "and whose settings of the method apply (TOFU: its prompt, --prompt-format; RWKU: each "
+                              "probe file's row as that probe asks it, other rows as its QA probe, no model config "
+                              "name)")
     # The training options default to RouterTrainingConfig's fields (SUPPRESS: an option not given is not passed).
     config = argparse.SUPPRESS
     unlearn.add_argument("--blocks", default=config,
@@ -175,9 +186,9 @@ def _method_hparams(method, given: dict) -> dict:
 
 
 def run_baseline(args: argparse.Namespace, method) -> int:
-    """`unlearn --method` for a trainer of `cru_harness.baselines`: its preset for --benchmark (and the TOFU split
+    """`unlearn --method` for a trainer of `cru_harness.baselines`: --benchmark's defaults for it (on the unit
     --forget names), `--set` overrides, the same checks before loading, the model saved to --out."""
-    from cru_harness.data.tofu import FORGET_SPLITS
+    from cru_harness import plugins
     from cru_harness.hparams import check_seed
     from cru_harness.locations import check_model_path, check_output_dir, command_output_lock
     from cru_harness.testbed.names import prompt_format_for, resolve_model_path
@@ -194,9 +205,14 @@ def run_baseline(args: argparse.Namespace, method) -> int:
         flags = ", ".join("--" + name.replace("_", "-") for name in cru_only) or "--no-prefix-cache"
         raise InputError(f"{flags}: CRU's options; give {method.name}'s hyperparameters with --set KEY=VALUE")
     seed = check_seed(getattr(args, "seed", 0))
-    split = args.forget if args.forget in FORGET_SPLITS else None
-    config = method.trainer.Config.preset(args.benchmark, split if args.benchmark == "tofu" else None,
-                                          **_method_hparams(method, _set_values(args.hparams)))
+    benchmark = plugins.benchmarks.get(args.benchmark)
+    # as a runner cell's: the benchmark's setting of the method, the method's own for it, then --set
+    given = {**benchmark.method_settings(method.name, None), **method.benchmark_defaults.get(benchmark.name, {}),
+             **_method_hparams(method, _set_values(args.hparams))}
+    # --forget as the unit: a benchmark whose settings depend on it reads a corpus naming one of its units (TOFU's
+    # forget05) and ignores other corpora
+    defaults = benchmark.method_defaults(method.name, args.forget, tuple(given))
+    config = method.trainer.Config.with_defaults(defaults, **given)
     fmt = prompt_format_for(args.prompt_format, args.base, args.benchmark)   # auto: the format the base learned
     check_output_dir(args.out, what="--out", overwrite=args.overwrite)
     base_path = check_model_path(resolve_model_path(args.base), what="--base")
@@ -223,6 +239,8 @@ def run_unlearn(args: argparse.Namespace) -> int:
     from cru_harness.locations import command_output_lock
 
     method = plugins.methods.get(args.method)
+    # a registered benchmark (an unknown name: one line listing them); none given: the first registered (TOFU)
+    args.benchmark = plugins.benchmarks.get(args.benchmark).name if args.benchmark else plugins.benchmarks.names()[0]
     if not method.adapter:
         return run_baseline(args, method)
     if method is not plugins.methods.get("CRU"):
@@ -240,6 +258,7 @@ def run_unlearn(args: argparse.Namespace) -> int:
 
 
 def run_cru(args: argparse.Namespace) -> int:
+    from cru_harness import plugins
     from cru_harness.data.corpora import rows_to_texts
     from cru_harness.devices import load_causal_lm
     from cru_harness.locations import check_model_path, check_output_dir
@@ -255,7 +274,8 @@ def run_cru(args: argparse.Namespace) -> int:
     if "blocks" in given:
         given["blocks"] = _parse_blocks(given["blocks"])
     config = RouterTrainingConfig(
-        **{**METHOD.benchmark_defaults.get(args.benchmark, {}), **given},   # the paper's setting for --benchmark
+        # the paper's setting for --benchmark (`Benchmark.method_settings`, as in a runner config's cells)
+        **{**plugins.benchmarks.get(args.benchmark).method_settings(METHOD.name, None), **given},
         forget_description=str(args.forget), retain_description=str(args.retain), progress=not args.no_progress,
         prefix_cache=not args.no_prefix_cache)
     fmt = prompt_format_for(args.prompt_format, args.base, args.benchmark)   # auto: the format the base learned

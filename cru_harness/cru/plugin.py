@@ -10,13 +10,6 @@ class CRUMethod(Method):
     summary = "causal routing: sigmoid routers gate variance-selected coordinates of a frozen base"
     runner_fields = ("seed", "forget_description", "retain_description", "progress")
     aliases = {"lambda": "lam"}
-    #: The paper's RWKU setting where it differs from its TOFU one (paper: lambda 50, p 90, d_r 256 on RWKU;
-    #: `RouterTrainingConfig`'s defaults are the TOFU setting). `cru-harness unlearn --benchmark` reads it too.
-    #: WMDP: the paper has no WMDP setting; its passage setting (RWKU's) is taken (docs/cru_method.md).
-    benchmark_defaults = {"tofu": {}, "rwku": {"lam": 50, "percentile": 90, "d_r": 256},
-                          "wmdp": {"lam": 50, "percentile": 90, "d_r": 256}}
-    sources = {"tofu": "the CRU paper, TOFU setting (docs/cru_method.md)", "rwku": "the CRU paper, RWKU setting",
-               "wmdp": "no WMDP setting in the CRU paper: its RWKU (passage) setting, this project's choice"}
     needs = ("retain corpus",)
     adapter = True
     order = 60

@@ -48,7 +48,7 @@ OPEN_GATE = 0.99
 @dataclass
 class RouterTrainingConfig:
     """Hyper-parameters of `train_routers` (defaults follow the TOFU setting of `cru_method.md`; the RWKU setting
-    differs in the CRU method's `benchmark_defaults`, `cru.plugin`)."""
+    differs in RWKU's `method_settings`, `benchmarks/rwku/methods.py`)."""
     last_k: int = 4
     blocks: list[int] | None = None
     percentile: float = 95.0

@@ -30,8 +30,9 @@ def register(subparsers) -> None:
     p.add_argument("--model", required=True,
                    help="HF model id, local checkpoint directory, or testbed model (zoo:llama:finetuned, smollm2)")
     p.add_argument("--data", required=True,
-                   help="TOFU config (full, retain90, ...), JSON/JSONL file (question+answer or text rows), or "
-                        "rwku:<target>:<kind>")
+                   help="a benchmark's corpus name (TOFU's full, retain90, ...; an RWKU target's passages; an "
+                        "unknown name's error lists each benchmark's forms) or a JSON/JSONL file (question+answer or "
+                        "text rows)")
     p.add_argument("--out", required=True, help="directory to save the fine-tuned model to")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.add_argument("--data-dir", default=None,

@@ -391,8 +391,10 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
         selected = resolve_selected_targets(config, run=not dry_run, log=log)
     except UserError as err:  # no RWKU cell can be planned without its targets: stop here, saying why (a bug
         # in the selection keeps its traceback)
-        raise TargetSelectionError(f"RWKU target selection (benchmarks.rwku.select_known) failed: "
-                                   f"{type(err).__name__}: {err}") from err
+        from .targets import selecting_benchmark
+
+        raise TargetSelectionError(f"target selection (benchmarks.{selecting_benchmark(config)}.select_known) "
+                                   f"failed: {type(err).__name__}: {err}") from err
     cells = all_cells = build_plan(config, selected)
     from .inputs import check_attack_inputs
 

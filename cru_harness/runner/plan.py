@@ -306,7 +306,7 @@ def _method_cells(config: ExperimentConfig, method: MethodSpec, common: dict, sp
     # a method with entry settings gets them (a plugin written without `settings=` keeps working)
     entry = {"settings": method.settings} if method.settings else {}
     extra = plugin.cell_extra(config, bench, split, target, **entry)
-    common = dict(common, tasks=tuple(plugin.tasks(common["tasks"])))   # e.g. ICU's task variants
+    common = dict(common, tasks=tuple(plugin.tasks_for(plugins.benchmarks.get(bench), common["tasks"])))   # ICU's
     seeds = list(config.seeds) if plugin.seeded else [None]
     for seed in seeds:
         yield Cell(kind="method", split=split, target=target, method=method.method, label=method.label,

@@ -202,7 +202,8 @@ class Comparison:
                 "run_code_versions": self.run_code_versions, "run_commits": self.run_commits,
                 "reference_code_versions": self.reference_code_versions,
                 "reference_commits": self.reference_commits, "extra_cells": self.extra,
-                "rwku_selections": {m: list(pair) for m, pair in self.selections.items()},
+                # the units `select_known` chose per model (reference's, run's); named `rwku_selections` before
+                "target_selections": {m: list(pair) for m, pair in self.selections.items()},
                 "cells": [{**asdict(c), "diffs": [{**asdict(d), "delta": d.delta} for d in c.diffs]}
                           for c in self.cells]}
 

@@ -18,9 +18,12 @@ import torch
 
 from ..errors import InputError
 
-#: RWKU's LoRA runs (LLaMA-Factory/scripts/lora/run_*_lora.sh: `--finetuning_type lora --lora_target
-#: q_proj,v_proj`, LLaMA-Factory's defaults rank 8, alpha 2 x rank, dropout 0).
-PRESETS: dict[str, dict[str, Any]] = {"rwku": dict(r=8, alpha=16.0, dropout=0.0, target_modules=("q_proj", "v_proj"))}
+def lora_presets() -> dict[str, dict[str, Any]]:
+    """The LoRA settings the registered benchmarks' reference runs use (`api.Benchmark.lora_preset`), by benchmark
+    name: `lora: {preset: NAME}` in a config, `--lora NAME` on a command."""
+    from .. import plugins
+
+    return {b.name: dict(preset) for b in plugins.benchmarks if (preset := b.lora_preset()) is not None}
 
 
 @dataclass(frozen=True)
@@ -64,9 +67,11 @@ class LoraSettings:
         values = dict(values)
         preset = values.pop("preset", None)
         if preset is not None:
-            if preset not in PRESETS:
-                raise InputError(f"lora.preset {preset!r}: choose one of {', '.join(PRESETS)}")
-            values = {**PRESETS[preset], **values}
+            presets = lora_presets()
+            if preset not in presets:
+                valid = ", ".join(presets) or "none (no registered benchmark publishes one)"
+                raise InputError(f"lora.preset {preset!r}: choose one of {valid}")
+            values = {**presets[preset], **values}
         unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise InputError(f"lora: unknown key(s) {unknown}; valid: preset, r, alpha, dropout, target_modules")
@@ -148,8 +153,9 @@ def add_training_arguments(parser) -> None:
     """`--lora PRESET`, `--lora-r`, `--lora-alpha`, `--lora-dropout`, `--lora-target-modules`,
     `--gradient-checkpointing` (on `unlearn` and `finetune`)."""
     group = parser.add_argument_group("LoRA and memory (methods that train weights)")
-    group.add_argument("--lora", choices=sorted(PRESETS), default=None,
-                       help="train a LoRA adapter with a preset's settings (rwku: RWKU's r 8, alpha 16, q_proj,v_proj)")
+    group.add_argument("--lora", default=None, metavar="BENCHMARK",
+                       help="train a LoRA adapter with the settings a benchmark's reference runs use (RWKU's: r 8, "
+                            "alpha 16, q_proj,v_proj)")
     group.add_argument("--lora-r", type=int, default=None, help="train a LoRA adapter of this rank (PEFT)")
     group.add_argument("--lora-alpha", type=float, default=None, help="LoRA's scale alpha (default 16)")
     group.add_argument("--lora-dropout", type=float, default=None, help="LoRA's dropout (default 0)")

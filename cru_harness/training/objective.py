@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 import torch
 
@@ -41,7 +41,7 @@ PRECISIONS = ("fp32_master", "bf16")
 @dataclass
 class TrainingConfig:
     """The engine's hyperparameters: optimizer, schedule, batches, precision (every weight-training method's
-    config subclasses it; `baselines.base.BaselineConfig` adds the benchmarks' presets)."""
+    config subclasses it; a benchmark's defaults for a method: `with_defaults`)."""
 
     learning_rate: float = 1e-5
     weight_decay: float = 0.01
@@ -57,8 +57,6 @@ class TrainingConfig:
     precision: str = "fp32_master"      # fp32_master | bf16: bf16 weights and AdamW state, no fp32 copy (PRECISIONS)
     adam_betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
-
-    _PRESETS: ClassVar[dict[tuple[str, str | None], dict[str, Any]]] = {}
 
     def __post_init__(self):
         if self.lr_scheduler not in SCHEDULERS:
@@ -97,25 +95,14 @@ class TrainingConfig:
         return -(-per_step // num_processes)
 
     @classmethod
-    def preset(cls, benchmark: str = "tofu", split: str | None = None, **overrides) -> "TrainingConfig":
-        """Defaults for a benchmark (and split, where the method's defaults depend on it), then overrides. A
-        benchmark the method has no preset for (a plugin's) trains with the dataclass's defaults: TOFU's protocol."""
-        values: dict[str, Any] = {}
-        for klass in reversed(cls.__mro__):  # base presets first, the method's own last
-            presets = klass.__dict__.get("_PRESETS", {})
-            values.update(presets.get((benchmark, None), {}))
-        for klass in reversed(cls.__mro__):
-            presets = klass.__dict__.get("_PRESETS", {})
-            values.update(presets.get((benchmark, split), {}) if split is not None else {})
-        cls._check_split(benchmark, split)
+    def with_defaults(cls, defaults: Mapping[str, Any] | None = None, **overrides) -> "TrainingConfig":
+        """A benchmark's defaults for the method (`api.Benchmark.method_defaults`, which
+        `baselines.make_config` asks), then overrides. No defaults: the dataclass's own (TOFU's protocol)."""
+        values = dict(defaults or {})
         if "warmup_epochs" in overrides and "warmup_steps" not in overrides:
-            values.pop("warmup_steps", None)   # a warm-up given in epochs replaces a preset's in steps (RWKU's 20)
+            values.pop("warmup_steps", None)   # a warm-up given in epochs replaces a default in steps (RWKU's 20)
         values.update(overrides)
         return cls.from_dict(values)
-
-    @classmethod
-    def _check_split(cls, benchmark: str, split: str | None) -> None:
-        """Methods whose defaults depend on the split override this to reject splits they have none for."""
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainingConfig":

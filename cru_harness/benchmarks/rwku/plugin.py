@@ -267,4 +267,32 @@ class RWKU(Benchmark):
                                            trust_remote_code=cell.model.trust_remote_code)
 
 
+    def task_variants(self, tasks: tuple[str, ...], variant: str) -> tuple[str, ...]:
+        """ICU's variants of its tasks (`rwku_x` -> `rwku_icu_x`: RWKU's in-context unlearning instruction before
+        every prompt); none of the prompt attacks' (paraphrase, in_context)."""
+        if variant != "icu":
+            return ()
+        return tuple(task.replace("rwku_", "rwku_icu_", 1) for task in tasks
+                     if task.startswith("rwku_") and not task.startswith("rwku_icu_"))
+
+    def score_tasks(self, forget: str | None) -> tuple[str, ...]:
+        """RWKU's probes of the forget and neighbour knowledge, and its MIA (utility needs no attacked model's)."""
+        return ("rwku_forget", "rwku_neighbor", "rwku_mia")
+
+    def method_defaults(self, method: str, split, given=()) -> dict[str, Any]:
+        """RWKU's LLaMA-Factory schedule, and each method's lr / batch / beta (`methods.py`: their sources)."""
+        from . import methods
+
+        return methods.method_defaults(method)
+
+    def method_settings(self, method: str, split) -> dict[str, Any]:
+        from . import methods
+
+        return dict(methods.METHOD_SETTINGS.get(method, {}))
+
+    def lora_preset(self) -> dict[str, Any]:
+        from . import methods
+
+        return dict(methods.LORA)
+
 BENCHMARK = RWKU()

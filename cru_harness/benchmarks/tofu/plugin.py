@@ -312,4 +312,24 @@ class TOFU(Benchmark):
                                            is_oracle=cell.kind == "retain")
 
 
+    def score_tasks(self, forget: str | None) -> tuple[str, ...]:
+        """The suite of the forget split it was attacked on (forget10 otherwise)."""
+        return (f"tofu_{forget if forget in FORGET_SPLITS else 'forget10'}_suite",)
+
+    def prompt_metadata(self, prompt_format: str) -> dict[str, Any]:
+        """A model family's format is TOFU's per-model prompt (`tofu_model_family`)."""
+        return {} if prompt_format in ("chat", "plain") else {"tofu_model_family": prompt_format}
+
+    def refusals(self, data_dir) -> list[str]:
+        """IdkDPO's `idontknow` list (open-unlearning's `idk.jsonl` from the Hub)."""
+        from ...data.tofu import load_idontknow
+
+        return load_idontknow(data_dir)
+
+    def method_defaults(self, method: str, split, given=()) -> dict[str, Any]:
+        """The trainers' defaults are TOFU's protocol; SimNPO's strength per split (`methods.py`)."""
+        from . import methods
+
+        return methods.method_defaults(method, split, given, FORGET_SPLITS)
+
 BENCHMARK = TOFU()

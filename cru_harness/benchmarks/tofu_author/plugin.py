@@ -105,4 +105,11 @@ class TOFUAuthor(TOFU):
                                                   trust_remote_code=cell.model.trust_remote_code)
 
 
+    def method_defaults(self, method: str, split, given=()) -> dict[str, Any]:
+        return {}   # one author's split has no setting of TOFU's protocol (SimNPO's is per split)
+
+    def score_tasks(self, forget: str | None) -> tuple[str, ...]:
+        return ()   # its tasks read the author from the unit's metadata: a runner config scores it
+
+
 BENCHMARK = TOFUAuthor()

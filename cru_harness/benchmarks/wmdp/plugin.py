@@ -110,4 +110,16 @@ class WMDP(Benchmark):
         return scoring.score_cell(lmeval_dir, cell.split)
 
 
+    def method_defaults(self, method: str, split, given=()) -> dict[str, Any]:
+        """WMDP's protocol rule: RMU's data budget and schedule for every method (`methods.py`)."""
+        from . import methods
+
+        return methods.method_defaults(method)
+
+    def method_settings(self, method: str, split) -> dict[str, Any]:
+        """WMDP's own RMU run, and CRU's passage setting (`methods.py`: their sources)."""
+        from . import methods
+
+        return dict(methods.METHOD_SETTINGS.get(method, {}))
+
 BENCHMARK = WMDP()
