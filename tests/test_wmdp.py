@@ -314,7 +314,8 @@ def test_rmu_trains_a_joint_unit_as_wmdps_script(wmdp_root, monkeypatch):
     tokenizer = AutoTokenizer.from_pretrained(path)
     forget = load_corpus_rows("wmdp:bio+cyber-forget[:8]", wmdp_root)[0]   # 4 of each: 2 batches of 2 per domain
     wikitext = load_corpus_rows("wmdp:wikitext", wmdp_root)[0]
-    setting = dict(layer=1, effective_batch_size=2, micro_batch_size=1, alpha=10.0, learning_rate=1e-3)
+    setting = dict(layer=1, effective_batch_size=2, micro_batch_size=1, alpha=10.0, learning_rate=1e-3,
+                   steering_coeff=6.5)   # WMDP's c (its method_settings; the dataclass default is TOFU's 2)
     method = RMU(make_config("rmu", "wmdp", "bio+cyber", **setting))
     dataset = method.make_dataset(tokenizer, forget, wikitext, max_length=64, seed=0)
     assert dataset.domains == ["bio", "cyber"] and len(dataset) == 8

@@ -41,7 +41,7 @@ TRAINER_DEFAULTS: dict[str, dict[str, Any]] = {
     "DPO": _DPO,
     # RWKU scripts/full/run_rt.sh: lr 4e-7, batch 8, no retain term
     "RT": dict(learning_rate=4e-7, effective_batch_size=8, alpha=0.0),
-    "RMU": _WMDP_SCHEDULE,
+    "RMU": dict(_WMDP_SCHEDULE, steering_coeff=6.5, alpha=1200.0, adam_eps=1e-6),   # = METHOD_SETTINGS' RMU
     # not RWKU's schedule: LUNAR's own fit (LUNARConfig's: 20 epochs at a constant rate, torch AdamW's weight decay)
     "LUNAR": dict(num_epochs=20, lr_scheduler="constant", warmup_steps=None, weight_decay=0.01),
     "TaskVector": _MUSE_FINETUNE,

@@ -9,11 +9,6 @@ from typing import Any
 SCHEDULE = dict(num_epochs=1, effective_batch_size=4, micro_batch_size=4, lr_scheduler="constant",
                 warmup_epochs=0.0, warmup_steps=None, weight_decay=0.0, max_length=512)
 
-#: WMDP's schedule (rmu/unlearn.py and its README's Zephyr run): RMU's trainer defaults here.
-RMU_SCHEDULE = dict(learning_rate=5e-5, lr_scheduler="constant", warmup_epochs=0.0, warmup_steps=None,
-                    weight_decay=0.0, effective_batch_size=4, micro_batch_size=4, num_epochs=1,
-                    max_grad_norm=None, max_length=512)
-
 #: WMDP's own RMU run for Zephyr-7B (its README: `--max_num_batches 150 --batch_size 4 --steering_coeffs 6.5
 #: --alpha 1200 --lr 5e-5`; rmu/unlearn.py: layer_id 7, layer_ids 5,6,7, param_ids 6, one pass, `transformers.AdamW`
 #: at its defaults, eps 1e-6 and no weight decay, without clipping, constant rate), stated in full so that a WMDP cell's hash says which setting trained it
@@ -30,4 +25,4 @@ METHOD_SETTINGS: dict[str, dict[str, Any]] = {"RMU": WMDP_ZEPHYR, "CRU": {"lam":
 
 
 def method_defaults(method: str) -> dict[str, Any]:
-    return {**SCHEDULE, **(RMU_SCHEDULE if method == "RMU" else {})}
+    return {**SCHEDULE, **(WMDP_ZEPHYR if method == "RMU" else {})}
