@@ -4,7 +4,9 @@ methods at MUSE's settings, scalability and sustainability units, and MUSE's tab
 A cell's unit (`split`) is a corpus (`news`, `books`), or a scalability fold (`news_scal_2`: unlearn MUSE's
 `scal/forget_2`, the second of four forget sets of growing size, from the target) or a sustainability request
 (`news_sust_3`: unlearn MUSE's `sust/forget_3` from the result of `news_sust_2`, fold 2 from the `news` cell's:
-`continues_from`). The tasks are the corpus's four MUSE tasks
+`continues_from`). Fold 1 of both is the corpus unit itself: MUSE's `scal/forget_1` and `sust/forget_1` are its raw
+`forget` split (the Hub's dataset card: 889 rows, 3,281,546 bytes each), and MUSE's unlearn_news_scal.sh and
+unlearn_news_sust.sh run folds 2-4 only. The tasks are the corpus's four MUSE tasks
 (`tasks/`), scored by `score` from their logged samples; PrivLeak is measured against the oracle's AUC
 (`compare_to_oracle`), else MUSE's published retrained-model AUC.
 """
@@ -22,10 +24,13 @@ from . import metrics as muse_metrics
 
 TASKS = ("muse_{corpus}_verbmem_f", "muse_{corpus}_knowmem_f", "muse_{corpus}_knowmem_r", "muse_{corpus}_privleak")
 FOLDS = (1, 2, 3, 4)
-#: Sustainability's requests after the first: MUSE's sust folds 2-4, each applied to the previous result, the first
-#: to the corpus unit's (MUSE's unlearn_news_sust.sh starts fold 2 from the main run's checkpoint).
+#: The folds after the first, the units of the scalability and sustainability options: fold 1 is the corpus unit
+#: (MUSE's scal/forget_1 and sust/forget_1 are its raw forget split). Scalability unlearns each from the target
+#: (unlearn_news_scal.sh:18, `for k in '2' '3' '4'`); sustainability applies each to the previous result, fold 2 to
+#: the corpus unit's (unlearn_news_sust.sh:19-28: fold 2 starts from the main run's checkpoint).
 SUST_FOLDS = (2, 3, 4)
-_UNIT = re.compile(r"(?P<corpus>news|books)(?:_(?P<crit>scal|sust)_(?P<fold>[1-4]))?")
+SCAL_FOLDS = SUST_FOLDS
+_UNIT = re.compile(r"(?P<corpus>news|books)(?:_(?P<crit>scal|sust)_(?P<fold>[2-4]))?")
 _CORPUS_SOURCE = re.compile(r"muse:(?P<corpus>[a-z]+):(?:(?P<config>raw|scal|sust):)?(?P<split>[a-z0-9_]+)")
 
 # MUSE's table: the four numbers of a model, and its six criteria (the last two read over the units of a run).
@@ -42,17 +47,23 @@ MUSE_COLUMNS = (
 PRIVLEAK_BAND = 5.0
 UTILITY_KEPT = 0.9
 
-#: The methods' settings in MUSE's scripts (baselines/scripts/unlearn_{news,books}.sh, unlearn_news_scal.sh): AdamW,
-#: lr 1e-5, constant schedule, no warm-up, no weight decay (HF Trainer's defaults), 4 per device x 8 GPUs = 32, blocks
-#: of 2048 tokens. Epochs: Books 10 for every method (unlearn_books.sh); News, the epoch MUSE's scalability and
-#: sustainability runs stop at per method (unlearn_news_scal.sh: ga 1, ga_gdr 7, ga_klr 10, npo 1, npo_gdr 10,
-#: npo_klr 10). MUSE's NPO has no retain term (NPO_GDR is NPO with alpha 1); GA_GDR is GD, GA_KLR GD-KL, NPO_KLR
-#: NPO-KL. Task Vector and WHP run at MUSE's settings on every benchmark (their own defaults).
+#: The methods' settings in MUSE's scripts (baselines/scripts/unlearn_{news,books}.sh, unlearn_news_scal.sh) and
+#: its trainer (baselines/baselines/iterative.py:48-58, HF TrainingArguments: adamw_torch, `lr_scheduler_type=
+#: 'constant'`, the Trainer's defaults of no warm-up, no weight decay, clipping at 1.0): lr 1e-5 (`LR`), 4 per device x
+#: 8 GPUs = 32 (`PER_DEVICE_BATCH_SIZE=4 # 8 GPUs`), blocks of 2048 tokens (`MAX_LEN=2048`; NPO's beta 0.1,
+#: iterative.py:82, is the method's default). Epochs: Books 10 for every method (unlearn_books.sh:10); News, the
+#: epoch MUSE's scalability and sustainability runs stop at per method (unlearn_news_scal.sh:13-14: ga 1, ga_gdr 7,
+#: ga_klr 10, npo 1, npo_gdr 10, npo_klr 10). MUSE's NPO has no retain term (NPO_GDR is NPO with alpha 1); GA_GDR
+#: is GD, GA_KLR GD-KL, NPO_KLR NPO-KL. Task Vector and WHP keep their own MUSE defaults (baselines/task_vector.py,
+#: whp.py: finetune.py's cosine schedule, FT_EPOCHS 10, FT_LR 1e-5, batch 32, alpha 5 / 1) and get MUSE's 2048-token
+#: blocks here (their fine-tune reads the same `MAX_LEN`, unlearn_news.sh:28-35).
 _SCHEDULE = {"learning_rate": 1e-5, "lr_scheduler": "constant", "warmup_epochs": 0.0, "weight_decay": 0.0,
              "effective_batch_size": 32, "max_length": 2048}
 _NEWS_EPOCHS = {"GA": 1, "GD": 7, "GD-KL": 10, "NPO": 1, "NPO-KL": 10}
 METHOD_SETTINGS = {name: dict(_SCHEDULE) for name in _NEWS_EPOCHS}
 METHOD_SETTINGS["NPO"]["alpha"] = 0.0
+_FINETUNE = {"max_length": 2048}
+METHOD_SETTINGS.update({"TaskVector": dict(_FINETUNE), "WHP": dict(_FINETUNE)})
 METHOD_SOURCES = {name: "MUSE baselines/scripts/unlearn_news.sh, unlearn_news_scal.sh, unlearn_books.sh"
                   for name in METHOD_SETTINGS}
 
@@ -116,7 +127,7 @@ class MUSE(Benchmark):
         if len(set(corpora)) != len(corpora):
             check.fail(f"{where}.corpora", f"repeats a corpus: {corpora}")
         units = list(corpora)
-        folds = self._folds(block.get("scalability"), f"{where}.scalability", check)
+        folds = self._folds(block.get("scalability"), f"{where}.scalability", check, SCAL_FOLDS)
         units += [f"{corpus}_scal_{fold}" for corpus in corpora for fold in folds]
         sequels = self._folds(block.get("sustainability"), f"{where}.sustainability", check, SUST_FOLDS)
         if sequels and sequels != list(SUST_FOLDS[:len(sequels)]):
@@ -185,7 +196,7 @@ class MUSE(Benchmark):
     def method_settings(self, method: str, split: str | None) -> dict[str, Any]:
         """MUSE's setting of a method, entering its cells' hyperparameters (so their hash says which setting)."""
         settings = dict(METHOD_SETTINGS.get(method, {}))
-        if settings and split:
+        if method in _NEWS_EPOCHS and split:
             corpus = parse_unit(split)[0]
             settings["num_epochs"] = _NEWS_EPOCHS[method] if corpus == "news" else 10
         return settings
@@ -308,12 +319,12 @@ def muse_table(results: list[dict]) -> list[str]:
         chains = sorted({(m, parse_unit(s)[0], lab) for m, s, lab in methods if parse_unit(s)[1] == crit}, key=str)
         if not chains:
             continue
-        lines += ["", f"{title}: KnowMem on the retain set (utility) per fold" +
-                  (" (fold 1: the corpus unit's cell, which fold 2 continues)" if crit == "sust" else ""), "",
+        lines += ["", f"{title}: KnowMem on the retain set (utility) per fold (fold 1: the corpus unit's cell" +
+                  (", which fold 2 continues)" if crit == "sust" else ")"), "",
                   "| model | corpus | row | " + " | ".join(f"fold {f}" for f in FOLDS) + " |",
                   "|---|---|---|" + "---|" * len(FOLDS)]
         for model, corpus, label in chains:
-            units = [corpus if crit == "sust" and f == 1 else f"{corpus}_{crit}_{f}" for f in FOLDS]
+            units = [corpus if f == 1 else f"{corpus}_{crit}_{f}" for f in FOLDS]
             cells = [_fmt((methods.get((model, unit, label)) or {}).get("knowmem_r")) for unit in units]
             lines.append(f"| {model} | {corpus} | {label} | " + " | ".join(cells) + " |")
     return lines
