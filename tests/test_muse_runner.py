@@ -70,6 +70,11 @@ def test_units_settings_and_corpora_in_the_plan(tmp_path, capsys):
     for name in ("TaskVector", "WHP"):
         cell = next(c for c in shipped if c.method == name and c.split == "news")
         assert cell.hparams["max_length"] == 2048 and "num_epochs" not in cell.hparams
+        assert cell.hparams["effective_batch_size"] == 4
+    # MUSE's batch: 4 blocks a step (one model-parallel process; 102 steps an epoch on News), 2048-token blocks
+    ga_news = next(c for c in shipped if c.method == "GA" and c.split == "news")
+    assert ga_news.hparams["effective_batch_size"] == 4 and ga_news.hparams["max_length"] == 2048
+    assert ga_news.hparams["learning_rate"] == 1e-5 and ga_news.hparams["lr_scheduler"] == "constant"
 
 
 def test_sustainability_chains_each_request_on_the_previous_result(tmp_path):

@@ -49,20 +49,26 @@ UTILITY_KEPT = 0.9
 
 #: The methods' settings in MUSE's scripts (baselines/scripts/unlearn_{news,books}.sh, unlearn_news_scal.sh) and
 #: its trainer (baselines/baselines/iterative.py:48-58, HF TrainingArguments: adamw_torch, `lr_scheduler_type=
-#: 'constant'`, the Trainer's defaults of no warm-up, no weight decay, clipping at 1.0): lr 1e-5 (`LR`), 4 per device x
-#: 8 GPUs = 32 (`PER_DEVICE_BATCH_SIZE=4 # 8 GPUs`), blocks of 2048 tokens (`MAX_LEN=2048`; NPO's beta 0.1,
-#: iterative.py:82, is the method's default). Epochs: Books 10 for every method (unlearn_books.sh:10); News, the
-#: epoch MUSE's scalability and sustainability runs stop at per method (unlearn_news_scal.sh:13-14: ga 1, ga_gdr 7,
-#: ga_klr 10, npo 1, npo_gdr 10, npo_klr 10). MUSE's NPO has no retain term (NPO_GDR is NPO with alpha 1); GA_GDR
-#: is GD, GA_KLR GD-KL, NPO_KLR NPO-KL. Task Vector and WHP keep their own MUSE defaults (baselines/task_vector.py,
-#: whp.py: finetune.py's cosine schedule, FT_EPOCHS 10, FT_LR 1e-5, batch 32, alpha 5 / 1) and get MUSE's 2048-token
-#: blocks here (their fine-tune reads the same `MAX_LEN`, unlearn_news.sh:28-35).
+#: 'constant'`, the Trainer's defaults of no warm-up, no weight decay, clipping at 1.0): lr 1e-5 (`LR`), blocks of
+#: 2048 tokens (`MAX_LEN=2048`), NPO's beta 0.1 (iterative.py:82, the method's default here).
+#: Batch: 4 blocks a step. The scripts set `PER_DEVICE_BATCH_SIZE=4 # 8 GPUs`, but the model is loaded with
+#: `device_map='auto'` (baselines/baselines/utils.py:92-97), which the HF Trainer runs as one model-parallel process:
+#: 4 a step. MUSE's own step counts say so: 102 steps an epoch on News, 139 on Books (unlearn_news_sust.sh:15,
+#: STEPS_PER_EPOCH; its knowmem/scripts/get_best_forget_quality.py `102 * i`, `139 * i`), about 408 blocks of 2047
+#: text tokens, the News forget split's ~0.8M tokens (3.28 MB of text); at 32 a step an epoch would be 13 steps.
+#: Epochs: Books 10 for every method (unlearn_books.sh:10); News, the epoch MUSE's scalability and
+#: sustainability runs stop at per method (unlearn_news_scal.sh:13-14: ga 1, ga_gdr 7, ga_klr 10, npo 1, npo_gdr 10,
+#: npo_klr 10), the first epoch whose KnowMem on the forget set is at most the retrained model's (MUSE's stopping
+#: rule). MUSE's NPO has no retain term (NPO_GDR is NPO with alpha 1); GA_GDR is GD, GA_KLR GD-KL, NPO_KLR NPO-KL.
+#: Task Vector and WHP keep their own MUSE defaults (baselines/task_vector.py, whp.py: finetune.py's cosine
+#: schedule, FT_EPOCHS 10, FT_LR 1e-5, alpha 5 / 1) and get MUSE's blocks and batch here (their fine-tune reads the
+#: same `MAX_LEN` and batch, unlearn_news.sh:28-35, and loads its model the same way).
 _SCHEDULE = {"learning_rate": 1e-5, "lr_scheduler": "constant", "warmup_epochs": 0.0, "weight_decay": 0.0,
-             "effective_batch_size": 32, "max_length": 2048}
+             "effective_batch_size": 4, "max_length": 2048}
 _NEWS_EPOCHS = {"GA": 1, "GD": 7, "GD-KL": 10, "NPO": 1, "NPO-KL": 10}
 METHOD_SETTINGS = {name: dict(_SCHEDULE) for name in _NEWS_EPOCHS}
 METHOD_SETTINGS["NPO"]["alpha"] = 0.0
-_FINETUNE = {"max_length": 2048}
+_FINETUNE = {"max_length": 2048, "effective_batch_size": 4}
 METHOD_SETTINGS.update({"TaskVector": dict(_FINETUNE), "WHP": dict(_FINETUNE)})
 METHOD_SOURCES = {name: "MUSE baselines/scripts/unlearn_news.sh, unlearn_news_scal.sh, unlearn_books.sh"
                   for name in METHOD_SETTINGS}
