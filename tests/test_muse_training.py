@@ -75,3 +75,36 @@ def test_blocks_match_muses_dataset_on_a_real_tokenizer(max_len):
 
 def test_max_len_is_muses_scripts():
     assert muse_training.MAX_LEN == 2048
+
+
+def test_text_pieces_cover_the_joined_text_at_whitespace():
+    texts = ["alpha beta gamma delta", "epsilon zeta eta theta iota"]
+    pieces = muse_training.text_pieces(texts, max_chars=12)
+    assert "".join(pieces) == muse_training.muse_text(texts)   # nothing lost, nothing added
+    assert all(len(p) <= 12 for p in pieces)
+    assert pieces[:2] == ["alpha beta ", "gamma delta\n"]    # cut after whitespace, never inside a word here
+    assert muse_training.text_pieces(["x" * 25], max_chars=10) == ["x" * 10, "x" * 10, "x" * 5]   # one long word
+    assert muse_training.text_pieces(["short"]) == ["short"]
+
+
+def test_corpus_rows_serve_the_whole_split_in_pieces(tmp_path):
+    """A MUSE training corpus is the split's joined text in pieces: every character trained on, however long a text
+    (a Books text is a whole book), where one row per text would be cut at max_length."""
+    from cru_harness.benchmarks.muse import data as muse_data
+    from cru_harness.benchmarks.muse.plugin import BENCHMARK
+
+    from muse_fixture import write_muse_fixture
+
+    root = write_muse_fixture(tmp_path / "muse")
+    texts = muse_data.load_texts("news", "raw", "forget", root)
+    rows, origin = BENCHMARK.corpus_rows("muse:news:forget", root)
+    assert "".join(r["text"] for r in rows) == "\n\n".join(texts) and "news raw/forget" in origin
+    assert BENCHMARK.corpus_rows("tofu:forget01", root) is None
+    # a book-length text (invented): many pieces, all of it kept
+    book = " ".join(f"Chapter {i}: the lantern keeper of Duskford walked to the tide clock again." for i in range(600))
+    folder = tmp_path / "long" / "books" / "raw"
+    folder.mkdir(parents=True)
+    (folder / "forget.json").write_text(__import__("json").dumps([book, book[:5000]]), encoding="utf-8")
+    long_rows, _ = BENCHMARK.corpus_rows("muse:books:forget", tmp_path / "long")
+    assert len(long_rows) > 5 and all(len(r["text"]) <= muse_training.PIECE_CHARS for r in long_rows)
+    assert "".join(r["text"] for r in long_rows) == book + "\n\n" + book[:5000]

@@ -176,13 +176,17 @@ class MUSE(Benchmark):
 
     def corpus_rows(self, source: str, data_dir) -> tuple[list[dict], str] | None:
         """`muse:<corpus>:<split>` (a raw split: forget, retain1, retain2, holdout) or `muse:<corpus>:scal:forget_2`
-        / `muse:<corpus>:sust:forget_2`: the texts MUSE unlearns on, one `text` row each."""
+        / `muse:<corpus>:sust:forget_2`: the text MUSE unlearns on, joined as MUSE's file and served in consecutive
+        pieces (`training.text_pieces`: MUSE trains on blocks of the joined stream, not on one text at a time)."""
+        from .training import PIECE_CHARS, text_pieces
+
         match = _CORPUS_SOURCE.fullmatch(source)
         if not match:
             return None
         corpus, config, split = match.group("corpus"), match.group("config") or "raw", match.group("split")
-        rows = muse_data.load_split(corpus, config, split, data_dir)
-        return rows, f"MUSE {corpus} {config}/{split}"
+        texts = [row["text"] for row in muse_data.load_split(corpus, config, split, data_dir)]
+        rows = [{"text": piece} for piece in text_pieces(texts)]
+        return rows, f"MUSE {corpus} {config}/{split} ({len(texts)} texts joined, in pieces of <= {PIECE_CHARS} characters)"
 
     def check_data_dir(self, value: str) -> str | None:
         if value == "testbed:world":
