@@ -214,3 +214,31 @@ def test_privleak_is_measured_against_the_oracle_auc():
     kept = _result("method", "GA", privleak_auc=0.2, privleak=-58.0)
     BENCHMARK.compare_to_oracle(kept, None)   # no oracle: the value scored against MUSE's published AUC stays
     assert kept["metrics"]["privleak"] == -58.0
+
+
+def test_cell_score_headlines_are_muses_f1_with_recall_beside(tmp_path):
+    """The cell's KnowMem / VerbMem are the mean ROUGE-L F1 x 100, MUSE's `agg['mean_rougeL'] * 100` (eval.py:65,
+    :95, :112; logger.py:23 `rougeL` = fmeasure); the recall is recorded beside it, never in its place. PrivLeak is
+    (AUC - AUC_retrain) / AUC_retrain x 100 on forget (label 0) vs holdout (label 1)."""
+    from types import SimpleNamespace
+
+    from cru_harness.benchmarks.muse import metrics as muse_metrics
+    from cru_harness.benchmarks.muse.plugin import BENCHMARK
+
+    rows = {"knowmem_f": [(0.5, 1.0), (0.25, 0.5)], "knowmem_r": [(0.8, 0.9)], "verbmem_f": [(0.1, 0.3), (0.3, 0.3)]}
+    for key, values in rows.items():
+        (tmp_path / f"samples_muse_news_{key}_2024-01-01T00-00-00.jsonl").write_text(
+            "".join(json.dumps({"rougeL_f1": f, "rougeL_recall": r}) + "\n" for f, r in values))
+    items = [{"member": False, "score": 2.0}, {"member": False, "score": 3.0}, {"member": True, "score": 2.5},
+             {"member": True, "score": 4.0}]
+    (tmp_path / "samples_muse_news_privleak_2024-01-01T00-00-00.jsonl").write_text(
+        "".join(json.dumps({"auc": i}) + "\n" for i in items))
+    cell = SimpleNamespace(split="news", kind="method")
+    out = BENCHMARK.score(cell, tmp_path, data_dir=None, original_model=None, retain_result=None, device="cpu",
+                          batch_size=1)["metrics"]
+    assert out["knowmem_f"] == pytest.approx(37.5) and out["knowmem_f_recall"] == pytest.approx(75.0)
+    assert out["knowmem_r"] == pytest.approx(80.0) and out["verbmem_f"] == pytest.approx(20.0)
+    # holdout scores (loss-like) 2.5, 4.0 vs forget 2.0, 3.0: P(a holdout text looks more likely) = 1/4
+    assert out["privleak_auc"] == pytest.approx(0.25)
+    assert out["privleak"] == pytest.approx((0.25 - muse_metrics.MUSE_RETRAIN_AUC["news"])
+                                            / muse_metrics.MUSE_RETRAIN_AUC["news"] * 100)
