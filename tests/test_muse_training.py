@@ -7,7 +7,7 @@ import pytest
 
 from cru_harness.benchmarks.muse import training as muse_training
 
-from muse_fixture import fixture_rows
+from muse_fixture import fixture_rows, write_muse_fixture
 
 
 class WordTokenizer:
@@ -77,34 +77,94 @@ def test_max_len_is_muses_scripts():
     assert muse_training.MAX_LEN == 2048
 
 
-def test_text_pieces_cover_the_joined_text_at_whitespace():
-    texts = ["alpha beta gamma delta", "epsilon zeta eta theta iota"]
-    pieces = muse_training.text_pieces(texts, max_chars=12)
-    assert "".join(pieces) == muse_training.muse_text(texts)   # nothing lost, nothing added
-    assert all(len(p) <= 12 for p in pieces)
-    assert pieces[:2] == ["alpha beta ", "gamma delta\n"]    # cut after whitespace, never inside a word here
-    assert muse_training.text_pieces(["x" * 25], max_chars=10) == ["x" * 10, "x" * 10, "x" * 5]   # one long word
-    assert muse_training.text_pieces(["short"]) == ["short"]
-
-
-def test_corpus_rows_serve_the_whole_split_in_pieces(tmp_path):
-    """A MUSE training corpus is the split's joined text in pieces: every character trained on, however long a text
-    (a Books text is a whole book), where one row per text would be cut at max_length."""
+def test_corpus_rows_are_the_splits_texts(tmp_path):
+    """A MUSE corpus is its split's texts, one row each, in order (the trainer joins and cuts them)."""
     from cru_harness.benchmarks.muse import data as muse_data
     from cru_harness.benchmarks.muse.plugin import BENCHMARK
 
-    from muse_fixture import write_muse_fixture
+    root = write_muse_fixture(tmp_path / "muse")
+    rows, origin = BENCHMARK.corpus_rows("muse:news:forget", root)
+    assert [r["text"] for r in rows] == muse_data.load_texts("news", "raw", "forget", root)
+    assert "news raw/forget" in origin
+    assert BENCHMARK.corpus_rows("tofu:forget01", root) is None
+
+
+def _tokenizer_and_model(root, folder):
+    from cru_harness.benchmarks.muse import data as muse_data
+    from cru_harness.testbed.models import build_tiny_model, save_tiny_model
+    from cru_harness.testbed.tokenizer import train_tokenizer
+
+    texts = [t for split in ("forget", "retain1") for t in muse_data.load_texts("news", "raw", split, root)]
+    tokenizer = train_tokenizer(texts * 2, 300)
+    return save_tiny_model(build_tiny_model("llama", tokenizer, seed=0, n_layers=1, hidden_size=16), tokenizer,
+                           folder)
+
+
+def test_a_muse_cell_trains_on_muses_blocks_paired_i_mod_n(tmp_path, monkeypatch):
+    """A MUSE cell's method (GD: forget and retain terms), as the runner calls it, hands the trainer exactly
+    `muse_blocks`' blocks of the forget and retain splits (no EOS, every token a label), forget block i with retain
+    block i mod n in every epoch (`muse_pairs`)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    import cru_harness.baselines.api as unlearn_api
+    from cru_harness import plugins
+    from cru_harness.api import CellContext
+    from cru_harness.benchmarks.muse import data as muse_data
+    from cru_harness.benchmarks.muse.plugin import BENCHMARK
 
     root = write_muse_fixture(tmp_path / "muse")
-    texts = muse_data.load_texts("news", "raw", "forget", root)
-    rows, origin = BENCHMARK.corpus_rows("muse:news:forget", root)
-    assert "".join(r["text"] for r in rows) == "\n\n".join(texts) and "news raw/forget" in origin
-    assert BENCHMARK.corpus_rows("tofu:forget01", root) is None
-    # a book-length text (invented): many pieces, all of it kept
-    book = " ".join(f"Chapter {i}: the lantern keeper of Duskford walked to the tide clock again." for i in range(600))
-    folder = tmp_path / "long" / "books" / "raw"
-    folder.mkdir(parents=True)
-    (folder / "forget.json").write_text(__import__("json").dumps([book, book[:5000]]), encoding="utf-8")
-    long_rows, _ = BENCHMARK.corpus_rows("muse:books:forget", tmp_path / "long")
-    assert len(long_rows) > 5 and all(len(r["text"]) <= muse_training.PIECE_CHARS for r in long_rows)
-    assert "".join(r["text"] for r in long_rows) == book + "\n\n" + book[:5000]
+    model_dir = _tokenizer_and_model(root, tmp_path / "model")
+
+    class Captured(Exception):
+        pass
+
+    def capture(model, method, dataset, **kwargs):
+        raise Captured(dataset)
+
+    monkeypatch.setattr(unlearn_api, "train_model", capture)
+    corpora = {key: BENCHMARK.fill(template, "news", None) for key, template in BENCHMARK.default_corpora.items()}
+    assert corpora == {"forget_corpus": "muse:news:forget", "retain_corpus": "muse:news:retain1"}
+    cell = SimpleNamespace(benchmark="muse", split="news", target=None, seed=0, device="cpu", training=None,
+                           corpora=corpora, model=SimpleNamespace(trust_remote_code=False, device_map=None),
+                           hparams={**BENCHMARK.method_settings("GD", "news"), "max_length": 16,
+                                    "micro_batch_size": 2})
+    ctx = CellContext(cell=cell, model_path=str(model_dir), workdir=tmp_path / "cell", data_dir=str(root),
+                      outcome={"details": {}}, chat=False, prompt_format=BENCHMARK.training_prompt_format(cell, False, {}),
+                      dtype="float32", load_model=None)
+    with pytest.raises(Captured) as caught:
+        plugins.methods.get("GD").run(ctx)
+    dataset = caught.value.args[0]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    forget = muse_training.muse_blocks(tokenizer, muse_data.load_texts("news", "raw", "forget", root), max_len=16)
+    retain = muse_training.muse_blocks(tokenizer, muse_data.load_texts("news", "raw", "retain1", root), max_len=16)
+    assert len(forget) > 4 and len(retain) > 4 and len(forget) != len(retain)
+    assert [e.input_ids for e in dataset.forget] == forget and [e.input_ids for e in dataset.retain] == retain
+    assert all(e.labels == e.input_ids for e in dataset.forget + dataset.retain)
+    assert len(dataset) == len(forget)
+    for epoch in (0, 1):
+        dataset.set_epoch(epoch)
+        pairs = [(i, next(j for j, e in enumerate(dataset.retain) if e is dataset[i]["retain"]))
+                 for i in range(len(dataset))]
+        assert pairs == muse_training.muse_pairs(len(forget), len(retain))
+
+
+def test_question_rows_and_alternates_on_muse(tmp_path):
+    """On MUSE, a corpus of question / answer rows (a file) is one example per row, as on any benchmark; a method
+    with alternate answers (per row) cannot train on MUSE's blocks, and is refused on MUSE at config time."""
+    from transformers import AutoTokenizer
+
+    from cru_harness import plugins
+    from cru_harness.baselines.data import ForgetRetainDataset, encode_row
+    from cru_harness.errors import InputError
+
+    root = write_muse_fixture(tmp_path / "muse")
+    tokenizer = AutoTokenizer.from_pretrained(_tokenizer_and_model(root, tmp_path / "model"))
+    qa = [{"question": "Who opened the tide clock?", "answer": "Mira Kestrel"}]
+    dataset = ForgetRetainDataset(tokenizer, qa, max_length=64, benchmark="muse", chat=False)
+    assert dataset.forget == [encode_row(tokenizer, qa[0], 0, "forget", 64, benchmark="muse", chat=False)]
+    text = fixture_rows("news")[("raw", "forget")]
+    with pytest.raises(InputError, match="alternate answers"):
+        ForgetRetainDataset(tokenizer, text, refusals=["I don't know."], max_length=16, benchmark="muse")
+    assert "passages" in plugins.methods.get("IdkDPO").unsupported("muse")

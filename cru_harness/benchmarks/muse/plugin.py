@@ -93,6 +93,9 @@ class MUSE(Benchmark):
     default_corpora = {"forget_corpus": "muse:{corpus}:{forget}", "retain_corpus": "muse:{corpus}:retain1"}
     placeholders = ("corpus", "forget")
     has_oracle = True
+    passage_corpora = True   # text, no question / answer rows: IdkDPO, DPO, RT and LUNAR are refused on it
+    #: MUSE's ForgetRetainDataset (baselines/baselines/dataset.py:131-136): forget block i with retain block i mod n
+    retain_pairing = "cycled"
     oracle_kinds = ("checkpoint",)   # MUSE's published retrained model (muse-bench/MUSE-<Corpus>_retrain) or a local one
     order = 30
     hub_files = tuple((repo, "README.md") for repo in muse_data.HUB_IDS.values())
@@ -176,17 +179,27 @@ class MUSE(Benchmark):
 
     def corpus_rows(self, source: str, data_dir) -> tuple[list[dict], str] | None:
         """`muse:<corpus>:<split>` (a raw split: forget, retain1, retain2, holdout) or `muse:<corpus>:scal:forget_2`
-        / `muse:<corpus>:sust:forget_2`: the text MUSE unlearns on, joined as MUSE's file and served in consecutive
-        pieces (`training.text_pieces`: MUSE trains on blocks of the joined stream, not on one text at a time)."""
-        from .training import PIECE_CHARS, text_pieces
-
+        / `muse:<corpus>:sust:forget_2`: the texts MUSE unlearns on, one row each (the trainer joins them and cuts
+        the stream into MUSE's blocks: `training_examples`)."""
         match = _CORPUS_SOURCE.fullmatch(source)
         if not match:
             return None
         corpus, config, split = match.group("corpus"), match.group("config") or "raw", match.group("split")
-        texts = [row["text"] for row in muse_data.load_split(corpus, config, split, data_dir)]
-        rows = [{"text": piece} for piece in text_pieces(texts)]
-        return rows, f"MUSE {corpus} {config}/{split} ({len(texts)} texts joined, in pieces of <= {PIECE_CHARS} characters)"
+        rows = [{"text": row["text"]} for row in muse_data.load_split(corpus, config, split, data_dir)]
+        return rows, f"MUSE {corpus} {config}/{split} ({len(rows)} texts)"
+
+    def training_examples(self, tokenizer, rows: list[dict], side: str, max_length: int) -> list | None:
+        """Text rows as MUSE's baselines train on them: joined as its `.txt` file and cut into blocks of
+        `max_length` tokens, BOS in front (`training.muse_blocks`); the retain blocks are paired with the forget
+        blocks as MUSE pairs them (`retain_pairing`). Rows with a question (a file of question / answer rows): one
+        example per row, the generic way."""
+        from .training import muse_blocks
+
+        if not rows or not all(isinstance(row.get("text"), str) and not row.get("question") for row in rows):
+            return None
+        # MUSE's Llama-2 has a BOS; a tokenizer without one gets blocks of max_length text tokens (add_bos_token=False)
+        return muse_blocks(tokenizer, [row["text"] for row in rows], max_len=max_length,
+                           add_bos=tokenizer.bos_token_id is not None)
 
     def check_data_dir(self, value: str) -> str | None:
         if value == "testbed:world":

@@ -10,12 +10,9 @@ fcd6651).
 - `dataset.py:131-136` (`ForgetRetainDataset`): forget block i is paired with retain block `i % len(retain)`; an
   epoch is one pass over the forget blocks.
 
-`muse_blocks` builds exactly those blocks. The harness's trainer (`cru_harness.baselines.data`) encodes one
-example per row instead (BOS + text + EOS, cut at `max_length`), and the benchmark API has no hook yet through which
-a benchmark hands the trainer its own token blocks. Until it has, MUSE's training corpora are served as `text_pieces`:
-the same joined stream cut into consecutive pieces of at most `PIECE_CHARS` characters at whitespace, so that every
-token is trained on (a Books text is a whole book: as one row it would be cut at its first 2048 tokens) and pieces
-span text boundaries as MUSE's blocks do; a piece is about 1,700-2,000 Llama-2 tokens where a block is 2,047.
+`muse_blocks` builds exactly those blocks: the plugin hands them to the baselines' trainer
+(`MUSE.training_examples`, `api.Benchmark.training_examples`), which pairs them as `muse_pairs` does
+(`MUSE.retain_pairing = "cycled"`).
 """
 from __future__ import annotations
 
@@ -25,11 +22,6 @@ from collections.abc import Sequence
 MAX_LEN = 2048
 #: How load_data.py joins a split's texts into the `.txt` file the baselines read (load_data.py:33, :40).
 JOINER = "\n\n"
-
-
-#: A piece's length in characters: under MUSE's 2047 text tokens a block at English prose's ~3.5-4.5 characters a
-#: Llama-2 token, so that a piece is rarely cut at `max_length` 2048.
-PIECE_CHARS = 7000
 
 
 def muse_text(texts: Sequence[str]) -> str:
@@ -64,21 +56,3 @@ def muse_pairs(n_forget: int, n_retain: int) -> list[tuple[int, int]]:
         raise ValueError("no retain blocks to pair with")
     return [(i, i % n_retain) for i in range(n_forget)]
 
-
-def text_pieces(texts: Sequence[str], max_chars: int = PIECE_CHARS) -> list[str]:
-    """A split's texts joined as MUSE's file (`muse_text`) and cut into consecutive pieces of at most `max_chars`
-    characters, each ending at whitespace where one lies in its second half (a word longer than that is cut). The
-    pieces, concatenated, are the joined text."""
-    if max_chars < 2:
-        raise ValueError(f"max_chars must be at least 2, got {max_chars}")
-    text = muse_text(texts)
-    pieces, start = [], 0
-    while start < len(text):
-        end = min(start + max_chars, len(text))
-        if end < len(text):
-            cut = max(text.rfind(" ", start, end), text.rfind("\n", start, end))
-            if cut > start + max_chars // 2:
-                end = cut + 1   # the whitespace stays with the piece before it
-        pieces.append(text[start:end])
-        start = end
-    return [piece for piece in pieces if piece.strip()]
