@@ -28,9 +28,6 @@ from cru_harness.protocol import LoglikelihoodResult
 
 from muse_fixture import fixture_rows, write_muse_fixture
 
-#: A real MUSE copy (the Hub's layout or MUSE's data/ folder) for the data tests; read before the fixtures clear it.
-REAL_MUSE_DIR = __import__("os").environ.get("CRU_HARNESS_MUSE_DIR")
-
 MUSE_TASKS = [f"muse_{c}_{s}" for c in ("news", "books") for s in ("verbmem_f", "knowmem_f", "knowmem_r", "privleak")]
 
 
@@ -121,26 +118,32 @@ def test_unreachable_hub_is_probed_once_without_retries(monkeypatch):
         muse_data._unreachable.cache_clear()
 
 
-def _real_muse_dir() -> str:
-    """A real MUSE copy: CRU_HARNESS_MUSE_DIR, else `muse/` in the shared data folder (conftest's
-    CRU_HARNESS_SHARED_DATA, default ../shared/data). None: skip, a failure under CRU_HARNESS_REQUIRE_DATA=1."""
-    from conftest import _shared_data_dir
+def _real_muse_dir(environ=None) -> str:
+    """A real MUSE copy (the Hub's layout or MUSE's data/ folder): CRU_HARNESS_MUSE_DIR, else `muse/` in the shared
+    data folder; else a skip (conftest's `optional_data_dir`: the shared folder holds no MUSE)."""
+    from conftest import optional_data_dir
 
-    if REAL_MUSE_DIR:
-        return REAL_MUSE_DIR
-    shared = _shared_data_dir() / "muse"
-    if shared.is_dir():
-        return str(shared)
-    reason = (f"no real MUSE copy: set {muse_data.ENV_MUSE_DIR} or put one at {shared} (a snapshot_download of "
-              f"{muse_data.HUB_IDS['news']} and {muse_data.HUB_IDS['books']}, or MUSE's load_data.py data/)")
-    if __import__("os").environ.get("CRU_HARNESS_REQUIRE_DATA") == "1":
-        pytest.fail(reason + "; CRU_HARNESS_REQUIRE_DATA=1 demands it")
-    pytest.skip(reason)
+    hint = (f"a snapshot_download of {muse_data.HUB_IDS['news']} and {muse_data.HUB_IDS['books']}, or MUSE's "
+            "load_data.py data/")
+    return str(optional_data_dir(muse_data.ENV_MUSE_DIR, "muse", "MUSE", hint, environ))
 
 
 @pytest.fixture(scope="module")
 def real_muse() -> str:
     return _real_muse_dir()
+
+
+def test_real_muse_copy_is_read_when_given_and_skipped_otherwise(tmp_path, monkeypatch):
+    """No copy: a skip naming the variable, under CRU_HARNESS_REQUIRE_DATA=1 too; a given copy is used; a variable
+    naming no folder fails."""
+    monkeypatch.setenv("CRU_HARNESS_SHARED_DATA", str(tmp_path / "shared"))
+    with pytest.raises(pytest.skip.Exception, match="CRU_HARNESS_MUSE_DIR"):
+        _real_muse_dir({"CRU_HARNESS_REQUIRE_DATA": "1"})
+    assert _real_muse_dir({muse_data.ENV_MUSE_DIR: str(tmp_path)}) == str(tmp_path)
+    (tmp_path / "shared" / "muse").mkdir(parents=True)
+    assert _real_muse_dir({"CRU_HARNESS_REQUIRE_DATA": "1"}) == str(tmp_path / "shared" / "muse")
+    with pytest.raises(pytest.fail.Exception, match="not a folder"):
+        _real_muse_dir({muse_data.ENV_MUSE_DIR: str(tmp_path / "absent")})
 
 
 @pytest.mark.parametrize("corpus", muse_data.CORPORA)
