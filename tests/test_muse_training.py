@@ -127,12 +127,15 @@ def test_a_muse_cell_trains_on_muses_blocks_paired_i_mod_n(tmp_path, monkeypatch
     corpora = {key: BENCHMARK.fill(template, "news", None) for key, template in BENCHMARK.default_corpora.items()}
     assert corpora == {"forget_corpus": "muse:news:forget", "retain_corpus": "muse:news:retain1"}
     cell = SimpleNamespace(benchmark="muse", split="news", target=None, seed=0, device="cpu", training=None,
+                           data_dir=str(root),
                            corpora=corpora, model=SimpleNamespace(trust_remote_code=False, device_map=None),
                            hparams={**BENCHMARK.method_settings("GD", "news"), "max_length": 16,
                                     "micro_batch_size": 2})
     ctx = CellContext(cell=cell, model_path=str(model_dir), workdir=tmp_path / "cell", data_dir=str(root),
                       outcome={"details": {}}, chat=False, prompt_format=BENCHMARK.training_prompt_format(cell, False, {}),
                       dtype="float32", load_model=None)
+    # a dry run does not count MUSE's rows as examples (889 News texts make ~408 blocks)
+    assert plugins.methods.get("GD").cost(cell).startswith("steps counted when the data is tokenized (muse builds")
     with pytest.raises(Captured) as caught:
         plugins.methods.get("GD").run(ctx)
     dataset = caught.value.args[0]

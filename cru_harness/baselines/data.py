@@ -102,6 +102,15 @@ def training_benchmark(name: str | None):
     return plugins.benchmarks.get(name) if name in plugins.benchmarks.names() else None
 
 
+def builds_own_examples(name: str | None) -> bool:
+    """Whether the benchmark named `name` overrides `api.Benchmark.training_examples` (MUSE: its blocks), so that its
+    training examples are known only once its corpora are tokenized."""
+    from ..api import Benchmark
+
+    plugin = training_benchmark(name)
+    return plugin is not None and type(plugin).training_examples is not Benchmark.training_examples
+
+
 def _own_example(example, index: int, side: str, max_length: int) -> EncodedExample:
     """One of a benchmark's own examples (`api.Benchmark.training_examples`): token ids, or input_ids + labels."""
     if isinstance(example, dict):
