@@ -464,6 +464,19 @@ class Benchmark:
         is not one of its corpora. A row may carry `qa_texts` keywords of its benchmark (`prompt_keys`)."""
         return None
 
+    #: How the baselines' trainer pairs each forget example with a retain example: "drawn" (drawn again every
+    #: epoch from the seed, as TOFU's and open-unlearning's datasets do) or "cycled" (forget example i with retain
+    #: example i mod n, every epoch: MUSE's `ForgetRetainDataset`).
+    retain_pairing: str = "drawn"
+
+    def training_examples(self, tokenizer, rows: list[dict], side: str, max_length: int) -> list | None:
+        """The examples the baselines' trainer trains on for a corpus of its cells, when they are not one per row
+        (MUSE: its split's texts joined and cut into blocks of `max_length` tokens). `side`: "forget" or
+        "retain". Each example is a list of token ids, every one a label, or a dict with `input_ids` and `labels`
+        (-100 where not trained on), at most `max_length` long. None (the default): one example per row, as
+        `baselines.data.encode_row` writes it."""
+        return None
+
     def qa_texts(self, tokenizer, question: str, answer: str, **fmt: Any) -> Any:
         """How its evaluation asks one question-answer pair (`cru_harness.prompts.QATexts`), so a method trains on
         what is scored; `fmt`: the keywords of `training_prompt_format` and of the row (`chat`, ...). None: the

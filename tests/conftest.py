@@ -1,7 +1,10 @@
 """Shared fixtures. Tests that need the real benchmark files are marked `shared_data`.
 
 Where ../shared/data is absent they skip with a reason, so a fresh clone's pytest passes; CI sets
-CRU_HARNESS_REQUIRE_DATA=1, which turns that skip into a failure so CI always runs them.
+CRU_HARNESS_REQUIRE_DATA=1, which turns that skip into a failure so CI always runs them. That covers the data the
+shared folder provides (TOFU, RWKU). A benchmark it does not provide (MUSE: Hub-only) has its real-data tests run
+where a copy is given (its environment variable, or its folder under the shared one) and skip otherwise, under
+CRU_HARNESS_REQUIRE_DATA=1 too (`optional_data_dir`).
 """
 import importlib.util
 import os
@@ -15,6 +18,26 @@ DEFAULT_SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 def _shared_data_dir() -> Path:
     return Path(os.environ.get("CRU_HARNESS_SHARED_DATA", DEFAULT_SHARED_DATA))
+
+
+#: The environment as the session started: a module's autouse fixture may clear a data variable for its own tests.
+START_ENV = dict(os.environ)
+
+
+def optional_data_dir(env_var: str, folder: str, what: str, hint: str = "", environ=None) -> Path:
+    """A real copy of data the shared folder does not provide: `$env_var` (as the session started), else `folder`
+    under the shared data folder. Neither: skip with the reason, whatever CRU_HARNESS_REQUIRE_DATA says (it demands
+    TOFU and RWKU, which the shared folder provides). A variable naming no folder fails: a copy was given."""
+    environ = START_ENV if environ is None else environ
+    if value := environ.get(env_var):
+        if not Path(value).is_dir():
+            pytest.fail(f"{env_var}={value} is not a folder")
+        return Path(value)
+    shared = _shared_data_dir() / folder
+    if shared.is_dir():
+        return shared
+    pytest.skip(f"no real {what} copy: set {env_var} or put one at {shared}{f' ({hint})' if hint else ''}; "
+                "CRU_HARNESS_REQUIRE_DATA covers the shared folder's TOFU and RWKU only")
 
 
 @pytest.fixture(scope="session")

@@ -48,10 +48,13 @@ def fixture_rows(corpus: str, n: int = 6) -> dict[tuple[str, str], list[dict]]:
         ("privleak", "retain"): [{"text": t} for t in retain2],
         ("privleak", "holdout"): [{"text": t} for t in holdout],
     }
-    for crit in ("scal", "sust"):
-        for k in range(1, 5):   # scal: growing forget sets; sust: disjoint sequential requests
-            texts = forget[:k + 1] if crit == "scal" else [_article(200 + 10 * k + j, f"{tag}-S{k}") for j in range(2)]
-            rows[(crit, f"forget_{k}")] = [{"text": t} for t in texts]
+    # as MUSE's: fold 1 of both is the raw forget split; scal's forget sets grow, each holding the one before;
+    # sust's later requests are new texts
+    extra = [_article(160 + j, tag + "-X") for j in range(3)]
+    for k in range(1, 5):
+        rows[("scal", f"forget_{k}")] = [{"text": t} for t in forget + extra[:k - 1]]
+        sust = forget if k == 1 else [_article(200 + 10 * k + j, f"{tag}-S{k}") for j in range(2)]
+        rows[("sust", f"forget_{k}")] = [{"text": t} for t in sust]
     return rows
 
 

@@ -28,9 +28,6 @@ from cru_harness.protocol import LoglikelihoodResult
 
 from muse_fixture import fixture_rows, write_muse_fixture
 
-#: A real MUSE copy (the Hub's layout or MUSE's data/ folder) for the data test; read before the fixtures clear it.
-REAL_MUSE_DIR = __import__("os").environ.get("CRU_HARNESS_MUSE_DIR")
-
 MUSE_TASKS = [f"muse_{c}_{s}" for c in ("news", "books") for s in ("verbmem_f", "knowmem_f", "knowmem_r", "privleak")]
 
 
@@ -121,19 +118,73 @@ def test_unreachable_hub_is_probed_once_without_retries(monkeypatch):
         muse_data._unreachable.cache_clear()
 
 
-@pytest.mark.skipif(not REAL_MUSE_DIR, reason="set CRU_HARNESS_MUSE_DIR to a local MUSE copy to check the real files")
+def _real_muse_dir(environ=None) -> str:
+    """A real MUSE copy (the Hub's layout or MUSE's data/ folder): CRU_HARNESS_MUSE_DIR, else `muse/` in the shared
+    data folder; else a skip (conftest's `optional_data_dir`: the shared folder holds no MUSE)."""
+    from conftest import optional_data_dir
+
+    hint = (f"a snapshot_download of {muse_data.HUB_IDS['news']} and {muse_data.HUB_IDS['books']}, or MUSE's "
+            "load_data.py data/")
+    return str(optional_data_dir(muse_data.ENV_MUSE_DIR, "muse", "MUSE", hint, environ))
+
+
+@pytest.fixture(scope="module")
+def real_muse() -> str:
+    return _real_muse_dir()
+
+
+def test_real_muse_copy_is_read_when_given_and_skipped_otherwise(tmp_path, monkeypatch):
+    """No copy: a skip naming the variable, under CRU_HARNESS_REQUIRE_DATA=1 too; a given copy is used; a variable
+    naming no folder fails."""
+    monkeypatch.setenv("CRU_HARNESS_SHARED_DATA", str(tmp_path / "shared"))
+    with pytest.raises(pytest.skip.Exception, match="CRU_HARNESS_MUSE_DIR"):
+        _real_muse_dir({"CRU_HARNESS_REQUIRE_DATA": "1"})
+    assert _real_muse_dir({muse_data.ENV_MUSE_DIR: str(tmp_path)}) == str(tmp_path)
+    (tmp_path / "shared" / "muse").mkdir(parents=True)
+    assert _real_muse_dir({"CRU_HARNESS_REQUIRE_DATA": "1"}) == str(tmp_path / "shared" / "muse")
+    with pytest.raises(pytest.fail.Exception, match="not a folder"):
+        _real_muse_dir({muse_data.ENV_MUSE_DIR: str(tmp_path / "absent")})
+
+
 @pytest.mark.parametrize("corpus", muse_data.CORPORA)
-def test_real_muse_copy_has_muses_schema(corpus):
+def test_real_muse_copy_has_muses_schema(corpus, real_muse):
     """On MUSE's own files: every config and split the tasks and corpora read loads, in MUSE's schema (scal and
-    sust exist for News only in MUSE's load_data.py)."""
+    sust exist for News only in MUSE's load_data.py), with the Hub card's row counts."""
     for config, splits in muse_data.SPLITS.items():
         if config in ("scal", "sust") and corpus == "books":
             continue
         for split in splits:
-            rows = muse_data.load_split(corpus, config, split, REAL_MUSE_DIR)
+            rows = muse_data.load_split(corpus, config, split, real_muse)
             assert rows and all(set(r) == set(muse_data.FIELDS[config]) for r in rows)
-    docs = muse_utils.load_rows(corpus, "knowmem_f", REAL_MUSE_DIR)
+    # the evaluation sets (the Hub's dataset cards): 100 prompts, 100 questions per side with 10 in-context pairs,
+    # 100 texts per PrivLeak set
+    assert len(muse_data.load_split(corpus, "verbmem", "forget", real_muse)) == 100
+    for split, n in (("forget_qa", 100), ("retain_qa", 100), ("forget_qa_icl", 10), ("retain_qa_icl", 10)):
+        assert len(muse_data.load_split(corpus, "knowmem", split, real_muse)) == n
+    for split in muse_data.SPLITS["privleak"]:
+        assert len(muse_data.load_texts(corpus, "privleak", split, real_muse)) == 100
+    docs = muse_utils.load_rows(corpus, "knowmem_f", real_muse)
     assert all(d["prompt"].endswith("\nAnswer: ") and d["prompt"].count("Question: ") > 1 for d in docs)
+
+
+def _check_folds(root) -> list[str]:
+    """Fold 1 of scalability and sustainability is the raw forget split (why the runner's folds start at 2);
+    scalability's forget sets grow, each holding the one before; sustainability's later requests are new texts."""
+    forget = muse_data.load_texts("news", "raw", "forget", root)
+    scal = [muse_data.load_texts("news", "scal", f"forget_{k}", root) for k in range(1, 5)]
+    sust = [muse_data.load_texts("news", "sust", f"forget_{k}", root) for k in range(1, 5)]
+    assert scal[0] == forget and sust[0] == forget
+    assert all(set(a) <= set(b) and len(a) < len(b) for a, b in zip(scal, scal[1:]))
+    assert all(not set(later) & set(forget) for later in sust[1:])
+    return forget
+
+
+def test_fixture_folds_are_muses(muse_dir):
+    _check_folds(muse_dir)
+
+
+def test_real_muse_news_folds_start_at_the_forget_split(real_muse):
+    assert len(_check_folds(real_muse)) == 889   # the Hub card's raw forget rows
 
 
 # --------------------------------------------------------------------------------------- prompts, token for token

@@ -63,6 +63,18 @@ def test_units_settings_and_corpora_in_the_plan(tmp_path, capsys):
     # MUSE's News epochs per method (baselines/scripts/unlearn_news_scal.sh)
     assert {k: epochs[k] for k in ("GA", "GA_GDR", "GA_KLR", "NPO", "NPO_GDR", "NPO_KLR")} == \
         {"GA": 1, "GA_GDR": 7, "GA_KLR": 10, "NPO": 1, "NPO_GDR": 10, "NPO_KLR": 10}
+    # scalability: folds 2-4 (fold 1 is the news cell); Task Vector and WHP fine-tune on MUSE's 2048-token blocks
+    # with their own MUSE defaults (10 epochs, cosine)
+    assert {c.split for c in shipped} >= {"news_scal_2", "news_scal_3", "news_scal_4"}
+    assert "news_scal_1" not in {c.split for c in shipped}
+    for name in ("TaskVector", "WHP"):
+        cell = next(c for c in shipped if c.method == name and c.split == "news")
+        assert cell.hparams["max_length"] == 2048 and "num_epochs" not in cell.hparams
+        assert cell.hparams["effective_batch_size"] == 4
+    # MUSE's batch: 4 blocks a step (one model-parallel process; 102 steps an epoch on News), 2048-token blocks
+    ga_news = next(c for c in shipped if c.method == "GA" and c.split == "news")
+    assert ga_news.hparams["effective_batch_size"] == 4 and ga_news.hparams["max_length"] == 2048
+    assert ga_news.hparams["learning_rate"] == 1e-5 and ga_news.hparams["lr_scheduler"] == "constant"
 
 
 def test_sustainability_chains_each_request_on_the_previous_result(tmp_path):
@@ -91,6 +103,7 @@ def test_sustainability_chains_each_request_on_the_previous_result(tmp_path):
 @pytest.mark.parametrize("block, key, message", [
     ({"corpora": ["wiki"]}, "benchmarks.muse.corpora[0]", "expected one of news, books"),
     ({"scalability": [5]}, "benchmarks.muse.scalability[0]", "expected a fold in"),
+    ({"scalability": [1, 2]}, "benchmarks.muse.scalability[0]", "expected a fold in [2, 3, 4]"),
     ({"sustainability": [3, 4]}, "benchmarks.muse.sustainability", "follow one another from 2"),
     ({"sustainability": [1]}, "benchmarks.muse.sustainability[0]", "expected a fold in [2, 3, 4]"),
 ])
@@ -184,7 +197,8 @@ def test_muse_table_marks_each_criterion_against_the_oracle_and_the_target():
     assert rows["NPO"].endswith("| ✗ | ✓ | ✗ | ✗ |")
     assert rows["Retrain (oracle)"].endswith("| — | — | — | — |")
     scal = lines[-1]
-    assert scal == "| m | news | GA | — | 33.0 | — | — |"
+    # fold 1 is the corpus unit's cell (MUSE's scal/forget_1 is its raw forget split; unlearn_news_scal.sh runs 2-4)
+    assert scal == "| m | news | GA | 49.6 | 33.0 | — | — |"
     assert BENCHMARK.report_lines([{**results[0], "benchmark": "tofu"}], "table") == []
 
 
@@ -200,3 +214,31 @@ def test_privleak_is_measured_against_the_oracle_auc():
     kept = _result("method", "GA", privleak_auc=0.2, privleak=-58.0)
     BENCHMARK.compare_to_oracle(kept, None)   # no oracle: the value scored against MUSE's published AUC stays
     assert kept["metrics"]["privleak"] == -58.0
+
+
+def test_cell_score_headlines_are_muses_f1_with_recall_beside(tmp_path):
+    """The cell's KnowMem / VerbMem are the mean ROUGE-L F1 x 100, MUSE's `agg['mean_rougeL'] * 100` (eval.py:65,
+    :95, :112; logger.py:23 `rougeL` = fmeasure); the recall is recorded beside it, never in its place. PrivLeak is
+    (AUC - AUC_retrain) / AUC_retrain x 100 on forget (label 0) vs holdout (label 1)."""
+    from types import SimpleNamespace
+
+    from cru_harness.benchmarks.muse import metrics as muse_metrics
+    from cru_harness.benchmarks.muse.plugin import BENCHMARK
+
+    rows = {"knowmem_f": [(0.5, 1.0), (0.25, 0.5)], "knowmem_r": [(0.8, 0.9)], "verbmem_f": [(0.1, 0.3), (0.3, 0.3)]}
+    for key, values in rows.items():
+        (tmp_path / f"samples_muse_news_{key}_2024-01-01T00-00-00.jsonl").write_text(
+            "".join(json.dumps({"rougeL_f1": f, "rougeL_recall": r}) + "\n" for f, r in values))
+    items = [{"member": False, "score": 2.0}, {"member": False, "score": 3.0}, {"member": True, "score": 2.5},
+             {"member": True, "score": 4.0}]
+    (tmp_path / "samples_muse_news_privleak_2024-01-01T00-00-00.jsonl").write_text(
+        "".join(json.dumps({"auc": i}) + "\n" for i in items))
+    cell = SimpleNamespace(split="news", kind="method")
+    out = BENCHMARK.score(cell, tmp_path, data_dir=None, original_model=None, retain_result=None, device="cpu",
+                          batch_size=1)["metrics"]
+    assert out["knowmem_f"] == pytest.approx(37.5) and out["knowmem_f_recall"] == pytest.approx(75.0)
+    assert out["knowmem_r"] == pytest.approx(80.0) and out["verbmem_f"] == pytest.approx(20.0)
+    # holdout scores (loss-like) 2.5, 4.0 vs forget 2.0, 3.0: P(a holdout text looks more likely) = 1/4
+    assert out["privleak_auc"] == pytest.approx(0.25)
+    assert out["privleak"] == pytest.approx((0.25 - muse_metrics.MUSE_RETRAIN_AUC["news"])
+                                            / muse_metrics.MUSE_RETRAIN_AUC["news"] * 100)

@@ -18,7 +18,7 @@ from ..training.engine import load_trainee, prepare_training, set_activation_che
 from ..training.lora import AdapterOff, LoraSettings, add_lora, check_lora_method
 from ..training.resources import ResourceMonitor, max_over_processes
 from .base import BaselineConfig, UnlearningMethod
-from .data import encode_row
+from .data import encode_rows
 from .registry import get_method
 
 RECORD_FILE = "unlearn_record.json"
@@ -145,8 +145,8 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
         refusals = None
 
     def lengths():  # only computed when max_length exceeds the model's context
-        return {side: [len(encode_row(tokenizer, r, i, side, m.config.max_length, **(prompt_format or {})).input_ids)
-                       for i, r in enumerate(rows)]
+        return {side: [len(e.input_ids) for e in encode_rows(tokenizer, rows, side, m.config.max_length,
+                                                              **(prompt_format or {}))]
                 for side, rows in (("forget", forget_rows), ("retain", retain_used)) if rows}
 
     max_length = fit_to_context(model, m.config.max_length, lengths)

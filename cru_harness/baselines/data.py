@@ -100,6 +100,56 @@ def encode_row(tokenizer, row: dict, index: int, origin: str, max_length: int = 
     return encode_qa(tokenizer, *row_to_qa(row, index, origin), max_length, **fmt, **row_prompt(row))
 
 
+def training_benchmark(name: str | None):
+    """The registered benchmark named `name` (the prompt format's `benchmark`), or None for a name none has."""
+    from .. import plugins
+
+    return plugins.benchmarks.get(name) if name in plugins.benchmarks.names() else None
+
+
+def builds_own_examples(name: str | None) -> bool:
+    """Whether the benchmark named `name` overrides `api.Benchmark.training_examples` (MUSE: its blocks), so that its
+    training examples are known only once its corpora are tokenized."""
+    from ..api import Benchmark
+
+    plugin = training_benchmark(name)
+    return plugin is not None and type(plugin).training_examples is not Benchmark.training_examples
+
+
+def _own_example(example, index: int, side: str, max_length: int) -> EncodedExample:
+    """One of a benchmark's own examples (`api.Benchmark.training_examples`): token ids, or input_ids + labels."""
+    if isinstance(example, dict):
+        ids, labels = list(example["input_ids"]), list(example["labels"])
+    else:
+        ids = list(example)
+        labels = list(ids)
+    if not ids or len(labels) != len(ids) or len(ids) > max_length:   # the benchmark's bug, not the user's
+        raise ValueError(f"{side} example {index}: {len(ids)} input ids and {len(labels)} labels (max_length "
+                         f"{max_length})")
+    return EncodedExample(input_ids=ids, labels=labels)
+
+
+def own_examples(plugin, tokenizer, rows: Sequence[dict], side: str, max_length: int) -> list[EncodedExample] | None:
+    """The examples the benchmark `plugin` builds itself for a corpus (`api.Benchmark.training_examples`: MUSE's
+    blocks of its joined text), or None: one per row."""
+    own = plugin.training_examples(tokenizer, list(rows), side, max_length) if plugin is not None else None
+    if own is None:
+        return None
+    if not own:
+        raise InputError(f"{plugin.name} built no {side} examples from {len(rows)} rows")
+    return [_own_example(e, i, side, max_length) for i, e in enumerate(own)]
+
+
+def encode_rows(tokenizer, rows: Sequence[dict], side: str, max_length: int = 512, *, benchmark: str = "tofu",
+                **fmt) -> list[EncodedExample]:
+    """A corpus's training examples: the benchmark's own when it builds them (`own_examples`), else one per row
+    (`encode_row`)."""
+    own = own_examples(training_benchmark(benchmark), tokenizer, rows, side, max_length)
+    if own is not None:
+        return own
+    return [encode_row(tokenizer, r, i, side, max_length, benchmark=benchmark, **fmt) for i, r in enumerate(rows)]
+
+
 def collate(examples: Sequence[EncodedExample], pad_token_id: int | None) -> dict[str, torch.Tensor]:
     """Right-pad to the longest example. Padding: attention 0, label -100, decided by length only."""
     if not examples:
@@ -137,7 +187,9 @@ def pick_refusals(n: int, refusals: Sequence[str], seed: int, epoch: int = 0) ->
 class ForgetRetainDataset(Dataset):
     """Forget items are the anchor (one epoch = one pass over them); each is paired with a retain item.
 
-    The pairing is redrawn per epoch from (seed, epoch), so it is deterministic. `refusals` (IdkDPO's
+    Examples are one per row, or the benchmark's own (`api.Benchmark.training_examples`: MUSE's blocks). The
+    pairing is redrawn per epoch from (seed, epoch), so it is deterministic, or, for a benchmark whose
+    `retain_pairing` is "cycled" (MUSE), forget item i takes retain item i mod n every epoch. `refusals` (IdkDPO's
     `idontknow` list), when given, give each forget item an alternate answer to the same prompt, redrawn per
     epoch the same way (`pick_refusals`); a forget row's own `alternate` answer (DPO's preferred response, RT's
     refusal, from RWKU's pair / reject corpora) is used instead, every epoch.
@@ -154,15 +206,28 @@ class ForgetRetainDataset(Dataset):
         # kept for methods that read more than the batches before training (LUNAR's direction: `prepare`)
         self.tokenizer, self.format, self.forget_rows = tokenizer, fmt, list(forget_rows)
         self.retain_rows = list(retain_rows or [])
-        self.forget = [encode_row(tokenizer, r, i, "forget", max_length, **fmt) for i, r in enumerate(forget_rows)]
-        self.retain = ([encode_row(tokenizer, r, i, "retain", max_length, **fmt) for i, r in enumerate(retain_rows)]
+        # the benchmark's own examples where it builds them (MUSE's blocks), else one per row
+        plugin = training_benchmark(benchmark)
+        own = own_examples(plugin, tokenizer, forget_rows, "forget", max_length)
+        self.own_examples = own is not None
+        self.forget = own if own is not None else [encode_row(tokenizer, r, i, "forget", max_length, **fmt)
+                                                   for i, r in enumerate(forget_rows)]
+        self.retain = ((own_examples(plugin, tokenizer, retain_rows, "retain", max_length)
+                        or [encode_row(tokenizer, r, i, "retain", max_length, **fmt) for i, r in enumerate(retain_rows)])
                        if retain_rows else [])
+        self.pairing = plugin.retain_pairing if plugin is not None else "drawn"
+        if self.pairing not in ("drawn", "cycled"):
+            raise ValueError(f"{benchmark}: retain_pairing must be 'drawn' or 'cycled', got {self.pairing!r}")
         self.refusals = None
         self.alternate = None
         self._encode_alternate = None
         # A row's own preferred answer (`alternate`: RWKU's pair / reject corpora) wins over a drawn refusal.
         self._row_alternates = [row_alternate(r, i) for i, r in enumerate(forget_rows)]
         if refusals is not None or any(self._row_alternates):
+            if self.own_examples:   # alternate answers are per row
+                raise InputError(f"{benchmark} trains on {len(self.forget)} examples of its own built from "
+                                 f"{len(self.forget_rows)} forget rows: a method with alternate answers (refusals) "
+                                 "cannot pair them")
             if refusals is None and not all(self._row_alternates):
                 missing = [i for i, a in enumerate(self._row_alternates) if a is None]
                 raise InputError(f"forget rows {missing[:5]} have no `alternate` answer and no refusals were given")
@@ -176,7 +241,9 @@ class ForgetRetainDataset(Dataset):
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
-        if self.retain:
+        if self.retain and self.pairing == "cycled":
+            self._retain_index = [i % len(self.retain) for i in range(len(self.forget))]
+        elif self.retain:
             rng = random.Random(f"retain-{self.seed}-{epoch}")
             self._retain_index = [rng.randrange(len(self.retain)) for _ in self.forget]
         if self._encode_alternate is not None:

@@ -128,8 +128,13 @@ class BaselineMethod(Method):
         return what
 
     def cost(self, cell) -> str:
-        return training_cost(self.cell_config(cell), cell.corpora["forget_corpus"], cell.benchmark, cell.data_dir,
-                             "forget rows")
+        from .data import builds_own_examples
+
+        config = self.cell_config(cell)
+        if builds_own_examples(cell.benchmark):   # rows are not examples there (MUSE's blocks): not counted
+            return (f"steps counted when the data is tokenized ({cell.benchmark} builds its own training examples; "
+                    f"{config.num_epochs:g} epochs, effective batch {config.effective_batch_size})")
+        return training_cost(config, cell.corpora["forget_corpus"], cell.benchmark, cell.data_dir, "forget rows")
 
     def train(self, base_path: str, forget: list[dict], retain: list[dict], config, out, **kwargs):
         """Train from `base_path` and save to `out` what the evaluation loads (`lm_eval --model cru --model_args

@@ -4,7 +4,9 @@ methods at MUSE's settings, scalability and sustainability units, and MUSE's tab
 A cell's unit (`split`) is a corpus (`news`, `books`), or a scalability fold (`news_scal_2`: unlearn MUSE's
 `scal/forget_2`, the second of four forget sets of growing size, from the target) or a sustainability request
 (`news_sust_3`: unlearn MUSE's `sust/forget_3` from the result of `news_sust_2`, fold 2 from the `news` cell's:
-`continues_from`). The tasks are the corpus's four MUSE tasks
+`continues_from`). Fold 1 of both is the corpus unit itself: MUSE's `scal/forget_1` and `sust/forget_1` are its raw
+`forget` split (the Hub's dataset card: 889 rows, 3,281,546 bytes each), and MUSE's unlearn_news_scal.sh and
+unlearn_news_sust.sh run folds 2-4 only. The tasks are the corpus's four MUSE tasks
 (`tasks/`), scored by `score` from their logged samples; PrivLeak is measured against the oracle's AUC
 (`compare_to_oracle`), else MUSE's published retrained-model AUC.
 """
@@ -22,10 +24,13 @@ from . import metrics as muse_metrics
 
 TASKS = ("muse_{corpus}_verbmem_f", "muse_{corpus}_knowmem_f", "muse_{corpus}_knowmem_r", "muse_{corpus}_privleak")
 FOLDS = (1, 2, 3, 4)
-#: Sustainability's requests after the first: MUSE's sust folds 2-4, each applied to the previous result, the first
-#: to the corpus unit's (MUSE's unlearn_news_sust.sh starts fold 2 from the main run's checkpoint).
+#: The folds after the first, the units of the scalability and sustainability options: fold 1 is the corpus unit
+#: (MUSE's scal/forget_1 and sust/forget_1 are its raw forget split). Scalability unlearns each from the target
+#: (unlearn_news_scal.sh:18, `for k in '2' '3' '4'`); sustainability applies each to the previous result, fold 2 to
+#: the corpus unit's (unlearn_news_sust.sh:19-28: fold 2 starts from the main run's checkpoint).
 SUST_FOLDS = (2, 3, 4)
-_UNIT = re.compile(r"(?P<corpus>news|books)(?:_(?P<crit>scal|sust)_(?P<fold>[1-4]))?")
+SCAL_FOLDS = SUST_FOLDS
+_UNIT = re.compile(r"(?P<corpus>news|books)(?:_(?P<crit>scal|sust)_(?P<fold>[2-4]))?")
 _CORPUS_SOURCE = re.compile(r"muse:(?P<corpus>[a-z]+):(?:(?P<config>raw|scal|sust):)?(?P<split>[a-z0-9_]+)")
 
 # MUSE's table: the four numbers of a model, and its six criteria (the last two read over the units of a run).
@@ -42,17 +47,29 @@ MUSE_COLUMNS = (
 PRIVLEAK_BAND = 5.0
 UTILITY_KEPT = 0.9
 
-#: The methods' settings in MUSE's scripts (baselines/scripts/unlearn_{news,books}.sh, unlearn_news_scal.sh): AdamW,
-#: lr 1e-5, constant schedule, no warm-up, no weight decay (HF Trainer's defaults), 4 per device x 8 GPUs = 32, blocks
-#: of 2048 tokens. Epochs: Books 10 for every method (unlearn_books.sh); News, the epoch MUSE's scalability and
-#: sustainability runs stop at per method (unlearn_news_scal.sh: ga 1, ga_gdr 7, ga_klr 10, npo 1, npo_gdr 10,
-#: npo_klr 10). MUSE's NPO has no retain term (NPO_GDR is NPO with alpha 1); GA_GDR is GD, GA_KLR GD-KL, NPO_KLR
-#: NPO-KL. Task Vector and WHP run at MUSE's settings on every benchmark (their own defaults).
+#: The methods' settings in MUSE's scripts (baselines/scripts/unlearn_{news,books}.sh, unlearn_news_scal.sh) and
+#: its trainer (baselines/baselines/iterative.py:48-58, HF TrainingArguments: adamw_torch, `lr_scheduler_type=
+#: 'constant'`, the Trainer's defaults of no warm-up, no weight decay, clipping at 1.0): lr 1e-5 (`LR`), blocks of
+#: 2048 tokens (`MAX_LEN=2048`), NPO's beta 0.1 (iterative.py:82, the method's default here).
+#: Batch: 4 blocks a step. The scripts set `PER_DEVICE_BATCH_SIZE=4 # 8 GPUs`, but the model is loaded with
+#: `device_map='auto'` (baselines/baselines/utils.py:92-97), which the HF Trainer runs as one model-parallel process:
+#: 4 a step. MUSE's own step counts say so: 102 steps an epoch on News, 139 on Books (unlearn_news_sust.sh:15,
+#: STEPS_PER_EPOCH; its knowmem/scripts/get_best_forget_quality.py `102 * i`, `139 * i`), about 408 blocks of 2047
+#: text tokens, the News forget split's ~0.8M tokens (3.28 MB of text); at 32 a step an epoch would be 13 steps.
+#: Epochs: Books 10 for every method (unlearn_books.sh:10); News, the epoch MUSE's scalability and
+#: sustainability runs stop at per method (unlearn_news_scal.sh:13-14: ga 1, ga_gdr 7, ga_klr 10, npo 1, npo_gdr 10,
+#: npo_klr 10), the first epoch whose KnowMem on the forget set is at most the retrained model's (MUSE's stopping
+#: rule). MUSE's NPO has no retain term (NPO_GDR is NPO with alpha 1); GA_GDR is GD, GA_KLR GD-KL, NPO_KLR NPO-KL.
+#: Task Vector and WHP keep their own MUSE defaults (baselines/task_vector.py, whp.py: finetune.py's cosine
+#: schedule, FT_EPOCHS 10, FT_LR 1e-5, alpha 5 / 1) and get MUSE's blocks and batch here (their fine-tune reads the
+#: same `MAX_LEN` and batch, unlearn_news.sh:28-35, and loads its model the same way).
 _SCHEDULE = {"learning_rate": 1e-5, "lr_scheduler": "constant", "warmup_epochs": 0.0, "weight_decay": 0.0,
-             "effective_batch_size": 32, "max_length": 2048}
+             "effective_batch_size": 4, "max_length": 2048}
 _NEWS_EPOCHS = {"GA": 1, "GD": 7, "GD-KL": 10, "NPO": 1, "NPO-KL": 10}
 METHOD_SETTINGS = {name: dict(_SCHEDULE) for name in _NEWS_EPOCHS}
 METHOD_SETTINGS["NPO"]["alpha"] = 0.0
+_FINETUNE = {"max_length": 2048, "effective_batch_size": 4}
+METHOD_SETTINGS.update({"TaskVector": dict(_FINETUNE), "WHP": dict(_FINETUNE)})
 METHOD_SOURCES = {name: "MUSE baselines/scripts/unlearn_news.sh, unlearn_news_scal.sh, unlearn_books.sh"
                   for name in METHOD_SETTINGS}
 
@@ -76,6 +93,9 @@ class MUSE(Benchmark):
     default_corpora = {"forget_corpus": "muse:{corpus}:{forget}", "retain_corpus": "muse:{corpus}:retain1"}
     placeholders = ("corpus", "forget")
     has_oracle = True
+    passage_corpora = True   # text, no question / answer rows: IdkDPO, DPO, RT and LUNAR are refused on it
+    #: MUSE's ForgetRetainDataset (baselines/baselines/dataset.py:131-136): forget block i with retain block i mod n
+    retain_pairing = "cycled"
     oracle_kinds = ("checkpoint",)   # MUSE's published retrained model (muse-bench/MUSE-<Corpus>_retrain) or a local one
     order = 30
     hub_files = tuple((repo, "README.md") for repo in muse_data.HUB_IDS.values())
@@ -116,7 +136,7 @@ class MUSE(Benchmark):
         if len(set(corpora)) != len(corpora):
             check.fail(f"{where}.corpora", f"repeats a corpus: {corpora}")
         units = list(corpora)
-        folds = self._folds(block.get("scalability"), f"{where}.scalability", check)
+        folds = self._folds(block.get("scalability"), f"{where}.scalability", check, SCAL_FOLDS)
         units += [f"{corpus}_scal_{fold}" for corpus in corpora for fold in folds]
         sequels = self._folds(block.get("sustainability"), f"{where}.sustainability", check, SUST_FOLDS)
         if sequels and sequels != list(SUST_FOLDS[:len(sequels)]):
@@ -159,13 +179,27 @@ class MUSE(Benchmark):
 
     def corpus_rows(self, source: str, data_dir) -> tuple[list[dict], str] | None:
         """`muse:<corpus>:<split>` (a raw split: forget, retain1, retain2, holdout) or `muse:<corpus>:scal:forget_2`
-        / `muse:<corpus>:sust:forget_2`: the texts MUSE unlearns on, one `text` row each."""
+        / `muse:<corpus>:sust:forget_2`: the texts MUSE unlearns on, one row each (the trainer joins them and cuts
+        the stream into MUSE's blocks: `training_examples`)."""
         match = _CORPUS_SOURCE.fullmatch(source)
         if not match:
             return None
         corpus, config, split = match.group("corpus"), match.group("config") or "raw", match.group("split")
-        rows = muse_data.load_split(corpus, config, split, data_dir)
-        return rows, f"MUSE {corpus} {config}/{split}"
+        rows = [{"text": row["text"]} for row in muse_data.load_split(corpus, config, split, data_dir)]
+        return rows, f"MUSE {corpus} {config}/{split} ({len(rows)} texts)"
+
+    def training_examples(self, tokenizer, rows: list[dict], side: str, max_length: int) -> list | None:
+        """Text rows as MUSE's baselines train on them: joined as its `.txt` file and cut into blocks of
+        `max_length` tokens, BOS in front (`training.muse_blocks`); the retain blocks are paired with the forget
+        blocks as MUSE pairs them (`retain_pairing`). Rows with a question (a file of question / answer rows): one
+        example per row, the generic way."""
+        from .training import muse_blocks
+
+        if not rows or not all(isinstance(row.get("text"), str) and not row.get("question") for row in rows):
+            return None
+        # MUSE's Llama-2 has a BOS; a tokenizer without one gets blocks of max_length text tokens (add_bos_token=False)
+        return muse_blocks(tokenizer, [row["text"] for row in rows], max_len=max_length,
+                           add_bos=tokenizer.bos_token_id is not None)
 
     def check_data_dir(self, value: str) -> str | None:
         if value == "testbed:world":
@@ -185,7 +219,7 @@ class MUSE(Benchmark):
     def method_settings(self, method: str, split: str | None) -> dict[str, Any]:
         """MUSE's setting of a method, entering its cells' hyperparameters (so their hash says which setting)."""
         settings = dict(METHOD_SETTINGS.get(method, {}))
-        if settings and split:
+        if method in _NEWS_EPOCHS and split:
             corpus = parse_unit(split)[0]
             settings["num_epochs"] = _NEWS_EPOCHS[method] if corpus == "news" else 10
         return settings
@@ -308,12 +342,12 @@ def muse_table(results: list[dict]) -> list[str]:
         chains = sorted({(m, parse_unit(s)[0], lab) for m, s, lab in methods if parse_unit(s)[1] == crit}, key=str)
         if not chains:
             continue
-        lines += ["", f"{title}: KnowMem on the retain set (utility) per fold" +
-                  (" (fold 1: the corpus unit's cell, which fold 2 continues)" if crit == "sust" else ""), "",
+        lines += ["", f"{title}: KnowMem on the retain set (utility) per fold (fold 1: the corpus unit's cell" +
+                  (", which fold 2 continues)" if crit == "sust" else ")"), "",
                   "| model | corpus | row | " + " | ".join(f"fold {f}" for f in FOLDS) + " |",
                   "|---|---|---|" + "---|" * len(FOLDS)]
         for model, corpus, label in chains:
-            units = [corpus if crit == "sust" and f == 1 else f"{corpus}_{crit}_{f}" for f in FOLDS]
+            units = [corpus if f == 1 else f"{corpus}_{crit}_{f}" for f in FOLDS]
             cells = [_fmt((methods.get((model, unit, label)) or {}).get("knowmem_r")) for unit in units]
             lines.append(f"| {model} | {corpus} | {label} | " + " | ".join(cells) + " |")
     return lines
