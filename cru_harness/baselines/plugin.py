@@ -58,6 +58,13 @@ class BaselineMethod(Method):
         # a benchmark's own setting of the method (`api.Method.benchmark_defaults`): in each cell's hyperparameters
         self.benchmark_defaults = dict(benchmark_defaults or {})
 
+    @property
+    def tuning_grid(self):
+        """Its default `tuning:` grid (`baselines.tuning_grids`), None where it has none."""
+        from .tuning_grids import GRIDS
+
+        return GRIDS.get(self.name)
+
     def refuse_hparam(self, key: str) -> str | None:
         return self._refusals.get(key)
 

@@ -188,6 +188,17 @@ class TOFU(Benchmark):
         config = f"{cell.split}_perturbed"
         return load_tofu(config, data_dir), f"TOFU {config}"
 
+    def unit_items(self, split, target) -> frozenset | None:
+        """A forget split's rows of `full` (`data.tofu_rows`)."""
+        from ...data.tofu_rows import config_rows, items
+
+        return items(config_rows(split)) if split else None
+
+    def corpus_items(self, source: str) -> frozenset | None:
+        from ...data.tofu_rows import items, source_rows
+
+        return items(source_rows(source))
+
     def oracle_from_file(self, path: str, cell) -> dict:
         """`retain: {per_item: FILE}`: the retain model's forget truth ratios (Forget Quality's reference)."""
         return retain_from_per_item(path, f"tofu_{cell.split}")
