@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cru_harness.runner import config as cfg
 from cru_harness.runner.cli import run_config
@@ -222,3 +223,41 @@ def test_the_shipped_tuned_config_plans_its_validation_before_anything_runs(tmp_
     # the untuned base keeps its shape: same methods, same evaluation
     assert [m.label for m in config.methods] == [m.label for m in base.methods]
     assert config.evaluation == base.evaluation and copy.deepcopy(config.benchmarks) == base.benchmarks
+
+
+@pytest.mark.slow
+def test_a_tiny_tuned_run_end_to_end(tmp_path):
+    """A tiny model on the fictitious world: GA tuned over two learning rates on author 2, reported on author 1."""
+    import torch
+
+    from cru_harness.cli import main
+
+    torch.set_num_threads(1)
+    config = {"name": "tiny_tuned", "seeds": [0], "device": "cpu",
+              "models": [{"name": "tiny", "path": "zoo:llama:finetuned", "dtype": "float32"}],
+              "benchmarks": {"tofu_author": {"data_dir": "testbed:world", "authors": [1], "limit": 2,
+                                             "retain_corpus": "author_3"}},
+              "methods": [{"method": "GA", "num_epochs": 1, "effective_batch_size": 10, "micro_batch_size": 10,
+                           "warmup_epochs": 0}],
+              "evaluation": {"batch_size": 8, "max_gen_toks": 12, "failure_classes": False},
+              "report": {"formats": ["md"], "plots": False},
+              "tuning": {"rule": "forgetting_at_utility", "grids": {"GA": {"learning_rate": [1.0e-5, 1.0e-2]}},
+                         "validation": {"tofu_author": {"data_dir": "testbed:world", "authors": [2], "limit": 2,
+                                                        "retain_corpus": "author_3"}}}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = tmp_path / "run"
+    assert main(["run", str(path), "--output-dir", str(out)]) == 0
+    results = [json.loads(p.read_text()) for p in (out / "cells").glob("*/result.json")]
+    assert all(r["status"] == "ok" for r in results), [r.get("error") for r in results]
+    assert sorted((r["unit"], r["label"]) for r in results) == [
+        ("author_1", "GA"), ("author_1", "Original"), ("author_2", "GA [learning_rate=0.01]"),
+        ("author_2", "GA [learning_rate=1e-05]"), ("author_2", "Original")]
+    record = json.loads((out / "tuning" / "tiny.json").read_text())
+    chosen = record["methods"]["GA"]["chosen"]
+    reported = next(r for r in results if r["label"] == "GA")
+    assert reported["hparams"]["learning_rate"] == chosen["learning_rate"]
+    cell_record = json.loads((out / "cells" / reported["hash"] / "run_record.json").read_text())
+    assert cell_record["resolved_config"]["extra"]["tuning"]["chosen"] == chosen
+    report = (out / "report" / "report.md").read_text()
+    assert "## Tuning (tiny)" in report and "| tiny | author_2 |" not in report
