@@ -173,7 +173,7 @@ class Tuning(_Block):
                                                             "(a benchmark with an oracle)")
     seeds: int | list[int] | None = Field(None, description="the validation cells' seeds (default: the run's first)")
     methods: list[str] | None = Field(None, description="the labels tuned (default: every entry whose method has "
-                                                        "a default grid, `cru-harness methods`)")
+                                                        "a default grid, docs/protocol.md \"Tuning\")")
     grids: dict[str, dict[str, list[Any]]] | None = Field(
         None, description="{label: {hparam: [values]}}: a label's grid instead of its method's default")
     overrides: dict[str, Any] | None = Field(
