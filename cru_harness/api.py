@@ -379,7 +379,7 @@ class Benchmark:
 
     def unit_items(self, split: str | None, target: int | None) -> frozenset | None:
         """The items one unit evaluates as forget items, as hashable keys that mean the same across benchmarks
-        sharing data (TOFU and TOFU author: `("tofu", row of full)`); None: not declared. `tuning:` refuses a
+        sharing data (TOFU and TOFU author: `("TOFU full", row)`); None: not declared. `tuning:` refuses a
         validation unit sharing one with a reported unit (`runner.tuning`)."""
         return None
 

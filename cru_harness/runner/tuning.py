@@ -208,8 +208,12 @@ def _unit_name(bench: str, split, target) -> str:
 
 
 def _describe_rows(shared: frozenset) -> str:
-    rows = sorted(item[1] for item in shared if isinstance(item, tuple) and len(item) == 2)
-    return f"rows {rows[0]}-{rows[-1]} of TOFU full" if rows else f"{len(shared)} item(s)"
+    """`rows 3960-3999 of TOFU full` for (what they index, row) items; else their count."""
+    if all(isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], int) for item in shared):
+        spaces = sorted({str(item[0]) for item in shared})
+        rows = sorted(item[1] for item in shared)
+        return f"rows {rows[0]}-{rows[-1]} of {' / '.join(spaces)}"
+    return f"{len(shared)} item(s)"
 
 
 def _check_disjoint(config: ExperimentConfig, validation: ExperimentConfig, source: str | None) -> None:

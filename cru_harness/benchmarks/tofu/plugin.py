@@ -189,13 +189,13 @@ class TOFU(Benchmark):
         return load_tofu(config, data_dir), f"TOFU {config}"
 
     def unit_items(self, split, target) -> frozenset | None:
-        """A forget split's rows of `full` (`data.tofu_rows`)."""
-        from ...data.tofu_rows import config_rows, items
+        """A forget split's rows of `full` (`rows`)."""
+        from .rows import config_rows, items
 
         return items(config_rows(split)) if split else None
 
     def corpus_items(self, source: str) -> frozenset | None:
-        from ...data.tofu_rows import items, source_rows
+        from .rows import items, source_rows
 
         return items(source_rows(source))
 

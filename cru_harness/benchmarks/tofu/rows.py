@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import re
 
-from .tofu import AUTHOR_ROWS, parse_author_source
+from ...data.tofu import AUTHOR_ROWS, parse_author_source
 
 FULL_ROWS = 4000
+SPACE = "TOFU full"
 _PERCENT = re.compile(r"(forget|retain)(\d\d)(_perturbed)?")
 _CAP = re.compile(r"(.+)\[(\d*):(\d+)\]")
 
@@ -48,5 +49,5 @@ def source_rows(source: str) -> list[int] | None:
 
 
 def items(rows: list[int] | None) -> frozenset | None:
-    """Rows as the items `Benchmark.unit_items` compares across the TOFU benchmarks."""
-    return None if rows is None else frozenset(("tofu", row) for row in rows)
+    """Rows as the items `Benchmark.unit_items` compares across the TOFU benchmarks: (what they index, row)."""
+    return None if rows is None else frozenset((SPACE, row) for row in rows)
