@@ -261,3 +261,37 @@ def test_a_tiny_tuned_run_end_to_end(tmp_path):
     assert cell_record["resolved_config"]["extra"]["tuning"]["chosen"] == chosen
     report = (out / "report" / "report.md").read_text()
     assert "## Tuning (tiny)" in report and "| tiny | author_2 |" not in report
+
+
+@pytest.mark.shared_data
+def test_the_row_map_is_tofus_own_layout(tofu_dir):
+    """`benchmarks.tofu.rows` says which rows of `full` each config holds without reading the data: the real files."""
+    from cru_harness.benchmarks.tofu.rows import config_rows, source_rows
+
+    def questions(name):
+        return [json.loads(line)["question"] for line in (tofu_dir / f"{name}.json").read_text().splitlines()
+                if line.strip()]
+
+    full = questions("full")
+    for name in ("forget01", "forget05", "forget10", "retain90", "retain95", "retain99", "retain_perturbed",
+                 "forget01_perturbed"):
+        assert [full[row] for row in config_rows(name)] == questions(name), name
+    assert config_rows("author_3") == list(range(40, 60)) and len(config_rows("not_author_3")) == 3980
+    assert source_rows("retain99[:80] + forget01") == [*range(80), *range(3960, 4000)]
+    assert source_rows("holdout01") is None and config_rows("real_authors") is None
+
+
+def test_a_failed_validation_cell_is_never_chosen_and_fails_the_run(tmp_path):
+    config = cfg.validate_config(raw_config(tmp_path))
+    ran: list = []
+    inner = fake_executor(ran)
+
+    def executor(cell, workdir):
+        if cell.label == "GA [learning_rate=0.001]":
+            raise RuntimeError("diverged")
+        return inner(cell, workdir)
+
+    assert run_config(config, executor=executor, log=lambda _: None) == 1
+    record = json.loads((config.output_dir / "tuning" / "tiny.json").read_text())
+    assert record["methods"]["GA"]["chosen"] == {"learning_rate": 1.0e-4}
+    assert record["methods"]["GA"]["settings"][1]["cells"][0]["status"] == "failed"

@@ -475,6 +475,8 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
                                    f"cells are kept whole: `cru-harness report {store.root}` "
                                    "writes the report once that is fixed") from err
     status = 0 if counts["failed"] == 0 else 1
+    if any((store.load_result(cell.hash, quiet=True) or {}).get("status") == "failed" for cell in validation):
+        status = 1   # a failed validation cell: its setting could not be chosen
     if reproduce is not None:
         from .reproduce import write_reproduction
 
