@@ -300,5 +300,6 @@ def test_a_failed_validation_cell_is_never_chosen_and_fails_the_run(tmp_path):
 def test_a_tuned_run_takes_no_shard(tmp_path):
     from cru_harness.errors import InputError
 
-    with pytest.raises(InputError, match=r"^a config with `tuning:` runs its validation cells before planning the rest"):
+    with pytest.raises(InputError, match=r"^a config with `tuning:` runs its validation cells before planning the "
+                                         r"rest"):
         run_config(cfg.validate_config(raw_config(tmp_path)), dry_run=True, shard="1/2", log=lambda _: None)

@@ -55,9 +55,6 @@ class TuningSpec:
     budgets: dict[str, str]
     validation: ExperimentConfig
 
-    def setting_label(self, label: str, setting: dict[str, Any]) -> str:
-        return setting_label(label, setting)
-
 
 def setting_label(label: str, setting: dict[str, Any]) -> str:
     """A validation cell's row name: `GA [learning_rate=1e-05]`."""
