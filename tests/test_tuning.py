@@ -213,6 +213,7 @@ def test_the_shipped_tuned_config_plans_its_validation_before_anything_runs(tmp_
     assert set(spec.settings) == {m.label for m in base.methods} - {"LUNAR"}
     assert all(budget.startswith("4 settings, ") and budget.endswith(" = 40 steps") for budget in spec.budgets.values())
     assert spec.budgets["CRU"] == "4 settings, 5 + 15 + 5 + 15 = 40 steps"   # 1 and 3 epochs of 5 router steps
+    assert config.evaluation["logit_lens"] and "logit_lens" not in spec.validation.evaluation   # no rule reads it
     _, cells, record = run_tuning(config, dry_run=True)
     assert record is None
     assert sum(c.kind == "method" for c in cells) == 17 * 4 * 2 and sum(c.kind == "original" for c in cells) == 2

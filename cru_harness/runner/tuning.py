@@ -174,6 +174,8 @@ def _validation_raw(raw: dict, block: dict, config: ExperimentConfig, labels: di
     oracle as each model's, one entry per (tuned label, setting), no attacks, the Original included."""
     val = {key: copy.deepcopy(value) for key, value in raw.items()
            if key not in ("tuning", "attacks", "report", "description", "include_original")}
+    if isinstance(val.get("evaluation"), dict):   # a diagnostic no rule reads: not paid for on every setting
+        val["evaluation"].pop("logit_lens", None)
     val["benchmarks"] = copy.deepcopy(block["validation"])
     val["seeds"] = copy.deepcopy(block.get("seeds", [config.seeds[0]]))
     benches = list(block["validation"]) if isinstance(block["validation"], dict) else []
