@@ -304,3 +304,15 @@ def test_a_tuned_run_takes_no_shard(tmp_path):
     with pytest.raises(InputError, match=r"^a config with `tuning:` runs its validation cells before planning the "
                                          r"rest"):
         run_config(cfg.validate_config(raw_config(tmp_path)), dry_run=True, shard="1/2", log=lambda _: None)
+
+
+def test_a_reported_unit_of_another_dataset_shares_nothing_and_one_without_declared_items_is_refused(tmp_path):
+    raw = raw_config(tmp_path)
+    raw["benchmarks"]["rwku"] = {"targets": [1], "limit": 2}   # RWKU's real people: no TOFU author among them
+    for method in raw["methods"]:
+        method["benchmarks"] = ["tofu"]
+    assert cfg.validate_config(raw).tuning is not None
+    raw = raw_config(tmp_path, validation={"rwku": {"targets": [1], "limit": 2}})
+    raw["benchmarks"] = {"rwku": {"targets": [1, 2], "limit": 2}}
+    with pytest.raises(ConfigError, match=r"^tuning\.validation\.rwku: rwku target1 is a reported unit$"):
+        cfg.validate_config(raw)

@@ -216,7 +216,9 @@ def _describe_rows(shared: frozenset) -> str:
 
 
 def _check_disjoint(config: ExperimentConfig, validation: ExperimentConfig, source: str | None) -> None:
-    """Refuse a validation unit (its forget items, and its training corpora) sharing an item with a reported unit."""
+    """Refuse a validation unit (its forget items, and its training corpora) sharing an item with a reported unit of
+    the same dataset (`Benchmark.data`); where either does not declare its items, one of the same benchmark must be
+    another unit, and one of another benchmark on the same dataset is refused (nothing tells what they share)."""
     reported = [(bench, split, target, benchmark_plugin(bench).unit_items(split, target))
                 for bench, block in config.benchmarks.items()
                 for split, target in benchmark_plugin(bench).units(block)]
@@ -227,6 +229,9 @@ def _check_disjoint(config: ExperimentConfig, validation: ExperimentConfig, sour
             corpora = {key: plugin.fill(block[key], split, target) for key in ("forget_corpus", "retain_corpus")}
             for r_bench, r_split, r_target, theirs in reported:
                 where = f"tuning.validation.{bench}"
+                theirs_data = benchmark_plugin(r_bench).data
+                if plugin.data is not None and theirs_data is not None and plugin.data != theirs_data:
+                    continue   # two datasets (TOFU's authors, RWKU's people) share no item
                 if own is None or theirs is None:
                     if r_bench == bench and (split, target) == (r_split, r_target):
                         _fail(where, f"{_unit_name(bench, split, target)} is a reported unit", source)
