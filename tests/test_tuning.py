@@ -200,8 +200,9 @@ def test_a_dry_run_lists_the_validation_cells_and_what_waits_for_the_choice(tmp_
 
 
 def test_the_shipped_tuned_config_plans_its_validation_before_anything_runs(tmp_path, monkeypatch, capsys):
-    """configs/cpu_smollm2_forget01_tuned.yaml: forget01 reported at seeds 0-2, TOFU authors 3 and 4 as validation,
-    every default grid at the same budget, the Original taught the validation authors."""
+    """configs/cpu_smollm2_forget01_tuned.yaml: forget01 reported at seeds 0-2, TOFU authors 3-4 as validation with
+    their own oracle (the fine-tune without them) under the Forget Quality rule, every default grid at the same budget,
+    the Original taught the validation authors."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data" / "lunar").mkdir(parents=True)
     (tmp_path / "data" / "lunar" / "harmful.json").write_text('["a harmful prompt"]')   # LUNAR's file, user-supplied
@@ -210,17 +211,24 @@ def test_the_shipped_tuned_config_plans_its_validation_before_anything_runs(tmp_
     assert config.seeds == (0, 1, 2) and config.benchmarks["tofu"]["splits"] == ["forget01"]
     assert config.models[0].finetune["data"] == "retain99[:80] + forget01"
     spec = config.tuning
+    assert spec.rule == "forget_quality_at_utility"
+    assert spec.validation.benchmarks["tofu_authors"]["splits"] == ["authors_3-4"]
+    oracle = spec.validation.models[0].retain["authors_3-4"]
+    assert (oracle.kind, oracle.value["data"]) == ("finetune", "retain99[:40] + forget01")
     assert set(spec.settings) == {m.label for m in base.methods} - {"LUNAR"}
     assert all(budget.startswith("4 settings, ") and budget.endswith(" = 40 steps") for budget in spec.budgets.values())
+    assert spec.budgets["GA"] == "4 settings, 10 + 10 + 10 + 10 = 40 steps"   # forget01's 10 steps per setting
     assert spec.budgets["CRU"] == "4 settings, 5 + 15 + 5 + 15 = 40 steps"   # 1 and 3 epochs of 5 router steps
     assert config.evaluation["logit_lens"] and "logit_lens" not in spec.validation.evaluation   # no rule reads it
     _, cells, record = run_tuning(config, dry_run=True)
     assert record is None
-    assert sum(c.kind == "method" for c in cells) == 17 * 4 * 2 and sum(c.kind == "original" for c in cells) == 2
-    assert {c.unit for c in cells} == {"author_3", "author_4"}
+    assert sum(c.kind == "method" for c in cells) == 17 * 4
+    assert sum(c.kind == "original" for c in cells) == 1 and sum(c.kind == "retain" for c in cells) == 1
+    assert {c.unit for c in cells} == {"authors_3-4"}
+    assert all(c.tasks[:2] == ("tofu_authors", "tofu_authors_retain") for c in cells)
     assert run_config(config, dry_run=True, as_json=True, log=lambda _: None) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["tuning"]["validation_cells"] == 138 and len(summary["tuning"]["pending"]) == 17
+    assert summary["tuning"]["validation_cells"] == 70 and len(summary["tuning"]["pending"]) == 17
     # the untuned base keeps its shape: same methods, same evaluation
     assert [m.label for m in config.methods] == [m.label for m in base.methods]
     assert config.evaluation == base.evaluation and copy.deepcopy(config.benchmarks) == base.benchmarks

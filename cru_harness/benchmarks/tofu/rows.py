@@ -12,6 +12,21 @@ FULL_ROWS = 4000
 SPACE = "TOFU full"
 _PERCENT = re.compile(r"(forget|retain)(\d\d)(_perturbed)?")
 _CAP = re.compile(r"(.+)\[(\d*):(\d+)\]")
+#: `authors_3-4` (authors 3 to 4's rows of `full`), `not_authors_3-4` (every other row): the `tofu_authors` units
+_WINDOW = re.compile(r"(not_)?authors_(\d+)-(\d+)")
+#: authors with paraphrased and perturbed answers (`retain_perturbed`: the first 400 rows of `full`)
+PERTURBED_AUTHORS = 20
+
+
+def parse_window(name: str) -> tuple[int, int, bool] | None:
+    """`authors_3-4` -> (3, 4, False); `not_authors_3-4` -> (3, 4, True); else None (bounds unchecked)."""
+    match = _WINDOW.fullmatch(str(name))
+    return (int(match.group(2)), int(match.group(3)), bool(match.group(1))) if match else None
+
+
+def window_rows(first: int, last: int) -> range:
+    """Authors `first`..`last`'s rows of `full` (and of `retain_perturbed`, in the same order)."""
+    return range((first - 1) * AUTHOR_ROWS, last * AUTHOR_ROWS)
 
 
 def config_rows(name: str) -> list[int] | None:
@@ -29,6 +44,9 @@ def config_rows(name: str) -> list[int] | None:
         number, others = author
         own = range((number - 1) * AUTHOR_ROWS, number * AUTHOR_ROWS)
         return [row for row in range(FULL_ROWS) if row not in own] if others else list(own)
+    if (window := parse_window(name)) is not None:
+        own = window_rows(window[0], window[1])
+        return [row for row in range(FULL_ROWS) if row not in own] if window[2] else list(own)
     return None
 
 
