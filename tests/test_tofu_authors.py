@@ -145,3 +145,28 @@ def test_forget_quality_reads_the_window_task_against_its_own_oracle():
     assert far["metrics"]["forget_quality"] < 1e-6
     assert bench.forget_task("authors_3-4") == "tofu_authors"
     assert plugins.benchmarks.get("tofu").forget_task("forget01") == "tofu_forget01"
+
+
+def test_the_forget_quality_rule_chooses_on_the_windows_scores(tmp_path):
+    """Fixed scores for the two settings: the lower learning rate forgets less by ROUGE but is closer to the oracle
+    (higher FQ) and keeps utility; the higher one forgets more but drops below 0.9 x the Original's utility."""
+    from cru_harness.runner.plan import build_plan
+    from cru_harness.runner.tuning import decide
+
+    config = cfg.validate_config(raw_config(tmp_path))
+    cells = [c for c in build_plan(config.tuning.validation) if c.kind in ("original", "method", "retain")]
+    scores = {"Original": (0.1, 0.50, None), "GA [learning_rate=1e-05]": (0.5, 0.48, 0.40),
+              "GA [learning_rate=0.0001]": (0.9, 0.30, 0.90)}
+
+    def load(cell_hash):
+        cell = next(c for c in cells if c.hash == cell_hash)
+        rouge, utility, fq = scores[cell.label]
+        return {"status": "ok", "benchmark": cell.benchmark,
+                "metrics": {"forget_rouge_l": rouge, "model_utility": utility, "forget_quality": fq}}
+
+    record = decide(config, cells, load)
+    ga = record["methods"]["GA"]
+    assert record["rule"] == "forget_quality_at_utility" and record["units"] == ["tofu_authors authors_3-4"]
+    assert ga["chosen"] == {"learning_rate": 1.0e-5} and [row["qualifies"] for row in ga["settings"]] == [True, False]
+    scores["GA [learning_rate=0.0001]"] = (0.9, 0.46, 0.90)   # now it keeps utility too: the higher FQ wins
+    assert decide(config, cells, load)["methods"]["GA"]["chosen"] == {"learning_rate": 1.0e-4}
