@@ -170,3 +170,43 @@ def test_the_forget_quality_rule_chooses_on_the_windows_scores(tmp_path):
     assert ga["chosen"] == {"learning_rate": 1.0e-5} and [row["qualifies"] for row in ga["settings"]] == [True, False]
     scores["GA [learning_rate=0.0001]"] = (0.9, 0.46, 0.90)   # now it keeps utility too: the higher FQ wins
     assert decide(config, cells, load)["methods"]["GA"]["chosen"] == {"learning_rate": 1.0e-4}
+
+
+@pytest.mark.slow
+def test_a_tiny_run_tuned_on_a_window_with_its_own_oracle(tmp_path):
+    """A tiny model on the fictitious world: GA tuned over two learning rates on author 1's window (its oracle: the
+    testbed's small loop on the window's retain corpus), under the Forget Quality rule; every validation cell scored,
+    FQ against that oracle included, and the record's FQ is the cells'."""
+    import torch
+    import yaml
+
+    from cru_harness.cli import main
+
+    torch.set_num_threads(1)
+    world = {"data_dir": "testbed:world", "limit": 2}
+    config = {"name": "tiny_window", "seeds": [0], "device": "cpu",
+              "models": [{"name": "tiny", "path": "zoo:llama:finetuned", "dtype": "float32"}],
+              "benchmarks": {"tofu_author": {**world, "authors": [3], "retain_corpus": "author_4"}},
+              "methods": [{"method": "GA", "num_epochs": 1, "effective_batch_size": 10, "micro_batch_size": 10,
+                           "warmup_epochs": 0}],
+              "evaluation": {"batch_size": 8, "max_gen_toks": 12, "failure_classes": False},
+              "report": {"formats": ["md"], "plots": False},
+              "tuning": {"rule": "forget_quality_at_utility", "grids": {"GA": {"learning_rate": [1.0e-5, 1.0e-2]}},
+                         "validation": {"tofu_authors": {**world, "windows": ["1-1"], "retain_corpus": "author_2"}},
+                         "retain": {"authors_1-1": {"train": {"epochs": 1}}}}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = tmp_path / "run"
+    assert main(["run", str(path), "--output-dir", str(out)]) == 0
+    results = [json.loads(p.read_text()) for p in (out / "cells").glob("*/result.json")]
+    assert all(r["status"] == "ok" for r in results), [r.get("error") for r in results]
+    window = [r for r in results if r["benchmark"] == "tofu_authors"]
+    assert sorted(r["label"] for r in window) == ["GA [learning_rate=0.01]", "GA [learning_rate=1e-05]", "Original",
+                                                  "Retain"]
+    methods = [r for r in window if r["kind"] == "method"]
+    assert all(r["metrics"]["forget_quality"] is not None and r["metrics"]["model_utility"] is not None
+               and r["metrics"]["retain_rouge_l"] is not None for r in methods)
+    record = json.loads((out / "tuning" / "tiny.json").read_text())
+    assert record["rule"] == "forget_quality_at_utility"
+    assert [row["forget_quality"] for row in record["methods"]["GA"]["settings"]] == \
+        [r["metrics"]["forget_quality"] for r in sorted(methods, key=lambda r: r["hparams"]["learning_rate"])]
