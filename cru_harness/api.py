@@ -141,6 +141,9 @@ class Method:
     #: It trains on question / answer rows (an answer to prefer, refuse or redirect: IdkDPO, DPO, RT, LUNAR), so a
     #: benchmark whose corpora are passages (`Benchmark.passage_corpora`) is refused at config validation.
     needs_qa_rows: bool = False
+    #: Its default grid for `tuning:` (`runner.tuning`): {"grid": {hparam: [values]}, "source": where the values come
+    #: from}; None: the method has no default grid (a config's `tuning.grids` may still give one).
+    tuning_grid: Mapping[str, Any] | None = None
     order: int = 100               # where listings put it (lower first; then by name)
 
     def __repr__(self) -> str:
@@ -383,6 +386,16 @@ class Benchmark:
 
     def kept_score(self, result: dict) -> float | None:
         """What the learning-rate rule must keep (`reporting.lr_sweep`), or None."""
+        return None
+
+    def unit_items(self, split: str | None, target: int | None) -> frozenset | None:
+        """The items one unit evaluates as forget items, as hashable keys that mean the same across benchmarks
+        sharing data (TOFU and TOFU author: `("TOFU full", row)`); None: not declared. `tuning:` refuses a
+        validation unit sharing one with a reported unit (`runner.tuning`)."""
+        return None
+
+    def corpus_items(self, source: str) -> frozenset | None:
+        """The items of a corpus source, keyed as `unit_items` (None: not declared): what a fine-tune taught."""
         return None
 
     def resolve_block(self, block: dict, where: str, fail: Callable[[str, str], None]) -> dict[str, Any]:

@@ -55,7 +55,7 @@ def test_an_unknown_key_is_one_line_naming_it_and_the_keys_allowed_there(tmp_pat
            "benchmarks": {"tofu": {}}, "methods": ["GA"]}
     with pytest.raises(cfg.ConfigError, match=r"^seed: unknown key \(did you mean 'seeds'\?\); allowed here: name, "
                                               r"output_dir, data_dir, seeds, device, include_original, models, "
-                                              r"benchmarks, methods, attacks, evaluation, report, description, training$"):
+                                              r"benchmarks, methods, attacks, evaluation, report, description, training, tuning$"):
         cfg.validate_config({**raw, "seed": 1})
     with pytest.raises(cfg.ConfigError, match=r"^models\[0\]\.pth: unknown key \(did you mean 'path'\?\); allowed "
                                               r"here: name, path, dtype,"):

@@ -61,6 +61,13 @@ class BaselineMethod(Method):
         self.benchmark_defaults = dict(benchmark_defaults or {})
         self.former_defaults = dict(former_defaults or {})   # `api.Method.former_defaults`
 
+    @property
+    def tuning_grid(self):
+        """Its default `tuning:` grid (`baselines.tuning_grids`), None where it has none."""
+        from .tuning_grids import GRIDS
+
+        return GRIDS.get(self.name)
+
     def refuse_hparam(self, key: str) -> str | None:
         return self._refusals.get(key)
 

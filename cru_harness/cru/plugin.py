@@ -11,6 +11,11 @@ class CRUMethod(Method):
     runner_fields = ("seed", "forget_description", "retain_description", "progress")
     aliases = {"lambda": "lam"}
     needs = ("retain corpus",)
+    #: Its default `tuning:` grid: the routers' learning rate (the paper's 1e-3 and a decade below, the router_lr
+    #: study's grid, docs/configs.md) x its epochs, 1 and 3 (the steps: the paper's 5 epochs would give CRU more
+    #: steps than a baseline's setting; 1 + 3 spend, over the grid, the same as four baseline settings at 2 epochs)
+    tuning_grid = {"grid": {"lr": [1.0e-4, 1.0e-3], "epochs": [1, 3]},
+                   "source": "the paper's router lr 1e-3 and 1e-4 (router_lr study's grid) x epochs 1 and 3"}
     adapter = True
     order = 60
 

@@ -301,6 +301,12 @@ def print_plan(summary: dict, out=None) -> None:
     for entry in summary["security"]:
         print(f"    {entry['key']} {entry['name']}: {entry['path']} ({entry['origin']}), "
               f"trust_remote_code: {str(entry['trust_remote_code']).lower()}", file=out)
+    if (tuning := summary.get("tuning")):
+        print(f"  tuning: {tuning['rule']}, {tuning['validation_cells']} validation cells first", file=out)
+        for label, chosen in tuning["chosen"].items():
+            print(f"    {label}: {chosen}", file=out)
+        if tuning["pending"]:
+            print(f"    planned once the rule has chosen: {', '.join(tuning['pending'])}", file=out)
     selection = summary.get("target_selection")
     if selection:
         print(f"  RWKU targets: {selection['rule']}", file=out)
@@ -395,6 +401,15 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
 
         raise TargetSelectionError(f"target selection (benchmarks.{selecting_benchmark(config)}.select_known) "
                                    f"failed: {type(err).__name__}: {err}") from err
+    validation, tuning = [], None
+    if config.tuning is not None:   # its validation cells run first; the tuned entries are planned at the choice
+        if shard:
+            raise InputError("a config with `tuning:` runs its validation cells before planning the rest: run it "
+                             "without --shard")
+        from .tuning import run_tuning
+
+        config, validation, tuning = run_tuning(config, dry_run=dry_run, executor=executor, inputs=inputs,
+                                                force=force, log=log)
     cells = all_cells = build_plan(config, selected)
     from .inputs import check_attack_inputs
 
@@ -404,9 +419,13 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
         index, count = parse_shard(shard)
         cells = select_shard(cells, index, count)
     to_run = only_cells(cells, only, config)  # the plan (and plan.json) stays whole
-    summary = plan_summary(config, to_run, selected)   # a dry run shows what would run
+    summary = plan_summary(config, [*validation, *to_run], selected)   # a dry run shows what would run
     if only is not None:
         summary.update(only=only, n_planned=len(cells))   # as given: only_cells checked it
+    if config.tuning is not None:
+        summary["tuning"] = {"rule": config.tuning.rule, "validation_cells": len(validation),
+                             "chosen": {label: m["chosen"] for label, m in (tuning or {}).get("methods", {}).items()},
+                             "pending": [] if tuning else list(config.tuning.settings)}
     if dry_run:
         # A warning, not a refusal: a dry run may plan the run for another machine (a GPU config on a laptop).
         problems = machine_problems(config)
@@ -431,10 +450,10 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
     if executor is None:  # the real one; it reads the retain cell (of the whole plan) for Forget Quality
         from .provenance import cell_inputs
 
-        executor = PlanExecutor(store, all_cells, log=log)
+        executor = PlanExecutor(store, [*validation, *all_cells], log=log)
         inputs = inputs or cell_inputs
     store.root.mkdir(parents=True, exist_ok=True)
-    write_plan(store.root, config, cells, shard)
+    write_plan(store.root, config, [*validation, *cells], shard)
     if reuse is not None:   # the plan's, not only --only's: those cells start from the shared fine-tune
         reuse_cells(reuse, store, cells, log, bundles=reuse_bundles)
     from .loop import recorded_walls
@@ -458,6 +477,8 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
                                    f"cells are kept whole: `cru-harness report {store.root}` "
                                    "writes the report once that is fixed") from err
     status = 0 if counts["failed"] == 0 else 1
+    if any((store.load_result(cell.hash, quiet=True) or {}).get("status") == "failed" for cell in validation):
+        status = 1   # a failed validation cell: its setting could not be chosen
     if reproduce is not None:
         from .reproduce import write_reproduction
 

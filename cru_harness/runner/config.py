@@ -162,6 +162,7 @@ class MethodSpec:
     index: int                     # position in `methods` (for error messages)
     settings: dict[str, Any] = field(default_factory=dict)   # its method's `entry_settings` (PURGE's checkpoints)
     as_computed: dict[str, Any] = field(default_factory=dict)   # former defaults restated: trained, not hashed
+    tuning: dict[str, Any] | None = None   # set by `runner.tuning` once its rule chose: in its cells' `extra`
 
     def hparams_for(self, benchmark: str, split: str | None) -> dict[str, Any]:
         resolved = dict(self.hparams)
@@ -197,6 +198,7 @@ class ExperimentConfig:
     source: str | None = None
     attacks: tuple["AttackSpec", ...] = ()
     training: dict[str, Any] = field(default_factory=dict)   # `training:`: the engine (`training.launch`)
+    tuning: Any = None   # `tuning:` resolved (`runner.tuning.TuningSpec`), None without the block
 
 
 def config_path(path: str | os.PathLike) -> Path:
@@ -506,11 +508,16 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
     _check_tasks_under_presets(benchmarks, benches_raw, attacks, evaluation, source)
 
     training = _validate_training(raw.get("training"), source)
-    return ExperimentConfig(name=name, output_dir=output_dir, data_dir=data_dir, seeds=tuple(seeds),
-                            device=device, include_original=include_original, models=tuple(models),
-                            benchmarks=benchmarks, methods=tuple(methods),
-                            evaluation=evaluation, report=report, raw=original, source=source,
-                            attacks=attacks, training=training)
+    config = ExperimentConfig(name=name, output_dir=output_dir, data_dir=data_dir, seeds=tuple(seeds),
+                              device=device, include_original=include_original, models=tuple(models),
+                              benchmarks=benchmarks, methods=tuple(methods),
+                              evaluation=evaluation, report=report, raw=original, source=source,
+                              attacks=attacks, training=training)
+    if raw.get("tuning") is not None:   # its validation config is checked as a config of its own (`runner.tuning`)
+        from .tuning import validate_tuning
+
+        config = dataclasses.replace(config, tuning=validate_tuning(raw, config, source))
+    return config
 
 
 def _validate_training(raw: Any, source: str | None) -> dict[str, Any]:

@@ -306,6 +306,8 @@ def _method_cells(config: ExperimentConfig, method: MethodSpec, common: dict, sp
     # a method with entry settings gets them (a plugin written without `settings=` keeps working)
     entry = {"settings": method.settings} if method.settings else {}
     extra = plugin.cell_extra(config, bench, split, target, **entry)
+    if method.tuning:   # the choice `tuning:` made (`runner.tuning`): its rule, grid and validation cells
+        extra = {**extra, "tuning": method.tuning}
     common = dict(common, tasks=tuple(plugin.tasks_for(plugins.benchmarks.get(bench), common["tasks"])))   # ICU's
     seeds = list(config.seeds) if plugin.seeded else [None]
     for seed in seeds:

@@ -163,6 +163,28 @@ class Training(_Block):
     config_file: str | None = Field(None, description="an accelerate config file of one's own instead of the engine's")
 
 
+class Tuning(_Block):
+    """`tuning:`: each method's hyperparameters chosen by one named rule on a validation unit, before any reported
+    cell runs (`runner.tuning`, docs/protocol.md "Tuning")."""
+    rule: str = Field(description="the selection rule, one of `runner.tuning.RULES`: `forgetting_at_utility`, "
+                                  "`forget_quality_at_utility`")
+    utility_ratio: float = Field(0.9, description="r: a setting qualifies when its validation utility is >= r x the "
+                                                  "Original's")
+    validation: dict[str, dict[str, Any] | None] = Field(
+        description="the validation unit(s): benchmark blocks as under `benchmarks:`; no item shared with a "
+                    "reported unit")
+    retain: dict[str, Any] | None = Field(None, description="the validation unit's oracle, as `models[i].retain` "
+                                                            "(a benchmark with an oracle)")
+    seeds: int | list[int] | None = Field(None, description="the validation cells' seeds (default: the run's first)")
+    methods: list[str] | None = Field(None, description="the labels tuned (default: every entry whose method has "
+                                                        "a default grid, docs/protocol.md \"Tuning\")")
+    grids: dict[str, dict[str, list[Any]]] | None = Field(
+        None, description="{label: {hparam: [values]}}: a label's grid instead of its method's default")
+    overrides: dict[str, Any] | None = Field(
+        None, description="{hparam: value} set in every validation cell whose method accepts it (e.g. a batch that "
+                          "keeps the reported step count on a smaller validation unit)")
+
+
 class ExperimentFile(_Block):
     """A runner config (`cru-harness run CONFIG`)."""
     name: str = Field(description="run name (letters, digits, `_ . -`)")
@@ -189,6 +211,8 @@ class ExperimentFile(_Block):
     description: str | None = Field(None, description="free text, shown in the report")
     training: Training | None = Field(None, description="`{engine, num_processes, config_file}`: the training engine "
                                                         "of weight-training cells; in no cell's hash (docs/gpu.md)")
+    tuning: Tuning | None = Field(None, description="each method's hyperparameters chosen on a validation unit by "
+                                                    "one rule: `tuning.*` below")
 
     @field_validator("name", mode="before")
     @classmethod
@@ -307,5 +331,7 @@ def key_table() -> str:
                  ("models[i].finetune", _keys_of(Finetune))]
     rows[10:10] = [("methods[i]", f"{_keys_of(MethodEntry)}, and the method's hyperparameters and entry settings "
                                   "(`cru-harness methods`)")]
+    rows += [(f"tuning.{key}", text) for key, text in
+             ((f.alias or name, f.description or "") for name, f in Tuning.model_fields.items())]
     lines = ["| key | meaning |", "|---|---|"] + [f"| `{key}` | {text.replace('|', '&#124;')} |" for key, text in rows]
     return "\n".join(lines) + "\n"

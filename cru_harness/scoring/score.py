@@ -45,6 +45,9 @@ TOFU_TASKS: dict[str, tuple[str, str]] = {
 FORGET_VARIANTS = ("paraphrase", "in_context")
 TOFU_TASKS.update({f"{task}_{variant}": entry for task, entry in list(TOFU_TASKS.items()) if entry[0] == "forget"
                    for variant in FORGET_VARIANTS})
+# an author window of retain_perturbed as the forget set, the rest as the retain set (`tofu_authors`; no variants)
+TOFU_TASKS.update({"tofu_authors": ("forget", "retain_perturbed"),
+                   "tofu_authors_retain": ("retain", "retain_perturbed")})
 #: Task metrics reported where a task has them: the paraphrase variant's multiple-choice probability.
 OPTIONAL_TASK_METRICS = ("mc_probability",)
 

@@ -68,7 +68,8 @@ _warned_plain_results = False
 
 def load_tofu_dataset(tofu_config: str | None = None, data_dir: str | None = None, tofu_preset: str | None = None,
                       tofu_variant: str | None = None, tofu_icl_k=None, tofu_icl_slice_fraction=None,
-                      tofu_icl_slice_size=None, tofu_icl_seed=None, **metadata) -> datasets.DatasetDict:
+                      tofu_icl_slice_size=None, tofu_icl_seed=None, tofu_authors=None, tofu_authors_set=None,
+                      **metadata) -> datasets.DatasetDict:
     """`custom_dataset` of every TOFU task: `{"train": rows of tofu_config}`.
 
     lm-eval 0.4.13 calls it as `custom_dataset(**metadata, **dataset_kwargs)`: `tofu_config` comes from the
@@ -81,6 +82,9 @@ def load_tofu_dataset(tofu_config: str | None = None, data_dir: str | None = Non
     `asked`, the row's `paraphrased_question`, which the task asks instead of `question`; `in_context` keeps the
     held-out rows only, each with `shots`, the slice's question-answer pairs put before it (`in_context_docs`).
     `question` stays the file's, so items match across cells by question.
+
+    `tofu_authors_set` (the `tofu_authors*` tasks' `dataset_kwargs`): `forget` keeps the rows of the author window
+    `tofu_authors` (metadata, `3-4`), `retain` every other row (`author_window_rows`).
     """
     from cru_harness.data.tofu import load_tofu
 
@@ -91,6 +95,8 @@ def load_tofu_dataset(tofu_config: str | None = None, data_dir: str | None = Non
         )
     check_variant(tofu_variant, tofu_config)
     rows = load_tofu(tofu_config, data_dir=data_dir or None)
+    if tofu_authors_set is not None:
+        rows = author_window_rows(rows, tofu_config, tofu_authors, tofu_authors_set)
     shots = None
     if tofu_variant == "in_context":   # drawn over the whole file, as relearn draws its slice of the forget corpus
         shots = in_context_docs(len(rows), k=tofu_icl_k, fraction=tofu_icl_slice_fraction,
@@ -125,6 +131,31 @@ def load_tofu_dataset(tofu_config: str | None = None, data_dir: str | None = Non
                             for i in shots[index]]
         docs.append(doc)
     return datasets.DatasetDict({"train": datasets.Dataset.from_list(docs)})
+
+
+AUTHOR_WINDOW_SETS = ("forget", "retain")
+
+
+def author_window_rows(rows: list, tofu_config: str, window, author_set: str) -> list:
+    """The `tofu_authors` unit's rows of `retain_perturbed` (`full`'s first authors, 20 rows each, in order):
+    authors A..B of the metadata `tofu_authors` (`A-B`) for `forget`, the others for `retain`."""
+    from cru_harness.data.tofu import AUTHOR_ROWS
+
+    if author_set not in AUTHOR_WINDOW_SETS:
+        raise ValueError(f"TOFU task: dataset_kwargs.tofu_authors_set must be one of {', '.join(AUTHOR_WINDOW_SETS)}; "
+                         f"got {author_set!r}")
+    if tofu_config != "retain_perturbed":
+        raise ValueError(f"TOFU task: tofu_authors_set reads retain_perturbed, not {tofu_config!r}")
+    parts = str(window or "").split("-")
+    if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
+        raise InputError(f"--metadata tofu_authors={window!r}: expected an author window such as 3-4")
+    first, last = (int(part) for part in parts)
+    n_authors = len(rows) // AUTHOR_ROWS
+    if not 1 <= first <= last <= n_authors:
+        raise InputError(f"--metadata tofu_authors={window!r}: expected authors within 1-{n_authors} of "
+                         f"{tofu_config}, the first no later than the last")
+    start, stop = (first - 1) * AUTHOR_ROWS, last * AUTHOR_ROWS
+    return rows[start:stop] if author_set == "forget" else rows[:start] + rows[stop:]
 
 
 #: The forget-task variants of the prompt attacks: `tofu_variant` of a variant task's `dataset_kwargs`.

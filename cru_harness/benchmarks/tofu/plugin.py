@@ -188,9 +188,24 @@ class TOFU(Benchmark):
         config = f"{cell.split}_perturbed"
         return load_tofu(config, data_dir), f"TOFU {config}"
 
+    def unit_items(self, split, target) -> frozenset | None:
+        """A forget split's rows of `full` (`rows`)."""
+        from .rows import config_rows, items
+
+        return items(config_rows(split)) if split else None
+
+    def corpus_items(self, source: str) -> frozenset | None:
+        from .rows import items, source_rows
+
+        return items(source_rows(source))
+
+    def forget_task(self, split: str) -> str:
+        """The lm-eval forget task of a unit, whose truth ratios Forget Quality compares with the oracle's."""
+        return f"tofu_{split}"
+
     def oracle_from_file(self, path: str, cell) -> dict:
         """`retain: {per_item: FILE}`: the retain model's forget truth ratios (Forget Quality's reference)."""
-        return retain_from_per_item(path, f"tofu_{cell.split}")
+        return retain_from_per_item(path, self.forget_task(cell.split))
 
     def oracle_as_reference(self, tasks: tuple[str, ...]) -> bool:
         """The privacy tasks' reference attack reads the retain model (open-unlearning's TOFU config names it)."""
@@ -208,7 +223,7 @@ class TOFU(Benchmark):
         from ...scoring.score import forget_quality_from_items
 
         if result.get("kind") != "retain":
-            task = f"tofu_{result['split']}"
+            task = self.forget_task(result["split"])
             mine = forget_items_from_result(result, task)
             reference = forget_items_from_result(oracle, task) if oracle else None
             if mine and reference:

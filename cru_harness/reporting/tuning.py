@@ -1,0 +1,65 @@
+"""The report's "Tuning" section: the records `runner.tuning` saves in a run directory (`tuning/<model>.json`):
+the rule as written in the config, each tuned entry's grid with every validation cell's score, and the choice. The
+validation cells stay out of the leaderboards (`tuning_cell_hashes`): they are how settings were chosen, not
+results."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..store import read_recorded_json
+from .stats import is_number
+
+TUNING_DIR = "tuning"
+
+
+def tuning_records(dirs) -> list[dict]:
+    return [read_recorded_json(path, "the tuning record")
+            for directory in dirs for path in sorted((Path(directory) / TUNING_DIR).glob("*.json"))]
+
+
+def tuning_cell_hashes(dirs) -> set[str]:
+    """The validation cells of the run directories' tuning records (and their validation Originals)."""
+    hashes: set[str] = set()
+    for record in tuning_records(dirs):
+        hashes.update(record["original"]["cells"])
+        hashes.update(cell["hash"] for method in record["methods"].values()
+                      for row in method["settings"] for cell in row["cells"])
+    return hashes
+
+
+def _number(value) -> str:
+    return f"{value:.4f}" if is_number(value) else "—"
+
+
+def _setting(setting: dict) -> str:
+    return ", ".join(f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
+                     for key, value in setting.items())
+
+
+def tuning_markdown(dirs) -> list[str]:
+    """One "Tuning" block per record: the rule, the validation unit, and per tuned entry its grid's scores."""
+    lines: list[str] = []
+    for record in tuning_records(dirs):
+        forgetting, utility = record["axes"]
+        floor = record["utility_ratio"] * record["original"]["utility"]
+        lines += [f"## Tuning ({record['model']})", "",
+                  f"Rule, written in the config before any result: `{record['rule']}`: {record['rule_text']} "
+                  f"(r = {record['utility_ratio']:g}); {record['ties']}; if {record['fallback']}.", "",
+                  f"Validation: {', '.join(record['units'])}, seeds {', '.join(map(str, record['seeds']))}; no item "
+                  f"shared with a reported unit. The Original's utility there: {_number(record['original']['utility'])}"
+                  f" (the floor: {_number(floor)}). Scores are means over the validation cells; a setting with a "
+                  "failed cell has none. The reported cells of each entry run at its chosen setting.", "",
+                  f"| Entry | Setting | {forgetting} | {utility} | FQ | Keeps utility | Cells | Chosen |",
+                  "|---|---|---:|---:|---:|---|---|---|"]
+        for label, method in record["methods"].items():
+            for index, row in enumerate(method["settings"]):
+                cells = ", ".join(f"{cell['hash']} ({cell['status']})" for cell in row["cells"])
+                lines.append(f"| {label} | {_setting(row['setting'])} | {_number(row['forgetting'])} | "
+                             f"{_number(row['utility'])} | {_number(row['forget_quality'])} | "
+                             f"{'yes' if row['qualifies'] else 'no'} | {cells} | "
+                             f"{'**chosen**' if index == method['chosen_index'] else ''} |")
+        lines.append("")
+        lines += [f"- {label}: {_setting(method['chosen'])} ({method['reason']}); grid: {method['source']}; budget: "
+                  f"{method['budget']}" for label, method in record["methods"].items()]
+        lines.append("")
+    return lines
