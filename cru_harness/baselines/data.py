@@ -140,14 +140,15 @@ def own_examples(plugin, tokenizer, rows: Sequence[dict], side: str, max_length:
     return [_own_example(e, i, side, max_length) for i, e in enumerate(own)]
 
 
-def encode_rows(tokenizer, rows: Sequence[dict], side: str, max_length: int = 512, *, benchmark: str = "tofu",
+def encode_rows(tokenizer, rows: Sequence[dict], side: str, max_length: int = 512, *, benchmark: str | None = None,
                 **fmt) -> list[EncodedExample]:
     """A corpus's training examples: the benchmark's own when it builds them (`own_examples`), else one per row
-    (`encode_row`)."""
+    (`encode_row`; no `benchmark`: the prompt builder's default)."""
     own = own_examples(training_benchmark(benchmark), tokenizer, rows, side, max_length)
     if own is not None:
         return own
-    return [encode_row(tokenizer, r, i, side, max_length, benchmark=benchmark, **fmt) for i, r in enumerate(rows)]
+    named = {"benchmark": benchmark} if benchmark is not None else {}
+    return [encode_row(tokenizer, r, i, side, max_length, **named, **fmt) for i, r in enumerate(rows)]
 
 
 def collate(examples: Sequence[EncodedExample], pad_token_id: int | None) -> dict[str, torch.Tensor]:
