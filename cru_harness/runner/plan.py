@@ -50,7 +50,7 @@ class Cell:
     extra: dict[str, Any] = field(default_factory=dict)   # retain spec, PURGE local checkpoint
     training: dict[str, Any] = field(default_factory=dict, compare=False)   # the config's engine; not hashed
     # what execution reads instead of re-deciding (`runner.prompting.CellDecisions`), settled by `build_plan`
-    # (`with_decisions`); derived from the fields above, so neither the hash (`resolved`) nor equality sees it, and
+    # (`settle`); derived from the fields above, so neither the hash (`resolved`) nor equality sees it, and
     # `dataclasses.replace` leaves it out (a changed cell is decided again, never read with another cell's decisions)
     decisions: Any = field(default=None, init=False, compare=False, repr=False)
 
@@ -167,13 +167,38 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
                 # the attacks: on every method cell, and on the oracle (the control of the recovery score)
                 forget = {key: _fill(spec[key], bench, split, target) for key in ("forget_corpus", "retain_corpus")}
                 cells.extend(_attack_cells(config, oracle + block, forget))
-    return [with_decisions(cell, decide(cell)) for cell in cells]   # each cell's decisions, settled once
+    return settle(cells)   # each cell's decisions, settled once
 
 
 def with_decisions(cell: Cell, decisions) -> Cell:
     """A copy of `cell` carrying `decisions` (`runner.prompting.CellDecisions`)."""
     settled = replace(cell)
     object.__setattr__(settled, "decisions", decisions)   # frozen: set once, as the dataclass would in __init__
+    return settled
+
+
+def settle(cells: Iterable[Cell]) -> list[Cell]:
+    """`cells`, each carrying its decisions (`runner.prompting.decide`, kept where a cell has them) and the cells of
+    the plan it reads, by hash: its oracle (`retain_cell_for`) and the fine-tune it starts from
+    (`finetune_cell_for`). The executor reads them; a cell missing from `cells` is None."""
+    from .. import plugins
+
+    cells = list(cells)
+    finetunes: dict[str, str] = {}
+    oracles: dict[tuple, str] = {}
+    for cell in cells:   # the first of each, as `finetune_cell_for` and `retain_cell_for` find it
+        if cell.kind == "finetune":
+            finetunes.setdefault(cell.model.name, cell.hash)
+        elif cell.kind == "retain":
+            oracles.setdefault((cell.model.name, cell.split), cell.hash)
+    settled = []
+    for cell in cells:
+        has_oracle = cell.kind != "retain" and plugins.benchmarks.get(cell.benchmark).has_oracle
+        starts = cell.kind != "finetune" and cell.model.finetune is not None
+        decisions = cell.decisions if cell.decisions is not None else decide(cell)
+        settled.append(with_decisions(cell, replace(
+            decisions, oracle=oracles.get((cell.model.name, cell.split)) if has_oracle else None,
+            starts_from=finetunes.get(cell.model.name) if starts else None)))
     return settled
 
 
