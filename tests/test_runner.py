@@ -289,11 +289,13 @@ def test_the_plan_settles_each_cells_decisions_once_outside_its_hash(tmp_path, m
     raw = base_config(tmp_path, models=[{"name": "m", "path": str(model_dir)}])
     cells = build_plan(cfg.validate_config(raw))
     cell = next(c for c in cells if c.method == "GA")
-    assert cell.decisions == decide(cell)
+    assert dataclasses.replace(cell.decisions, linked=False) == decide(cell)   # no oracle, no fine-tune here
+    assert cell.decisions.linked and (cell.decisions.oracle, cell.decisions.starts_from) == (None, None)
     assert cell.decisions.lmeval_settings == lmeval_settings(cell.evaluation)
     assert cell.decisions.task_metadata == plugins.benchmarks.get("tofu").task_metadata(cell.split, cell.target)
     bare = dataclasses.replace(cell)   # neither the hash nor equality sees the decisions; a copy is decided again
-    assert bare.decisions is None and (bare.hash, bare) == (cell.hash, cell)
+    assert (bare.hash, bare) == (cell.hash, cell) and bare.decisions is not cell.decisions
+    assert not bare.decisions.linked and bare.decisions is bare.decisions   # decided once, when first asked
     changed = dataclasses.replace(cell, evaluation={**cell.evaluation, "max_gen_toks": 7})
     assert lmeval_settings(changed.evaluation)["gen_kwargs"] == {"max_gen_toks": 7}
     assert decisions_of(changed).gen_kwargs == {"max_gen_toks": 7}   # not the planned cell's

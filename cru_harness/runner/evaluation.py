@@ -12,7 +12,7 @@ from ..devices import HALF_DTYPES, explain_out_of_memory
 from .config import ModelSpec
 from .models import model_dtype
 from .plan import Cell
-from .prompting import decide, protocol_presets
+from .prompting import protocol_presets
 
 #: What a scoring pass too large for the GPU is told to change.
 SMALLER_EVALUATION = "lower evaluation.batch_size in the config (it changes no setting of the protocol)"
@@ -27,7 +27,7 @@ def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Pat
     serves and why each other one is left out, when the executor found them already (`tasks_with_data`)."""
     tasks, unavailable = tasks if tasks is not None else tasks_with_data(cell, data_dir)
     # presets, generation settings, task and model metadata and device, as the plan settled them
-    decisions = cell.decisions if cell.decisions is not None else decide(cell)
+    decisions = cell.decisions
     out = workdir / "lmeval"
     t0 = time.perf_counter()
     run_lmeval(cell.model, model_path, tasks, out, routers=routers, reference=reference, data_dir=data_dir,
@@ -136,7 +136,7 @@ def score_cell(cell: Cell, lmeval_dir: Path, *, data_dir=None, original_model: s
 
     failure = bool(cell.evaluation.get("failure_classes", True))
     original = original_model if failure else None
-    decisions = cell.decisions if cell.decisions is not None else decide(cell)
+    decisions = cell.decisions
     batch_size = int(cell.evaluation.get("batch_size", 8))
     # the original model scores the answers for the failure classes
     with explain_out_of_memory(f"failure classes at batch size {batch_size}", SMALLER_EVALUATION):
@@ -160,7 +160,7 @@ def logit_lens_of_cell(cell: Cell, model_path: str, routers: str | None, data_di
     from .. import plugins
     from ..attacks.logit_lens import logit_lens_scores
 
-    decisions = cell.decisions if cell.decisions is not None else decide(cell)
+    decisions = cell.decisions
     found = plugins.benchmarks.get(cell.benchmark).lens_rows(cell, data_dir)
     if found is None:
         return None
@@ -179,3 +179,21 @@ def logit_lens_of_cell(cell: Cell, model_path: str, routers: str | None, data_di
         del model
         gc.collect()
     return {**result.to_dict(), "rows": source, "routers": routers}
+
+
+def cell_lens(cell: Cell, model_path: str, routers: str | None, data_dir, chat: bool,
+              served_by: dict | None, taught: list[str] | None = None) -> dict | None:
+    """The logit lens a cell records: read on its model (`logit_lens_of_cell`) over the forget items it was not
+    trained on (`taught`: a relearn attack's slice, left out as its recovery leaves them out); that of
+    `served_by`, the attacked cell whose model a prompt attack serves unchanged; or why there is none (a model of
+    several checkpoints, WHP's). None: the benchmark has no forget probability."""
+    # the oracle and Original (attacked too) are one checkpoint; a method says whether its model is
+    method = cell.decisions.method
+    if method is not None and not method.one_checkpoint:
+        return {"skipped": f"a {cell.method} model combines two models' output logits: no one stack of layers to read"}
+    seen = ((served_by or {}).get("details") or {}).get("logit_lens")
+    if seen:
+        return {**seen, "from_attacked_cell": cell.extra["attacked"]}
+    # a prompt attack's shown pairs are not in the weights: only a model trained on forget items leaves some out
+    return logit_lens_of_cell(cell, model_path, routers, data_dir, chat,
+                              exclude=taught if served_by is None else None)

@@ -14,10 +14,10 @@ from .. import plugins
 from ..errors import MissingInputError
 from ..metrics.recovery import taught_questions
 from ..store import CellStore, waiting_lock
-from .evaluation import evaluate_cell, logit_lens_of_cell, score_cell
-from .prompting import CellDecisions, decide
+from .evaluation import cell_lens, evaluate_cell, score_cell
+from .prompting import CellDecisions
 from .models import resolve_data_dir, resolve_model_path
-from .plan import Cell, settle, with_decisions
+from .plan import Cell, settle
 from .provenance import directory_fingerprint
 from .training import FINETUNED_DIR, train_finetuned_model, train_retain_model
 
@@ -39,16 +39,14 @@ class PlanExecutor:
     def __init__(self, store: CellStore, cells: Iterable[Cell], log: Callable[[str], None] | None = None):
         self.store = store
         cells = list(cells)
-        # the plan's cells carry what each reads (`plan.settle`); cells built by hand are settled here
-        self.cells = cells if all(c.decisions is not None for c in cells) else settle(cells)
+        # the plan's cells carry the cells each reads (`plan.settle`); cells listed otherwise are settled here
+        self.cells = cells if all(c.decisions.linked for c in cells) else settle(cells)
         self.by_hash = {c.hash: c for c in self.cells}
         self.log = log
 
     def planned(self, cell: Cell) -> Cell:
         """`cell` as the plan settled it: with its decisions, and the hashes of the cells it reads."""
-        if cell.decisions is not None:
-            return cell
-        return self.by_hash.get(cell.hash) or settle([cell])[0]
+        return cell if cell.decisions.linked else self.by_hash.get(cell.hash, cell)
 
     def read(self, what: str | None) -> Cell | None:
         """The cell of this plan with hash `what` (None when it is not in the plan)."""
@@ -173,7 +171,7 @@ def method_context(cell: Cell, model_path: str, workdir: Path, data_dir, outcome
     the cell's evaluation shows them (chat template or plain), models load as its decisions say."""
     from ..api import CellContext
 
-    decisions = cell.decisions if cell.decisions is not None else decide(cell)
+    decisions = cell.decisions
     # a method that trains nothing (prompt-only, published checkpoints) reads nothing of the base model here
     trains = decisions.method.trains if trains is None else trains
     chat = decisions.chat(model_path) if trains else False
@@ -207,10 +205,8 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
     `base_path`: the model the cell starts from when it is not `cell.model.path` (its fine-tuned checkpoint).
     A `finetune` cell only trains: its checkpoint is the artifact the model's other cells start from.
     Everything decided about the cell is read from its decisions (`runner.prompting.CellDecisions`), which the
-    plan settled; a cell built by hand is decided here, once.
+    plan settled (a cell built by hand is decided once, when first asked).
     """
-    if cell.decisions is None:
-        cell = with_decisions(cell, decide(cell))
     decisions = cell.decisions   # what training, evaluation and scoring read from here on
     data_dir = resolve_data_dir(cell.data_dir)
     outcome: dict[str, Any] = {"resources": {}, "details": {}, "artifacts": {}}
@@ -292,21 +288,3 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
                 outcome["metrics"]["forget_best_layer_prob"] = lens["best"]
             outcome["details"]["logit_lens"] = lens
     return outcome
-
-
-def cell_lens(cell: Cell, model_path: str, routers: str | None, data_dir, chat: bool,
-              served_by: dict | None, taught: list[str] | None = None) -> dict | None:
-    """The logit lens a cell records: read on its model (`logit_lens_of_cell`) over the forget items it was not
-    trained on (`taught`: a relearn attack's slice, left out as its recovery leaves them out); that of
-    `served_by`, the attacked cell whose model a prompt attack serves unchanged; or why there is none (a model of
-    several checkpoints, WHP's). None: the benchmark has no forget probability."""
-    # the oracle and Original (attacked too) are one checkpoint; a method says whether its model is
-    method = (cell.decisions if cell.decisions is not None else decide(cell)).method
-    if method is not None and not method.one_checkpoint:
-        return {"skipped": f"a {cell.method} model combines two models' output logits: no one stack of layers to read"}
-    seen = ((served_by or {}).get("details") or {}).get("logit_lens")
-    if seen:
-        return {**seen, "from_attacked_cell": cell.extra["attacked"]}
-    # a prompt attack's shown pairs are not in the weights: only a model trained on forget items leaves some out
-    return logit_lens_of_cell(cell, model_path, routers, data_dir, chat,
-                              exclude=taught if served_by is None else None)

@@ -49,10 +49,17 @@ class Cell:
     device: str
     extra: dict[str, Any] = field(default_factory=dict)   # retain spec, PURGE local checkpoint
     training: dict[str, Any] = field(default_factory=dict, compare=False)   # the config's engine; not hashed
-    # what execution reads instead of re-deciding (`runner.prompting.CellDecisions`), settled by `build_plan`
-    # (`settle`); derived from the fields above, so neither the hash (`resolved`) nor equality sees it, and
-    # `dataclasses.replace` leaves it out (a changed cell is decided again, never read with another cell's decisions)
-    decisions: Any = field(default=None, init=False, compare=False, repr=False)
+    # its decisions (`decisions`), derived from the fields above, so neither the hash (`resolved`) nor equality sees
+    # them, and `dataclasses.replace` leaves them out (a changed cell is decided again, never read with another's)
+    _decisions: Any = field(default=None, init=False, compare=False, repr=False)
+
+    @property
+    def decisions(self):
+        """What execution reads instead of re-deciding (`runner.prompting.CellDecisions`): settled by `build_plan`
+        (`settle`, with the cells it reads), or decided the first time a cell built otherwise is asked."""
+        if self._decisions is None:
+            object.__setattr__(self, "_decisions", decide(self))   # frozen: set once, as in `with_decisions`
+        return self._decisions
 
     @property
     def unit(self) -> str:
@@ -173,7 +180,7 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
 def with_decisions(cell: Cell, decisions) -> Cell:
     """A copy of `cell` carrying `decisions` (`runner.prompting.CellDecisions`)."""
     settled = replace(cell)
-    object.__setattr__(settled, "decisions", decisions)   # frozen: set once, as the dataclass would in __init__
+    object.__setattr__(settled, "_decisions", decisions)   # frozen: set once, as the dataclass would in __init__
     return settled
 
 
@@ -195,10 +202,9 @@ def settle(cells: Iterable[Cell]) -> list[Cell]:
     for cell in cells:
         has_oracle = cell.kind != "retain" and plugins.benchmarks.get(cell.benchmark).has_oracle
         starts = cell.kind != "finetune" and cell.model.finetune is not None
-        decisions = cell.decisions if cell.decisions is not None else decide(cell)
         settled.append(with_decisions(cell, replace(
-            decisions, oracle=oracles.get((cell.model.name, cell.split)) if has_oracle else None,
-            starts_from=finetunes.get(cell.model.name) if starts else None)))
+            cell.decisions, oracle=oracles.get((cell.model.name, cell.split)) if has_oracle else None,
+            starts_from=finetunes.get(cell.model.name) if starts else None, linked=True)))
     return settled
 
 

@@ -39,6 +39,7 @@ class CellDecisions:
     device_setting: str               # the config's device (`auto`, `cpu`, `cuda:1`)
     oracle: str | None = None         # the hash of its retain cell (Forget Quality, the reference attack)
     starts_from: str | None = None    # the hash of the finetune cell whose checkpoint its model starts from
+    linked: bool = False              # `oracle` and `starts_from` were read from a plan (`runner.plan.settle`)
 
     @property
     def lmeval_settings(self) -> dict[str, Any]:
@@ -93,8 +94,8 @@ def decide(cell) -> CellDecisions:
 
 
 def decisions_of(cell) -> CellDecisions:
-    """The decisions the plan attached to `cell` (a cell built by hand, outside `build_plan`, gets them here)."""
-    return cell.decisions if cell.decisions is not None else decide(cell)
+    """The decisions the plan attached to `cell` (`Cell.decisions`: a cell built by hand is decided when asked)."""
+    return cell.decisions
 
 
 def preset_defaults(evaluation: dict) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from ..training.launch import LaunchSettings, launch
 from ..training.resources import record_resources
 from .models import resolve_model_path
 from .plan import Cell
-from .prompting import decide
 from .provenance import directory_fingerprint
 
 FINETUNED_DIR = "finetuned_model"   # a finetune cell's checkpoint, inside its work directory
@@ -21,7 +20,7 @@ def train_retain_model(cell: Cell, spec: dict, workdir: Path, data_dir, outcome:
     from ..data.corpora import load_corpus
     from ..testbed.finetune import finetune_causal_lm
 
-    decisions = cell.decisions if cell.decisions is not None else decide(cell)
+    decisions = cell.decisions
     source = resolve_model_path(spec.get("from", cell.model.path))
     model, tokenizer = decisions.load_model(source)
     # the rows as the evaluation writes them (a testbed model: the plain template, which `format_qa` also writes)
@@ -43,7 +42,7 @@ def train_finetuned_model(cell: Cell, spec: dict, source_path: str, corpus: str,
     saved under workdir/`name`. The prompt is the one the cell's evaluation uses (chat template or plain)."""
     from ..finetune import FinetuneConfig, finetune
 
-    decisions = cell.decisions if cell.decisions is not None else decide(cell)
+    decisions = cell.decisions
     overrides = {k: v for k, v in spec.items() if k not in ("data", "dtype")}
     dtype = spec.get("dtype") or decisions.dtype()
     out = workdir / name
