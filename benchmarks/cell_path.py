@@ -233,9 +233,9 @@ def head() -> str:
                           text=True).stdout.strip()
 
 
-def report(config: str, rows: list[tuple[str, dict, dict]]) -> str:
+def report(config: str, before: list[str], rows: list[tuple[str, dict, dict]]) -> str:
     lines = ["# The path of one cell through `execute_cell`", "",
-             f"`python benchmarks/cell_path.py {config} --before {' --before '.join(r for r, _, _ in rows[:-1])} "
+             f"`python benchmarks/cell_path.py {config}{''.join(f' --before {rev}' for rev in before)} "
              "--out benchmarks/results/cell_path.md`, in one run: the GA cell of the config run once by each "
              "revision's code (an earlier one in a subprocess importing it), and each revision's source read. "
              "At run time: every call of the project's code that receives the cell (or a copy of it), in order. "
@@ -275,7 +275,7 @@ def main() -> None:
             rows.append((f"{rev} (before)", trace_elsewhere(root, args.config), static_path(root)))
             print(f"{rev}: traced in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
     rows.append((f"{head()} (this code)", trace_elsewhere(REPO, args.config), static_path(REPO)))
-    text = report(args.config, rows)
+    text = report(args.config, args.before, rows)
     if args.out:
         Path(args.out).write_text(text + "\n")
     else:

@@ -49,17 +49,17 @@ class Cell:
     device: str
     extra: dict[str, Any] = field(default_factory=dict)   # retain spec, PURGE local checkpoint
     training: dict[str, Any] = field(default_factory=dict, compare=False)   # the config's engine; not hashed
-    # its decisions (`decisions`), derived from the fields above, so neither the hash (`resolved`) nor equality sees
-    # them, and `dataclasses.replace` leaves them out (a changed cell is decided again, never read with another's)
-    _decisions: Any = field(default=None, init=False, compare=False, repr=False)
+    # Its decisions (`decisions`, `runner.prompting.CellDecisions`) are not a field: derived from the fields above,
+    # neither the hash (`resolved`) nor equality sees them, and `dataclasses.replace` leaves them out (a changed cell
+    # is decided again, never read with another cell's decisions). The plan stores them on each cell (`settle`), so
+    # execution reads them as data; a cell built otherwise is decided when first asked (`__getattr__`).
 
-    @property
-    def decisions(self):
-        """What execution reads instead of re-deciding (`runner.prompting.CellDecisions`): settled by `build_plan`
-        (`settle`, with the cells it reads), or decided the first time a cell built otherwise is asked."""
-        if self._decisions is None:
-            object.__setattr__(self, "_decisions", decide(self))   # frozen: set once, as in `with_decisions`
-        return self._decisions
+    def __getattr__(self, name: str):
+        if name != "decisions":   # only called for an attribute the cell does not have
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        decisions = decide(self)
+        object.__setattr__(self, "decisions", decisions)   # frozen: set once, as in `with_decisions`
+        return decisions
 
     @property
     def unit(self) -> str:
@@ -180,7 +180,7 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
 def with_decisions(cell: Cell, decisions) -> Cell:
     """A copy of `cell` carrying `decisions` (`runner.prompting.CellDecisions`)."""
     settled = replace(cell)
-    object.__setattr__(settled, "_decisions", decisions)   # frozen: set once, as the dataclass would in __init__
+    object.__setattr__(settled, "decisions", decisions)   # frozen: set once, as the dataclass would in __init__
     return settled
 
 
