@@ -8,7 +8,7 @@ import pytest
 from conftest import REPO_ROOT, load_benchmark
 
 #: benchmarks/results/cell_path.md's earlier code (4041b5a): re-entries in the source, and at run time.
-BEFORE_SOURCE, BEFORE_RUN = 21, 10
+BEFORE_SOURCE, BEFORE_RUN = 22, 10
 DECIDING = ("runner.prompting", "runner.models", "runner.plan")
 
 
