@@ -126,10 +126,11 @@ class Registry:
         return self._items
 
     def _other_names(self, items: dict[str, Any]) -> dict[str, str]:
-        """`known_as` of every plugin -> its key. A malformed `known_as`, or another name that a second plugin claims
-        (or that is another plugin's own name), is kept aside as unusable, like a broken plugin: one line, and only
-        that name fails."""
-        other: dict[str, str] = {}
+        """`known_as` of every plugin -> its key. A plugin whose `known_as` is malformed, or names another plugin (its
+        name, or one of its other names), is kept aside as unusable under its own name, like a broken plugin: one
+        line naming both plugins. Two plugins claiming one other name are both kept aside, as two plugins of one
+        name are; the plugin whose name was claimed stays usable."""
+        claims: dict[str, list[str]] = {}   # another name (normalised) -> the keys of the plugins declaring it
         for key, obj in list(items.items()):
             names = getattr(obj, "known_as", ()) or ()
             if isinstance(names, str) or not all(isinstance(n, str) and n.strip() for n in names):
@@ -137,16 +138,24 @@ class Registry:
                 del items[key]
                 continue
             for name in names:
-                low = plugin_key(name)
-                if low == key:
-                    continue
-                if low in items or other.get(low, key) != key:
-                    taken = items[low].name if low in items else items[other[low]].name
-                    self._broken[low] = f"{self.kind} {obj.name!r} is known as {name!r}, a name {taken!r} has"
-                    other.pop(low, None)
-                    continue
-                other[low] = key
-        return other
+                if plugin_key(name) != key and key not in claims.setdefault(plugin_key(name), []):
+                    claims[plugin_key(name)].append(key)
+        aside: dict[str, str] = {}
+        for low, keys in claims.items():
+            for key in keys:
+                obj = items[key]
+                name = next(n for n in obj.known_as if plugin_key(n) == low)
+                if low in items:
+                    aside.setdefault(key, f"{self.kind} {obj.name!r} is known as {name!r}, the name of {self.kind} "
+                                          f"{items[low].name!r}: drop it from {obj.name!r}'s known_as, or uninstall one")
+                for other in keys:
+                    if other != key:
+                        aside.setdefault(key, f"{self.kind} {obj.name!r} is known as {name!r}, as {self.kind} "
+                                              f"{items[other].name!r} is: drop it from one's known_as, or uninstall one")
+        for key, why in aside.items():
+            self._broken[key] = why
+            del items[key]
+        return {low: keys[0] for low, keys in claims.items() if keys[0] not in aside}
 
     def _key(self, name: Any) -> str:
         """The registry key of a name or of one of a plugin's other names (unknown names come back normalised)."""

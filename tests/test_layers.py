@@ -20,7 +20,8 @@ def test_the_layer_contract_holds():
     done = subprocess.run([lint, str(REPO / "pyproject.toml")], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "2 kept, 0 broken" in done.stdout   # the layers, and the core importing no specific plugin
+    # the layers, no import cycle inside the runner, and the core importing no specific plugin
+    assert "3 kept, 0 broken" in done.stdout and "no import cycle inside the runner KEPT" in done.stdout
 
 
 def test_the_contract_catches_an_upward_import(tmp_path):
@@ -35,6 +36,21 @@ def test_the_contract_catches_an_upward_import(tmp_path):
     done = subprocess.run([lint, str(tmp_path / "pyproject.toml")], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert done.returncode != 0 and "cru_harness.errors -> cru_harness.runner.plan" in done.stdout, done.stdout[-2000:]
+
+
+def test_the_contract_catches_an_import_cycle_inside_the_runner(tmp_path):
+    """A runner module importing one that imports it (the evaluation importing the executor back) breaks the
+    acyclic contract, though the layers allow it (both are in the runner)."""
+    copy = tmp_path / "cru_harness"
+    shutil.copytree(REPO / "cru_harness", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    evaluation = copy / "runner" / "evaluation.py"
+    evaluation.write_text(evaluation.read_text() + "\n\ndef _back():\n    from .execute import execute_cell  # noqa\n")
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
+    done = subprocess.run([lint, str(tmp_path / "pyproject.toml")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert done.returncode != 0 and "no import cycle inside the runner BROKEN" in done.stdout, done.stdout[-2000:]
+    assert ".execute -> .evaluation" in done.stdout and "cru_harness layers KEPT" in done.stdout
 
 
 def test_the_contract_catches_the_core_importing_a_benchmark(tmp_path):

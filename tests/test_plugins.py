@@ -108,11 +108,54 @@ def test_another_name_a_plugin_has_is_refused():
         name = "Claimant"
         known_as = ("GradAscent",)
 
-    with pytest.raises(PluginError, match="method 'Claimant' is known as 'GradAscent', a name 'GA' has"):
+    with pytest.raises(PluginError, match=r"^method 'Claimant' is known as 'GradAscent', as method 'GA' is: drop it "
+                                          r"from one's known_as, or uninstall one$"):
         plugins.methods.register(Claims())
     assert "Claimant" not in plugins.methods and plugins.methods.canonical("GradAscent") == "GA"
-    with pytest.raises(PluginError, match="a name 'GA' has"):
+    with pytest.raises(PluginError, match=r"^method 'Shadow' is known as 'ga', the name of method 'GA': drop it "
+                                          r"from 'Shadow''s known_as, or uninstall one$"):
         plugins.methods.register(type("Shadow", (api.Method,), {"name": "Shadow", "known_as": ("ga",)})())
+    assert plugins.methods.get("ga").name == "GA" and not plugins.methods.broken()
+
+
+def test_an_installed_plugins_other_name_clash_is_filed_under_the_plugin_that_declares_it(monkeypatch):
+    """Installed plugins (entry points) are not refused but kept aside: a plugin known by another plugin's name is
+    unusable under its own name, in one line naming both, and the plugin whose name it claimed stays usable; two
+    plugins claiming one other name are both kept aside (as two plugins of one name are), each naming the other."""
+    from importlib.metadata import EntryPoint
+
+    class Shadow(api.Method):
+        name = "Shadow"
+        known_as = ("Original",)
+
+    class Twin(api.Method):
+        name = "Twin"
+        known_as = ("Double",)
+
+    class Other(api.Method):
+        name = "Other"
+        known_as = ("double",)
+
+    class Original(api.Method):
+        name = "Original"
+
+    found = {"Shadow": Shadow(), "Twin": Twin(), "Other": Other(), "Original": Original()}
+    monkeypatch.setattr(EntryPoint, "load", lambda self: found[self.name])
+    registry = plugins.Registry("method", "cru_test_methods")
+    points = [EntryPoint(name, f"fake:{name}", "cru_test_methods") for name in found]
+    monkeypatch.setattr(plugins, "entry_points", lambda group: points if group == "cru_test_methods" else [])
+    assert registry.names() == ["Original"]
+    assert registry.broken() == {
+        "shadow": "method 'Shadow' is known as 'Original', the name of method 'Original': drop it from 'Shadow''s "
+                  "known_as, or uninstall one",
+        "twin": "method 'Twin' is known as 'Double', as method 'Other' is: drop it from one's known_as, or uninstall one",
+        "other": "method 'Other' is known as 'double', as method 'Twin' is: drop it from one's known_as, or uninstall "
+                 "one"}
+    with pytest.raises(PluginError, match=r"^method 'Shadow' is known as 'Original', the name of method 'Original'"):
+        registry.get("shadow")
+    assert registry.get("original") is found["Original"] and registry.known_as() == {}
+    with pytest.raises(UnknownPluginError, match=r"unknown method 'Double'.*not usable: .*as method 'Other' is"):
+        registry.get("Double")
 
 
 def test_the_logit_lens_named_as_an_attack_says_where_it_is():

@@ -289,11 +289,13 @@ def test_the_plan_settles_each_cells_decisions_once_outside_its_hash(tmp_path, m
     raw = base_config(tmp_path, models=[{"name": "m", "path": str(model_dir)}])
     cells = build_plan(cfg.validate_config(raw))
     cell = next(c for c in cells if c.method == "GA")
-    assert cell.decisions == decide(cell)
+    assert dataclasses.replace(cell.decisions, linked=False) == decide(cell)   # no oracle, no fine-tune here
+    assert cell.decisions.linked and (cell.decisions.oracle, cell.decisions.starts_from) == (None, None)
     assert cell.decisions.lmeval_settings == lmeval_settings(cell.evaluation)
     assert cell.decisions.task_metadata == plugins.benchmarks.get("tofu").task_metadata(cell.split, cell.target)
     bare = dataclasses.replace(cell)   # neither the hash nor equality sees the decisions; a copy is decided again
-    assert bare.decisions is None and (bare.hash, bare) == (cell.hash, cell)
+    assert (bare.hash, bare) == (cell.hash, cell) and bare.decisions is not cell.decisions
+    assert not bare.decisions.linked and bare.decisions is bare.decisions   # decided once, when first asked
     changed = dataclasses.replace(cell, evaluation={**cell.evaluation, "max_gen_toks": 7})
     assert lmeval_settings(changed.evaluation)["gen_kwargs"] == {"max_gen_toks": 7}
     assert decisions_of(changed).gen_kwargs == {"max_gen_toks": 7}   # not the planned cell's
@@ -314,6 +316,51 @@ def test_the_plan_settles_each_cells_decisions_once_outside_its_hash(tmp_path, m
     (model_dir / "tokenizer_config.json").write_text('{"rewritten": true}')   # a checkpoint written again
     os.utime(model_dir / "tokenizer_config.json", ns=(1, 1))
     assert use_chat_template(cell, str(model_dir)) is True and len(reads) == 2
+
+
+def test_the_plan_settles_the_cells_each_cell_reads_and_the_executor_reads_them(tmp_path, monkeypatch):
+    """A cell's oracle (Forget Quality, the reference attack) and the fine-tune its model starts from are found once,
+    when the plan is built (`plan.settle`, by hash); the executor reads them instead of searching the plan."""
+    from cru_harness.runner import execute, plan
+
+    raw = base_config(tmp_path, seeds=[0])
+    raw["models"][0]["finetune"] = {"data": "full", "epochs": 1}
+    cells = build_plan(cfg.validate_config(raw))
+    by_kind = {}
+    for cell in cells:
+        by_kind.setdefault(cell.kind, []).append(cell)
+    (finetune,) = by_kind["finetune"]
+    for cell in by_kind["method"] + by_kind["original"]:
+        oracle = plan.retain_cell_for(cell, cells)
+        assert cell.decisions.oracle == oracle.hash and oracle.split == cell.split
+        assert cell.decisions.starts_from == finetune.hash == plan.finetune_cell_for(cell, cells).hash
+        assert cell.decisions.oracle_reference   # TOFU's privacy tasks read the oracle's checkpoint
+    for cell in by_kind["retain"]:
+        assert cell.decisions.oracle is None and cell.decisions.starts_from == finetune.hash
+        assert not cell.decisions.oracle_reference
+    assert finetune.decisions.oracle is None and finetune.decisions.starts_from is None
+    ga = next(c for c in by_kind["method"] if c.method == "GA")
+    assert ga.decisions.method is plugins.methods.get("GA") and finetune.decisions.method is None
+
+    def no_search(*args):
+        raise AssertionError("the executor searched the plan")
+
+    monkeypatch.setattr(plan, "retain_cell_for", no_search)
+    monkeypatch.setattr(plan, "finetune_cell_for", no_search)
+    seen = {}
+
+    def finetuned_checkpoint(self, cell, source):
+        seen["source"] = source.hash
+        return "/x", {}
+
+    monkeypatch.setattr(execute.PlanExecutor, "finetuned_checkpoint", finetuned_checkpoint)
+    monkeypatch.setattr(execute, "execute_cell", lambda cell, workdir, **kw: seen.update(kw) or {})
+    store = CellStore(tmp_path / "store")
+    monkeypatch.setattr(store, "load_result", lambda key: {"status": "ok", "hash": key} if key == ga.decisions.oracle
+                        else None)
+    execute.PlanExecutor(store, cells)(ga, tmp_path / "w")
+    assert seen["source"] == finetune.hash and seen["retain_result"]["hash"] == ga.decisions.oracle
+    assert seen["base_path"] == "/x"
 
 
 # ------------------------------------------------------------------------------------------- cache + resume

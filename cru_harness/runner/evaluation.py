@@ -10,30 +10,31 @@ from typing import Any
 
 from ..devices import HALF_DTYPES, explain_out_of_memory
 from .config import ModelSpec
-from .models import cell_device, model_dtype
+from .models import model_dtype
 from .plan import Cell
-from .prompting import decisions_of, protocol_presets
+from .prompting import protocol_presets
 
 #: What a scoring pass too large for the GPU is told to change.
 SMALLER_EVALUATION = "lower evaluation.batch_size in the config (it changes no setting of the protocol)"
 
 
 def evaluate_cell(cell: Cell, model_path: str, routers: str | None, workdir: Path, data_dir,
-                  chat_template: bool, reference: str | None = None, metadata: dict | None = None) -> dict:
+                  chat_template: bool, reference: str | None = None, metadata: dict | None = None,
+                  tasks: tuple[list[str], dict[str, str]] | None = None) -> dict:
     """lm-eval `simple_evaluate` with the `cru` model on the cell's tasks; its outputs are saved under
     workdir/lmeval exactly as `lm_eval --output_path ... --log_samples` saves them (what the scorers read).
-    `metadata`: more lm-eval metadata for the tasks (an attack's `task_metadata`)."""
-    from .. import plugins
-
+    `metadata`: more lm-eval metadata for the tasks (an attack's `task_metadata`). `tasks`: the tasks its data
+    serves and why each other one is left out, when the executor found them already (`tasks_with_data`)."""
+    tasks, unavailable = tasks if tasks is not None else tasks_with_data(cell, data_dir)
+    # presets, generation settings, task and model metadata and device, as the plan settled them
+    decisions = cell.decisions
     out = workdir / "lmeval"
-    tasks, unavailable = tasks_with_data(cell, data_dir)
-    decisions = decisions_of(cell)   # presets, generation settings and task metadata, as the plan settled them
     t0 = time.perf_counter()
     run_lmeval(cell.model, model_path, tasks, out, routers=routers, reference=reference, data_dir=data_dir,
                benchmark=cell.benchmark, limit=cell.limit,
-               batch_size=cell.evaluation.get("batch_size", 8), device=cell_device(cell), chat_template=chat_template,
-               metadata={**decisions.task_metadata, **plugins.benchmarks.get(cell.benchmark).model_metadata(cell),
-                         **(metadata or {})}, **decisions.lmeval_settings)
+               batch_size=cell.evaluation.get("batch_size", 8), device=decisions.device, chat_template=chat_template,
+               metadata={**decisions.task_metadata, **decisions.model_metadata, **(metadata or {})},
+               **decisions.lmeval_settings)
     return {"output_dir": out, "wall_time_s": time.perf_counter() - t0, "artifacts": {"lmeval": str(out)},
             "tasks_unavailable": unavailable}
 
@@ -135,12 +136,13 @@ def score_cell(cell: Cell, lmeval_dir: Path, *, data_dir=None, original_model: s
 
     failure = bool(cell.evaluation.get("failure_classes", True))
     original = original_model if failure else None
+    decisions = cell.decisions
     batch_size = int(cell.evaluation.get("batch_size", 8))
     # the original model scores the answers for the failure classes
     with explain_out_of_memory(f"failure classes at batch size {batch_size}", SMALLER_EVALUATION):
         scored = plugins.benchmarks.get(cell.benchmark).score(
             cell, lmeval_dir, data_dir=data_dir, original_model=original, retain_result=retain_result,
-            device=cell_device(cell), batch_size=batch_size)
+            device=decisions.device, batch_size=batch_size)
     if not failure:
         scored["failure_classes"] = {}
     return scored
@@ -157,9 +159,8 @@ def logit_lens_of_cell(cell: Cell, model_path: str, routers: str | None, data_di
 
     from .. import plugins
     from ..attacks.logit_lens import logit_lens_scores
-    from .models import load_model
-    from .prompting import prompt_format
 
+    decisions = cell.decisions
     found = plugins.benchmarks.get(cell.benchmark).lens_rows(cell, data_dir)
     if found is None:
         return None
@@ -171,10 +172,28 @@ def logit_lens_of_cell(cell: Cell, model_path: str, routers: str | None, data_di
             return {"skipped": "the attack trained on every forget item: none is left to read"}
         source = f"{source}, less the {len(rows) - len(kept)} items the attack trained on"
         rows = kept
-    model, tokenizer = load_model(model_path, cell, dtype=model_dtype(cell.model, "eval"))
+    model, tokenizer = decisions.load_model(model_path, dtype=decisions.dtype("eval"))
     try:
-        result = logit_lens_scores(model, tokenizer, rows, routers=routers, prompt_format=prompt_format(cell, chat))
+        result = logit_lens_scores(model, tokenizer, rows, routers=routers, prompt_format=decisions.rows(chat))
     finally:
         del model
         gc.collect()
     return {**result.to_dict(), "rows": source, "routers": routers}
+
+
+def cell_lens(cell: Cell, model_path: str, routers: str | None, data_dir, chat: bool,
+              served_by: dict | None, taught: list[str] | None = None) -> dict | None:
+    """The logit lens a cell records: read on its model (`logit_lens_of_cell`) over the forget items it was not
+    trained on (`taught`: a relearn attack's slice, left out as its recovery leaves them out); that of
+    `served_by`, the attacked cell whose model a prompt attack serves unchanged; or why there is none (a model of
+    several checkpoints, WHP's). None: the benchmark has no forget probability."""
+    # the oracle and Original (attacked too) are one checkpoint; a method says whether its model is
+    method = cell.decisions.method
+    if method is not None and not method.one_checkpoint:
+        return {"skipped": f"a {cell.method} model combines two models' output logits: no one stack of layers to read"}
+    seen = ((served_by or {}).get("details") or {}).get("logit_lens")
+    if seen:
+        return {**seen, "from_attacked_cell": cell.extra["attacked"]}
+    # a prompt attack's shown pairs are not in the weights: only a model trained on forget items leaves some out
+    return logit_lens_of_cell(cell, model_path, routers, data_dir, chat,
+                              exclude=taught if served_by is None else None)

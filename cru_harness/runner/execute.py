@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -15,10 +14,10 @@ from .. import plugins
 from ..errors import MissingInputError
 from ..metrics.recovery import taught_questions
 from ..store import CellStore, waiting_lock
-from .evaluation import evaluate_cell, logit_lens_of_cell, score_cell
-from .prompting import decisions_of, prompt_format, use_chat_template
-from .models import cell_device, load_model, model_dtype, resolve_data_dir, resolve_device, resolve_model_path
-from .plan import Cell, with_decisions
+from .evaluation import cell_lens, evaluate_cell, score_cell
+from .prompting import CellDecisions
+from .models import resolve_data_dir, resolve_model_path
+from .plan import Cell, settle
 from .provenance import directory_fingerprint
 from .training import FINETUNED_DIR, train_finetuned_model, train_retain_model
 
@@ -39,8 +38,19 @@ class PlanExecutor:
 
     def __init__(self, store: CellStore, cells: Iterable[Cell], log: Callable[[str], None] | None = None):
         self.store = store
-        self.cells = list(cells)
+        cells = list(cells)
+        # the plan's cells carry the cells each reads (`plan.settle`); cells listed otherwise are settled here
+        self.cells = cells if all(c.decisions.linked for c in cells) else settle(cells)
+        self.by_hash = {c.hash: c for c in self.cells}
         self.log = log
+
+    def planned(self, cell: Cell) -> Cell:
+        """`cell` as the plan settled it: with its decisions, and the hashes of the cells it reads."""
+        return cell if cell.decisions.linked else self.by_hash.get(cell.hash, cell)
+
+    def read(self, what: str | None) -> Cell | None:
+        """The cell of this plan with hash `what` (None when it is not in the plan)."""
+        return self.by_hash.get(what) if what is not None else None
 
     def finetuned_checkpoint(self, cell: Cell, source: Cell) -> tuple[str, dict]:
         """The checkpoint `cell` starts from, written by the finetune cell `source`, and where it came from.
@@ -83,32 +93,29 @@ class PlanExecutor:
                                  "matches_recorded": None if recorded is None else fingerprint == recorded}
 
     def __call__(self, cell: Cell, workdir: Path) -> dict:
-        from .plan import finetune_cell_for, retain_cell_for
-
+        cell = self.planned(cell)
+        decisions = cell.decisions
         base_path, finetuned_from = None, None
-        source = finetune_cell_for(cell, self.cells)
+        source = self.read(decisions.starts_from)
         if source is not None:
             base_path, finetuned_from = self.finetuned_checkpoint(cell, source)
         retain_result = None
-        if cell.kind != "retain":   # retain_cell_for: None unless the benchmark has an oracle
-            retain = retain_cell_for(cell, self.cells)
-            if retain is not None:
-                loaded = self.store.load_result(retain.hash)
-                if not loaded:   # another shard may be computing the oracle: wait, as for a fine-tune (its
-                    # reference attack cannot be run later, as Forget Quality and privleak can be filled)
-                    loaded = self.store.wait_while_running_elsewhere(retain.hash, log=self.log)
-                if loaded and loaded.get("status") == "ok":
-                    retain_result = loaded
-                elif self.log is not None:
-                    self.log(f"{cell.hash}: its retain cell {retain.hash} has no result: Forget Quality and privleak "
-                             "are filled by the report once it exists; the privacy task's reference attack is not run")
+        retain = self.read(decisions.oracle)   # None unless the benchmark has an oracle (and never for the oracle)
+        if retain is not None:
+            loaded = self.store.load_result(retain.hash)
+            if not loaded:   # another shard may be computing the oracle: wait, as for a fine-tune (its
+                # reference attack cannot be run later, as Forget Quality and privleak can be filled)
+                loaded = self.store.wait_while_running_elsewhere(retain.hash, log=self.log)
+            if loaded and loaded.get("status") == "ok":
+                retain_result = loaded
+            elif self.log is not None:
+                self.log(f"{cell.hash}: its retain cell {retain.hash} has no result: Forget Quality and privleak "
+                         "are filled by the report once it exists; the privacy task's reference attack is not run")
         if cell.kind == "method" and cell.extra.get("continues"):   # a sequel: starts from the previous cell's model
             base_path = self.continued_model(cell)
         attacked = None
         if cell.kind == "attack":
-            from .plan import attacked_cell_for
-
-            target = attacked_cell_for(cell, self.cells)
+            target = self.read(cell.extra["attacked"])
             attacked = self.store.load_result(target.hash) if target is not None else None
             if target is not None and not attacked:   # another shard of the run may be computing it
                 attacked = self.store.wait_while_running_elsewhere(target.hash, log=self.log)
@@ -124,13 +131,10 @@ class PlanExecutor:
             outcome.setdefault("details", {})["started_from"] = base_path
         return outcome
 
-
     def continued_model(self, cell: Cell) -> str:
         """The model a sequel cell starts from: the finished previous cell's (`plan.continued_cell_for`), one
         checkpoint on this machine."""
-        from .plan import continued_cell_for
-
-        previous = continued_cell_for(cell, self.cells)
+        previous = self.read(cell.extra["continues"])
         loaded = self.store.load_result(previous.hash) if previous is not None else None
         if previous is not None and not loaded:   # another shard may be computing it
             loaded = self.store.wait_while_running_elsewhere(previous.hash, log=self.log)
@@ -140,18 +144,12 @@ class PlanExecutor:
             raise RuntimeError(f"{cell.hash}: the cell it continues ({cell.extra['continues']}) {state}")
         artifacts = loaded.get("artifacts") or {}
         model = artifacts.get("model")
+        method = self.planned(cell).decisions.method
         if artifacts.get("routers") or not model or not Path(model).is_dir() or \
-                (cell.method_plugin is not None and not cell.method_plugin.one_checkpoint):
+                (method is not None and not method.one_checkpoint):
             raise MissingInputError(f"{cell.describe()}: the cell it continues left no one checkpoint on this "
                                     f"machine to start from ({model}; routers: {artifacts.get('routers')})")
         return model
-
-
-def attack_for(cell: Cell):
-    """The registered attack plugin (`cru_harness.api.Attack`) of an attack cell."""
-    from .. import plugins
-
-    return plugins.attacks.get(cell.extra["attack"]["name"])
 
 
 def attacked_model(result: dict | None, base_path: str) -> tuple[str, str | None]:
@@ -170,25 +168,25 @@ def attacked_model(result: dict | None, base_path: str) -> tuple[str, str | None
 def method_context(cell: Cell, model_path: str, workdir: Path, data_dir, outcome: dict, *,
                    trains: bool | None = None):
     """What a method plugin's (or an attack's) `run` receives (`cru_harness.api.CellContext`): rows are written as
-    the cell's evaluation shows them (chat template or plain)."""
+    the cell's evaluation shows them (chat template or plain), models load as its decisions say."""
     from ..api import CellContext
 
+    decisions = cell.decisions
     # a method that trains nothing (prompt-only, published checkpoints) reads nothing of the base model here
-    trains = cell.method_plugin.trains if trains is None else trains
-    chat = use_chat_template(cell, model_path) if trains else False
+    trains = decisions.method.trains if trains is None else trains
+    chat = decisions.chat(model_path) if trains else False
     return CellContext(cell=cell, model_path=model_path, workdir=workdir, data_dir=data_dir, outcome=outcome,
-                       chat=chat, prompt_format=prompt_format(cell, chat) if trains else {},
-                       dtype=model_dtype(cell.model) if trains else "auto",
-                       load_model=lambda path: load_model(path, cell), device=cell_device(cell))
+                       chat=chat, prompt_format=decisions.rows(chat) if trains else {},
+                       dtype=decisions.dtype() if trains else "auto",
+                       load_model=decisions.load_model, device=decisions.device)
 
 
-def privacy_reference(cell: Cell, retain_result: dict | None, outcome: dict) -> str | None:
+def privacy_reference(decisions: CellDecisions, retain_result: dict | None, outcome: dict) -> str | None:
     """The reference model of a task's reference attack (TOFU's privacy tasks): the cell's retain oracle
     (open-unlearning's TOFU config names the retain model), when the cell runs such a task
-    (`Benchmark.oracle_as_reference`) and the oracle's checkpoint is on this machine. Recorded in
+    (`CellDecisions.oracle_reference`) and the oracle's checkpoint is on this machine. Recorded in
     `details.privacy_reference` either way, so a missing AUC says why."""
-    if not plugins.benchmarks.get(cell.benchmark).oracle_as_reference(cell.tasks) or \
-            cell.kind in ("retain", "finetune"):
+    if not decisions.oracle_reference:
         return None
     path = ((retain_result or {}).get("artifacts") or {}).get("model")
     if path and Path(path).is_dir():
@@ -206,8 +204,10 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
     `retain_result`: the finished retain cell of a TOFU cell (its per-item truth ratios give Forget Quality).
     `base_path`: the model the cell starts from when it is not `cell.model.path` (its fine-tuned checkpoint).
     A `finetune` cell only trains: its checkpoint is the artifact the model's other cells start from.
+    Everything decided about the cell is read from its decisions (`runner.prompting.CellDecisions`), which the
+    plan settled (a cell built by hand is decided once, when first asked).
     """
-    decisions = decisions_of(cell)   # the plan's: what training, evaluation and scoring read from here on
+    decisions = cell.decisions   # what training, evaluation and scoring read from here on
     data_dir = resolve_data_dir(cell.data_dir)
     outcome: dict[str, Any] = {"resources": {}, "details": {}, "artifacts": {}}
     given_path = resolve_model_path(cell.model.path)
@@ -215,8 +215,11 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
         train_finetuned_model(cell, cell.extra.get("finetune", cell.hparams), given_path,
                               cell.corpora["train_corpus"], workdir, data_dir, outcome)
         return outcome
-    # its device, resolved once (a fine-tune hands the config's device to `finetune`, which resolves it)
-    cell = with_decisions(cell, replace(decisions, device=resolve_device(cell.device)))
+    benchmark = plugins.benchmarks.get(cell.benchmark)
+    if cell.kind == "retain" and cell.extra["retain"]["kind"] == "per_item":
+        return benchmark.oracle_from_file(cell.extra["retain"]["value"], cell)
+    # the tasks its benchmark's data can serve (RWKU's utility sets exist for some targets only), before it trains
+    tasks, unavailable = benchmark.tasks_with_data(cell, data_dir)
     base_path = base_path or given_path
     model_path = base_path
     routers = None
@@ -225,8 +228,6 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
 
     if cell.kind == "retain":
         retain = cell.extra["retain"]
-        if retain["kind"] == "per_item":
-            return plugins.benchmarks.get(cell.benchmark).oracle_from_file(retain["value"], cell)
         if retain["kind"] == "checkpoint":
             model_path = resolve_model_path(retain["value"])
         elif retain["kind"] == "finetune":  # the oracle: the same recipe from the same starting model
@@ -238,8 +239,8 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
     elif cell.kind == "method":   # the method's plugin trains (or fetches) what the evaluation loads
         from ..plugins import check_trained
 
-        trained = check_trained(cell.method_plugin.run(method_context(cell, model_path, workdir, data_dir, outcome)),
-                                cell.method_plugin, "method")
+        trained = check_trained(decisions.method.run(method_context(cell, model_path, workdir, data_dir, outcome)),
+                                decisions.method, "method")
         model_path, routers = trained.model_path, trained.routers
         outcome["artifacts"]["model"] = model_path   # what an attack on this cell starts from
     elif cell.kind == "attack":
@@ -247,13 +248,13 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
         ctx = method_context(cell, model_path, workdir, data_dir, outcome, trains=True)
         ctx.routers = routers
         ctx.base_path = base_path   # the quantize attack's noise floor compares the unlearning's change with it
-        attack = attack_for(cell)
+        attack = plugins.attacks.get(cell.extra["attack"]["name"])
         from ..plugins import check_trained
 
         attacked = check_trained(attack.run(ctx), attack, "attack")
         same_model = (attacked.model_path, attacked.routers) == (model_path, routers)   # a prompt attack
         model_path, routers = attacked.model_path, attacked.routers
-        task_metadata = plugins.benchmarks.get(cell.benchmark).variant_metadata(
+        task_metadata = benchmark.variant_metadata(
             getattr(attack, "variant", attack.name), attack.task_metadata(cell.extra["attack"]["settings"], cell.seed)
         ) or None
         label = attacked_result["label"]
@@ -261,11 +262,11 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
                                         "attacked_label": label, "attacked_kind": attacked_result.get("kind"),
                                         "attack_label": cell.label.removeprefix(f"{label} + "),
                                         **({"task_metadata": task_metadata} if task_metadata else {})}
-    chat = use_chat_template(cell, model_path)
+    chat = decisions.chat(model_path)
     outcome["details"]["prompting"] = {"apply_chat_template": chat, "presets": dict(decisions.presets)}
-    reference = privacy_reference(cell, retain_result, outcome)
+    reference = privacy_reference(decisions, retain_result, outcome)
     evaluation = evaluate_cell(cell, model_path, routers, workdir, data_dir, chat, reference=reference,
-                               metadata=task_metadata)
+                               metadata=task_metadata, tasks=(tasks, unavailable))
     outcome["artifacts"].update(evaluation["artifacts"])
     outcome["resources"]["eval_wall_time_s"] = evaluation["wall_time_s"]
     if evaluation["tasks_unavailable"]:
@@ -288,20 +289,3 @@ def execute_cell(cell: Cell, workdir: Path, *, retain_result: dict | None = None
                 outcome["metrics"]["forget_best_layer_prob"] = lens["best"]
             outcome["details"]["logit_lens"] = lens
     return outcome
-
-
-def cell_lens(cell: Cell, model_path: str, routers: str | None, data_dir, chat: bool,
-              served_by: dict | None, taught: list[str] | None = None) -> dict | None:
-    """The logit lens a cell records: read on its model (`logit_lens_of_cell`) over the forget items it was not
-    trained on (`taught`: a relearn attack's slice, left out as its recovery leaves them out); that of
-    `served_by`, the attacked cell whose model a prompt attack serves unchanged; or why there is none (a model of
-    several checkpoints, WHP's). None: the benchmark has no forget probability."""
-    # the oracle and Original (attacked too) are one checkpoint; a method says whether its model is
-    if cell.method_plugin is not None and not cell.method_plugin.one_checkpoint:
-        return {"skipped": f"a {cell.method} model combines two models' output logits: no one stack of layers to read"}
-    seen = ((served_by or {}).get("details") or {}).get("logit_lens")
-    if seen:
-        return {**seen, "from_attacked_cell": cell.extra["attacked"]}
-    # a prompt attack's shown pairs are not in the weights: only a model trained on forget items leaves some out
-    return logit_lens_of_cell(cell, model_path, routers, data_dir, chat,
-                              exclude=taught if served_by is None else None)

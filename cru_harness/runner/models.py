@@ -8,7 +8,6 @@ from typing import Callable
 
 from ..testbed.names import is_builtin_model, resolve_data_dir, resolve_model_path  # noqa: F401 - the runner's names
 from .config import ModelSpec
-from .plan import Cell
 
 
 def local_builds(config) -> list[str]:
@@ -56,12 +55,6 @@ def resolve_device(device: str) -> str:
     return str(resolve(device))
 
 
-def cell_device(cell: Cell) -> str:
-    """The cell's torch device: as its execution settled it once (`CellDecisions.device`), else resolved now."""
-    settled = getattr(cell.decisions, "device", None)
-    return settled if settled is not None else resolve_device(cell.device)
-
-
 @functools.lru_cache(maxsize=None)
 def _checkpoint_dtype(path: str, trust_remote_code: bool) -> str:
     from ..devices import checkpoint_dtype
@@ -79,10 +72,15 @@ def model_dtype(model: ModelSpec, phase: str = "train") -> str:
     return _checkpoint_dtype(model.path, model.trust_remote_code) if name in (None, "auto") else name
 
 
-def load_model(path: str, cell: Cell, dtype: str | None = None):
-    """(model, tokenizer) for a cell: on its device, or sharded by the model's `device_map`, in `dtype`
-    (default: the model's training dtype, `model_dtype`), through `cru_harness.devices.load_causal_lm`."""
+def load_model(path: str, cell, dtype: str | None = None):
+    """(model, tokenizer) for a cell (`load_model_of` its model on its configured device)."""
+    return load_model_of(cell.model, path, cell.device, dtype)
+
+
+def load_model_of(model: ModelSpec, path: str, device: str, dtype: str | None = None):
+    """(model, tokenizer) of `path` for a config's model: on `device`, or sharded by the model's `device_map`, in
+    `dtype` (default: the model's training dtype, `model_dtype`), through `cru_harness.devices.load_causal_lm`."""
     from ..devices import load_causal_lm
 
-    return load_causal_lm(path, device=cell.device, device_map=cell.model.device_map,
-                          dtype=dtype or model_dtype(cell.model), trust_remote_code=cell.model.trust_remote_code)
+    return load_causal_lm(path, device=device, device_map=model.device_map,
+                          dtype=dtype or model_dtype(model), trust_remote_code=model.trust_remote_code)

@@ -51,10 +51,17 @@ class Cell:
     training: dict[str, Any] = field(default_factory=dict, compare=False)   # the config's engine; not hashed
     # a committed run's former defaults (`as_computed:`): trained with, not hashed (its hashes predate them)
     as_computed: dict[str, Any] = field(default_factory=dict, compare=False)
-    # what execution reads instead of re-deciding (`runner.prompting.CellDecisions`), settled by `build_plan`
-    # (`with_decisions`); derived from the fields above, so neither the hash (`resolved`) nor equality sees it, and
-    # `dataclasses.replace` leaves it out (a changed cell is decided again, never read with another cell's decisions)
-    decisions: Any = field(default=None, init=False, compare=False, repr=False)
+    # Its decisions (`decisions`, `runner.prompting.CellDecisions`) are not a field: derived from the fields above,
+    # neither the hash (`resolved`) nor equality sees them, and `dataclasses.replace` leaves them out (a changed cell
+    # is decided again, never read with another cell's decisions). The plan stores them on each cell (`settle`), so
+    # execution reads them as data; a cell built otherwise is decided when first asked (`__getattr__`).
+
+    def __getattr__(self, name: str):
+        if name != "decisions":   # only called for an attribute the cell does not have
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        decisions = decide(self)
+        object.__setattr__(self, "decisions", decisions)   # frozen: set once, as in `with_decisions`
+        return decisions
 
     @property
     def unit(self) -> str:
@@ -173,13 +180,37 @@ def build_plan(config: ExperimentConfig, selected_targets: dict[str, list[int]] 
                 forget = {key: _fill(spec[key], bench, split, target) for key in ("forget_corpus", "retain_corpus")}
                 cells.extend(_attack_cells(config, oracle + block, forget))
                 cells.extend(_attack_cells(config, controls, forget))   # after the others: their order is kept
-    return [with_decisions(cell, decide(cell)) for cell in cells]   # each cell's decisions, settled once
+    return settle(cells)   # each cell's decisions, settled once
 
 
 def with_decisions(cell: Cell, decisions) -> Cell:
     """A copy of `cell` carrying `decisions` (`runner.prompting.CellDecisions`)."""
     settled = replace(cell)
     object.__setattr__(settled, "decisions", decisions)   # frozen: set once, as the dataclass would in __init__
+    return settled
+
+
+def settle(cells: Iterable[Cell]) -> list[Cell]:
+    """`cells`, each carrying its decisions (`runner.prompting.decide`, kept where a cell has them) and the cells of
+    the plan it reads, by hash: its oracle (`retain_cell_for`) and the fine-tune it starts from
+    (`finetune_cell_for`). The executor reads them; a cell missing from `cells` is None."""
+    from .. import plugins
+
+    cells = list(cells)
+    finetunes: dict[str, str] = {}
+    oracles: dict[tuple, str] = {}
+    for cell in cells:   # the first of each, as `finetune_cell_for` and `retain_cell_for` find it
+        if cell.kind == "finetune":
+            finetunes.setdefault(cell.model.name, cell.hash)
+        elif cell.kind == "retain":
+            oracles.setdefault((cell.model.name, cell.split), cell.hash)
+    settled = []
+    for cell in cells:
+        has_oracle = cell.kind != "retain" and plugins.benchmarks.get(cell.benchmark).has_oracle
+        starts = cell.kind != "finetune" and cell.model.finetune is not None
+        settled.append(with_decisions(cell, replace(
+            cell.decisions, oracle=oracles.get((cell.model.name, cell.split)) if has_oracle else None,
+            starts_from=finetunes.get(cell.model.name) if starts else None, linked=True)))
     return settled
 
 

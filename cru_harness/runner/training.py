@@ -9,9 +9,8 @@ from pathlib import Path
 from ..api import ROUTERS_DIR  # noqa: F401  (where an adapter cell keeps its bundle; importable here)
 from ..training.launch import LaunchSettings, launch
 from ..training.resources import record_resources
-from .models import load_model, model_dtype, resolve_model_path
+from .models import resolve_model_path
 from .plan import Cell
-from .prompting import prompt_format, use_chat_template
 from .provenance import directory_fingerprint
 
 FINETUNED_DIR = "finetuned_model"   # a finetune cell's checkpoint, inside its work directory
@@ -21,11 +20,12 @@ def train_retain_model(cell: Cell, spec: dict, workdir: Path, data_dir, outcome:
     from ..data.corpora import load_corpus
     from ..testbed.finetune import finetune_causal_lm
 
+    decisions = cell.decisions
     source = resolve_model_path(spec.get("from", cell.model.path))
-    model, tokenizer = load_model(source, cell)
+    model, tokenizer = decisions.load_model(source)
     # the rows as the evaluation writes them (a testbed model: the plain template, which `format_qa` also writes)
     texts = load_corpus(cell.corpora["retain_corpus"], data_dir, tokenizer=tokenizer,
-                        **prompt_format(cell, use_chat_template(cell, source)))
+                        **decisions.rows(decisions.chat(source)))
     t0 = time.perf_counter()
     kwargs = {k: v for k, v in spec.items() if k != "from"}   # every other key validation let through
     finetune_causal_lm(model, tokenizer, texts, seed=cell.seed or 0, **kwargs)
@@ -42,10 +42,11 @@ def train_finetuned_model(cell: Cell, spec: dict, source_path: str, corpus: str,
     saved under workdir/`name`. The prompt is the one the cell's evaluation uses (chat template or plain)."""
     from ..finetune import FinetuneConfig, finetune
 
+    decisions = cell.decisions
     overrides = {k: v for k, v in spec.items() if k not in ("data", "dtype")}
-    dtype = spec.get("dtype") or model_dtype(cell.model)
+    dtype = spec.get("dtype") or decisions.dtype()
     out = workdir / name
-    fmt = prompt_format(cell, use_chat_template(cell, source_path))
+    fmt = decisions.rows(decisions.chat(source_path))
     config = FinetuneConfig.from_dict(overrides)
     kwargs = dict(seed=cell.seed or 0, data_dir=data_dir, dtype=dtype, chat_template=fmt["chat"],
                   overwrite=True, progress=False,
