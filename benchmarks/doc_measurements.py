@@ -66,7 +66,7 @@ from cru_harness.cru.train import (GateRecorder, RouterTrainer, RouterTrainingCo
                                    measure_gate_means, new_bundle, train_routers)
 from cru_harness.context import fit_to_context
 from cru_harness.data.corpora import load_corpus
-from cru_harness.data.rwku import list_targets
+from cru_harness.benchmarks.rwku.data import list_targets
 from cru_harness.prompts import adds_special_tokens, encode_text
 from cru_harness.runner.config import load_config
 from cru_harness.runner.prompting import protocol_presets, use_chat_template

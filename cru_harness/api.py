@@ -301,6 +301,9 @@ class Benchmark:
     #: Where its data comes from (`DataSource`; a subclass reading its parent's folder inherits it). None: it reads
     #: no data folder of its own (its corpora are files, its tasks read their own data).
     data: DataSource | None = None
+    #: Its units when they are a fixed list (TOFU's forget splits), for the single-model commands' checks; ()
+    #: when they are open (RWKU's numbered targets).
+    known_units: tuple[str, ...] = ()
     #: How its corpus names look (`corpus_rows`), for the error naming every source a corpus may be.
     corpus_help: str = ""
     #: Its lm-eval task folder (YAMLs + their code), indexed beside the project's own by the runner and by lm-eval's
@@ -422,6 +425,16 @@ class Benchmark:
         """The rows of a corpus named `source` (`data.corpora.load_corpus_rows` asks every benchmark, in registry
         order, after files): (rows with `question`+`answer` or `text`, where they came from), or None when the name
         is not one of its corpora. A row may carry `qa_texts` keywords of its benchmark (`prompt_keys`)."""
+        return None
+
+    def refusals(self, data_dir) -> list[str]:
+        """The refusal answers its data publishes (TOFU's `idontknow` list): what an IdK-style method trains toward
+        by default and what the refusal failure class matches beside the generic stems. [] for none."""
+        return []
+
+    def data_unit(self, split: str | None, target: int | None, data_dir) -> str | None:
+        """A unit's name in its own data, read from there (RWKU: a target's folder, `1_Stephen_King`); None when its
+        units have no other name."""
         return None
 
     def qa_texts(self, tokenizer, question: str, answer: str, **fmt: Any) -> Any:

@@ -17,8 +17,6 @@ NAME = re.compile(r"\b(tofu|rwku)(?=\b|_)")
 
 #: path (relative to the package, a folder ending in /) -> why it may spell a built-in benchmark's name.
 ALLOWED = {
-    "data/tofu.py": "TOFU's data loader: read by the TOFU lm-eval tasks, scorers and trainers below the benchmarks",
-    "data/rwku.py": "RWKU's data loader: read by the RWKU lm-eval tasks, scorers and PURGE below the benchmarks",
     "prompts.py": "TOFU's presets and RWKU's probes: the one prompt builder the lm-eval tasks and trainers share",
     "scoring/": "TOFU's and RWKU's scorers (score, cell_scores, failure classes), read by reporting below them",
     "baselines/": "method plugins: `Method.benchmark_defaults` and refusal sources name the benchmarks they tuned on",

@@ -215,11 +215,11 @@ def score_command(model: str, routers: str | None, prompt_format: str, data_dir:
     """The lm-eval command that scores an attacked model (then `cru-harness score`): TOFU's suite of the forget split
     it was attacked on (forget10 otherwise) or RWKU's probes, with the routers it is served with and the prompt it
     learned."""
-    from ..data.tofu import FORGET_SPLITS
+    from .. import plugins
 
     args = f"base={model}" + (f",routers={routers}" if routers else "")
     tasks = ("rwku_forget,rwku_neighbor,rwku_mia" if benchmark == "rwku"
-             else f"tofu_{forget if forget in FORGET_SPLITS else 'forget10'}_suite")
+             else f"tofu_{forget if forget in plugins.benchmarks.get('tofu').known_units else 'forget10'}_suite")
     flags = " --apply_chat_template" if prompt_format == "chat" else ""
     metadata = {**({"data_dir": data_dir} if data_dir else {}),
                 **({"tofu_model_family": prompt_format} if prompt_format not in ("chat", "plain") else {})}

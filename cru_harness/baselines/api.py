@@ -87,7 +87,7 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
     directory holding one resumes from it (`training.engine.train_model`).
     `tokenizer`: a tokenizer, a path, or None (then loaded from the model path). Rows: `question`/`answer`
     or `text`. `retain_rows` are needed when the method's `alpha` > 0 and ignored otherwise. `refusals`
-    (IdkDPO, DPO, RT): defaults to TOFU's `idontknow` list via `cru_harness.data.tofu.load_idontknow(data_dir)`,
+    (IdkDPO, DPO, RT): defaults to TOFU's `idontknow` list (its plugin's `refusals(data_dir)`),
     unless every forget row brings its own `alternate` answer.
     """
     m = _resolve_method(method, config)
@@ -126,8 +126,8 @@ def unlearn(model_path_or_model, tokenizer, forget_rows: list[dict], retain_rows
         raise InputError(f"{m.name} with alpha={m.config.alpha} needs retain rows (or set alpha=0)")
     if m.needs_alternate:
         if refusals is None and not all(isinstance(r, dict) and r.get("alternate") for r in forget_rows):
-            from cru_harness.data.tofu import load_idontknow
-            refusals = load_idontknow(data_dir)
+            from cru_harness import plugins
+            refusals = plugins.benchmarks.get("tofu").refusals(data_dir)
     else:
         refusals = None
 

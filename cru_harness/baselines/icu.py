@@ -1,5 +1,5 @@
 """ICU (in-context unlearning, RWKU's baseline): no training. Every prompt is prefixed with RWKU's instruction
-to behave as if the target were unknown (`cru_harness.data.rwku.ICU_INSTRUCTION`); the method is scored by
+to behave as if the target were unknown (`cru_harness.benchmarks.rwku.data.ICU_INSTRUCTION`); the method is scored by
 running the ICU variants of the RWKU tasks on the unmodified model. It is registered so that method lists and
 configs can name it; `unlearn()` refuses it with that explanation."""
 from __future__ import annotations

@@ -51,12 +51,12 @@ def target_folder(target: int, data_dir: str | os.PathLike | None = None, allow_
     """The RWKU folder name of a target: from the local data when available (or the Hub if `allow_hub`),
     else the known list of targets 1-20 (so dry runs never touch the network)."""
     try:
-        from ..data.rwku import get_target
+        from .. import plugins
         from ..data.sources import resolve_local_dir
 
         if resolve_local_dir("rwku", data_dir) is None and not allow_hub:
             raise LookupError("no local RWKU copy")
-        return get_target(int(target), data_dir).folder
+        return plugins.benchmarks.get("rwku").data_unit(None, int(target), data_dir)
     except Exception:  # no local data (and no Hub): fall back to the names we know
         if int(target) in KNOWN_TARGET_FOLDERS:
             return KNOWN_TARGET_FOLDERS[int(target)]

@@ -177,7 +177,7 @@ def _method_hparams(method, given: dict) -> dict:
 def run_baseline(args: argparse.Namespace, method) -> int:
     """`unlearn --method` for a trainer of `cru_harness.baselines`: its preset for --benchmark (and the TOFU split
     --forget names), `--set` overrides, the same checks before loading, the model saved to --out."""
-    from cru_harness.data.tofu import FORGET_SPLITS
+    from cru_harness import plugins
     from cru_harness.hparams import check_seed
     from cru_harness.locations import check_model_path, check_output_dir, command_output_lock
     from cru_harness.testbed.names import prompt_format_for, resolve_model_path
@@ -194,7 +194,7 @@ def run_baseline(args: argparse.Namespace, method) -> int:
         flags = ", ".join("--" + name.replace("_", "-") for name in cru_only) or "--no-prefix-cache"
         raise InputError(f"{flags}: CRU's options; give {method.name}'s hyperparameters with --set KEY=VALUE")
     seed = check_seed(getattr(args, "seed", 0))
-    split = args.forget if args.forget in FORGET_SPLITS else None
+    split = args.forget if args.forget in plugins.benchmarks.get("tofu").known_units else None
     config = method.trainer.Config.preset(args.benchmark, split if args.benchmark == "tofu" else None,
                                           **_method_hparams(method, _set_values(args.hparams)))
     fmt = prompt_format_for(args.prompt_format, args.base, args.benchmark)   # auto: the format the base learned

@@ -31,11 +31,11 @@ def tofu_refusal_phrases(data_dir: str | Path | None = None) -> tuple[tuple[str,
     the classes are then computed anyway. A local copy without a readable list is an error, never a silent
     fallback. Cached per process (an unreachable Hub retries slowly).
     """
+    from cru_harness import plugins
     from cru_harness.data.sources import DataSourceError, resolve_local_dir
-    from cru_harness.data.tofu import load_idontknow
 
     try:
-        extra = load_idontknow(data_dir)
+        extra = plugins.benchmarks.get("tofu").refusals(data_dir)
     except DataSourceError as err:
         if resolve_local_dir("tofu", data_dir) is not None:
             raise

@@ -28,8 +28,8 @@ import datasets
 import numpy as np
 from lm_eval.api.task import ConfigurableTask
 
-from cru_harness.data.rwku import ICU_INSTRUCTION, MissingTargetFileError, get_target, load_target_file, parse_targets
-from cru_harness.data.rwku import PROBE_KINDS as QUESTION_KIND_PROBES
+from cru_harness.benchmarks.rwku.data import ICU_INSTRUCTION, MissingTargetFileError, get_target, load_target_file, parse_targets
+from cru_harness.benchmarks.rwku.data import PROBE_KINDS as QUESTION_KIND_PROBES
 from cru_harness.errors import InputError
 from cru_harness.lmeval.metadata import check_metadata_keys, metadata_count, metadata_flag
 from cru_harness.protocol import JOINT_MARKER, template_date

@@ -75,14 +75,14 @@ def load_tofu_dataset(tofu_config: str | None = None, data_dir: str | None = Non
     task's `dataset_kwargs`; `data_dir` from the run's metadata (`--metadata '{"data_dir": "..."}'` or
     `TaskManager(metadata=...)`); other metadata keys (version, model args, RWKU's keys, ...) are ignored, but a
     misspelt `tofu_`/`rwku_` key is refused (`check_metadata_keys`): it would leave a default in force. Without a
-    `data_dir`, `cru_harness.data.tofu.load_tofu` reads CRU_HARNESS_TOFU_DIR / CRU_HARNESS_DATA_DIR, else the Hub.
+    `data_dir`, `cru_harness.benchmarks.tofu.data.load_tofu` reads CRU_HARNESS_TOFU_DIR / CRU_HARNESS_DATA_DIR, else the Hub.
 
     `tofu_variant` (a forget task variant's `dataset_kwargs`, docs/protocol.md "Attacks"): `paraphrase` adds
     `asked`, the row's `paraphrased_question`, which the task asks instead of `question`; `in_context` keeps the
     held-out rows only, each with `shots`, the slice's question-answer pairs put before it (`in_context_docs`).
     `question` stays the file's, so items match across cells by question.
     """
-    from cru_harness.data.tofu import load_tofu
+    from cru_harness.benchmarks.tofu.data import load_tofu
 
     check_metadata_keys(metadata)
     if tofu_config not in PROBE_KINDS:
@@ -462,7 +462,7 @@ def load_tofu_privacy_dataset(tofu_config: str | None = None, data_dir: str | No
     """`custom_dataset` of the privacy tasks: the split's forget rows (`set: forget`) and its holdout rows
     (`set: holdout`), each `{question, answer, set}`, alternating (so `--limit` keeps both sets; the AUC does not
     depend on the order)."""
-    from cru_harness.data.tofu import load_tofu
+    from cru_harness.benchmarks.tofu.data import load_tofu
 
     check_metadata_keys(metadata)
     _check_privacy_preset(tofu_preset)
@@ -560,7 +560,7 @@ class TOFUPrivacyTask(TOFUTask):
 
 # --------------------------------------------------------------------------------------------- single author
 
-# LUNAR's single-author split (cru_harness.data.tofu.load_author_rows): the author's 20 rows of `full` ("forget")
+# LUNAR's single-author split (cru_harness.benchmarks.tofu.data.load_author_rows): the author's 20 rows of `full` ("forget")
 # and the first 200 rows of the other authors ("retain"), scored as LUNAR scores them: ROUGE-1 recall of a greedy
 # generation (LUNAR src/eval_util.py eval_rouge_recall), from which the report derives the deviation score.
 AUTHOR_SETS = ("forget", "retain")
@@ -571,7 +571,7 @@ def load_tofu_author_dataset(tofu_config: str | None = None, tofu_author_set: st
     """`custom_dataset` of `tofu_author_forget` / `tofu_author_retain`: `{question, answer}` rows of author
     `tofu_author` (metadata; default 1, LUNAR's `author_1`) or of the others. `tofu_config` (full) and
     `tofu_author_set` come from the task's YAML."""
-    from cru_harness.data.tofu import AUTHOR_RETAIN_EVAL_ROWS, load_author_rows
+    from cru_harness.benchmarks.tofu.data import AUTHOR_RETAIN_EVAL_ROWS, load_author_rows
 
     check_metadata_keys(metadata)
     if tofu_author_set not in AUTHOR_SETS:

@@ -7,7 +7,7 @@ from typing import Any
 from pathlib import Path
 
 from ...api import Benchmark
-from ...data.rwku import DEFAULT_TARGETS, SOURCE, TargetSelectionError, parse_targets
+from .data import DEFAULT_TARGETS, SOURCE, TargetSelectionError, parse_targets
 from ...hparams import MAX_ROWS
 from ...prompts import DEFAULT_RWKU_PRESET
 from ...reporting import stats
@@ -114,14 +114,20 @@ class RWKU(Benchmark):
 
         return str(Path(tasks_dir()) / "rwku")
 
+    def data_unit(self, split, target, data_dir) -> str | None:
+        """A target's folder in RWKU's data (`1_Stephen_King`), from the local copy or the Hub."""
+        from .data import get_target
+
+        return get_target(int(target), data_dir).folder
+
     def corpus_rows(self, source: str, data_dir) -> tuple[list[dict], str] | None:
         """`rwku:<targets>:<kind>` (`rwku:1:passage`, `rwku:1-3:forget_mia`): a probe kind such as
         `rwku:101-110:neighbor_level2` gives its `query` + `answer` rows as question/answer pairs, each carrying the
         probe that asks it (`prompt_keys`); `rwku:1:pair` / `rwku:1:reject` give RWKU's DPO / RT rows with their own
-        `alternate` answer (`data.rwku.corpus_row`)."""
+        `alternate` answer (`data.corpus_row`)."""
         if not source.startswith("rwku:"):
             return None
-        from ...data.rwku import ALTERNATE_KINDS, PROBE_KINDS, corpus_row, load_target_file
+        from .data import ALTERNATE_KINDS, PROBE_KINDS, corpus_row, load_target_file
         from ...errors import InputError
 
         parts = source.split(":")
@@ -232,7 +238,7 @@ class RWKU(Benchmark):
         """
         if cell.target is None:
             return list(cell.tasks), {}
-        from ...data.rwku import UTILITY_TARGETS, MissingTargetFileError, load_target_file
+        from .data import UTILITY_TARGETS, MissingTargetFileError, load_target_file
         from ...errors import InputError
         from ...tasks.rwku.utils import PROBE_KINDS, UTILITY_PROBES
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ...api import Benchmark
-from ...data.tofu import FORGET_SPLITS, IDK_HUB, SOURCE, TOFU_CONFIGS, retain_config_for
+from .data import FORGET_SPLITS, IDK_HUB, SOURCE, TOFU_CONFIGS, retain_config_for
 from ...errors import InputError, MissingInputError
 from ...prompts import DEFAULT_TOFU_PRESET
 from ...reporting.stats import is_number
@@ -125,6 +125,7 @@ class TOFU(Benchmark):
     order = 10
     hub_files = ((SOURCE.hub_id, "README.md"), IDK_HUB)
     data = SOURCE   # also its subclasses' (tofu_author)
+    known_units = FORGET_SPLITS
     corpus_help = f"a TOFU config ({', '.join(TOFU_CONFIGS)})"
     evaluation_defaults = {"tofu_preset": DEFAULT_TOFU_PRESET, "tofu_model_family": None}
     evaluation_in_every_cell = True
@@ -159,9 +160,15 @@ class TOFU(Benchmark):
 
     def corpus_rows(self, source: str, data_dir) -> tuple[list[dict], str] | None:
         """A TOFU config name (`forget10`, `retain90`, `full`, ...)."""
-        from ...data.tofu import load_tofu
+        from .data import load_tofu
 
         return (load_tofu(source, data_dir), f"TOFU {source}") if source in TOFU_CONFIGS else None
+
+    def refusals(self, data_dir) -> list[str]:
+        """TOFU's `idontknow` answers (`data.load_idontknow`)."""
+        from .data import load_idontknow
+
+        return load_idontknow(data_dir)
 
     def check_presets(self, evaluation: dict) -> None:
         from ...prompts import check_tofu_preset
@@ -183,7 +190,7 @@ class TOFU(Benchmark):
 
     def forget_items(self, cell, data_dir) -> tuple[list[dict], str]:
         """The forget task's file: the forget split's questions and answers, in the task's order."""
-        from ...data.tofu import load_tofu
+        from .data import load_tofu
 
         config = f"{cell.split}_perturbed"
         return load_tofu(config, data_dir), f"TOFU {config}"

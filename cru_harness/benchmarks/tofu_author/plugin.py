@@ -1,13 +1,13 @@
 """LUNAR's single-author TOFU split (Shen et al. 2025, "LUNAR: LLM Unlearning via Neural Activation Redirection"):
 forget one TOFU author, keep the others, scored by LUNAR's deviation score. A cell's unit is an author (`author_K`,
-LUNAR's edge name); the rows are `cru_harness.data.tofu.load_author_rows`; lm-eval tasks `tofu_author_forget` /
+LUNAR's edge name); the rows are TOFU's (`benchmarks.tofu.data.load_author_rows`); lm-eval tasks `tofu_author_forget` /
 `tofu_author_retain` (author from the metadata `tofu_author`); scored by `scoring.cell_scores.score_tofu_author_cell`.
 There is no retain oracle: LUNAR's score needs none."""
 from __future__ import annotations
 
 from typing import Any
 
-from ...data.tofu import parse_author_source
+from ..tofu.data import parse_author_source
 from ...metrics import deviation_score
 from ...reporting.stats import is_number
 from ...reporting.tables import Column, fc_columns
@@ -43,6 +43,7 @@ class TOFUAuthor(TOFU):
     oracle_kinds = ()
     order = 11
     corpus_help = "a TOFU author (author_1, not_author_1)"
+    known_units = ()   # any author of TOFU's 200
     metadata_keys = (*TOFU.metadata_keys, "tofu_author")
     task_keys = {**TOFU.task_keys,
                  "tofu_author_set": "the TOFU task chooses the set (tofu_author_forget, tofu_author_retain)"}
@@ -62,7 +63,7 @@ class TOFUAuthor(TOFU):
 
     def corpus_rows(self, source: str, data_dir) -> tuple[list[dict], str] | None:
         """LUNAR's single-author split: `author_K` (author K's 20 rows of `full`), `not_author_K` (the others')."""
-        from ...data.tofu import load_author_rows
+        from ..tofu.data import load_author_rows
 
         if (author := parse_author_source(source)) is None:
             return None
