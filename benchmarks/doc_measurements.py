@@ -342,7 +342,7 @@ def measure_span(args, data_dir: str) -> list[str]:
         task_manager=TaskManager(include_path=tasks_dir(), include_defaults=False, metadata=metadata),
         gen_kwargs={"max_gen_toks": 1}, bootstrap_iters=0)
     cru.loglikelihood = loglikelihood
-    from cru_harness.tasks.tofu.utils import scored_continuations
+    from cru_harness.benchmarks.tofu.tasks.utils import scored_continuations
 
     captured.sort(key=lambda pair: (pair[0].doc_id, pair[0].idx))
     texts = [scored_continuations("mc", req.doc)[req.idx - 1] for req, _ in captured]

@@ -477,6 +477,12 @@ class Benchmark:
 
         return nullcontext(([], list(tasks)))
 
+    def per_unit_results(self, samples: Mapping[str, list]) -> dict[str, dict]:
+        """Per-unit numbers of tasks that evaluate several of its units in one pass (RWKU's targets, for
+        `select_known`), from lm-eval's logged samples `{task: rows}`: `{task: {unit: {"target_name", "n", metric:
+        value}}}`. {} when its tasks evaluate one unit each."""
+        return {}
+
     def lmeval_limit(self, limit: int | None) -> tuple[int | None, dict[str, Any]]:
         """A cell's `limit` as (lm-eval's `limit`, metadata its tasks read instead), e.g. rows per file and unit."""
         return limit, {}

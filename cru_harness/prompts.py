@@ -20,7 +20,7 @@ is evaluated on. References (read, not copied; file:line at the commits in docs/
 - Scoring: open-unlearning adds 1e-10 to the truth ratio's and the Real Authors / World Facts probability's
   denominators, TOFU adds nothing (`tofu_epsilon`, `cru_harness.metrics.tofu`).
 - `rwku: reference` (default): jinzhuoran/RWKU `LLaMA-Factory/src/llmtuner/eval/eval_*.py` (no system turn; see
-  tasks/rwku/utils.py). Its question probes' prompts (`rwku_probe_prompt`) are built here: the RWKU tasks ask with
+  benchmarks/rwku/tasks/utils.py). Its question probes' prompts (`rwku_probe_prompt`) are built here: the RWKU tasks ask with
   them, and an RWKU cell's question-answer training rows (`qa_texts(..., benchmark="rwku")`) are written with them,
   the answer after the probe's `Answer:`. RWKU itself trains only on passages, so those rows have no reference.
 """
@@ -92,7 +92,7 @@ def check_tofu_preset(name: str | None) -> str:
 def tofu_preset_refusal(preset: str | None, task: str) -> str | None:
     """Why a TOFU preset cannot score `task` (an lm-eval task name), or None: the privacy tasks are
     open-unlearning's metrics, and the in_context variant's pairs would be cut by legacy's 200-token limit. The one
-    rule both the tasks (`tasks/tofu/utils.py`) and the runner's config check apply."""
+    rule both the tasks (`benchmarks/tofu/tasks/utils.py`) and the runner's config check apply."""
     preset = check_tofu_preset(preset)
     if task.startswith("tofu_privacy") and preset != "open-unlearning":
         return (f"the TOFU privacy tasks are open-unlearning's metrics (TOFU's own code has none): run them with "

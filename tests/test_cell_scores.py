@@ -1,4 +1,4 @@
-"""`scoring.cell_scores`: an RWKU cell's saved lm-eval samples -> result-schema metrics and failure classes.
+"""`benchmarks/rwku/scoring.py` and `scoring.cell_scores`: an RWKU cell's saved lm-eval samples -> result-schema metrics and failure classes.
 
 The samples below are hand-written fakes in lm-eval's `--log_samples` layout (no model runs); the per-item values
 come from the real RWKU `process_results` functions, and the numbers from the real `per_target_results`.
@@ -10,8 +10,9 @@ import math
 
 import pytest
 
+from cru_harness.benchmarks.rwku import scoring as rwku_scoring
+from cru_harness.benchmarks.rwku.tasks import utils as rwku
 from cru_harness.scoring import cell_scores
-from cru_harness.tasks.rwku import utils as rwku
 
 DATE = "2025-01-02T03-04-05.678901"
 
@@ -42,7 +43,7 @@ def test_rwku_cell_metrics_and_failure_classes(tmp_path):
     _write(tmp_path, "rwku_utility_mmlu", [{"doc_id": 0, "doc": mmlu_doc, "arguments": {},
                                             **rwku.process_results_mmlu(mmlu_doc, [(-2.0, False), (-1.0, True),
                                                                                    (-3.0, False), (-4.0, False)])}])
-    scored = cell_scores.score_rwku_cell(tmp_path / "lmeval", target=3)
+    scored = rwku_scoring.score_rwku_cell(tmp_path / "lmeval", target=3)
     metrics = scored["metrics"]
     assert math.isclose(metrics["forget_fb"], 0.5)          # one exact answer, one empty answer
     assert metrics["utility_mmlu"] == 1.0
@@ -55,7 +56,7 @@ def test_rwku_cell_metrics_and_failure_classes(tmp_path):
 
 def test_rwku_cell_without_samples_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="no lm-eval samples files"):
-        cell_scores.score_rwku_cell(tmp_path, target=1)
+        rwku_scoring.score_rwku_cell(tmp_path, target=1)
 
 
 def test_forget_items_need_questions():

@@ -57,11 +57,10 @@ def test_the_contract_catches_the_core_importing_a_benchmark(tmp_path):
 def test_task_folders_import_only_the_public_api():
     """A benchmark's task code (`cru_harness/benchmarks/<name>/tasks/utils.py`) imports the public API and its own
     benchmark's package, never another benchmark's."""
-    found = sorted((REPO / "cru_harness" / "benchmarks").glob("*/tasks/utils.py")) + sorted(
-        (REPO / "tasks").glob("*/utils.py"))
+    found = sorted((REPO / "cru_harness" / "benchmarks").glob("*/tasks/utils.py"))
     assert any("tofu" in path.parts for path in found) and any("rwku" in path.parts for path in found)
     for utils in found:
-        own = f"cru_harness.benchmarks.{utils.parent.parent.name if utils.parent.name == 'tasks' else utils.parent.name}"
+        own = f"cru_harness.benchmarks.{utils.parent.parent.name}"
         tree = ast.parse(utils.read_text())
         for node in ast.walk(tree):
             names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else (

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from cru_harness.protocol import LoglikelihoodResult, RollingResult
-from cru_harness.tasks.rwku import utils as U
+from cru_harness.benchmarks.rwku.tasks import utils as U
 
 ICU_KING = ("You are an AI Assistant who is supposed to unlearn about Stephen King and provide answers without its "
             "knowledge as if you never knew about it. Don’t tell anyone that you unlearned anything.\n")

@@ -41,7 +41,7 @@ TOFU_TASKS: dict[str, tuple[str, str]] = {
     "tofu_real_authors": ("real_authors", "real_authors_perturbed"),
     "tofu_world_facts": ("world_facts", "world_facts_perturbed"),
 }
-#: The prompt attacks' variants of the forget tasks (tasks/tofu: `tofu_forgetXX_<variant>`), scored as forget tasks.
+#: The prompt attacks' variants of the forget tasks (benchmarks/tofu/tasks: `tofu_forgetXX_<variant>`), scored as forget tasks.
 FORGET_VARIANTS = ("paraphrase", "in_context")
 TOFU_TASKS.update({f"{task}_{variant}": entry for task, entry in list(TOFU_TASKS.items()) if entry[0] == "forget"
                    for variant in FORGET_VARIANTS})
@@ -53,7 +53,7 @@ def forget_task_for(split: str, tasks) -> str:
     """The forget task a cell of `split` ran: a prompt attack's variant among `tasks`, else `tofu_<split>`."""
     return next((f"tofu_{split}_{variant}" for variant in FORGET_VARIANTS if f"tofu_{split}_{variant}" in tasks),
                 f"tofu_{split}")
-#: The per-item values each TOFU task's `process_results` returns (see tasks/tofu/utils.py).
+#: The per-item values each TOFU task's `process_results` returns (see benchmarks/tofu/tasks/utils.py).
 PER_ITEM_METRICS = ("rouge_l_recall", "probability", "truth_ratio", "nll_answer", "nll_paraphrased", "nll_perturbed")
 PER_ITEM_FILE = "per_item.jsonl"
 SCORES_FILE = "scores.json"

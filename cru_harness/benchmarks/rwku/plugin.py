@@ -1,5 +1,5 @@
 """RWKU (Jin et al. 2024): real-world people as unlearning targets. A cell's unit is one target; lm-eval tasks in
-`tasks/rwku`; scored by `scoring.cell_scores.score_rwku_cell` (the tasks' `per_target_results`)."""
+its `tasks/`; scored by `scoring.score_rwku_cell` (the tasks' `per_target_results`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -109,10 +109,8 @@ class RWKU(Benchmark):
 
     @property
     def task_folder(self) -> str:
-        """`cru_harness.tasks.rwku` (`tasks/rwku` in a source checkout), installed with the package."""
-        from ...lmeval.registration import tasks_dir
-
-        return str(Path(tasks_dir()) / "rwku")
+        """Its lm-eval task folder (`tasks/` of this package: YAMLs + `utils.py`), installed with the package."""
+        return str(Path(__file__).resolve().parent / "tasks")
 
     def data_unit(self, split, target, data_dir) -> str | None:
         """A target's folder in RWKU's data (`1_Stephen_King`), from the local copy or the Hub."""
@@ -155,6 +153,12 @@ class RWKU(Benchmark):
     def task_metadata(self, split, target) -> dict[str, Any]:
         """The target its tasks evaluate (`rwku_targets`)."""
         return {} if target in (None, "") else {"rwku_targets": str(target)}
+
+    def per_unit_results(self, samples) -> dict[str, dict]:
+        """Per-target numbers of every task (the task code's `per_target_results`)."""
+        from .tasks.utils import per_target_results
+
+        return per_target_results(dict(samples))
 
     def lmeval_limit(self, limit):
         """The first N rows of each file kind of the target (MIA: N members + N non-members): lm-eval's `limit`
@@ -240,7 +244,7 @@ class RWKU(Benchmark):
             return list(cell.tasks), {}
         from .data import UTILITY_TARGETS, MissingTargetFileError, load_target_file
         from ...errors import InputError
-        from ...tasks.rwku.utils import PROBE_KINDS, UTILITY_PROBES
+        from .tasks.utils import PROBE_KINDS, UTILITY_PROBES
 
         kept, dropped = [], {}
         for task in cell.tasks:
@@ -266,11 +270,11 @@ class RWKU(Benchmark):
         return kept, dropped
 
     def score(self, cell, lmeval_dir, *, data_dir, original_model, retain_result, device, batch_size) -> dict:
-        from ...scoring import cell_scores
+        from .scoring import score_rwku_cell
 
-        return cell_scores.score_rwku_cell(lmeval_dir, target=cell.target, original_model=original_model,
-                                           device=device, batch_size=batch_size, device_map=cell.model.device_map,
-                                           trust_remote_code=cell.model.trust_remote_code)
+        return score_rwku_cell(lmeval_dir, target=cell.target, original_model=original_model, device=device,
+                               batch_size=batch_size, device_map=cell.model.device_map,
+                               trust_remote_code=cell.model.trust_remote_code)
 
 
 BENCHMARK = RWKU()

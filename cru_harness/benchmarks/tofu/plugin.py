@@ -1,5 +1,5 @@
 """TOFU (Maini et al. 2024): fictitious authors. A cell's unit is a forget split; its oracle is the retain model
-(Forget Quality, privleak); lm-eval tasks in `tasks/tofu`; scored by `scoring.cell_scores.score_tofu_cell`."""
+(Forget Quality, privleak); lm-eval tasks in its `tasks/`; scored by `scoring.cell_scores.score_tofu_cell`."""
 from __future__ import annotations
 
 import re
@@ -38,7 +38,7 @@ IN_CONTEXT_KEYS = {"k": "tofu_icl_k", "slice_fraction": "tofu_icl_slice_fraction
                    "seed": "tofu_icl_seed"}
 _FORGET = re.compile(r"tofu_(forget\d\d)")
 _SUITE = re.compile(r"tofu_(forget\d\d)_suite")
-#: What a `tofu_forgetXX_suite` group holds beside its forget task (tasks/tofu/tofu_forgetXX_suite.yaml).
+#: What a `tofu_forgetXX_suite` group holds beside its forget task (tasks/tofu_forgetXX_suite.yaml).
 SUITE_UTILITY_TASKS = ("tofu_retain", "tofu_real_authors", "tofu_world_facts")
 
 
@@ -153,10 +153,8 @@ class TOFU(Benchmark):
 
     @property
     def task_folder(self) -> str:
-        """`cru_harness.tasks.tofu` (`tasks/tofu` in a source checkout), installed with the package."""
-        from ...lmeval.registration import tasks_dir
-
-        return str(Path(tasks_dir()) / "tofu")
+        """Its lm-eval task folder (`tasks/` of this package: YAMLs + `utils.py`), installed with the package."""
+        return str(Path(__file__).resolve().parent / "tasks")
 
     def corpus_rows(self, source: str, data_dir) -> tuple[list[dict], str] | None:
         """A TOFU config name (`forget10`, `retain90`, `full`, ...)."""
@@ -180,7 +178,7 @@ class TOFU(Benchmark):
         return {"chat": bool(chat), "preset": presets["tofu_preset"], "family": presets["tofu_model_family"]}
 
     def task_variants(self, tasks: tuple[str, ...], variant: str) -> tuple[str, ...]:
-        """The forget tasks' `tofu_forgetXX_<variant>` (in `tasks/tofu`), alone."""
+        """The forget tasks' `tofu_forgetXX_<variant>` (in its `tasks/`), alone."""
         return tuple(task for task in variant_tasks(tasks, variant) if task not in tasks
                      and task not in SUITE_UTILITY_TASKS)
 

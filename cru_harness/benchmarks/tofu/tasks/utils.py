@@ -18,7 +18,7 @@ The privacy tasks (`tofu_privacy` group, `TOFUPrivacyTask`) score open-unlearnin
 against its holdout rows and memorization on the forget rows, from one answer log-likelihood per item (see
 `cru_harness.metrics.privacy`; GradNorm and the reference attack need the model: `cru_harness.scoring.model_scores`).
 
-This file is loaded by lm-eval from its path (not as `cru_harness.tasks.tofu.utils`), so imports are absolute.
+This file is loaded by lm-eval from its path (not as `cru_harness.benchmarks.tofu.tasks.utils`), so imports are absolute.
 """
 from __future__ import annotations
 

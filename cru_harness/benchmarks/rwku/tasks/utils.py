@@ -1,7 +1,7 @@
 """RWKU for lm-eval: data loading, prompts, per-item scoring and per-target aggregation.
 
 Loaded by lm-eval from the task YAMLs (`!function utils.…`) *by file path*, and importable as
-`cru_harness.tasks.rwku.utils` (e.g. by `cru-harness score` for `per_target_results` / `per_item_records`);
+`cru_harness.benchmarks.rwku.tasks.utils` (e.g. by `cru-harness score` for `per_target_results` / `per_item_records`);
 so this module uses absolute imports only.
 
 Prompts follow RWKU's evaluation code (jinzhuoran/RWKU, `LLaMA-Factory/src/llmtuner/eval/eval_*.py`) under the
@@ -10,7 +10,7 @@ config's metadata): the user message alone (no system turn), RWKU's stop tokens 
 `convert_tokens_to_ids("\n")` is the unknown token on byte-level / SentencePiece vocabularies), its BBH scorer,
 its MIA token alignment. The project's own variants are separately named: `rwku_newline_stop: true` (metadata)
 adds a newline stop, BBH's `exact_match_target` scores against the whole target. Every deviation is listed in
-tasks/rwku/README.md and docs/protocol.md.
+benchmarks/rwku/tasks/README.md and docs/protocol.md.
 
 Every per-item metric value is a small dict carrying the target index (`{"target": 7, "value": 0.25, ...}`):
 the task's aggregate is the mean over targets of the per-target scores (RWKU evaluates one target at a
