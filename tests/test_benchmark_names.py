@@ -17,7 +17,6 @@ NAME = re.compile(r"\b(tofu|rwku)(?=\b|_)")
 
 #: path (relative to the package, a folder ending in /) -> why it may spell a built-in benchmark's name.
 ALLOWED = {
-    "prompts.py": "TOFU's presets and RWKU's probes: the one prompt builder the lm-eval tasks and trainers share",
     "scoring/": "TOFU's and RWKU's scorers (score, cell_scores, failure classes), read by reporting below them",
     "baselines/": "method plugins: `Method.benchmark_defaults` and refusal sources name the benchmarks they tuned on",
     "cru/": "the CRU method plugin: its per-benchmark defaults, and `cru-harness unlearn --benchmark` help",

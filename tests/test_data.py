@@ -135,7 +135,7 @@ def test_rwku_dpo_and_rt_cells_train_on_rwkus_pair_and_reject_files(shared_data)
     run_rt.sh datasets): DPO prefers response[0] to response[1], RT's alternate is the refusal, and each prompt is the
     user turn as LLaMA-Factory writes it, without an RWKU probe's instruction."""
     from cru_harness.data.corpora import row_prompt
-    from cru_harness.prompts import rwku_probe_prompt
+    from cru_harness.benchmarks.rwku.prompts import rwku_probe_prompt
     from cru_harness.runner.config import load_config
     from cru_harness.runner.plan import build_plan
 

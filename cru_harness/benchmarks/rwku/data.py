@@ -200,7 +200,7 @@ def corpus_row(kind: str, row: dict, index: int, origin: str) -> dict:
     own, true one): answer = response[1], alternate = response[0]. A reject file is an SFT set, `instruction` (+ "\n"
     + `input` when there is one) -> `output`, a refusal: alternate = output, and answer = output too (the file holds
     no true answer; RT trains on the alternate only)."""
-    from ...prompts import RWKU_INSTRUCTION_PROBE
+    from .prompts import RWKU_INSTRUCTION_PROBE
 
     needed = ("prompt", "response") if kind.startswith("pair") else ("instruction", "output")
     if missing := [field for field in needed if row.get(field) is None]:

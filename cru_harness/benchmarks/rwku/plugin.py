@@ -9,7 +9,7 @@ from pathlib import Path
 from ...api import Benchmark
 from .data import DEFAULT_TARGETS, SOURCE, TargetSelectionError, parse_targets
 from ...hparams import MAX_ROWS
-from ...prompts import DEFAULT_RWKU_PRESET
+from .prompts import DEFAULT_RWKU_PRESET
 from ...reporting import stats
 from ...reporting.tables import Column, fc_columns
 
@@ -139,6 +139,26 @@ class RWKU(Benchmark):
             rows = [corpus_row(kind, row, i, f"RWKU {targets} {kind}") for i, row in enumerate(rows)]
         return rows, f"RWKU {targets} {kind}"
 
+    def qa_texts(self, tokenizer, question: str, answer: str, *, chat=None, probe=None, aa_type: str = "",
+                 **preset):
+        """A pair as the RWKU question `probe` (default `qa`) asks it (`prompts.rwku_qa_texts`); a preset or model
+        family (TOFU's) does not apply."""
+        from ...prompts import PresetError
+        from .prompts import rwku_qa_texts
+
+        if preset:
+            raise PresetError("a TOFU preset or model family does not apply to RWKU's question rows")
+        return rwku_qa_texts(tokenizer, question, answer, probe=probe or "qa", aa_type=aa_type, chat=chat)
+
+    def prompt_format_choice(self, choice: str) -> dict[str, Any] | None:
+        """RWKU's probes have no per-model tags: `auto`, `chat` or `plain`, with the rows written as RWKU asks."""
+        from ...prompts import PROMPT_FORMATS, PresetError
+
+        if choice not in PROMPT_FORMATS:
+            raise PresetError(f"--prompt-format {choice} names a TOFU model config; RWKU's question rows take "
+                              f"{', '.join(PROMPT_FORMATS)}")
+        return {"chat": PROMPT_FORMATS[choice], "benchmark": "rwku"}
+
     def prompt_keys(self, row: dict) -> dict[str, Any]:
         """The RWKU probe a row's file is asked by (`rwku_probe`, set when an RWKU probe file is read as a corpus;
         None otherwise) and an adversarial-attack row's `type`."""
@@ -146,7 +166,7 @@ class RWKU(Benchmark):
         return {"probe": probe, "aa_type": str(row.get("type") or "") if probe == "aa" else ""}
 
     def check_presets(self, evaluation: dict) -> None:
-        from ...prompts import check_rwku_preset
+        from .prompts import check_rwku_preset
 
         check_rwku_preset(evaluation.get("rwku_preset"))
 

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from ...api import Benchmark
 from .data import FORGET_SPLITS, IDK_HUB, SOURCE, TOFU_CONFIGS, retain_config_for
 from ...errors import InputError, MissingInputError
-from ...prompts import DEFAULT_TOFU_PRESET
+from .prompts import DEFAULT_TOFU_PRESET, OPEN_UNLEARNING_FORMATS
 from ...reporting.stats import is_number
 from ...reporting.tables import Column, fc_columns
 
@@ -126,6 +126,9 @@ class TOFU(Benchmark):
     hub_files = ((SOURCE.hub_id, "README.md"), IDK_HUB)
     data = SOURCE   # also its subclasses' (tofu_author)
     known_units = FORGET_SPLITS
+    default_questions = True   # the training code's default question format is TOFU's
+    prompt_families = tuple(OPEN_UNLEARNING_FORMATS)
+    prompt_family_setting = "--metadata '{\"tofu_model_family\": NAME}'"
     corpus_help = f"a TOFU config ({', '.join(TOFU_CONFIGS)})"
     evaluation_defaults = {"tofu_preset": DEFAULT_TOFU_PRESET, "tofu_model_family": None}
     evaluation_in_every_cell = True
@@ -168,8 +171,26 @@ class TOFU(Benchmark):
 
         return load_idontknow(data_dir)
 
+    def qa_texts(self, tokenizer, question: str, answer: str, *, chat=None, preset=None, family=None, **row):
+        """A pair under a TOFU preset and model family (`prompts.tofu_qa_texts`); a row's other keywords (an RWKU
+        probe) do not apply: TOFU has one question format."""
+        from .prompts import tofu_qa_texts
+
+        return tofu_qa_texts(tokenizer, question, answer, preset=preset, family=family, chat=chat)
+
+    def prompt_format_choice(self, choice: str) -> dict[str, Any] | None:
+        """An open-unlearning model config's tags (`{"chat": False, "family": NAME}`); an unknown name fails naming
+        the valid ones."""
+        from ...prompts import PROMPT_FORMATS
+        from .prompts import tofu_format
+
+        if choice in PROMPT_FORMATS:
+            return None
+        tofu_format(DEFAULT_TOFU_PRESET, choice)
+        return {"chat": False, "family": choice}
+
     def check_presets(self, evaluation: dict) -> None:
-        from ...prompts import check_tofu_preset
+        from .prompts import check_tofu_preset
 
         check_tofu_preset(evaluation.get("tofu_preset"))
 
@@ -270,14 +291,15 @@ class TOFU(Benchmark):
         return {"split": split or "", "target": "", "retain_split": retain_config_for(split) if split else ""}
 
     def check_evaluation(self, evaluation: dict) -> None:
-        from ...prompts import tofu_format
+        from .prompts import tofu_format
 
         tofu_format(evaluation["tofu_preset"], evaluation["tofu_model_family"])
 
     def tasks_under(self, tasks: list[str], evaluation: dict, defaulted: bool) -> list[str]:
         """Under the legacy preset (TOFU's own evaluation): no privacy task (TOFU's code has no privacy metrics; the
         task refuses the preset) and no in_context variant (its 200-token cut would cut the answers)."""
-        from ...prompts import PresetError, tofu_preset_refusal
+        from ...prompts import PresetError
+        from .prompts import tofu_preset_refusal
 
         kept = []
         for task in tasks:
@@ -291,7 +313,7 @@ class TOFU(Benchmark):
     def fixed_prompt_format(self, evaluation: dict) -> bool:
         """A preset and `tofu_model_family` that fix the text format (legacy, or an open-unlearning model config
         without a chat template): the reference writes those prompts itself."""
-        from ...prompts import tofu_format
+        from .prompts import tofu_format
 
         return tofu_format(evaluation["tofu_preset"], evaluation["tofu_model_family"]) is not None
 

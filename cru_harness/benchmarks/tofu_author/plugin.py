@@ -44,6 +44,7 @@ class TOFUAuthor(TOFU):
     order = 11
     corpus_help = "a TOFU author (author_1, not_author_1)"
     known_units = ()   # any author of TOFU's 200
+    default_questions = False   # TOFU's own plugin is the default; this one asks TOFU's questions when named
     metadata_keys = (*TOFU.metadata_keys, "tofu_author")
     task_keys = {**TOFU.task_keys,
                  "tofu_author_set": "the TOFU task chooses the set (tofu_author_forget, tofu_author_retain)"}

@@ -35,8 +35,8 @@ from cru_harness.lmeval.metadata import check_metadata_keys, metadata_count, met
 from cru_harness.protocol import JOINT_MARKER, template_date
 from cru_harness.lmeval.dataset import QuietCustomDataset
 from cru_harness.lmeval.request_cache import UncachedRequests
-from cru_harness.prompts import (RWKU_ANSWER_PREFIX, RWKU_DATE, RWKU_QUESTION_PROBES, check_rwku_preset,
-                                 rwku_plain_prompt, rwku_probe_prompt)
+from cru_harness.benchmarks.rwku.prompts import (RWKU_ANSWER_PREFIX, RWKU_DATE, RWKU_QUESTION_PROBES,
+                                                 check_rwku_preset, rwku_plain_prompt, rwku_probe_prompt)
 
 log = logging.getLogger(__name__)
 
