@@ -1,4 +1,5 @@
-"""`benchmarks/rwku/scoring.py` and `scoring.cell_scores`: an RWKU cell's saved lm-eval samples -> result-schema metrics and failure classes.
+"""The RWKU and TOFU packages' scorers (`benchmarks/rwku/scoring.py`, `benchmarks/tofu/scoring.py`): a cell's
+saved lm-eval samples -> result-schema metrics and failure classes.
 
 The samples below are hand-written fakes in lm-eval's `--log_samples` layout (no model runs); the per-item values
 come from the real RWKU `process_results` functions, and the numbers from the real `per_target_results`.
@@ -12,7 +13,7 @@ import pytest
 
 from cru_harness.benchmarks.rwku import scoring as rwku_scoring
 from cru_harness.benchmarks.rwku.tasks import utils as rwku
-from cru_harness.scoring import cell_scores
+from cru_harness.benchmarks.tofu import scoring as tofu_scoring
 
 DATE = "2025-01-02T03-04-05.678901"
 
@@ -62,7 +63,7 @@ def test_rwku_cell_without_samples_is_a_clear_error(tmp_path):
 def test_forget_items_need_questions():
     result = {"hash": "abc", "kind": "retain",
               "per_item": {"forget_truth_ratio": [0.5, 0.7], "forget_question": ["a", "b"]}}
-    rows = cell_scores.forget_items_from_result(result, "tofu_forget10")
+    rows = tofu_scoring.forget_items_from_result(result, "tofu_forget10")
     assert rows == [{"task": "tofu_forget10", "question": "a", "truth_ratio": 0.5, "run": "retain cell abc"},
                     {"task": "tofu_forget10", "question": "b", "truth_ratio": 0.7, "run": "retain cell abc"}]
-    assert cell_scores.forget_items_from_result({"per_item": {"forget_truth_ratio": [0.5]}}, "tofu_forget10") is None
+    assert tofu_scoring.forget_items_from_result({"per_item": {"forget_truth_ratio": [0.5]}}, "tofu_forget10") is None

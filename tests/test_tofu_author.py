@@ -14,7 +14,7 @@ from cru_harness.data.corpora import load_corpus_rows
 from cru_harness.benchmarks.tofu.data import load_author_rows, load_tofu
 from cru_harness.errors import InputError
 from cru_harness.reporting import tables
-from cru_harness.scoring.cell_scores import score_tofu_author_cell
+from cru_harness.benchmarks.tofu_author.scoring import score_tofu_author_cell
 
 REPO = Path(__file__).resolve().parents[1]
 

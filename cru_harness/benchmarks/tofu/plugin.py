@@ -1,5 +1,5 @@
 """TOFU (Maini et al. 2024): fictitious authors. A cell's unit is a forget split; its oracle is the retain model
-(Forget Quality, privleak); lm-eval tasks in its `tasks/`; scored by `scoring.cell_scores.score_tofu_cell`."""
+(Forget Quality, privleak); lm-eval tasks in its `tasks/`; scored by `scoring.score_tofu_cell`."""
 from __future__ import annotations
 
 import re
@@ -98,8 +98,8 @@ def retain_from_per_item(path: str, forget_task: str | None = None) -> dict:
 
 def strongest_attack(metrics: dict) -> str | None:
     """The MIA attack whose AUC is farthest from 0.5: the one that best tells forget from holdout text (the AUCs a
-    cell records: `scoring.cell_scores.PRIVACY_METRICS`)."""
-    from ...scoring.cell_scores import PRIVACY_METRICS
+    cell records: `scoring.PRIVACY_METRICS`)."""
+    from .scoring import PRIVACY_METRICS
 
     found = [key for key in PRIVACY_METRICS.values() if key.startswith("mia_auc_") and is_number(metrics.get(key))]
     return max(found, key=lambda key: abs(metrics[key] - 0.5)) if found else None
@@ -224,13 +224,13 @@ class TOFU(Benchmark):
 
     def compare_to_oracle(self, result: dict, oracle: dict | None) -> None:
         """Forget Quality and privleak against the retain cell of the same model and split, by the scorer's rules
-        (`score.forget_quality_from_items`: items matched by question, NaN refused; `cell_scores.privleak_of`). That
+        (`score.forget_quality_from_items`: items matched by question, NaN refused; `scoring.privleak_of`). That
         is the number a cell records when scored beside the same oracle; it also fills a cell scored before its
         oracle existed (another shard's, a later one), and replaces one scored against another oracle: the oracle
         is not in a method cell's hash, so a cell reused after the oracle changed keeps its old comparison. The
         retain cell's own privleak is 0, against itself (as MUSE reports its retain model). Without both per-item
         lists (both AUCs) the recorded value stays."""
-        from ...scoring.cell_scores import PRIVLEAK_AUC, forget_items_from_result, privleak_of
+        from .scoring import PRIVLEAK_AUC, forget_items_from_result, privleak_of
         from ...scoring.score import forget_quality_from_items
 
         if result.get("kind") != "retain":
@@ -326,17 +326,17 @@ class TOFU(Benchmark):
         return rows[:cell.limit] if cell.limit else rows, source
 
     def score(self, cell, lmeval_dir, *, data_dir, original_model, retain_result, device, batch_size) -> dict:
-        from ...scoring import cell_scores
+        from . import scoring
         from ...scoring.score import forget_task_for
 
         forget_task = forget_task_for(cell.split, cell.tasks)   # an attack cell's variant, where it has one
-        retain_items = cell_scores.forget_items_from_result(retain_result, forget_task) if retain_result else None
-        return cell_scores.score_tofu_cell(lmeval_dir, split=cell.split, retain_items=retain_items,
-                                           original_model=original_model, data_dir=data_dir, device=device,
-                                           batch_size=batch_size, device_map=cell.model.device_map,
-                                           trust_remote_code=cell.model.trust_remote_code,
-                                           retain_result=retain_result, forget_task=forget_task,
-                                           is_oracle=cell.kind == "retain")
+        retain_items = scoring.forget_items_from_result(retain_result, forget_task) if retain_result else None
+        return scoring.score_tofu_cell(lmeval_dir, split=cell.split, retain_items=retain_items,
+                                       original_model=original_model, data_dir=data_dir, device=device,
+                                       batch_size=batch_size, device_map=cell.model.device_map,
+                                       trust_remote_code=cell.model.trust_remote_code,
+                                       retain_result=retain_result, forget_task=forget_task,
+                                       is_oracle=cell.kind == "retain")
 
 
 BENCHMARK = TOFU()

@@ -1,7 +1,7 @@
 """LUNAR's single-author TOFU split (Shen et al. 2025, "LUNAR: LLM Unlearning via Neural Activation Redirection"):
 forget one TOFU author, keep the others, scored by LUNAR's deviation score. A cell's unit is an author (`author_K`,
 LUNAR's edge name); the rows are TOFU's (`benchmarks.tofu.data.load_author_rows`); lm-eval tasks `tofu_author_forget` /
-`tofu_author_retain` (author from the metadata `tofu_author`); scored by `scoring.cell_scores.score_tofu_author_cell`.
+`tofu_author_retain` (author from the metadata `tofu_author`); scored by `scoring.score_tofu_author_cell`.
 There is no retain oracle: LUNAR's score needs none."""
 from __future__ import annotations
 
@@ -100,11 +100,11 @@ class TOFUAuthor(TOFU):
         return {"tofu_author": parsed[0]} if parsed else {}
 
     def score(self, cell, lmeval_dir, *, data_dir, original_model, retain_result, device, batch_size) -> dict:
-        from ...scoring import cell_scores
+        from .scoring import score_tofu_author_cell
 
-        return cell_scores.score_tofu_author_cell(lmeval_dir, original_model=original_model, device=device,
-                                                  batch_size=batch_size, device_map=cell.model.device_map,
-                                                  trust_remote_code=cell.model.trust_remote_code)
+        return score_tofu_author_cell(lmeval_dir, original_model=original_model, device=device,
+                                      batch_size=batch_size, device_map=cell.model.device_map,
+                                      trust_remote_code=cell.model.trust_remote_code)
 
 
 BENCHMARK = TOFUAuthor()
