@@ -3,9 +3,8 @@ in its code: the core reads benchmarks through their hooks (`cru_harness.api.Ben
 string constant of the package's modules but docstrings (prose may name TOFU) and looks for `tofu` / `rwku` as a
 word or a key prefix (`tofu_preset`, `rwku:1:passage`).
 
-The allowlist is the layer below the benchmark packages that their lm-eval task code, scorers and trainers share (the
-layers point one way, so these cannot move into `benchmarks/<name>/`), the method plugins' own per-benchmark settings,
-and the help text of single-model commands. A new entry needs a reason here."""
+The allowlist is what is still owed: TOFU's `cru-harness score` in the scoring layer, the method plugins' own
+per-benchmark settings, and the help text of single-model commands. A new entry needs a reason here."""
 from __future__ import annotations
 
 import ast
@@ -17,7 +16,8 @@ NAME = re.compile(r"\b(tofu|rwku)(?=\b|_)")
 
 #: path (relative to the package, a folder ending in /) -> why it may spell a built-in benchmark's name.
 ALLOWED = {
-    "scoring/": "TOFU's and RWKU's scorers (score, cell_scores, failure classes), read by reporting below them",
+    "scoring/": "TOFU's `cru-harness score` (score.py, with its refusal list in failure_modes.py): the reporting CLI "
+                "below the benchmarks registers that command",
     "baselines/": "method plugins: `Method.benchmark_defaults` and refusal sources name the benchmarks they tuned on",
     "cru/": "the CRU method plugin: its per-benchmark defaults, and `cru-harness unlearn --benchmark` help",
     "training/objective.py": "`TrainingConfig.preset`: the methods' per-benchmark presets (baselines/, above) resolve "
