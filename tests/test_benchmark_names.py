@@ -16,8 +16,8 @@ NAME = re.compile(r"\b(tofu|rwku)(?=\b|_)")
 
 #: path (relative to the package, a folder ending in /) -> why it may spell a built-in benchmark's name.
 ALLOWED = {
-    "scoring/": "TOFU's `cru-harness score` (score.py, with its refusal list in failure_modes.py): the reporting CLI "
-                "below the benchmarks registers that command",
+    "scoring/score.py": "TOFU's `cru-harness score` (Model Utility, Forget Quality, its refusal list): the reporting "
+                        "CLI below the benchmarks registers that command",
     "baselines/": "method plugins: `Method.benchmark_defaults` and refusal sources name the benchmarks they tuned on",
     "cru/": "the CRU method plugin: its per-benchmark defaults, and `cru-harness unlearn --benchmark` help",
     "training/objective.py": "`TrainingConfig.preset`: the methods' per-benchmark presets (baselines/, above) resolve "
