@@ -96,13 +96,13 @@ def add_prompt_format_argument(parser, *, evaluated_with: str = "--apply_chat_te
     families = _families()
     settings = ", ".join(dict.fromkeys(plugin.prompt_family_setting for plugin in families.values()
                                        if plugin.prompt_family_setting))
+    named = (f"; a model config name ({', '.join(families)}): open-unlearning's tags for that model"
+             + (f" (evaluate with {settings})" if settings else "")) if families else ""
     parser.add_argument("--prompt-format", choices=(*PROMPT_FORMATS, *families), default="auto",
                         help="how question/answer rows are written (cru_harness.prompts), as the evaluation will "
                              "show them. auto: the format the model learned (its training record; plain for a zoo: "
                              "model), else the chat template when the tokenizer has one (evaluate with "
-                             f"{evaluated_with}); plain: Question:/Answer:; a model config name "
-                             f"({', '.join(families)}): open-unlearning's tags for that model "
-                             f"(evaluate with {settings}) (default: auto)")
+                             f"{evaluated_with}); plain: Question:/Answer:{named} (default: auto)")
 
 
 def prompt_format_choice(choice: str, benchmark: str | None = None) -> dict:
