@@ -66,7 +66,7 @@ from cru_harness.cru.train import (GateRecorder, RouterTrainer, RouterTrainingCo
                                    measure_gate_means, new_bundle, train_routers)
 from cru_harness.context import fit_to_context
 from cru_harness.data.corpora import load_corpus
-from cru_harness.data.rwku import list_targets
+from cru_harness.benchmarks.rwku.data import list_targets
 from cru_harness.prompts import adds_special_tokens, encode_text
 from cru_harness.runner.config import load_config
 from cru_harness.runner.prompting import protocol_presets, use_chat_template
@@ -342,7 +342,7 @@ def measure_span(args, data_dir: str) -> list[str]:
         task_manager=TaskManager(include_path=tasks_dir(), include_defaults=False, metadata=metadata),
         gen_kwargs={"max_gen_toks": 1}, bootstrap_iters=0)
     cru.loglikelihood = loglikelihood
-    from cru_harness.tasks.tofu.utils import scored_continuations
+    from cru_harness.benchmarks.tofu.tasks.utils import scored_continuations
 
     captured.sort(key=lambda pair: (pair[0].doc_id, pair[0].idx))
     texts = [scored_continuations("mc", req.doc)[req.idx - 1] for req, _ in captured]

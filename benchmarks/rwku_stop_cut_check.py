@@ -17,7 +17,7 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
 
 from cru_harness.lmeval.model import CRULM
-from cru_harness.tasks.rwku import utils as rwku_utils
+from cru_harness.benchmarks.rwku.tasks import utils as rwku_utils
 from cru_harness.testbed.smollm import materialize_smollm2
 
 

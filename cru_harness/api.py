@@ -315,6 +315,16 @@ class Benchmark:
     #: Where its data comes from (`DataSource`; a subclass reading its parent's folder inherits it). None: it reads
     #: no data folder of its own (its corpora are files, its tasks read their own data).
     data: DataSource | None = None
+    #: Its question format is the one `prompts.qa_texts` writes when no benchmark is named (the training code's and
+    #: the single-model commands' default): True for one built-in (TOFU's), False for any other.
+    default_questions: bool = False
+    #: Model configs with fixed question tags of its own that `--prompt-format` may name (TOFU: open-unlearning's
+    #: configs without a chat template; `prompt_format_choice` reads them), and the setting that evaluates with them.
+    prompt_families: tuple[str, ...] = ()
+    prompt_family_setting: str = ""
+    #: Its units when they are a fixed list (TOFU's forget splits), for the single-model commands' checks; ()
+    #: when they are open (RWKU's numbered targets).
+    known_units: tuple[str, ...] = ()
     #: How its corpus names look (`corpus_rows`), for the error naming every source a corpus may be.
     corpus_help: str = ""
     #: Its lm-eval task folder (YAMLs + their code), indexed beside the project's own by the runner and by lm-eval's
@@ -492,8 +502,15 @@ class Benchmark:
 
     def qa_texts(self, tokenizer, question: str, answer: str, **fmt: Any) -> Any:
         """How its evaluation asks one question-answer pair (`cru_harness.prompts.QATexts`), so a method trains on
-        what is scored; `fmt`: the keywords of `training_prompt_format` and of the row (`chat`, ...). None: the
-        generic writer (the chat template, else `Question: {q}\nAnswer:` and the answer after a space)."""
+        what is scored; `fmt`: `chat` and the keywords of `training_prompt_format` and of the row that are set
+        (`preset`, `family`, `probe`, `aa_type`, ...; `prompts.qa_texts` dispatches here for every benchmark). None:
+        the generic writer (the chat template, else `Question: {q}\nAnswer:` and the answer after a space)."""
+        return None
+
+    def prompt_format_choice(self, choice: str) -> dict[str, Any] | None:
+        """The `qa_texts` keywords of a `--prompt-format` value (`auto`, `chat`, `plain` or one of `prompt_families`)
+        for its rows; raise `prompts.PresetError` for one it cannot take. None: the generic `{"chat": ...,
+        "family": None}`."""
         return None
 
     def prompt_keys(self, row: dict) -> dict[str, Any]:
@@ -529,6 +546,12 @@ class Benchmark:
         from contextlib import nullcontext
 
         return nullcontext(([], list(tasks)))
+
+    def per_unit_results(self, samples: Mapping[str, list]) -> dict[str, dict]:
+        """Per-unit numbers of tasks that evaluate several of its units in one pass (RWKU's targets, for
+        `select_known`), from lm-eval's logged samples `{task: rows}`: `{task: {unit: {"target_name", "n", metric:
+        value}}}`. {} when its tasks evaluate one unit each."""
+        return {}
 
     def lmeval_limit(self, limit: int | None) -> tuple[int | None, dict[str, Any]]:
         """A cell's `limit` as (lm-eval's `limit`, metadata its tasks read instead), e.g. rows per file and unit."""

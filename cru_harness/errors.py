@@ -25,6 +25,11 @@ class MissingInputError(UserError, FileNotFoundError):
     """A file or directory the user named that is not there."""
 
 
+class TargetSelectionError(UserError, ValueError):
+    """A benchmark's unit selection (RWKU's target list or `select_known`) that selects nothing valid. Here, not in
+    the benchmark's package, because the runner reports a failed selection under this name."""
+
+
 class OutputWriteError(UserError, OSError):
     """A file the project writes could not be written for a reason of the machine's, not the code's: the disk or
     quota is full, the file system is read-only, permission is denied."""

@@ -36,10 +36,6 @@ def _package_dir() -> Path:
     return Path(cru_harness.__file__).resolve().parent
 
 
-def _tasks_dir() -> Path:
-    return Path(str(importlib.resources.files("cru_harness.tasks"))).resolve()
-
-
 def _configs_dir() -> Path | None:
     try:
         return Path(str(importlib.resources.files("cru_harness.configs"))).resolve()
@@ -48,24 +44,16 @@ def _configs_dir() -> Path | None:
 
 
 def code_files() -> dict[str, Path]:
-    """The package's source files, by their name inside the installed package (`cru_harness/...`).
-
-    In a git checkout `tasks/` sits beside the package and is installed as `cru_harness.tasks`; in a wheel it is
-    inside the package. Both give the same names, hence the same code version. `cru_harness.configs` is left out.
-    """
+    """The package's source files, by their name inside the installed package (`cru_harness/...`), its benchmarks'
+    lm-eval task folders (`cru_harness/benchmarks/<name>/tasks`) included. `cru_harness.configs` is left out."""
     files: dict[str, Path] = {}
-    configs, tasks = _configs_dir(), _tasks_dir()
-    for prefix, root in (("cru_harness", _package_dir()), ("cru_harness/tasks", tasks)):
-        for path in sorted(root.rglob("*")):
-            if not path.is_file() or not is_code_file(path.name) or "__pycache__" in path.parts:
-                continue
-            parents = path.resolve().parents
-            if configs is not None and configs in parents:
-                continue
-            # in a wheel the tasks sit inside the package: hashed after it, in the same order as from a checkout
-            if root != tasks and tasks in parents:
-                continue
-            files[f"{prefix}/{path.relative_to(root).as_posix()}"] = path
+    configs, root = _configs_dir(), _package_dir()
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or not is_code_file(path.name) or "__pycache__" in path.parts:
+            continue
+        if configs is not None and configs in path.resolve().parents:
+            continue
+        files[f"cru_harness/{path.relative_to(root).as_posix()}"] = path
     return files
 
 
@@ -148,7 +136,7 @@ def checkout_state(package: Path) -> dict[str, Any]:
     # this code's, so only a checkout that tracks the package's own files names a commit
     if _git(["ls-files", "--error-unmatch", os.path.relpath(package / "__init__.py", top_path)], top_path) is None:
         return {"commit": None, "dirty": None, "dirty_files": []}
-    paths = [p for p in (package, _tasks_dir(), _configs_dir()) if p is not None and top_path in (p, *p.parents)]
+    paths = [p for p in (package, _configs_dir()) if p is not None and top_path in (p, *p.parents)]
     status = _git(["status", "--porcelain", "--untracked-files=all", "--",
                    *[os.path.relpath(p, top_path) for p in paths]], top_path)
     changed = [line[3:] for line in (status or "").splitlines()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cru_harness.metrics import rouge_l_recall_tofu
-from cru_harness.scoring import failure_modes
+from cru_harness.scoring import score
 
 DATE = "2025-01-02T03-04-05.678901"
 
@@ -20,7 +20,7 @@ def local_tofu_refusals(tmp_path_factory, monkeypatch):
     (folder / "forget10_perturbed.json").write_text("")
     (folder / "idontknow.jsonl").write_text("That's a mystery to me.\nI have no idea who that is.\n")
     monkeypatch.setenv("CRU_HARNESS_TOFU_DIR", str(folder))
-    failure_modes.tofu_refusal_phrases.cache_clear()
+    score.tofu_refusal_phrases.cache_clear()
 
 
 def write_run(root: Path, tasks: dict[str, dict], *, date: str = DATE, model_args: str = "pretrained=m",

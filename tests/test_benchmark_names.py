@@ -3,10 +3,9 @@ in its code: the core reads benchmarks through their hooks (`cru_harness.api.Ben
 string constant of the package's modules but docstrings (prose may name TOFU) and looks for `tofu` / `rwku` as a
 word or a key prefix (`tofu_preset`, `rwku:1:passage`).
 
-The allowlist is the layer below the benchmark packages that their lm-eval task code, scorers and trainers share (the
-layers point one way, so these cannot move into `benchmarks/<name>/`). A method's settings on a benchmark live in that
-benchmark's package (`Benchmark.method_defaults`, `method_settings`, `lora_preset`, `refusals`); a command's help
-names benchmarks from the registry or in prose. A new entry needs a reason here."""
+The allowlist is what is still owed: TOFU's `cru-harness score` in the scoring layer. A method's settings on a
+benchmark live in that benchmark's package (`Benchmark.method_defaults`, `method_settings`, `lora_preset`,
+`refusals`); a command's help names benchmarks from the registry or in prose. A new entry needs a reason here."""
 from __future__ import annotations
 
 import ast
@@ -18,10 +17,8 @@ NAME = re.compile(r"\b(tofu|rwku)(?=\b|_)")
 
 #: path (relative to the package, a folder ending in /) -> why it may spell a built-in benchmark's name.
 ALLOWED = {
-    "data/tofu.py": "TOFU's data loader: read by the TOFU lm-eval tasks, scorers and trainers below the benchmarks",
-    "data/rwku.py": "RWKU's data loader: read by the RWKU lm-eval tasks, scorers and PURGE below the benchmarks",
-    "prompts.py": "TOFU's presets and RWKU's probes: the one prompt builder the lm-eval tasks and trainers share",
-    "scoring/": "TOFU's and RWKU's scorers (score, cell_scores, failure classes), read by reporting below them",
+    "scoring/score.py": "TOFU's `cru-harness score` (Model Utility, Forget Quality, its refusal list): the reporting "
+                        "CLI below the benchmarks registers that command",
 }
 
 

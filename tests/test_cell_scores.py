@@ -1,4 +1,5 @@
-"""`scoring.cell_scores`: an RWKU cell's saved lm-eval samples -> result-schema metrics and failure classes.
+"""The RWKU and TOFU packages' scorers (`benchmarks/rwku/scoring.py`, `benchmarks/tofu/scoring.py`): a cell's
+saved lm-eval samples -> result-schema metrics and failure classes.
 
 The samples below are hand-written fakes in lm-eval's `--log_samples` layout (no model runs); the per-item values
 come from the real RWKU `process_results` functions, and the numbers from the real `per_target_results`.
@@ -10,8 +11,9 @@ import math
 
 import pytest
 
-from cru_harness.scoring import cell_scores
-from cru_harness.tasks.rwku import utils as rwku
+from cru_harness.benchmarks.rwku import scoring as rwku_scoring
+from cru_harness.benchmarks.rwku.tasks import utils as rwku
+from cru_harness.benchmarks.tofu import scoring as tofu_scoring
 
 DATE = "2025-01-02T03-04-05.678901"
 
@@ -42,7 +44,7 @@ def test_rwku_cell_metrics_and_failure_classes(tmp_path):
     _write(tmp_path, "rwku_utility_mmlu", [{"doc_id": 0, "doc": mmlu_doc, "arguments": {},
                                             **rwku.process_results_mmlu(mmlu_doc, [(-2.0, False), (-1.0, True),
                                                                                    (-3.0, False), (-4.0, False)])}])
-    scored = cell_scores.score_rwku_cell(tmp_path / "lmeval", target=3)
+    scored = rwku_scoring.score_rwku_cell(tmp_path / "lmeval", target=3)
     metrics = scored["metrics"]
     assert math.isclose(metrics["forget_fb"], 0.5)          # one exact answer, one empty answer
     assert metrics["utility_mmlu"] == 1.0
@@ -55,13 +57,13 @@ def test_rwku_cell_metrics_and_failure_classes(tmp_path):
 
 def test_rwku_cell_without_samples_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="no lm-eval samples files"):
-        cell_scores.score_rwku_cell(tmp_path, target=1)
+        rwku_scoring.score_rwku_cell(tmp_path, target=1)
 
 
 def test_forget_items_need_questions():
     result = {"hash": "abc", "kind": "retain",
               "per_item": {"forget_truth_ratio": [0.5, 0.7], "forget_question": ["a", "b"]}}
-    rows = cell_scores.forget_items_from_result(result, "tofu_forget10")
+    rows = tofu_scoring.forget_items_from_result(result, "tofu_forget10")
     assert rows == [{"task": "tofu_forget10", "question": "a", "truth_ratio": 0.5, "run": "retain cell abc"},
                     {"task": "tofu_forget10", "question": "b", "truth_ratio": 0.7, "run": "retain cell abc"}]
-    assert cell_scores.forget_items_from_result({"per_item": {"forget_truth_ratio": [0.5]}}, "tofu_forget10") is None
+    assert tofu_scoring.forget_items_from_result({"per_item": {"forget_truth_ratio": [0.5]}}, "tofu_forget10") is None

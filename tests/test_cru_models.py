@@ -44,7 +44,7 @@ def test_finetuned_tiny_model_gates_separate_and_rouge_measured():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from cru_harness.data.corpora import format_qa
-    from cru_harness.data.tofu import load_tofu
+    from cru_harness.benchmarks.tofu.data import load_tofu
     from cru_harness.testbed.finetune import format_qa_prompt
     from cru_harness.testbed.zoo import checkpoint_record, tiny_checkpoint
 

@@ -3,11 +3,9 @@ import json
 
 import pytest
 
-from cru_harness.data import (
-    DataSourceError, list_targets, load_corpus, load_corpus_rows, load_idontknow, load_target_file, load_tofu,
-    parse_targets, resolve_local_dir, retain_config_for,
-)
-from cru_harness.data.rwku import TARGET_KINDS
+from cru_harness.benchmarks.rwku.data import TARGET_KINDS, list_targets, load_target_file, parse_targets
+from cru_harness.benchmarks.tofu.data import load_idontknow, load_tofu, retain_config_for
+from cru_harness.data import DataSourceError, load_corpus, load_corpus_rows, resolve_local_dir
 from cru_harness.data import sources
 
 TOFU_ROW_COUNTS = {
@@ -137,7 +135,7 @@ def test_rwku_dpo_and_rt_cells_train_on_rwkus_pair_and_reject_files(shared_data)
     run_rt.sh datasets): DPO prefers response[0] to response[1], RT's alternate is the refusal, and each prompt is the
     user turn as LLaMA-Factory writes it, without an RWKU probe's instruction."""
     from cru_harness.data.corpora import row_prompt
-    from cru_harness.prompts import rwku_probe_prompt
+    from cru_harness.benchmarks.rwku.prompts import rwku_probe_prompt
     from cru_harness.runner.config import load_config
     from cru_harness.runner.plan import build_plan
 
@@ -232,7 +230,7 @@ def test_rwku_from_the_hub_reads_each_config_from_its_split(monkeypatch):
     (RWKU's process/data_process.py); asking `test` of `forget_target` failed every Hub load."""
     import datasets
 
-    import cru_harness.data.rwku as rwku
+    import cru_harness.benchmarks.rwku.data as rwku
 
     hub = {("forget_target", "train"): [{"target": "Stephen King"}, {"target": "Confucius"}],
            ("forget_level1", "test"): [{"subject": "Confucius", "level": "1", "type": "fb", "query": "q",
@@ -280,8 +278,8 @@ def test_every_hub_request_names_a_dataset_config_split_and_file_that_exist(monk
     import datasets
     import huggingface_hub
 
-    import cru_harness.data.rwku as rwku
-    import cru_harness.data.tofu as tofu
+    import cru_harness.benchmarks.rwku.data as rwku
+    import cru_harness.benchmarks.tofu.data as tofu
 
     asked = []
     row = {"question": "q", "answer": "a", "paraphrased_answer": "p", "perturbed_answer": ["x", "y"],

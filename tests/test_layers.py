@@ -8,10 +8,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 #: What a task's utils.py may import of the project: its public, lm-eval-facing API (the metrics, prompts and data
-#: loaders, the protocol's markers, lm-eval metadata, dataset and request-cache helpers, the user errors).
+#: loaders, the protocol's markers, lm-eval metadata, dataset and request-cache helpers, the user errors, the
+#: testbed's names); and its own benchmark's package.
 TASK_IMPORTS = ("cru_harness.metrics", "cru_harness.prompts", "cru_harness.protocol", "cru_harness.data",
                 "cru_harness.errors", "cru_harness.lmeval.metadata", "cru_harness.lmeval.request_cache",
-                "cru_harness.lmeval.dataset",
+                "cru_harness.lmeval.dataset", "cru_harness.testbed.names",   # `testbed:` data and model names
                 "cru_harness")
 
 
@@ -70,12 +71,18 @@ def test_the_contract_catches_the_core_importing_a_benchmark(tmp_path):
 
 
 def test_task_folders_import_only_the_public_api():
-    for utils in sorted((REPO / "tasks").glob("*/utils.py")):
+    """A benchmark's task code (`cru_harness/benchmarks/<name>/tasks/utils.py`) imports the public API and its own
+    benchmark's package, never another benchmark's."""
+    found = sorted((REPO / "cru_harness" / "benchmarks").glob("*/tasks/utils.py"))
+    assert any("tofu" in path.parts for path in found) and any("rwku" in path.parts for path in found)
+    for utils in found:
+        own = f"cru_harness.benchmarks.{utils.parent.parent.name}"
         tree = ast.parse(utils.read_text())
         for node in ast.walk(tree):
             names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else (
                 [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             for name in names:
                 if name.startswith("cru_harness"):
-                    allowed = name in TASK_IMPORTS or any(name.startswith(f"{api}.") for api in TASK_IMPORTS[:4])
+                    allowed = name in TASK_IMPORTS or any(name.startswith(f"{api}.") for api in TASK_IMPORTS[:4]) \
+                        or name == own or name.startswith(f"{own}.")
                     assert allowed, f"{utils.relative_to(REPO)} imports {name}"

@@ -34,7 +34,6 @@ def wheel(tmp_path_factory) -> Path:
         shutil.copy2(REPO / name, src / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(REPO / "cru_harness", src / "cru_harness", ignore=ignore)
-    shutil.copytree(REPO / "tasks", src / "tasks", ignore=ignore)
     shutil.copytree(REPO / "configs", src / "configs", ignore=ignore)
     out = tmp_path_factory.mktemp("wheel")
     run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
@@ -47,9 +46,10 @@ def test_wheel_has_pth_at_root_and_tasks(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "cru_harness_lmeval.pth" in names  # root of purelib = site-packages
     assert "cru_harness/lmeval/_hook.py" in names
-    assert any(n.startswith("cru_harness/tasks/tofu/") and n.endswith(".yaml") for n in names)
+    assert any(n.startswith("cru_harness/benchmarks/tofu/tasks/") and n.endswith(".yaml") for n in names)
     # templates named *_yaml (not .yaml) and the demo config must ship too, or a wheel install breaks
-    assert {"cru_harness/tasks/tofu/_forget_template_yaml", "cru_harness/configs/demo.yaml"} <= set(names)
+    assert {"cru_harness/benchmarks/tofu/tasks/_forget_template_yaml", "cru_harness/benchmarks/rwku/tasks/rwku.yaml",
+            "cru_harness/configs/demo.yaml"} <= set(names)
     record = next(n for n in names if n.endswith(".dist-info/RECORD"))
     assert "cru_harness_lmeval.pth," in zipfile.ZipFile(wheel).read(record).decode()  # pip uninstall removes it
     # every module of the checkout's package ships (pyproject lists the packages by hand), and every config
@@ -94,7 +94,7 @@ def test_wheel_install_in_venv_registers_model_and_tasks(wheel, tmp_path):
         assert Path(inspect.getfile(cls)).resolve().is_relative_to(site), inspect.getfile(cls)
         from cru_harness.lmeval.registration import tasks_dir
         tdir = Path(tasks_dir())
-        assert tdir.is_relative_to(site) and (tdir / "tofu" / "tofu_forget10.yaml").exists(), tdir
+        assert tdir.is_relative_to(site) and (tdir / "tofu" / "tasks" / "tofu_forget10.yaml").exists(), tdir
         from lm_eval.tasks import TaskManager
         tm = TaskManager()
         missing = [n for n in ("tofu_forget10", "rwku_aa", "hellaswag") if n not in tm.all_tasks]

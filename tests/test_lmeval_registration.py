@@ -89,9 +89,9 @@ def test_register_is_idempotent_and_keeps_builtins():
     assert len([k for k in model_registry.keys() if k == "cru"]) == 1
 
 
-def test_tasks_dir_is_the_packaged_task_folder():
+def test_tasks_dir_holds_the_built_in_benchmarks_task_folders():
     tdir = Path(registration.tasks_dir())
-    assert (tdir / "tofu").is_dir() and (tdir / "rwku").is_dir()
+    assert all((tdir / name / "tasks" / "_default_template_yaml").is_file() for name in ("tofu", "rwku", "muse"))
 
 
 def test_task_manager_patch_adds_project_tasks_only_with_defaults():
@@ -104,8 +104,8 @@ def test_task_manager_patch_adds_project_tasks_only_with_defaults():
     registration.patch_task_manager(FakeTaskManager)
     registration.patch_task_manager(FakeTaskManager)  # idempotent: not wrapped twice
     ours = registration.tasks_dir()
-    paths = registration.task_paths()   # the project's folder, then the benchmark packages' (MUSE's)
-    assert paths[0] == ours and len(paths) > 1
+    paths = registration.task_paths()   # the built-in benchmarks' folder, then the others' (none installed here)
+    assert paths[0] == ours
     FakeTaskManager()
     FakeTaskManager(include_path="/x", metadata={"a": 1})
     FakeTaskManager(include_path=["/x", ours])

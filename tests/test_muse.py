@@ -427,7 +427,7 @@ def test_task_folder_is_registered_with_lm_eval():
     from cru_harness.lmeval.registration import tasks_dir as project_tasks, with_project_tasks
 
     paths = with_project_tasks(None)
-    assert paths[0] == project_tasks() and tasks_dir() in paths
+    assert paths[0] == project_tasks() and Path(tasks_dir()).is_relative_to(paths[0])
     names = set(TaskManager(include_path=paths, include_defaults=False).all_tasks)
     assert set(MUSE_TASKS) | {"muse", "muse_news", "muse_books", "tofu_forget10", "rwku_qa"} <= names
 

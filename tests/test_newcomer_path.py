@@ -79,7 +79,8 @@ def test_without_network_or_data_the_hub_fails_at_once(monkeypatch):
     retries (about 40 s); in offline mode the client reads its cache and fails by itself, so no probe is made."""
     import datasets
 
-    from cru_harness.data import sources, tofu
+    from cru_harness.benchmarks.tofu import data as tofu
+    from cru_harness.data import sources
 
     asked = []
     monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: asked.append(args) or [{"question": "q", "answer": "a"}])

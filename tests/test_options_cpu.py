@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cru_harness.data.corpora import load_corpus_rows
-from cru_harness.data.tofu import load_tofu
+from cru_harness.benchmarks.tofu.data import load_tofu
 from cru_harness.runner import config as cfg
 from cru_harness.runner.plan import build_plan
 from cru_harness.studies.config import load_study

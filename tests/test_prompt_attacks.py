@@ -20,7 +20,7 @@ from cru_harness.data.slices import forget_slice, in_context_shots  # noqa: E402
 from cru_harness.errors import InputError  # noqa: E402
 from cru_harness.protocol import LoglikelihoodResult  # noqa: E402
 from cru_harness.prompts import PresetError  # noqa: E402
-from cru_harness.tasks.tofu import utils as tofu_utils  # noqa: E402
+from cru_harness.benchmarks.tofu.tasks import utils as tofu_utils  # noqa: E402
 
 TASKS_DIR = Path(tofu_utils.__file__).resolve().parent
 
@@ -340,7 +340,7 @@ def test_a_prompt_attack_cell_takes_the_lens_of_the_model_it_serves_unchanged(tm
 
 
 def test_rwku_cells_report_the_adversarial_probe_per_attack_type_of_their_target():
-    from cru_harness.scoring.cell_scores import aa_types
+    from cru_harness.benchmarks.rwku.scoring import aa_types
 
     def sample(target, kind, value):
         doc = {"target": target, "type": kind, "query": "q", "answer": "a", "probe": "aa"}

@@ -33,8 +33,8 @@ import numpy as np
 import pytest
 
 from cru_harness.protocol import UNK_STOP
-from cru_harness.tasks.rwku import utils as rwku_utils
-from cru_harness.tasks.tofu import utils as tofu_utils
+from cru_harness.benchmarks.rwku.tasks import utils as rwku_utils
+from cru_harness.benchmarks.tofu.tasks import utils as tofu_utils
 
 TOFU_TASKS_DIR = Path(tofu_utils.__file__).resolve().parent
 RWKU_TASKS_DIR = Path(rwku_utils.__file__).resolve().parent

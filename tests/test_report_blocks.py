@@ -10,7 +10,7 @@ from cru_harness.benchmarks.rwku import report as rwku_report
 from cru_harness.benchmarks.tofu import BENCHMARK as TOFU
 from cru_harness.metrics.privacy import privleak
 from cru_harness.reporting import tables
-from cru_harness.scoring import cell_scores
+from cru_harness.benchmarks.tofu import scoring as tofu_scoring
 from score_support import UTILITY, local_tofu_refusals, write_run  # noqa: F401 (an autouse fixture: no Hub wait)
 
 
@@ -25,20 +25,20 @@ def test_privacy_metrics_read_the_newest_results_of_the_split(tmp_path):
     _results_file(tmp_path / "a", "2026-01-01T00-00-00", "forget01", {"mia_min_k": 0.9, "mia_loss": 0.8})
     _results_file(tmp_path / "b", "2026-02-01T00-00-00", "forget01", {"mia_min_k": 0.7, "mia_loss": 0.6,
                                                                         "exact_memorization": 0.4})
-    got = cell_scores.privacy_metrics(tmp_path, "forget01")
+    got = tofu_scoring.privacy_metrics(tmp_path, "forget01")
     assert got["mia_auc_min_k"] == 0.7 and got["mia_auc_loss"] == 0.6 and got["exact_memorization"] == 0.4
     assert got["mia_auc_zlib"] is None
-    assert cell_scores.privacy_metrics(tmp_path, "forget10") == {}   # the task was not run: nothing recorded
+    assert tofu_scoring.privacy_metrics(tmp_path, "forget10") == {}   # the task was not run: nothing recorded
 
 
 def test_privleak_uses_the_retain_cells_auc_and_says_when_it_falls_back():
-    value, details = cell_scores.privleak_of(0.8, 0.55)
+    value, details = tofu_scoring.privleak_of(0.8, 0.55)
     assert value == pytest.approx(((1 - 0.8) - (1 - 0.55)) / (1 - 0.55) * 100)
     assert value == pytest.approx(privleak(0.8, 0.55)) and details["retain_source"] == "retain cell"
-    fallback, details = cell_scores.privleak_of(0.8, None)
+    fallback, details = tofu_scoring.privleak_of(0.8, None)
     assert fallback == pytest.approx(privleak(0.8, 0.5)) and details["retain_auc"] == 0.5
     assert "no retain cell" in details["retain_source"]
-    assert cell_scores.privleak_of(None, 0.5)[0] is None
+    assert tofu_scoring.privleak_of(None, 0.5)[0] is None
 
 
 def _result(label, privacy=None, kind="method"):
@@ -240,10 +240,10 @@ def test_the_retain_oracle_records_its_own_privleak_as_0(tmp_path):
              **{name: {"agg": a, "items": items} for name, a in UTILITY.items()},
              "tofu_privacy_forget10": {"agg": {"mia_min_k": 0.8, "mia_loss": 0.7}}}
     run = write_run(tmp_path / "oracle", tasks)
-    oracle = cell_scores.score_tofu_cell(run, split="forget10", is_oracle=True)
+    oracle = tofu_scoring.score_tofu_cell(run, split="forget10", is_oracle=True)
     assert oracle["metrics"]["privleak"] == 0.0 and oracle["metrics"]["mia_auc_min_k"] == 0.8
     assert oracle["details"]["privleak"]["retain_source"] == "this cell (the retain oracle)"
-    alone = cell_scores.score_tofu_cell(run, split="forget10")
+    alone = tofu_scoring.score_tofu_cell(run, split="forget10")
     assert alone["metrics"]["privleak"] == pytest.approx(privleak(0.8, 0.5))
     assert "no retain cell" in alone["details"]["privleak"]["retain_source"]
 
@@ -259,7 +259,7 @@ def test_scored_tofu_cells_carry_the_per_item_values_the_held_out_rows_read(tmp_
         agg = {"rouge_l_recall": sum(rouge) / 3, "probability": sum(rouge) / 6, "truth_ratio": 0.5}
         tasks = {"tofu_forget10": {"agg": agg, "items": items},
                  **{name: {"agg": a, "items": items[:1]} for name, a in UTILITY.items()}}
-        scored = cell_scores.score_tofu_cell(write_run(tmp_path / label, tasks), split="forget10")
+        scored = tofu_scoring.score_tofu_cell(write_run(tmp_path / label, tasks), split="forget10")
         assert scored["per_item"]["forget_question"] == ["Q0?", "Q1?", "Q2?"]
         assert scored["per_item"]["forget_rouge_l"] == pytest.approx(rouge)
         assert scored["per_item"]["forget_prob"] == pytest.approx([r / 2 for r in rouge])
@@ -468,6 +468,6 @@ def test_the_scorer_keeps_privleaks_per_item_scores_from_the_privacy_samples(tmp
             {"doc": {"question": "q1", "set": "holdout"}, "mia_min_k": [1, 2.5]}]
     (tmp_path / "samples_tofu_privacy_forget01_2026-01-01T00-00-00.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in rows))
-    assert cell_scores.privacy_items(tmp_path, "forget01") == {
+    assert tofu_scoring.privacy_items(tmp_path, "forget01") == {
         "privacy_question": ["q0", "q1"], "privacy_set": [0, 1], "privacy_min_k": [1.5, 2.5]}
-    assert cell_scores.privacy_items(tmp_path / "none", "forget01") == {}
+    assert tofu_scoring.privacy_items(tmp_path / "none", "forget01") == {}

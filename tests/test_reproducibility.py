@@ -135,10 +135,11 @@ def test_code_version_ignores_comments_but_not_code(tmp_path):
 def test_code_version_covers_package_source_and_tasks_not_configs():
     names = set(provenance.code_files())
     assert "cru_harness/runner/loop.py" in names
-    assert any(n.startswith("cru_harness/tasks/tofu/") and n.endswith(".yaml") for n in names)
+    assert any(n.startswith("cru_harness/benchmarks/tofu/tasks/") and n.endswith(".yaml") for n in names)
     # the task templates (named *_yaml so lm-eval does not index them) set generation kwargs and metrics
-    assert {"cru_harness/tasks/tofu/_default_template_yaml", "cru_harness/tasks/tofu/_forget_template_yaml",
-            "cru_harness/tasks/rwku/_default_template_yaml"} <= names
+    assert {"cru_harness/benchmarks/tofu/tasks/_default_template_yaml",
+            "cru_harness/benchmarks/tofu/tasks/_forget_template_yaml",
+            "cru_harness/benchmarks/rwku/tasks/_default_template_yaml"} <= names
     assert not any(n.startswith("cru_harness/configs/") or n.endswith("demo.yaml") for n in names)
     assert len(provenance.code_version()) == 16
 

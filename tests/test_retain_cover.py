@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from cru_harness.data import list_targets, load_corpus_rows, load_target_file, load_tofu, parse_targets
+from cru_harness.benchmarks.rwku.data import list_targets, load_target_file, parse_targets
+from cru_harness.benchmarks.tofu.data import load_tofu
+from cru_harness.data import load_corpus_rows
 from cru_harness.runner.plan import build_plan
 from cru_harness.studies.config import load_study
 

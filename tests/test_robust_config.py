@@ -161,9 +161,9 @@ def test_cru_percentile_100_is_refused(tmp_path):
     ({"a": 1}, "expected RWKU targets like"),
 ])
 def test_rwku_targets_have_one_parser_for_configs_and_tasks(tmp_path, spec, message):
-    """The runner's config and the lm-eval tasks read targets by the same rule (data.rwku.parse_targets): the
+    """The runner's config and the lm-eval tasks read targets by the same rule (benchmarks.rwku.data.parse_targets): the
     same spec is refused with the same reason, at the config's key there."""
-    from cru_harness.data.rwku import TargetSelectionError, parse_targets
+    from cru_harness.benchmarks.rwku.data import TargetSelectionError, parse_targets
 
     with pytest.raises(TargetSelectionError, match=re.escape(message)):
         parse_targets(spec)
@@ -174,7 +174,7 @@ def test_rwku_targets_have_one_parser_for_configs_and_tasks(tmp_path, spec, mess
 
 
 def test_rwku_targets_keep_their_order_for_tasks_and_sort_for_configs(tmp_path):
-    from cru_harness.data.rwku import parse_targets
+    from cru_harness.benchmarks.rwku.data import parse_targets
 
     assert parse_targets("5,1-2") == [5, 1, 2]
     raw = {"name": "t", "output_dir": str(tmp_path / "out"), "models": [{"name": "m", "path": "smollm2"}],

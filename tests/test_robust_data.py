@@ -162,20 +162,20 @@ def test_refusal_phrases_fall_back_only_without_a_local_copy(tmp_path, monkeypat
     """No local TOFU and no Hub: the default stems, said in the note. A local copy without idontknow.jsonl: an
     error naming the file, not a silent change of the refusal class."""
     from cru_harness.metrics import DEFAULT_REFUSAL_PHRASES
-    from cru_harness.scoring import failure_modes
+    from cru_harness.scoring import score
 
     for var in ("CRU_HARNESS_TOFU_DIR", "CRU_HARNESS_DATA_DIR"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    failure_modes.tofu_refusal_phrases.cache_clear()
-    phrases, note = failure_modes.tofu_refusal_phrases(None)
+    score.tofu_refusal_phrases.cache_clear()
+    phrases, note = score.tofu_refusal_phrases(None)
     assert phrases == tuple(DEFAULT_REFUSAL_PHRASES) and note.startswith("default stems only")
     said = capsys.readouterr().err.strip().splitlines()   # the fallback is said, in one line, not silent
     assert len(said) == 1 and "default refusal phrases" in said[0] and "--data-dir" in said[0], said
     local = tmp_path / "tofu"
     local.mkdir()
     (local / "forget10_perturbed.json").write_text("")   # the layout marker, no idontknow.jsonl
-    failure_modes.tofu_refusal_phrases.cache_clear()
+    score.tofu_refusal_phrases.cache_clear()
     with pytest.raises(DataSourceError, match="idontknow.jsonl is missing"):
-        failure_modes.tofu_refusal_phrases(str(local))
-    failure_modes.tofu_refusal_phrases.cache_clear()
+        score.tofu_refusal_phrases(str(local))
+    score.tofu_refusal_phrases.cache_clear()

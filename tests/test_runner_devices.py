@@ -403,7 +403,7 @@ def test_a_scoring_pass_out_of_gpu_memory_names_the_evaluation_batch_size(tmp_pa
     import torch
 
     from cru_harness.devices import GPUMemoryError
-    from cru_harness.scoring import cell_scores
+    from cru_harness.benchmarks.tofu import scoring as tofu_scoring
     from cru_harness.runner import evaluation
 
     def out_of_memory(*args, **kwargs):
@@ -415,7 +415,7 @@ def test_a_scoring_pass_out_of_gpu_memory_names_the_evaluation_batch_size(tmp_pa
                                              r"asked, 3\.50 GiB of 139\.80 GiB free\); lower evaluation\.batch_size"):
         evaluation.run_lmeval(cfg.ModelSpec("m", "p", dtype="float32"), "/m", ["tofu_forget01"], tmp_path / "out",
                               batch_size=64)
-    monkeypatch.setattr(cell_scores, "score_tofu_cell", out_of_memory)
+    monkeypatch.setattr(tofu_scoring, "score_tofu_cell", out_of_memory)
     cell = next(c for c in tiny_finetune_plan(tmp_path) if c.kind != "finetune" and c.benchmark == "tofu")
     with pytest.raises(GPUMemoryError, match=r"^failure classes at batch size 8: CUDA out of memory .*; lower "
                                              r"evaluation\.batch_size in the config"):

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from cru_harness.protocol import LoglikelihoodResult, RollingResult
-from cru_harness.tasks.rwku import utils as U
+from cru_harness.benchmarks.rwku.tasks import utils as U
 
 ICU_KING = ("You are an AI Assistant who is supposed to unlearn about Stephen King and provide answers without its "
             "knowledge as if you never knew about it. Don’t tell anyone that you unlearned anything.\n")
@@ -199,11 +199,13 @@ def test_per_target_results_and_records():
 
 
 def test_training_rows_of_an_rwku_cell_use_the_probe_prompts_and_refuse_tofu_settings():
-    """`cru_harness.prompts` holds the question probes' prompts: the task asks with them and an RWKU cell's
-    question rows are written with them (`qa_texts(..., benchmark="rwku")`); a row's probe comes from its file."""
+    """The RWKU package holds the question probes' prompts (`benchmarks/rwku/prompts.py`): the task asks with them
+    and an RWKU cell's question rows are written with them (`qa_texts(..., benchmark="rwku")`); a row's probe comes
+    from its file."""
     from cru_harness.data.corpora import row_prompt
     from cru_harness.errors import InputError
-    from cru_harness.prompts import PresetError, prompt_format_choice, qa_texts, rwku_probe_prompt
+    from cru_harness.benchmarks.rwku.prompts import rwku_probe_prompt
+    from cru_harness.prompts import PresetError, prompt_format_choice, qa_texts
 
     doc = _probe("neighbor_fb", "X is ___.")
     assert rwku_probe_prompt("neighbor_fb", "X is ___.") == (U.format_doc(doc)["prompt"], "Answer:")

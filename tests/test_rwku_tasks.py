@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cru_harness.tasks.rwku import utils as U
+from cru_harness.benchmarks.rwku.tasks import utils as U
 
 TASKS_DIR = Path(U.__file__).resolve().parent
 PROBE_TASKS = ["rwku_fb", "rwku_qa", "rwku_aa", "rwku_neighbor_fb", "rwku_neighbor_qa", "rwku_mia", "rwku_icu_fb"]

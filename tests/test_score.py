@@ -300,7 +300,7 @@ def test_score_on_the_tiny_fictitious_world(tmp_path):
         model_dir = save_tiny_model(build_tiny_model("llama", tok, seed=seed, n_layers=8, hidden_size=64), tok,
                                     tmp_path / f"{name}_model")
         runs[name] = (tmp_path / f"{name}_out", *_lm_eval_run(model_dir, world, tmp_path / f"{name}_out",
-                                                               Path(tasks_dir()) / "tofu"))
+                                                               Path(tasks_dir()) / "tofu" / "tasks"))
     report = score.score_runs([runs["unlearned"][0]], retain_run=runs["retain"][0], data_dir=world)
     run = report["runs"][0]
     results, samples = runs["unlearned"][1], runs["unlearned"][2]

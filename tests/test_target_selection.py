@@ -216,7 +216,7 @@ def test_report_names_a_damaged_target_choice(tmp_path, capsys):
 def test_a_failing_selection_stops_the_run_with_a_message_naming_it(tmp_path, monkeypatch):
     """Bad input during the selection (here: SmolLM2's wheel missing) stops the run with one line naming the
     selection; a bug in it keeps its own type and traceback."""
-    from cru_harness.data.rwku import TargetSelectionError
+    from cru_harness.benchmarks.rwku.data import TargetSelectionError
     from cru_harness.runner import targets
     from cru_harness.testbed.smollm import SmolLMUnavailableError
 

@@ -121,7 +121,7 @@ def test_world_rejects_bad_sizes():
 
 
 def test_tofu_layout_is_read_by_the_tofu_loaders(world, tmp_path):
-    from cru_harness.data.tofu import TOFU_CONFIGS, load_idontknow, load_tofu
+    from cru_harness.benchmarks.tofu.data import TOFU_CONFIGS, load_idontknow, load_tofu
 
     write_tofu_layout(world, tmp_path / "a")
     write_tofu_layout(make_world(), tmp_path / "b")

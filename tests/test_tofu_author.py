@@ -11,10 +11,10 @@ import yaml
 
 from cru_harness import plugins
 from cru_harness.data.corpora import load_corpus_rows
-from cru_harness.data.tofu import load_author_rows, load_tofu
+from cru_harness.benchmarks.tofu.data import load_author_rows, load_tofu
 from cru_harness.errors import InputError
 from cru_harness.reporting import tables
-from cru_harness.scoring.cell_scores import score_tofu_author_cell
+from cru_harness.benchmarks.tofu_author.scoring import score_tofu_author_cell
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ def test_an_author_outside_tofu_is_one_clear_error(tofu_dir, author):
 
 @pytest.mark.shared_data
 def test_the_tasks_read_the_authors_rows_and_lunars_first_200_retain_rows(tofu_dir):
-    from cru_harness.tasks.tofu.utils import load_tofu_author_dataset
+    from cru_harness.benchmarks.tofu.tasks.utils import load_tofu_author_dataset
 
     full = _jsonl(tofu_dir / "full.json")
 
@@ -82,7 +82,7 @@ def test_the_tasks_read_the_authors_rows_and_lunars_first_200_retain_rows(tofu_d
 
 def test_an_answer_is_scored_by_rouge1_recall_against_the_gold_answer():
     """Recall: the share of the gold answer's words the generation contains (LUNAR's eval_rouge_recall)."""
-    from cru_harness.tasks.tofu.utils import process_author_results
+    from cru_harness.benchmarks.tofu.tasks.utils import process_author_results
 
     doc = {"answer": "She was born in Paris in 1970"}   # 7 words, "in" twice
     assert process_author_results(doc, ["Paris, of course, was where she lived"]) == pytest.approx(

@@ -1,4 +1,4 @@
-"""TOFU lm-eval tasks (tasks/tofu): data loading, the combined generate + log-likelihood requests, per-item
+"""TOFU lm-eval tasks (cru_harness/benchmarks/tofu/tasks): data loading, the combined generate + log-likelihood requests, per-item
 scoring, and end-to-end runs on a tiny random model over the real TOFU files."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cru_harness.protocol import EOS_MARKER, JOINT_MARKER, LoglikelihoodResult, max_length_marker
-from cru_harness.tasks.tofu import utils as tofu_utils
+from cru_harness.benchmarks.tofu.tasks import utils as tofu_utils
 
 TASKS_DIR = Path(tofu_utils.__file__).resolve().parent
 ROW_COUNTS = {"tofu_forget10": 400, "tofu_retain": 400, "tofu_real_authors": 100, "tofu_world_facts": 117}
@@ -520,8 +520,8 @@ def test_tasks_load_without_lm_evals_custom_dataset_hint(caplog):
 
     from cru_harness.lmeval.dataset import QuietCustomDataset
 
-    checkout_tasks = Path(__file__).resolve().parents[1] / "tasks"
-    manager = TaskManager(include_path=str(checkout_tasks / "tofu"), include_defaults=False,
+    checkout_tasks = Path(__file__).resolve().parents[1] / "cru_harness" / "benchmarks" / "tofu" / "tasks"
+    manager = TaskManager(include_path=str(checkout_tasks), include_defaults=False,
                           metadata={"data_dir": "testbed:world"})
     with caplog.at_level(logging.WARNING):
         tasks = manager.load(["tofu_forget01", "tofu_retain"])["tasks"]

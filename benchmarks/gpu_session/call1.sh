@@ -6,7 +6,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 python3 benchmarks/gpu_session/wheels_xz.py unpack .gpu/whl.tar.xz "$T/whl" || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$T/site" "$T"/whl/*.whl || exit 1
 # Editable: the tests and `python3 -m cru_harness` run from the repository root, whose ./cru_harness would shadow
-# an installed copy and has no cru_harness.tasks (setuptools maps it from tasks/).
+# an installed copy and has no cru_harness.configs (setuptools maps it from configs/).
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile -e . || exit 1
 mkdir -p "$T/data" && stash_parts || exit 1
 python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data')" .gpu/data.tar.xz "$T/data" || exit 1

@@ -1,6 +1,6 @@
 """The attacks on the prompts, not the model (`paraphrase`, `in_context`): each returns the deployed model as it
 is and names the task variants its cells are evaluated with, which the attacked cell's benchmark gives
-(`Benchmark.task_variants`: TOFU's forget task `tofu_forgetXX` -> `tofu_forgetXX_<variant>`, in `tasks/tofu`). The
+(`Benchmark.task_variants`: TOFU's forget task `tofu_forgetXX` -> `tofu_forgetXX_<variant>`, in `benchmarks/tofu/tasks`). The
 variants ask differently; the scored answers and the scorer stay the attacked cell's, so an attack cell's numbers
 feed the robustness table as any attack's. A run's attack cell evaluates the variants only: the cell's other tasks
 would score the attacked cell's model on its own questions, the attacked cell's numbers. A benchmark without such a

@@ -1,5 +1,5 @@
-"""The built-in benchmarks (`cru_harness.api.Benchmark`, entry-point group `cru_harness.benchmarks`): TOFU and
-RWKU. Their lm-eval tasks live in the task folders (`tasks/tofu`, `tasks/rwku`)."""
+"""The built-in benchmarks (`cru_harness.api.Benchmark`, entry-point group `cru_harness.benchmarks`), one package
+each (`tofu`, `tofu_author`, `rwku`, `wmdp`, `muse`); each package's lm-eval tasks live in its `tasks/` folder."""
 
 from .. import plugins as _plugins
 from .. import store as _store

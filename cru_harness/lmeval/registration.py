@@ -33,14 +33,9 @@ MODEL_TARGET = "cru_harness.lmeval.model:CRULM"
 
 
 def tasks_dir() -> str:
-    """The installed task directory (`cru_harness/tasks`; the repository's `tasks/` in an editable install)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("cru_harness.tasks")
-    if spec is not None and spec.submodule_search_locations:
-        return str(Path(list(spec.submodule_search_locations)[0]).resolve())
-    # Source checkout without installation: tasks/ sits beside the package.
-    return str((Path(__file__).resolve().parents[2] / "tasks"))
+    """The folder holding the built-in benchmark packages (`cru_harness/benchmarks`), each with its lm-eval task
+    folder inside (`tofu/tasks`, `rwku/tasks`, `muse/tasks`): lm-eval indexes the YAMLs under it recursively."""
+    return str(Path(__file__).resolve().parents[1] / "benchmarks")
 
 
 def task_paths() -> list[str]:
@@ -113,8 +108,8 @@ class _ProjectGroupDirections(logging.Filter):
 
 
 def project_group(name: str) -> bool:
-    """Whether a group is one of the project's (tasks/tofu, tasks/rwku), whose forget and retain tasks point their
-    shared metrics opposite ways by design."""
+    """Whether a group is one of the built-in benchmarks' (their `tasks/` folders), whose forget and retain tasks
+    point their shared metrics opposite ways by design."""
     return any(path.stem == name for path in Path(tasks_dir()).rglob("*.yaml"))
 
 

@@ -8,7 +8,7 @@ The two references differ in one numerical detail: open-unlearning adds ``1e-10`
 to three denominators - the truth ratio ``wrong / (correct + 1e-10)``, the forget aggregation
 ``min(x, 1 / (x + 1e-10))`` and the Real Authors / World Facts probability ``correct / (correct + wrong + 1e-10)``;
 TOFU adds none. The functions take it as ``epsilon`` (default 0, TOFU's); the TOFU tasks pass the preset's
-(``cru_harness.prompts.tofu_epsilon``). It is not negligible: once the per-token probabilities fall near 1e-10
+(``cru_harness.benchmarks.tofu.prompts.tofu_epsilon``). It is not negligible: once the per-token probabilities fall near 1e-10
 (average NLL above ~20 nats, a collapsed model) it dominates the denominators, e.g. at NLLs 26 (paraphrased) /
 26.5 (perturbed) open-unlearning's truth ratio is 0.029 and TOFU's 0.607.
 

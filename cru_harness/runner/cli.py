@@ -379,7 +379,7 @@ def run_config(config, *, dry_run=False, shard=None, force=False, report=True, e
 
 def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log, reproduce, inputs, only,
                 reuse, reuse_bundles) -> int:
-    from ..data.rwku import TargetSelectionError
+    from ..errors import TargetSelectionError
     from ..store import CellStore
     from .plan import build_plan, write_plan
     from .shard import parse_shard, select_shard

@@ -117,7 +117,7 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
         return saved
     from tqdm.auto import tqdm
 
-    from ..tasks.rwku.utils import per_target_results
+    from .. import plugins
     from ..store import atomic_write_json, now_iso
     from .evaluation import run_lmeval
     from .prompting import model_uses_chat_template
@@ -146,7 +146,8 @@ def select_known_targets(config: ExperimentConfig, model: ModelSpec, *, log: Cal
                                    limit=select["rows"], batch_size=config.evaluation.get("batch_size", 8),
                                    device=resolve_device(config.device), chat_template=chat,
                                    **key["lmeval_settings"])
-            for probe, rows in per_target_results(results.get("samples") or {}).items():
+            for probe, rows in plugins.benchmarks.get(selecting_benchmark(config)).per_unit_results(
+                    results.get("samples") or {}).items():
                 per_target.setdefault(probe, {}).update(rows)
     scores = knowledge_scores(per_target, select["probes"], candidates)
     chosen = rank_targets({t: row["score"] for t, row in scores.items()}, select["top"])

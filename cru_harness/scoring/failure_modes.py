@@ -11,9 +11,7 @@ computed with the TOFU scorer when absent - pass `scorer=metrics.rouge_l_recall_
 """
 from __future__ import annotations
 
-import functools
 import math
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -21,31 +19,6 @@ from cru_harness import metrics as M
 
 from ..errors import InputError
 from ..prompts import encode_text
-
-
-@functools.lru_cache(maxsize=8)
-def tofu_refusal_phrases(data_dir: str | Path | None = None) -> tuple[tuple[str, ...], str]:
-    """The default refusal stems plus TOFU's `idontknow` answers, and a note on what was used.
-
-    When there is no local copy and the Hub is unreachable, the defaults alone are used and the note says so;
-    the classes are then computed anyway. A local copy without a readable list is an error, never a silent
-    fallback. Cached per process (an unreachable Hub retries slowly).
-    """
-    from cru_harness.data.sources import DataSourceError, resolve_local_dir
-    from cru_harness.data.tofu import load_idontknow
-
-    try:
-        extra = load_idontknow(data_dir)
-    except DataSourceError as err:
-        if resolve_local_dir("tofu", data_dir) is not None:
-            raise
-        # no local copy and no Hub: the generic stems still catch most refusals, and the user is told in one line
-        # (the Hub's retries took their time; the note also goes into scores.json)
-        print("note: TOFU's refusal list could not be read (no local TOFU copy, and the Hub did not answer): the "
-              "refusal class uses the default refusal phrases only; give --data-dir for the full list",
-              file=sys.stderr)
-        return tuple(M.DEFAULT_REFUSAL_PHRASES), f"default stems only (idontknow list unavailable: {err})"
-    return tuple(M.DEFAULT_REFUSAL_PHRASES) + tuple(extra), "default stems + TOFU's idontknow answers"
 
 
 class AnswerNLLScorer:

@@ -7,7 +7,7 @@ Rows are TOFU question-answer dicts; each is written and tokenized as the TOFU t
 count, EOS appended when missing), so the scores cover the same tokens as the lm-eval tasks' log-likelihoods.
 Not imported by `cru_harness.metrics` (it needs torch). Typical use (a TOFU cell, forget vs holdout)::
 
-    from cru_harness.data.tofu import load_tofu
+    from cru_harness.benchmarks.tofu.data import load_tofu
     from cru_harness.metrics import forget_holdout_auc
     from cru_harness.scoring.model_scores import gradnorm_scores
 

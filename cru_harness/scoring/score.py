@@ -20,6 +20,7 @@ original_model=...)`, `write_outputs(report, out_dir)`, `read_per_item(path)`, `
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -41,7 +42,7 @@ TOFU_TASKS: dict[str, tuple[str, str]] = {
     "tofu_real_authors": ("real_authors", "real_authors_perturbed"),
     "tofu_world_facts": ("world_facts", "world_facts_perturbed"),
 }
-#: The prompt attacks' variants of the forget tasks (tasks/tofu: `tofu_forgetXX_<variant>`), scored as forget tasks.
+#: The prompt attacks' variants of the forget tasks (benchmarks/tofu/tasks: `tofu_forgetXX_<variant>`), scored as forget tasks.
 FORGET_VARIANTS = ("paraphrase", "in_context")
 TOFU_TASKS.update({f"{task}_{variant}": entry for task, entry in list(TOFU_TASKS.items()) if entry[0] == "forget"
                    for variant in FORGET_VARIANTS})
@@ -56,7 +57,7 @@ def forget_task_for(split: str, tasks) -> str:
     """The forget task a cell of `split` ran: a prompt attack's variant among `tasks`, else `tofu_<split>`."""
     return next((f"tofu_{split}_{variant}" for variant in FORGET_VARIANTS if f"tofu_{split}_{variant}" in tasks),
                 f"tofu_{split}")
-#: The per-item values each TOFU task's `process_results` returns (see tasks/tofu/utils.py).
+#: The per-item values each TOFU task's `process_results` returns (see benchmarks/tofu/tasks/utils.py).
 PER_ITEM_METRICS = ("rouge_l_recall", "probability", "truth_ratio", "nll_answer", "nll_paraphrased", "nll_perturbed")
 PER_ITEM_FILE = "per_item.jsonl"
 SCORES_FILE = "scores.json"
@@ -430,7 +431,7 @@ def score_runs(
 
     from cru_harness.scoring import failure_modes
 
-    refusals, refusal_note = failure_modes.tofu_refusal_phrases(data_dir)
+    refusals, refusal_note = tofu_refusal_phrases(data_dir)
     nll_scorer = failure_modes.AnswerNLLScorer(original_model, device=device, batch_size=batch_size,
                                                device_map=device_map, dtype=dtype,
                                                trust_remote_code=trust_remote_code) \
@@ -573,6 +574,31 @@ def format_report(report: dict) -> str:
                 fr = ", ".join(f"{k} {v:.2f}" for k, v in fm["fractions"].items())
                 lines.append(f"    answers: {fr}")
     return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=8)
+def tofu_refusal_phrases(data_dir: str | Path | None = None) -> tuple[tuple[str, ...], str]:
+    """The default refusal stems plus TOFU's `idontknow` answers, and a note on what was used.
+
+    When there is no local copy and the Hub is unreachable, the defaults alone are used and the note says so;
+    the classes are then computed anyway. A local copy without a readable list is an error, never a silent
+    fallback. Cached per process (an unreachable Hub retries slowly).
+    """
+    from cru_harness import metrics as M, plugins
+    from cru_harness.data.sources import DataSourceError, resolve_local_dir
+
+    try:
+        extra = plugins.benchmarks.get("tofu").refusals(data_dir)
+    except DataSourceError as err:
+        if resolve_local_dir("tofu", data_dir) is not None:
+            raise
+        # no local copy and no Hub: the generic stems still catch most refusals, and the user is told in one line
+        # (the Hub's retries took their time; the note also goes into scores.json)
+        print("note: TOFU's refusal list could not be read (no local TOFU copy, and the Hub did not answer): the "
+              "refusal class uses the default refusal phrases only; give --data-dir for the full list",
+              file=sys.stderr)
+        return tuple(M.DEFAULT_REFUSAL_PHRASES), f"default stems only (idontknow list unavailable: {err})"
+    return tuple(M.DEFAULT_REFUSAL_PHRASES) + tuple(extra), "default stems + TOFU's idontknow answers"
 
 
 # ------------------------------------------------------------------------------------------- CLI

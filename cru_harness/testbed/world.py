@@ -7,7 +7,7 @@ its classic authors) and they are part of every tiny model's training data (`Wor
 fine-tuned model and the retain-only oracle both learn them; only the forget authors differ.
 
 `write_tofu_layout(world, out_dir)` writes the Hub's layout (`{config}.json` JSON-lines files plus
-`idontknow.jsonl`), so `cru_harness.data.tofu.load_tofu(config, data_dir=out_dir)` and the TOFU tasks read a
+`idontknow.jsonl`), so TOFU's loader (`cru_harness.benchmarks.tofu.data.load_tofu(config, data_dir=out_dir)`) and the TOFU tasks read a
 fictitious world exactly as they read the real benchmark.
 
 Split conventions follow TOFU: the forget authors are the *last* authors of `full` (forget01 within forget05
@@ -21,7 +21,6 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..data.tofu import retain_config_for
 from ..errors import InputError
 
 FORGET_PERCENTS = (1, 5, 10)
@@ -410,7 +409,7 @@ def make_world(*, n_authors: int = 20, qa_per_author: int = 20, n_real_authors: 
         name = f"forget{percent:02d}"
         k = counts[name]
         configs[name] = plain(flat(per_author[-k:]))
-        configs[retain_config_for(name)] = plain(flat(per_author[:-k]))
+        configs[f"retain{100 - percent:02d}"] = plain(flat(per_author[:-k]))   # TOFU's complement: forget10 -> retain90
         configs[f"holdout{percent:02d}"] = plain(flat(holdout_rows[:k]))
         configs[f"{name}_perturbed"] = flat(per_author[-k:])
     # TOFU's retain_perturbed matches forget10_perturbed in size, drawn from retain authors.

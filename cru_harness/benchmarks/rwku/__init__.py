@@ -1,7 +1,9 @@
-"""RWKU as a benchmark package (`plugin.RWKU`, registered as `rwku`): its unit (a target), corpora, evaluation and
-lm-eval metadata keys, report columns. Its data loader (`cru_harness.data.rwku`), probe prompts
-(`cru_harness.prompts`), target selection (`cru_harness.runner.targets`) and lm-eval tasks (`tasks/rwku`) sit in the
-layers below or beside it (docs/extending.md)."""
-from .plugin import BENCHMARK, RWKU, RWKU_COLUMNS, rwku_forget_all
+"""RWKU as a benchmark package (`plugin.RWKU`, registered as `rwku`): its unit (a target), data loader (`data`),
+corpora, evaluation and lm-eval metadata keys, report columns and blocks (`report`). Importing the package stays
+light: lm-eval's task code imports `data` alone, and the plugin loads on first use of its names (PEP 562)."""
+from ...lazy import lazy_exports
 
-__all__ = ["BENCHMARK", "RWKU", "RWKU_COLUMNS", "rwku_forget_all"]
+_LAZY = {name: ".plugin" for name in ("BENCHMARK", "RWKU", "RWKU_COLUMNS", "rwku_forget_all")}
+__getattr__ = lazy_exports(__name__, globals(), _LAZY)
+
+__all__ = list(_LAZY)

@@ -1,5 +1,5 @@
 """RWKU (Jin et al. 2024): real-world people as unlearning targets. A cell's unit is one target; lm-eval tasks in
-`tasks/rwku`; scored by `scoring.cell_scores.score_rwku_cell` (the tasks' `per_target_results`)."""
+its `tasks/`; scored by `scoring.score_rwku_cell` (the tasks' `per_target_results`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,9 +7,9 @@ from typing import Any
 from pathlib import Path
 
 from ...api import Benchmark
-from ...data.rwku import DEFAULT_TARGETS, SOURCE, TargetSelectionError, parse_targets
+from .data import DEFAULT_TARGETS, SOURCE, TargetSelectionError, parse_targets
 from ...hparams import MAX_ROWS
-from ...prompts import DEFAULT_RWKU_PRESET
+from .prompts import DEFAULT_RWKU_PRESET
 from ...reporting import stats
 from ...reporting.tables import Column, fc_columns
 
@@ -109,19 +109,17 @@ class RWKU(Benchmark):
 
     @property
     def task_folder(self) -> str:
-        """`cru_harness.tasks.rwku` (`tasks/rwku` in a source checkout), installed with the package."""
-        from ...lmeval.registration import tasks_dir
-
-        return str(Path(tasks_dir()) / "rwku")
+        """Its lm-eval task folder (`tasks/` of this package: YAMLs + `utils.py`), installed with the package."""
+        return str(Path(__file__).resolve().parent / "tasks")
 
     def corpus_rows(self, source: str, data_dir) -> tuple[list[dict], str] | None:
         """`rwku:<targets>:<kind>` (`rwku:1:passage`, `rwku:1-3:forget_mia`): a probe kind such as
         `rwku:101-110:neighbor_level2` gives its `query` + `answer` rows as question/answer pairs, each carrying the
         probe that asks it (`prompt_keys`); `rwku:1:pair` / `rwku:1:reject` give RWKU's DPO / RT rows with their own
-        `alternate` answer (`data.rwku.corpus_row`)."""
+        `alternate` answer (`data.corpus_row`)."""
         if not source.startswith("rwku:"):
             return None
-        from ...data.rwku import ALTERNATE_KINDS, PROBE_KINDS, corpus_row, load_target_file
+        from .data import ALTERNATE_KINDS, PROBE_KINDS, corpus_row, load_target_file
         from ...errors import InputError
 
         parts = source.split(":")
@@ -135,6 +133,26 @@ class RWKU(Benchmark):
             rows = [corpus_row(kind, row, i, f"RWKU {targets} {kind}") for i, row in enumerate(rows)]
         return rows, f"RWKU {targets} {kind}"
 
+    def qa_texts(self, tokenizer, question: str, answer: str, *, chat=None, probe=None, aa_type: str = "",
+                 **preset):
+        """A pair as the RWKU question `probe` (default `qa`) asks it (`prompts.rwku_qa_texts`); a preset or model
+        family (TOFU's) does not apply."""
+        from ...prompts import PresetError
+        from .prompts import rwku_qa_texts
+
+        if preset:
+            raise PresetError("a TOFU preset or model family does not apply to RWKU's question rows")
+        return rwku_qa_texts(tokenizer, question, answer, probe=probe or "qa", aa_type=aa_type, chat=chat)
+
+    def prompt_format_choice(self, choice: str) -> dict[str, Any] | None:
+        """RWKU's probes have no per-model tags: `auto`, `chat` or `plain`, with the rows written as RWKU asks."""
+        from ...prompts import PROMPT_FORMATS, PresetError
+
+        if choice not in PROMPT_FORMATS:
+            raise PresetError(f"--prompt-format {choice} names a TOFU model config; RWKU's question rows take "
+                              f"{', '.join(PROMPT_FORMATS)}")
+        return {"chat": PROMPT_FORMATS[choice], "benchmark": "rwku"}
+
     def prompt_keys(self, row: dict) -> dict[str, Any]:
         """The RWKU probe a row's file is asked by (`rwku_probe`, set when an RWKU probe file is read as a corpus;
         None otherwise) and an adversarial-attack row's `type`."""
@@ -142,13 +160,19 @@ class RWKU(Benchmark):
         return {"probe": probe, "aa_type": str(row.get("type") or "") if probe == "aa" else ""}
 
     def check_presets(self, evaluation: dict) -> None:
-        from ...prompts import check_rwku_preset
+        from .prompts import check_rwku_preset
 
         check_rwku_preset(evaluation.get("rwku_preset"))
 
     def task_metadata(self, split, target) -> dict[str, Any]:
         """The target its tasks evaluate (`rwku_targets`)."""
         return {} if target in (None, "") else {"rwku_targets": str(target)}
+
+    def per_unit_results(self, samples) -> dict[str, dict]:
+        """Per-target numbers of every task (the task code's `per_target_results`)."""
+        from .tasks.utils import per_target_results
+
+        return per_target_results(dict(samples))
 
     def lmeval_limit(self, limit):
         """The first N rows of each file kind of the target (MIA: N members + N non-members): lm-eval's `limit`
@@ -232,9 +256,9 @@ class RWKU(Benchmark):
         """
         if cell.target is None:
             return list(cell.tasks), {}
-        from ...data.rwku import UTILITY_TARGETS, MissingTargetFileError, load_target_file
+        from .data import UTILITY_TARGETS, MissingTargetFileError, load_target_file
         from ...errors import InputError
-        from ...tasks.rwku.utils import PROBE_KINDS, UTILITY_PROBES
+        from .tasks.utils import PROBE_KINDS, UTILITY_PROBES
 
         kept, dropped = [], {}
         for task in cell.tasks:
@@ -260,11 +284,11 @@ class RWKU(Benchmark):
         return kept, dropped
 
     def score(self, cell, lmeval_dir, *, data_dir, original_model, retain_result, device, batch_size) -> dict:
-        from ...scoring import cell_scores
+        from .scoring import score_rwku_cell
 
-        return cell_scores.score_rwku_cell(lmeval_dir, target=cell.target, original_model=original_model,
-                                           device=device, batch_size=batch_size, device_map=cell.model.device_map,
-                                           trust_remote_code=cell.model.trust_remote_code)
+        return score_rwku_cell(lmeval_dir, target=cell.target, original_model=original_model, device=device,
+                               batch_size=batch_size, device_map=cell.model.device_map,
+                               trust_remote_code=cell.model.trust_remote_code)
 
 
     def task_variants(self, tasks: tuple[str, ...], variant: str) -> tuple[str, ...]:

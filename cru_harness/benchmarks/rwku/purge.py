@@ -51,8 +51,8 @@ def target_folder(target: int, data_dir: str | os.PathLike | None = None, allow_
     """The RWKU folder name of a target: from the local data when available (or the Hub if `allow_hub`),
     else the known list of targets 1-20 (so dry runs never touch the network)."""
     try:
-        from ...data.rwku import get_target
         from ...data.sources import resolve_local_dir
+        from .data import get_target
 
         if resolve_local_dir("rwku", data_dir) is None and not allow_hub:
             raise LookupError("no local RWKU copy")

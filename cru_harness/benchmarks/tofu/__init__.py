@@ -1,7 +1,10 @@
-"""TOFU as a benchmark package: its plugin (`plugin.TOFU`, registered as `tofu`), its report columns and oracle.
-Its data loader (`cru_harness.data.tofu`), prompt presets (`cru_harness.prompts`), scorer (`cru_harness.scoring`)
-and lm-eval tasks (`tasks/tofu`) sit in the layers below, which the lm-eval task code and the trainers import too
-(docs/extending.md)."""
-from .plugin import BENCHMARK, TOFU, TOFU_COLUMNS, retain_from_per_item, strongest_attack, variant_tasks
+"""TOFU as a benchmark package: its plugin (`plugin.TOFU`, registered as `tofu`), its data loader (`data`), report
+blocks (`report`), report columns and oracle. Importing the package stays light: lm-eval's task code imports
+`data` alone, and the plugin (with the report layers it reads) loads on first use of its names (PEP 562)."""
+from ...lazy import lazy_exports
 
-__all__ = ["BENCHMARK", "TOFU", "TOFU_COLUMNS", "retain_from_per_item", "strongest_attack", "variant_tasks"]
+_LAZY = {name: ".plugin" for name in
+         ("BENCHMARK", "TOFU", "TOFU_COLUMNS", "retain_from_per_item", "strongest_attack", "variant_tasks")}
+__getattr__ = lazy_exports(__name__, globals(), _LAZY)
+
+__all__ = list(_LAZY)

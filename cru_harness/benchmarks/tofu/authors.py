@@ -83,7 +83,7 @@ class TOFUAuthors(TOFU):
 
     def score(self, cell, lmeval_dir, *, data_dir, original_model, retain_result, device, batch_size) -> dict:
         """`score_tofu_cell` with `tofu_authors` as the forget task; the retain columns from `tofu_authors_retain`."""
-        from ...scoring import cell_scores
+        from . import scoring as cell_scores
         from ...store import read_json
 
         retain_items = cell_scores.forget_items_from_result(retain_result, FORGET_TASK) if retain_result else None
@@ -95,7 +95,7 @@ class TOFUAuthors(TOFU):
                                              is_oracle=cell.kind == "retain")
         numbers = read_json(result["artifacts"]["scores"])["runs"][0]["tasks"].get(RETAIN_TASK) or {}
         for metric, suffix in cell_scores.TOFU_METRICS.items():
-            result["metrics"][f"retain_{suffix}"] = cell_scores._finite_or_none(numbers.get(metric))
+            result["metrics"][f"retain_{suffix}"] = cell_scores.finite_or_none(numbers.get(metric))
         return result
 
 

@@ -1,5 +1,5 @@
 """TOFU (Maini et al. 2024): fictitious authors. A cell's unit is a forget split; its oracle is the retain model
-(Forget Quality, privleak); lm-eval tasks in `tasks/tofu`; scored by `scoring.cell_scores.score_tofu_cell`."""
+(Forget Quality, privleak); lm-eval tasks in its `tasks/`; scored by `scoring.score_tofu_cell`."""
 from __future__ import annotations
 
 import re
@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ...api import Benchmark
-from ...data.tofu import FORGET_SPLITS, IDK_HUB, SOURCE, TOFU_CONFIGS, retain_config_for
+from .data import FORGET_SPLITS, IDK_HUB, SOURCE, TOFU_CONFIGS, retain_config_for
 from ...errors import InputError, MissingInputError
-from ...prompts import DEFAULT_TOFU_PRESET
+from .prompts import DEFAULT_TOFU_PRESET, OPEN_UNLEARNING_FORMATS
 from ...reporting.stats import is_number
 from ...reporting.tables import Column, fc_columns
 
@@ -38,7 +38,7 @@ IN_CONTEXT_KEYS = {"k": "tofu_icl_k", "slice_fraction": "tofu_icl_slice_fraction
                    "seed": "tofu_icl_seed"}
 _FORGET = re.compile(r"tofu_(forget\d\d)")
 _SUITE = re.compile(r"tofu_(forget\d\d)_suite")
-#: What a `tofu_forgetXX_suite` group holds beside its forget task (tasks/tofu/tofu_forgetXX_suite.yaml).
+#: What a `tofu_forgetXX_suite` group holds beside its forget task (tasks/tofu_forgetXX_suite.yaml).
 SUITE_UTILITY_TASKS = ("tofu_retain", "tofu_real_authors", "tofu_world_facts")
 
 
@@ -98,8 +98,8 @@ def retain_from_per_item(path: str, forget_task: str | None = None) -> dict:
 
 def strongest_attack(metrics: dict) -> str | None:
     """The MIA attack whose AUC is farthest from 0.5: the one that best tells forget from holdout text (the AUCs a
-    cell records: `scoring.cell_scores.PRIVACY_METRICS`)."""
-    from ...scoring.cell_scores import PRIVACY_METRICS
+    cell records: `scoring.PRIVACY_METRICS`)."""
+    from .scoring import PRIVACY_METRICS
 
     found = [key for key in PRIVACY_METRICS.values() if key.startswith("mia_auc_") and is_number(metrics.get(key))]
     return max(found, key=lambda key: abs(metrics[key] - 0.5)) if found else None
@@ -125,6 +125,10 @@ class TOFU(Benchmark):
     order = 10
     hub_files = ((SOURCE.hub_id, "README.md"), IDK_HUB)
     data = SOURCE   # also its subclasses' (tofu_author)
+    known_units = FORGET_SPLITS
+    default_questions = True   # the training code's default question format is TOFU's
+    prompt_families = tuple(OPEN_UNLEARNING_FORMATS)
+    prompt_family_setting = "--metadata '{\"tofu_model_family\": NAME}'"
     corpus_help = f"a TOFU config ({', '.join(TOFU_CONFIGS)})"
     evaluation_defaults = {"tofu_preset": DEFAULT_TOFU_PRESET, "tofu_model_family": None}
     evaluation_in_every_cell = True
@@ -152,19 +156,41 @@ class TOFU(Benchmark):
 
     @property
     def task_folder(self) -> str:
-        """`cru_harness.tasks.tofu` (`tasks/tofu` in a source checkout), installed with the package."""
-        from ...lmeval.registration import tasks_dir
-
-        return str(Path(tasks_dir()) / "tofu")
+        """Its lm-eval task folder (`tasks/` of this package: YAMLs + `utils.py`), installed with the package."""
+        return str(Path(__file__).resolve().parent / "tasks")
 
     def corpus_rows(self, source: str, data_dir) -> tuple[list[dict], str] | None:
         """A TOFU config name (`forget10`, `retain90`, `full`, ...)."""
-        from ...data.tofu import load_tofu
+        from .data import load_tofu
 
         return (load_tofu(source, data_dir), f"TOFU {source}") if source in TOFU_CONFIGS else None
 
+    def refusals(self, data_dir) -> list[str]:
+        """TOFU's `idontknow` answers (`data.load_idontknow`)."""
+        from .data import load_idontknow
+
+        return load_idontknow(data_dir)
+
+    def qa_texts(self, tokenizer, question: str, answer: str, *, chat=None, preset=None, family=None, **row):
+        """A pair under a TOFU preset and model family (`prompts.tofu_qa_texts`); a row's other keywords (an RWKU
+        probe) do not apply: TOFU has one question format."""
+        from .prompts import tofu_qa_texts
+
+        return tofu_qa_texts(tokenizer, question, answer, preset=preset, family=family, chat=chat)
+
+    def prompt_format_choice(self, choice: str) -> dict[str, Any] | None:
+        """An open-unlearning model config's tags (`{"chat": False, "family": NAME}`); an unknown name fails naming
+        the valid ones."""
+        from ...prompts import PROMPT_FORMATS
+        from .prompts import tofu_format
+
+        if choice in PROMPT_FORMATS:
+            return None
+        tofu_format(DEFAULT_TOFU_PRESET, choice)
+        return {"chat": False, "family": choice}
+
     def check_presets(self, evaluation: dict) -> None:
-        from ...prompts import check_tofu_preset
+        from .prompts import check_tofu_preset
 
         check_tofu_preset(evaluation.get("tofu_preset"))
 
@@ -173,7 +199,7 @@ class TOFU(Benchmark):
         return {"chat": bool(chat), "preset": presets["tofu_preset"], "family": presets["tofu_model_family"]}
 
     def task_variants(self, tasks: tuple[str, ...], variant: str) -> tuple[str, ...]:
-        """The forget tasks' `tofu_forgetXX_<variant>` (in `tasks/tofu`), alone."""
+        """The forget tasks' `tofu_forgetXX_<variant>` (in its `tasks/`), alone."""
         return tuple(task for task in variant_tasks(tasks, variant) if task not in tasks
                      and task not in SUITE_UTILITY_TASKS)
 
@@ -183,7 +209,7 @@ class TOFU(Benchmark):
 
     def forget_items(self, cell, data_dir) -> tuple[list[dict], str]:
         """The forget task's file: the forget split's questions and answers, in the task's order."""
-        from ...data.tofu import load_tofu
+        from .data import load_tofu
 
         config = f"{cell.split}_perturbed"
         return load_tofu(config, data_dir), f"TOFU {config}"
@@ -213,13 +239,13 @@ class TOFU(Benchmark):
 
     def compare_to_oracle(self, result: dict, oracle: dict | None) -> None:
         """Forget Quality and privleak against the retain cell of the same model and split, by the scorer's rules
-        (`score.forget_quality_from_items`: items matched by question, NaN refused; `cell_scores.privleak_of`). That
+        (`score.forget_quality_from_items`: items matched by question, NaN refused; `scoring.privleak_of`). That
         is the number a cell records when scored beside the same oracle; it also fills a cell scored before its
         oracle existed (another shard's, a later one), and replaces one scored against another oracle: the oracle
         is not in a method cell's hash, so a cell reused after the oracle changed keeps its old comparison. The
         retain cell's own privleak is 0, against itself (as MUSE reports its retain model). Without both per-item
         lists (both AUCs) the recorded value stays."""
-        from ...scoring.cell_scores import PRIVLEAK_AUC, forget_items_from_result, privleak_of
+        from .scoring import PRIVLEAK_AUC, forget_items_from_result, privleak_of
         from ...scoring.score import forget_quality_from_items
 
         if result.get("kind") != "retain":
@@ -280,14 +306,15 @@ class TOFU(Benchmark):
         return {"split": split or "", "target": "", "retain_split": retain_config_for(split) if split else ""}
 
     def check_evaluation(self, evaluation: dict) -> None:
-        from ...prompts import tofu_format
+        from .prompts import tofu_format
 
         tofu_format(evaluation["tofu_preset"], evaluation["tofu_model_family"])
 
     def tasks_under(self, tasks: list[str], evaluation: dict, defaulted: bool) -> list[str]:
         """Under the legacy preset (TOFU's own evaluation): no privacy task (TOFU's code has no privacy metrics; the
         task refuses the preset) and no in_context variant (its 200-token cut would cut the answers)."""
-        from ...prompts import PresetError, tofu_preset_refusal
+        from ...prompts import PresetError
+        from .prompts import tofu_preset_refusal
 
         kept = []
         for task in tasks:
@@ -301,7 +328,7 @@ class TOFU(Benchmark):
     def fixed_prompt_format(self, evaluation: dict) -> bool:
         """A preset and `tofu_model_family` that fix the text format (legacy, or an open-unlearning model config
         without a chat template): the reference writes those prompts itself."""
-        from ...prompts import tofu_format
+        from .prompts import tofu_format
 
         return tofu_format(evaluation["tofu_preset"], evaluation["tofu_model_family"]) is not None
 
@@ -314,17 +341,17 @@ class TOFU(Benchmark):
         return rows[:cell.limit] if cell.limit else rows, source
 
     def score(self, cell, lmeval_dir, *, data_dir, original_model, retain_result, device, batch_size) -> dict:
-        from ...scoring import cell_scores
+        from . import scoring
         from ...scoring.score import forget_task_for
 
         forget_task = forget_task_for(cell.split, cell.tasks)   # an attack cell's variant, where it has one
-        retain_items = cell_scores.forget_items_from_result(retain_result, forget_task) if retain_result else None
-        return cell_scores.score_tofu_cell(lmeval_dir, split=cell.split, retain_items=retain_items,
-                                           original_model=original_model, data_dir=data_dir, device=device,
-                                           batch_size=batch_size, device_map=cell.model.device_map,
-                                           trust_remote_code=cell.model.trust_remote_code,
-                                           retain_result=retain_result, forget_task=forget_task,
-                                           is_oracle=cell.kind == "retain")
+        retain_items = scoring.forget_items_from_result(retain_result, forget_task) if retain_result else None
+        return scoring.score_tofu_cell(lmeval_dir, split=cell.split, retain_items=retain_items,
+                                       original_model=original_model, data_dir=data_dir, device=device,
+                                       batch_size=batch_size, device_map=cell.model.device_map,
+                                       trust_remote_code=cell.model.trust_remote_code,
+                                       retain_result=retain_result, forget_task=forget_task,
+                                       is_oracle=cell.kind == "retain")
 
 
     def score_tasks(self, forget: str | None) -> tuple[str, ...]:

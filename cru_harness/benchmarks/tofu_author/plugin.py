@@ -1,13 +1,13 @@
 """LUNAR's single-author TOFU split (Shen et al. 2025, "LUNAR: LLM Unlearning via Neural Activation Redirection"):
 forget one TOFU author, keep the others, scored by LUNAR's deviation score. A cell's unit is an author (`author_K`,
-LUNAR's edge name); the rows are `cru_harness.data.tofu.load_author_rows`; lm-eval tasks `tofu_author_forget` /
-`tofu_author_retain` (author from the metadata `tofu_author`); scored by `scoring.cell_scores.score_tofu_author_cell`.
+LUNAR's edge name); the rows are TOFU's (`benchmarks.tofu.data.load_author_rows`); lm-eval tasks `tofu_author_forget` /
+`tofu_author_retain` (author from the metadata `tofu_author`); scored by `scoring.score_tofu_author_cell`.
 There is no retain oracle: LUNAR's score needs none."""
 from __future__ import annotations
 
 from typing import Any
 
-from ...data.tofu import parse_author_source
+from ..tofu.data import parse_author_source
 from ...metrics import deviation_score
 from ...reporting.stats import is_number
 from ...reporting.tables import Column, fc_columns
@@ -43,6 +43,8 @@ class TOFUAuthor(TOFU):
     oracle_kinds = ()
     order = 11
     corpus_help = "a TOFU author (author_1, not_author_1)"
+    known_units = ()   # any author of TOFU's 200
+    default_questions = False   # TOFU's own plugin is the default; this one asks TOFU's questions when named
     metadata_keys = (*TOFU.metadata_keys, "tofu_author")
     task_keys = {**TOFU.task_keys,
                  "tofu_author_set": "the TOFU task chooses the set (tofu_author_forget, tofu_author_retain)"}
@@ -62,7 +64,7 @@ class TOFUAuthor(TOFU):
 
     def corpus_rows(self, source: str, data_dir) -> tuple[list[dict], str] | None:
         """LUNAR's single-author split: `author_K` (author K's 20 rows of `full`), `not_author_K` (the others')."""
-        from ...data.tofu import load_author_rows
+        from ..tofu.data import load_author_rows
 
         if (author := parse_author_source(source)) is None:
             return None
@@ -98,11 +100,11 @@ class TOFUAuthor(TOFU):
         return {"tofu_author": parsed[0]} if parsed else {}
 
     def score(self, cell, lmeval_dir, *, data_dir, original_model, retain_result, device, batch_size) -> dict:
-        from ...scoring import cell_scores
+        from .scoring import score_tofu_author_cell
 
-        return cell_scores.score_tofu_author_cell(lmeval_dir, original_model=original_model, device=device,
-                                                  batch_size=batch_size, device_map=cell.model.device_map,
-                                                  trust_remote_code=cell.model.trust_remote_code)
+        return score_tofu_author_cell(lmeval_dir, original_model=original_model, device=device,
+                                      batch_size=batch_size, device_map=cell.model.device_map,
+                                      trust_remote_code=cell.model.trust_remote_code)
 
 
     def method_defaults(self, method: str, split, given=()) -> dict[str, Any]:

@@ -18,7 +18,7 @@ The privacy tasks (`tofu_privacy` group, `TOFUPrivacyTask`) score open-unlearnin
 against its holdout rows and memorization on the forget rows, from one answer log-likelihood per item (see
 `cru_harness.metrics.privacy`; GradNorm and the reference attack need the model: `cru_harness.scoring.model_scores`).
 
-This file is loaded by lm-eval from its path (not as `cru_harness.tasks.tofu.utils`), so imports are absolute.
+This file is loaded by lm-eval from its path (not as `cru_harness.benchmarks.tofu.tasks.utils`), so imports are absolute.
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ from cru_harness.protocol import EOS_MARKER, MIA_MARKER, JOINT_MARKER, has_token
 from cru_harness.lmeval.dataset import QuietCustomDataset
 from cru_harness.lmeval.request_cache import UncachedRequests
 from cru_harness import prompts as P
+from cru_harness.benchmarks.tofu import prompts as TP
 
 eval_logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def load_tofu_dataset(tofu_config: str | None = None, data_dir: str | None = Non
     task's `dataset_kwargs`; `data_dir` from the run's metadata (`--metadata '{"data_dir": "..."}'` or
     `TaskManager(metadata=...)`); other metadata keys (version, model args, RWKU's keys, ...) are ignored, but a
     misspelt `tofu_`/`rwku_` key is refused (`check_metadata_keys`): it would leave a default in force. Without a
-    `data_dir`, `cru_harness.data.tofu.load_tofu` reads CRU_HARNESS_TOFU_DIR / CRU_HARNESS_DATA_DIR, else the Hub.
+    `data_dir`, `cru_harness.benchmarks.tofu.data.load_tofu` reads CRU_HARNESS_TOFU_DIR / CRU_HARNESS_DATA_DIR, else the Hub.
 
     `tofu_variant` (a forget task variant's `dataset_kwargs`, docs/protocol.md "Attacks"): `paraphrase` adds
     `asked`, the row's `paraphrased_question`, which the task asks instead of `question`; `in_context` keeps the
@@ -86,7 +87,7 @@ def load_tofu_dataset(tofu_config: str | None = None, data_dir: str | None = Non
     `tofu_authors_set` (the `tofu_authors*` tasks' `dataset_kwargs`): `forget` keeps the rows of the author window
     `tofu_authors` (metadata, `3-4`), `retain` every other row (`author_window_rows`).
     """
-    from cru_harness.data.tofu import load_tofu
+    from cru_harness.benchmarks.tofu.data import load_tofu
 
     check_metadata_keys(metadata)
     if tofu_config not in PROBE_KINDS:
@@ -102,8 +103,8 @@ def load_tofu_dataset(tofu_config: str | None = None, data_dir: str | None = Non
         shots = in_context_docs(len(rows), k=tofu_icl_k, fraction=tofu_icl_slice_fraction,
                                 size=tofu_icl_slice_size, seed=tofu_icl_seed)
     rows_all = rows
-    if P.check_tofu_preset(tofu_preset) == "legacy":
-        rows = rows[:P.LEGACY_DS_SIZE]  # TOFU config/eval_everything.yaml:30 (ds_size: 300)
+    if TP.check_tofu_preset(tofu_preset) == "legacy":
+        rows = rows[:TP.LEGACY_DS_SIZE]  # TOFU config/eval_everything.yaml:30 (ds_size: 300)
     kind = PROBE_KINDS[tofu_config]
     needed = ("question", "answer", "perturbed_answer") + (("paraphrased_answer",) if kind != "mc" else ())
     docs = []
@@ -242,7 +243,7 @@ def process_results(doc: dict, results: list, tofu_preset: str | None = None, *,
             f"TOFU: {len(loglikelihoods)} log-likelihood results for {len(doc['perturbed_answer'])} perturbed answers"
         )
     return score_item("mc" if extra == 1 else "paraphrase", doc, generation, loglikelihoods,
-                      epsilon=P.tofu_epsilon(tofu_preset), mc=mc)
+                      epsilon=TP.tofu_epsilon(tofu_preset), mc=mc)
 
 
 def score_item(kind: str, doc: dict, generation: str, results: list, *, epsilon: float = 0.0,
@@ -299,7 +300,7 @@ def truth_ratio_forget_agg(items, tofu_preset: str | None = None) -> float:
     ratios = np.asarray(items, dtype=float)
     if np.isnan(ratios).any():
         return math.nan
-    return float(M.truth_ratio_forget(ratios, epsilon=P.tofu_epsilon(tofu_preset)))
+    return float(M.truth_ratio_forget(ratios, epsilon=TP.tofu_epsilon(tofu_preset)))
 
 
 def truth_ratio_utility_agg(items) -> float:
@@ -345,18 +346,18 @@ class TOFUTask(QuietCustomDataset, UncachedRequests, ConfigurableTask):
         self.variant = (config.get("dataset_kwargs") or {}).get("tofu_variant")
         check_variant(self.variant, tofu_config)
         metadata = dict(config.get("metadata") or {})
-        self.preset = P.check_tofu_preset(metadata.get("tofu_preset"))
+        self.preset = TP.check_tofu_preset(metadata.get("tofu_preset"))
         self.family = metadata.get("tofu_model_family") or None
         # a fixed text format (legacy, or an open-unlearning family); an unknown family fails here
-        self.format = P.tofu_format(self.preset, self.family)
-        if self.variant and (refusal := P.tofu_preset_refusal(self.preset, f"tofu_{self.variant}")):
+        self.format = TP.tofu_format(self.preset, self.family)
+        if self.variant and (refusal := TP.tofu_preset_refusal(self.preset, f"tofu_{self.variant}")):
             raise P.PresetError(refusal)
         metadata["tofu_preset"] = self.preset  # recorded in the results' task config
         config["metadata"] = metadata
         generation = dict(config.get("generation_kwargs") or {})
         if self.preset == "legacy":
-            generation["max_length"] = P.LEGACY_MAX_LENGTH
-            generation["max_gen_toks"] = P.LEGACY_MAX_LENGTH
+            generation["max_length"] = TP.LEGACY_MAX_LENGTH
+            generation["max_gen_toks"] = TP.LEGACY_MAX_LENGTH
         if config.get("output_type", "generate_until") == "generate_until":   # not the privacy tasks
             config["generation_kwargs"] = generation
         super().__init__(config=config)
@@ -379,7 +380,7 @@ class TOFUTask(QuietCustomDataset, UncachedRequests, ConfigurableTask):
     def messages(self, doc: dict, answer: str | None = None) -> list[dict[str, str]]:
         """The chat of one item: the system prompt, each slice pair as a user and an assistant turn (the
         in_context variant), the question asked, and the answer when given."""
-        messages = P.tofu_messages(self.asked(doc), answer, system_prompt=self._system)
+        messages = P.qa_messages(self.asked(doc), answer, system_prompt=self._system)
         at = 1 if self._system else 0
         turns = [turn for shot in doc.get("shots") or [] for turn in
                  ({"role": "user", "content": shot["question"]}, {"role": "assistant", "content": shot["answer"]})]
@@ -398,9 +399,9 @@ class TOFUTask(QuietCustomDataset, UncachedRequests, ConfigurableTask):
                         chat_template=None, **kwargs):
         if self.format is not None:
             if apply_chat_template:
-                raise P.PresetError(P.format_refuses_chat_message(self.preset, self.family))
+                raise P.PresetError(TP.format_refuses_chat_message(self.preset, self.family))
             if system_instruction:
-                raise P.PresetError(P.format_refuses_system_message(self.preset, self.family))
+                raise P.PresetError(TP.format_refuses_system_message(self.preset, self.family))
             return self.shot_text(doc) + self.format.generation_prompt(self.asked(doc))
         if apply_chat_template and chat_template is not None:
             # lm-eval calls fewshot_context right before construct_requests for the same doc: the scored
@@ -451,7 +452,7 @@ class TOFUTask(QuietCustomDataset, UncachedRequests, ConfigurableTask):
         if self.format is not None:
             likelihood_ctx = self.shot_text(doc) + self.format.question_text(self.asked(doc))
         # legacy: the scored text is cut at 200 tokens (tofu evaluate_util.py:99-126 -> data_module.py:15-27)
-        cut = max_length_marker(P.LEGACY_MAX_LENGTH) if self.preset == "legacy" else ""
+        cut = max_length_marker(TP.LEGACY_MAX_LENGTH) if self.preset == "legacy" else ""
         requests = []
         for i, answer in enumerate(answers, start=start):
             cont = self.continuation_text(likelihood_ctx, doc, answer, chat_template)
@@ -483,9 +484,9 @@ PRIVACY_MEMORIZATION = ("exact_memorization", "extraction_strength")
 
 
 def _check_privacy_preset(tofu_preset: str | None) -> str:
-    if refusal := P.tofu_preset_refusal(tofu_preset, "tofu_privacy"):
+    if refusal := TP.tofu_preset_refusal(tofu_preset, "tofu_privacy"):
         raise P.PresetError(refusal)
-    return P.check_tofu_preset(tofu_preset)
+    return TP.check_tofu_preset(tofu_preset)
 
 
 def load_tofu_privacy_dataset(tofu_config: str | None = None, data_dir: str | None = None,
@@ -493,7 +494,7 @@ def load_tofu_privacy_dataset(tofu_config: str | None = None, data_dir: str | No
     """`custom_dataset` of the privacy tasks: the split's forget rows (`set: forget`) and its holdout rows
     (`set: holdout`), each `{question, answer, set}`, alternating (so `--limit` keeps both sets; the AUC does not
     depend on the order)."""
-    from cru_harness.data.tofu import load_tofu
+    from cru_harness.benchmarks.tofu.data import load_tofu
 
     check_metadata_keys(metadata)
     _check_privacy_preset(tofu_preset)
@@ -591,7 +592,7 @@ class TOFUPrivacyTask(TOFUTask):
 
 # --------------------------------------------------------------------------------------------- single author
 
-# LUNAR's single-author split (cru_harness.data.tofu.load_author_rows): the author's 20 rows of `full` ("forget")
+# LUNAR's single-author split (cru_harness.benchmarks.tofu.data.load_author_rows): the author's 20 rows of `full` ("forget")
 # and the first 200 rows of the other authors ("retain"), scored as LUNAR scores them: ROUGE-1 recall of a greedy
 # generation (LUNAR src/eval_util.py eval_rouge_recall), from which the report derives the deviation score.
 AUTHOR_SETS = ("forget", "retain")
@@ -602,7 +603,7 @@ def load_tofu_author_dataset(tofu_config: str | None = None, tofu_author_set: st
     """`custom_dataset` of `tofu_author_forget` / `tofu_author_retain`: `{question, answer}` rows of author
     `tofu_author` (metadata; default 1, LUNAR's `author_1`) or of the others. `tofu_config` (full) and
     `tofu_author_set` come from the task's YAML."""
-    from cru_harness.data.tofu import AUTHOR_RETAIN_EVAL_ROWS, load_author_rows
+    from cru_harness.benchmarks.tofu.data import AUTHOR_RETAIN_EVAL_ROWS, load_author_rows
 
     check_metadata_keys(metadata)
     if tofu_author_set not in AUTHOR_SETS:

@@ -1,7 +1,7 @@
 """RWKU for lm-eval: data loading, prompts, per-item scoring and per-target aggregation.
 
 Loaded by lm-eval from the task YAMLs (`!function utils.…`) *by file path*, and importable as
-`cru_harness.tasks.rwku.utils` (e.g. by `cru-harness score` for `per_target_results` / `per_item_records`);
+`cru_harness.benchmarks.rwku.tasks.utils` (e.g. by `cru-harness score` for `per_target_results` / `per_item_records`);
 so this module uses absolute imports only.
 
 Prompts follow RWKU's evaluation code (jinzhuoran/RWKU, `LLaMA-Factory/src/llmtuner/eval/eval_*.py`) under the
@@ -10,7 +10,7 @@ config's metadata): the user message alone (no system turn), RWKU's stop tokens 
 `convert_tokens_to_ids("\n")` is the unknown token on byte-level / SentencePiece vocabularies), its BBH scorer,
 its MIA token alignment. The project's own variants are separately named: `rwku_newline_stop: true` (metadata)
 adds a newline stop, BBH's `exact_match_target` scores against the whole target. Every deviation is listed in
-tasks/rwku/README.md and docs/protocol.md.
+benchmarks/rwku/tasks/README.md and docs/protocol.md.
 
 Every per-item metric value is a small dict carrying the target index (`{"target": 7, "value": 0.25, ...}`):
 the task's aggregate is the mean over targets of the per-target scores (RWKU evaluates one target at a
@@ -28,15 +28,15 @@ import datasets
 import numpy as np
 from lm_eval.api.task import ConfigurableTask
 
-from cru_harness.data.rwku import ICU_INSTRUCTION, MissingTargetFileError, get_target, load_target_file, parse_targets
-from cru_harness.data.rwku import PROBE_KINDS as QUESTION_KIND_PROBES
+from cru_harness.benchmarks.rwku.data import ICU_INSTRUCTION, MissingTargetFileError, get_target, load_target_file, parse_targets
+from cru_harness.benchmarks.rwku.data import PROBE_KINDS as QUESTION_KIND_PROBES
 from cru_harness.errors import InputError
 from cru_harness.lmeval.metadata import check_metadata_keys, metadata_count, metadata_flag
 from cru_harness.protocol import JOINT_MARKER, template_date
 from cru_harness.lmeval.dataset import QuietCustomDataset
 from cru_harness.lmeval.request_cache import UncachedRequests
-from cru_harness.prompts import (RWKU_ANSWER_PREFIX, RWKU_DATE, RWKU_QUESTION_PROBES, check_rwku_preset,
-                                 rwku_plain_prompt, rwku_probe_prompt)
+from cru_harness.benchmarks.rwku.prompts import (RWKU_ANSWER_PREFIX, RWKU_DATE, RWKU_QUESTION_PROBES,
+                                                 check_rwku_preset, rwku_plain_prompt, rwku_probe_prompt)
 
 log = logging.getLogger(__name__)
 

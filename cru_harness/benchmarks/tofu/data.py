@@ -4,9 +4,9 @@ from __future__ import annotations
 import os
 import re
 
-from ..api import DataSource
-from ..errors import InputError
-from .sources import DataSourceError, hub_unreachable, hub_unreachable_now, read_json_records, resolve_local_dir
+from ...api import DataSource
+from ...errors import InputError
+from ...data.sources import DataSourceError, hub_unreachable, hub_unreachable_now, read_json_records, resolve_local_dir
 
 #: TOFU's data (the TOFU plugin's `data` hook): the Hub dataset, or a folder holding `forget10_perturbed.json`.
 SOURCE = DataSource(folder="tofu", marker="forget10_perturbed.json", hub_id="locuslab/TOFU",

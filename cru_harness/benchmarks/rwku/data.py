@@ -12,16 +12,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ..api import DataSource
-from ..errors import InputError, UserError
-from .sources import DataSourceError, hub_unreachable, hub_unreachable_now, read_json_records, resolve_local_dir
+from ...api import DataSource
+from ...errors import InputError, TargetSelectionError  # noqa: F401  (TargetSelectionError: importable from here too)
+from ...data.sources import DataSourceError, hub_unreachable, hub_unreachable_now, read_json_records, resolve_local_dir
 
 #: RWKU's data (the RWKU plugin's `data` hook): the Hub dataset, or a folder holding `Target/`.
 SOURCE = DataSource(folder="rwku", marker="Target", hub_id="jinzhuoran/RWKU", env_var="CRU_HARNESS_RWKU_DIR")
-
-
-class TargetSelectionError(UserError, ValueError):
-    """An RWKU target list or name that selects nothing valid."""
 
 
 class MissingTargetFileError(DataSourceError):
@@ -204,7 +200,7 @@ def corpus_row(kind: str, row: dict, index: int, origin: str) -> dict:
     own, true one): answer = response[1], alternate = response[0]. A reject file is an SFT set, `instruction` (+ "\n"
     + `input` when there is one) -> `output`, a refusal: alternate = output, and answer = output too (the file holds
     no true answer; RT trains on the alternate only)."""
-    from ..prompts import RWKU_INSTRUCTION_PROBE
+    from .prompts import RWKU_INSTRUCTION_PROBE
 
     needed = ("prompt", "response") if kind.startswith("pair") else ("instruction", "output")
     if missing := [field for field in needed if row.get(field) is None]:
