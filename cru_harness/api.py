@@ -500,6 +500,13 @@ class Benchmark:
         `baselines.data.encode_row` writes it."""
         return None
 
+    def chat_turns(self, question: str, **keys: Any) -> tuple[list[dict], dict] | None:
+        """The chat turns its evaluation renders for `question` with no system turn, and `prompts.render_chat`'s
+        options for them (RWKU: the probe's user message, its answer prefix as an opening assistant turn, RWKU's
+        date); `keys`: the row's `prompt_keys`. What LUNAR builds its prompts from (its code writes no system turn).
+        None (the default): one user turn holding the question, then the generation prompt."""
+        return None
+
     def qa_texts(self, tokenizer, question: str, answer: str, **fmt: Any) -> Any:
         """How its evaluation asks one question-answer pair (`cru_harness.prompts.QATexts`), so a method trains on
         what is scored; `fmt`: `chat` and the keywords of `training_prompt_format` and of the row that are set

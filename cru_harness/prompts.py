@@ -227,8 +227,14 @@ def check_benchmark(benchmark: str) -> str:
 def writes_chat(tokenizer, *, preset: str | None = None, family: str | None = None, chat: bool | None = None,
                 benchmark: str | None = None) -> bool:
     """Whether `qa_texts` writes through the chat template (never under a fixed format, where `chat=True` is an
-    error; otherwise as `uses_chat`): the format's own answer, on an empty pair."""
-    return qa_texts(tokenizer, "", "", preset=preset, family=family, chat=chat, benchmark=benchmark).chat
+    error; otherwise as `uses_chat`): the format's own answer, on an empty pair. A template that refuses what the
+    format renders (a system turn, in Gemma's) still means the format writes through it."""
+    from jinja2.exceptions import TemplateError
+
+    try:
+        return qa_texts(tokenizer, "", "", preset=preset, family=family, chat=chat, benchmark=benchmark).chat
+    except TemplateError:   # only a chat template raises it
+        return uses_chat(tokenizer, chat)
 
 
 @dataclass(frozen=True)

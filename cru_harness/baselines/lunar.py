@@ -119,24 +119,19 @@ def lunar_prompt(tokenizer, question: str, fmt: dict, row: dict | None = None) -
     """(text, add_special_tokens) of `question`'s prompt as LUNAR's code writes it: its templates hold the user turn
     and the assistant header alone, with no system turn (src/model_utils/llama3_model.py, qwen_model.py, ...
     `format_instruction_*_chat` with system=None; src/data_loader.py), tokenized with add_special_tokens=True (the
-    BOS they leave out). Here: the evaluation's user turn (TOFU: the question; RWKU: its probe) through the model's
-    chat template, less whatever the template writes before it, a system turn of its own included (SmolLM2's and
-    Qwen2.5's templates add a default one, Llama 3.1's a date). A prompt the evaluation writes without a chat
-    template (plain, a TOFU model family's tags), or a plugin benchmark's own format, stays the evaluation's."""
-    from ..prompts import BENCHMARKS, RWKU_DATE, render_chat, rwku_probe_prompt, writes_chat
+    BOS they leave out). Here: the evaluation's user turn (`Benchmark.chat_turns`: the question; RWKU's probe)
+    through the model's chat template, less whatever the template writes before it, a system turn of its own
+    included (SmolLM2's and Qwen2.5's templates add a default one, Llama 3.1's a date). A prompt the evaluation
+    writes without a chat template (plain, a model family's tags) stays the evaluation's."""
+    from ..prompts import question_benchmark, render_chat, writes_chat
 
     keys = row_prompt(row) if row else {}
-    benchmark = fmt.get("benchmark", "tofu")
-    chat = writes_chat(tokenizer, **{k: fmt[k] for k in ("preset", "family", "chat", "benchmark") if k in fmt})
-    if benchmark == "rwku" and chat:
-        user, prefix = rwku_probe_prompt(keys.get("probe") or "qa", question, keys.get("aa_type", ""))
-        turns = [{"role": "user", "content": user}] + ([{"role": "assistant", "content": prefix}] if prefix else [])
-        render = dict(add_generation_prompt=not prefix, continue_final_message=bool(prefix), date=RWKU_DATE)
-    elif chat and (benchmark in BENCHMARKS or _writes_generic(benchmark, tokenizer, question, fmt)):
-        turns, render = [{"role": "user", "content": question}], dict(add_generation_prompt=True)
-    else:
+    if not writes_chat(tokenizer, **{k: fmt[k] for k in ("preset", "family", "chat", "benchmark") if k in fmt}):
         texts = qa_texts(tokenizer, question, "", **fmt, **keys)
         return texts.prompt, texts.add_special_tokens
+    plugin = question_benchmark(fmt.get("benchmark"))
+    spec = plugin.chat_turns(question, **keys) if plugin is not None else None
+    turns, render = spec or ([{"role": "user", "content": question}], dict(add_generation_prompt=True))
     from jinja2.exceptions import TemplateError
 
     try:
@@ -147,13 +142,6 @@ def lunar_prompt(tokenizer, question: str, fmt: dict, row: dict | None = None) -
     if head and whole.startswith(head):
         return whole[len(head):], True
     return render_chat(tokenizer, turns, **render), False   # the template's own text, its BOS included
-
-
-def _writes_generic(benchmark: str, tokenizer, question: str, fmt: dict) -> bool:
-    """Whether a plugin benchmark leaves its questions to the generic (TOFU) writer (`Benchmark.qa_texts` None)."""
-    from .. import plugins
-
-    return plugins.benchmarks.get(benchmark).qa_texts(tokenizer, question, "", chat=fmt.get("chat")) is None
 
 
 def prompt_ids(tokenizer, question: str, fmt: dict, row: dict | None = None, style: str = "evaluation") -> list[int]:

@@ -133,6 +133,14 @@ class RWKU(Benchmark):
             rows = [corpus_row(kind, row, i, f"RWKU {targets} {kind}") for i, row in enumerate(rows)]
         return rows, f"RWKU {targets} {kind}"
 
+    def chat_turns(self, question: str, *, probe=None, aa_type: str = "", **keys):
+        """The probe's user message and its answer prefix as the opening assistant turn, at RWKU's date."""
+        from .prompts import RWKU_DATE, rwku_probe_prompt
+
+        user, prefix = rwku_probe_prompt(probe or "qa", question, aa_type)
+        turns = [{"role": "user", "content": user}] + ([{"role": "assistant", "content": prefix}] if prefix else [])
+        return turns, dict(add_generation_prompt=not prefix, continue_final_message=bool(prefix), date=RWKU_DATE)
+
     def qa_texts(self, tokenizer, question: str, answer: str, *, chat=None, probe=None, aa_type: str = "",
                  **preset):
         """A pair as the RWKU question `probe` (default `qa`) asks it (`prompts.rwku_qa_texts`); a preset or model
