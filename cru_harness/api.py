@@ -322,9 +322,6 @@ class Benchmark:
     #: configs without a chat template; `prompt_format_choice` reads them), and the setting that evaluates with them.
     prompt_families: tuple[str, ...] = ()
     prompt_family_setting: str = ""
-    #: Its units when they are a fixed list (TOFU's forget splits), for the single-model commands' checks; ()
-    #: when they are open (RWKU's numbered targets).
-    known_units: tuple[str, ...] = ()
     #: How its corpus names look (`corpus_rows`), for the error naming every source a corpus may be.
     corpus_help: str = ""
     #: Its lm-eval task folder (YAMLs + their code), indexed beside the project's own by the runner and by lm-eval's

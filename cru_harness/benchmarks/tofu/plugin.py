@@ -125,7 +125,6 @@ class TOFU(Benchmark):
     order = 10
     hub_files = ((SOURCE.hub_id, "README.md"), IDK_HUB)
     data = SOURCE   # also its subclasses' (tofu_author)
-    known_units = FORGET_SPLITS
     default_questions = True   # the training code's default question format is TOFU's
     prompt_families = tuple(OPEN_UNLEARNING_FORMATS)
     prompt_family_setting = "--metadata '{\"tofu_model_family\": NAME}'"
@@ -361,12 +360,6 @@ class TOFU(Benchmark):
     def prompt_metadata(self, prompt_format: str) -> dict[str, Any]:
         """A model family's format is TOFU's per-model prompt (`tofu_model_family`)."""
         return {} if prompt_format in ("chat", "plain") else {"tofu_model_family": prompt_format}
-
-    def refusals(self, data_dir) -> list[str]:
-        """IdkDPO's `idontknow` list (open-unlearning's `idk.jsonl` from the Hub)."""
-        from ...data.tofu import load_idontknow
-
-        return load_idontknow(data_dir)
 
     def method_defaults(self, method: str, split, given=()) -> dict[str, Any]:
         """The trainers' defaults are TOFU's protocol; SimNPO's strength per split (`methods.py`)."""

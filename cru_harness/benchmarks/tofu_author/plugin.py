@@ -43,7 +43,6 @@ class TOFUAuthor(TOFU):
     oracle_kinds = ()
     order = 11
     corpus_help = "a TOFU author (author_1, not_author_1)"
-    known_units = ()   # any author of TOFU's 200
     default_questions = False   # TOFU's own plugin is the default; this one asks TOFU's questions when named
     metadata_keys = (*TOFU.metadata_keys, "tofu_author")
     task_keys = {**TOFU.task_keys,
