@@ -324,3 +324,16 @@ def test_a_reported_unit_of_another_dataset_shares_nothing_and_one_without_decla
     raw["benchmarks"] = {"rwku": {"targets": [1, 2], "limit": 2}}
     with pytest.raises(ConfigError, match=r"^tuning\.validation\.rwku: rwku target1 is a reported unit$"):
         validate_with_tuning(raw)
+
+
+def test_a_config_read_without_its_tuning_leaves_the_block_as_written_and_is_not_run(tmp_path):
+    """`runner.config.validate_config` sits below the planning the tuning checks need: it leaves `tuning:` as
+    written, and running such a config is a bug (a traceback), never a run that silently skips the tuning."""
+    from cru_harness.runner.config import validate_config
+
+    raw = raw_config(tmp_path)
+    config = validate_config(raw)
+    assert config.tuning == raw["tuning"]
+    with pytest.raises(TypeError, match="was not resolved"):
+        run_config(config, dry_run=True, log=lambda _: None)
+    assert validate_with_tuning(raw).tuning.rule == "forgetting_at_utility"
