@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cru_harness import plugins
-from cru_harness.runner import config as cfg
+from cru_harness.runner.tuning import validate_with_tuning
 from cru_harness.validation import ConfigError
 
 SCHEDULE = {"num_epochs": 2, "effective_batch_size": 8, "micro_batch_size": 8, "warmup_epochs": 0}
@@ -90,7 +90,7 @@ def raw_config(tmp_path, windows=("3-4",), retain_corpus="retain99[:40]", finetu
 
 
 def test_the_validation_window_resolves_to_its_unit_tasks_oracle_and_budget(tmp_path):
-    config = cfg.validate_config(raw_config(tmp_path))
+    config = validate_with_tuning(raw_config(tmp_path))
     spec = config.tuning
     block = spec.validation.benchmarks["tofu_authors"]
     assert block["splits"] == ["authors_3-4"] and block["forget_corpus"] == "{split}"
@@ -107,22 +107,22 @@ def test_the_validation_window_resolves_to_its_unit_tasks_oracle_and_budget(tmp_
 ])
 def test_a_window_outside_the_perturbed_authors_is_refused(tmp_path, windows, message):
     with pytest.raises(ConfigError, match=message):
-        cfg.validate_config(raw_config(tmp_path, windows=windows))
+        validate_with_tuning(raw_config(tmp_path, windows=windows))
 
 
 def test_a_window_sharing_a_row_with_the_reported_split_is_refused(tmp_path):
     # training on forget01 (its retain corpus) shares the reported split's rows
     with pytest.raises(ConfigError, match=r"authors_3-4 trains on \(retain_corpus 'forget01'\) rows 3960-3999"):
-        cfg.validate_config(raw_config(tmp_path, retain_corpus="forget01"))
+        validate_with_tuning(raw_config(tmp_path, retain_corpus="forget01"))
     # a reported window of the same authors: evaluates the same rows
     reported = {"tofu_authors": {"windows": ["4-5"], "limit": 2}}
     with pytest.raises(ConfigError, match=r"authors_3-4 evaluates rows 60-79 of TOFU full"):
-        cfg.validate_config(raw_config(tmp_path, reported=reported))
+        validate_with_tuning(raw_config(tmp_path, reported=reported))
 
 
 def test_a_fine_tune_that_never_taught_the_window_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="does not teach the validation unit tofu_authors authors_3-4"):
-        cfg.validate_config(raw_config(tmp_path, finetune="retain99[:40] + forget01"))
+        validate_with_tuning(raw_config(tmp_path, finetune="retain99[:40] + forget01"))
 
 
 # ------------------------------------------------------------------------------------------ Forget Quality, its oracle
@@ -153,7 +153,7 @@ def test_the_forget_quality_rule_chooses_on_the_windows_scores(tmp_path):
     from cru_harness.runner.plan import build_plan
     from cru_harness.runner.tuning import decide
 
-    config = cfg.validate_config(raw_config(tmp_path))
+    config = validate_with_tuning(raw_config(tmp_path))
     cells = [c for c in build_plan(config.tuning.validation) if c.kind in ("original", "method", "retain")]
     scores = {"Original": (0.1, 0.50, None), "GA [learning_rate=1e-05]": (0.5, 0.48, 0.40),
               "GA [learning_rate=0.0001]": (0.9, 0.30, 0.90)}

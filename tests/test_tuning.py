@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cru_harness.runner import config as cfg
 from cru_harness.runner.cli import run_config
 from cru_harness.runner.plan import build_plan
-from cru_harness.runner.tuning import FALLBACK, choose, run_tuning, setting_label
+from cru_harness.runner.tuning import (FALLBACK, choose, load_with_tuning, run_tuning, setting_label,
+                                       validate_with_tuning)
 from cru_harness.validation import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ def test_the_forget_quality_rule_reads_forget_quality_not_forgetting():
 
 # ------------------------------------------------------------------------------------------------ config refusals
 def test_a_tuned_config_resolves_its_grids_and_validation_cells(tmp_path):
-    config = cfg.validate_config(raw_config(tmp_path))
+    config = validate_with_tuning(raw_config(tmp_path))
     spec = config.tuning
     assert spec.settings == {"GA": [{"learning_rate": lr} for lr in LRS], "GD": [{"learning_rate": lr} for lr in LRS]}
     assert spec.budgets == {"GA": "2 settings, 10 + 10 = 20 steps", "GD": "2 settings, 10 + 10 = 20 steps"}
@@ -81,7 +81,7 @@ def test_a_tuned_config_resolves_its_grids_and_validation_cells(tmp_path):
 
 def test_a_config_without_tuning_plans_the_same_cells_as_before(tmp_path):
     """No committed hash moves: the committed forget01 run's plan is what its config plans today."""
-    config = cfg.load_config(REPO / "configs" / "cpu_smollm2_forget01.yaml")
+    config = load_with_tuning(REPO / "configs" / "cpu_smollm2_forget01.yaml")
     assert config.tuning is None
     committed = json.loads((REPO / "results" / "cpu_smollm2_forget01" / "plan.json").read_text())
     assert [c.hash for c in build_plan(config)] == [c["hash"] for c in committed["cells"]]
@@ -97,7 +97,7 @@ def test_a_config_without_tuning_plans_the_same_cells_as_before(tmp_path):
 ])
 def test_a_validation_unit_sharing_an_item_with_a_reported_one_is_refused(tmp_path, validation, message):
     with pytest.raises(ConfigError) as err:
-        cfg.validate_config(raw_config(tmp_path, validation=validation))
+        validate_with_tuning(raw_config(tmp_path, validation=validation))
     assert str(err.value).startswith("tuning.validation.") and message in str(err.value)
     assert "\n" not in str(err.value)
 
@@ -107,9 +107,9 @@ def test_a_fine_tune_that_never_taught_the_validation_authors_is_refused(tmp_pat
     raw["models"][0]["finetune"] = {"data": "retain99[:40] + forget01"}
     with pytest.raises(ConfigError, match=r"^models\[0\]\.finetune\.data: 'retain99\[:40\] \+ forget01' does not "
                                           r"teach the validation unit tofu_author author_3 \(20 of its 20 items\)"):
-        cfg.validate_config(raw)
+        validate_with_tuning(raw)
     raw["models"][0]["finetune"] = {"data": "retain99[:80] + forget01"}   # authors 1-4 and forget01's
-    assert cfg.validate_config(raw).tuning is not None
+    assert validate_with_tuning(raw).tuning is not None
 
 
 def test_grids_that_give_methods_unequal_budgets_are_refused(tmp_path):
@@ -117,11 +117,11 @@ def test_grids_that_give_methods_unequal_budgets_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"^tuning\.grids: unequal budgets on tofu_author author_3 \(grid size x "
                                           r"steps\): GA 2 settings, 10 \+ 10 = 20 steps; GD 3 settings, "
                                           r"10 \+ 10 \+ 10 = 30 steps"):
-        cfg.validate_config(raw)
+        validate_with_tuning(raw)
     # the same budget spent differently (fewer settings, more steps each) is equal
     raw = raw_config(tmp_path, grids={"GA": {"learning_rate": LRS}, "GD": {"learning_rate": [1.0e-4],
                                                                           "num_epochs": [4]}})
-    assert cfg.validate_config(raw).tuning.budgets["GD"] == "1 settings, 20 = 20 steps"
+    assert validate_with_tuning(raw).tuning.budgets["GD"] == "1 settings, 20 = 20 steps"
 
 
 @pytest.mark.parametrize("tuning, key, message", [
@@ -141,7 +141,7 @@ def test_grids_that_give_methods_unequal_budgets_are_refused(tmp_path):
 ])
 def test_a_bad_tuning_block_is_one_line_naming_its_key(tmp_path, tuning, key, message):
     with pytest.raises(ConfigError) as err:
-        cfg.validate_config(raw_config(tmp_path, **tuning))
+        validate_with_tuning(raw_config(tmp_path, **tuning))
     assert str(err.value).startswith(f"{key}: ") and message in str(err.value) and "\n" not in str(err.value)
 
 
@@ -160,7 +160,7 @@ def fake_executor(ran):
 
 
 def test_a_tuned_run_chooses_first_runs_the_choice_and_reports_how(tmp_path):
-    config = cfg.validate_config(raw_config(tmp_path))
+    config = validate_with_tuning(raw_config(tmp_path))
     ran: list = []
     assert run_config(config, executor=fake_executor(ran), log=lambda _: None) == 0
     validation = [c for c in ran if c.benchmark == "tofu_author"]
@@ -172,7 +172,7 @@ def test_a_tuned_run_chooses_first_runs_the_choice_and_reports_how(tmp_path):
     assert tuning["rule"] == "forgetting_at_utility" and tuning["chosen"] == {"learning_rate": 1.0e-3}
     assert set(tuning["validation_cells"]) <= {c.hash for c in validation} and len(tuning["validation_cells"]) == 3
     assert "tuning" not in reported["NPO", 0].extra   # untuned entries plan as they would without the block
-    assert reported["NPO", 0].hash == next(c for c in build_plan(cfg.validate_config(
+    assert reported["NPO", 0].hash == next(c for c in build_plan(validate_with_tuning(
         {k: v for k, v in raw_config(tmp_path).items() if k != "tuning"})) if c.label == "NPO").hash
     record = json.loads((config.output_dir / "tuning" / "tiny.json").read_text())
     assert record["methods"]["GD"]["chosen"] == {"learning_rate": 1.0e-4}
@@ -186,12 +186,12 @@ def test_a_tuned_run_chooses_first_runs_the_choice_and_reports_how(tmp_path):
     assert {c.hash for c in validation} <= {c["hash"] for c in plan["cells"]}
     # a second run reuses every cell and makes the same choice
     again: list = []
-    assert run_config(cfg.validate_config(raw_config(tmp_path)), executor=fake_executor(again), log=lambda _: None) == 0
+    assert run_config(validate_with_tuning(raw_config(tmp_path)), executor=fake_executor(again), log=lambda _: None) == 0
     assert again == []
 
 
 def test_a_dry_run_lists_the_validation_cells_and_what_waits_for_the_choice(tmp_path, capsys):
-    config = cfg.validate_config(raw_config(tmp_path))
+    config = validate_with_tuning(raw_config(tmp_path))
     assert run_config(config, dry_run=True, log=lambda _: None) == 0
     out = capsys.readouterr().out
     assert "tuning: forgetting_at_utility, 5 validation cells first" in out
@@ -206,8 +206,8 @@ def test_the_shipped_tuned_config_plans_its_validation_before_anything_runs(tmp_
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data" / "lunar").mkdir(parents=True)
     (tmp_path / "data" / "lunar" / "harmful.json").write_text('["a harmful prompt"]')   # LUNAR's file, user-supplied
-    config = cfg.load_config(REPO / "configs" / "cpu_smollm2_forget01_tuned.yaml")
-    base = cfg.load_config(REPO / "configs" / "cpu_smollm2_forget01.yaml")
+    config = load_with_tuning(REPO / "configs" / "cpu_smollm2_forget01_tuned.yaml")
+    base = load_with_tuning(REPO / "configs" / "cpu_smollm2_forget01.yaml")
     assert config.seeds == (0, 1, 2) and config.benchmarks["tofu"]["splits"] == ["forget01"]
     assert config.models[0].finetune["data"] == "retain99[:80] + forget01"
     spec = config.tuning
@@ -291,7 +291,7 @@ def test_the_row_map_is_tofus_own_layout(tofu_dir):
 
 
 def test_a_failed_validation_cell_is_never_chosen_and_fails_the_run(tmp_path):
-    config = cfg.validate_config(raw_config(tmp_path))
+    config = validate_with_tuning(raw_config(tmp_path))
     ran: list = []
     inner = fake_executor(ran)
 
@@ -311,7 +311,7 @@ def test_a_tuned_run_takes_no_shard(tmp_path):
 
     with pytest.raises(InputError, match=r"^a config with `tuning:` runs its validation cells before planning the "
                                          r"rest"):
-        run_config(cfg.validate_config(raw_config(tmp_path)), dry_run=True, shard="1/2", log=lambda _: None)
+        run_config(validate_with_tuning(raw_config(tmp_path)), dry_run=True, shard="1/2", log=lambda _: None)
 
 
 def test_a_reported_unit_of_another_dataset_shares_nothing_and_one_without_declared_items_is_refused(tmp_path):
@@ -319,8 +319,21 @@ def test_a_reported_unit_of_another_dataset_shares_nothing_and_one_without_decla
     raw["benchmarks"]["rwku"] = {"targets": [1], "limit": 2}   # RWKU's real people: no TOFU author among them
     for method in raw["methods"]:
         method["benchmarks"] = ["tofu"]
-    assert cfg.validate_config(raw).tuning is not None
+    assert validate_with_tuning(raw).tuning is not None
     raw = raw_config(tmp_path, validation={"rwku": {"targets": [1], "limit": 2}})
     raw["benchmarks"] = {"rwku": {"targets": [1, 2], "limit": 2}}
     with pytest.raises(ConfigError, match=r"^tuning\.validation\.rwku: rwku target1 is a reported unit$"):
-        cfg.validate_config(raw)
+        validate_with_tuning(raw)
+
+
+def test_a_config_read_without_its_tuning_leaves_the_block_as_written_and_is_not_run(tmp_path):
+    """`runner.config.validate_config` sits below the planning the tuning checks need: it leaves `tuning:` as
+    written, and running such a config is a bug (a traceback), never a run that silently skips the tuning."""
+    from cru_harness.runner.config import validate_config
+
+    raw = raw_config(tmp_path)
+    config = validate_config(raw)
+    assert config.tuning == raw["tuning"]
+    with pytest.raises(TypeError, match="was not resolved"):
+        run_config(config, dry_run=True, log=lambda _: None)
+    assert validate_with_tuning(raw).tuning.rule == "forgetting_at_utility"

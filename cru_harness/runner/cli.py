@@ -189,10 +189,10 @@ def check_method_inputs(config) -> None:
 
 
 def _load(path: str, output_dir: str | None):
-    from .config import load_config
+    from .tuning import load_with_tuning
 
     overrides = {"output_dir": output_dir} if output_dir else None
-    return load_config(path, overrides)
+    return load_with_tuning(path, overrides)
 
 
 def data_source(benchmark: str, data_dir: str | None) -> str:
@@ -403,13 +403,17 @@ def _run_config(config, *, dry_run, shard, force, report, executor, as_json, log
                                    f"failed: {type(err).__name__}: {err}") from err
     validation, tuning = [], None
     if config.tuning is not None:   # its validation cells run first; the tuned entries are planned at the choice
+        from .tuning import check_resolved, run_tuning
+
+        check_resolved(config)
         if shard:
             raise InputError("a config with `tuning:` runs its validation cells before planning the rest: run it "
                              "without --shard")
-        from .tuning import run_tuning
-
-        config, validation, tuning = run_tuning(config, dry_run=dry_run, executor=executor, inputs=inputs,
-                                                force=force, log=log)
+        new_executor = None
+        if not dry_run and executor is None:
+            from .execute import PlanExecutor as new_executor
+        config, validation, tuning = run_tuning(config, dry_run=dry_run, executor=executor, new_executor=new_executor,
+                                                inputs=inputs, force=force, log=log)
     cells = all_cells = build_plan(config, selected)
     from .inputs import check_attack_inputs
 

@@ -198,7 +198,9 @@ class ExperimentConfig:
     source: str | None = None
     attacks: tuple["AttackSpec", ...] = ()
     training: dict[str, Any] = field(default_factory=dict)   # `training:`: the engine (`training.launch`)
-    tuning: Any = None   # `tuning:` resolved (`runner.tuning.TuningSpec`), None without the block
+    # `tuning:` resolved (`runner.tuning.TuningSpec`) by `runner.tuning.validate_with_tuning`; the raw mapping as
+    # `validate_config` leaves it (such a config is read through `validate_with_tuning` to run); None without it
+    tuning: Any = None
 
 
 def config_path(path: str | os.PathLike) -> Path:
@@ -218,7 +220,12 @@ def config_path(path: str | os.PathLike) -> Path:
 
 def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """Read and validate a YAML config (`config_path`: `configs/...` also names a shipped one). Relative
-    `output_dir`/`data_dir` are relative to the working directory."""
+    `output_dir`/`data_dir` are relative to the working directory. `tuning:` as `validate_config` leaves it."""
+    return validate_config(*read_config_file(path, overrides))
+
+
+def read_config_file(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """A YAML config's parsed contents (with `overrides`) and the name to cite it by, for `validate_config`."""
     given, path = str(path), config_path(path)
     if path.is_dir():
         raise MissingInputError(f"{path} is a directory, not a config file (a YAML file such as configs/demo.yaml)")
@@ -229,7 +236,7 @@ def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None
     raw = read_yaml(path)   # bounded: size, encoding, nesting, aliases (ConfigError naming the file)
     if overrides and (raw is None or isinstance(raw, dict)):  # anything else is refused by validate_config
         raw = {**(raw or {}), **overrides}
-    return validate_config(raw, source=given)
+    return raw, given
 
 
 def _placeholders(text: str) -> list[str]:
@@ -303,7 +310,13 @@ def _validate_hparams(method: str, hparams: dict, where: str, source: str | None
 
 
 def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
-    """Validate a parsed config and resolve its defaults. Raises `ConfigError` naming the key."""
+    """Validate a parsed config and resolve its defaults. Raises `ConfigError` naming the key. A `tuning:` block is
+    left as written: `runner.tuning.validate_with_tuning` checks and resolves it (it plans validation cells)."""
+    return validated(raw, source)[0]
+
+
+def validated(raw: Any, source: str | None = None) -> tuple[ExperimentConfig, dict]:
+    """`validate_config`'s config, and the mapping it read it from (moved keys moved: `_moved_keys`)."""
     if raw is None:
         _fail("<root>", "the config is empty", source)
     if not isinstance(raw, dict):
@@ -513,11 +526,9 @@ def validate_config(raw: Any, source: str | None = None) -> ExperimentConfig:
                               benchmarks=benchmarks, methods=tuple(methods),
                               evaluation=evaluation, report=report, raw=original, source=source,
                               attacks=attacks, training=training)
-    if raw.get("tuning") is not None:   # its validation config is checked as a config of its own (`runner.tuning`)
-        from .tuning import validate_tuning
-
-        config = dataclasses.replace(config, tuning=validate_tuning(raw, config, source))
-    return config
+    if raw.get("tuning") is not None:   # checked and resolved above this module (`runner.tuning.validate_with_tuning`):
+        config = dataclasses.replace(config, tuning=raw["tuning"])   # it plans its validation cells (`runner.plan`)
+    return config, raw
 
 
 def _validate_training(raw: Any, source: str | None) -> dict[str, Any]:

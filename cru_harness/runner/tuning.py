@@ -12,7 +12,11 @@ rule, the grid, the choice and the validation cells' hashes, so their hashes cha
 Checked when the config is read (one line each): the validation unit shares no item with a reported unit
 (`Benchmark.unit_items`), a fine-tuned model was taught the validation unit (`Benchmark.corpus_items` of its
 `finetune.data`), and every tuned entry gets the same budget: the sum over its grid of each setting's steps
-(epochs x batches of the validation forget corpus)."""
+(epochs x batches of the validation forget corpus).
+
+The checks plan the validation cells (`runner.plan`), which reads `runner.config`: so `runner.config.validate_config`
+leaves the block as written, and a config is read with its tuning checked here (`validate_with_tuning`,
+`load_with_tuning`), above both. Running the cells takes the executor its caller gives (`runner.cli`)."""
 from __future__ import annotations
 
 import copy
@@ -27,7 +31,9 @@ from ..errors import InputError
 from ..reporting.stats import is_number
 from ..reporting.tuning import TUNING_DIR
 from ..validation import ConfigError, _fail, _number
-from .config import ExperimentConfig, _validate_hparams, benchmark_plugin, method_plugin
+from .config import (ExperimentConfig, _validate_hparams, benchmark_plugin, method_plugin, read_config_file,
+                     validate_config, validated)
+from .plan import build_plan
 from .schema import Tuning, check_keys
 
 #: The rules a config may name, and what each picks. Only these: a rule is chosen before any result, so it must be
@@ -123,8 +129,6 @@ def validate_tuning(raw: dict, config: ExperimentConfig, source: str | None) -> 
     for key in overrides:
         if not any(key in _accepted(method_plugin(spec.method)) for spec in labels.values()):
             _fail(f"tuning.overrides.{key}", "no tuned method accepts it", source)
-    from .config import validate_config
-
     try:
         validation = validate_config(_validation_raw(raw, block, config, labels, settings, overrides), None)
     except ConfigError as err:
@@ -139,6 +143,26 @@ def validate_tuning(raw: dict, config: ExperimentConfig, source: str | None) -> 
     _check_taught(config, validation, source)
     spec = TuningSpec(rule, ratio, settings, sources, {}, validation)
     return dataclasses.replace(spec, budgets=_check_budgets(spec, labels, source))
+
+
+def validate_with_tuning(raw: Any, source: str | None = None) -> ExperimentConfig:
+    """`runner.config.validate_config` with its `tuning:` block checked and resolved (a `TuningSpec`)."""
+    config, raw = validated(raw, source)
+    if raw.get("tuning") is None:
+        return config
+    return dataclasses.replace(config, tuning=validate_tuning(raw, config, source))
+
+
+def load_with_tuning(path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """`runner.config.load_config` with its `tuning:` block checked and resolved: how a run reads its config."""
+    return validate_with_tuning(*read_config_file(path, overrides))
+
+
+def check_resolved(config: ExperimentConfig) -> None:
+    """A config read by `validate_config` alone has its `tuning:` as written: planning it would skip the tuning."""
+    if config.tuning is not None and not isinstance(config.tuning, TuningSpec):
+        raise TypeError("this config's `tuning:` was not resolved: read it with runner.tuning.validate_with_tuning "
+                        "or load_with_tuning")
 
 
 def _accepted(plugin) -> set[str]:
@@ -282,8 +306,6 @@ def setting_steps(cell) -> int | Fraction:
 def _check_budgets(spec: TuningSpec, labels: dict, source: str | None) -> dict[str, str]:
     """Refuse grids that give the tuned entries unequal budgets (per validation unit, the sum of each setting's
     steps); returns each label's budget, written out."""
-    from .plan import build_plan
-
     cells = [cell for cell in build_plan(spec.validation) if cell.kind == "method"]
     seed = spec.validation.seeds[0]
     texts: dict[str, str] = {}
@@ -404,17 +426,15 @@ def apply(config: ExperimentConfig, record: dict | None) -> ExperimentConfig:
 
 def validation_cells(config: ExperimentConfig, finetunes: list) -> list:
     """The validation cells (the run's own fine-tune cells replace the validation plan's: one model)."""
-    from .plan import build_plan
-
     return [*finetunes, *(cell for cell in build_plan(config.tuning.validation) if cell.kind != "finetune")]
 
 
-def run_tuning(config: ExperimentConfig, *, dry_run: bool, executor=None, inputs=None, force: bool = False,
-               log: Callable[[str], None] = print) -> tuple[ExperimentConfig, list, dict | None]:
+def run_tuning(config: ExperimentConfig, *, dry_run: bool, executor=None, new_executor=None, inputs=None,
+               force: bool = False, log: Callable[[str], None] = print) -> tuple[ExperimentConfig, list, dict | None]:
     """Run (unless `dry_run`) the validation cells, choose, save the record; returns the config to plan (tuned
-    entries at their choice, or left out while no choice exists), the validation cells and the record."""
+    entries at their choice, or left out while no choice exists), the validation cells and the record. The cells
+    run on `executor`, else on `new_executor(store, cells, log=log)` (`runner.cli` gives `execute.PlanExecutor`)."""
     from ..store import CellStore, atomic_write_json
-    from .plan import build_plan
 
     untuned = dataclasses.replace(config, methods=tuple(m for m in config.methods if m.label not in
                                                         config.tuning.settings))
@@ -425,10 +445,11 @@ def run_tuning(config: ExperimentConfig, *, dry_run: bool, executor=None, inputs
         from .loop import run_cells
 
         if executor is None:
-            from .execute import PlanExecutor
             from .provenance import cell_inputs
 
-            executor, inputs = PlanExecutor(store, cells, log=log), inputs or cell_inputs
+            if new_executor is None:
+                raise TypeError("run_tuning: give an executor or new_executor to run the validation cells")
+            executor, inputs = new_executor(store, cells, log=log), inputs or cell_inputs
         store.root.mkdir(parents=True, exist_ok=True)
         log(f"tuning: {len(cells)} validation cells first ({config.tuning.rule})")
         run_cells(cells, store, executor, log=log, force=force, **({"inputs": inputs} if inputs else {}))

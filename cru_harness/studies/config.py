@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MissingInputError
-from ..runner.config import ConfigError, ExperimentConfig, config_path, method_plugin, validate_config
+from ..runner.config import ConfigError, ExperimentConfig, config_path, method_plugin
+from ..runner.tuning import validate_with_tuning
 
 KINDS = ("sweep", "overlap", "gate_gap")
 _KEYS = ("kind", "title", "x", "collapse_line", "examples", "rows", "scale", "note")
@@ -57,7 +58,7 @@ def validate_study(raw: Any, source: str | None = None) -> Study:
     kind = block.get("kind")
     if kind not in KINDS:
         _fail("kind", f"expected one of {', '.join(KINDS)}, got {kind!r}", source)
-    config = validate_config(raw, source)
+    config = validate_with_tuning(raw, source)
     title = block.get("title", config.name)
     if not isinstance(title, str):
         _fail("title", f"expected a string, got {title!r}", source)
