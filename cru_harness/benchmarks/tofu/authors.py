@@ -48,7 +48,7 @@ class TOFUAuthors(TOFU):
 
     def corpus_rows(self, source: str, data_dir) -> tuple[list[dict], str] | None:
         """`authors_3-4` (the window's rows of `full`), `not_authors_3-4` (every other row)."""
-        from ...data.tofu import load_tofu
+        from .data import load_tofu
 
         if (window := parse_window(source)) is None:
             return None
@@ -59,7 +59,7 @@ class TOFUAuthors(TOFU):
 
     def forget_items(self, cell, data_dir) -> tuple[list[dict], str]:
         """The window's rows of `retain_perturbed`, as the forget task reads them."""
-        from ...data.tofu import load_tofu
+        from .data import load_tofu
 
         first, last, _ = parse_window(cell.split)
         rows = load_tofu("retain_perturbed", data_dir)

@@ -362,12 +362,6 @@ class TOFU(Benchmark):
         """A model family's format is TOFU's per-model prompt (`tofu_model_family`)."""
         return {} if prompt_format in ("chat", "plain") else {"tofu_model_family": prompt_format}
 
-    def refusals(self, data_dir) -> list[str]:
-        """IdkDPO's `idontknow` list (open-unlearning's `idk.jsonl` from the Hub)."""
-        from ...data.tofu import load_idontknow
-
-        return load_idontknow(data_dir)
-
     def method_defaults(self, method: str, split, given=()) -> dict[str, Any]:
         """The trainers' defaults are TOFU's protocol; SimNPO's strength per split (`methods.py`)."""
         from . import methods

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from ...data.tofu import AUTHOR_ROWS, parse_author_source
+from .data import AUTHOR_ROWS, parse_author_source
 
 FULL_ROWS = 4000
 SPACE = "TOFU full"

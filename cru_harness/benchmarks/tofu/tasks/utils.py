@@ -140,7 +140,7 @@ AUTHOR_WINDOW_SETS = ("forget", "retain")
 def author_window_rows(rows: list, tofu_config: str, window, author_set: str) -> list:
     """The `tofu_authors` unit's rows of `retain_perturbed` (`full`'s first authors, 20 rows each, in order):
     authors A..B of the metadata `tofu_authors` (`A-B`) for `forget`, the others for `retain`."""
-    from cru_harness.data.tofu import AUTHOR_ROWS
+    from cru_harness.benchmarks.tofu.data import AUTHOR_ROWS
 
     if author_set not in AUTHOR_WINDOW_SETS:
         raise ValueError(f"TOFU task: dataset_kwargs.tofu_authors_set must be one of {', '.join(AUTHOR_WINDOW_SETS)}; "
