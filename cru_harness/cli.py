@@ -13,7 +13,7 @@ from cru_harness.errors import WRITE_ERRNOS, OutputWriteError, UserError, report
 SUBCOMMAND_MODULES = (
     "cru_harness.cru.cli",        # unlearn, inspect
     "cru_harness.finetune.cli",   # finetune
-    "cru_harness.reporting.cli",  # score, report
+    "cru_harness.reporting.cli",  # report
     "cru_harness.runner.cli",     # run, merge, demo
     "cru_harness.studies.cli",    # study
     "cru_harness.plugin_cli",     # methods, benchmarks, attacks
@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(subparsers)
+    from cru_harness.plugins import add_commands
+
+    add_commands(subparsers)   # the commands packages add (a benchmark's own, as TOFU's `score`)
     return parser
 
 

@@ -14,6 +14,10 @@ read. `register()` adds one in-process (a notebook, a test). Names match after n
 A plugin that cannot be used (its import raises anything, it names the wrong kind of object, or its name is
 another's) is kept aside with one line naming it and its distribution: only a command that needs that name fails
 (`get`), the other names, `report` on existing results and the built-ins work as before.
+A command plugin (group `cru_harness.commands`) names a function `add_parser(subparsers)` that adds one subcommand
+of that entry point's name to `cru-harness` (`add_commands`): a benchmark's own command (TOFU's `score`) without the
+core CLI naming it. Only those modules are imported to build the CLI, not every plugin; one that cannot be used is
+kept aside the same way: its command answers with the one line, the other commands work as before.
 A plugin's `known_as` are other names it answers to (open-unlearning's trainer names: `GradAscent` is GA): every
 lookup turns them into the canonical name, so configs, results and cell hashes only ever hold that.
 
@@ -29,6 +33,8 @@ from typing import Any, Iterator
 from .errors import InputError, UserError, excerpt, one_line
 
 GROUPS = {"benchmark": "cru_harness.benchmarks", "method": "cru_harness.methods", "attack": "cru_harness.attacks"}
+#: Subcommands of `cru-harness` that packages add (`add_commands`): name -> "module:add_parser".
+COMMANDS = "cru_harness.commands"
 
 
 class UnknownPluginError(InputError):
@@ -240,3 +246,47 @@ attacks = Registry("attack", GROUPS["attack"], not_here={
     name: "the logit lens reads a model and changes nothing, so it is a metric: set `evaluation.logit_lens: true` in "
           "a run's config, or run `cru-harness lens --model DIR --data forget10` on one model"
     for name in ("logit_lens", "logit-lens", "lens")})
+
+
+def add_commands(subparsers) -> dict[str, str]:
+    """Adds each `cru_harness.commands` entry point's subcommand: its `add_parser(subparsers)` must add a subcommand
+    of the entry point's name. One that cannot be used (its import or its `add_parser` raises, it adds no command of
+    that name, or the name is already a command) is kept aside: its name, where free, answers every call with one
+    line naming the entry point and its distribution (a `PluginError`). Returns name -> why, for those kept aside."""
+    broken: dict[str, str] = {}
+    for ep in sorted(entry_points(group=COMMANDS), key=lambda ep: ep.name):
+        origin = f"command plugin {ep.name!r} (entry point {ep.value!r} of {_distribution(ep)})"
+        if ep.name in subparsers.choices:
+            broken[ep.name] = f"{origin}: `{ep.name}` is already a cru-harness command; uninstall one"
+            continue
+        try:
+            add_parser = ep.load()
+            if not callable(add_parser):
+                raise PluginError(f"{origin} is not a function add_parser(subparsers) (got "
+                                  f"{type(add_parser).__name__})")
+            add_parser(subparsers)
+            if ep.name not in subparsers.choices:
+                raise PluginError(f"{origin}: its add_parser(subparsers) added no `{ep.name}` command")
+        except PluginError as err:
+            broken[ep.name] = one_line(err)
+        except Exception as err:  # noqa: BLE001 - any failure of someone else's code: named, kept aside
+            broken[ep.name] = (f"{origin} cannot be used: {type(err).__name__}: {excerpt(one_line(err), 300)}; "
+                               "fix or uninstall it")
+        else:
+            continue
+        _set_aside(subparsers, ep.name, broken[ep.name])
+    return broken
+
+
+def _set_aside(subparsers, name: str, why: str) -> None:
+    """`name` as a command that takes any arguments and raises `PluginError(why)` (argparse never reads them: no
+    character starts an option)."""
+    def refuse(args):
+        raise PluginError(why)
+
+    parser = subparsers.choices.get(name)
+    if parser is None:
+        parser = subparsers.add_parser(name, help="(cannot be used: run it for why)", add_help=False,
+                                       prefix_chars="\x00")
+        parser.add_argument("arguments", nargs="*")
+    parser.set_defaults(func=refuse)

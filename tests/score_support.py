@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cru_harness.metrics import rouge_l_recall_tofu
-from cru_harness.scoring import score
+from cru_harness.benchmarks.tofu import score
 
 DATE = "2025-01-02T03-04-05.678901"
 

@@ -570,7 +570,7 @@ def test_a_cell_scored_before_its_retain_cell_reproduces_one_scored_after(tmp_pa
     """A shard may score a cell before the retain cell exists: its file has no Forget Quality, which its report
     computes from the truth ratios. The reproduction check compares what the reports show, so such a cell
     reproduces one whose file holds the same value; without the retain cell it still differs."""
-    from cru_harness.scoring.score import NO_RETAIN
+    from cru_harness.benchmarks.tofu.score import NO_RETAIN
     from cru_harness.runner.reproduce import compare_runs
 
     def cells(late: bool, with_retain: bool = True):

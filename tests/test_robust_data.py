@@ -115,7 +115,7 @@ def test_baselines_truncate_to_the_models_context(short_model):
 
 
 def test_score_says_when_the_runs_share_fewer_items(tmp_path, capsys):
-    from cru_harness.scoring import score
+    from cru_harness.benchmarks.tofu import score
 
     model = write_run(tmp_path / "m", suite([1.0, 2.0, 3.0, 100.0]))
     retain = write_run(tmp_path / "r", suite([4.0, 5.0, 6.0]))
@@ -162,7 +162,7 @@ def test_refusal_phrases_fall_back_only_without_a_local_copy(tmp_path, monkeypat
     """No local TOFU and no Hub: the default stems, said in the note. A local copy without idontknow.jsonl: an
     error naming the file, not a silent change of the refusal class."""
     from cru_harness.metrics import DEFAULT_REFUSAL_PHRASES
-    from cru_harness.scoring import score
+    from cru_harness.benchmarks.tofu import score
 
     for var in ("CRU_HARNESS_TOFU_DIR", "CRU_HARNESS_DATA_DIR"):
         monkeypatch.delenv(var, raising=False)

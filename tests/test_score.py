@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cru_harness.scoring import failure_modes, score
+from cru_harness.benchmarks.tofu import score
+from cru_harness.scoring import failure_modes, outputs
 from score_support import UTILITY, local_tofu_refusals, suite, write_run  # noqa: F401 (an autouse fixture: no Hub wait)
 
 
@@ -325,8 +326,8 @@ def test_score_on_the_tiny_fictitious_world(tmp_path):
 def test_generation_prompt_in_both_lm_eval_sample_layouts():
     on_disk = {"gen_args_0": {"arg_0": "Question: q\nAnswer:", "arg_1": {}}, "gen_args_1": {"arg_0": "x"}}
     in_memory = [["Question: q\nAnswer:", {}], ["Question: q\nAnswer:", " a"]]
-    assert score.generation_prompt(on_disk) == score.generation_prompt(in_memory) == "Question: q\nAnswer:"
-    assert score.generation_prompt(None) is None
+    assert outputs.generation_prompt(on_disk) == outputs.generation_prompt(in_memory) == "Question: q\nAnswer:"
+    assert outputs.generation_prompt(None) is None
 
 
 def test_runs_that_cannot_be_compared_are_refused_or_named(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""`cru-harness report DIR...` (tables, plots, statistics of one or more run directories) and `score`."""
+"""`cru-harness report DIR...` (tables, plots, statistics of one or more run directories)."""
 from __future__ import annotations
 
 import argparse
@@ -13,9 +13,6 @@ from .provenance import listed, provenance_lines
 
 
 def register(subparsers) -> None:
-    from ..scoring.score import add_score_parser
-
-    add_score_parser(subparsers)
     report = subparsers.add_parser("report", help="leaderboards (md/csv/tex), plots and statistics of run dirs",
                                    description="Read the cells of one or more run directories and write "
                                                "leaderboard tables, plots and the method-comparison tests.")

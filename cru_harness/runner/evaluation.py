@@ -130,7 +130,7 @@ def run_lmeval(model: ModelSpec, model_path: str, tasks: list[str], out: Path, *
 def score_cell(cell: Cell, lmeval_dir: Path, *, data_dir=None, original_model: str | None = None,
                retain_result: dict | None = None) -> dict:
     """Per-cell numbers in the result schema (docs/results_schema.md) from the cell's saved lm-eval outputs,
-    through the project scorers (`scoring.cell_scores`: `scoring.score` for TOFU, the RWKU tasks'
+    through the project scorers (`scoring.cell_scores`: TOFU's `benchmarks/tofu/score.py`, the RWKU tasks'
     `per_target_results` for RWKU, `scoring.failure_modes` for answer classes), by the cell's benchmark plugin."""
     from .. import plugins
 

@@ -4,7 +4,7 @@ There is one scoring path. The runner saves lm-eval's outputs exactly as `lm_eva
 does (`results_<date>.json` + `samples_<task>_<date>.jsonl`), and this module scores those files with:
 
 - each benchmark package's own scorer (`benchmarks/<name>/scoring.py`, its plugin's `score` hook; TOFU's through
-  `scoring.score.score_runs`, as `cru-harness score` would) reads the samples with `load_samples` and classifies
+  its `score.score_runs`, as `cru-harness score` would) reads the samples with `load_samples` and classifies
   failures with `scoring.failure_modes` (NLL under the original model, `nll_scorer`).
 
 Here only names are mapped (lm-eval task/metric -> result key); no number is computed twice.
@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 from . import failure_modes
-from .score import ScoreInputError
+from .outputs import ScoreInputError
 
 _SAMPLES_RE = re.compile(r"^samples_(?P<task>.+)_(?P<date>\d{4}-\d{2}-\d{2}T[\d\-.]+)\.jsonl$")
 

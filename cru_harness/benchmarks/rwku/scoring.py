@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ...scoring import failure_modes
-from ...scoring.score import ScoreInputError, generation_prompt
+from ...scoring.outputs import ScoreInputError, generation_prompt
 from ...scoring.cell_scores import finite_or_none, load_samples, nll_scorer
 
 #: RWKU result key -> (task without the `rwku_` / `rwku_icu_` prefix, per-target metric).

@@ -245,7 +245,7 @@ class TOFU(Benchmark):
         retain cell's own privleak is 0, against itself (as MUSE reports its retain model). Without both per-item
         lists (both AUCs) the recorded value stays."""
         from .scoring import PRIVLEAK_AUC, forget_items_from_result, privleak_of
-        from ...scoring.score import forget_quality_from_items
+        from .score import forget_quality_from_items
 
         if result.get("kind") != "retain":
             task = self.forget_task(result["split"])
@@ -341,7 +341,7 @@ class TOFU(Benchmark):
 
     def score(self, cell, lmeval_dir, *, data_dir, original_model, retain_result, device, batch_size) -> dict:
         from . import scoring
-        from ...scoring.score import forget_task_for
+        from .score import forget_task_for
 
         forget_task = forget_task_for(cell.split, cell.tasks)   # an attack cell's variant, where it has one
         retain_items = scoring.forget_items_from_result(retain_result, forget_task) if retain_result else None

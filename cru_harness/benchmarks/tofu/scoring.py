@@ -1,5 +1,5 @@
 """TOFU's scorer: one cell's lm-eval outputs -> the result schema (docs/results_schema.md), through
-`scoring.score.score_runs` (task numbers, Model Utility, Forget Quality against the retain cell's per-item truth
+`score.score_runs` (task numbers, Model Utility, Forget Quality against the retain cell's per-item truth
 ratios, per-item values, failure classes with the NLL under the original model); `per_item.jsonl` and `scores.json`
 are written next to the lm-eval files, as `cru-harness score` would. Its privacy task's numbers and privleak."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ...scoring import score as tofu_score
 from ...scoring.cell_scores import finite_or_none, load_samples
+from . import score as tofu_score
 
 #: result-schema prefix -> lm-eval TOFU task (the forget task is `tofu_<split>`).
 TOFU_UTILITY_TASKS = {"retain": "tofu_retain", "ra": "tofu_real_authors", "wf": "tofu_world_facts"}

@@ -7,7 +7,7 @@ from typing import Any
 
 from ...scoring import failure_modes
 from ...scoring.cell_scores import finite_or_none, load_samples, nll_scorer
-from ...scoring.score import generation_prompt
+from ...scoring.outputs import generation_prompt
 
 #: result-schema prefix -> lm-eval task of LUNAR's single-author split; metric -> result-schema suffix.
 TOFU_AUTHOR_TASKS = {"forget": "tofu_author_forget", "retain": "tofu_author_retain"}

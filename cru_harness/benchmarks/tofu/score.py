@@ -5,6 +5,8 @@ harmonic mean of 9 numbers from three utility tasks) or two models (Forget Quali
 evaluated model's and the retain model's per-item truth ratios on the same forget items). This module reads
 lm-eval's `--output_path` files (`results_<date>.json` + `samples_<task>_<date>.jsonl`, the latter written by
 `--log_samples`), writes the per-item values of every run to `per_item.jsonl` and the numbers to `scores.json`.
+The command is a plugin command (entry-point group `cru_harness.commands`: `add_score_parser`), so the core CLI
+never names it.
 
 A number that cannot be computed (no retain model, a task missing from the run, NaN values from a plain `hf`
 run) is reported as unavailable with the reason; it never raises.
@@ -31,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, MissingInputError, UserError
+from ...errors import InputError, MissingInputError
+from ...scoring.outputs import ScoreInputError, generation_prompt, jsonl_rows
 
 #: lm-eval task name -> (role, TOFU probe config). Roles: "forget" or the utility set's name.
 TOFU_TASKS: dict[str, tuple[str, str]] = {
@@ -65,10 +68,6 @@ HF_HINT = "plain `hf` results carry no token counts; rerun with `--model cru`"
 NO_RETAIN = "no retain model given"   # the start of that reason: the report may fill such a cell's FQ later
 
 _RESULTS_RE = re.compile(r"^results_(?P<date>.+)\.json$")
-
-
-class ScoreInputError(UserError, ValueError):
-    """An input that cannot be read at all (no lm-eval results in a directory, a malformed file)."""
 
 
 # ------------------------------------------------------------------------------------------- reading
@@ -113,32 +112,9 @@ def _metric_value(aggregates: dict, name: str) -> float:
     return float("nan")
 
 
-def generation_prompt(arguments) -> str | None:
-    """The context of a sample's first request (the generation). lm-eval's in-memory samples hold
-    `[[ctx, gen_kwargs], ...]`; its samples files hold `{"gen_args_0": {"arg_0": ctx, "arg_1": ...}, ...}`."""
-    if isinstance(arguments, dict):
-        first = arguments.get("gen_args_0") or {}
-        return first.get("arg_0") if isinstance(first, dict) else None
-    if isinstance(arguments, list) and arguments and isinstance(arguments[0], (list, tuple)) and arguments[0]:
-        return arguments[0][0]
-    return None
-
-
-def _jsonl_rows(path: Path):
-    """(line number, row) of a JSON-lines file, skipping blank lines; a bad line is a ScoreInputError naming it."""
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield line_no, json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ScoreInputError(f"{path}:{line_no}: not valid JSON ({err})") from err
-
-
 def _sample_items(path: Path, task: str) -> list[dict]:
     items = []
-    for line_no, row in _jsonl_rows(path):
+    for line_no, row in jsonl_rows(path):
         doc = row.get("doc") or {}
         resps = row.get("filtered_resps") or []
         generation = resps[0] if resps and isinstance(resps[0], str) else None
@@ -234,7 +210,7 @@ def read_per_item(path: str | Path) -> list[dict]:
     if not path.is_file():
         raise MissingInputError(f"per-item file not found: {path}")
     rows = []
-    for line_no, row in _jsonl_rows(path):
+    for line_no, row in jsonl_rows(path):
         for key in ("task", "question", "truth_ratio"):
             if key not in row:
                 raise ScoreInputError(f"{path}:{line_no}: missing field {key!r}")
@@ -507,7 +483,7 @@ def write_outputs(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
     """`per_item.jsonl` (one row per run x task x item; NaN written as null) and `scores.json`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from ..store import atomic_write_text
+    from ...store import atomic_write_text
 
     per_item_path, scores_path = out_dir / PER_ITEM_FILE, out_dir / SCORES_FILE
     # atomic: a per-item file cut short by a killed process would be read back as a smaller retain set
@@ -627,7 +603,7 @@ def add_score_parser(subparsers) -> argparse.ArgumentParser:
                              "it")
     parser.add_argument("--data-dir", metavar="DIR",
                         help="local TOFU copy, or testbed:world (for the idontknow refusal list)")
-    from ..devices import add_device_arguments
+    from ...devices import add_device_arguments
 
     add_device_arguments(parser, dtype_help="dtype of --original-model (default float32)")
     parser.add_argument("--batch-size", type=int, default=8, help="batch size for --original-model")
