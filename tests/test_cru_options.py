@@ -376,11 +376,13 @@ def test_runner_accepts_every_value_the_library_does(tmp_path):
     from cru_harness.cru.localize import SELECTIONS
     from cru_harness.cru.prefix import CACHE_PLACEMENTS
     from cru_harness.cru.train import ROUTER_INITS
+    from cru_harness.baselines.lunar import PROMPT_STYLES
+    from cru_harness.training.objective import PRECISIONS
 
     library = {"selection": SELECTIONS, "input_norm": INPUT_NORMS, "suppress_loss": LOSS_SHAPES,
                "pass_loss": LOSS_SHAPES, "gate_site": GATE_SITES, "router_init": ROUTER_INITS,
                "prefix_cache_placement": CACHE_PLACEMENTS, "lr_scheduler": SCHEDULERS,
-               "mixed_precision": MIXED_PRECISION}
+               "mixed_precision": MIXED_PRECISION, "precision": PRECISIONS, "prompt_style": PROMPT_STYLES}
     assert {key: tuple(values) for key, values in cfg.HPARAM_CHOICES.items()} == \
         {key: tuple(values) for key, values in library.items()}
     for key in ("input_norm", "gate_site", "suppress_loss", "pass_loss", "router_init", "selection",

@@ -14,7 +14,7 @@ SCHEDULE = {"num_epochs": 2, "effective_batch_size": 8, "micro_batch_size": 8, "
 
 
 def _utils():
-    from cru_harness.tasks.tofu import utils
+    from cru_harness.benchmarks.tofu.tasks import utils
 
     return utils
 
