@@ -352,12 +352,14 @@ def test_a_plugin_distribution_runs_end_to_end(tmp_path):
                           timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = {r["label"]: r for r in (json.loads(p.read_text()) for p in (out / "cells").glob("*/result.json"))}
-    assert set(results) == {"Original", "Untouched", "Untouched + replay"}
+    # the attack on the method cell, and on the Original: its control (what the attack does to the model before
+    # unlearning)
+    assert set(results) == {"Original", "Untouched", "Untouched + replay", "Original + replay"}
     assert all(r["status"] == "ok" and r["benchmark"] == "tofu_forget_only" for r in results.values())
     assert results["Untouched + replay"]["kind"] == "attack"
     forget = {label: r["metrics"]["forget_rouge_l"] for label, r in results.items()}
     assert isinstance(forget["Original"], float)
-    assert forget["Untouched"] == forget["Original"] == forget["Untouched + replay"]   # nothing changed the model
+    assert forget["Untouched"] == forget["Original"] == forget["Untouched + replay"] == forget["Original + replay"]
     # the privacy task ran: MIA AUCs recorded, privleak against 0.5 (no retain cell here), said so
     untouched = results["Untouched"]
     assert isinstance(untouched["metrics"]["mia_auc_min_k"], float) and untouched["metrics"]["privleak"] is not None
