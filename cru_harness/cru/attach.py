@@ -42,7 +42,7 @@ class _ScopeTracker:
 
     def _see(self, _module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
-        past = kwargs.get("past_key_values")
+        past = kwargs.get("past_key_values", kwargs.get("cache"))   # "cache": transformers 5's name
         seen = past.get_seq_length() if hasattr(past, "get_seq_length") else 0
         self.ids = ids if isinstance(ids, torch.Tensor) else None
         self.continuing, self._masks = bool(seen), {}
