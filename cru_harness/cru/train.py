@@ -37,7 +37,7 @@ from .localize import (SELECTIONS, Batch, Localization, collate, input_device, l
 from .losses import cru_loss, validate_loss_shape
 from .prefix import CACHE_PLACEMENTS, FrozenPrefix, PrefixCache
 from .readings import (BLOCK_OUTPUTS, LOCALIZATION_TOKENS, TOKEN_SCOPES, PromptTemplate, run_until_site, scope_mask,
-                       site_module, validate_choice)
+                       scope_start, site_module, validate_choice)
 from .router import INPUT_NORMS, Router
 from ..training.sites import validate_gate_site
 
@@ -520,6 +520,13 @@ def train_routers(model: nn.Module, tokenizer, forget_texts: Sequence[str], reta
     max_length = fit_to_context(model, config.max_length, lambda: {
         side: [len(ids) for ids in tokenize_texts(tokenizer, texts, config.max_length)]
         for side, texts in (("forget", forget_texts), ("retain", retain_texts))})
+    if config.token_scope == "answer":   # every training row needs an answer: checked before any forward pass
+        for side, texts in (("forget", forget_texts), ("retain", retain_texts)):
+            for row, ids in enumerate(tokenize_texts(tokenizer, texts, max_length)):
+                if scope_start(ids, template.marker) is None:
+                    raise InputError(f"token_scope=answer: {side} row {row} has no answer (the prompt's end marker "
+                                     f"is not in its first {max_length} tokens): {texts[row][:60]!r}; the answer "
+                                     "scope needs question-answer rows written in the prompt format")
     started = time.perf_counter()
     if localization is None:
         localization = localize(model, tokenizer, forget_texts, blocks=config.blocks, last_k=config.last_k,
