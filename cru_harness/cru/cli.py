@@ -291,7 +291,8 @@ def run_cru(args: argparse.Namespace) -> int:
         from .readings import prompt_template
 
         template = prompt_template(tokenizer, **fmt)
-    bundle = train_routers(model, tokenizer, forget, retain, config, template=template)
+    extra = {} if template is None else {"template": template}   # the default call, as before the readings
+    bundle = train_routers(model, tokenizer, forget, retain, config, **extra)
     bundle.config.base_model = str(args.base)
     bundle.config.training["prompt_format"] = prompt_format_label(fmt, tokenizer)   # checked by the cru model
     from cru_harness.locations import write_directory

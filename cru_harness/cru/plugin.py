@@ -63,7 +63,8 @@ class CRUMethod(Method):
 
             template = prompt_template(tokenizer, **fmt)
         with ResourceMonitor(ctx.device) as monitor:
-            bundle = train_routers(model, tokenizer, forget, retain, config, template=template)
+            bundle = train_routers(model, tokenizer, forget, retain, config,
+                                   **({} if template is None else {"template": template}))
         from ..prompts import prompt_format_label
 
         bundle.config.training["prompt_format"] = prompt_format_label(fmt)   # the cru model warns on another one
