@@ -110,14 +110,17 @@ def check_seed(seed: Any, what: str = "--seed") -> int:
 
 #: The values a method's choice-valued setting takes: the torch-free copy the configs and the command lines read
 #: of cru.localize.SELECTIONS, cru.router.INPUT_NORMS, cru.losses.LOSS_SHAPES, cru.sites.GATE_SITES,
-#: cru.train.ROUTER_INITS, cru.prefix.CACHE_PLACEMENTS, baselines.base.SCHEDULERS / MIXED_PRECISION (a test pins
+#: cru.train.ROUTER_INITS, cru.prefix.CACHE_PLACEMENTS, cru.readings' TOKEN_SCOPES / LOCALIZATION_TOKENS /
+#: BLOCK_OUTPUTS, baselines.base.SCHEDULERS / MIXED_PRECISION (a test pins
 #: each to the library's).
 HPARAM_CHOICES = {"selection": ("variance", "random"), "input_norm": ("none", "rms", "rms_learned"),
                   "suppress_loss": ("linear", "quadratic"), "pass_loss": ("linear", "quadratic"),
                   "gate_site": ("residual", "mlp"), "router_init": ("default", "open"),
                   "lr_scheduler": ("linear", "cosine", "constant"), "mixed_precision": ("no", "fp16", "bf16"),
                   "precision": ("fp32_master", "bf16"),
-                  "prefix_cache_placement": ("auto", "cpu", "device"), "prompt_style": ("lunar", "evaluation")}
+                  "prefix_cache_placement": ("auto", "cpu", "device"), "prompt_style": ("lunar", "evaluation"),
+                  "token_scope": ("all", "answer"), "localization_tokens": ("all", "content"),
+                  "block_output": ("block", "hf_hidden_states")}
 
 
 def as_list(name: str, value, what: str = "values") -> tuple:

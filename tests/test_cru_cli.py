@@ -303,3 +303,26 @@ def test_unlearn_and_inspect_take_the_testbed_names(setup, monkeypatch, capsys):
         capsys.readouterr().err
     # unlearn, inspect, unlearn --method: each resolved the name
     assert asked == [("llama", "finetuned")] * 3 and (ga / "unlearn_record.json").is_file()
+
+
+def test_unlearn_takes_the_readings_and_inspect_names_them(setup, capsys):
+    """--token-scope / --localization-tokens / --block-output reach the bundle (cru.readings) and inspect names
+    them (a default bundle's manifest has none of them: test_cru_readings); an answer scope over text rows (no prompt, no answer) is one line, before training."""
+    root, base, forget, retain = setup
+    qa_retain = root / "retain_qa.jsonl"
+    qa_retain.write_text("\n".join(json.dumps({"question": f"Where is land {i}?", "answer": f"Land {i} is south."})
+                                   for i in range(10)) + "\n")
+    out = root / "bundle_readings"
+    assert main(_unlearn_args(base, forget, qa_retain, out, "--token-scope", "answer", "--localization-tokens",
+                              "content", "--block-output", "hf_hidden_states")) == 0
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    assert (manifest["token_scope"], manifest["localization_tokens"], manifest["block_output"]) == \
+        ("answer", "content", "hf_hidden_states")
+    assert manifest["answer_marker"]                      # what the gates find the answer by
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0
+    assert "readings       : token_scope answer, localization_tokens content, block_output hf_hidden_states" in \
+        capsys.readouterr().out
+    assert main(_unlearn_args(base, forget, retain, root / "bad", "--token-scope", "answer")) == 2
+    err = capsys.readouterr().err
+    assert "no answer" in err and "Traceback" not in err

@@ -375,6 +375,7 @@ def test_runner_accepts_every_value_the_library_does(tmp_path):
     from cru_harness.cru import GATE_SITES, INPUT_NORMS, LOSS_SHAPES
     from cru_harness.cru.localize import SELECTIONS
     from cru_harness.cru.prefix import CACHE_PLACEMENTS
+    from cru_harness.cru.readings import BLOCK_OUTPUTS, LOCALIZATION_TOKENS, TOKEN_SCOPES
     from cru_harness.cru.train import ROUTER_INITS
     from cru_harness.baselines.lunar import PROMPT_STYLES
     from cru_harness.training.objective import PRECISIONS
@@ -382,11 +383,12 @@ def test_runner_accepts_every_value_the_library_does(tmp_path):
     library = {"selection": SELECTIONS, "input_norm": INPUT_NORMS, "suppress_loss": LOSS_SHAPES,
                "pass_loss": LOSS_SHAPES, "gate_site": GATE_SITES, "router_init": ROUTER_INITS,
                "prefix_cache_placement": CACHE_PLACEMENTS, "lr_scheduler": SCHEDULERS,
-               "mixed_precision": MIXED_PRECISION, "precision": PRECISIONS, "prompt_style": PROMPT_STYLES}
+               "mixed_precision": MIXED_PRECISION, "precision": PRECISIONS, "prompt_style": PROMPT_STYLES,
+               "token_scope": TOKEN_SCOPES, "localization_tokens": LOCALIZATION_TOKENS, "block_output": BLOCK_OUTPUTS}
     assert {key: tuple(values) for key, values in cfg.HPARAM_CHOICES.items()} == \
         {key: tuple(values) for key, values in library.items()}
     for key in ("input_norm", "gate_site", "suppress_loss", "pass_loss", "router_init", "selection",
-                "prefix_cache_placement"):
+                "prefix_cache_placement", "token_scope", "localization_tokens", "block_output"):
         for value in library[key]:
             raw = {"name": "t", "output_dir": str(tmp_path), "models": [{"name": "m", "path": "zoo:llama"}],
                    "benchmarks": {"tofu": {"splits": ["forget01"]}}, "methods": [{"method": "CRU", key: value}]}

@@ -20,11 +20,51 @@ from torch import nn
 
 from ..training.blocks import block_device, block_output_tensor, find_decoder_blocks, replace_block_output
 from .bundle import BaseWeightsWarning, IncompatibleBaseError, RouterBundle, base_weights_problem
+from .readings import scope_mask, site_module
 from .router import Router
 from ..training.sites import mlp_down_projection, mlp_width
 
 # A callback (block index, bundle, gates (B, T, |C|) float32 with grad) -> None, used by router training.
 GateObserver = Callable[[int, RouterBundle, torch.Tensor], None]
+
+
+class _ScopeTracker:
+    """For bundles of `token_scope="answer"` (`readings.py`): a pre-hook on the model's own forward keeps the
+    token ids of each call, from which every gating hook finds its bundle's answer scope. A call that continues a
+    cache (a generation step) holds positions after the prompt only: all in scope."""
+
+    def __init__(self, model: nn.Module):
+        self.users = 0
+        self.ids: torch.Tensor | None = None
+        self.continuing = False
+        self._masks: dict[tuple, torch.Tensor] = {}
+        self.handle = model.register_forward_pre_hook(self._see, with_kwargs=True)
+
+    def _see(self, _module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        past = kwargs.get("past_key_values", kwargs.get("cache"))   # "cache": transformers 5's name
+        seen = past.get_seq_length() if hasattr(past, "get_seq_length") else 0
+        self.ids = ids if isinstance(ids, torch.Tensor) else None
+        self.continuing, self._masks = bool(seen), {}
+        return None
+
+    def mask(self, marker: tuple, shape: torch.Size) -> torch.Tensor:
+        """(B, T) bool: the positions of the current call in `marker`'s answer scope."""
+        if self.continuing:
+            return torch.ones(tuple(shape[:2]), dtype=torch.bool)
+        if self.ids is None:
+            raise RuntimeError("a token_scope=answer bundle needs the model called with input_ids (it finds the "
+                               "answer by the prompt's end marker); got inputs_embeds or nothing")
+        if tuple(self.ids.shape) != tuple(shape[:2]):
+            raise RuntimeError(f"token_scope=answer: the gated block saw {tuple(shape[:2])} positions, the model's "
+                               f"input_ids are {tuple(self.ids.shape)}")
+        if marker not in self._masks:
+            self._masks[marker] = scope_mask(self.ids.cpu(), None, marker).bool()
+        return self._masks[marker]
+
+
+# model -> its scope tracker (while a token_scope="answer" bundle is attached)
+_SCOPES: "weakref.WeakKeyDictionary[nn.Module, _ScopeTracker]" = weakref.WeakKeyDictionary()
 
 
 @dataclass(eq=False)
@@ -33,6 +73,7 @@ class _Entry:
     router: Router
     neurons: torch.Tensor
     observer: GateObserver | None
+    scope: _ScopeTracker | None = None   # token_scope="answer": gates act in the answer scope only
 
 
 def _gates(index: int, entry: _Entry, router_input: torch.Tensor) -> torch.Tensor:
@@ -42,6 +83,9 @@ def _gates(index: int, entry: _Entry, router_input: torch.Tensor) -> torch.Tenso
     gates = router(router_input)
     if entry.observer is not None:
         entry.observer(index, entry.bundle, gates)
+    if entry.scope is not None:   # outside the answer scope the gate is 1: the position passes unchanged
+        inside = entry.scope.mask(tuple(entry.bundle.config.answer_marker), gates.shape).to(gates.device)
+        gates = torch.where(inside.unsqueeze(-1), gates, torch.ones_like(gates))
     return gates
 
 
@@ -136,6 +180,12 @@ class RoutingHandle:
 
     def remove(self) -> None:
         for block, entry in self._entries:
+            if entry.scope is not None:
+                entry.scope.users -= 1
+                if entry.scope.users == 0:
+                    entry.scope.handle.remove()
+                    if _SCOPES.get(self.model) is entry.scope:
+                        del _SCOPES[self.model]
             gating = _GATINGS.get(block)
             if gating is None:
                 continue
@@ -175,7 +225,8 @@ def attach_bundles(model: nn.Module, bundles: RouterBundle | Iterable[RouterBund
         site = bundle.config.gate_site
         for index in bundle.block_indices:
             block = blocks[index]
-            key = block if site == "residual" else mlp_down_projection(block, index)
+            key = (site_module(model, index, bundle.config.block_output) if site == "residual"
+                   else mlp_down_projection(block, index))
             if site == "mlp":
                 width = mlp_width(key)
                 expected = bundle.config.site_width
@@ -189,9 +240,15 @@ def attach_bundles(model: nn.Module, bundles: RouterBundle | Iterable[RouterBund
                 router.to(device=device, dtype=torch.float32)
             gating = _GATINGS.get(key)
             if gating is None:
-                gating = _GATINGS[key] = (_BlockGating(block, index) if site == "residual"
+                gating = _GATINGS[key] = (_BlockGating(key, index) if site == "residual"
                                           else _MLPGating(block, key, index))
-            entry = _Entry(bundle, router, bundle.neuron_indices(index).to(device or "cpu"), observer)
+            scope = None
+            if bundle.config.token_scope == "answer":
+                scope = _SCOPES.get(model)
+                if scope is None:
+                    scope = _SCOPES[model] = _ScopeTracker(model)
+                scope.users += 1
+            entry = _Entry(bundle, router, bundle.neuron_indices(index).to(device or "cpu"), observer, scope)
             gating.entries.append(entry)
             attached.append((key, entry))
     return RoutingHandle(model, attached)

@@ -20,6 +20,7 @@ from ..errors import UserError, excerpt
 from ..locations import BUNDLE_MANIFEST
 from ..training import blocks as _blocks
 from .losses import LOSS_SHAPES
+from .readings import BLOCK_OUTPUTS, LOCALIZATION_TOKENS, TOKEN_SCOPES
 from .router import INPUT_NORMS, Router
 from ..training.sites import GATE_SITES
 
@@ -164,6 +165,12 @@ class BundleConfig:
     site_width: int | None = None      # coordinates per block at gate_site (None: the hidden size)
     excluded: dict[int, list[int]] = field(default_factory=dict)  # per block: coordinates kept out of selection
     base_weights: dict = field(default_factory=dict)  # `sample_base_weights` of the base (absent: not recorded)
+    # Readings the paper leaves open (`readings.py`); written to the manifest only when not the default, so a
+    # default bundle's manifest is the one written before they existed.
+    token_scope: str = "all"
+    answer_marker: list[int] = field(default_factory=list)   # token_scope="answer": the prompt's end marker
+    localization_tokens: str = "all"
+    block_output: str = "block"
     training_data: dict = field(default_factory=dict)
     training: dict = field(default_factory=dict)     # lr, epochs, batch size, max length, steps
     metrics: dict = field(default_factory=dict)      # final forget/retain gate means, loss
@@ -176,6 +183,9 @@ class BundleConfig:
         data = asdict(self)
         data["neurons"] = {str(block): list(map(int, idx)) for block, idx in sorted(self.neurons.items())}
         data["excluded"] = {str(block): list(map(int, idx)) for block, idx in sorted(self.excluded.items())}
+        for name, default in _READING_DEFAULTS.items():
+            if data.get(name) == default:
+                del data[name]
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     @classmethod
@@ -202,13 +212,22 @@ class BundleConfig:
         input_norm = data.get("input_norm", "none")
         if input_norm not in INPUT_NORMS:
             raise BundleFileError(f"{source}: input_norm must be one of {', '.join(INPUT_NORMS)}, got {input_norm!r}")
-        for name, choices in (("suppress_loss", LOSS_SHAPES), ("pass_loss", LOSS_SHAPES), ("gate_site", GATE_SITES)):
+        for name, choices in (("suppress_loss", LOSS_SHAPES), ("pass_loss", LOSS_SHAPES), ("gate_site", GATE_SITES),
+                              ("token_scope", TOKEN_SCOPES), ("localization_tokens", LOCALIZATION_TOKENS),
+                              ("block_output", BLOCK_OUTPUTS)):
             if name in data and data[name] not in choices:
                 raise BundleFileError(f"{source}: {name} must be one of {', '.join(choices)}, got {data[name]!r}")
         exclude = data.get("exclude_top_magnitude", 0.0)
         if isinstance(exclude, bool) or not isinstance(exclude, (int, float)) or not 0 <= exclude < 100:
             raise BundleFileError(f"{source}: exclude_top_magnitude must be a percentage in [0, 100), "
                                   f"got {exclude!r}")
+        marker = data.get("answer_marker", [])
+        if not isinstance(marker, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                   for i in marker):
+            raise BundleFileError(f"{source}: answer_marker must be a list of token ids, got {excerpt(marker)}")
+        if data.get("token_scope") == "answer" and not marker:
+            raise BundleFileError(f"{source}: a token_scope=answer bundle must record answer_marker (the prompt's "
+                                  "end marker, by which its gates find the answer)")
         width = hidden
         if data.get("gate_site") == "mlp" and data.get("site_width") is None:
             raise BundleFileError(f"{source}: a gate_site=mlp bundle must record site_width (MLP neurons per block)")
@@ -265,6 +284,8 @@ class BundleConfig:
         return cls(**kwargs)
 
 
+_READING_DEFAULTS = {"token_scope": "all", "answer_marker": [], "localization_tokens": "all",
+                     "block_output": "block"}
 _NUMBER = (int, float)
 #: The type of each manifest field (what `inspect`, attaching and evaluation read). Fields checked more closely
 #: further on (fingerprint, block_indices, neurons, excluded, the option names) are checked there.
@@ -274,7 +295,8 @@ MANIFEST_TYPES: dict[str, tuple] = {
     "suppress_loss": (str,), "pass_loss": (str,), "exclude_top_magnitude": _NUMBER, "gate_site": (str,),
     "site_width": (int, type(None)), "excluded": (dict,), "base_weights": (dict,), "training_data": (dict,),
     "training": (dict,), "metrics": (dict,), "router_parameters": (int,), "base_parameters": (int,),
-    "library_versions": (dict,), "format_version": (int,),
+    "library_versions": (dict,), "format_version": (int,), "token_scope": (str,), "answer_marker": (list,),
+    "localization_tokens": (str,), "block_output": (str,),
 }   # weights_file and weights_sha256: `weights_path` and `from_pretrained` check them, saying what they must be
 # Entries of the free-form records that `inspect` formats as numbers.
 _NUMERIC_ENTRIES = {"metrics": ("forget_gate_mean", "retain_gate_mean", "steps", "final_loss"),

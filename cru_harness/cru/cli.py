@@ -104,6 +104,16 @@ def register(subparsers) -> None:
     options.add_argument("--router-init", choices=HPARAM_CHOICES["router_init"], default=config,
                          help="how new routers start: default (PyTorch's init; the paper does not say) or open "
                               "(every gate at 0.99, the base nearly untouched)")
+    readings = unlearn.add_argument_group("readings the paper leaves open (docs/cru_method.md)")
+    readings.add_argument("--token-scope", choices=HPARAM_CHOICES["token_scope"], default=config,
+                          help="positions the loss reads and the gates act on: all real tokens, or answer (from the "
+                               "prompt's end marker on, in training and at inference)")
+    readings.add_argument("--localization-tokens", choices=HPARAM_CHOICES["localization_tokens"], default=config,
+                          help="positions the variance pools: all real tokens, or content (no template or special "
+                               "token)")
+    readings.add_argument("--block-output", choices=HPARAM_CHOICES["block_output"], default=config,
+                          help="the output of block l: the block's own (block), or HF's hidden_states entry l "
+                               "(hf_hidden_states: the last one after the final norm)")
     unlearn.add_argument("--no-prefix-cache", action="store_true",
                          help="recompute the frozen blocks below the gated ones at every step instead of once per "
                               "example (same routers, less memory, slower)")
@@ -296,7 +306,13 @@ def run_cru(args: argparse.Namespace) -> int:
     forget = rows_to_texts(*forget_rows, tokenizer=tokenizer, **fmt)
     retain = rows_to_texts(*retain_rows, tokenizer=tokenizer, **fmt)
     model.eval()
-    bundle = train_routers(model, tokenizer, forget, retain, config)
+    template = None
+    if (config.token_scope, config.localization_tokens) != ("all", "all"):   # the answer's marker, the template
+        from .readings import prompt_template
+
+        template = prompt_template(tokenizer, **fmt)
+    extra = {} if template is None else {"template": template}   # the default call, as before the readings
+    bundle = train_routers(model, tokenizer, forget, retain, config, **extra)
     bundle.config.base_model = str(args.base)
     bundle.config.training["prompt_format"] = prompt_format_label(fmt, tokenizer)   # checked by the cru model
     from cru_harness.locations import write_directory
@@ -390,6 +406,12 @@ def run_inspect(args: argparse.Namespace) -> int:
                      f"{training.get('batch_size')} forget + "
                      f"{training.get('batch_size', 0) * training.get('retain_batch_ratio', 1)} retain rows per step, "
                      f"routers started {training.get('router_init', 'default')}")   # older bundles: the default
+    set_readings = [f"{name} {manifest[name]}" for name in ("token_scope", "localization_tokens", "block_output")
+                    if name in manifest]   # written only when not the default (cru.readings)
+    if set_readings:
+        lines.append("  readings       : " + ", ".join(set_readings)
+                     + (f" (answer marker: {len(manifest.get('answer_marker', []))} tokens)"
+                        if manifest.get("token_scope") == "answer" else ""))
     data = manifest.get("training_data", {})
     for side in ("forget", "retain"):
         if side in data:

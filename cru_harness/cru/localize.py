@@ -16,6 +16,8 @@ from ..errors import InputError
 from ..prompts import encode_text
 from ..training.blocks import block_output_tensor, find_decoder_blocks, num_layers, resolve_block_indices, run_until
 from ..training.sites import mlp_down_projection, validate_gate_site
+from .readings import (BLOCK_OUTPUTS, LOCALIZATION_TOKENS, PromptTemplate, content_mask, hf_entries_to_blocks,
+                       run_until_site, site_module, validate_choice)
 
 SELECTIONS = ("variance", "random")
 
@@ -93,6 +95,8 @@ class Localization:
     site: str = "residual"
     exclude_top_magnitude: float = 0.0
     excluded: dict[int, torch.Tensor] = field(default_factory=dict)
+    block_output: str = "block"     # readings.BLOCK_OUTPUTS: where a block's output was read
+    tokens: str = "all"             # readings.LOCALIZATION_TOKENS: which positions were pooled
 
     def sizes(self) -> dict[int, int]:
         return {block: int(idx.numel()) for block, idx in self.neurons.items()}
@@ -125,15 +129,19 @@ def validate_exclusion(exclude_top_magnitude: float) -> float:
 
 @torch.no_grad()
 def pooled_activations(model: nn.Module, batches: Iterable[Batch], block_indices: Sequence[int], *,
-                       site: str = "residual", magnitude: bool = False
+                       site: str = "residual", magnitude: bool = False, block_output: str = "block",
+                       template: PromptTemplate | None = None
                        ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor] | None]:
     """Per example, the mean over non-padding positions of each block's activations at `site` (the block's
     output, or its MLP neurons: the input of the MLP's down projection), in float32: `{l: (N, width)}`; with
     `magnitude`, also the mean |activation| per coordinate over every non-padding token: `{l: (width,)}`.
+    `block_output`: where a block's output is read (`readings.py`); `template`: pool over the content positions
+    only (`readings.content_mask`: no template or special token), not every real one.
 
     Hooks capture the activations; the forward stops after the last needed block.
     """
     validate_gate_site(site)
+    validate_choice("block_output", block_output, BLOCK_OUTPUTS)
     _, blocks = find_decoder_blocks(model)
     pooled: dict[int, list[torch.Tensor]] = {l: [] for l in block_indices}
     abs_sums: dict[int, torch.Tensor] = {}
@@ -153,7 +161,7 @@ def pooled_activations(model: nn.Module, batches: Iterable[Batch], block_indices
         if site == "residual":
             def hook(_module, _args, output):
                 record(index, block_output_tensor(output))
-            return blocks[index].register_forward_hook(hook)
+            return site_module(model, index, block_output).register_forward_hook(hook)
 
         def pre_hook(_module, args):
             record(index, args[0])
@@ -166,10 +174,17 @@ def pooled_activations(model: nn.Module, batches: Iterable[Batch], block_indices
         device = input_device(model)
         for batch in batches:
             batch = batch.to(device)
-            current_mask[:] = [batch.attention_mask]
-            tokens[0] += float(batch.attention_mask.sum())
-            run_until(model, blocks, max(block_indices),
-                      input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+            pool = batch.attention_mask if template is None else content_mask(
+                [ids[:int(n)] for ids, n in zip(batch.input_ids.tolist(), batch.attention_mask.sum(dim=1).tolist())],
+                template, batch.input_ids.shape[1]).to(device)
+            current_mask[:] = [pool]
+            tokens[0] += float(pool.sum())
+            if block_output == "block" or site != "residual":
+                run_until(model, blocks, max(block_indices),
+                          input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+            else:
+                run_until_site(model, max(block_indices), block_output,
+                               input_ids=batch.input_ids, attention_mask=batch.attention_mask)
     finally:
         for handle in handles:
             handle.remove()
@@ -236,12 +251,14 @@ def select_neurons(variances: dict[int, torch.Tensor], percentile: float, select
 
 def localize_batches(model: nn.Module, batches: Iterable[Batch], *, block_indices: Sequence[int],
                      percentile: float = 95.0, selection: str = "variance", seed: int = 0,
-                     site: str = "residual", exclude_top_magnitude: float = 0.0) -> Localization:
+                     site: str = "residual", exclude_top_magnitude: float = 0.0, block_output: str = "block",
+                     template: PromptTemplate | None = None) -> Localization:
     """`localize` on pre-built batches (lets callers control padding)."""
     percentile = validate_percentile(percentile)
     exclude_top_magnitude = validate_exclusion(exclude_top_magnitude)
     pooled, mean_abs = pooled_activations(model, batches, block_indices, site=site,
-                                          magnitude=exclude_top_magnitude > 0)
+                                          magnitude=exclude_top_magnitude > 0, block_output=block_output,
+                                          template=template)
     n_examples = int(next(iter(pooled.values())).shape[0]) if pooled else 0
     if n_examples < 2:
         raise InputError(f"localization needs at least 2 examples to compute a variance, got {n_examples}")
@@ -250,19 +267,23 @@ def localize_batches(model: nn.Module, batches: Iterable[Batch], *, block_indice
     neurons = select_neurons(variances, percentile, selection, seed, excluded)
     extra = {"mean_abs": mean_abs} if mean_abs is not None else {}
     return Localization(list(block_indices), neurons, variances, percentile, selection, seed, n_examples,
-                        extra=extra, site=site, exclude_top_magnitude=exclude_top_magnitude, excluded=excluded)
+                        extra=extra, site=site, exclude_top_magnitude=exclude_top_magnitude, excluded=excluded,
+                        block_output=block_output, tokens="all" if template is None else "content")
 
 
 def localize(model: nn.Module, tokenizer, texts: Sequence[str], *, blocks: Sequence[int] | None = None,
              last_k: int = 4, percentile: float = 95.0, selection: str = "variance", seed: int = 0,
              batch_size: int = 8, max_length: int = 256, site: str = "residual",
-             exclude_top_magnitude: float = 0.0) -> Localization:
+             exclude_top_magnitude: float = 0.0, block_output: str = "block", tokens: str = "all",
+             template: PromptTemplate | None = None) -> Localization:
     """Phase 1: select, in each of the chosen blocks (`blocks`, else the last `last_k`), the coordinates whose
     mask-aware mean-pooled activation has variance above the `percentile`-th percentile across `texts`.
 
     `site="mlp"` reads the blocks' MLP neurons instead of their output (`sites.py`); `exclude_top_magnitude=q`
     first drops each block's top q % of coordinates by mean |activation| over `texts` (0: the paper).
     Run it on forget texts for CRU, or on retain texts for the overlap control (`compare_localizations`).
+    `block_output` ("block" or "hf_hidden_states"; with the latter `blocks` names HF hidden_states entries) and
+    `tokens` ("all" or "content", which needs the prompt format's `template`): `readings.py`.
     """
     texts = list(texts)
     if not texts:
@@ -272,6 +293,15 @@ def localize(model: nn.Module, tokenizer, texts: Sequence[str], *, blocks: Seque
     validate_gate_site(site)
     if selection not in SELECTIONS:
         raise InputError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
+    validate_choice("block_output", block_output, BLOCK_OUTPUTS)
+    validate_choice("localization_tokens", tokens, LOCALIZATION_TOKENS)
+    if tokens == "content" and template is None:
+        raise InputError("localization_tokens=content needs the prompt format's template (readings.prompt_template)")
+    if block_output == "hf_hidden_states" and site != "residual":
+        raise InputError("block_output=hf_hidden_states reads the residual stream; it does not combine with "
+                         f"gate_site={site!r}")
+    if block_output == "hf_hidden_states":
+        blocks = hf_entries_to_blocks(blocks, num_layers(model))
     block_indices = resolve_block_indices(num_layers(model), blocks, last_k)
     if site == "mlp":  # a model without a findable MLP fails here, before any forward pass
         _, decoder = find_decoder_blocks(model)
@@ -279,7 +309,8 @@ def localize(model: nn.Module, tokenizer, texts: Sequence[str], *, blocks: Seque
             mlp_down_projection(decoder[index], index)
     batches = iter_batches(tokenizer, texts, batch_size, max_length)
     return localize_batches(model, batches, block_indices=block_indices, percentile=percentile,
-                            selection=selection, seed=seed, site=site, exclude_top_magnitude=exclude_top_magnitude)
+                            selection=selection, seed=seed, site=site, exclude_top_magnitude=exclude_top_magnitude,
+                            block_output=block_output, template=template if tokens == "content" else None)
 
 
 @dataclass

@@ -55,8 +55,14 @@ class CRUMethod(Method):
         config = RouterTrainingConfig(**cell.hparams, seed=cell.seed or 0, progress=False,
                                       forget_description=cell.corpora["forget_corpus"],
                                       retain_description=cell.corpora["retain_corpus"])
+        template = None
+        if (config.token_scope, config.localization_tokens) != ("all", "all"):   # readings.py: the answer's marker
+            from .readings import prompt_template
+
+            template = prompt_template(tokenizer, **fmt)
         with ResourceMonitor(ctx.device) as monitor:
-            bundle = train_routers(model, tokenizer, forget, retain, config)
+            bundle = train_routers(model, tokenizer, forget, retain, config,
+                                   **({} if template is None else {"template": template}))
         from ..prompts import prompt_format_label
 
         bundle.config.training["prompt_format"] = prompt_format_label(fmt)   # the cru model warns on another one

@@ -24,6 +24,7 @@ from torch import nn
 from ..errors import InputError, UserError
 from ..training.blocks import StopForward, block_device, find_decoder_blocks, hidden_size, run_until
 from .localize import Batch, input_device
+from .readings import run_until_module
 
 CACHE_PLACEMENTS = ("auto", "cpu", "device")
 # "auto" keeps the cache on an accelerator only while it is at most this share of the base's weights (or this
@@ -49,8 +50,9 @@ class FrozenPrefix:
     """Runs a model in two parts around its gated blocks `first..last`: `example(ids)` gives the input of block
     `first` for one example; `gated_forward(hidden, batch)` runs blocks `first..last` on given inputs."""
 
-    def __init__(self, model: nn.Module, first: int, last: int):
+    def __init__(self, model: nn.Module, first: int, last: int, stop: nn.Module | None = None):
         _, self.blocks = find_decoder_blocks(model)
+        self.stop = stop   # where a gated forward ends when not after block `last` (the final norm: readings.py)
         if not 0 <= first <= last < len(self.blocks):
             raise ValueError(f"gated blocks {first}..{last} are out of range for {len(self.blocks)} blocks")
         self.model, self.first, self.last = model, first, last
@@ -106,8 +108,12 @@ class FrozenPrefix:
         Forward hooks on the gated blocks (the routers) fire as in a full forward."""
         batch = batch.to(input_device(self.model))
         with self._skip_prefix(hidden):
-            run_until(self.model, self.blocks, self.last, input_ids=batch.input_ids,
-                      attention_mask=batch.attention_mask)
+            if self.stop is None:
+                run_until(self.model, self.blocks, self.last, input_ids=batch.input_ids,
+                          attention_mask=batch.attention_mask)
+            else:
+                run_until_module(self.model, self.stop, input_ids=batch.input_ids,
+                                 attention_mask=batch.attention_mask)
 
     @contextlib.contextmanager
     def _skip_prefix(self, hidden: torch.Tensor) -> Iterator[None]:

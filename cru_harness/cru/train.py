@@ -36,6 +36,8 @@ from .localize import (SELECTIONS, Batch, Localization, collate, input_device, l
                        tokenize_texts, validate_exclusion, validate_percentile)
 from .losses import cru_loss, validate_loss_shape
 from .prefix import CACHE_PLACEMENTS, FrozenPrefix, PrefixCache
+from .readings import (BLOCK_OUTPUTS, LOCALIZATION_TOKENS, TOKEN_SCOPES, PromptTemplate, run_until_site, scope_mask,
+                       scope_start, site_module, validate_choice)
 from .router import INPUT_NORMS, Router
 from ..training.sites import validate_gate_site
 
@@ -75,6 +77,13 @@ class RouterTrainingConfig:
     # on TOFU; benchmarks/results/doc_measurements.md); "open" zeroes W2 and sets b2 so that every gate starts at
     # OPEN_GATE, the base nearly untouched.
     router_init: str = "default"
+    # Readings the paper leaves open (readings.py; the defaults are the reading run first): the positions the loss
+    # reads and the gates act on ("answer": from the prompt's end marker on), the positions localization pools
+    # ("content": no template or special token), and where "the output of block l" is read ("hf_hidden_states":
+    # HF's hidden_states entry l, the final norm's output for the last).
+    token_scope: str = "all"
+    localization_tokens: str = "all"
+    block_output: str = "block"
     forget_description: str = ""    # recorded in the manifest (e.g. "tofu:forget10")
     retain_description: str = ""
     progress: bool = True
@@ -101,6 +110,12 @@ class RouterTrainingConfig:
         validate_gate_site(self.gate_site)
         if self.router_init not in ROUTER_INITS:
             raise InputError(f"router_init must be one of {', '.join(ROUTER_INITS)}, got {self.router_init!r}")
+        validate_choice("token_scope", self.token_scope, TOKEN_SCOPES)
+        validate_choice("localization_tokens", self.localization_tokens, LOCALIZATION_TOKENS)
+        validate_choice("block_output", self.block_output, BLOCK_OUTPUTS)
+        if self.block_output != "block" and self.gate_site != "residual":
+            raise InputError(f"block_output={self.block_output} reads the residual stream; it does not combine "
+                             f"with gate_site={self.gate_site}")
         if self.prefix_cache_placement not in CACHE_PLACEMENTS:
             raise InputError(f"prefix_cache_placement must be one of {', '.join(CACHE_PLACEMENTS)}, "
                              f"got {self.prefix_cache_placement!r}")
@@ -133,10 +148,27 @@ class GateRecorder:
         return {block: self.sums[block] / self.counts[block] for block in self.sums}
 
 
+def observed_mask(bundle: RouterBundle, batch: Batch, *, require: bool = False) -> torch.Tensor:
+    """The positions whose gates a bundle's statistics read: the real ones, or for `token_scope="answer"` those in
+    the answer scope (`readings.scope_mask`; `require`: a row without an answer is an error)."""
+    if bundle.config.token_scope != "answer":
+        return batch.attention_mask
+    return scope_mask(batch.input_ids.cpu(), batch.attention_mask.cpu(), bundle.config.answer_marker,
+                      require=require).to(batch.attention_mask.device)
+
+
+def run_gated(model: nn.Module, bundle: RouterBundle, batch: Batch) -> None:
+    """A forward of `batch` up to the bundle's last gated site (its last block, or the final norm for
+    `block_output="hf_hidden_states"`)."""
+    run_until_site(model, max(bundle.block_indices), bundle.config.block_output,
+                   input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+
+
 def gate_means(model: nn.Module, bundle: RouterBundle, batch: Batch, recorder: GateRecorder | None = None
                ) -> dict[int, torch.Tensor]:
-    """Mean gate per gated block over the batch's non-padding positions and the selected coordinates, from a
-    full forward of the batch (up to the last gated block).
+    """Mean gate per gated block over the batch's non-padding positions (the answer scope for
+    `token_scope="answer"`) and the selected coordinates, from a full forward of the batch (up to the last
+    gated block).
 
     `bundle` must already be attached with `recorder` as its observer when `recorder` is given; otherwise it is
     attached for this call.
@@ -148,9 +180,12 @@ def gate_means(model: nn.Module, bundle: RouterBundle, batch: Batch, recorder: G
         handle = attach_bundles(model, [bundle], observer=recorder)
     try:
         batch = batch.to(input_device(model))
-        recorder.reset(batch.attention_mask)
-        run_until(model, blocks, max(bundle.block_indices),
-                  input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        recorder.reset(observed_mask(bundle, batch))
+        if bundle.config.block_output == "block":
+            run_until(model, blocks, max(bundle.block_indices),
+                      input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        else:
+            run_gated(model, bundle, batch)
         return recorder.block_means()
     finally:
         if handle is not None:
@@ -160,6 +195,15 @@ def gate_means(model: nn.Module, bundle: RouterBundle, batch: Batch, recorder: G
 # Config fields that describe how training ran, not what it computed: left out of the bundle manifest.
 _NOT_RECORDED = ("progress", "forget_description", "retain_description", "prefix_cache", "prefix_cache_placement",
                  "prefix_cache_max_gib")
+# Options recorded in the manifest's `training` only when not at their default: a default run's manifest is the one
+# written before they existed (their values are also top-level manifest fields).
+_RECORDED_IF_SET = {"token_scope": "all", "localization_tokens": "all", "block_output": "block"}
+
+
+def training_record(config: RouterTrainingConfig) -> dict:
+    """The manifest's `training`: the config less execution-only fields and the readings at their default."""
+    return {k: v for k, v in asdict(config).items()
+            if k not in _NOT_RECORDED and not (k in _RECORDED_IF_SET and v == _RECORDED_IF_SET[k])}
 
 
 def _fingerprint_texts(texts: Sequence[str]) -> str:
@@ -175,8 +219,13 @@ def _base_name(model: nn.Module) -> str:
     return str(getattr(config, "_name_or_path", "") or getattr(model, "name_or_path", "") or type(model).__name__)
 
 
-def new_bundle(model: nn.Module, localization: Localization, config: RouterTrainingConfig) -> RouterBundle:
-    """Freshly initialised routers (seeded) for the blocks and coordinates of `localization`."""
+def new_bundle(model: nn.Module, localization: Localization, config: RouterTrainingConfig,
+               template: PromptTemplate | None = None) -> RouterBundle:
+    """Freshly initialised routers (seeded) for the blocks and coordinates of `localization`; `template` (the
+    prompt format's, `readings.prompt_template`) gives a `token_scope="answer"` bundle its end marker."""
+    if config.token_scope == "answer" and template is None:
+        raise InputError("token_scope=answer needs the prompt format's template (readings.prompt_template): the "
+                         "gates find the answer by the prompt's end marker")
     fingerprint = base_fingerprint(model)
     bundle_config = BundleConfig(
         base_model=_base_name(model), fingerprint=fingerprint, block_indices=list(localization.block_indices),
@@ -188,7 +237,10 @@ def new_bundle(model: nn.Module, localization: Localization, config: RouterTrain
         site_width=localization.width(),
         excluded={b: localization.excluded[b].tolist() for b in sorted(localization.excluded)},
         base_weights=sample_base_weights(model, localization.block_indices[-1]),
-        base_parameters=sum(p.numel() for p in model.parameters()))
+        base_parameters=sum(p.numel() for p in model.parameters()),
+        token_scope=config.token_scope,
+        answer_marker=list(template.marker) if config.token_scope == "answer" else [],
+        localization_tokens=localization.tokens, block_output=localization.block_output)
     torch.manual_seed(config.seed)
     routers = {b: Router(fingerprint["hidden_size"], len(bundle_config.neurons[b]), config.d_r,
                          input_norm=config.input_norm) for b in localization.block_indices}
@@ -304,7 +356,9 @@ class RouterTrainer:
         for _, retain_rows in self.steps:
             needed.update({("retain", i): None for i in retain_rows})
         needed.update({("retain", i): None for i in self.measured_rows["retain"]})
-        self.prefix = FrozenPrefix(model, min(bundle.block_indices), max(bundle.block_indices))
+        last = max(bundle.block_indices)
+        stop = site_module(model, last, bundle.config.block_output) if bundle.config.block_output != "block" else None
+        self.prefix = FrozenPrefix(model, min(bundle.block_indices), last, stop=stop)
         base_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         sequences = {(corpus, i): ids for corpus, rows in self.ids.items() for i, ids in enumerate(rows)}
         self.cache = PrefixCache(self.prefix, sequences, list(needed), enabled=config.prefix_cache,
@@ -371,7 +425,7 @@ class RouterTrainer:
         if started is not None:  # cache off (or a row outside the schedule): the prefix is computed here
             self._sync()
             self.timings["prefix_s"] += time.perf_counter() - started
-        self.recorder.reset(batch.attention_mask)
+        self.recorder.reset(observed_mask(self.bundle, batch, require=True))
         self.prefix.gated_forward(hidden, batch)
         return self.recorder.block_means()
 
@@ -443,7 +497,7 @@ def _mean_of(means: dict[int, torch.Tensor]) -> float:
                        "routers) or max_length (--max-length), or load the frozen base in bfloat16 (--dtype bfloat16)")
 def train_routers(model: nn.Module, tokenizer, forget_texts: Sequence[str], retain_texts: Sequence[str],
                   config: RouterTrainingConfig | None = None, *, localization: Localization | None = None,
-                  timings: dict | None = None) -> RouterBundle:
+                  timings: dict | None = None, template: PromptTemplate | None = None) -> RouterBundle:
     """Localize on `forget_texts` (unless `localization` is given), then train one router per selected block so
     gates close on forget inputs and stay open on retain inputs. Returns the trained `RouterBundle`, whose
     `config.metrics` holds the final forget/retain gate means (eval mode) over the whole forget set and the
@@ -451,9 +505,13 @@ def train_routers(model: nn.Module, tokenizer, forget_texts: Sequence[str], reta
 
     The base model's parameters are never updated; their `requires_grad` flags are restored afterwards. A dict
     passed as `timings` receives the seconds spent in localization, prefix passes, router steps and the final
-    gate measurement.
+    gate measurement. `template`: the prompt format's (`readings.prompt_template`), needed by
+    `token_scope="answer"` and `localization_tokens="content"`.
     """
     config = config or RouterTrainingConfig()
+    if template is None and (config.token_scope, config.localization_tokens) != ("all", "all"):
+        raise InputError(f"token_scope={config.token_scope} / localization_tokens={config.localization_tokens} "
+                         "need the prompt format's template (readings.prompt_template)")
     forget_texts, retain_texts = list(forget_texts), list(retain_texts)
     if not forget_texts:
         raise InputError("the forget set is empty; CRU needs examples of what to forget")
@@ -462,19 +520,31 @@ def train_routers(model: nn.Module, tokenizer, forget_texts: Sequence[str], reta
     max_length = fit_to_context(model, config.max_length, lambda: {
         side: [len(ids) for ids in tokenize_texts(tokenizer, texts, config.max_length)]
         for side, texts in (("forget", forget_texts), ("retain", retain_texts))})
+    if config.token_scope == "answer":   # every training row needs an answer: checked before any forward pass
+        for side, texts in (("forget", forget_texts), ("retain", retain_texts)):
+            for row, ids in enumerate(tokenize_texts(tokenizer, texts, max_length)):
+                if scope_start(ids, template.marker) is None:
+                    raise InputError(f"token_scope=answer: {side} row {row} has no answer (the prompt's end marker "
+                                     f"is not in its first {max_length} tokens): {texts[row][:60]!r}; the answer "
+                                     "scope needs question-answer rows written in the prompt format")
     started = time.perf_counter()
     if localization is None:
         localization = localize(model, tokenizer, forget_texts, blocks=config.blocks, last_k=config.last_k,
                                 percentile=config.percentile, selection=config.selection, seed=config.seed,
                                 batch_size=config.batch_size, max_length=max_length, site=config.gate_site,
-                                exclude_top_magnitude=config.exclude_top_magnitude)
-    elif (localization.site, localization.exclude_top_magnitude) != (config.gate_site,
-                                                                     float(config.exclude_top_magnitude)):
+                                exclude_top_magnitude=config.exclude_top_magnitude,
+                                block_output=config.block_output, tokens=config.localization_tokens,
+                                template=template)
+    elif (localization.site, localization.exclude_top_magnitude, localization.block_output,
+          localization.tokens) != (config.gate_site, float(config.exclude_top_magnitude), config.block_output,
+                                   config.localization_tokens):
         raise InputError(f"the given localization is at gate_site={localization.site!r} with "
-                         f"exclude_top_magnitude={localization.exclude_top_magnitude}, the config asks for "
-                         f"{config.gate_site!r} and {config.exclude_top_magnitude}")
+                         f"exclude_top_magnitude={localization.exclude_top_magnitude}, block_output="
+                         f"{localization.block_output}, localization_tokens={localization.tokens}; the config asks "
+                         f"for {config.gate_site!r}, {config.exclude_top_magnitude}, {config.block_output}, "
+                         f"{config.localization_tokens}")
     localization_s = time.perf_counter() - started
-    bundle = new_bundle(model, localization, config)
+    bundle = new_bundle(model, localization, config, template)
 
     forget_ids = tokenize_texts(tokenizer, forget_texts, max_length)
     retain_ids = tokenize_texts(tokenizer, retain_texts, max_length)
@@ -492,7 +562,7 @@ def train_routers(model: nn.Module, tokenizer, forget_texts: Sequence[str], reta
         "final_loss": last.loss, "last_batch_forget_gate_mean": last.forget_gate_mean,
         "last_batch_retain_gate_mean": last.retain_gate_mean, "steps": len(trainer.steps),
     }
-    bundle.config.training = {k: v for k, v in asdict(config).items() if k not in _NOT_RECORDED}
+    bundle.config.training = training_record(config)
     bundle.config.training_data = {
         "forget": {"description": config.forget_description, "n_examples": len(forget_texts),
                    "sha256_16": _fingerprint_texts(forget_texts)},

@@ -52,7 +52,8 @@ def saved_analysis(out_dir: Path, kind: str, cell: Cell, *, required: bool = Fal
 
 
 def load_cell_model(cell: Cell, base_path: str):
-    """(model, tokenizer, forget texts, retain texts) of a CRU cell, as its router training reads them."""
+    """(model, tokenizer, forget texts, retain texts, config) of a CRU cell, as its router training reads them; the
+    config's `template` attribute is the prompt format's (`cru.readings.prompt_template`) where an option needs it."""
     from ..cru.train import RouterTrainingConfig
     from ..data.corpora import load_corpus
     from ..runner.prompting import use_chat_template
@@ -65,6 +66,11 @@ def load_cell_model(cell: Cell, base_path: str):
     forget = load_corpus(cell.corpora["forget_corpus"], data_dir, tokenizer=tokenizer, **fmt)
     retain = load_corpus(cell.corpora["retain_corpus"], data_dir, tokenizer=tokenizer, **fmt)
     config = RouterTrainingConfig(**cell.hparams, seed=cell.seed or 0, progress=False)
+    config.template = None
+    if (config.token_scope, config.localization_tokens) != ("all", "all"):
+        from ..cru.readings import prompt_template
+
+        config.template = prompt_template(tokenizer, **fmt)
     return model, tokenizer, forget, retain, config
 
 
@@ -103,6 +109,9 @@ def overlap_cell(cell: Cell, base_path: str, examples, out_dir: Path, log: Calla
             kwargs.update({key: getattr(config, name) for key, name in
                            (("site", "gate_site"), ("exclude_top_magnitude", "exclude_top_magnitude"))
                            if hasattr(config, name)})
+            # the readings of the cell's options (cru.readings): which output, which positions are pooled
+            kwargs.update(block_output=config.block_output, tokens=config.localization_tokens,
+                          template=config.template)
             compared = compare_localizations(localize(model, tokenizer, f_texts, **kwargs),
                                              localize(model, tokenizer, r_texts, **kwargs))
             result["by_examples"][str(n)] = {
@@ -135,25 +144,24 @@ class TokenGates:
 def observe_gates(model, tokenizer, bundle, texts: list[str], recorder, *, batch_size: int, max_length: int):
     """Run `texts` through `model` up to the bundle's last gated block, right-padded in batches, with `recorder`
     (a gate observer, `cru.attach.GateObserver`) seeing every router's gates; before each batch its `mask` is set
-    to the batch's attention mask. Returns `recorder`."""
+    to the positions the bundle's gates act on (`cru.train.observed_mask`: every real token, or the answer scope of
+    a `token_scope="answer"` bundle). Returns `recorder`."""
     import torch
 
     from ..cru.attach import attach_bundles
-    from ..training.blocks import find_decoder_blocks, run_until
+    from ..cru.train import observed_mask, run_gated
     from ..cru.localize import collate, input_device, pad_token_id, tokenize_texts
 
     ids = tokenize_texts(tokenizer, texts, max_length)
     pad = pad_token_id(tokenizer)
-    _, blocks = find_decoder_blocks(model)
     bundle.eval()
     handle = attach_bundles(model, [bundle], observer=recorder)
     try:
         with torch.no_grad():
             for start in range(0, len(ids), batch_size):
                 batch = collate(ids[start:start + batch_size], pad).to(input_device(model))
-                recorder.mask = batch.attention_mask
-                run_until(model, blocks, max(bundle.block_indices), input_ids=batch.input_ids,
-                          attention_mask=batch.attention_mask)
+                recorder.mask = observed_mask(bundle, batch)
+                run_gated(model, bundle, batch)
     finally:
         handle.remove()
     return recorder

@@ -12,7 +12,7 @@ from ..runner.config import ConfigError, ExperimentConfig, config_path, method_p
 from ..runner.tuning import validate_with_tuning
 
 KINDS = ("sweep", "overlap", "gate_gap")
-_KEYS = ("kind", "title", "x", "collapse_line", "examples", "rows", "scale", "note")
+_KEYS = ("kind", "title", "x", "collapse_line", "examples", "rows", "scale", "note", "paper")
 STUDY_DIR = "study"   # inside the run's output_dir: the study's tables, plots and analysis caches
 
 
@@ -26,6 +26,7 @@ class StudySpec:
     rows: int | None = 40                # gate_gap: rows of each corpus whose tokens are measured (None = all)
     scale: str | None = None             # the runner config whose models / benchmarks / evaluation replaced the study's
     note: str | None = None              # printed under the table's header: what a reader must know (e.g. what is left out)
+    paper: bool = False                  # overlap / gate_gap: a summary table beside the paper's figures (paper.md)
     raw: dict[str, Any] = field(default_factory=dict)
 
 
@@ -90,8 +91,13 @@ def validate_study(raw: Any, source: str | None = None) -> Study:
     note = block.get("note")
     if note is not None and (not isinstance(note, str) or not note.strip()):
         _fail("note", f"expected a non-empty string, printed under the table's header, got {note!r}", source)
+    paper = block.get("paper", False)
+    if not isinstance(paper, bool):
+        _fail("paper", f"expected true or false, got {paper!r}", source)
+    if paper and kind not in ("overlap", "gate_gap"):
+        _fail("paper", "true only for an overlap or gate_gap study (the paper reports those two figures)", source)
     spec = StudySpec(kind=kind, title=title, x=x, collapse_line=collapse, examples=tuple(examples), rows=rows,
-                     scale=scale, note=" ".join(note.split()) if note else None, raw=block)
+                     scale=scale, note=" ".join(note.split()) if note else None, paper=paper, raw=block)
     return Study(spec, config)
 
 

@@ -359,6 +359,8 @@ def write_overlap(study: Study, analyses: list, recorded: dict[str, Counter] | N
             f'"{group}"', label, n, items[0]["n_forget"], items[0]["n_retain"], block, len(items),
             o_mean, o_sd, r_mean, r_sd)))
     write_outputs(study, "table", "\n".join(md) + "\n", "\n".join(csv_lines) + "\n")
+    if study.spec.paper:
+        write_overlap_paper(study, analyses, header)
     _line_plot(study, groups, [("overlap coefficient", [("overlap", "")], True, None),
                                ("Spearman ρ", [("spearman_rho", "")], False, None)], "overlap")
 
@@ -400,6 +402,8 @@ def write_gate_gap(study: Study, analyses: list, recorded: dict[str, Counter] | 
         csv_lines.append(",".join(str(v) if v is not None else "" for v in (
             f'"{group}"', label, name, len(items), *[x for c in cols for x in c[1:]])))
     write_outputs(study, "gate_gap", "\n".join(md) + "\n", "\n".join(csv_lines) + "\n")
+    if study.spec.paper:
+        write_gate_gap_paper(study, groups, header)
     per_block = {k: v for k, v in groups.items() if k[3] >= 0}
     _line_plot(study, per_block, [
         ("mean gate", [("forget_mean", "forget"), ("retain_seen_mean", "retain, trained rows"),
@@ -407,6 +411,62 @@ def write_gate_gap(study: Study, analyses: list, recorded: dict[str, Counter] | 
         ("per-token AUC (0.5: the gates cannot tell the corpora apart)",
          [("auc_seen", "AUC, retain trained rows"), ("auc_held_out", "AUC, retain held-out rows")], True, 0.5)],
         "gate_gap")
+
+
+#: The paper's figures these two studies are read beside (docs/cru_method.md, "What the paper reports").
+PAPER_GATE_GAP = ("TOFU forget10, four models", "0.01–0.06", "0.79–0.85")
+PAPER_OVERLAP = ("TOFU forget01, p 95, 40 / 40 examples, mean over the gated blocks", "0.27 (Llama), 0.38 (DeepSeek), "
+                 "0.46 (Phi), 0.59 (Qwen)", "0.18, 0.37, 0.44, 0.46")
+#: The blocks the paper averages its overlap over: the gated ones, the last 4 at the default last_k.
+PAPER_GATED_BLOCKS = 4
+
+
+def write_overlap_paper(study: Study, analyses: list, header: list[str]) -> None:
+    """`paper.md` / `paper.csv`: per variant and example count, the overlap and Spearman rho averaged over the
+    last `PAPER_GATED_BLOCKS` blocks (per seed, then mean ± sd over seeds), beside the paper's figure."""
+    import numpy as np
+
+    per_seed: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    for cell, result in analyses:
+        for n, by_n in result["by_examples"].items():
+            blocks = sorted(by_n["blocks"], key=int)[-PAPER_GATED_BLOCKS:]
+            per_seed[(_group(cell), cell.label, n)].append(
+                (float(np.mean([by_n["blocks"][b]["overlap"] for b in blocks])),
+                 float(np.mean([by_n["blocks"][b]["spearman_rho"] for b in blocks]))))
+    md = header + [f"Beside the paper: the mean over the last {PAPER_GATED_BLOCKS} blocks (the gated ones at the "
+                   "default last_k) per seed, then mean ± sd over seeds.", "",
+                   "| block group | variant | examples | overlap | Spearman ρ |", "|---|---|---|---|---|"]
+    csv_lines = ["group,variant,examples,n_seeds,overlap_mean,overlap_sd,rho_mean,rho_sd"]
+    for (group, label, n), values in sorted(per_seed.items()):
+        (o_text, o_mean, o_sd), (r_text, r_mean, r_sd) = (_stat_cells([v[0] for v in values]),
+                                                          _stat_cells([v[1] for v in values]))
+        md.append(f"| {group} | {label} | {n} | {o_text} | {r_text} |")
+        csv_lines.append(",".join(str(v if v is not None else "") for v in (
+            f'"{group}"', label, n, len(values), o_mean, o_sd, r_mean, r_sd)))
+    where, overlap, rho = PAPER_OVERLAP
+    md.append(f"| the paper: {where} | – | 40 | {overlap} | {rho} |")
+    write_outputs(study, "paper", "\n".join(md) + "\n", "\n".join(csv_lines) + "\n")
+
+
+def write_gate_gap_paper(study: Study, groups: dict, header: list[str]) -> None:
+    """`paper.md` / `paper.csv`: per variant, the mean gate on forget and on retain tokens over the gated blocks
+    (block 'all') and their gap, beside the paper's figures (its retain rows: those training drew)."""
+    md = header + ["Beside the paper: block 'all' of the table above (a token's gate averaged over the gated blocks); "
+                   "gap = retain gate (trained rows) − forget gate, per seed, then mean ± sd over seeds.", "",
+                   "| block group | variant | forget gate | retain gate (trained rows) | gap |", "|---|---|---|---|---|"]
+    csv_lines = ["group,variant,n_seeds,forget_mean,forget_sd,retain_mean,retain_sd,gap_mean,gap_sd"]
+    for (group, label, _, block), items in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        if block >= 0:
+            continue
+        forget, retain = _stat_cells([i["forget_mean"] for i in items]), _stat_cells([i["retain_seen_mean"]
+                                                                                       for i in items])
+        gap = _stat_cells([i["retain_seen_mean"] - i["forget_mean"] for i in items])
+        md.append(f"| {group} | {label} | {forget[0]} | {retain[0]} | {gap[0]} |")
+        csv_lines.append(",".join(str(v if v is not None else "") for v in (
+            f'"{group}"', label, len(items), *forget[1:], *retain[1:], *gap[1:])))
+    where, forget_text, retain_text = PAPER_GATE_GAP
+    md.append(f"| the paper: {where} | – | {forget_text} | {retain_text} | not given (ranges over models only) |")
+    write_outputs(study, "paper", "\n".join(md) + "\n", "\n".join(csv_lines) + "\n")
 
 
 def _line_plot(study: Study, groups: dict, panels, stem: str) -> Path:
