@@ -65,11 +65,13 @@ def validate_study(raw: Any, source: str | None = None) -> Study:
         _fail("title", f"expected a string, got {title!r}", source)
     x = block.get("x")
     if x is not None:
-        cru = method_plugin("CRU")   # a study sweeps CRU's settings
-        x = cru.aliases.get(x, x) if isinstance(x, str) else x   # `lambda`: the name results record
-        if kind != "sweep" or x not in cru.hparams():
-            _fail("x", f"a sweep's x axis: the name of a CRU hyperparameter ({', '.join(cru.hparams())}), "
-                  f"got {block['x']!r}", source)
+        # a study sweeps the settings of the adapter method it lists (`Method.adapter`: CRU's routers)
+        adapter = next((p for p in _listed(config) if p.adapter), None)
+        names = adapter.hparams() if adapter is not None else {}
+        x = adapter.aliases.get(x, x) if adapter is not None and isinstance(x, str) else x   # `lambda` -> `lam`
+        if kind != "sweep" or x not in names:
+            _fail("x", f"a sweep's x axis: the name of a hyperparameter of the adapter method it lists "
+                  f"({', '.join(names) or 'none listed'}), got {block['x']!r}", source)
     collapse = block.get("collapse_line", False)
     if not isinstance(collapse, bool):
         _fail("collapse_line", f"expected true or false, got {collapse!r}", source)
@@ -82,7 +84,7 @@ def validate_study(raw: Any, source: str | None = None) -> Study:
     rows = block.get("rows", 40)
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
         _fail("rows", f"expected a positive integer or null (all rows), got {rows!r}", source)
-    if kind in ("overlap", "gate_gap") and not any(m.method == "CRU" for m in config.methods):
+    if kind in ("overlap", "gate_gap") and not any(p.adapter for p in _listed(config)):
         _fail("kind", f"a {kind} study analyses CRU: list at least one CRU method (its localization "
               "settings and corpora are the ones analysed)", source)
     scale = block.get("scale")
@@ -170,3 +172,8 @@ def load_study(path: str | os.PathLike, overrides: dict[str, Any] | None = None,
     if overrides and isinstance(raw, dict):
         raw = {**raw, **overrides}
     return validate_study(raw, source=str(path))
+
+
+def _listed(config: ExperimentConfig) -> list:
+    """The method plugins a study's config lists, in its order."""
+    return [method_plugin(m.method) for m in config.methods]

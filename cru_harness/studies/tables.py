@@ -103,7 +103,10 @@ def study_rows(results: list[dict], label_order: list[str], x: str | None = None
 def router_null_gate(result: dict) -> float | None:
     """A CRU cell's collapsed-router gate (`cru.collapsed_gate` for its lambda and loss shapes): where a router
     that cannot tell forget from retain settles. A retain gate near it says the router did not separate them."""
-    if result.get("method") != "CRU":
+    from .. import plugins
+
+    method = result.get("method")
+    if method not in plugins.methods.names() or not plugins.methods.get(method).adapter:   # no routers
         return None
     return collapsed_gate(float(cru_setting(result, "lam")), **loss_shape(result))
 
