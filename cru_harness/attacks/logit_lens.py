@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-FINAL_NORMS = ("model.norm", "transformer.ln_f", "gpt_neox.final_layer_norm", "model.final_layernorm")
+from ..training.blocks import FINAL_NORMS, find_final_norm
 
 
 @dataclass
@@ -40,14 +40,8 @@ class LensResult:
 
 def final_norm(model) -> torch.nn.Module:
     """The norm applied before the output head (Llama/Qwen/Phi-3: `model.norm`; GPT-2, GPT-NeoX, ...)."""
-    for path in FINAL_NORMS:
-        module = model
-        for part in path.split("."):
-            module = getattr(module, part, None)
-            if module is None:
-                break
-        if isinstance(module, torch.nn.Module):
-            return module
+    if (norm := find_final_norm(model)) is not None:
+        return norm
     raise ValueError(f"logit lens: no final norm found in {type(model).__name__} (looked for {', '.join(FINAL_NORMS)})")
 
 

@@ -25,14 +25,11 @@ import torch
 from torch import nn
 
 from ..errors import InputError
-from ..training.blocks import StopForward, find_decoder_blocks
+from ..training.blocks import FINAL_NORMS, find_decoder_blocks, find_final_norm, run_until_module
 
 TOKEN_SCOPES = ("all", "answer")
 LOCALIZATION_TOKENS = ("all", "content")
 BLOCK_OUTPUTS = ("block", "hf_hidden_states")
-#: The final norm of the decoder families the harness knows (Llama/Qwen2/Mistral/Phi-3, GPT-2, GPT-NeoX, Phi).
-FINAL_NORMS = ("model.norm", "transformer.ln_f", "gpt_neox.final_layer_norm", "model.final_layernorm",
-               "model.decoder.final_layer_norm")
 
 
 def validate_choice(name: str, value: str, choices: Sequence[str]) -> str:
@@ -144,14 +141,8 @@ def content_mask(token_lists: Sequence[Sequence[int]], template: PromptTemplate,
 # -- block_output: where the output of block l is read --------------------------------------------------------
 def final_norm(model: nn.Module) -> nn.Module:
     """The norm applied before the output head."""
-    for path in FINAL_NORMS:
-        module = model
-        for part in path.split("."):
-            module = getattr(module, part, None)
-            if module is None:
-                break
-        if isinstance(module, nn.Module):
-            return module
+    if (norm := find_final_norm(model)) is not None:
+        return norm
     raise InputError(f"block_output=hf_hidden_states: no final norm found in {type(model).__name__} "
                      f"(looked for {', '.join(FINAL_NORMS)})")
 
@@ -176,20 +167,6 @@ def hf_entries_to_blocks(entries: Sequence[int] | None, n_layers: int) -> list[i
                              f"(entry 0 is the embeddings, which no router gates), got {entry!r}")
         out.append(entry - 1)
     return out
-
-
-def run_until_module(model: nn.Module, module: nn.Module, **model_inputs) -> None:
-    """`model(**model_inputs)` up to and including `module` (a block or the final norm); the rest never runs."""
-    def stop(_module, _args, _output):
-        raise StopForward
-
-    handle = module.register_forward_hook(stop)
-    try:
-        model(**model_inputs, use_cache=False)
-    except StopForward:
-        pass
-    finally:
-        handle.remove()
 
 
 def run_until_site(model: nn.Module, last_index: int, block_output: str = "block", **model_inputs) -> None:

@@ -146,13 +146,36 @@ def run_until(model: nn.Module, blocks: nn.ModuleList, last_index: int, **model_
     Forward hooks registered beforehand on the earlier blocks still fire; everything after `last_index` --
     later blocks, the final norm and the LM head -- is skipped.
     """
+    run_until_module(model, blocks[last_index], **model_inputs)
+
+
+def run_until_module(model: nn.Module, module: nn.Module, **model_inputs) -> None:
+    """`model(**model_inputs)` up to and including `module` (a block, or the final norm); the rest never runs."""
     def stop(_module, _args, _output):
         raise StopForward
 
-    handle = blocks[last_index].register_forward_hook(stop)
+    handle = module.register_forward_hook(stop)
     try:
         model(**model_inputs, use_cache=False)
     except StopForward:
         pass
     finally:
         handle.remove()
+
+
+#: The final norm of the decoder families the harness knows (Llama/Qwen2/Mistral/Phi-3, GPT-2, GPT-NeoX, Phi, OPT).
+FINAL_NORMS = ("model.norm", "transformer.ln_f", "gpt_neox.final_layer_norm", "model.final_layernorm",
+               "model.decoder.final_layer_norm")
+
+
+def find_final_norm(model: nn.Module) -> nn.Module | None:
+    """The norm applied before the output head (`FINAL_NORMS`), or None for a family it does not know."""
+    for path in FINAL_NORMS:
+        module = model
+        for part in path.split("."):
+            module = getattr(module, part, None)
+            if module is None:
+                break
+        if isinstance(module, nn.Module):
+            return module
+    return None
