@@ -21,10 +21,12 @@ _DPO = dict(learning_rate=5e-6, effective_batch_size=8, alpha=0.0, loss_scale=1.
 # model of Task Vector and WHP.
 _MUSE_FINETUNE = dict(num_epochs=10, learning_rate=1e-5, lr_scheduler="cosine", warmup_epochs=0.0,
                       warmup_steps=None, weight_decay=0.0, effective_batch_size=32, max_grad_norm=1.0)
-# WMDP's schedule (rmu/unlearn.py and its README's Zephyr run), on every benchmark.
-_WMDP_SCHEDULE = dict(learning_rate=5e-5, lr_scheduler="constant", warmup_epochs=0.0, warmup_steps=None,
-                      weight_decay=0.0, effective_batch_size=4, micro_batch_size=4, num_epochs=1,
-                      max_grad_norm=None, max_length=512)
+# RMU: RWKU ships no RMU script; WMDP's Zephyr-7B run (its README and rmu/unlearn.py: steering 6.5, alpha 1200,
+# layer 7, lr 5e-5, batches of 4, one pass, constant rate, `transformers.AdamW` at its defaults, eps 1e-6), as on
+# WMDP, stated in full so that a cell's hash says which setting trained it.
+_WMDP_ZEPHYR = dict(layer=7, steering_coeff=6.5, alpha=1200.0, learning_rate=5e-5, lr_scheduler="constant",
+                    warmup_epochs=0.0, weight_decay=0.0, effective_batch_size=4, micro_batch_size=4, num_epochs=1,
+                    max_grad_norm=None, max_length=512, adam_eps=1e-6)
 
 #: Per method, over `SCHEDULE` (the method's name as configs give it).
 TRAINER_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -41,7 +43,7 @@ TRAINER_DEFAULTS: dict[str, dict[str, Any]] = {
     "DPO": _DPO,
     # RWKU scripts/full/run_rt.sh: lr 4e-7, batch 8, no retain term
     "RT": dict(learning_rate=4e-7, effective_batch_size=8, alpha=0.0),
-    "RMU": dict(_WMDP_SCHEDULE, steering_coeff=6.5, alpha=1200.0, adam_eps=1e-6),   # = METHOD_SETTINGS' RMU
+    "RMU": dict(_WMDP_ZEPHYR, warmup_steps=None),   # not RWKU's 20 warm-up steps
     # not RWKU's schedule: LUNAR's own fit (LUNARConfig's: 20 epochs at a constant rate, torch AdamW's weight decay)
     "LUNAR": dict(num_epochs=20, lr_scheduler="constant", warmup_steps=None, weight_decay=0.01),
     "TaskVector": _MUSE_FINETUNE,
@@ -49,16 +51,9 @@ TRAINER_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 #: The CRU paper's RWKU setting where it differs from its TOFU one (paper: lambda 50, p 90, d_r 256 on RWKU;
-#: `RouterTrainingConfig`'s defaults are the TOFU setting). In each CRU cell's hyperparameters (its hash).
-#: RMU: RWKU ships no RMU script; WMDP's Zephyr-7B run (its README and rmu/unlearn.py: steering 6.5, alpha 1200,
-#: layer 7, lr 5e-5, batches of 4, one pass, constant rate, `transformers.AdamW` at its defaults, eps 1e-6), as on
-#: WMDP, stated in full so that a cell's hash says which setting trained it.
-METHOD_SETTINGS: dict[str, dict[str, Any]] = {
-    "CRU": {"lam": 50, "percentile": 90, "d_r": 256},
-    "RMU": dict(layer=7, steering_coeff=6.5, alpha=1200.0, learning_rate=5e-5, lr_scheduler="constant",
-                warmup_epochs=0.0, weight_decay=0.0, effective_batch_size=4, micro_batch_size=4, num_epochs=1,
-                max_grad_norm=None, max_length=512, adam_eps=1e-6),
-}
+#: `RouterTrainingConfig`'s defaults are the TOFU setting); RMU: WMDP's run (`_WMDP_ZEPHYR`). In each cell's
+#: hyperparameters (its hash).
+METHOD_SETTINGS: dict[str, dict[str, Any]] = {"CRU": {"lam": 50, "percentile": 90, "d_r": 256}, "RMU": _WMDP_ZEPHYR}
 
 #: RWKU's LoRA runs (LLaMA-Factory/scripts/lora/run_*_lora.sh: `--finetuning_type lora --lora_target
 #: q_proj,v_proj`, LLaMA-Factory's defaults rank 8, alpha 2 x rank, dropout 0).
