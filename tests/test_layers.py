@@ -25,31 +25,30 @@ def test_the_layer_contract_holds():
     assert "3 kept, 0 broken" in done.stdout and "no import cycle inside the runner KEPT" in done.stdout
 
 
+def _lint_with(tmp_path, module: str, code: str) -> subprocess.CompletedProcess:
+    """`lint-imports` on a copy of the package whose `module` (a path under cru_harness/) has `code` appended."""
+    copy = tmp_path / "cru_harness"
+    shutil.copytree(REPO / "cru_harness", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / module
+    target.write_text(target.read_text() + code)
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
+    return subprocess.run([lint, str(tmp_path / "pyproject.toml")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+
+
 def test_the_contract_catches_an_upward_import(tmp_path):
     """The same contract on a copy of the package with one upward import (the foundation importing the runner)
     breaks: the check is not vacuous."""
-    copy = tmp_path / "cru_harness"
-    shutil.copytree(REPO / "cru_harness", copy, ignore=shutil.ignore_patterns("__pycache__"))
-    errors = copy / "errors.py"
-    errors.write_text(errors.read_text() + "\n\ndef _upward():\n    from cru_harness.runner import plan  # noqa\n")
-    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
-    done = subprocess.run([lint, str(tmp_path / "pyproject.toml")], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    done = _lint_with(tmp_path, "errors.py", "\n\ndef _upward():\n    from cru_harness.runner import plan  # noqa\n")
     assert done.returncode != 0 and "cru_harness.errors -> cru_harness.runner.plan" in done.stdout, done.stdout[-2000:]
 
 
 def test_the_contract_catches_an_import_cycle_inside_the_runner(tmp_path):
     """A runner module importing one that imports it (the evaluation importing the executor back) breaks the
     acyclic contract, though the layers allow it (both are in the runner)."""
-    copy = tmp_path / "cru_harness"
-    shutil.copytree(REPO / "cru_harness", copy, ignore=shutil.ignore_patterns("__pycache__"))
-    evaluation = copy / "runner" / "evaluation.py"
-    evaluation.write_text(evaluation.read_text() + "\n\ndef _back():\n    from .execute import execute_cell  # noqa\n")
-    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
-    done = subprocess.run([lint, str(tmp_path / "pyproject.toml")], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    done = _lint_with(tmp_path, "runner/evaluation.py",
+                      "\n\ndef _back():\n    from .execute import execute_cell  # noqa\n")
     assert done.returncode != 0 and "no import cycle inside the runner BROKEN" in done.stdout, done.stdout[-2000:]
     assert ".execute -> .evaluation" in done.stdout and "cru_harness layers KEPT" in done.stdout
 
@@ -57,14 +56,8 @@ def test_the_contract_catches_an_import_cycle_inside_the_runner(tmp_path):
 def test_the_contract_catches_the_core_importing_a_benchmark(tmp_path):
     """A core module importing one benchmark's package (instead of asking the registry) breaks the forbidden
     contract, though the layers allow it (the runner sits above the benchmarks)."""
-    copy = tmp_path / "cru_harness"
-    shutil.copytree(REPO / "cru_harness", copy, ignore=shutil.ignore_patterns("__pycache__"))
-    plan = copy / "runner" / "plan.py"
-    plan.write_text(plan.read_text() + "\n\ndef _named():\n    from ..benchmarks.tofu import BENCHMARK  # noqa\n")
-    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
-    done = subprocess.run([lint, str(tmp_path / "pyproject.toml")], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    done = _lint_with(tmp_path, "runner/plan.py",
+                      "\n\ndef _named():\n    from ..benchmarks.tofu import BENCHMARK  # noqa\n")
     assert done.returncode != 0 and "cru_harness.runner.plan -> cru_harness.benchmarks.tofu" in done.stdout, \
         done.stdout[-2000:]
     assert "cru_harness layers KEPT" in done.stdout
