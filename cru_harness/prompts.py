@@ -28,7 +28,7 @@ __all__ = [
     "OPEN_UNLEARNING_DATE", "PINNED_DATE", "PLAIN_PROMPT", "plain_prompt", "qa_messages", "render_chat", "QATexts",
     "qa_texts", "uses_chat", "writes_chat", "encode_qa_ids", "encode_text", "adds_special_tokens", "PROMPT_FORMATS",
     "add_prompt_format_argument", "prompt_format_choice", "TRAINING_RECORDS", "ATTACK_RECORD",
-    "recorded_prompt_format", "recorded_choice", "BENCHMARKS", "check_benchmark", "question_benchmark",
+    "recorded_prompt_format", "recorded_choice", "check_benchmark", "question_benchmark",
 ]
 
 #: The generic question format's name: open-unlearning's (TOFU's default preset), which every benchmark without a
@@ -190,17 +190,6 @@ def uses_chat(tokenizer, chat: bool | None = None) -> bool:
     if chat and not getattr(tokenizer, "chat_template", None):
         raise InputError("chat=True but the tokenizer has no chat template")
     return bool(chat)
-
-
-def __getattr__(name: str):
-    """`BENCHMARKS`: the registered benchmarks that define a question format of their own (`Benchmark.qa_texts` in
-    their class, not inherited: TOFU's one-author split asks TOFU's), read from the registry when asked (PEP 562),
-    in its order."""
-    if name == "BENCHMARKS":
-        from . import plugins
-
-        return tuple(plugin.name for plugin in plugins.benchmarks if "qa_texts" in type(plugin).__dict__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def question_benchmark(benchmark: str | None = None):

@@ -46,7 +46,6 @@ def test_without_a_benchmark_the_default_ones_format_writes():
 
 
 def test_the_format_choices_come_from_the_benchmarks():
-    assert prompts.BENCHMARKS == ("tofu", "rwku")   # those with a format of their own (not TOFU's one-author split)
     assert prompts.prompt_format_choice("phi-1_5") == {"chat": False, "family": "phi-1_5"}
     assert prompts.recorded_choice("phi-1_5", "rwku") == {"chat": False, "benchmark": "rwku"}   # RWKU: plain
     assert prompts.prompt_format_choice("chat", "tofu_author") == {"chat": True, "family": None}
