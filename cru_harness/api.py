@@ -492,7 +492,7 @@ class Benchmark:
     def training_examples(self, tokenizer, rows: list[dict], side: str, max_length: int) -> list | None:
         """The examples the baselines' trainer trains on for a corpus of its cells, when they are not one per row
         (MUSE: its split's texts joined and cut into blocks of `max_length` tokens). `side`: "forget" or
-        "retain". Each example is a list of token ids, every one a label, or a dict with `input_ids` and `labels`
+        "retain", or "training" for a fine-tune on its corpus (a model's `finetune:`, the relearning attack). Each example is a list of token ids, every one a label, or a dict with `input_ids` and `labels`
         (-100 where not trained on), at most `max_length` long. None (the default): one example per row, as
         `baselines.data.encode_row` writes it."""
         return None

@@ -171,3 +171,67 @@ def test_question_rows_and_alternates_on_muse(tmp_path):
     with pytest.raises(InputError, match="alternate answers"):
         ForgetRetainDataset(tokenizer, text, refusals=["I don't know."], max_length=16, benchmark="muse")
     assert "passages" in plugins.methods.get("IdkDPO").unsupported("muse")
+
+
+def test_finetune_and_relearn_train_on_muses_blocks(tmp_path, monkeypatch):
+    """A model's `finetune:` on MUSE text (the runner's fine-tune path) and the relearn attack on a MUSE cell train
+    on MUSE's blocks of the texts they take (the relearn slice's texts, joined), as MUSE's methods do; elsewhere a
+    row stays one example (TOFU's rows, `benchmark=None`)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    import cru_harness.training.engine as engine
+    from cru_harness.api import CellContext
+    from cru_harness.attacks.relearn import RelearnAttack, RelearnConfig, relearn_slice
+    from cru_harness.benchmarks.muse import data as muse_data
+    from cru_harness.benchmarks.muse.plugin import BENCHMARK
+    from cru_harness.finetune.train import finetune
+    from cru_harness.runner.training import train_finetuned_model
+
+    root = write_muse_fixture(tmp_path / "muse")
+    model_dir = _tokenizer_and_model(root, tmp_path / "model")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    texts = muse_data.load_texts("news", "raw", "forget", root)
+
+    class Captured(Exception):
+        pass
+
+    def capture(model, method, dataset, **kwargs):
+        raise Captured([e.input_ids for e in dataset.examples])
+
+    monkeypatch.setattr(engine, "train_model", capture)
+
+    def trained_on(call):
+        with pytest.raises(Captured) as caught:
+            call()
+        return caught.value.args[0]
+
+    rows = [{"text": t} for t in texts]
+    per_row = trained_on(lambda: finetune(str(model_dir), rows, config={"max_length": 16}))
+    assert len(per_row) == len(texts)   # no benchmark: one (cut) example per text
+    blocks = muse_training.muse_blocks(tokenizer, texts, max_len=16)
+    assert len(blocks) > len(texts)
+    assert trained_on(lambda: finetune(str(model_dir), rows, config={"max_length": 16}, benchmark="muse")) == blocks
+
+    # the runner's fine-tune path (a model's `finetune:` on a MUSE corpus) writes its rows as MUSE asks
+    fmt = BENCHMARK.finetune_prompt_format(None, True, {})
+    decisions = SimpleNamespace(rows=lambda chat: dict(fmt), chat=lambda path: False, dtype=lambda: "float32")
+    model = SimpleNamespace(trust_remote_code=False, device_map=None)
+    cell = SimpleNamespace(decisions=decisions, seed=0, device="cpu", training=None, model=model)
+    assert trained_on(lambda: train_finetuned_model(
+        cell, {"max_length": 16}, str(model_dir), "muse:news:forget", tmp_path / "ft", str(root),
+        {"details": {}, "resources": {}, "artifacts": {}})) == blocks
+
+    # the relearn attack on a MUSE cell: the slice's texts, joined and cut
+    settings = {"slice_fraction": 0.5, "max_length": 16}
+    chosen, _ = relearn_slice(len(texts), RelearnConfig(**settings), 0)
+    attacked = SimpleNamespace(benchmark="muse", split="news", seed=0, model=model,
+                               corpora={"forget_corpus": "muse:news:forget"},
+                               extra={"attack": {"settings": settings}})
+    ctx = CellContext(cell=attacked, model_path=str(model_dir), workdir=tmp_path / "attack", data_dir=str(root),
+                      outcome={"details": {}, "resources": {}}, chat=False,
+                      prompt_format=BENCHMARK.training_prompt_format(attacked, False, {}), dtype="float32",
+                      load_model=None)
+    assert trained_on(lambda: RelearnAttack().run(ctx)) == muse_training.muse_blocks(
+        tokenizer, [texts[i] for i in chosen], max_len=16)

@@ -145,7 +145,7 @@ class RelearnAttack(Attack):
             trained = finetune(model, training_rows, tokenizer=tokenizer, config=config.training(),
                                seed=seed, dtype=ctx.dtype, device=ctx.device, device_map=cell.model.device_map,
                                chat_template=fmt.get("chat"), progress=False,
-                               **{k: fmt[k] for k in ("preset", "family") if fmt.get(k) is not None})
+                               **{k: fmt[k] for k in ("preset", "family", "benchmark") if fmt.get(k) is not None})
         finally:
             if handle is not None:
                 handle.remove()   # the saved base carries no hooks; the bundle is served beside it

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..baselines.base import BaselineConfig, UnlearningMethod
-from ..baselines.data import collate, encode_qa, row_to_qa
+from ..baselines.data import collate, encode_qa, own_examples, row_to_qa, training_benchmark
 from ..baselines.losses import nll_loss
 from ..devices import dtype_name, saved_dtype
 from ..errors import InputError
@@ -54,17 +54,22 @@ class SupervisedFinetune(UnlearningMethod):
 
 class QADataset(Dataset):
     """Rows encoded once with the evaluation's prompt (`baselines.data.encode_qa`, i.e. `cru_harness.prompts`);
-    items are `{"train": EncodedExample}`. `chat`, `preset`, `family`: as `prompts.qa_texts` takes them."""
+    items are `{"train": EncodedExample}`. `chat`, `preset`, `family`: as `prompts.qa_texts` takes them.
+    `benchmark`: the benchmark the rows come from; where it builds its own training examples
+    (`api.Benchmark.training_examples`: MUSE's blocks of its joined texts) those are trained on, as the unlearning
+    methods train on them, instead of one example per row."""
 
     def __init__(self, tokenizer, rows, *, max_length: int = 512, chat: bool | None = None,
-                 preset: str = DEFAULT_TOFU_PRESET, family: str | None = None):
+                 preset: str = DEFAULT_TOFU_PRESET, family: str | None = None, benchmark: str | None = None):
         if not rows:
             raise InputError("finetune: no training rows")
         if chat is True and not getattr(tokenizer, "chat_template", None):
             raise InputError("finetune: chat_template=True but the tokenizer has no chat template")
         fmt = {"chat": chat, "preset": preset, "family": family}
         self.chat = writes_chat(tokenizer, **fmt)   # recorded: whether the rows went through the chat template
-        self.examples = [encode_qa(tokenizer, *row_to_qa(r, i), max_length, **fmt) for i, r in enumerate(rows)]
+        own = own_examples(training_benchmark(benchmark), tokenizer, rows, "training", max_length)
+        self.examples = own if own is not None else [encode_qa(tokenizer, *row_to_qa(r, i), max_length, **fmt)
+                                                     for i, r in enumerate(rows)]
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def __len__(self) -> int:
@@ -106,7 +111,8 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
              config: FinetuneConfig | dict | None = None, seed: int = 0, data_dir=None, dtype="float32",
              device: str = "auto", device_map=None, chat_template: bool | None = None, overwrite: bool = False,
              progress: bool = True, preset: str = DEFAULT_TOFU_PRESET, family: str | None = None,
-             trust_remote_code: bool = False, lora=None, gradient_checkpointing: bool = False) -> FinetuneResult:
+             trust_remote_code: bool = False, lora=None, gradient_checkpointing: bool = False,
+             benchmark: str | None = None) -> FinetuneResult:
     """Fine-tune a causal LM on QA rows with TOFU's recipe; save it to `out_dir` (if given).
 
     `model`: a HF id / directory, or a model object (trained in place; then `tokenizer` is required).
@@ -117,6 +123,8 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
     `chat_template` (None: when the tokenizer has one), `preset`, `family`: the prompt format
     (`cru_harness.prompts.qa_texts`); pass what the evaluation uses. `lora`, `gradient_checkpointing`: as
     `cru_harness.baselines.unlearn` (a PEFT adapter on the frozen base; the model's activation checkpointing).
+    `benchmark`: the registered benchmark the rows come from, where it builds its own training examples
+    (MUSE: its texts joined and cut into `max_length`-token blocks, as its unlearning methods train; `QADataset`).
     """
     from accelerate.state import PartialState
 
@@ -161,7 +169,7 @@ def finetune(model, data, out_dir: str | os.PathLike | None = None, *, tokenizer
         return {"training": [len(e.input_ids) for e in QADataset(tokenizer, rows, max_length=config.max_length,
                                                                  **fmt).examples]}
 
-    fmt = {"chat": chat_template, "preset": preset, "family": family}
+    fmt = {"chat": chat_template, "preset": preset, "family": family, "benchmark": benchmark}
     max_length = fit_to_context(model, config.max_length, lengths)
     dataset = QADataset(tokenizer, rows, max_length=max_length, **fmt)
     method = SupervisedFinetune(config)

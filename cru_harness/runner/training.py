@@ -51,7 +51,7 @@ def train_finetuned_model(cell: Cell, spec: dict, source_path: str, corpus: str,
     kwargs = dict(seed=cell.seed or 0, data_dir=data_dir, dtype=dtype, chat_template=fmt["chat"],
                   overwrite=True, progress=False,
                   trust_remote_code=cell.model.trust_remote_code,
-                  **{k: fmt[k] for k in ("preset", "family") if k in fmt})
+                  **{k: fmt[k] for k in ("preset", "family", "benchmark") if k in fmt})
     settings = LaunchSettings.from_dict(getattr(cell, "training", None))
     if settings.launches:   # the config's `training:` engine, in processes of their own
         import json

@@ -216,6 +216,10 @@ class MUSE(Benchmark):
     def training_prompt_format(self, cell, chat: bool, presets: dict) -> dict[str, Any]:
         return {"chat": False, "benchmark": self.name}
 
+    def finetune_prompt_format(self, cell, chat: bool, presets: dict) -> dict[str, Any]:
+        """A model's `finetune:` on MUSE text trains on MUSE's blocks too (`training_examples`), not a text each."""
+        return {"chat": False, "benchmark": self.name}
+
     def method_settings(self, method: str, split: str | None) -> dict[str, Any]:
         """MUSE's setting of a method, entering its cells' hyperparameters (so their hash says which setting)."""
         settings = dict(METHOD_SETTINGS.get(method, {}))
