@@ -116,3 +116,54 @@ def test_worker_order_puts_each_method_cell_before_its_own_attacks():
     for i in methods:   # each method cell, then exactly its attacks
         own = attacks.get(order[i].hash, [])
         assert own and [c.hash for c in order[i + 1:i + 1 + len(own)]] == [c.hash for c in own]
+
+
+def test_a_tuned_config_is_computed_and_landed_as_run_computes_it(tmp_path, monkeypatch):
+    """A config with `tuning:`: the worker computes the validation cells first, saves the rule's choice once they all
+    have a result, then the reported cells at the chosen settings; land.py lands the validation cells, the record and
+    the reported cells, with the plan `cru-harness run` writes for the same config."""
+    import datetime as dt
+
+    from cru_harness.runner.tuning import validate_with_tuning
+
+    from test_tuning import fake_executor, raw_config
+
+    worker = load_benchmark("cpu_campaign/worker")
+    raw = dict(raw_config(tmp_path), output_dir="results/tuned")
+    config_path = tmp_path / "tuned.yaml"
+    config_path.write_text(yaml.safe_dump(raw))
+    ran: list = []
+    monkeypatch.setattr(worker, "PlanExecutor", lambda store, cells, log=None: fake_executor(ran))
+    monkeypatch.setattr(worker, "cell_inputs", lambda cell: {"code_version": "pinned"})
+    (tmp_path / "wt").mkdir()
+    monkeypatch.chdir(tmp_path / "wt")
+    compute = tmp_path / "wt" / "results" / "tuned"
+    deadline = dt.datetime.now() + dt.timedelta(days=1)
+    worker.Worker(str(config_path), str(compute), deadline, ["GA", "GD", "NPO"]).run()
+    validation = [c for c in ran if c.benchmark == "tofu_author"]
+    assert len(validation) == 5 and ran[:5] == validation   # 2 x 2 settings and their Original, first
+    reported = {(c.label, c.seed): c for c in ran if c.benchmark == "tofu" and c.kind == "method"}
+    assert {key for key in reported} == {(label, seed) for label in ("GA", "GD", "NPO") for seed in (0, 1)}
+    assert reported["GA", 0].hparams["learning_rate"] == 1.0e-3 and reported["GD", 1].hparams["learning_rate"] == 1.0e-4
+    record = json.loads((compute / "tuning" / "tiny.json").read_text())
+    assert record["methods"]["GA"]["chosen"] == {"learning_rate": 1.0e-3}
+    again: list = []
+    monkeypatch.setattr(worker, "PlanExecutor", lambda store, cells, log=None: fake_executor(again))
+    worker.Worker(str(config_path), str(compute), deadline, ["GA", "GD", "NPO"]).run()
+    assert again == []   # every cell finished: nothing is computed twice
+
+    # landed on main: the cells, the record, and the plan `cru-harness run` writes
+    _records(compute, [c.hash for c in ran], git={"dirty": False, "dirty_files": []})
+    (tmp_path / "main").mkdir()
+    monkeypatch.chdir(tmp_path / "main")
+    reports = []
+    monkeypatch.setattr(cru_harness.cli, "main", lambda argv: reports.append(argv) or 0)
+    assert load_benchmark("cpu_campaign/land").main([str(config_path), str(compute)]) == 0
+    target = tmp_path / "main" / "results" / "tuned"
+    assert sorted(p.name for p in (target / "cells").iterdir()) == sorted(c.hash for c in ran)
+    assert json.loads((target / "tuning" / "tiny.json").read_text()) == record
+    assert run_config(validate_with_tuning(dict(raw, output_dir=str(tmp_path / "run"))),
+                      executor=fake_executor([]), report=False, log=lambda _: None) == 0
+    planned = [c["hash"] for c in json.loads((tmp_path / "run" / "plan.json").read_text())["cells"]]
+    assert [c["hash"] for c in json.loads((target / "plan.json").read_text())["cells"]] == planned
+    assert reports == [["report", "results/tuned"]]

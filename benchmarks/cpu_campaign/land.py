@@ -4,7 +4,9 @@
 
 Copies every planned cell that finished clean in COMPUTE_DIR (status ok, run record from a committed tree of the
 pinned commit) and has not landed yet into the config's output_dir here: its result and run record only (no work/),
-writes the whole plan as plan.json, and writes the report with this checkout's code. The worker's `recomputed.jsonl`
+writes the whole plan as plan.json, and writes the report with this checkout's code. A config with `tuning:` lands
+as `cru-harness run` writes it: its validation cells, the rule's record (`tuning/`) once they all have a result, and
+the reported cells at the chosen settings (`worker.campaign_cells`). The worker's `recomputed.jsonl`
 (landed cells made again for their models, their numbers compared) is added to the run's own. A cell that failed, or
 was computed from an uncommitted tree or by other code than the cells already landed, stops the landing, naming it.
 Run from the root of the checkout that commits the results (main), with this checkout's package installed.
@@ -17,8 +19,20 @@ import shutil
 import sys
 from pathlib import Path
 
-from cru_harness.runner.config import load_config
-from cru_harness.runner.plan import build_plan, write_plan
+import importlib.util
+
+from cru_harness.reporting.tuning import TUNING_DIR
+from cru_harness.runner.plan import write_plan
+from cru_harness.runner.tuning import apply, load_with_tuning
+from cru_harness.store import CellStore
+
+
+def _worker():
+    """worker.py beside this file (scripts, not a package): its plan of a campaign is the one landed."""
+    spec = importlib.util.spec_from_file_location("campaign_worker", Path(__file__).with_name("worker.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def landable(cell_dir: Path) -> tuple[dict, dict] | None:
@@ -40,9 +54,12 @@ def main(argv=None) -> int:
     parser.add_argument("config")
     parser.add_argument("compute_dir")
     args = parser.parse_args(argv)
-    config = load_config(args.config)
-    cells = build_plan(config)
+    config = load_with_tuning(args.config)
     target, source = Path(config.output_dir), Path(args.compute_dir)
+    computed = CellStore(source)
+    validation, planned, choice = _worker().campaign_cells(config, lambda h: computed.load_result(h, quiet=True))
+    own = {c.hash for c in validation}
+    cells = [*validation, *(c for c in planned if c.hash not in own)]
     versions = {json.loads(p.read_text())["code_version"] for p in target.glob("cells/*/run_record.json")}
     landed = 0
     for cell in cells:
@@ -61,7 +78,14 @@ def main(argv=None) -> int:
         for name in ("run_record.json", "result.json"):   # the result last: a cell without one is unfinished
             shutil.copyfile(source / "cells" / cell.hash / name, out / name)
         landed += 1
-    write_plan(target, config, cells)
+    if config.tuning is not None:   # as `cru-harness run` writes a tuned run: the validation cells, then the plan
+        config = apply(config, choice)
+        for saved in sorted((source / TUNING_DIR).glob("*.json")) if choice is not None else []:
+            (target / TUNING_DIR).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(saved, target / TUNING_DIR / saved.name)
+        write_plan(target, config, [*(c for c in validation if c.kind != "finetune"), *planned])
+    else:
+        write_plan(target, config, cells)
     # the cells made again for their models, compared with their landed numbers (worker.py): kept as evidence
     recomputed = source / "recomputed.jsonl"
     if recomputed.is_file():

@@ -10,11 +10,17 @@ can start: some of its attacks still fit then, and the next session makes its mo
 
     python worker.py CONFIG OUTPUT_DIR --deadline 2026-11-27T23:15 [--order CRU,GA,...]
 
+A config with `tuning:` is computed as `cru-harness run` computes it: its validation cells first (the run's
+fine-tune, the validation oracle and Original, one cell per setting), and once every one has a result the rule's
+choice (saved as `run` saves it, `tuning/<model>.json`) and the reported cells at the chosen settings. Cells that
+do not depend on the choice (the reported oracle and Original, untuned methods) come after the validation cells.
+
 Run it with the campaign's pinned checkout on the path (its venv), from that checkout's root.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -22,12 +28,13 @@ import sys
 import time
 from pathlib import Path
 
-from cru_harness.runner.config import load_config
+from cru_harness.reporting.tuning import TUNING_DIR
 from cru_harness.runner.execute import PlanExecutor
 from cru_harness.runner.loop import run_cells
 from cru_harness.runner.plan import attacked_cell_for, build_plan, retain_cell_for
 from cru_harness.runner.provenance import cell_inputs, stale_fields
-from cru_harness.store import CellStore, waiting_lock
+from cru_harness.runner.tuning import apply, decide, load_with_tuning, validation_cells
+from cru_harness.store import CellStore, atomic_write_json, waiting_lock
 
 # Minutes one cell takes on one thread of the 2-core CPU (forget01 at limit 40), rounded up from the campaign's
 # own cells (2026-11-27: fine-tune 3.8, oracle 11.6, Original 6.3, GA 7.0, CRU 8.9, quantize and relearn 6-9,
@@ -69,6 +76,28 @@ def ordered(cells, methods: list[str], attacks: dict[str, list]) -> list:
     return out
 
 
+def campaign_cells(config, load) -> tuple[list, list, dict | None]:
+    """(validation cells, reported cells, tuning record) of a config as `cru-harness run` plans it: without
+    `tuning:`, no validation cells and the whole plan; with it, the validation cells (the run's fine-tune first),
+    and the plan with each tuned entry at the rule's choice, or left out while a validation cell has no result
+    (`load(hash)`: a finished cell's result, else None)."""
+    if config.tuning is None:
+        return [], build_plan(config), None
+    tuned = config.tuning.settings
+    untuned = dataclasses.replace(config, methods=tuple(m for m in config.methods if m.label not in tuned))
+    validation = validation_cells(config, [c for c in build_plan(untuned) if c.kind == "finetune"])
+    record = decide(config, validation, load)
+    return validation, build_plan(apply(config, record)), record
+
+
+def campaign_order(validation, cells, methods: list[str]) -> list:
+    """The validation cells first (`ordered`), then the rest of the plan (`ordered`), each cell once."""
+    first = ordered(validation, methods, {}) if validation else []
+    seen = {c.hash for c in first}
+    rest = ordered(cells, methods, attacks_by_cell(cells))
+    return first + [c for c in rest if c.hash not in seen]
+
+
 def model_on_disk(result: dict | None, root: Path) -> bool:
     """The deployed model of a finished cell is on this machine: its weights and, for CRU, its router bundle, where
     the cell wrote them into its work directory under the run directory `root` (other paths: the base model)."""
@@ -80,17 +109,28 @@ def model_on_disk(result: dict | None, root: Path) -> bool:
 
 class Worker:
     def __init__(self, config_path: str, output_dir: str, deadline: dt.datetime, methods: list[str]):
-        self.config = load_config(config_path, {"output_dir": output_dir})
-        self.cells = build_plan(self.config)
-        self.attacks = attacks_by_cell(self.cells)
-        self.order = ordered(self.cells, methods, self.attacks)
+        self.config = load_with_tuning(config_path, {"output_dir": output_dir})
+        self.methods = methods
         self.root = Path(output_dir)
         self.root.mkdir(parents=True, exist_ok=True)
         self.store = CellStore(output_dir, log=self.log)
-        self.executor = PlanExecutor(self.store, self.cells, log=self.log)
         self.deadline = deadline
         self.done_this_session: set[str] = set()   # computed here: their models are on this machine
         self.inputs: dict[str, dict] = {}
+        self.plan()
+
+    def plan(self) -> bool:
+        """Plan (again) what to compute; True when a tuned config's rule has chosen (its reported cells planned)."""
+        validation, cells, record = campaign_cells(self.config, lambda h: self.store.load_result(h, quiet=True))
+        if record is not None:   # as `cru-harness run` saves it (its report's "Tuning" section reads it)
+            atomic_write_json(self.root / TUNING_DIR / f"{record['model']}.json", record)
+        self.choosing = self.config.tuning is not None and record is None
+        own = {c.hash for c in validation}
+        self.cells = [*validation, *(c for c in cells if c.hash not in own)]   # the fine-tune is in both
+        self.attacks = attacks_by_cell(self.cells)
+        self.order = campaign_order(validation, cells, self.methods)
+        self.executor = PlanExecutor(self.store, self.cells, log=self.log)
+        return self.config.tuning is not None and record is not None
 
     def log(self, message: str) -> None:
         """To stdout, and one line per event to the run directory's campaign.log: the workers' own logs interleave
@@ -154,6 +194,12 @@ class Worker:
                     cell, force = picked
                     previous = self.store.load_result(cell.hash) if force else None
                     self.store.mark_running(cell.hash)   # the other workers' sign that it is taken
+            if picked is None and self.choosing:   # the validation cells' turn is over: the rule chooses
+                if self.plan():
+                    self.log("tuning: the rule chose; the reported cells are planned at its choice")
+                    continue
+                if any(self.store.running_elsewhere(c.hash) for c in self.cells):
+                    picked = "wait"   # another worker computes a validation cell the choice waits on
             if picked is None:
                 break
             if picked == "wait":
