@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# One CPU session of the campaign (README.md beside this file), from the root of the checkout holding the landed
-# results (main):   bash benchmarks/cpu_campaign/session.sh HH:MM [WORKERS]
-# Makes (or reuses) a worktree of the pinned commit and a venv with that checkout installed, copies the landed
-# cells into its compute directory, and starts WORKERS (default 2, one thread each) that start no cell they
-# cannot end by the next HH:MM. Land what they finished with land.py before the machine goes.
+# One CPU session of a campaign (README.md beside this file), from the root of the checkout holding the landed
+# results (main):   bash benchmarks/cpu_campaign/session.sh HH:MM [WORKERS] [CAMPAIGN]
+# Makes (or reuses) a worktree of the campaign's pinned commit (pin.sh; CAMPAIGN: robustness, the default, or tuned)
+# and a venv with that checkout installed, copies the landed cells into its compute directory, and starts WORKERS
+# (default 2, one thread each) that start no cell they cannot end by the next HH:MM. Land what they finished with
+# land.py before the machine goes.
 set -euo pipefail
-deadline=${1:?usage: session.sh HH:MM [WORKERS]}; workers=${2:-2}
-here=$(cd "$(dirname "$0")" && pwd); source "$here/pin.sh"
-main=$(pwd); wt=${CAMPAIGN_WORKTREE:-$main/../wt-campaign}; venv=${CAMPAIGN_VENV:-$main/../venv-campaign}
+deadline=${1:?usage: session.sh HH:MM [WORKERS] [CAMPAIGN]}; workers=${2:-2}; campaign=${3:-robustness}
+here=$(cd "$(dirname "$0")" && pwd); source "$here/pin.sh" "$campaign"
+suffix=$([ "$campaign" = robustness ] && echo "" || echo "-$campaign")   # the first campaign's paths unchanged
+main=$(pwd); wt=${CAMPAIGN_WORKTREE:-$main/../wt-campaign$suffix}; venv=${CAMPAIGN_VENV:-$main/../venv-campaign$suffix}
 name=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['output_dir'])" "$CONFIG")
 
 if [ ! -d "$wt" ]; then git worktree add --detach "$wt" "$PIN"; fi
@@ -22,13 +24,15 @@ harmful="$wt/data/lunar/harmful.json"
 if [ "$(sha256sum "$harmful" 2>/dev/null | cut -c1-8)" != "8f5c0eac" ]; then
   echo "$harmful: LUNAR's dataset/splits/harmful.json is missing or other bytes (docs/configs.md says where)"; exit 3
 fi
-# the landed cells, where the compute directory has none yet
+# the landed cells, where the compute directory has none yet (and a tuned run's saved choice)
 for cell in "$main/$name"/cells/*/; do
+  [ -d "$cell" ] || continue   # nothing landed yet
   hash=$(basename "$cell"); to="$wt/$name/cells/$hash"
   if [ -f "$cell/result.json" ] && [ ! -f "$to/result.json" ]; then
     mkdir -p "$to" && cp "$cell/run_record.json" "$cell/result.json" "$to/"
   fi
 done
+if [ -d "$main/$name/tuning" ]; then mkdir -p "$wt/$name/tuning" && cp -n "$main/$name"/tuning/*.json "$wt/$name/tuning/"; fi
 mkdir -p "$wt/campaign-logs"
 # HH:MM is the next such time: a session that passes midnight ends tomorrow
 until=$(date -d "$deadline" +%Y-%m-%dT%H:%M)
