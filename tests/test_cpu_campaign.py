@@ -139,9 +139,10 @@ def test_a_tuned_config_is_computed_and_landed_as_run_computes_it(tmp_path, monk
     monkeypatch.chdir(tmp_path / "wt")
     compute = tmp_path / "wt" / "results" / "tuned"
     deadline = dt.datetime.now() + dt.timedelta(days=1)
-    worker.Worker(str(config_path), str(compute), deadline, ["GA", "GD", "NPO"]).run()
+    worker.Worker(str(config_path), str(compute), deadline, ["GD", "GA", "NPO"]).run()
     validation = [c for c in ran if c.benchmark == "tofu_author"]
     assert len(validation) == 5 and ran[:5] == validation   # 2 x 2 settings and their Original, first
+    assert [c.label.split(" [")[0] for c in validation] == ["Original", "GD", "GD", "GA", "GA"]   # --order's
     reported = {(c.label, c.seed): c for c in ran if c.benchmark == "tofu" and c.kind == "method"}
     assert {key for key in reported} == {(label, seed) for label in ("GA", "GD", "NPO") for seed in (0, 1)}
     assert reported["GA", 0].hparams["learning_rate"] == 1.0e-3 and reported["GD", 1].hparams["learning_rate"] == 1.0e-4
@@ -149,7 +150,7 @@ def test_a_tuned_config_is_computed_and_landed_as_run_computes_it(tmp_path, monk
     assert record["methods"]["GA"]["chosen"] == {"learning_rate": 1.0e-3}
     again: list = []
     monkeypatch.setattr(worker, "PlanExecutor", lambda store, cells, log=None: fake_executor(again))
-    worker.Worker(str(config_path), str(compute), deadline, ["GA", "GD", "NPO"]).run()
+    worker.Worker(str(config_path), str(compute), deadline, ["GD", "GA", "NPO"]).run()
     assert again == []   # every cell finished: nothing is computed twice
 
     # landed on main: the cells, the record, and the plan `cru-harness run` writes

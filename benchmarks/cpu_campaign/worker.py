@@ -68,8 +68,10 @@ def ordered(cells, methods: list[str], attacks: dict[str, list]) -> list:
     for c in head:
         out += attacks.get(c.hash, [])
     rank = {label: i for i, label in enumerate(methods)}
+    # a tuned config's validation cell is labelled "<entry> [<setting>]" (`runner.tuning.setting_label`): its entry's
+    # rank
     method_cells = sorted((c for c in cells if c.kind == "method"),
-                          key=lambda c: (c.seed or 0, rank.get(c.label, len(rank)), c.label))
+                          key=lambda c: (c.seed or 0, rank.get(c.label.split(" [", 1)[0], len(rank)), c.label))
     for c in method_cells:
         out += [c] + attacks.get(c.hash, [])
     assert sorted(x.hash for x in out) == sorted(by_hash), "the order must hold every planned cell once"
