@@ -168,3 +168,41 @@ def test_a_tuned_config_is_computed_and_landed_as_run_computes_it(tmp_path, monk
     planned = [c["hash"] for c in json.loads((tmp_path / "run" / "plan.json").read_text())["cells"]]
     assert [c["hash"] for c in json.loads((target / "plan.json").read_text())["cells"]] == planned
     assert reports == [["report", "results/tuned"]]
+
+
+def test_a_tuned_campaign_landed_before_the_rule_chose_says_so(tmp_path, monkeypatch):
+    """Landed midway (a validation cell still owed), a tuned run's report says the rule has not chosen, that the
+    tuned entries' reported cells are owed beyond the plan, and lists the validation cells apart from the results:
+    no leaderboard is made of them."""
+    import datetime as dt
+
+    from test_tuning import fake_executor, raw_config
+
+    worker = load_benchmark("cpu_campaign/worker")
+    raw = dict(raw_config(tmp_path), output_dir="results/tuned")
+    config_path = tmp_path / "tuned.yaml"
+    config_path.write_text(yaml.safe_dump(raw))
+    ran: list = []
+    computed = fake_executor(ran)
+
+    def three_then_killed(cell, workdir):
+        if len(ran) == 3:
+            raise Killed()
+        return computed(cell, workdir)
+
+    monkeypatch.setattr(worker, "PlanExecutor", lambda store, cells, log=None: three_then_killed)
+    monkeypatch.setattr(worker, "cell_inputs", lambda cell: {"code_version": "pinned"})
+    (tmp_path / "wt").mkdir()
+    monkeypatch.chdir(tmp_path / "wt")
+    compute = tmp_path / "wt" / "results" / "tuned"
+    with pytest.raises(Killed):
+        worker.Worker(str(config_path), str(compute), dt.datetime.now() + dt.timedelta(days=1), ["GA", "GD"]).run()
+    _records(compute, [c.hash for c in ran], git={"dirty": False, "dirty_files": []})
+    (tmp_path / "main").mkdir()
+    monkeypatch.chdir(tmp_path / "main")
+    assert load_benchmark("cpu_campaign/land").main([str(config_path), str(compute)]) == 0
+    report = (tmp_path / "main" / "results" / "tuned" / "report" / "report.md").read_text()
+    assert "**The tuning rule has not chosen yet**" in report and "The tuned entries (GA, GD)" in report
+    assert "The 3 validation cell(s) computed so far" in report
+    assert all(c.hash in report for c in ran) and "## TOFU_AUTHOR" not in report
+    assert not (tmp_path / "main" / "results" / "tuned" / "tuning").exists()

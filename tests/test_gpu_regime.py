@@ -333,12 +333,17 @@ def test_campaign_cpu_run_holds_planned_cells_of_one_commit_and_says_what_is_owe
                                                                                   tmp_path, monkeypatch):
     """A run landed part by part holds only its config's cells, finished clean by one code version (the campaign's
     pinned commit), and its report names the planned cells it still lacks, so that a part never reads as the whole
-    (and the whole run names none)."""
+    (and the whole run names none). The one exception: the Original + attack controls, which the plans of the
+    robustness campaign's pinned commit did not hold, may come from one later code version (docs/results.md says
+    which, and that it computes the Original's numbers as the pinned commit does)."""
     committed, planned = _committed_run(config_name, scale, name)
     held = sorted(p.name for p in (committed / "cells").iterdir())
     assert held and set(held) <= set(planned)
-    versions = {json.loads(p.read_text())["code_version"] for p in (committed / "cells").glob("*/run_record.json")}
-    assert len(versions) == 1, versions
+    controls = _original_controls(config_name, scale)
+    version = {p.parent.name: json.loads(p.read_text())["code_version"]
+               for p in (committed / "cells").glob("*/run_record.json")}
+    assert len({v for h, v in version.items() if h not in controls}) == 1, version
+    assert len({v for h, v in version.items() if h in controls}) <= 1, version
     report = (committed / "report" / "report.md").read_text()
     owed = len(planned) - len(held)
     assert (f"**{owed} of {len(planned)} planned cell(s)" in report) == (owed > 0)
@@ -379,6 +384,13 @@ def _committed_run(config_name, scale, name):
     config = load_study(CONFIGS / config_name, scale=scale and CONFIGS / scale).config \
         if config_name.startswith("studies/") else cfg.load_config(CONFIGS / config_name)
     return committed, [c.hash for c in build_plan(config)]
+
+
+def _original_controls(config_name, scale) -> set[str]:
+    """The planned attack cells whose attacked cell is the Original (the controls issue 77 added to the plans)."""
+    cells = build_plan(cfg.load_config(CONFIGS / config_name))
+    originals = {c.hash for c in cells if c.kind == "original"}
+    return {c.hash for c in cells if c.kind == "attack" and c.extra["attacked"] in originals}
 
 
 def _check_committed_cells_and_report(committed, name, tmp_path, monkeypatch):

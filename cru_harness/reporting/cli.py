@@ -215,15 +215,16 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
     from .lr_sweep import sweep_markdown
     from .router_lr import router_lr_markdown
 
-    from .tuning import tuning_cell_hashes, tuning_markdown
+    from .tuning import pending_tuning, tuning_cell_hashes, tuning_markdown
 
     # first: a mistyped run directory creates nothing
     loaded = load_results(*dirs)
-    validation = tuning_cell_hashes(dirs)   # how settings were chosen (the Tuning section), not results
-    results = tables.fill_from_oracle([r for r in loaded if r.get("hash") not in validation])
     plans = read_plans(dirs)   # the configs' method order and lists, read once
+    pending, choosing = pending_tuning(dirs, plans, loaded)   # a tuned run whose rule has not chosen yet
+    validation = tuning_cell_hashes(dirs) | choosing   # how settings are chosen (the Tuning section), not results
+    results = tables.fill_from_oracle([r for r in loaded if r.get("hash") not in validation])
     results = tables.split_label_variants(configured_order(plans, results))
-    if require_cells and not results:   # an empty report would read as a run with nothing in it
+    if require_cells and not loaded:   # an empty report would read as a run with nothing in it
         raise MissingInputError(f"no valid cell results under {', '.join(str(d) for d in dirs)}: nothing to report")
     from ..locations import make_files_dir
 
@@ -235,6 +236,7 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
         statuses[r.get("status")] += 1
     summary.append("Cells by status: " + ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items())) + "\n")
     summary += unfinished_plan_lines(dirs, [*results, *(r for r in loaded if r.get("hash") in validation)])
+    summary += pending
     summary += target_selection_markdown(dirs)
     summary += tuning_markdown(dirs)
     summary += provenance_lines(dirs)

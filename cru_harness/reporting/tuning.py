@@ -27,6 +27,42 @@ def tuning_cell_hashes(dirs) -> set[str]:
     return hashes
 
 
+def pending_tuning(dirs, plans: list[dict], loaded: list[dict]) -> tuple[list[str], set[str]]:
+    """A run whose plan has `tuning:` but whose rule has not chosen yet (no record: some validation cell has no
+    result): a line saying that its tuned entries' reported cells are not planned yet, so that the plan's owed cells
+    do not read as the whole run; and the hashes of the validation cells it holds (those of a benchmark only the
+    validation block names), which stay out of the leaderboards as a record's do."""
+    if tuning_records(dirs):
+        return [], set()
+    blocks = [plan.get("config") or {} for plan in plans if (plan.get("config") or {}).get("tuning")]
+    if not blocks:
+        return [], set()
+    validating: set[str] = set()
+    tuned: list[str] = []
+    for config in blocks:
+        block = config["tuning"]
+        validating |= set(block.get("validation") or {}) - set(config.get("benchmarks") or {})
+        tuned += [str(label) for label in block.get("methods") or [] if str(label) not in tuned]
+    which = ", ".join(tuned) if tuned else "every entry with a default grid"
+    held = [r for r in loaded if r.get("benchmark") in validating and r.get("hash")]
+    lines = [f"**The tuning rule has not chosen yet** (`tuning:`): a validation cell still has no result. The tuned "
+             f"entries ({which}) are planned only once it has chosen, so their reported cells are owed beyond the "
+             f"planned ones. The {len(held)} validation cell(s) computed so far, which are how settings will be "
+             "chosen, not results:", ""]
+    if held:
+        from .. import plugins
+
+        forgetting, utility = plugins.benchmarks.get(held[0]["benchmark"]).axis_labels
+        lines += [f"| Cell | Hash | {forgetting} | {utility} | FQ |", "|---|---|---:|---:|---:|"]
+        for result in held:
+            scores = plugins.benchmarks.get(result["benchmark"]).forgetting_utility(result.get("metrics") or {})
+            lines.append(f"| {result.get('label')} ({result.get('unit') or result.get('split')}) | {result['hash']} "
+                         f"| {_number(scores[0])} | {_number(scores[1])} | "
+                         f"{_number((result.get('metrics') or {}).get('forget_quality'))} |")
+        lines.append("")
+    return lines, {r["hash"] for r in held}
+
+
 def _number(value) -> str:
     return f"{value:.4f}" if is_number(value) else "—"
 
