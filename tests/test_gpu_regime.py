@@ -16,6 +16,7 @@ from cru_harness.store import CellStore
 from cru_harness.runner.loop import run_one
 from cru_harness.runner.plan import build_plan
 
+from conftest import load_benchmark
 from test_report import synthetic_blocks, tofu_result, write_cells
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -381,14 +382,41 @@ def _committed_run(config_name, scale, name):
     from cru_harness.studies.config import load_study
 
     committed = CONFIGS.parent / "results" / name
-    config = load_study(CONFIGS / config_name, scale=scale and CONFIGS / scale).config \
-        if config_name.startswith("studies/") else cfg.load_config(CONFIGS / config_name)
-    return committed, [c.hash for c in build_plan(config)]
+    if config_name.startswith("studies/"):
+        return committed, [c.hash for c in build_plan(load_study(CONFIGS / config_name,
+                                                                 scale=scale and CONFIGS / scale).config)]
+    config = _load_campaign_config(CONFIGS / config_name)
+    if config.tuning is None:
+        return committed, [c.hash for c in build_plan(config)]
+    # a tuned run: its validation cells, then the plan at the rule's choice once its landed cells let it choose
+    store = CellStore(committed)
+    validation, cells, _ = load_benchmark("cpu_campaign/worker").campaign_cells(
+        config, lambda cell_hash: store.load_result(cell_hash, quiet=True))
+    return committed, list(dict.fromkeys(c.hash for c in [*validation, *cells]))
+
+
+def _load_campaign_config(path):
+    """A shipped config, `tuning:` resolved, read where LUNAR's user-supplied refusal prompts exist (an entry naming
+    `data/lunar/harmful.json` is refused without the file; the plan's hashes hold its path, not its bytes)."""
+    import os
+    import tempfile
+
+    from cru_harness.runner.tuning import load_with_tuning
+
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory() as scratch:
+        (Path(scratch) / "data" / "lunar").mkdir(parents=True)
+        (Path(scratch) / "data" / "lunar" / "harmful.json").write_text('["a harmful prompt"]')
+        os.chdir(scratch)
+        try:
+            return load_with_tuning(path)
+        finally:
+            os.chdir(here)
 
 
 def _original_controls(config_name, scale) -> set[str]:
     """The planned attack cells whose attacked cell is the Original (the controls issue 77 added to the plans)."""
-    cells = build_plan(cfg.load_config(CONFIGS / config_name))
+    cells = build_plan(_load_campaign_config(CONFIGS / config_name))
     originals = {c.hash for c in cells if c.kind == "original"}
     return {c.hash for c in cells if c.kind == "attack" and c.extra["attacked"] in originals}
 
