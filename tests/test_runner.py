@@ -361,6 +361,11 @@ def test_the_plan_settles_the_cells_each_cell_reads_and_the_executor_reads_them(
     execute.PlanExecutor(store, cells)(ga, tmp_path / "w")
     assert seen["source"] == finetune.hash and seen["retain_result"]["hash"] == ga.decisions.oracle
     assert seen["base_path"] == "/x"
+    # a cell whose fine-tune is not in the executor's plan is refused, never run on the base model instead
+    seen.clear()
+    with pytest.raises(RuntimeError, match=f"starts from the fine-tune cell {finetune.hash}, which is not in the plan"):
+        execute.PlanExecutor(store, [c for c in cells if c.kind != "finetune"])(ga, tmp_path / "w2")
+    assert seen == {}
 
 
 # ------------------------------------------------------------------------------------------- cache + resume

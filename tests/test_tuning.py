@@ -102,6 +102,24 @@ def test_a_validation_unit_sharing_an_item_with_a_reported_one_is_refused(tmp_pa
     assert "\n" not in str(err.value)
 
 
+def test_validation_cells_start_from_the_runs_own_fine_tune(tmp_path):
+    """The validation plan's own fine-tune cell is not run (the run's replaces it: one model), so every validation
+    cell reads the run's: its oracle and Original start from it, as the reported cells do."""
+    from cru_harness.runner.execute import PlanExecutor
+    from cru_harness.runner.tuning import validation_cells
+
+    raw = raw_config(tmp_path)
+    raw["models"][0]["finetune"] = {"data": "retain99[:80] + forget01"}
+    config = validate_with_tuning(raw)
+    (finetune,) = [c for c in build_plan(config) if c.kind == "finetune"]
+    cells = validation_cells(config, [finetune])
+    assert cells[0].hash == finetune.hash and len(cells) > 2
+    assert all(c.decisions.starts_from == finetune.hash for c in cells[1:])
+    assert [c.hash for c in cells[1:]] == [c.hash for c in build_plan(config.tuning.validation) if c.kind != "finetune"]
+    original = next(c for c in cells if c.kind == "original")
+    assert PlanExecutor(None, cells).read(original.decisions.starts_from).kind == "finetune"
+
+
 def test_a_fine_tune_that_never_taught_the_validation_authors_is_refused(tmp_path):
     raw = raw_config(tmp_path)
     raw["models"][0]["finetune"] = {"data": "retain99[:40] + forget01"}

@@ -97,6 +97,9 @@ class PlanExecutor:
         decisions = cell.decisions
         base_path, finetuned_from = None, None
         source = self.read(decisions.starts_from)
+        if decisions.starts_from is not None and source is None:   # never the base model in its place
+            raise RuntimeError(f"cell {cell.hash} starts from the fine-tune cell {decisions.starts_from}, which is not "
+                               "in the plan this executor was given")
         if source is not None:
             base_path, finetuned_from = self.finetuned_checkpoint(cell, source)
         retain_result = None

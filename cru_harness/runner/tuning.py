@@ -425,8 +425,12 @@ def apply(config: ExperimentConfig, record: dict | None) -> ExperimentConfig:
 
 
 def validation_cells(config: ExperimentConfig, finetunes: list) -> list:
-    """The validation cells (the run's own fine-tune cells replace the validation plan's: one model)."""
-    return [*finetunes, *(cell for cell in build_plan(config.tuning.validation) if cell.kind != "finetune")]
+    """The validation cells (the run's own fine-tune cells replace the validation plan's: one model), settled again
+    against them, so that each starts from the run's fine-tune rather than from the validation plan's own, which is
+    not run."""
+    from .plan import settle
+
+    return settle([*finetunes, *(cell for cell in build_plan(config.tuning.validation) if cell.kind != "finetune")])
 
 
 def run_tuning(config: ExperimentConfig, *, dry_run: bool, executor=None, new_executor=None, inputs=None,
