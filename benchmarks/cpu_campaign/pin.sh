@@ -3,6 +3,6 @@
 # campaign over.   . pin.sh [CAMPAIGN]   (robustness, the default, or tuned)
 case "${1:-robustness}" in
   robustness) PIN=b37dd46; CONFIG=configs/cpu_smollm2_forget01_robustness.yaml ;;
-  tuned) PIN=a61143e; CONFIG=configs/cpu_smollm2_forget01_tuned.yaml ;;   # issue 77 part 5
+  tuned) PIN=597377b; CONFIG=configs/cpu_smollm2_forget01_tuned.yaml ;;   # issue 77 part 5
   *) echo "unknown campaign '$1': robustness or tuned" >&2; return 2 2>/dev/null || exit 2 ;;
 esac
