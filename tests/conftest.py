@@ -92,3 +92,21 @@ def load_benchmark(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def run_config_cells(tmp_path: Path, config: dict) -> tuple[Path, list[dict]]:
+    """`cru-harness run` on `config` (written as YAML under `tmp_path`), output in `tmp_path/run`: the run directory
+    and every cell's result, each asserted finished ok."""
+    import json
+
+    import yaml
+
+    from cru_harness.cli import main
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = tmp_path / "run"
+    assert main(["run", str(path), "--output-dir", str(out)]) == 0
+    results = [json.loads(p.read_text()) for p in (out / "cells").glob("*/result.json")]
+    assert all(r["status"] == "ok" for r in results), [r.get("error") for r in results]
+    return out, results

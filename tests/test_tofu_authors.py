@@ -178,9 +178,8 @@ def test_a_tiny_run_tuned_on_a_window_with_its_own_oracle(tmp_path):
     testbed's small loop on the window's retain corpus), under the Forget Quality rule; every validation cell scored,
     FQ against that oracle included, and the record's FQ is the cells'."""
     import torch
-    import yaml
 
-    from cru_harness.cli import main
+    from conftest import run_config_cells
 
     torch.set_num_threads(1)
     world = {"data_dir": "testbed:world", "limit": 2}
@@ -194,12 +193,7 @@ def test_a_tiny_run_tuned_on_a_window_with_its_own_oracle(tmp_path):
               "tuning": {"rule": "forget_quality_at_utility", "grids": {"GA": {"learning_rate": [1.0e-5, 1.0e-2]}},
                          "validation": {"tofu_authors": {**world, "windows": ["1-1"], "retain_corpus": "author_2"}},
                          "retain": {"authors_1-1": {"train": {"epochs": 1}}}}}
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(config))
-    out = tmp_path / "run"
-    assert main(["run", str(path), "--output-dir", str(out)]) == 0
-    results = [json.loads(p.read_text()) for p in (out / "cells").glob("*/result.json")]
-    assert all(r["status"] == "ok" for r in results), [r.get("error") for r in results]
+    out, results = run_config_cells(tmp_path, config)
     window = [r for r in results if r["benchmark"] == "tofu_authors"]
     assert sorted(r["label"] for r in window) == ["GA [learning_rate=0.01]", "GA [learning_rate=1e-05]", "Original",
                                                   "Retain"]

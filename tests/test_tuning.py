@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from cru_harness.runner.cli import run_config
 from cru_harness.runner.plan import build_plan
@@ -257,7 +256,7 @@ def test_a_tiny_tuned_run_end_to_end(tmp_path):
     """A tiny model on the fictitious world: GA tuned over two learning rates on author 2, reported on author 1."""
     import torch
 
-    from cru_harness.cli import main
+    from conftest import run_config_cells
 
     torch.set_num_threads(1)
     config = {"name": "tiny_tuned", "seeds": [0], "device": "cpu",
@@ -271,12 +270,7 @@ def test_a_tiny_tuned_run_end_to_end(tmp_path):
               "tuning": {"rule": "forgetting_at_utility", "grids": {"GA": {"learning_rate": [1.0e-5, 1.0e-2]}},
                          "validation": {"tofu_author": {"data_dir": "testbed:world", "authors": [2], "limit": 2,
                                                         "retain_corpus": "author_3"}}}}
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(config))
-    out = tmp_path / "run"
-    assert main(["run", str(path), "--output-dir", str(out)]) == 0
-    results = [json.loads(p.read_text()) for p in (out / "cells").glob("*/result.json")]
-    assert all(r["status"] == "ok" for r in results), [r.get("error") for r in results]
+    out, results = run_config_cells(tmp_path, config)
     assert sorted((r["unit"], r["label"]) for r in results) == [
         ("author_1", "GA"), ("author_1", "Original"), ("author_2", "GA [learning_rate=0.01]"),
         ("author_2", "GA [learning_rate=1e-05]"), ("author_2", "Original")]
