@@ -57,9 +57,9 @@ def main(argv=None) -> int:
     config = load_with_tuning(args.config)
     target, source = Path(config.output_dir), Path(args.compute_dir)
     computed = CellStore(source)
-    validation, planned, choice = _worker().campaign_cells(config, lambda h: computed.load_result(h, quiet=True))
-    own = {c.hash for c in validation}
-    cells = [*validation, *(c for c in planned if c.hash not in own)]
+    worker = _worker()
+    validation, planned, choice = worker.campaign_cells(config, lambda h: computed.load_result(h, quiet=True))
+    cells = worker.campaign_plan(validation, planned)
     versions = {json.loads(p.read_text())["code_version"] for p in target.glob("cells/*/run_record.json")}
     landed = 0
     for cell in cells:

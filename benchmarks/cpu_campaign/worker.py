@@ -92,6 +92,12 @@ def campaign_cells(config, load) -> tuple[list, list, dict | None]:
     return validation, build_plan(apply(config, record)), record
 
 
+def campaign_plan(validation, cells) -> list:
+    """Every cell of the campaign once: the validation cells, then the plan (the fine-tune is in both)."""
+    own = {c.hash for c in validation}
+    return [*validation, *(c for c in cells if c.hash not in own)]
+
+
 def campaign_order(validation, cells, methods: list[str]) -> list:
     """The validation cells first (`ordered`), then the rest of the plan (`ordered`), each cell once."""
     first = ordered(validation, methods, {}) if validation else []
@@ -127,8 +133,7 @@ class Worker:
         if record is not None:   # as `cru-harness run` saves it (its report's "Tuning" section reads it)
             atomic_write_json(self.root / TUNING_DIR / f"{record['model']}.json", record)
         self.choosing = self.config.tuning is not None and record is None
-        own = {c.hash for c in validation}
-        self.cells = [*validation, *(c for c in cells if c.hash not in own)]   # the fine-tune is in both
+        self.cells = campaign_plan(validation, cells)
         self.attacks = attacks_by_cell(self.cells)
         self.order = campaign_order(validation, cells, self.methods)
         self.executor = PlanExecutor(self.store, self.cells, log=self.log)
