@@ -315,7 +315,8 @@ COMMITTED_CPU_RUNS = [
 #: Runs computed by a campaign (benchmarks/cpu_campaign/): landed session by session from one pinned commit, a part
 #: of the plan while it computes; the report says how many planned cells are still owed, and none once it is whole.
 CAMPAIGN_CPU_RUNS = [("cpu_smollm2_forget01_robustness.yaml", None, "cpu_smollm2_forget01_robustness"),
-                     ("cpu_smollm2_forget01_tuned.yaml", None, "cpu_smollm2_forget01_tuned")]
+                     ("cpu_smollm2_forget01_tuned.yaml", None, "cpu_smollm2_forget01_tuned"),
+                     ("cpu_smollm2_forget01_tuned_robustness.yaml", None, "cpu_smollm2_forget01_tuned_robustness")]
 
 
 @pytest.mark.parametrize("config_name, scale, name", COMMITTED_CPU_RUNS)
