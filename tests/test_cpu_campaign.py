@@ -206,3 +206,26 @@ def test_a_tuned_campaign_landed_before_the_rule_chose_says_so(tmp_path, monkeyp
     assert "The 3 validation cell(s) computed so far" in report
     assert all(c.hash in report for c in ran) and "## TOFU_AUTHOR" not in report
     assert not (tmp_path / "main" / "results" / "tuned" / "tuning").exists()
+
+
+@pytest.mark.parametrize("campaign", ["robustness", "tuned"])
+def test_a_campaigns_pin_holds_its_config_and_the_package_code_of_its_landed_cells(campaign):
+    """pin.sh names, per campaign, a commit that has the campaign's config and the very package code that computed
+    the cells landed so far (the run records' commit, the later controls aside): a session at the pin continues the
+    campaign instead of starting it over (a pin may move only to a commit with that code)."""
+    import collections
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+    pin_sh = REPO_ROOT / "benchmarks" / "cpu_campaign" / "pin.sh"
+    pin, config = subprocess.run(["bash", "-c", f'. "{pin_sh}" {campaign} && echo "$PIN $CONFIG"'],
+                                 capture_output=True, text=True, check=True).stdout.split()
+    at_pin = yaml.safe_load(git("show", f"{pin}:{config}"))
+    records = [json.loads(p.read_text()) for p in (REPO_ROOT / at_pin["output_dir"]).glob("cells/*/run_record.json")]
+    assert records, f"{at_pin['output_dir']}: nothing landed"
+    version, _ = collections.Counter(r["code_version"] for r in records).most_common(1)[0]
+    commits = {r["git"]["commit"] for r in records if r["code_version"] == version}
+    assert {git("rev-parse", f"{c}:cru_harness") for c in commits} == {git("rev-parse", f"{pin}:cru_harness")}, (
+        f"{campaign}: pin {pin} has other package code than the commits {sorted(commits)} that computed its cells")
