@@ -625,3 +625,26 @@ def test_the_table_names_the_scoring_preset_behind_its_numbers(tmp_path):
     assert "`open-unlearning`: GA (evaluation.tofu_preset=open-unlearning) (forget01)" in note
     assert "`tofu`: GA (evaluation.tofu_preset=tofu) (forget01)" in note
     assert "`not recorded`: NPO (forget01)" in note
+
+
+def test_tradeoff_plot_shows_each_methods_seed_spread(tmp_path, monkeypatch):
+    """Each method's point carries ± 1 sd over seeds on both axes (the table's ± values), and the title says so; a
+    run of one seed (no sd) draws no bars and says nothing of them."""
+    from cru_harness.reporting import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, **kw: figures.append(fig) or path)
+    monkeypatch.setattr(plots.plt, "close", lambda fig: None)
+
+    def row(label, sd):
+        return {"model": "m", "unit": "forget01", "label": label, "reference": label == "Original",
+                "metrics": {"forgetting": 0.5, "utility": 0.3}, "metrics_sd": sd}
+
+    plots.tradeoff_plots([row("Original", {}), row("GA", {"forgetting": 0.05, "utility": 0.02})], "tofu", tmp_path)
+    plots.tradeoff_plots([row("Original", {}), row("GA", {})], "tofu", tmp_path)
+    spread, single = (fig.axes[0] for fig in figures)
+    bars = [segment for container in spread.containers for lines in container.lines[2]
+            for segment in lines.get_segments()]
+    assert sorted(tuple(map(tuple, s.round(3))) for s in bars) == [((0.45, 0.3), (0.55, 0.3)),
+                                                                   ((0.5, 0.28), (0.5, 0.32))]
+    assert "bars: ± 1 sd" in spread.get_title() and "sd" not in single.get_title() and not single.containers

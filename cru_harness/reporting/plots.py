@@ -122,14 +122,21 @@ def tradeoff_plots(rows: list[dict], benchmark: str, out_dir: Path) -> list[Path
             continue
         fig, ax = plt.subplots(figsize=(6.5, 4))
         competitors = {r["label"]: (x, y) for r, x, y in points if not r["reference"]}
+        spread = False
         flags = stats.pareto_dominated(competitors)
         colors = iter(distinct_colors(len(competitors)))
         for r, x, y in points:
             if r["reference"]:
                 ax.scatter([x], [y], facecolors="none", edgecolors="black", s=70, label=f"{r['label']} (reference)")
             else:
-                ax.scatter([x], [y], s=50, marker="o" if not flags[r["label"]] else "x", color=next(colors),
+                color = next(colors)
+                ax.scatter([x], [y], s=50, marker="o" if not flags[r["label"]] else "x", color=color,
                            label=r["label"] + ("" if not flags[r["label"]] else " (dominated)"))
+                sd = r.get("metrics_sd") or {}   # over seeds; a row of one seed has none
+                if sd.get("forgetting") is not None or sd.get("utility") is not None:
+                    spread = True
+                    ax.errorbar([x], [y], xerr=[sd.get("forgetting") or 0.0], yerr=[sd.get("utility") or 0.0],
+                                fmt="none", ecolor=color, elinewidth=0.8, capsize=2)
         front = sorted((xy for label, xy in competitors.items() if not flags[label]), key=lambda p: p[0])
         if len(front) > 1:
             # the edge of what the front dominates: down from each point, then across to the next ("post" would
@@ -143,7 +150,8 @@ def tradeoff_plots(rows: list[dict], benchmark: str, out_dir: Path) -> list[Path
         x_label, y_label = plugin.axis_labels
         ax.set_xlabel(x_label)
         ax.set_ylabel(y_label)
-        ax.set_title(f"{benchmark.upper()} {model} {unit}")
+        # the front is drawn through the means: the bars show how far a seed moves a point
+        ax.set_title(f"{benchmark.upper()} {model} {unit}" + ("\nmeans over seeds, bars: ± 1 sd" if spread else ""))
         # outside the axes: inside, it hid the points under it
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
         pad_limits(ax)
