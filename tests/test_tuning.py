@@ -253,7 +253,8 @@ def test_the_shipped_tuned_config_plans_its_validation_before_anything_runs(tmp_
 
 @pytest.mark.slow
 def test_a_tiny_tuned_run_end_to_end(tmp_path):
-    """A tiny model on the fictitious world: GA tuned over two learning rates on author 2, reported on author 1."""
+    """A tiny model on the fictitious world: GA tuned over two learning rates on author 2, reported on author 1,
+    and relearned (the tuned cell and the Original, its control), as the tuned robustness run is computed."""
     import torch
 
     from conftest import run_config_cells
@@ -267,21 +268,25 @@ def test_a_tiny_tuned_run_end_to_end(tmp_path):
                            "warmup_epochs": 0}],
               "evaluation": {"batch_size": 8, "max_gen_toks": 12, "failure_classes": False},
               "report": {"formats": ["md"], "plots": False},
+              "attacks": [{"attack": "relearn", "learning_rate": 1.0e-3}],
               "tuning": {"rule": "forgetting_at_utility", "grids": {"GA": {"learning_rate": [1.0e-5, 1.0e-2]}},
                          "validation": {"tofu_author": {"data_dir": "testbed:world", "authors": [2], "limit": 2,
                                                         "retain_corpus": "author_3"}}}}
     out, results = run_config_cells(tmp_path, config)
     assert sorted((r["unit"], r["label"]) for r in results) == [
-        ("author_1", "GA"), ("author_1", "Original"), ("author_2", "GA [learning_rate=0.01]"),
-        ("author_2", "GA [learning_rate=1e-05]"), ("author_2", "Original")]
+        ("author_1", "GA"), ("author_1", "GA + relearn"), ("author_1", "Original"), ("author_1", "Original + relearn"),
+        ("author_2", "GA [learning_rate=0.01]"), ("author_2", "GA [learning_rate=1e-05]"), ("author_2", "Original")]
     record = json.loads((out / "tuning" / "tiny.json").read_text())
     chosen = record["methods"]["GA"]["chosen"]
     reported = next(r for r in results if r["label"] == "GA")
     assert reported["hparams"]["learning_rate"] == chosen["learning_rate"]
     cell_record = json.loads((out / "cells" / reported["hash"] / "run_record.json").read_text())
     assert cell_record["resolved_config"]["extra"]["tuning"]["chosen"] == chosen
+    attacked = next(r for r in results if r["label"] == "GA + relearn")
+    assert attacked["details"]["attack"]["attacked"] == reported["hash"]   # the tuned cell, not a validation one
     report = (out / "report" / "report.md").read_text()
     assert "## Tuning (tiny)" in report and "| tiny | author_2 |" not in report
+    assert "| tiny | author_1 | GA | relearn | held-out (1) |" in report   # the robustness table reads the tuned cell
 
 
 @pytest.mark.shared_data
