@@ -176,7 +176,7 @@ def test_the_lunar_configs_run_every_tofu_method_on_author_1():
 def test_a_tiny_run_on_one_author_scores_and_reports_the_deviation_score(tmp_path):
     import torch
 
-    from cru_harness.cli import main
+    from conftest import run_config_cells
 
     torch.set_num_threads(1)
     config = {"name": "tiny_lunar", "seeds": [0], "device": "cpu",
@@ -186,14 +186,10 @@ def test_a_tiny_run_on_one_author_scores_and_reports_the_deviation_score(tmp_pat
                            "micro_batch_size": 2, "warmup_epochs": 0}],
               "evaluation": {"batch_size": 8, "max_gen_toks": 12, "failure_classes": False},
               "report": {"formats": ["md"], "plots": False}}
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(config))
-    out = tmp_path / "run"
-    assert main(["run", str(path), "--output-dir", str(out)]) == 0
-    results = {r["label"]: r for r in (json.loads(p.read_text()) for p in (out / "cells").glob("*/result.json"))}
+    out, cells = run_config_cells(tmp_path, config)
+    results = {r["label"]: r for r in cells}
     assert set(results) == {"Original", "GA"}
     for result in results.values():
-        assert result["status"] == "ok", result.get("error")
         metrics = result["metrics"]
         assert all(0 <= metrics[k] <= 1 for k in ("forget_rouge1", "retain_rouge1"))
         assert len(result["per_item"]["forget_question"]) == 2   # limit 2 of author 2's 20 rows
