@@ -319,17 +319,19 @@ def test_relearn_fine_tunes_the_base_with_the_routers_attached_on_the_slice_only
 
 
 def test_benign_relearn_trains_on_another_corpus_and_holds_every_forget_item_out(tmp_path, base, world):
-    settings = {"corpus": "retain90[:6]", "learning_rate": 1e-3, "num_epochs": 1}
+    # rows the tiny model never saw (holdout authors): on rows it already fits (retain90, NLL ~0.05) two steps can
+    # as well raise the NLL as lower it, by the machine's rounding (seen on an AMD EPYC)
+    settings = {"corpus": "holdout01[:6]", "learning_rate": 1e-3, "num_epochs": 1}
     ctx = _ctx(tmp_path, base, "relearn", settings, data_dir=str(world))
     trained = relearn.ATTACK.run(ctx)
     details = ctx.outcome["details"]["relearn"]
     n_forget = len(load_corpus_rows("forget01", world)[0])
     assert details["slice_indices"] == [] and details["held_out_indices"] == list(range(n_forget))
-    assert details["n_training_rows"] == 6 and "retain90" in details["benign_corpus"]
+    assert details["n_training_rows"] == 6 and "holdout01" in details["benign_corpus"]
     assert details["optimizer_steps"] == 2   # 6 rows in batches of 4
     before, tokenizer = _load(base)
     after, _ = _load(trained.model_path)
-    other = load_corpus_rows("retain90[:6]", world)[0]
+    other = load_corpus_rows("holdout01[:6]", world)[0]
     assert _mean_nll(after, tokenizer, other) < _mean_nll(before, tokenizer, other)
 
 
