@@ -354,3 +354,28 @@ def test_a_config_read_without_its_tuning_leaves_the_block_as_written_and_is_not
     with pytest.raises(TypeError, match="was not resolved"):
         run_config(config, dry_run=True, log=lambda _: None)
     assert validate_with_tuning(raw).tuning.rule == "forgetting_at_utility"
+
+
+def test_the_report_names_validation_cells_from_a_fine_tuning_re_run_with_other_weights(tmp_path):
+    """A campaign's new machine fine-tunes again, and another CPU's rounding gives other weights: the Tuning section
+    (and, before the rule chose, the list of validation cells) says how many validation cells started from such a
+    checkpoint, as the leaderboards say it of reported cells; with none, it says nothing."""
+    import shutil
+
+    from cru_harness.reporting.cli import read_plans
+    from cru_harness.reporting.tuning import pending_tuning, tuning_markdown
+    from cru_harness.store import load_results
+
+    config = validate_with_tuning(raw_config(tmp_path))
+    assert run_config(config, executor=fake_executor([]), report=False, log=lambda _: None) == 0
+    out = config.output_dir
+    loaded = load_results(out)
+    validation = [r for r in loaded if r["benchmark"] == "tofu_author"]
+    assert tuning_markdown([out], loaded) == tuning_markdown([out])   # every cell from the recorded checkpoint
+    refit = {"finetuned_from": {"cell": "f", "matches_recorded": False}}
+    loaded = [dict(r, details=refit) if r["hash"] in {v["hash"] for v in validation[:2]} else r for r in loaded]
+    note = "- Validation: 2 cell(s) from a fine-tuning re-run whose weights differ from the recorded checkpoint's."
+    assert note in tuning_markdown([out], loaded) and note not in tuning_markdown([out])
+    shutil.rmtree(out / "tuning")   # as landed before the rule chose
+    lines, _ = pending_tuning([out], read_plans([out]), loaded)
+    assert note in lines and note not in pending_tuning([out], read_plans([out]), load_results(out))[0]

@@ -238,7 +238,7 @@ def write_report(dirs, out_dir, *, formats=("md", "csv", "tex"), plots=True, sta
     summary += unfinished_plan_lines(dirs, [*results, *(r for r in loaded if r.get("hash") in validation)])
     summary += pending
     summary += target_selection_markdown(dirs)
-    summary += tuning_markdown(dirs)
+    summary += tuning_markdown(dirs, loaded)
     summary += provenance_lines(dirs)
     comparisons = {}
     from .. import plugins

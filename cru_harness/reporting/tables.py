@@ -186,7 +186,7 @@ def aggregate(results: list[dict], benchmark: str) -> list[dict]:
                "gate_means": _gate_means(ok),
                "reasons": sorted({m.get("reason") for m in members if m.get("reason")}),
                "partial": _partial_tasks(ok) + _partial_columns(ok, derived, columns_for(benchmark)),
-               "refinetuned": _refinetuned(ok), "presets": _presets(ok, benchmark)}
+               "refinetuned": refinetuned_notes(ok), "presets": _presets(ok, benchmark)}
         benchmark_view(benchmark).derive_mean(row["metrics"], row["metrics_sd"])
         rows.append(row)
     order = _method_order(results)
@@ -251,7 +251,7 @@ def _partial_columns(results: list[dict], derived: list[dict], columns: list[Col
     return notes
 
 
-def _refinetuned(results: list[dict]) -> list[str]:
+def refinetuned_notes(results: list[dict]) -> list[str]:
     """A note for cells that started from a fine-tuned checkpoint made again (the first was not on the machine
     that ran them: `runner.execute.PlanExecutor.finetuned_checkpoint`) whose weights are not the recorded ones:
     GPU kernels need not be bitwise deterministic, so those cells started from a slightly other model."""

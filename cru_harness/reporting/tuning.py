@@ -17,14 +17,16 @@ def tuning_records(dirs) -> list[dict]:
             for directory in dirs for path in sorted((Path(directory) / TUNING_DIR).glob("*.json"))]
 
 
+def tuning_cell_hashes_of(record: dict) -> set[str]:
+    """A tuning record's validation cells (and its validation Originals)."""
+    return {*record["original"]["cells"],
+            *(cell["hash"] for method in record["methods"].values() for row in method["settings"]
+              for cell in row["cells"])}
+
+
 def tuning_cell_hashes(dirs) -> set[str]:
     """The validation cells of the run directories' tuning records (and their validation Originals)."""
-    hashes: set[str] = set()
-    for record in tuning_records(dirs):
-        hashes.update(record["original"]["cells"])
-        hashes.update(cell["hash"] for method in record["methods"].values()
-                      for row in method["settings"] for cell in row["cells"])
-    return hashes
+    return set().union(*(tuning_cell_hashes_of(record) for record in tuning_records(dirs)))
 
 
 def pending_tuning(dirs, plans: list[dict], loaded: list[dict]) -> tuple[list[str], set[str]]:
@@ -59,8 +61,16 @@ def pending_tuning(dirs, plans: list[dict], loaded: list[dict]) -> tuple[list[st
             lines.append(f"| {result.get('label')} ({result.get('unit') or result.get('split')}) | {result['hash']} "
                          f"| {_number(scores[0])} | {_number(scores[1])} | "
                          f"{_number((result.get('metrics') or {}).get('forget_quality'))} |")
-        lines.append("")
+        lines += [*_refinetuned(held), ""]
     return lines, {r["hash"] for r in held}
+
+
+def _refinetuned(results: list[dict]) -> list[str]:
+    """The validation cells that started from a fine-tuned checkpoint made again with other weights (another
+    machine's rounding), named as the leaderboards name such reported cells."""
+    from .tables import refinetuned_notes
+
+    return [f"- Validation: {note}." for note in refinetuned_notes(results)]
 
 
 def _number(value) -> str:
@@ -72,10 +82,12 @@ def _setting(setting: dict) -> str:
                      for key, value in setting.items())
 
 
-def tuning_markdown(dirs) -> list[str]:
-    """One "Tuning" block per record: the rule, the validation unit, and per tuned entry its grid's scores."""
+def tuning_markdown(dirs, loaded: list[dict] = ()) -> list[str]:
+    """One "Tuning" block per record: the rule, the validation unit, and per tuned entry its grid's scores (and,
+    from the `loaded` results, how many validation cells started from a fine-tuning re-run with other weights)."""
     lines: list[str] = []
     for record in tuning_records(dirs):
+        own = tuning_cell_hashes_of(record)
         forgetting, utility = record["axes"]
         floor = record["utility_ratio"] * record["original"]["utility"]
         lines += [f"## Tuning ({record['model']})", "",
@@ -97,5 +109,5 @@ def tuning_markdown(dirs) -> list[str]:
         lines.append("")
         lines += [f"- {label}: {_setting(method['chosen'])} ({method['reason']}); grid: {method['source']}; budget: "
                   f"{method['budget']}" for label, method in record["methods"].items()]
-        lines.append("")
+        lines += [*_refinetuned([r for r in loaded if r.get("hash") in own]), ""]
     return lines
