@@ -254,7 +254,8 @@ def _partial_columns(results: list[dict], derived: list[dict], columns: list[Col
 def refinetuned_notes(results: list[dict]) -> list[str]:
     """A note for cells that started from a fine-tuned checkpoint made again (the first was not on the machine
     that ran them: `runner.execute.PlanExecutor.finetuned_checkpoint`) whose weights are not the recorded ones:
-    GPU kernels need not be bitwise deterministic, so those cells started from a slightly other model."""
+    GPU kernels need not be bitwise deterministic, nor another CPU's (an AMD EPYC refit a checkpoint of an Intel
+    machine with other last bits), so those cells started from a slightly other model."""
     n = sum(((r.get("details") or {}).get("finetuned_from") or {}).get("matches_recorded") is False for r in results)
     return [f"{n} cell(s) from a fine-tuning re-run whose weights differ from the recorded checkpoint's"] if n else []
 
