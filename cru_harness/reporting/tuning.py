@@ -68,6 +68,7 @@ def pending_tuning(dirs, plans: list[dict], loaded: list[dict]) -> tuple[list[st
 def _refinetuned(results: list[dict]) -> list[str]:
     """The validation cells that started from a fine-tuned checkpoint made again with other weights (another
     machine's rounding), named as the leaderboards name such reported cells."""
+    # here, not at the top: runner.tuning imports this module for TUNING_DIR, and tables pulls in the metrics
     from .tables import refinetuned_notes
 
     return [f"- Validation: {note}." for note in refinetuned_notes(results)]
