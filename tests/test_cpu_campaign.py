@@ -11,6 +11,7 @@ import cru_harness.cli
 from cru_harness.runner.cli import run_config
 from cru_harness.runner.config import load_config
 from cru_harness.runner.plan import build_plan
+from cru_harness.runner.provenance import key_libraries
 
 from conftest import REPO_ROOT, load_benchmark
 
@@ -35,7 +36,7 @@ def _records(run, hashes, **change):
         path = run / "cells" / cell_hash / "run_record.json"
         record = json.loads(path.read_text())
         for key, value in change.items():
-            record[key] = dict(record[key], **value) if isinstance(value, dict) else value
+            record[key] = dict(record.get(key) or {}, **value) if isinstance(value, dict) else value
         path.write_text(json.dumps(record))
 
 
@@ -100,6 +101,22 @@ def test_land_refuses_a_dirty_failed_or_other_code_cell(campaign, tmp_path, chan
     with pytest.raises(SystemExit) as stop:
         load_benchmark("cpu_campaign/land").main([str(config_path), str(compute)])
     assert words in str(stop.value) and reports == []
+
+
+def test_worker_check_refuses_other_library_versions_than_the_landed_cells(campaign, capsys):
+    """A new machine's pip may bring a newer accelerate: every landed cell would then be stale and computed again,
+    so `worker.py --check` (which session.sh runs first) stops with the versions and the pip command instead."""
+    config_path, compute, calls, _ = campaign
+    worker = load_benchmark("cpu_campaign/worker")
+    check = [str(config_path), str(compute), "--check"]
+    here = key_libraries()
+    _records(compute, calls[:2], inputs={"libraries": here})   # as a real run records them
+    assert worker.main(check) == 0 and capsys.readouterr().err == ""
+    _records(compute, calls[1:2], inputs={"libraries": dict(here, accelerate="0.0.1")})
+    assert worker.library_drift(compute) == {"accelerate": (["0.0.1"], here["accelerate"])}
+    assert worker.main(check) == 4
+    message = capsys.readouterr().err.strip()
+    assert "\n" not in message and "pip install accelerate==0.0.1" in message and str(compute) in message
 
 
 def test_worker_order_puts_each_method_cell_before_its_own_attacks():

@@ -33,6 +33,9 @@ for cell in "$main/$name"/cells/*/; do
   fi
 done
 if [ -d "$main/$name/tuning" ]; then mkdir -p "$wt/$name/tuning" && cp -n "$main/$name"/tuning/*.json "$wt/$name/tuning/"; fi
+# another version of a recorded library (a newer accelerate from the registry) makes every landed cell stale:
+# refuse, naming the versions, rather than compute them all again
+(cd "$wt" && "$venv/bin/python" "$here/worker.py" "$CONFIG" "$name" --check) || exit 4
 mkdir -p "$wt/campaign-logs"
 # HH:MM is the next such time: a session that passes midnight ends tomorrow
 until=$(date -d "$deadline" +%Y-%m-%dT%H:%M)

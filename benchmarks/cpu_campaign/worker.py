@@ -32,7 +32,7 @@ from cru_harness.reporting.tuning import TUNING_DIR
 from cru_harness.runner.execute import PlanExecutor
 from cru_harness.runner.loop import run_cells
 from cru_harness.runner.plan import attacked_cell_for, build_plan, retain_cell_for
-from cru_harness.runner.provenance import cell_inputs, stale_fields
+from cru_harness.runner.provenance import cell_inputs, key_libraries, stale_fields
 from cru_harness.runner.tuning import apply, decide, load_with_tuning, validation_cells
 from cru_harness.store import CellStore, atomic_write_json, waiting_lock
 
@@ -230,6 +230,29 @@ class Worker:
         self.log(f"recomputed {cell.hash}: {'same numbers' if not differ else f'{len(differ)} metrics differ'}")
 
 
+def library_drift(root: Path) -> dict[str, tuple[list[str], str | None]]:
+    """Library -> (the versions finished cells under `root` recorded, this environment's), for each library where
+    they differ: every such cell counts as stale (`stale_fields`, "libraries"), so a worker would compute it again."""
+    current, recorded = key_libraries(), {}
+    for path in sorted((root / "cells").glob("*/run_record.json")):
+        if not (path.parent / "result.json").is_file():
+            continue
+        saved = (json.loads(path.read_text(encoding="utf-8")).get("inputs") or {}).get("libraries") or {}
+        for name, version in saved.items():
+            if version != current.get(name):
+                recorded.setdefault(name, set()).add(str(version))
+    return {name: (sorted(versions), current.get(name)) for name, versions in sorted(recorded.items())}
+
+
+def drift_message(root: Path, drift: dict) -> str:
+    """One line: which libraries differ and the pip command that restores them."""
+    names = "; ".join(f"{name} {' or '.join(was)} (here {now})" for name, (was, now) in drift.items())
+    pins = " ".join(f"{name}=={was[0]}" for name, (was, _) in drift.items() if name != "python" and len(was) == 1)
+    fix = f"pip install {pins}" if pins else "install the recorded versions"
+    return (f"{root}: the landed cells were computed with other library versions ({names}), so every one would be "
+            f"computed again; {fix}, then start again")
+
+
 def main(argv=None) -> int:
     import torch
 
@@ -239,11 +262,21 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config")
     parser.add_argument("output_dir")
-    parser.add_argument("--deadline", required=True, help="local time, ISO (2026-11-27T23:15)")
+    parser.add_argument("--deadline", help="local time, ISO (2026-11-27T23:15); required unless --check")
+    parser.add_argument("--check", action="store_true",
+                        help="only check that this environment's libraries are those the landed cells recorded")
     parser.add_argument("--order", default="CRU,GA,NPO,GD,SimNPO,IdkDPO,GD-KL,NPO-KL,DPO,RT,RMU,UNDIAL,SatImp,"
                                            "WGA,CE-U,TaskVector,WHP,LUNAR",
                         help="method labels, in the order their cells run within a seed")
     args = parser.parse_args(argv)
+    if args.check:
+        drift = library_drift(Path(args.output_dir))
+        if drift:
+            print(drift_message(Path(args.output_dir), drift), file=sys.stderr)
+            return 4
+        return 0
+    if args.deadline is None:
+        parser.error("--deadline is required")
     Worker(args.config, args.output_dir, dt.datetime.fromisoformat(args.deadline), args.order.split(",")).run()
     return 0
 
