@@ -3,6 +3,7 @@ plan a run of the same config writes (one format: `runner.plan.write_plan`)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -117,6 +118,41 @@ def test_worker_check_refuses_other_library_versions_than_the_landed_cells(campa
     assert worker.main(check) == 4
     message = capsys.readouterr().err.strip()
     assert "\n" not in message and "pip install accelerate==0.0.1" in message and str(compute) in message
+
+
+def test_a_landed_cells_model_is_looked_for_in_its_own_work_directory_wherever_it_landed_from(tmp_path, monkeypatch):
+    """The tuned robustness campaign holds cells first computed under the tuned run's directory: their models are
+    theirs (made again before an attack needs them), not a base model, though they lie outside this run directory."""
+    worker = load_benchmark("cpu_campaign/worker")
+    monkeypatch.chdir(tmp_path)
+    root = Path("results/robust")
+    elsewhere = {"artifacts": {"model": "results/tuned/cells/abc/work/retain_model"}}
+    assert not worker.model_on_disk(elsewhere, root, "abc")
+    (tmp_path / "results/tuned/cells/abc/work/retain_model").mkdir(parents=True)
+    assert worker.model_on_disk(elsewhere, root, "abc")
+    assert not worker.model_on_disk({"artifacts": {"model": "results/robust/cells/abc/work/m"}}, root, "abc")
+    assert worker.model_on_disk({"artifacts": {"model": "HuggingFaceTB/SmolLM2-135M"}}, root, "abc")   # the base
+
+
+def test_a_worker_starts_a_cell_that_failed_in_its_session_only_once(campaign, tmp_path, monkeypatch):
+    """A failing cell is not taken again and again until the deadline (seen: 1,600 starts in a minute)."""
+    import datetime as dt
+
+    config_path, _, _, _ = campaign
+    worker = load_benchmark("cpu_campaign/worker")
+    calls = []
+
+    def failing(cell, workdir):   # test double: every cell fails; a retry loop is cut short, not hung
+        calls.append(cell.hash)
+        if len(calls) > 20:
+            raise Killed()
+        raise RuntimeError("no model here")
+
+    monkeypatch.setattr(worker, "PlanExecutor", lambda store, cells, log=None: failing)
+    monkeypatch.setattr(worker, "cell_inputs", lambda cell: {"code_version": "pinned"})
+    compute = tmp_path / "again" / "results" / "t"
+    worker.Worker(str(config_path), str(compute), dt.datetime.now() + dt.timedelta(days=1), ["GA"]).run()
+    assert calls and len(calls) == len(set(calls))
 
 
 def test_worker_order_puts_each_method_cell_before_its_own_attacks():

@@ -106,13 +106,16 @@ def campaign_order(validation, cells, methods: list[str]) -> list:
     return first + [c for c in rest if c.hash not in seen]
 
 
-def model_on_disk(result: dict | None, root: Path) -> bool:
+def model_on_disk(result: dict | None, root: Path, cell_hash: str) -> bool:
     """The deployed model of a finished cell is on this machine: its weights and, for CRU, its router bundle, where
-    the cell wrote them into its work directory under the run directory `root` (other paths: the base model)."""
+    the cell wrote them into its own work directory, `cells/<hash>/`, under `root` or under the run directory of
+    another config with the same cells (the tuned run's cells land in the tuned robustness run too); other paths
+    are the base model."""
     artifacts = (result or {}).get("artifacts") or {}
     paths = [Path(artifacts[key]) for key in ("model", "routers") if artifacts.get(key)]
-    inside = [p for p in paths if p.resolve().is_relative_to(root.resolve())]
-    return all(p.exists() for p in inside)
+    own = [p for p in paths if p.resolve().is_relative_to(root.resolve())
+           or any(a == "cells" and b == cell_hash for a, b in zip(p.parts, p.parts[1:]))]
+    return all(p.exists() for p in own)
 
 
 class Worker:
@@ -161,7 +164,8 @@ class Worker:
     def needs_model(self, owner) -> bool:
         """The owner's model is needed but not here: it was finished by an earlier session."""
         result = self.store.load_result(owner.hash)
-        return self.current(owner) and owner.hash not in self.done_this_session and not model_on_disk(result, self.root)
+        return (self.current(owner) and owner.hash not in self.done_this_session
+                and not model_on_disk(result, self.root, owner.hash))
 
     def pick(self):
         """(cell, force) to compute next; "wait" while the only cells left wait on cells being computed; None when
@@ -170,6 +174,8 @@ class Worker:
         for cell in self.order:
             if self.current(cell) or self.store.running_elsewhere(cell.hash):
                 continue
+            if cell.hash in self.done_this_session:
+                continue   # it failed here: once is enough (the log and its result say why), not a retry loop
             deps = [d for d in (attacked_cell_for(cell, self.cells), retain_cell_for(cell, self.cells))
                     if d is not None and d.hash != cell.hash]
             if any(self.store.running_elsewhere(d.hash) for d in deps):
