@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import errno
 import os
 import platform
 import secrets
@@ -580,6 +581,28 @@ def waiting_lock(path: str | os.PathLike) -> Iterator[None]:
         yield
 
 
+def _has_flock(directory: Path) -> bool:
+    """Whether `directory`'s file system implements flock (some network file systems do not), tried on a probe file
+    of this process's own, so that no lock file is created or removed by the test."""
+    if os.name != "posix":
+        return True   # filelock uses Windows' own locking there
+    import fcntl
+
+    probe = directory / f".flock-probe-{os.getpid()}"
+    fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    except OSError as error:
+        if error.errno == errno.ENOSYS:
+            return False
+        raise
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+
+
 class RunLockedError(UserError, RuntimeError):
     """Another live process runs in the same output directory."""
 
@@ -637,11 +660,14 @@ class RunLock:
     @staticmethod
     def _try(path: Path, wait_s: float = 0.0):
         """The held FileLock of `path`, or None when another process holds it (tried for `wait_s`)."""
-        from filelock import FileLock, Timeout
+        from filelock import FileLock, SoftFileLock, Timeout
 
-        deadline = time.monotonic() + wait_s
+        deadline, soft = time.monotonic() + wait_s, not _has_flock(path.parent)
         for _ in range(1000):
-            lock = FileLock(str(path), timeout=0, thread_local=False)
+            # without flock, filelock's own fallback (4.0.8) first deletes the file it opened, the holder's lock
+            # included: where flock is missing, the existence lock (a file created exclusively) is taken here
+            lock = (SoftFileLock(str(path), timeout=0, thread_local=False) if soft
+                    else FileLock(str(path), timeout=0, thread_local=False, fallback_to_soft=False))
             try:
                 lock.acquire()
             except Timeout:
