@@ -16,6 +16,7 @@ nothing the harness did not write is deleted; and one process at a time writes a
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -272,6 +273,42 @@ def write_directory(path: str | os.PathLike, write: Callable[[Path], None], *, o
 _HELD_LOCKS: set[str] = set()
 
 
+def _has_flock(directory: Path) -> bool:
+    """Whether `directory`'s file system implements flock (some network file systems do not), tried on a probe file
+    of this process's own, so that no lock file is created or removed by the test."""
+    if os.name != "posix":
+        return True   # filelock uses Windows' own locking there
+    import fcntl
+
+    probe = directory / f".flock-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return True   # a missing or read-only directory: the lock's own acquire reports it, where it did before
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    except OSError as error:
+        if error.errno == errno.ENOSYS:
+            return False
+        raise
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+
+
+def file_lock(path: Path, **kwargs):
+    """A `filelock` lock on `path` (kwargs: FileLock's). Where the file system has no flock, the existence lock (a file
+    created exclusively, `SoftFileLock`) is taken directly: filelock's own fallback (4.0.8) first deletes the file it
+    opened, which may be another process's held lock."""
+    from filelock import FileLock, SoftFileLock
+
+    if not _has_flock(Path(path).parent):
+        return SoftFileLock(str(path), **kwargs)
+    return FileLock(str(path), fallback_to_soft=False, **kwargs)
+
+
 def lock_path(path: str | os.PathLike) -> Path:
     """The lock file of output `path`: `.NAME.lock` beside it, or in its nearest existing ancestor (nothing is
     created for a lock); removed when released."""
@@ -285,7 +322,7 @@ def output_lock(path: str | os.PathLike, what: str = "output directory") -> Iter
     """One process at a time writes `path` (`filelock`): a second is refused at once, naming the process that
     holds it (pid, host, start). A lock left by a killed process is free (flock dies with its holder). Re-entrant
     within a process (a command holding it may save through `write_directory`)."""
-    from filelock import FileLock, Timeout
+    from filelock import Timeout
 
     from .errors import excerpt
 
@@ -294,7 +331,7 @@ def output_lock(path: str | os.PathLike, what: str = "output directory") -> Iter
     if key in _HELD_LOCKS:
         yield
         return
-    lock = FileLock(str(lock_file), timeout=0)
+    lock = file_lock(lock_file, timeout=0)
     try:
         lock.acquire()
     except Timeout:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import errno
 import os
 import platform
 import secrets
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .errors import WRITE_ERRNOS, InputError, MissingInputError, OutputWriteError, UserError, excerpt
-from .locations import describe_holder
+from .locations import describe_holder, file_lock
 
 RESULT_FILE = "result.json"
 RECORD_FILE = "run_record.json"
@@ -573,34 +572,10 @@ def waiting_lock(path: str | os.PathLike) -> Iterator[None]:
     """Hold an exclusive lock (`filelock`) on `path`, waiting while another process (a shard of the same run)
     holds it. The file stays: removing it would let a waiter lock an unlinked file while a newcomer locks a new
     one."""
-    from filelock import FileLock
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path)):
+    with file_lock(path):
         yield
-
-
-def _has_flock(directory: Path) -> bool:
-    """Whether `directory`'s file system implements flock (some network file systems do not), tried on a probe file
-    of this process's own, so that no lock file is created or removed by the test."""
-    if os.name != "posix":
-        return True   # filelock uses Windows' own locking there
-    import fcntl
-
-    probe = directory / f".flock-probe-{os.getpid()}"
-    fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return True
-    except OSError as error:
-        if error.errno == errno.ENOSYS:
-            return False
-        raise
-    finally:
-        os.close(fd)
-        probe.unlink(missing_ok=True)
 
 
 class RunLockedError(UserError, RuntimeError):
@@ -660,14 +635,11 @@ class RunLock:
     @staticmethod
     def _try(path: Path, wait_s: float = 0.0):
         """The held FileLock of `path`, or None when another process holds it (tried for `wait_s`)."""
-        from filelock import FileLock, SoftFileLock, Timeout
+        from filelock import Timeout
 
-        deadline, soft = time.monotonic() + wait_s, not _has_flock(path.parent)
+        deadline = time.monotonic() + wait_s
         for _ in range(1000):
-            # without flock, filelock's own fallback (4.0.8) first deletes the file it opened, the holder's lock
-            # included: where flock is missing, the existence lock (a file created exclusively) is taken here
-            lock = (SoftFileLock(str(path), timeout=0, thread_local=False) if soft
-                    else FileLock(str(path), timeout=0, thread_local=False, fallback_to_soft=False))
+            lock = file_lock(path, timeout=0, thread_local=False)
             try:
                 lock.acquire()
             except Timeout:

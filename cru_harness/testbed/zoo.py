@@ -112,10 +112,12 @@ def recipe_hash(*parts) -> str:
 def _file_lock(path: Path):
     """An exclusive lock (`filelock`) so parallel processes asking for the same entry build it once. A wait says
     so: a build left running by a killed run can hold it for minutes."""
-    from filelock import FileLock, Timeout
+    from filelock import Timeout
+
+    from ..locations import file_lock
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path))
+    lock = file_lock(path)
     try:
         lock.acquire(timeout=0)
     except Timeout:
