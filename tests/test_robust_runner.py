@@ -420,6 +420,62 @@ def test_without_flock_a_held_lock_is_refused_naming_its_holder(tmp_path, monkey
     assert not lock.exists()
 
 
+def _without_flock(monkeypatch):
+    import fcntl
+
+    def no_flock(fd, operation):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+
+
+def test_without_flock_an_output_held_elsewhere_is_refused_and_its_lock_kept(tmp_path, monkeypatch):
+    """The output lock on a file system without flock: another process's lock file (an existence lock) refuses
+    this one, naming its holder, and stays in place (filelock's own fallback deleted it and let this one in)."""
+    from cru_harness.locations import OutputLocationError, lock_path, output_lock
+
+    _without_flock(monkeypatch)
+    out = tmp_path / "out"
+    held = lock_path(out)
+    held.write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname()}))   # alive: our parent
+    with pytest.raises(OutputLocationError, match=f"is being written by .*{os.getppid()}"):
+        with output_lock(out):
+            pass
+    assert held.is_file()
+    held.unlink()
+    with output_lock(out):
+        assert held.is_file()
+    assert not held.exists()
+
+
+@pytest.mark.parametrize("which", ["waiting_lock", "testbed"])
+def test_without_flock_a_waiting_lock_waits_for_the_holder(tmp_path, monkeypatch, which):
+    """The run's shared-work lock and the testbed cache's build lock, on a file system without flock: while
+    another process's lock file exists, they wait (and leave it in place); once it is gone, they go on."""
+    import threading
+
+    from cru_harness.store import waiting_lock
+    from cru_harness.testbed import zoo
+
+    _without_flock(monkeypatch)
+    held = tmp_path / ".entry.lock"
+    held.write_text("another process")
+    take = waiting_lock if which == "waiting_lock" else zoo._file_lock
+    entered = threading.Event()
+
+    def worker():
+        with take(held):
+            entered.set()
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    assert not entered.wait(1.0), "entered a lock another process holds"
+    assert held.read_text() == "another process"
+    held.unlink()
+    assert entered.wait(10.0)
+    thread.join(10.0)
+
+
 def test_only_runs_the_named_methods_cells_and_keeps_the_plan_whole(tmp_path, capsys):
     """`--only IdkDPO` after a fix to IdkDPO: its cells run, every other cell stays as it is (here: not yet
     run), plan.json still lists the whole plan; a label the config lacks is one line naming its labels."""
