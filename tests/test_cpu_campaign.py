@@ -223,6 +223,58 @@ def test_a_tuned_config_is_computed_and_landed_as_run_computes_it(tmp_path, monk
     assert reports == [["report", "results/tuned"]]
 
 
+def test_the_choice_is_saved_after_the_last_validation_cell_and_landed_even_if_not_saved(tmp_path, monkeypatch):
+    """The worker saves the rule's choice as soon as the last validation cell has finished, before it starts an
+    untuned entry's cell; and land.py lands the choice (with the reported cells planned at it) from the landed
+    validation cells even where no worker saved it yet, so the report never says "not chosen" beside a tuned
+    plan. A saved choice that differs from the rule's stops the landing."""
+    import datetime as dt
+
+    from test_tuning import fake_executor, raw_config
+
+    worker = load_benchmark("cpu_campaign/worker")
+    raw = dict(raw_config(tmp_path), output_dir="results/tuned")
+    config_path = tmp_path / "tuned.yaml"
+    config_path.write_text(yaml.safe_dump(raw))
+    ran: list = []
+    computed = fake_executor(ran)
+
+    def killed_after_validation(cell, workdir):
+        if len(ran) == 5:   # the 2 x 2 settings and their Original have finished
+            raise Killed()
+        return computed(cell, workdir)
+
+    monkeypatch.setattr(worker, "PlanExecutor", lambda store, cells, log=None: killed_after_validation)
+    monkeypatch.setattr(worker, "cell_inputs", lambda cell: {"code_version": "pinned"})
+    (tmp_path / "wt").mkdir()
+    monkeypatch.chdir(tmp_path / "wt")
+    compute = tmp_path / "wt" / "results" / "tuned"
+    with pytest.raises(Killed):
+        worker.Worker(str(config_path), str(compute), dt.datetime.now() + dt.timedelta(days=1), ["NPO", "GA"]).run()
+    assert [c.benchmark for c in ran] == ["tofu_author"] * 5
+    saved = compute / "tuning" / "tiny.json"
+    record = json.loads(saved.read_text())
+    assert record["methods"]["GA"]["chosen"] == {"learning_rate": 1.0e-3}
+
+    saved.unlink()   # as a worker that had not re-planned yet left it
+    _records(compute, [c.hash for c in ran], git={"dirty": False, "dirty_files": []})
+    (tmp_path / "main").mkdir()
+    monkeypatch.chdir(tmp_path / "main")
+    land = load_benchmark("cpu_campaign/land")
+    assert land.main([str(config_path), str(compute)]) == 0
+    target = tmp_path / "main" / "results" / "tuned"
+    assert json.loads((target / "tuning" / "tiny.json").read_text()) == record
+    planned = {c["cell"] for c in json.loads((target / "plan.json").read_text())["cells"]}
+    assert {"tiny | tofu forget01 | GA seed=0", "tiny | tofu forget01 | GD seed=1"} <= planned   # tuned: planned
+    report = (target / "report" / "report.md").read_text()
+    assert "has not chosen" not in report
+
+    record["methods"]["GA"]["chosen"] = {"learning_rate": 1.0e-4}
+    saved.write_text(json.dumps(record))
+    with pytest.raises(SystemExit, match="saved choice differs from the rule's"):
+        land.main([str(config_path), str(compute)])
+
+
 def test_a_tuned_campaign_landed_before_the_rule_chose_says_so(tmp_path, monkeypatch):
     """Landed midway (a validation cell still owed), a tuned run's report says the rule has not chosen, that the
     tuned entries' reported cells are owed beyond the plan, and lists the validation cells apart from the results:

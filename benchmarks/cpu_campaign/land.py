@@ -5,7 +5,7 @@
 Copies every planned cell that finished clean in COMPUTE_DIR (status ok, run record from a committed tree of the
 pinned commit) and has not landed yet into the config's output_dir here: its result and run record only (no work/),
 writes the whole plan as plan.json, and writes the report with this checkout's code. A config with `tuning:` lands
-as `cru-harness run` writes it: its validation cells, the rule's record (`tuning/`) once they all have a result, and
+as `cru-harness run` writes it: its validation cells, the rule's record (`tuning/`, decided here; one the worker saved must equal it) once they all have a result, and
 the reported cells at the chosen settings (`worker.campaign_cells`). The worker's `recomputed.jsonl`
 (landed cells made again for their models, their numbers compared) is added to the run's own. A cell that failed, or
 was computed from an uncommitted tree or by other code than the cells already landed, stops the landing, naming it.
@@ -24,7 +24,7 @@ import importlib.util
 from cru_harness.reporting.tuning import TUNING_DIR
 from cru_harness.runner.plan import write_plan
 from cru_harness.runner.tuning import apply, load_with_tuning
-from cru_harness.store import CellStore
+from cru_harness.store import CellStore, atomic_write_json
 
 
 def _worker():
@@ -80,9 +80,12 @@ def main(argv=None) -> int:
         landed += 1
     if config.tuning is not None:   # as `cru-harness run` writes a tuned run: the validation cells, then the plan
         config = apply(config, choice)
-        for saved in sorted((source / TUNING_DIR).glob("*.json")) if choice is not None else []:
-            (target / TUNING_DIR).mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(saved, target / TUNING_DIR / saved.name)
+        if choice is not None:   # the rule's record, as the worker saves it (it may not have yet: it re-plans later)
+            name = f"{choice['model']}.json"
+            saved, landed_record = source / TUNING_DIR / name, target / TUNING_DIR / name
+            atomic_write_json(landed_record, choice)
+            if saved.is_file() and json.loads(saved.read_text()) != json.loads(landed_record.read_text()):
+                sys.exit(f"{saved}: the worker's saved choice differs from the rule's on the landed validation cells")
         write_plan(target, config, [*(c for c in validation if c.kind != "finetune"), *planned])
     else:
         write_plan(target, config, cells)

@@ -223,6 +223,8 @@ class Worker:
             self.done_this_session.add(cell.hash)
             if previous is not None:
                 self.compare(cell, previous)
+            if self.choosing and self.plan():   # that was the last validation cell: the choice is saved and planned
+                self.log("tuning: the rule chose; the reported cells are planned at its choice")
         self.log("nothing more to start before the deadline")
 
     def compare(self, cell, previous: dict) -> None:
