@@ -435,6 +435,8 @@ def _check_committed_cells_and_report(committed, name, tmp_path, monkeypatch):
     copy = tmp_path / "results" / name   # the same relative path: the report names its directory
     shutil.copytree(committed / "cells", copy / "cells")
     shutil.copy(committed / "plan.json", copy / "plan.json")
+    if (committed / "tuning").is_dir():   # a tuned run's saved choice: its report's "Tuning" section reads it
+        shutil.copytree(committed / "tuning", copy / "tuning")
     monkeypatch.chdir(tmp_path)
     assert main(["report", f"results/{name}"]) == 0
     written = {p.relative_to(copy / "report") for p in (copy / "report").rglob("*") if p.is_file()}
