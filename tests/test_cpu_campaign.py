@@ -223,34 +223,41 @@ def test_a_tuned_config_is_computed_and_landed_as_run_computes_it(tmp_path, monk
     assert reports == [["report", "results/tuned"]]
 
 
-def test_the_choice_is_saved_after_the_last_validation_cell_and_landed_even_if_not_saved(tmp_path, monkeypatch):
-    """The worker saves the rule's choice as soon as the last validation cell has finished, before it starts an
-    untuned entry's cell; and land.py lands the choice (with the reported cells planned at it) from the landed
-    validation cells even where no worker saved it yet, so the report never says "not chosen" beside a tuned
-    plan. A saved choice that differs from the rule's stops the landing."""
+def _tuned_worker_killed_after(n: int, methods: list[str], tmp_path, monkeypatch):
+    """test_tuning's tuned config computed by a worker in `wt/` that is killed once `n` cells have finished:
+    (config path, compute directory, the finished cells)."""
     import datetime as dt
 
     from test_tuning import fake_executor, raw_config
 
     worker = load_benchmark("cpu_campaign/worker")
-    raw = dict(raw_config(tmp_path), output_dir="results/tuned")
     config_path = tmp_path / "tuned.yaml"
-    config_path.write_text(yaml.safe_dump(raw))
+    config_path.write_text(yaml.safe_dump(dict(raw_config(tmp_path), output_dir="results/tuned")))
     ran: list = []
     computed = fake_executor(ran)
 
-    def killed_after_validation(cell, workdir):
-        if len(ran) == 5:   # the 2 x 2 settings and their Original have finished
+    def killed_after_n(cell, workdir):
+        if len(ran) == n:
             raise Killed()
         return computed(cell, workdir)
 
-    monkeypatch.setattr(worker, "PlanExecutor", lambda store, cells, log=None: killed_after_validation)
+    monkeypatch.setattr(worker, "PlanExecutor", lambda store, cells, log=None: killed_after_n)
     monkeypatch.setattr(worker, "cell_inputs", lambda cell: {"code_version": "pinned"})
     (tmp_path / "wt").mkdir()
     monkeypatch.chdir(tmp_path / "wt")
     compute = tmp_path / "wt" / "results" / "tuned"
     with pytest.raises(Killed):
-        worker.Worker(str(config_path), str(compute), dt.datetime.now() + dt.timedelta(days=1), ["NPO", "GA"]).run()
+        worker.Worker(str(config_path), str(compute), dt.datetime.now() + dt.timedelta(days=1), methods).run()
+    return config_path, compute, ran
+
+
+def test_the_choice_is_saved_after_the_last_validation_cell_and_landed_even_if_not_saved(tmp_path, monkeypatch):
+    """The worker saves the rule's choice as soon as the last validation cell has finished, before it starts an
+    untuned entry's cell; and land.py lands the choice (with the reported cells planned at it) from the landed
+    validation cells even where no worker saved it yet, so the report never says "not chosen" beside a tuned
+    plan. A saved choice that differs from the rule's stops the landing."""
+    # killed when the 2 x 2 settings and their Original have finished
+    config_path, compute, ran = _tuned_worker_killed_after(5, ["NPO", "GA"], tmp_path, monkeypatch)
     assert [c.benchmark for c in ran] == ["tofu_author"] * 5
     saved = compute / "tuning" / "tiny.json"
     record = json.loads(saved.read_text())
@@ -279,29 +286,7 @@ def test_a_tuned_campaign_landed_before_the_rule_chose_says_so(tmp_path, monkeyp
     """Landed midway (a validation cell still owed), a tuned run's report says the rule has not chosen, that the
     tuned entries' reported cells are owed beyond the plan, and lists the validation cells apart from the results:
     no leaderboard is made of them."""
-    import datetime as dt
-
-    from test_tuning import fake_executor, raw_config
-
-    worker = load_benchmark("cpu_campaign/worker")
-    raw = dict(raw_config(tmp_path), output_dir="results/tuned")
-    config_path = tmp_path / "tuned.yaml"
-    config_path.write_text(yaml.safe_dump(raw))
-    ran: list = []
-    computed = fake_executor(ran)
-
-    def three_then_killed(cell, workdir):
-        if len(ran) == 3:
-            raise Killed()
-        return computed(cell, workdir)
-
-    monkeypatch.setattr(worker, "PlanExecutor", lambda store, cells, log=None: three_then_killed)
-    monkeypatch.setattr(worker, "cell_inputs", lambda cell: {"code_version": "pinned"})
-    (tmp_path / "wt").mkdir()
-    monkeypatch.chdir(tmp_path / "wt")
-    compute = tmp_path / "wt" / "results" / "tuned"
-    with pytest.raises(Killed):
-        worker.Worker(str(config_path), str(compute), dt.datetime.now() + dt.timedelta(days=1), ["GA", "GD"]).run()
+    config_path, compute, ran = _tuned_worker_killed_after(3, ["GA", "GD"], tmp_path, monkeypatch)
     _records(compute, [c.hash for c in ran], git={"dirty": False, "dirty_files": []})
     (tmp_path / "main").mkdir()
     monkeypatch.chdir(tmp_path / "main")
