@@ -5,8 +5,9 @@
 Copies every planned cell that finished clean in COMPUTE_DIR (status ok, run record from a committed tree of the
 pinned commit) and has not landed yet into the config's output_dir here: its result and run record only (no work/),
 writes the whole plan as plan.json, and writes the report with this checkout's code. A config with `tuning:` lands
-as `cru-harness run` writes it: its validation cells, the rule's record (`tuning/`, decided here; one the worker saved must equal it) once they all have a result, and
-the reported cells at the chosen settings (`worker.campaign_cells`). The worker's `recomputed.jsonl`
+as `cru-harness run` writes it: its validation cells, the rule's record (`tuning/`, decided here from them; one the
+worker saved must equal it) once they all have a result, and the reported cells at the chosen settings
+(`worker.campaign_cells`). The worker's `recomputed.jsonl`
 (landed cells made again for their models, their numbers compared) is added to the run's own. A cell that failed, or
 was computed from an uncommitted tree or by other code than the cells already landed, stops the landing, naming it.
 Run from the root of the checkout that commits the results (main), with this checkout's package installed.
