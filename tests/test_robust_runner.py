@@ -394,15 +394,20 @@ def test_run_checks_its_output_dir_before_any_work(tmp_path, capsys, below, word
     assert not (tmp_path / "run").exists()
 
 
-def test_without_flock_a_held_lock_is_refused_naming_its_holder(tmp_path, monkeypatch):
-    """Some network file systems have no flock: filelock's fallback (a lock file created exclusively) keeps a second
-    run out; the message names the recorded holder, and when that process is gone, says to delete the file."""
+def _without_flock(monkeypatch):
+    """A file system without flock (some network file systems): every flock call fails with ENOSYS."""
     import fcntl
 
     def no_flock(fd, operation):
         raise OSError(38, "Function not implemented")
 
     monkeypatch.setattr(fcntl, "flock", no_flock)
+
+
+def test_without_flock_a_held_lock_is_refused_naming_its_holder(tmp_path, monkeypatch):
+    """Some network file systems have no flock: filelock's fallback (a lock file created exclusively) keeps a second
+    run out; the message names the recorded holder, and when that process is gone, says to delete the file."""
+    _without_flock(monkeypatch)
     root = tmp_path / "run"
     root.mkdir()
     lock = root / ".lock"
@@ -418,15 +423,6 @@ def test_without_flock_a_held_lock_is_refused_naming_its_holder(tmp_path, monkey
         with pytest.raises(RunLockedError, match=f"in use by process {os.getpid()}"):
             RunLock(root).acquire()
     assert not lock.exists()
-
-
-def _without_flock(monkeypatch):
-    import fcntl
-
-    def no_flock(fd, operation):
-        raise OSError(38, "Function not implemented")
-
-    monkeypatch.setattr(fcntl, "flock", no_flock)
 
 
 def test_without_flock_an_output_held_elsewhere_is_refused_and_its_lock_kept(tmp_path, monkeypatch):
