@@ -364,20 +364,32 @@ def _table(text: str, header: str) -> list[str]:
 
 
 def test_the_docs_show_the_robustness_runs_matrix_as_its_report_writes_it():
-    """README.md and docs/results.md copy the robustness run's method x attack matrix from its report, and
-    docs/results.md names how many cells have landed ("N of M" while some are owed, "M (all planned)" once none
-    is): a landing that adds cells updates the docs with it."""
+    """README.md and docs/results.md copy the robustness run's method x attack matrix from its report."""
     root = CONFIGS.parent
-    committed, planned = _committed_run(*CAMPAIGN_CPU_RUNS[0])
+    committed, _ = _committed_run(*CAMPAIGN_CPU_RUNS[0])
     report = (committed / "report" / "report.md").read_text()
     header = next(line for line in report.splitlines() if line.startswith("| Method | Gap |"))
     matrix = _table(report, header)
     assert len(matrix) > 2
     for doc in ("README.md", "docs/results.md"):
         assert _table((root / doc).read_text(), header) == matrix, f"{doc}: not the report's robustness matrix"
+
+
+@pytest.mark.parametrize("config_name, scale, name", CAMPAIGN_CPU_RUNS)
+def test_the_docs_say_how_many_of_a_campaign_runs_cells_have_landed(config_name, scale, name):
+    """docs/results.md's row of a run landed part by part names how many of its cells have landed ("N of M planned
+    so far" while some are owed, "M (all planned)" once none is), and so does the README where it names an
+    unfinished run: a landing that adds cells updates the docs with it."""
+    root = CONFIGS.parent
+    committed, planned = _committed_run(config_name, scale, name)
     held = len(list((committed / "cells").iterdir()))
-    landed = f"{held} of {len(planned)}" if held < len(planned) else f"{held} (all planned)"
-    assert landed in (root / "docs" / "results.md").read_text()
+    landed = f"{held} of {len(planned)} planned so far" if held < len(planned) else f"{held} (all planned)"
+    rows = [line for line in (root / "docs" / "results.md").read_text().splitlines()
+            if line.startswith(f"| `results/{name}/` |")]
+    assert len(rows) == 1 and f"| {landed} |" in rows[0], f"docs/results.md: {name} has {landed}"
+    readme = (root / "README.md").read_text()
+    if held < len(planned) and f"`results/{name}/`" in readme:
+        assert f"`results/{name}/`, {held} of its {len(planned)} cells so far" in readme
 
 
 def _committed_run(config_name, scale, name):
