@@ -587,6 +587,9 @@ def test_lr_sweep_applies_the_stated_rule(tmp_path):
     assert entry["chosen"] == 1e-5 and "smallest" in entry["reason"]
     # a run at one learning rate is not a sweep
     assert sweep_choices([original, _swept("GA", 1e-5, 0.5), _swept("GD", 1e-5, 0.5)]) == []
+    # nor is a tuned run: methods at different learning rates, each at its own one
+    assert sweep_choices([original, _swept("GA", 1e-4, 0.5), _swept("GA", 1e-4, 0.4, seed=1),
+                          _swept("GD", 3e-5, 0.5), _swept("NPO", 3e-4, 0.5)]) == []
     write_cells(tmp_path / "run", cells)
     write_report([tmp_path / "run"], tmp_path / "out", plots=False, log=lambda *_: None)
     report = (tmp_path / "out" / "report.md").read_text()

@@ -2,7 +2,7 @@
 configs/cpu_smollm2_rwku_lr.yaml (RWKU) before any number existed, so the choice is computed from the sweep's
 cells rather than read off a table by eye.
 
-Rule, per (model, split or target) block that holds baseline cells at two or more learning rates: for each
+Rule, per (model, split or target) block where some baseline ran at two or more learning rates: for each
 learning rate, the median over the baselines of their kept-knowledge score (each method's mean over its seeds);
 the chosen learning rate is the largest whose median is >= `RATIO` x the Original model's score, else the smallest
 of the grid. The score is TOFU's Model Utility, and on RWKU the mean neighbour ROUGE-L recall (FB and QA: what must
@@ -56,8 +56,10 @@ def sweep_choices(results: list[dict], ratio: float = RATIO) -> list[dict]:
     choices = []
     for block in sorted(by_lr, key=lambda b: (b[0], b[1], str(b[2]))):
         grid = by_lr[block]
-        if len(grid) < 2:
-            continue  # one learning rate: a run, not a sweep
+        swept = {m for per_method in grid.values() for m in per_method
+                 if sum(m in other for other in grid.values()) >= 2}
+        if len(grid) < 2 or not swept:
+            continue  # one learning rate, or each method at its own one (a tuned run): a run, not a sweep
         original = originals.get(block)
         entry = {"model": block[0], "benchmark": block[1], "split": block[2],
                  "score": plugins.benchmarks.get(block[1]).kept_score_name,
