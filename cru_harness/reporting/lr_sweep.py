@@ -56,15 +56,13 @@ def sweep_choices(results: list[dict], ratio: float = RATIO) -> list[dict]:
     choices = []
     for block in sorted(by_lr, key=lambda b: (b[0], b[1], str(b[2]))):
         grid = by_lr[block]
-        swept = {m for per_method in grid.values() for m in per_method
-                 if sum(m in other for other in grid.values()) >= 2}
-        if len(grid) < 2 or not swept:
-            continue  # one learning rate, or each method at its own one (a tuned run): a run, not a sweep
+        methods_seen = sorted({m for per_method in grid.values() for m in per_method})
+        if sum(map(len, grid.values())) == len(methods_seen):
+            continue  # no method at two learning rates (one rate, or each method at its own: a tuned run): no sweep
         original = originals.get(block)
         entry = {"model": block[0], "benchmark": block[1], "split": block[2],
                  "score": plugins.benchmarks.get(block[1]).kept_score_name,
                  "original_score": original, "ratio": ratio, "rows": [], "chosen": None, "reason": None}
-        methods_seen = sorted({m for per_method in grid.values() for m in per_method})
         for lr in sorted(grid):
             means = {m: finite_mean(v) for m, v in grid[lr].items()}
             median = statistics.median(means.values())
