@@ -403,6 +403,33 @@ def test_the_original_under_an_attack_is_a_control_beside_the_oracles_in_the_abs
     assert "- No Original + attack cell for int4" in text
 
 
+def test_the_levels_matrix_reads_each_method_beside_the_controls_under_each_attack():
+    """int4: GA at 0.25 and 0.35 (seeds 0, 1), NPO at 0.20 (one cell), the oracle at 0.15 and the Original at 0.70
+    under it: the matrix shows the controls once and each method's mean level with its difference from the oracle's,
+    saying n where a row averages fewer cells. Under relearn each method's items are those its attack did not
+    show, so the oracle's level differs by row and the control row says so instead of one number."""
+    results = [_attack("GA", "int4", 0.25), _attack("GA", "int4", 0.35, seed=1), _attack("NPO", "int4", 0.2),
+               _attack("Retain", "int4", 0.15, attacked_kind="retain"),
+               _attack("Original", "int4", 0.7, attacked_kind="original")]
+    lines = tables.levels_markdown(results, "tofu")
+    assert lines[lines.index("| Row | int4 |") + 2:lines.index("| Row | int4 |") + 6] == [
+        "| Retain (oracle) + attack | 0.15 |", "| Original + attack | 0.70 |", "| GA | 0.30 (0.15) |",
+        "| NPO | 0.20 (0.05) n=1 |"]
+
+    def relearn(label, kind, values, shown):
+        cell = _attack(label, "relearn", sum(values) / 3, attacked_kind=kind)
+        cell["details"]["relearn"] = {"slice_questions": shown}
+        cell["per_item"] = {"forget_question": ["q0", "q1", "q2"], "forget_rouge_l": values}
+        return cell
+
+    results = [relearn("GA", "method", [0.9, 0.5, 0.5], ["q0"]), relearn("NPO", "method", [0.5, 0.9, 0.5], ["q1"]),
+               relearn("Retain", "retain", [0.2, 0.4, 0.3], []), relearn("Original", "original", [0.6] * 3, [])]
+    lines = tables.levels_markdown(results, "tofu")
+    assert lines[lines.index("| Row | relearn |") + 2] == "| Retain (oracle) + attack | per row |"
+    assert lines[lines.index("| Row | relearn |") + 3].startswith("| Original + attack | 0.60 [0.60, 0.60] |")
+    assert lines[lines.index("| Row | relearn |") + 4].startswith("| GA | 0.50 (0.15 [")   # q1, q2: 0.5 - 0.35
+
+
 def test_a_recovery_share_of_a_gap_under_the_minimum_says_why_instead_of_a_number():
     """A gap of 0.05 (< MIN_REPORTED_GAP): a 0.04 drop would read as a share of -0.8; the table prints why."""
     from cru_harness.metrics.recovery import MIN_REPORTED_GAP

@@ -1022,6 +1022,7 @@ def levels_markdown(results: list[dict], benchmark: str) -> list[str]:
              "the oracle's under the same attack, beyond its interval; Attacked − oracle is that difference. Each "
              "attack cell is read with its controls on the same items (those none of them was shown), then "
              "averaged over the row's cells (n). " + intervals_describe() + ".", ""]
+    lines += levels_matrix_markdown([row for row in rows if row["metric"] == rows[0]["metric"]], unit)
     for metric in dict.fromkeys(row["metric"] for row in rows):
         mine = [row for row in rows if row["metric"] == metric]
         lines += [f"Forget {mine[0]['metric_name']} under each attack:", "",
@@ -1047,6 +1048,48 @@ def levels_markdown(results: list[dict], benchmark: str) -> list[str]:
             lines.append(f"- {row['label']} + {row['attack']}, {row['metric_name']}: no level on the items held out "
                          f"from the attack ({row['reason']}{why}).")
     return lines + ([""] if any(row["reason"] for row in rows) else [])
+
+
+def levels_matrix_markdown(rows: list[dict], unit_name: str) -> list[str]:
+    """One metric's `levels_rows` read at a glance: per (model, unit), one table of methods by attacks, each entry
+    the attacked level and, in parentheses, its difference from the oracle's under the same attack with that
+    difference's interval; above them the two controls' levels under each attack. A control's entry is shown where
+    every method's row read it on the same items (otherwise each row's own is in the table below). An entry
+    averaging fewer attack cells than the table's most says how many (a run still computing its seeds)."""
+    blocks: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        blocks[(row["model"], row["unit"])].append(row)
+    lines = []
+    for (model, unit), block in blocks.items():
+        attacks = sorted({row["attack"] for row in block})
+        most = max(row["n"] for row in block)
+        found = {(row["label"], row["attack"]): row for row in block}
+        lines += [f"Forget {block[0]['metric_name']} by method and attack, {model}, {unit_name.lower()} {unit}: the "
+                  "attacked model's level and, in parentheses, that level minus the retain oracle's under the same "
+                  "attack, with its interval (above 0 beyond the interval: more came back than the attack gives a "
+                  "model that never saw the forget set); the first two rows are the controls under each attack; "
+                  f"each entry averages {most} attack cell(s) unless it says n:", "",
+                  "| Row | " + " | ".join(attacks) + " |", "|---|" + "---:|" * len(attacks)]
+        for control, key in (("Retain (oracle) + attack", "oracle_after"), ("Original + attack", "original_after")):
+            entries = []
+            for attack in attacks:
+                shown = {fmt_interval(row[key], row["intervals"].get(key)) for row in block
+                         if row["attack"] == attack and not row["reason"]}
+                entries.append(shown.pop() if len(shown) == 1 else "per row")
+            lines.append(f"| {control} | " + " | ".join(entries) + " |")
+        for label in dict.fromkeys(row["label"] for row in block):
+            entries = []
+            for attack in attacks:
+                row = found.get((label, attack))
+                if row is None:
+                    entries.append("–")
+                    continue
+                entry = "--" if row["reason"] else (
+                    f"{fmt2(row['after'])} ({fmt_interval(row['difference'], row['intervals'].get('difference'))})")
+                entries.append(entry + (f" n={row['n']}" if row["n"] < most else ""))
+            lines.append(f"| {label} | " + " | ".join(entries) + " |")
+        lines.append("")
+    return lines
 
 
 # ------------------------------------------------------------------------------------------------ noise floor
