@@ -363,16 +363,54 @@ def _table(text: str, header: str) -> list[str]:
     return lines[start:end]
 
 
-def test_the_docs_show_the_robustness_runs_matrix_as_its_report_writes_it():
-    """README.md and docs/results.md copy the robustness run's method x attack matrix from its report."""
+@pytest.mark.parametrize("run, header, docs", [
+    (CAMPAIGN_CPU_RUNS[0], "| Method | Gap |", ("docs/results.md",)),
+    (CAMPAIGN_CPU_RUNS[2], "| Method | Gap |", ("docs/results.md",)),
+    (CAMPAIGN_CPU_RUNS[2], "| Row | int4 |", ("README.md", "docs/results.md"))])
+def test_the_docs_show_the_robustness_runs_matrix_as_its_report_writes_it(run, header, docs):
+    """The docs copy a robustness run's method x attack matrices from its report: the recovery shares (`| Method |
+    Gap |`) and the absolute levels beside the controls (`| Row |`), the tuned run's levels in the README's
+    headline."""
     root = CONFIGS.parent
-    committed, _ = _committed_run(*CAMPAIGN_CPU_RUNS[0])
+    committed, _ = _committed_run(*run)
     report = (committed / "report" / "report.md").read_text()
-    header = next(line for line in report.splitlines() if line.startswith("| Method | Gap |"))
+    header = next(line for line in report.splitlines() if line.startswith(header))
     matrix = _table(report, header)
-    assert len(matrix) > 2
-    for doc in ("README.md", "docs/results.md"):
-        assert _table((root / doc).read_text(), header) == matrix, f"{doc}: not the report's robustness matrix"
+    assert len(matrix) > 4
+    for doc in docs:
+        assert _table((root / doc).read_text(), header) == matrix, f"{doc}: not the report's matrix {header}"
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def test_the_readme_headline_table_carries_the_tuned_runs_report_numbers():
+    """Each row of the README's headline table that names a leaderboard row of the tuned run carries that report's
+    numbers as it writes them: forget ROUGE-L (1 − the leaderboard's 1-ROUGE-L), MU and the correct-answer rate
+    (means over seeds), Forget Quality and privleak with their item-bootstrap intervals (the privacy block); every
+    leaderboard row has its row."""
+    import csv
+
+    committed, _ = _committed_run(*CAMPAIGN_CPU_RUNS[1])
+    with open(committed / "report" / "leaderboard_tofu.csv", newline="") as handle:
+        rows = {row["label"]: row for row in csv.DictReader(handle)}
+    report = (committed / "report" / "report.md").read_text()
+    header = next(line for line in report.splitlines() if line.startswith("| Model | Split | Row | privleak |"))
+    privacy = {cells[2]: (cells[5], cells[3]) for cells in map(_cells, _table(report, header)[2:])}
+    readme = (CONFIGS.parent / "README.md").read_text()
+    table = _table(readme, "| method | setting | forget ROUGE-L ↓ | FQ ↑ | MU ↑ | privleak → 0 | forget answers |")
+    seen = []
+    for cells in map(_cells, table[2:]):
+        row = rows.get(cells[0])
+        if row is None:
+            continue   # the oracle's row: no leaderboard row of its own
+        assert cells[2] == f"{1 - float(row['forget_1_rouge_l']):.2f}", cells
+        assert cells[4] == f"{float(row['model_utility']):.2f}", cells
+        assert (cells[3], cells[5]) == privacy[cells[0]], cells
+        assert cells[6].startswith(f"{round(100 * float(row['fc_forget_correct']))} % correct"), cells
+        seen.append(cells[0])
+    assert sorted(seen) == sorted(rows), "README.md: the headline table lacks a row of the tuned run's leaderboard"
 
 
 @pytest.mark.parametrize("config_name, scale, name", CAMPAIGN_CPU_RUNS)
