@@ -828,20 +828,25 @@ def _share_cells(row: dict) -> list[str]:
     return [fmt_interval(getattr(rec, k) if rec else None, bounds.get(k)) for k in ("score", "oracle_score", "excess")]
 
 
+def _matrix_blocks(rows: list[dict]):
+    """Per (model, unit) of robustness-style rows: (model, unit, its rows, its attacks sorted, the most cells any
+    entry averages, (label, attack) -> row), for the methods-by-attacks matrices."""
+    blocks: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        blocks[(row["model"], row["unit"])].append(row)
+    for (model, unit), block in blocks.items():
+        yield (model, unit, block, sorted({row["attack"] for row in block}), max(row["n"] for row in block),
+               {(row["label"], row["attack"]): row for row in block})
+
+
 def robustness_matrix_markdown(rows: list[dict], benchmark: str) -> list[str]:
     """`robustness_rows` read at a glance: per (model, unit), one table of methods by attacks, each entry the
     recovery with the oracle's change under the same attack in brackets. An entry averaging fewer attack cells
     than the table's most says how many (a run still computing its seeds). Gap: the Original's score minus the
     unlearned model's, on all items (an attack row that scored all of them), the denominator of every share in
     the row: where it is small, the shares swing wide."""
-    blocks: dict[tuple, list[dict]] = defaultdict(list)
-    for row in rows:
-        blocks[(row["model"], row["unit"])].append(row)
     lines = []
-    for (model, unit), block in blocks.items():
-        attacks = sorted({row["attack"] for row in block})
-        most = max(row["n"] for row in block)
-        found = {(row["label"], row["attack"]): row for row in block}
+    for model, unit, block, attacks, most, found in _matrix_blocks(rows):
         lines += [f"Recovery by method and attack, {model}, {benchmark_view(benchmark).table_unit.lower()} {unit} (in "
                   f"parentheses: the oracle's change under the same attack; each entry averages {most} attack "
                   "cell(s) unless it says n; Gap: the Original's score minus the unlearned one's on all items, the "
@@ -1056,14 +1061,8 @@ def levels_matrix_markdown(rows: list[dict], unit_name: str) -> list[str]:
     difference's interval; above them the two controls' levels under each attack. A control's entry is shown where
     every method's row read it on the same items (otherwise each row's own is in the table below). An entry
     averaging fewer attack cells than the table's most says how many (a run still computing its seeds)."""
-    blocks: dict[tuple, list[dict]] = defaultdict(list)
-    for row in rows:
-        blocks[(row["model"], row["unit"])].append(row)
     lines = []
-    for (model, unit), block in blocks.items():
-        attacks = sorted({row["attack"] for row in block})
-        most = max(row["n"] for row in block)
-        found = {(row["label"], row["attack"]): row for row in block}
+    for model, unit, block, attacks, most, found in _matrix_blocks(rows):
         lines += [f"Forget {block[0]['metric_name']} by method and attack, {model}, {unit_name.lower()} {unit}: the "
                   "attacked model's level and, in parentheses, that level minus the retain oracle's under the same "
                   "attack, with its interval (above 0 beyond the interval: more came back than the attack gives a "
